@@ -1,0 +1,45 @@
+"""structlog, configured once per process: JSON lines, or a console renderer on a TTY.
+
+Every line carries the process role and boot_id. Event names are dotted (`request.finished`).
+Prompt and output text never go into fields unless `--log-content` is set; callers check
+`content_allowed()` before adding any text.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+_content_allowed = False
+
+
+def configure_logging(role: str, boot_id: str, level: str = "info", fmt: str = "auto",
+                      log_content: bool = False) -> structlog.stdlib.BoundLogger:
+    global _content_allowed
+    _content_allowed = log_content
+    use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    renderer = structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(role=role, boot_id=boot_id, pid=os.getpid())
+    # Libraries (uvicorn) log through stdlib logging; keep their lines but not their access log.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    return structlog.get_logger()
+
+
+def content_allowed() -> bool:
+    return _content_allowed

@@ -1,0 +1,234 @@
+"""Every message that crosses a process boundary.
+
+Messages are frozen dataclasses with a unique `kind` tag (a class attribute, not a field).
+`proto.codec` maps tags to types through `MESSAGE_TYPES`; nothing is looked up by class name.
+KV bytes never travel here: page payloads live in shared memory and messages name buffer indexes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+PROTOCOL_VERSION = 1
+
+ROLE_GATEWAY = "gateway"
+ROLE_SCHEDULER = "scheduler"
+ROLE_WORKER = "worker"
+ROLE_KVSTORE = "kvstore"
+ROLES = (ROLE_GATEWAY, ROLE_SCHEDULER, ROLE_WORKER, ROLE_KVSTORE)
+
+PRIORITY_INTERACTIVE = "interactive"
+PRIORITY_BACKGROUND = "background"
+PRIORITIES = (PRIORITY_INTERACTIVE, PRIORITY_BACKGROUND)
+
+
+# --- shared value types (nested inside messages) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    # Always set: the gateway draws one when the client gives none, so the worker samples
+    # statelessly (key = f(seed, index)) and any step can be replayed after a restart.
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Feed `token_ids` into `slot` starting at position `start`.
+
+    The worker first truncates the slot to `start` tokens (the scheduler only asks for that
+    when the slot's cache can be trimmed), so a resident prefix is reused by starting past it.
+    """
+
+    slot: int
+    start: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    """Append `token_id` at `position` in `slot`, then sample the next token."""
+
+    slot: int
+    position: int
+    token_id: int
+    sampling: SamplingParams
+    # Index of the token being sampled within its request; feeds the stateless sampling key.
+    sample_index: int
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    slot: int
+    token_id: int
+
+
+@dataclass(frozen=True)
+class SlotContents:
+    slot: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PageInfo:
+    page_id: bytes
+    parent_id: bytes
+    namespace: bytes
+    num_tokens: int
+    nbytes: int
+    last_used: float
+
+
+# --- every peer -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    kind: ClassVar[str] = "hello"
+    protocol_version: int
+    boot_id: str
+    role: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    kind: ClassVar[str] = "heartbeat"
+    boot_id: str
+
+
+# --- gateway -> scheduler ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    kind: ClassVar[str] = "submit_request"
+    rid: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    stop_token_ids: tuple[int, ...] = ()
+    priority: str = PRIORITY_INTERACTIVE
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    kind: ClassVar[str] = "cancel_request"
+    rid: str
+
+
+# --- scheduler -> gateway ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokensGenerated:
+    kind: ClassVar[str] = "tokens_generated"
+    rid: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RequestFinished:
+    kind: ClassVar[str] = "request_finished"
+    rid: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_generated_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    kind: ClassVar[str] = "request_failed"
+    rid: str
+    code: str  # "queue_full" | "context_length_exceeded" | "component_restarted" | "internal"
+    message: str
+    retryable: bool
+    retry_after_s: float = 0.0
+
+
+# --- scheduler -> worker ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunStep:
+    kind: ClassVar[str] = "run_step"
+    step: int
+    prefills: tuple[PrefillChunk, ...] = ()
+    decodes: tuple[DecodeItem, ...] = ()
+
+
+@dataclass(frozen=True)
+class DescribeSlots:
+    kind: ClassVar[str] = "describe_slots"
+
+
+# --- worker -> scheduler ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    kind: ClassVar[str] = "worker_ready"
+    boot_id: str
+    namespace: bytes
+    model_type: str
+    num_slots: int
+    ctx: int
+    page_size: int
+    kv_bytes_per_token: int
+    trimmable: bool  # False for hybrid models: recurrent state cannot be cut at a token
+
+
+@dataclass(frozen=True)
+class SlotsDescribed:
+    kind: ClassVar[str] = "slots_described"
+    slots: tuple[SlotContents, ...]
+
+
+@dataclass(frozen=True)
+class StepDone:
+    kind: ClassVar[str] = "step_done"
+    step: int
+    sampled: tuple[SampledToken, ...]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    duration_s: float
+
+
+# --- scheduler <-> kvstore --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DescribeInventory:
+    kind: ClassVar[str] = "describe_inventory"
+
+
+@dataclass(frozen=True)
+class InventoryDescribed:
+    kind: ClassVar[str] = "inventory_described"
+    boot_id: str
+    pages: tuple[PageInfo, ...] = field(default_factory=tuple)
+    scan_s: float = 0.0
+
+
+MESSAGE_TYPES: tuple[type, ...] = (
+    Hello,
+    Heartbeat,
+    SubmitRequest,
+    CancelRequest,
+    TokensGenerated,
+    RequestFinished,
+    RequestFailed,
+    RunStep,
+    DescribeSlots,
+    WorkerReady,
+    SlotsDescribed,
+    StepDone,
+    DescribeInventory,
+    InventoryDescribed,
+)

@@ -1,0 +1,184 @@
+"""The settings schema every process shares: defaults < TOML file (`--config`) < CLI flags.
+
+One dataclass, one argparse parser built from it. The supervisor passes the resolved settings to
+its children as explicit flags (`Settings.to_args`), so `switchyard run worker ...` under launchd
+and a child of `switchyard serve` see exactly the same values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "kib": 2**10,
+    "m": 10**6, "mb": 10**6, "mib": 2**20,
+    "g": 10**9, "gb": 10**9, "gib": 2**30,
+    "t": 10**12, "tb": 10**12, "tib": 2**40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """'64GiB' -> bytes. Accepts plain integers and SI or binary units."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 500MB, 64GiB, 1TB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def format_size(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num_bytes) < 1024 or unit == "TiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def _user_cache_dir() -> Path:
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "switchyard"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "switchyard"
+
+
+def _user_runtime_dir() -> Path:
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "switchyard"
+    # macOS has no XDG runtime dir; $TMPDIR is per-user there. ipc paths must stay short.
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-{os.getuid()}"
+
+
+def _opt(help: str, **kw):
+    return field(metadata={"help": help}, **kw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str = _opt("MLX/HF model directory, Hugging Face repo id or .gguf file "
+                      "(default: the embedded tiny model)", default="")
+    host: str = _opt("address the HTTP gateway binds", default="127.0.0.1")
+    port: int = _opt("HTTP port", default=8000)
+    slots: int = _opt("resident sequences kept in memory and decoded in one batch", default=4)
+    ctx: int = _opt("context length of every slot, in tokens", default=32768)
+    kv_dir: str = _opt("directory of KV page files", default="")
+    runtime_dir: str = _opt("directory for sockets and pid files (created 0700)", default="")
+    cache_dir: str = _opt("directory for generated models and other caches", default="")
+    page_size: int = _opt("tokens per KV page", default=256)
+    kv_disk_budget: str = _opt("disk budget for KV pages, with units", default="32GiB")
+    prefill_chunk: int = _opt("most prompt tokens prefilled in one step (shared by all "
+                              "prefilling sequences)", default=512)
+    max_queue: int = _opt("waiting requests before new ones get 429", default=64)
+    max_body_bytes: int = _opt("largest accepted HTTP body", default=32 * 2**20)
+    default_max_tokens: int = _opt("max_tokens when a request gives none", default=2048)
+    api_key: str = _opt("require this key (Bearer / x-api-key); needed off loopback", default="")
+    log_level: str = _opt("debug, info, warning or error", default="info")
+    log_format: str = _opt("json, console or auto (console on a TTY)", default="auto")
+    log_content: bool = _opt("allow prompt and output text in logs", default=False)
+    heartbeat_s: float = _opt("seconds between heartbeats", default=1.0)
+    peer_timeout_s: float = _opt("a peer silent this long is considered gone", default=5.0)
+    memory_headroom: str = _opt("memory kept free beyond the plan", default="1GiB")
+
+    @property
+    def kv_disk_budget_bytes(self) -> int:
+        return parse_size(self.kv_disk_budget)
+
+    @property
+    def runtime_path(self) -> Path:
+        return Path(self.runtime_dir) if self.runtime_dir else _user_runtime_dir()
+
+    @property
+    def kv_path(self) -> Path:
+        return Path(self.kv_dir) if self.kv_dir else self.cache_path / "kv"
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else _user_cache_dir()
+
+    def validate(self) -> "Settings":
+        problems = []
+        if self.slots < 1:
+            problems.append("--slots must be at least 1")
+        if self.ctx < 2 * self.page_size:
+            problems.append("--ctx must hold at least two pages")
+        if self.page_size < 16:
+            problems.append("--page-size must be at least 16")
+        if self.prefill_chunk < 1:
+            problems.append("--prefill-chunk must be at least 1")
+        if not 0 < self.port < 65536:
+            problems.append("--port must be 1..65535")
+        if self.log_format not in ("json", "console", "auto"):
+            problems.append("--log-format must be json, console or auto")
+        try:
+            parse_size(self.kv_disk_budget)
+            parse_size(self.memory_headroom)
+        except ValueError as exc:
+            problems.append(str(exc))
+        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.api_key:
+            problems.append(f"--api-key is required when binding to {self.host} (not loopback)")
+        if problems:
+            raise SettingsError("; ".join(problems))
+        return self
+
+    def to_args(self) -> list[str]:
+        """Flags that reproduce these settings exactly (for child processes)."""
+        args: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else f"--no-{flag[2:]}")
+            else:
+                args += [flag, str(value)]
+        return args
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML file with settings (flags override it)")
+    for f in dataclasses.fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in (bool, "bool"):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=f.metadata["help"])
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type), str)
+            parser.add_argument(flag, dest=f.name, type=kind, default=None,
+                                help=f"{f.metadata['help']} (default: {f.default})")
+
+
+def from_namespace(ns: argparse.Namespace) -> Settings:
+    values: dict = {}
+    if getattr(ns, "config", None):
+        values.update(load_toml(Path(ns.config)))
+    for f in dataclasses.fields(Settings):
+        given = getattr(ns, f.name, None)
+        if given is not None:
+            values[f.name] = given
+    return Settings(**values).validate()
+
+
+def load_toml(path: Path) -> dict:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"cannot read config {path}: {exc}") from None
+    known = {f.name: f for f in dataclasses.fields(Settings)}
+    values = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise SettingsError(f"{path}: unknown setting {key!r}")
+        values[name] = value
+    return values

@@ -1,0 +1,44 @@
+import argparse
+
+import pytest
+
+from proto.settings import Settings, SettingsError, add_arguments, from_namespace, parse_size
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return from_namespace(parser.parse_args(argv))
+
+
+def test_sizes():
+    assert parse_size("64GiB") == 64 * 2**30
+    assert parse_size("500MB") == 500 * 10**6
+    assert parse_size("1.5 KiB") == 1536
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("lots")
+
+
+def test_flags_override_toml(tmp_path):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('slots = 2\nkv-disk-budget = "1GiB"\nport = 9000\n')
+    s = _parse(["--config", str(cfg), "--port", "9100", "--log-content"])
+    assert (s.slots, s.kv_disk_budget_bytes, s.port, s.log_content) == (2, 2**30, 9100, True)
+
+
+def test_to_args_reproduces_settings():
+    s = Settings(slots=3, ctx=4096, log_content=True, kv_dir="/tmp/kv")
+    assert _parse(s.to_args()) == s
+
+
+def test_unknown_toml_key(tmp_path):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text("slotz = 2\n")
+    with pytest.raises(SettingsError, match="unknown setting 'slotz'"):
+        _parse(["--config", str(cfg)])
+
+
+def test_non_loopback_needs_api_key():
+    with pytest.raises(SettingsError, match="--api-key is required"):
+        _parse(["--host", "0.0.0.0"])
+    assert _parse(["--host", "0.0.0.0", "--api-key", "k"]).host == "0.0.0.0"
