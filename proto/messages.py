@@ -152,6 +152,18 @@ class RequestFailed:
     retry_after_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class GroupState:
+    """Sent to the gateway every heartbeat and on change; doubles as the scheduler's heartbeat."""
+
+    kind: ClassVar[str] = "group_state"
+    boot_id: str
+    worker_ready: bool
+    kvstore_ready: bool
+    num_waiting: int
+    num_running: int
+
+
 # --- scheduler -> worker ----------------------------------------------------------------------
 
 
@@ -224,6 +236,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     TokensGenerated,
     RequestFinished,
     RequestFailed,
+    GroupState,
     RunStep,
     DescribeSlots,
     WorkerReady,
