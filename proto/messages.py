@@ -175,11 +175,6 @@ class RunStep:
     decodes: tuple[DecodeItem, ...] = ()
 
 
-@dataclass(frozen=True)
-class DescribeSlots:
-    kind: ClassVar[str] = "describe_slots"
-
-
 # --- worker -> scheduler ----------------------------------------------------------------------
 
 
@@ -194,12 +189,8 @@ class WorkerReady:
     page_size: int
     kv_bytes_per_token: int
     trimmable: bool  # False for hybrid models: recurrent state cannot be cut at a token
-
-
-@dataclass(frozen=True)
-class SlotsDescribed:
-    kind: ClassVar[str] = "slots_described"
-    slots: tuple[SlotContents, ...]
+    # What each slot holds now: empty after a worker start, kept across a scheduler restart.
+    slots: tuple[SlotContents, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -238,9 +229,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     RequestFailed,
     GroupState,
     RunStep,
-    DescribeSlots,
     WorkerReady,
-    SlotsDescribed,
     StepDone,
     DescribeInventory,
     InventoryDescribed,
