@@ -1,0 +1,230 @@
+"""The scheduler process: the ZeroMQ shell around `SchedulerCore`.
+
+It binds the group's one ROUTER socket. Gateway, worker and kvstore connect as DEALERs with
+their role as identity and open with `Hello`. A peer's restart shows as a new `boot_id`; a
+peer that is silent past `--peer-timeout-s` is treated as gone. The core decides everything;
+this module only moves messages, keeps time and writes logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+import zmq
+
+from proto import codec
+from proto.endpoints import Endpoints, ensure_runtime_dir
+from proto.ids import new_boot_id
+from proto.logs import configure_logging
+from proto.messages import (
+    PROTOCOL_VERSION,
+    ROLE_GATEWAY,
+    ROLE_KVSTORE,
+    ROLE_SCHEDULER,
+    ROLE_WORKER,
+    CancelRequest,
+    DescribeInventory,
+    GroupState,
+    Heartbeat,
+    Hello,
+    InventoryDescribed,
+    RequestFailed,
+    StepDone,
+    SubmitRequest,
+    WorkerReady,
+)
+from proto.settings import Settings
+from proto.sockets import bind_router, send_to
+from scheduler.core import CoreConfig, SchedulerCore
+
+# A worker that is gone this long (not restarted by its supervisor) fails what it held.
+_WORKER_GRACE_FACTOR = 6
+# A step may legitimately take long (a prefill chunk at full context on a CPU).
+_STEP_SILENCE_LIMIT_S = 60.0
+
+
+class _Stop:
+    requested = False
+
+    def __call__(self, *_):
+        self.requested = True
+
+
+class SchedulerService:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.boot_id = new_boot_id()
+        self.log = configure_logging(ROLE_SCHEDULER, self.boot_id, settings.log_level,
+                                     settings.log_format, settings.log_content)
+        self.core = SchedulerCore(CoreConfig(
+            num_slots=settings.slots, ctx=settings.ctx, prefill_chunk=settings.prefill_chunk,
+            max_queue=settings.max_queue))
+        self.peer_boot: dict[str, str] = {}
+        self.last_seen: dict[str, float] = {}
+        self.worker_boot_synced: str | None = None
+        self.worker_down_since: float | None = time.monotonic()
+        self.kvstore_ready = False
+        self.step_sent_at = 0.0
+        self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
+        self.ctx = zmq.Context()
+        self.sock = bind_router(self.ctx, self.endpoints.scheduler)
+
+    @property
+    def worker_ready(self) -> bool:
+        return self.worker_boot_synced is not None and self.worker_down_since is None
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def _send(self, role: str, message) -> bool:
+        try:
+            send_to(self.sock, role.encode(), message)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return False  # that peer is not connected (now); heartbeats will find it
+            raise
+
+    def _to_gateway(self, messages) -> None:
+        for m in messages:
+            self._send(ROLE_GATEWAY, m)
+
+    def _heartbeat(self) -> None:
+        self._send(ROLE_GATEWAY, GroupState(self.boot_id, self.worker_ready, self.kvstore_ready,
+                                            self.core.num_waiting, self.core.num_running))
+        self._send(ROLE_WORKER, Heartbeat(self.boot_id))
+        self._send(ROLE_KVSTORE, Heartbeat(self.boot_id))
+
+    # --- receiving -------------------------------------------------------------------------
+
+    def handle(self, role: str, msg, now: float) -> None:
+        self.last_seen[role] = now
+        if isinstance(msg, Hello):
+            self._on_hello(role, msg, now)
+        elif role not in self.peer_boot:
+            # A peer from before our start: make it greet us first.
+            self._send(role, Hello(PROTOCOL_VERSION, self.boot_id, ROLE_SCHEDULER, os.getpid()))
+        elif isinstance(msg, SubmitRequest):
+            self._to_gateway(self.core.submit(msg, now))
+        elif isinstance(msg, CancelRequest):
+            self._to_gateway(self.core.cancel(msg.rid, now))
+        elif isinstance(msg, StepDone):
+            self._to_gateway(self.core.step_done(msg, now))
+            self.log.debug("step.finished", step=msg.step, batch=msg.num_decode_tokens,
+                           num_prefill_tokens=msg.num_prefill_tokens,
+                           step_ms=round(msg.duration_s * 1e3, 2))
+        elif isinstance(msg, WorkerReady):
+            self._on_worker_ready(msg)
+        elif isinstance(msg, InventoryDescribed):
+            self.kvstore_ready = True
+            self.log.info("kvstore.inventory", num_pages=len(msg.pages), scan_s=msg.scan_s)
+
+    def _on_hello(self, role: str, msg: Hello, now: float) -> None:
+        if msg.protocol_version != PROTOCOL_VERSION:
+            self.log.error("peer.protocol_mismatch", peer=role, version=msg.protocol_version)
+            return
+        previous = self.peer_boot.get(role)
+        self._send(role, Hello(PROTOCOL_VERSION, self.boot_id, ROLE_SCHEDULER, os.getpid()))
+        if previous == msg.boot_id:
+            return
+        self.peer_boot[role] = msg.boot_id
+        self.log.info("peer.connected", peer=role, peer_boot_id=msg.boot_id, peer_pid=msg.pid,
+                      restarted=previous is not None)
+        if role == ROLE_GATEWAY and previous is not None:
+            self.core.abort_all(now)  # its HTTP requests are gone with it
+        elif role == ROLE_WORKER and previous is not None:
+            self.worker_down_since = self.worker_down_since or now
+            self.core.inflight = None
+        elif role == ROLE_KVSTORE:
+            self.kvstore_ready = False
+            self._send(ROLE_KVSTORE, DescribeInventory())
+
+    def _on_worker_ready(self, msg: WorkerReady) -> None:
+        if msg.boot_id == self.worker_boot_synced and self.worker_down_since is None:
+            return
+        self.core.config = dataclasses.replace(self.core.config, trimmable=msg.trimmable,
+                                               num_slots=msg.num_slots, ctx=msg.ctx)
+        self.core.worker_restarted(msg.slots)
+        self.worker_boot_synced = msg.boot_id
+        self.worker_down_since = None
+        self.log.info("worker.ready", worker_boot_id=msg.boot_id, model_type=msg.model_type,
+                      slots=msg.num_slots, ctx=msg.ctx, trimmable=msg.trimmable,
+                      resident_tokens=sum(len(s.token_ids) for s in msg.slots))
+
+    # --- time ------------------------------------------------------------------------------
+
+    def check_peers(self, now: float) -> None:
+        timeout = self.settings.peer_timeout_s
+        silent = now - self.last_seen.get(ROLE_WORKER, 0.0)
+        limit = _STEP_SILENCE_LIMIT_S if self.core.inflight is not None else timeout
+        if self.worker_down_since is None and silent > limit:
+            self.log.warning("worker.lost", silent_s=round(silent, 1))
+            self.worker_down_since = now
+            self.core.inflight = None
+        if (self.worker_down_since is not None
+                and now - self.worker_down_since > timeout * _WORKER_GRACE_FACTOR):
+            self._fail_everything("the model worker is unavailable", now)
+        if self.kvstore_ready and now - self.last_seen.get(ROLE_KVSTORE, 0.0) > timeout:
+            self.log.warning("kvstore.lost")
+            self.kvstore_ready = False
+
+    def _fail_everything(self, reason: str, now: float) -> None:
+        for rid in list(self.core.requests):
+            self.core.cancel(rid, now)
+            self._send(ROLE_GATEWAY, RequestFailed(rid, "component_restarted", reason, True,
+                                                   self.settings.heartbeat_s * 2))
+
+    def log_finished(self) -> None:
+        for rec in self.core.finished:
+            self.log.info("request.finished", **dataclasses.asdict(rec))
+        self.core.finished.clear()
+
+    # --- loop ------------------------------------------------------------------------------
+
+    def serve(self, stop: _Stop) -> None:
+        self.log.info("scheduler.started", endpoint=self.endpoints.scheduler,
+                      slots=self.settings.slots, ctx=self.settings.ctx)
+        next_heartbeat = 0.0
+        while not stop.requested:
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                self._heartbeat()
+                self.check_peers(now)
+                next_heartbeat = now + self.settings.heartbeat_s
+            timeout_ms = max(0, int((next_heartbeat - now) * 1000))
+            if self.sock.poll(timeout_ms):
+                while True:
+                    try:
+                        identity, frame = self.sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    try:
+                        msg = codec.decode(frame)
+                    except codec.ProtocolError as exc:
+                        self.log.error("peer.bad_frame", peer=identity.decode(errors="replace"),
+                                       error=str(exc))
+                        continue
+                    self.handle(identity.decode(), msg, time.monotonic())
+            if self.worker_ready:
+                plan = self.core.plan_step(time.monotonic())
+                if plan is not None and not self._send(ROLE_WORKER, plan):
+                    self.core.inflight = None  # not delivered; planned again next round
+            self.log_finished()
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+        self.log.info("scheduler.stopped")
+
+
+def run(settings: Settings) -> None:
+    stop = _Stop()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    service = SchedulerService(settings)
+    try:
+        service.serve(stop)
+    finally:
+        service.close()

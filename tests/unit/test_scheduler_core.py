@@ -1,0 +1,211 @@
+"""The scheduler core, driven without sockets or MLX: a scripted worker answers each step."""
+
+from proto.messages import (
+    RequestFailed,
+    RequestFinished,
+    SampledToken,
+    SamplingParams,
+    SlotContents,
+    StepDone,
+    SubmitRequest,
+    TokensGenerated,
+)
+from scheduler.core import CoreConfig, SchedulerCore
+
+EOS = 0
+
+
+def make_core(**kw):
+    cfg = dict(num_slots=2, ctx=4096, prefill_chunk=64, max_queue=4)
+    cfg.update(kw)
+    return SchedulerCore(CoreConfig(**cfg))
+
+
+def submit(core, rid, prompt, max_tokens=3, priority="interactive", now=0.0):
+    return core.submit(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(),
+                                     (EOS,), priority), now)
+
+
+class ScriptedWorker:
+    """Mirrors slot contents like the real worker; samples `next_token(slot, position)`."""
+
+    def __init__(self, core, next_token=lambda slot, pos: 1000 + pos):
+        self.core, self.next_token = core, next_token
+        self.steps = []
+
+    def step(self, now=1.0):
+        plan = self.core.plan_step(now)
+        if plan is None:
+            return None, []
+        self.steps.append(plan)
+        sampled = tuple(SampledToken(d.slot, self.next_token(d.slot, d.position))
+                        for d in plan.decodes)
+        done = StepDone(plan.step, sampled, sum(len(c.token_ids) for c in plan.prefills),
+                        len(plan.decodes), 0.001)
+        return plan, self.core.step_done(done, now)
+
+    def run(self, max_steps=1000):
+        out = []
+        for _ in range(max_steps):
+            plan, msgs = self.step()
+            out += msgs
+            if plan is None:
+                break
+        return out
+
+
+def finished(msgs):
+    return {m.rid: m for m in msgs if isinstance(m, RequestFinished)}
+
+
+def generated(msgs, rid):
+    return [t for m in msgs if isinstance(m, TokensGenerated) and m.rid == rid for t in m.token_ids]
+
+
+def test_prefill_holds_back_last_token_then_decodes():
+    core = make_core()
+    submit(core, "a", range(1, 101), max_tokens=3)
+    w = ScriptedWorker(core)
+    msgs = w.run()
+    # 99 tokens prefilled in chunks of 64, the 100th is the first decode input (F11).
+    assert [sum(len(c.token_ids) for c in s.prefills) for s in w.steps[:2]] == [64, 35]
+    assert w.steps[2].decodes[0].token_id == 100 and w.steps[2].decodes[0].position == 99
+    assert generated(msgs, "a") == [1099, 1100, 1101]
+    fin = finished(msgs)["a"]
+    assert (fin.finish_reason, fin.num_prompt_tokens, fin.num_generated_tokens) == ("length", 100, 3)
+
+
+def test_stop_token_finishes_without_emitting_it():
+    core = make_core()
+    submit(core, "a", [5, 6, 7], max_tokens=10)
+    w = ScriptedWorker(core, next_token=lambda s, pos: EOS if pos == 4 else 50 + pos)
+    msgs = w.run()
+    assert generated(msgs, "a") == [52, 53]
+    assert finished(msgs)["a"].finish_reason == "stop"
+
+
+def test_empty_slot_first_and_continuation_returns_to_its_slot():
+    """F3: A, then B sharing only the system prompt, then A again, with 2 slots."""
+    system = list(range(1, 200))
+    core = make_core(prefill_chunk=1000)
+    w = ScriptedWorker(core)
+    submit(core, "a1", system + [900, 901])
+    msgs = w.run()
+    a_slot = next(s.index for s in core.slots if s.tokens)
+    a_reply = generated(msgs, "a1")
+    submit(core, "b1", system + [700, 701, 702])
+    w.run()
+    b_slot = [s.index for s in core.slots if s.tokens and s.index != a_slot]
+    assert b_slot, "B must go to the empty slot, not displace A"
+    # A continues: everything it had is reused, only the new turn is prefilled.
+    a_next = system + [900, 901] + a_reply + [902, 903]
+    submit(core, "a2", a_next)
+    before = len(w.steps)
+    msgs = w.run()
+    first = w.steps[before]
+    assert first.prefills[0].slot == a_slot
+    resident = len(system) + 2 + len(a_reply) - 1  # the last reply token was never fed back
+    assert first.prefills[0].start == resident
+    assert finished(msgs)["a2"].num_cached_tokens == resident
+
+
+def test_displacement_prefers_least_valuable_slot():
+    core = make_core(prefill_chunk=10_000)
+    w = ScriptedWorker(core)
+    submit(core, "long", range(1, 1001))
+    submit(core, "short", range(5000, 5011))
+    w.run()
+    short_slot = next(s.index for s in core.slots if s.tokens[0] == 5000)
+    submit(core, "new", range(9000, 9050))
+    plan, _ = w.step()
+    assert plan.prefills[0].slot == short_slot
+
+
+def test_decode_first_every_step_while_another_prefills():
+    core = make_core(prefill_chunk=32)
+    w = ScriptedWorker(core)
+    submit(core, "x", [1, 2, 3], max_tokens=20)
+    w.step()  # prefill x
+    submit(core, "y", range(10, 300), max_tokens=1)
+    for _ in range(5):
+        plan, _ = w.step()
+        assert any(d.slot == core.requests["x"].slot for d in plan.decodes)
+        assert sum(len(c.token_ids) for c in plan.prefills) <= 32
+
+
+def test_warm_request_prefills_before_cold_one():
+    core = make_core(num_slots=3, prefill_chunk=16)
+    w = ScriptedWorker(core)
+    submit(core, "warm0", range(1, 40), max_tokens=1)
+    w.run()
+    submit(core, "cold", range(500, 900), max_tokens=1)
+    submit(core, "warm", list(range(1, 40)) + [1039, 77, 78], max_tokens=1)
+    plan, _ = w.step()
+    warm_slot = core.requests["warm"].slot
+    assert plan.prefills[0].slot == warm_slot
+
+
+def test_background_prefill_yields_to_interactive():
+    core = make_core(prefill_chunk=16)
+    w = ScriptedWorker(core)
+    submit(core, "bg", range(1, 200), priority="background")
+    submit(core, "fg", range(300, 400))
+    plan, _ = w.step()
+    assert plan.prefills[0].slot == core.requests["fg"].slot
+    assert len(plan.prefills) == 1
+
+
+def test_queue_limit_and_context_limit():
+    core = make_core(num_slots=1, max_queue=1, ctx=100)
+    assert submit(core, "a", [1]) == []
+    [full] = submit(core, "b", [1])
+    assert isinstance(full, RequestFailed) and full.code == "queue_full" and full.retryable
+    [long] = submit(core, "c", range(100))
+    assert long.code == "context_length_exceeded" and not long.retryable
+
+
+def test_cancel_waiting_and_running():
+    core = make_core(num_slots=1)
+    w = ScriptedWorker(core)
+    submit(core, "run", range(1, 10), max_tokens=100)
+    submit(core, "wait", range(20, 30))
+    w.step()
+    [c] = core.cancel("wait", 1.0)
+    assert c.finish_reason == "cancelled"
+    plan = core.plan_step(1.0)
+    assert core.cancel("run", 1.0) == []  # finishes when the step comes back
+    msgs = core.step_done(StepDone(plan.step, (SampledToken(0, 5),), 0, 1, 0.0), 1.0)
+    assert finished(msgs)["run"].finish_reason == "cancelled"
+    assert core.slots[0].rid is None and core.slots[0].tokens  # pages stay cached
+
+
+def test_worker_restart_requeues_and_replays():
+    core = make_core(num_slots=1)
+    w = ScriptedWorker(core)
+    submit(core, "a", range(1, 10), max_tokens=6)
+    for _ in range(3):
+        w.step()
+    got = list(core.requests["a"].generated)
+    core.worker_restarted(())
+    assert core.slots[0].tokens == [] and core.waiting[0] == "a"
+    msgs = w.run()
+    plan = w.steps[3]
+    # Re-prefills prompt + what was generated, minus the pending token.
+    assert plan.prefills[0].token_ids == tuple(range(1, 10)) + tuple(got[:-1])
+    assert len(got + generated(msgs, "a")) == 6
+
+
+def test_scheduler_restart_adopts_worker_slots():
+    core = make_core()
+    core.worker_restarted((SlotContents(1, (1, 2, 3, 4)),))
+    submit(core, "a", [1, 2, 3, 4, 5, 6])
+    plan = core.plan_step(0.0)
+    assert plan.prefills[0].slot == 1 and plan.prefills[0].start == 4
+
+
+def test_hybrid_slot_is_reused_only_as_pure_extension():
+    core = make_core(num_slots=1, trimmable=False)
+    core.worker_restarted((SlotContents(0, (1, 2, 3, 4)),))
+    submit(core, "a", [1, 2, 9, 9, 9])
+    plan = core.plan_step(0.0)
+    assert plan.prefills[0].start == 0

@@ -1,0 +1,86 @@
+"""The memory plan (DESIGN.md, F7): every slot at full context, planned and checked at start.
+
+The plan counts weights, slot KV at full context, the batch copy used while several slots
+decode together, recurrent state, the largest step's activations, and shared page buffers.
+If it does not fit in the device limit minus headroom, the worker refuses to start and says
+which setting to lower.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from proto.settings import format_size
+
+
+class MemoryPlanError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weights: int
+    slot_kv: int
+    batch_kv: int
+    recurrent: int
+    activations: int
+    page_buffers: int
+    limit: int
+    headroom: int
+
+    @property
+    def total(self) -> int:
+        return (self.weights + self.slot_kv + self.batch_kv + self.recurrent
+                + self.activations + self.page_buffers)
+
+    def as_fields(self) -> dict[str, int]:
+        return {"weights": self.weights, "slot_kv": self.slot_kv, "batch_kv": self.batch_kv,
+                "recurrent": self.recurrent, "activations": self.activations,
+                "page_buffers": self.page_buffers, "total": self.total, "limit": self.limit,
+                "headroom": self.headroom}
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {format_size(v)}" for k, v in self.as_fields().items())
+        return f"memory plan: {parts}"
+
+
+def device_memory_limit() -> int:
+    """Bytes the model may use: Metal's recommended working set on Macs, RAM elsewhere."""
+    import mlx.core as mx
+
+    if sys.platform == "darwin" and mx.metal.is_available():
+        info = mx.metal.device_info()
+        return int(info.get("max_recommended_working_set_size") or info["memory_size"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def make_plan(*, weights: int, kv_bytes_per_token: int, recurrent_bytes_per_slot: int,
+              num_slots: int, ctx: int, prefill_chunk: int, num_heads: int,
+              hidden: int, intermediate: int, vocab: int, page_buffers: int,
+              limit: int, headroom: int) -> MemoryPlan:
+    slot_kv = num_slots * ctx * kv_bytes_per_token
+    # While several slots decode together their KV is also held as one merged batch.
+    batch_kv = slot_kv if num_slots > 1 else 0
+    # CPU attention materialises the scores of one layer: chunk x context x heads (float32),
+    # next to the chunk's MLP activations and the decode logits of every slot.
+    scores = prefill_chunk * ctx * num_heads * 4
+    mlp = prefill_chunk * (3 * intermediate + 4 * hidden) * 4
+    activations = scores + mlp + num_slots * vocab * 4 * 2
+    return MemoryPlan(weights=weights, slot_kv=slot_kv, batch_kv=batch_kv,
+                      recurrent=num_slots * recurrent_bytes_per_slot, activations=activations,
+                      page_buffers=page_buffers, limit=limit, headroom=headroom)
+
+
+def check_plan(plan: MemoryPlan, num_slots: int, ctx: int) -> None:
+    available = plan.limit - plan.headroom
+    if plan.total <= available:
+        return
+    over = plan.total - available
+    raise MemoryPlanError(
+        f"the memory plan needs {format_size(plan.total)} but {format_size(available)} is "
+        f"available ({format_size(plan.limit)} device limit minus "
+        f"{format_size(plan.headroom)} headroom); {format_size(over)} too much. "
+        f"Lower --slots (now {num_slots}) or --ctx (now {ctx}), or --prefill-chunk. "
+        f"{plan.describe()}")

@@ -1,0 +1,142 @@
+"""The worker process: loads the model, owns slot KV memory, executes step plans.
+
+It chooses nothing. It answers the scheduler's `RunStep` with `StepDone`, says `Hello` and
+`WorkerReady` (with what its slots hold) whenever it meets a scheduler incarnation it has not
+greeted yet, and sends heartbeats while idle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sys
+import time
+
+import mlx.core as mx
+import zmq
+from mlx.utils import tree_flatten
+
+from proto import codec
+from proto.endpoints import Endpoints, ensure_runtime_dir
+from proto.ids import new_boot_id
+from proto.logs import configure_logging
+from proto.messages import (
+    PROTOCOL_VERSION,
+    ROLE_WORKER,
+    Heartbeat,
+    Hello,
+    RunStep,
+    SlotContents,
+    WorkerReady,
+)
+from proto.settings import Settings, parse_size
+from proto.sockets import connect_dealer, send
+from worker.executor import run_step
+from worker.memory_plan import MemoryPlanError, check_plan, device_memory_limit, make_plan
+from worker.model_loading import LoadedModel, ModelLoadError, load_model
+from worker.slots import SlotStore
+
+# Bumped whenever the meaning of a page's bytes changes; part of every page namespace (F12).
+KV_LAYOUT_VERSION = 1
+
+
+def kv_namespace(loaded: LoadedModel, page_size: int) -> bytes:
+    """Pages are only ever matched within one namespace: same weights, layout and format."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in (loaded.fingerprint, loaded.model_type, "float32", f"layout{KV_LAYOUT_VERSION}",
+                 f"page{page_size}"):
+        h.update(part.encode() + b"\0")
+    return h.digest()
+
+
+def plan_memory(loaded: LoadedModel, settings: Settings):
+    cfg = loaded.config
+    text_cfg = cfg.get("text_config", cfg)
+    weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
+    cache = loaded.make_cache()
+    loaded.model(mx.array([[0]]), cache=cache)
+    recurrent = sum(c.nbytes for c in cache if not c.is_trimmable())
+    plan = make_plan(
+        weights=weights, kv_bytes_per_token=loaded.kv_bytes_per_token,
+        recurrent_bytes_per_slot=recurrent, num_slots=settings.slots, ctx=settings.ctx,
+        prefill_chunk=settings.prefill_chunk,
+        num_heads=int(text_cfg.get("num_attention_heads", 1)),
+        hidden=int(text_cfg.get("hidden_size", 0)),
+        intermediate=int(text_cfg.get("intermediate_size", 0)),
+        vocab=int(text_cfg.get("vocab_size", 0)), page_buffers=0,
+        limit=device_memory_limit(), headroom=parse_size(settings.memory_headroom))
+    return plan
+
+
+class _Stop:
+    requested = False
+
+    def __call__(self, *_):
+        self.requested = True
+
+
+def run(settings: Settings) -> None:
+    boot_id = new_boot_id()
+    log = configure_logging(ROLE_WORKER, boot_id, settings.log_level, settings.log_format,
+                            settings.log_content)
+    started = time.perf_counter()
+    try:
+        loaded = load_model(settings.model)
+        plan = plan_memory(loaded, settings)
+        log.info("worker.memory_plan", **plan.as_fields())
+        check_plan(plan, settings.slots, settings.ctx)
+    except (ModelLoadError, MemoryPlanError) as exc:
+        log.error("worker.refused_to_start", reason=str(exc))
+        print(f"switchyard worker: {exc}", file=sys.stderr)
+        sys.exit(2)
+    store = SlotStore(loaded.model, loaded.make_cache, settings.slots, settings.ctx)
+    log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
+             slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
+             kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable)
+
+    def ready() -> WorkerReady:
+        return WorkerReady(
+            boot_id=boot_id, namespace=kv_namespace(loaded, settings.page_size),
+            model_type=loaded.model_type, num_slots=settings.slots, ctx=settings.ctx,
+            page_size=settings.page_size, kv_bytes_per_token=loaded.kv_bytes_per_token,
+            trimmable=store.trimmable,
+            slots=tuple(SlotContents(i, t) for i, t in enumerate(store.contents())))
+
+    stop = _Stop()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
+    ctx = zmq.Context()
+    sock = connect_dealer(ctx, endpoints.scheduler, ROLE_WORKER.encode())
+    hello = Hello(PROTOCOL_VERSION, boot_id, ROLE_WORKER, os.getpid())
+    send(sock, hello)
+    send(sock, ready())
+    scheduler_boot = None
+    next_heartbeat = 0.0
+    try:
+        while not stop.requested:
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                send(sock, Heartbeat(boot_id))
+                next_heartbeat = now + settings.heartbeat_s
+            if not sock.poll(int(settings.heartbeat_s * 1000)):
+                continue
+            msg = codec.decode(sock.recv())
+            if isinstance(msg, RunStep):
+                done = run_step(store, msg)
+                send(sock, done)
+                log.debug("step.done", step=msg.step, num_decode=done.num_decode_tokens,
+                          num_prefill=done.num_prefill_tokens, step_ms=round(done.duration_s * 1e3, 2))
+            elif isinstance(msg, (Hello, Heartbeat)) and msg.boot_id != scheduler_boot:
+                # A scheduler incarnation we have not greeted (the first, or a restarted one):
+                # greet it with our slot contents. The scheduler ignores a repeated greeting.
+                log.info("worker.scheduler_met", scheduler_boot_id=msg.boot_id,
+                         restarted=scheduler_boot is not None)
+                send(sock, hello)
+                send(sock, ready())
+                scheduler_boot = msg.boot_id
+    finally:
+        sock.close(0)
+        ctx.term()
+        log.info("worker.stopped")

@@ -1,0 +1,123 @@
+"""Slot KV memory: one mlx-lm prompt cache per slot, batched for decode on demand.
+
+A slot's KV lives either in its own cache list ("parked") or, while several slots decode
+together, as a row of one merged batch cache (mlx-lm's BatchKVCache / ArraysCache merge).
+The batch is kept while its membership is unchanged and split back into parked caches when
+it changes, so the copy cost is paid per join/leave, not per step. A lone decoding slot runs
+on its parked cache directly: the same code path as mlx_lm.generate, hence the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class SlotError(RuntimeError):
+    """A command inconsistent with the slot's contents: a scheduler bug, not bad input."""
+
+
+class SlotStore:
+    def __init__(self, model: nn.Module, make_cache: Callable[[], list], num_slots: int,
+                 ctx: int):
+        self.model = model
+        self._make_cache = make_cache
+        self.ctx = ctx
+        self._parked: dict[int, list] = {i: make_cache() for i in range(num_slots)}
+        self._batch_slots: tuple[int, ...] = ()
+        self._batch: list | None = None
+        self.tokens: list[list[int]] = [[] for _ in range(num_slots)]
+        self.trimmable = all(c.is_trimmable() for c in self._parked[0])
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.tokens)
+
+    # --- contents --------------------------------------------------------------------------
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Make the slot hold exactly its first `length` tokens."""
+        held = len(self.tokens[slot])
+        if length > held:
+            raise SlotError(f"slot {slot} holds {held} tokens; cannot start at {length}")
+        if length == held:
+            return
+        self._unbatch()
+        if length == 0:
+            self._parked[slot] = self._make_cache()
+        elif self.trimmable:
+            for c in self._parked[slot]:
+                c.trim(held - length)
+        else:
+            raise SlotError(f"slot {slot}: recurrent state cannot be rewound to {length}")
+        del self.tokens[slot][length:]
+
+    def prefill(self, slot: int, start: int, token_ids: list[int]) -> None:
+        self.truncate(slot, start)
+        self._check_room(slot, len(token_ids))
+        self._unbatch_slot(slot)
+        cache = self._parked[slot]
+        self.model(mx.array(token_ids)[None], cache=cache)
+        # Evaluate the cache only: the chunk's logits are never needed, so the lazy graph
+        # skips the lm_head for prefill.
+        mx.eval([c.state for c in cache])
+        self.tokens[slot].extend(token_ids)
+
+    def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> mx.array:
+        """Append one token per slot and return the next-token logits, [len(slots), vocab]."""
+        for slot, pos in zip(slots, positions):
+            self.truncate(slot, pos)
+            self._check_room(slot, 1)
+        cache = self._cache_for(tuple(slots))
+        logits = self.model(mx.array(token_ids)[:, None], cache=cache)[:, -1, :]
+        for slot, tok in zip(slots, token_ids):
+            self.tokens[slot].append(tok)
+        return logits
+
+    def export_cache(self, slot: int) -> list:
+        """The slot's cache objects, parked (used to copy pages out)."""
+        self._unbatch_slot(slot)
+        return self._parked[slot]
+
+    def import_cache(self, slot: int, cache: list, token_ids: list[int]) -> None:
+        self._unbatch_slot(slot)
+        self._parked[slot] = cache
+        self.tokens[slot] = list(token_ids)
+
+    # --- batching --------------------------------------------------------------------------
+
+    def _cache_for(self, slots: tuple[int, ...]) -> list:
+        if len(slots) == 1:
+            self._unbatch_slot(slots[0])
+            return self._parked[slots[0]]
+        if slots != self._batch_slots:
+            self._unbatch()
+            caches = [self._parked.pop(s) for s in slots]
+            self._batch = [type(layer[0]).merge(list(layer)) if hasattr(layer[0], "merge")
+                           else _not_batchable(layer[0]) for layer in zip(*caches)]
+            self._batch_slots = slots
+        return self._batch
+
+    def _unbatch_slot(self, slot: int) -> None:
+        if slot in self._batch_slots:
+            self._unbatch()
+
+    def _unbatch(self) -> None:
+        if self._batch is None:
+            return
+        for row, slot in enumerate(self._batch_slots):
+            self._parked[slot] = [layer.extract(row) for layer in self._batch]
+        self._batch, self._batch_slots = None, ()
+
+    def _check_room(self, slot: int, num_new: int) -> None:
+        if len(self.tokens[slot]) + num_new > self.ctx:
+            raise SlotError(f"slot {slot} would exceed the context of {self.ctx} tokens")
+
+    def contents(self) -> list[tuple[int, ...]]:
+        return [tuple(t) for t in self.tokens]
+
+
+def _not_batchable(cache) -> None:
+    raise SlotError(f"{type(cache).__name__} cannot be batched; run with --slots 1")
