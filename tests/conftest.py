@@ -1,0 +1,35 @@
+"""Shared fixtures.
+
+MLX tests expect an optimized BLAS on Linux: `.ci/run` starts pytest with
+LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 (it cannot be set from here,
+the dynamic loader reads it at process start). Without it they pass, only slower.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# The project is not installed into the venv; make `import worker` work under plain `pytest`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Factory: tiny_model_dir(arch="qwen3", fmt="mlx", **kw) -> Path, generated once per session."""
+    from worker.tiny_models import generate_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    made: dict[tuple, Path] = {}
+
+    def make(arch: str = "qwen3", fmt: str = "mlx", seed: int = 0, **kw) -> Path:
+        key = (arch, fmt, seed, tuple(sorted(kw.items())))
+        if key not in made:
+            name = "-".join([arch, str(seed), *(f"{k}{v}" for k, v in sorted(kw.items()))])
+            out = root / (f"{name}.gguf" if fmt == "gguf" else name)
+            made[key] = generate_tiny_model(out, arch=arch, seed=seed, fmt=fmt, **kw)
+        return made[key]
+
+    return make

@@ -1,0 +1,171 @@
+"""Load a model for the worker: an MLX/HF directory, a Hugging Face repo id, or a .gguf file.
+
+Directories and repo ids go through mlx_lm's own loader; GGUF files through worker.gguf_loading.
+On the CPU backend every half-precision weight is converted to float32: MLX's CPU matmul in
+float16/bfloat16 is many times slower than float32 with an optimized BLAS, and float32 keeps
+results comparable across runs (see DESIGN.md, "Tiny models for tests and the default").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+FINGERPRINT_VERSION = b"switchyard-fingerprint-v1"
+_SAMPLE_BYTES = 4096
+_NUM_SAMPLES = 16
+_EDGE_BYTES = 65536
+
+
+class ModelLoadError(Exception):
+    """The model reference cannot be loaded; the message says why and what is supported."""
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    config: dict
+    model_type: str
+    fingerprint: str
+    path: Path = field(repr=True)
+
+    def make_cache(self) -> list:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.model)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+    @cached_property
+    def has_recurrent_state(self) -> bool:
+        """True when some layer keeps a state that cannot be split per token (ArraysCache,
+        rotating windows, ...): such a model cannot be restored from KV pages alone."""
+        from mlx_lm.models.cache import KVCache
+
+        return any(type(c) is not KVCache for c in self.make_cache())
+
+    @cached_property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys + values one token adds, over the attention (KVCache) layers only.
+
+        Measured with a one-token forward pass rather than derived from the config, so it is right
+        for any architecture (head_dim overrides, MLA, partial attention layers) and any KV dtype.
+        """
+        from mlx_lm.models.cache import KVCache
+
+        cache = self.make_cache()
+        self.model(mx.array([[0]]), cache=cache)
+        total = 0
+        for c in cache:
+            if type(c) is KVCache:
+                for a in (c.keys, c.values):  # [B, heads, capacity, dim]
+                    total += a.shape[1] * a.shape[3] * a.dtype.size
+        return total
+
+
+def load_model(ref: str) -> LoadedModel:
+    """Load `ref`: a local directory, a local .gguf file, or a Hugging Face repo id."""
+    path = _resolve(ref)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path}: a model file must be .gguf; otherwise pass a directory")
+        from worker.gguf_loading import load_gguf
+
+        model, config = load_gguf(path)
+        files = [path]
+    else:
+        model, config = _load_mlx_dir(path)
+        files = [path / "config.json", *sorted(path.glob("model*.safetensors"))]
+    _force_float32_on_cpu(model)
+    mx.eval(model.parameters())
+    return LoadedModel(
+        model=model,
+        config=config,
+        model_type=config["model_type"],
+        fingerprint=fingerprint(files),
+        path=path,
+    )
+
+
+def _resolve(ref: str) -> Path:
+    path = Path(ref).expanduser()
+    if path.exists():
+        return path
+    if _looks_like_path(ref):
+        raise ModelLoadError(f"model path {ref!r} does not exist")
+    return _download(ref)
+
+
+def _looks_like_path(ref: str) -> bool:
+    # A repo id is exactly "owner/name"; anything else is meant as a local path.
+    return ref.startswith((".", "/", "~")) or ref.endswith(".gguf") or ref.count("/") != 1
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=DEFAULT_ALLOW_PATTERNS))
+    except Exception as e:  # the hub raises many types (offline, 404, auth)
+        raise ModelLoadError(
+            f"{repo_id!r} is not a local path and could not be fetched from Hugging Face: {e}"
+        ) from e
+
+
+def _load_mlx_dir(path: Path) -> tuple[nn.Module, dict]:
+    from mlx_lm.utils import load_model as mlx_load_model
+
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path}: no config.json; expected an MLX/HF model directory or a .gguf file")
+    try:
+        # lazy: the float32 conversion below then replaces weights without holding both copies
+        return mlx_load_model(path, lazy=True)
+    except (FileNotFoundError, ValueError) as e:
+        raise ModelLoadError(f"{path}: {e}") from e
+
+
+def _on_cpu() -> bool:
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+def _force_float32_on_cpu(model: nn.Module) -> None:
+    """Half-precision weights (and quantization scales) become float32 on the CPU backend."""
+    if not _on_cpu():
+        return
+    model.set_dtype(mx.float32, lambda dtype: dtype in (mx.float16, mx.bfloat16))
+
+
+def fingerprint(files: list[Path]) -> str:
+    """A stable id of the weights: names, sizes and sampled bytes of each file.
+
+    Reading whole files would take seconds to minutes for real models; the sampled blocks (head,
+    tail and evenly spaced blocks) differ between any two differently trained or seeded models.
+    Absolute paths are left out so that a copied model keeps its fingerprint.
+    """
+    h = hashlib.blake2b(FINGERPRINT_VERSION, digest_size=16)
+    for f in files:
+        size = f.stat().st_size
+        h.update(json.dumps([f.name, size]).encode())
+        with open(f, "rb") as fh:
+            for offset, length in _samples(size):
+                fh.seek(offset)
+                h.update(fh.read(length))
+    return h.hexdigest()
+
+
+def _samples(size: int) -> list[tuple[int, int]]:
+    """(offset, length) blocks to hash: all of a small file, else head, tail and 16 inner blocks."""
+    if size <= 2 * _EDGE_BYTES + _NUM_SAMPLES * _SAMPLE_BYTES:
+        return [(0, size)]
+    step = size // (_NUM_SAMPLES + 1)
+    inner = [(step * i, _SAMPLE_BYTES) for i in range(1, _NUM_SAMPLES + 1)]
+    return [(0, _EDGE_BYTES), *inner, (size - _EDGE_BYTES, _EDGE_BYTES)]
