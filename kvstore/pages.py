@@ -1,0 +1,238 @@
+"""The KV page record: content-addressed ids and a self-describing header (DESIGN.md "KV pages").
+
+A page file is `header || payload`. The header starts with a fixed 16-byte prefix (magic,
+format version, header length) so a scan reads only the header, never the payload. The payload
+is opaque here: the worker defines its layout (K/V per layer, optional recurrent state at the
+end, flagged by FLAG_RECURRENT_STATE). Any inconsistency in a header raises CorruptPage; the
+caller treats that as a miss, removes the file and logs it (a corrupt page can cost a re-read,
+never wrong output).
+
+Header layout, little-endian:
+    prefix  magic 8s | format_version u16 | reserved u16 (0) | header_len u32
+    fields  namespace 16s | page_id 16s | parent_id 16s | flags u32 | num_tokens u32
+            | payload_len u64 | created_at f64 | payload_checksum 16s
+    tokens  num_tokens x u32
+    check   blake2b-8 of everything above
+    padding zeros up to header_len (a multiple of 64, so the payload starts cache-line aligned)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+PAGE_FORMAT_VERSION = 1
+MAGIC = b"SYKVPAGE"
+ID_BYTES = 16
+ROOT_ID = bytes(ID_BYTES)  # parent id of a sequence's first page
+FLAG_RECURRENT_STATE = 1  # payload ends with a recurrent-state snapshot (hybrid models)
+
+_PREFIX = struct.Struct("<8sHHI")
+_FIELDS = struct.Struct("<16s16s16sIIQd16s")
+_CHECK_BYTES = 8
+_ALIGN = 64
+PREFIX_SIZE = _PREFIX.size
+# Bounds a garbage header_len; 256K tokens per page is far beyond any sane page size.
+MAX_HEADER_BYTES = 1 << 20
+_KNOWN_FLAGS = FLAG_RECURRENT_STATE
+
+
+class CorruptPage(ValueError):
+    """The bytes are not a valid page record (or not the one asked for)."""
+
+
+@dataclass(frozen=True)
+class PageHeader:
+    format_version: int
+    namespace: bytes
+    page_id: bytes
+    parent_id: bytes
+    token_ids: tuple[int, ...]
+    flags: int
+    payload_len: int
+    payload_checksum: bytes
+    created_at: float
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def has_recurrent_state(self) -> bool:
+        return bool(self.flags & FLAG_RECURRENT_STATE)
+
+    @property
+    def header_len(self) -> int:
+        return _header_len(len(self.token_ids))
+
+
+def header_size(num_tokens: int) -> int:
+    """Bytes of the header of a page of `num_tokens` tokens (file size = this + payload)."""
+    return _header_len(num_tokens)
+
+
+def make_namespace(*parts: str | bytes) -> bytes:
+    """16-byte namespace from a model fingerprint, KV dtype/layout, ... (F12).
+
+    The page format version is always mixed in, so a format change makes old pages foreign.
+    """
+    h = hashlib.blake2b(f"switchyard-kv-page-v{PAGE_FORMAT_VERSION}".encode(),
+                        digest_size=ID_BYTES)
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else bytes(part)
+        h.update(struct.pack("<Q", len(data)))  # length-prefixed: ("ab","c") != ("a","bc")
+        h.update(data)
+    return h.digest()
+
+
+def token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
+    """Token ids as little-endian uint32 bytes, the form that is hashed and stored."""
+    arr = np.asarray(token_ids)
+    if arr.ndim != 1:
+        raise ValueError("token ids must be a flat sequence")
+    if arr.size and arr.dtype != np.dtype("<u4"):
+        if arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > 0xFFFFFFFF:
+            raise ValueError("token ids must be integers in [0, 2**32)")
+    return arr.astype("<u4", copy=False).tobytes()
+
+
+def _check_id(name: str, value: bytes) -> None:
+    if not isinstance(value, bytes) or len(value) != ID_BYTES:
+        raise ValueError(f"{name} must be {ID_BYTES} bytes")
+
+
+def _hash_page(namespace: bytes, parent_id: bytes, tokens: bytes | memoryview) -> bytes:
+    h = hashlib.blake2b(namespace, digest_size=ID_BYTES)
+    h.update(parent_id)
+    h.update(tokens)
+    return h.digest()
+
+
+def page_id(namespace: bytes, parent_id: bytes, token_ids: Sequence[int]) -> bytes:
+    """128-bit id of a page; through parent_id it names the page's whole prefix."""
+    _check_id("namespace", namespace)
+    _check_id("parent_id", parent_id)
+    return _hash_page(namespace, parent_id, token_bytes(token_ids))
+
+
+def chain_page_ids(namespace: bytes, token_ids: Sequence[int] | np.ndarray, page_size: int,
+                   parent_id: bytes = ROOT_ID) -> list[bytes]:
+    """Ids of the full pages of a sequence (a trailing partial page has no id)."""
+    _check_id("namespace", namespace)
+    _check_id("parent_id", parent_id)
+    if page_size < 1:
+        raise ValueError("page_size must be positive")
+    data = memoryview(token_bytes(token_ids))
+    step = page_size * 4
+    ids = []
+    for start in range(0, len(data) - step + 1, step):
+        parent_id = _hash_page(namespace, parent_id, data[start:start + step])
+        ids.append(parent_id)
+    return ids
+
+
+def payload_checksum(payload) -> bytes:
+    # update(), not the constructor: on 3.11 only update() releases the GIL for large
+    # buffers (measured), so checksums of several pages can run in parallel threads.
+    h = hashlib.blake2b(digest_size=16)
+    h.update(payload)
+    return h.digest()
+
+
+def make_header(namespace: bytes, parent_id: bytes, token_ids: Sequence[int], payload,
+                flags: int = 0, created_at: float | None = None) -> PageHeader:
+    """The header for `payload`, with its page id and checksum computed here."""
+    tokens = tuple(int(t) for t in token_ids)
+    return PageHeader(
+        format_version=PAGE_FORMAT_VERSION,
+        namespace=namespace,
+        page_id=page_id(namespace, parent_id, tokens),
+        parent_id=parent_id,
+        token_ids=tokens,
+        flags=flags,
+        payload_len=memoryview(payload).nbytes,
+        payload_checksum=payload_checksum(payload),
+        created_at=time.time() if created_at is None else created_at,
+    )
+
+
+def _header_len(num_tokens: int) -> int:
+    raw = _PREFIX.size + _FIELDS.size + 4 * num_tokens + _CHECK_BYTES
+    return -(-raw // _ALIGN) * _ALIGN
+
+
+def encode_header(h: PageHeader) -> bytes:
+    for name in ("namespace", "page_id", "parent_id"):
+        _check_id(name, getattr(h, name))
+    if h.flags & ~_KNOWN_FLAGS:
+        raise ValueError(f"unknown page flags {h.flags:#x}")
+    if len(h.payload_checksum) != 16:
+        raise ValueError("payload_checksum must be 16 bytes")
+    header_len = _header_len(len(h.token_ids))
+    if header_len > MAX_HEADER_BYTES:
+        raise ValueError(f"page of {len(h.token_ids)} tokens is too large")
+    body = b"".join((
+        _PREFIX.pack(MAGIC, h.format_version, 0, header_len),
+        _FIELDS.pack(h.namespace, h.page_id, h.parent_id, h.flags, len(h.token_ids),
+                     h.payload_len, h.created_at, h.payload_checksum),
+        token_bytes(h.token_ids),
+    ))
+    check = hashlib.blake2b(body, digest_size=_CHECK_BYTES).digest()
+    return body + check + bytes(header_len - len(body) - _CHECK_BYTES)
+
+
+def header_length(prefix) -> int:
+    """Total header length from the first PREFIX_SIZE bytes of a page file."""
+    if len(prefix) < _PREFIX.size:
+        raise CorruptPage("truncated header prefix")
+    magic, version, reserved, header_len = _PREFIX.unpack_from(prefix)
+    if magic != MAGIC:
+        raise CorruptPage("bad magic")
+    if version != PAGE_FORMAT_VERSION:
+        # Layout may differ; this build can never use the page (and it is namespaced apart).
+        raise CorruptPage(f"unsupported page format version {version}")
+    if reserved != 0 or not _header_len(0) <= header_len <= MAX_HEADER_BYTES \
+            or header_len % _ALIGN:
+        raise CorruptPage(f"bad header length {header_len}")
+    return header_len
+
+
+def decode_header(buf) -> PageHeader:
+    """Parse and verify a header from the start of `buf` (the payload may follow)."""
+    buf = memoryview(buf).cast("B")
+    header_len = header_length(buf)
+    if len(buf) < header_len:
+        raise CorruptPage("truncated header")
+    namespace, pid, parent_id, flags, num_tokens, payload_len, created_at, checksum = \
+        _FIELDS.unpack_from(buf, _PREFIX.size)
+    tokens_at = _PREFIX.size + _FIELDS.size
+    check_at = tokens_at + 4 * num_tokens
+    if _header_len(num_tokens) != header_len:
+        raise CorruptPage("token count does not match header length")
+    if hashlib.blake2b(buf[:check_at], digest_size=_CHECK_BYTES).digest() \
+            != bytes(buf[check_at:check_at + _CHECK_BYTES]):
+        raise CorruptPage("header checksum mismatch")
+    if any(buf[check_at + _CHECK_BYTES:header_len]):
+        raise CorruptPage("nonzero header padding")
+    if flags & ~_KNOWN_FLAGS:
+        raise CorruptPage(f"unknown page flags {flags:#x}")
+    tokens = buf[tokens_at:check_at]
+    # Content addressing is self-checking: the id must be the hash of what the header claims.
+    if _hash_page(namespace, parent_id, tokens) != pid:
+        raise CorruptPage("page id does not match namespace, parent and tokens")
+    return PageHeader(
+        format_version=PAGE_FORMAT_VERSION,
+        namespace=namespace,
+        page_id=pid,
+        parent_id=parent_id,
+        token_ids=tuple(np.frombuffer(tokens, dtype="<u4").tolist()),
+        flags=flags,
+        payload_len=payload_len,
+        payload_checksum=checksum,
+        created_at=created_at,
+    )

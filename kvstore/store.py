@@ -1,0 +1,447 @@
+"""Page files on disk and their in-memory index (DESIGN.md "KV pages", F1, F5, F12).
+
+Layout: `<root>/<namespace hex[:8]>/<page_id hex[:2]>/<page_id hex>.page`. Sharding keeps
+directories small (a 100K-page cache is ~400 files per directory). Writes go to a temporary
+name in the same directory, are fsynced and renamed, then the directory is fsynced: a crash
+leaves either the whole page or a `.tmp` file that the next scan removes.
+
+The store chooses nothing (the scheduler picks what to evict) and never raises on bad data: a
+page that fails any check is a miss, its file is removed and the event is counted and reported.
+Disk trouble that makes persistence impossible (full, read-only, no permission) raises
+StoreUnavailable so the daemon can keep serving without persistence.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvstore import pages
+from kvstore.pages import (
+    PREFIX_SIZE,
+    CorruptPage,
+    PageHeader,
+    encode_header,
+    decode_header,
+    header_length,
+    make_header,
+    payload_checksum,
+)
+from proto.messages import PageInfo
+
+PAGE_SUFFIX = ".page"
+TEMP_SUFFIX = ".tmp"
+# One read covers the header of a page of up to ~990 tokens (P=256 needs 1152 bytes).
+_FIRST_READ = 4096
+# Errors that mean "this disk cannot take our pages now", as opposed to a bug.
+_UNAVAILABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO}
+
+
+class StoreUnavailable(RuntimeError):
+    """The page directory cannot be written (full, read-only, permissions, I/O error)."""
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    namespace: bytes
+    parent_id: bytes
+    num_tokens: int
+    nbytes: int  # file size: what counts against the disk budget
+    last_used: float  # file mtime, so recency survives a restart
+    path: Path
+    flags: int = 0  # FLAG_RECURRENT_STATE: a restore point of a hybrid model
+
+
+@dataclass(frozen=True)
+class CorruptEvent:
+    at: float
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NamespaceStats:
+    num_pages: int
+    num_bytes: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    num_pages: int
+    num_bytes: int
+    namespaces: dict[str, NamespaceStats]  # namespace hex -> counts
+    oldest_last_used: float | None
+    newest_last_used: float | None
+    num_corrupt_removed: int
+    num_temp_removed: int
+
+
+def _unavailable(root: Path, exc: OSError) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"KV page store {root} is unavailable ({exc.strerror or exc}); pages are not being "
+        f"persisted: free disk space, fix permissions or choose another --kv-dir")
+
+
+def _write_all(fd: int, buf: memoryview) -> None:
+    while buf:
+        buf = buf[os.write(fd, buf):]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_header_fd(fd: int) -> tuple[PageHeader, os.stat_result]:
+    """Header of an open page file, checked against the file size (catches truncation)."""
+    st = os.fstat(fd)
+    buf = os.pread(fd, _FIRST_READ, 0)
+    header_len = header_length(buf[:PREFIX_SIZE])
+    if header_len > len(buf):
+        buf += os.pread(fd, header_len - len(buf), len(buf))
+    header = decode_header(buf)
+    if st.st_size != header_len + header.payload_len:
+        raise CorruptPage(f"file is {st.st_size} bytes, header says "
+                          f"{header_len + header.payload_len}")
+    return header, st
+
+
+class PageStore:
+    def __init__(self, root: Path, *, sync: bool = True,
+                 on_corrupt: Callable[[CorruptEvent], None] | None = None):
+        """`sync=False` skips fsync (tests, benchmarks): not crash-safe."""
+        self.root = Path(root)
+        self.sync = sync
+        self.on_corrupt = on_corrupt
+        self.num_corrupt_removed = 0
+        self.num_temp_removed = 0
+        self.corrupt_events: collections.deque[CorruptEvent] = collections.deque(maxlen=64)
+        self._index: dict[bytes, IndexEntry] = {}
+        self._num_bytes = 0
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if exc.errno in _UNAVAILABLE:
+                raise _unavailable(self.root, exc) from exc
+            raise
+
+    # --- paths and index ------------------------------------------------------------------
+
+    def path_for(self, namespace: bytes, page_id: bytes) -> Path:
+        hex_id = page_id.hex()
+        return self.root / namespace.hex()[:8] / hex_id[:2] / (hex_id + PAGE_SUFFIX)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, page_id: bytes) -> bool:
+        return page_id in self._index
+
+    def get(self, page_id: bytes) -> IndexEntry | None:
+        return self._index.get(page_id)
+
+    @property
+    def num_bytes(self) -> int:
+        return self._num_bytes
+
+    def pages(self) -> list[PageInfo]:
+        """The inventory, as the scheduler receives it."""
+        return [PageInfo(pid, e.parent_id, e.namespace, e.num_tokens, e.nbytes, e.last_used)
+                for pid, e in self._index.items()]
+
+    def _add(self, page_id: bytes, entry: IndexEntry) -> None:
+        self._drop(page_id)
+        self._index[page_id] = entry
+        self._num_bytes += entry.nbytes
+
+    def _drop(self, page_id: bytes) -> IndexEntry | None:
+        entry = self._index.pop(page_id, None)
+        if entry is not None:
+            self._num_bytes -= entry.nbytes
+        return entry
+
+    def _entry(self, header: PageHeader, path: Path, st: os.stat_result) -> IndexEntry:
+        return IndexEntry(header.namespace, header.parent_id, header.num_tokens, st.st_size,
+                          st.st_mtime, path, header.flags)
+
+    def _discard(self, path: Path, page_id: bytes | None, reason: str) -> None:
+        """A bad page is a miss: remove it, count it, report it; never raise."""
+        if page_id is not None:
+            self._drop(page_id)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass  # already gone, or a read-only disk: it stays a miss either way
+        self.num_corrupt_removed += 1
+        event = CorruptEvent(time.time(), str(path), reason)
+        self.corrupt_events.append(event)
+        if self.on_corrupt is not None:
+            self.on_corrupt(event)
+
+    # --- write ----------------------------------------------------------------------------
+
+    def write(self, namespace: bytes, parent_id: bytes, token_ids: Sequence[int], payload,
+              *, flags: int = 0, page_id: bytes | None = None) -> int:
+        """Persist one page; returns bytes written (0 when a valid copy is already stored).
+
+        `page_id`, when given, must equal the id computed from namespace, parent and tokens.
+        The id does not cover flags: a page stored with other flags (a recurrent-state
+        snapshot added or dropped) is replaced atomically.
+        """
+        payload = memoryview(payload).cast("B")
+        tokens = tuple(int(t) for t in token_ids)
+        pid = pages.page_id(namespace, parent_id, tokens)
+        if page_id is not None and page_id != pid:
+            raise ValueError("page_id does not match namespace, parent_id and token_ids")
+        path = self.path_for(namespace, pid)
+        nbytes = pages.header_size(len(tokens)) + payload.nbytes
+        # Before the checksum: a page saved again (shared prefix) costs a stat, not a hash.
+        if self._already_stored(pid, path, flags, nbytes):
+            self.touch(pid)
+            return 0
+        header = make_header(namespace, parent_id, tokens, payload, flags=flags)
+        head = encode_header(header)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+        fd = -1
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            _write_all(fd, memoryview(head))
+            _write_all(fd, payload)
+            if self.sync:
+                os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, path)
+            if self.sync:
+                _fsync_dir(path.parent)
+        except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if exc.errno in _UNAVAILABLE:
+                raise _unavailable(self.root, exc) from exc
+            raise
+        self._add(header.page_id, IndexEntry(namespace, parent_id, header.num_tokens, nbytes,
+                                             time.time(), path, flags))
+        return nbytes
+
+    def _already_stored(self, page_id: bytes, path: Path, flags: int, nbytes: int) -> bool:
+        entry = self._index.get(page_id)
+        try:
+            if entry is not None:
+                return (entry.flags, entry.nbytes) == (flags, nbytes) \
+                    and os.stat(path).st_size == nbytes
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            header, st = _read_header_fd(fd)
+        except (CorruptPage, OSError):
+            return False  # rewritten by the caller; the rename replaces it
+        finally:
+            os.close(fd)
+        if header.page_id != page_id or header.namespace.hex()[:8] != path.parent.parent.name:
+            return False
+        self._add(page_id, self._entry(header, path, st))
+        return (header.flags, st.st_size) == (flags, nbytes)
+
+    # --- read -----------------------------------------------------------------------------
+
+    def read_into(self, namespace: bytes, page_id: bytes, expected_token_ids: Sequence[int],
+                  out: memoryview) -> PageHeader | None:
+        """Read a page's payload into `out[:payload_len]`; None on a miss or a bad page.
+
+        Verifies namespace, page id, token ids and the payload checksum. A successful read
+        marks the page used (mtime), so recency survives a restart.
+        """
+        out = memoryview(out).cast("B")
+        path = self.path_for(namespace, page_id)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._drop(page_id)
+            return None
+        except OSError as exc:
+            self._report(path, f"unreadable: {exc.strerror}")
+            return None
+        try:
+            with open(fd, "rb", buffering=0, closefd=True) as f:
+                header, st = _read_header_fd(fd)
+                problem = _mismatch(header, namespace, page_id, expected_token_ids)
+                if problem:
+                    raise CorruptPage(problem)
+                n = header.payload_len
+                if n > out.nbytes:
+                    raise _BufferTooSmall(f"page payload is {n} bytes, buffer {out.nbytes}")
+                f.seek(header.header_len)
+                got = 0
+                while got < n:
+                    step = f.readinto(out[got:n])
+                    if not step:
+                        raise CorruptPage("payload shorter than its header says")
+                    got += step
+            if payload_checksum(out[:n]) != header.payload_checksum:
+                raise CorruptPage("payload checksum mismatch")
+        except _BufferTooSmall as exc:
+            raise ValueError(str(exc)) from None  # a sizing bug, not bad data
+        except CorruptPage as exc:
+            self._discard(path, page_id, str(exc))
+            return None
+        except OSError as exc:  # EIO mid-read: a miss; the file may be fine next time
+            self._report(path, f"unreadable: {exc.strerror}")
+            return None
+        now = time.time()
+        self._touch_path(path, now)
+        self._add(page_id, IndexEntry(namespace, header.parent_id, header.num_tokens,
+                                      st.st_size, now, path, header.flags))
+        return header
+
+    def _report(self, path: Path, reason: str) -> None:
+        event = CorruptEvent(time.time(), str(path), reason)
+        self.corrupt_events.append(event)
+        if self.on_corrupt is not None:
+            self.on_corrupt(event)
+
+    # --- scan -----------------------------------------------------------------------------
+
+    def scan(self) -> list[PageInfo]:
+        """Rebuild the index from page headers (F5); remove crash leftovers and bad pages."""
+        self._index.clear()
+        self._num_bytes = 0
+        for ns_dir in _subdirs(self.root):
+            for shard in _subdirs(ns_dir):
+                with os.scandir(shard) as entries:
+                    names = [e.name for e in entries]
+                for name in names:
+                    if name.endswith(TEMP_SUFFIX):
+                        self._remove_temp(shard / name)
+                    elif name.endswith(PAGE_SUFFIX):
+                        self._scan_page(shard, name)
+        return self.pages()
+
+    def _remove_temp(self, path: Path) -> None:
+        try:
+            os.unlink(path)
+            self.num_temp_removed += 1
+        except OSError:
+            pass
+
+    def _scan_page(self, shard: Path, name: str) -> None:
+        path = shard / name
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            header, st = _read_header_fd(fd)
+        except CorruptPage as exc:
+            self._discard(path, None, str(exc))
+            return
+        except OSError as exc:
+            self._report(path, f"unreadable: {exc.strerror}")
+            return
+        finally:
+            os.close(fd)
+        # String checks, not path_for(): pathlib costs more than reading the header.
+        hex_id = header.page_id.hex()
+        if (name != hex_id + PAGE_SUFFIX or shard.name != hex_id[:2]
+                or shard.parent.name != header.namespace.hex()[:8]):
+            self._discard(path, None, "file name or directory does not match its header")
+            return
+        self._add(header.page_id, self._entry(header, path, st))
+
+    # --- delete, touch, stats -------------------------------------------------------------
+
+    def delete(self, page_ids: Iterable[bytes]) -> int:
+        """Remove pages (eviction); returns bytes freed. Unknown ids are ignored."""
+        freed = 0
+        for pid in page_ids:
+            entry = self._drop(pid)
+            if entry is None:
+                continue
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                self._add(pid, entry)
+                if exc.errno in _UNAVAILABLE:
+                    raise _unavailable(self.root, exc) from exc
+                raise
+            freed += entry.nbytes
+        return freed
+
+    def touch(self, page_id: bytes, when: float | None = None) -> bool:
+        """Mark a page used now (its file mtime); False if it is not stored."""
+        entry = self._index.get(page_id)
+        if entry is None:
+            return False
+        when = time.time() if when is None else when
+        if not self._touch_path(entry.path, when):
+            self._drop(page_id)
+            return False
+        self._index[page_id] = dataclasses.replace(entry, last_used=when)
+        return True
+
+    def _touch_path(self, path: Path, when: float) -> bool:
+        try:
+            os.utime(path, (when, when))
+        except FileNotFoundError:
+            return False
+        except OSError:
+            pass  # read-only disk: recency is only kept in memory
+        return True
+
+    def stats(self) -> StoreStats:
+        per_ns: dict[bytes, list[int]] = {}
+        for e in self._index.values():
+            counts = per_ns.setdefault(e.namespace, [0, 0])
+            counts[0] += 1
+            counts[1] += e.nbytes
+        used = [e.last_used for e in self._index.values()]
+        return StoreStats(
+            num_pages=len(self._index),
+            num_bytes=self._num_bytes,
+            namespaces={ns.hex(): NamespaceStats(n, b) for ns, (n, b) in per_ns.items()},
+            oldest_last_used=min(used, default=None),
+            newest_last_used=max(used, default=None),
+            num_corrupt_removed=self.num_corrupt_removed,
+            num_temp_removed=self.num_temp_removed,
+        )
+
+
+class _BufferTooSmall(Exception):
+    pass
+
+
+def _mismatch(header: PageHeader, namespace: bytes, page_id: bytes,
+              expected_token_ids: Sequence[int]) -> str | None:
+    if header.namespace != namespace:
+        return "namespace does not match"
+    if header.page_id != page_id:
+        return "page id does not match"
+    if header.token_ids != tuple(int(t) for t in expected_token_ids):
+        return "token ids do not match"
+    return None
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        with os.scandir(path) as entries:
+            return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []

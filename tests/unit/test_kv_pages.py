@@ -1,0 +1,112 @@
+"""Page ids and the page header: content addressing (F1, F4), self-describing records (F5, F12)."""
+
+import numpy as np
+import pytest
+
+from kvstore import pages
+from kvstore.pages import (
+    MAGIC,
+    PAGE_FORMAT_VERSION,
+    ROOT_ID,
+    CorruptPage,
+    chain_page_ids,
+    decode_header,
+    encode_header,
+    make_header,
+    make_namespace,
+    page_id,
+)
+
+NS = make_namespace("model-a", "float32", "layout-1")
+P = 256
+
+
+def _header(tokens=tuple(range(P)), payload=b"kv" * 100, flags=0):
+    return make_header(NS, ROOT_ID, tokens, payload, flags=flags, created_at=1234.5)
+
+
+def test_header_round_trip():
+    h = _header(flags=pages.FLAG_RECURRENT_STATE)
+    buf = encode_header(h)
+    assert buf.startswith(MAGIC)
+    assert len(buf) == h.header_len and len(buf) % 64 == 0
+    assert decode_header(buf) == h
+    # The payload may follow the header in the buffer (a scan reads one block).
+    assert decode_header(buf + b"payload bytes") == h
+    assert h.format_version == PAGE_FORMAT_VERSION
+    assert h.has_recurrent_state and h.num_tokens == P
+    assert h.payload_len == 200 and h.payload_checksum == pages.payload_checksum(b"kv" * 100)
+
+
+def test_every_flipped_header_byte_is_detected():
+    buf = bytearray(encode_header(_header()))
+    for i in range(len(buf)):
+        buf[i] ^= 0x01
+        with pytest.raises(CorruptPage):
+            decode_header(buf)
+        buf[i] ^= 0x01
+    decode_header(buf)
+
+
+@pytest.mark.parametrize("cut", [0, 5, pages.PREFIX_SIZE, 100, -1])
+def test_truncated_header_is_corrupt(cut):
+    buf = encode_header(_header())
+    with pytest.raises(CorruptPage):
+        decode_header(buf[:cut])
+
+
+def test_garbage_is_corrupt():
+    with pytest.raises(CorruptPage):
+        decode_header(np.random.default_rng(0).bytes(4096))
+
+
+def test_header_checks_id_against_its_content():
+    h = _header()
+    forged = pages.PageHeader(**{**h.__dict__, "token_ids": (1,) + h.token_ids[1:]})
+    with pytest.raises(CorruptPage, match="page id"):
+        decode_header(encode_header(forged))
+
+
+def test_page_id_depends_on_namespace_parent_and_tokens():
+    tokens = list(range(P))
+    base = page_id(NS, ROOT_ID, tokens)
+    assert len(base) == 16
+    assert page_id(NS, ROOT_ID, tokens) == base
+    assert page_id(make_namespace("model-b", "float32", "layout-1"), ROOT_ID, tokens) != base
+    assert page_id(NS, base, tokens) != base
+    assert page_id(NS, ROOT_ID, tokens[:-1] + [tokens[-1] + 1]) != base
+    assert page_id(NS, ROOT_ID, np.array(tokens, dtype=np.int64)) == base
+
+
+def test_chain_ids_name_the_whole_prefix():
+    tokens = np.arange(3 * P + 17) % 50_000
+    ids = chain_page_ids(NS, tokens, P)
+    assert len(ids) == 3  # the partial tail has no id
+    parent = ROOT_ID
+    for i, pid in enumerate(ids):
+        assert pid == page_id(NS, parent, tokens[i * P:(i + 1) * P])
+        parent = pid
+    assert chain_page_ids(NS, tokens.tolist(), P) == ids
+    # Same last page after a different first page: a different id.
+    other = tokens.copy()
+    other[0] += 1
+    other_ids = chain_page_ids(NS, other, P)
+    assert all(a != b for a, b in zip(ids, other_ids))
+    # Continuing a chain from a known parent gives the same ids.
+    assert chain_page_ids(NS, tokens[P:], P, parent_id=ids[0]) == ids[1:]
+
+
+def test_namespace_parts_are_length_prefixed():
+    assert make_namespace("ab", "c") != make_namespace("a", "bc")
+    assert len(make_namespace("x")) == 16
+
+
+def test_bad_inputs_are_rejected():
+    with pytest.raises(ValueError):
+        page_id(b"short", ROOT_ID, [1])
+    with pytest.raises(ValueError):
+        page_id(NS, ROOT_ID, [-1])
+    with pytest.raises(ValueError):
+        page_id(NS, ROOT_ID, [2**32])
+    with pytest.raises(ValueError):
+        encode_header(_header(flags=0x80))

@@ -1,0 +1,265 @@
+"""PageStore: atomic writes, verified reads, rebuild by scan (F5), namespaces (F12), bad pages."""
+
+import errno
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from kvstore import store as store_mod
+from kvstore.pages import FLAG_RECURRENT_STATE, ROOT_ID, chain_page_ids, make_namespace
+from kvstore.store import PageStore, StoreUnavailable
+
+NS = make_namespace("model-a")
+OTHER_NS = make_namespace("model-b")
+P = 16
+
+
+def _tokens(i, n=P):
+    return list(range(i * n, (i + 1) * n))
+
+
+def _payload(seed, nbytes=4096):
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def _write_chain(store, num_pages, ns=NS, nbytes=4096):
+    tokens = [t for i in range(num_pages) for t in _tokens(i)]
+    ids = chain_page_ids(ns, tokens, P)
+    parent = ROOT_ID
+    for i, pid in enumerate(ids):
+        store.write(ns, parent, _tokens(i), _payload(i, nbytes), page_id=pid)
+        parent = pid
+    return ids
+
+
+def _read(store, pid, i, ns=NS, size=8192):
+    out = bytearray(size)
+    header = store.read_into(ns, pid, _tokens(i), memoryview(out))
+    return header, out
+
+
+@pytest.fixture
+def store(tmp_path):
+    return PageStore(tmp_path / "kv")
+
+
+def test_write_read_round_trip(store):
+    ids = _write_chain(store, 3)
+    header, out = _read(store, ids[1], 1)
+    assert header is not None and header.page_id == ids[1] and header.parent_id == ids[0]
+    assert bytes(out[:header.payload_len]) == _payload(1).tobytes()
+    path = store.path_for(NS, ids[1])
+    assert path == store.root / NS.hex()[:8] / ids[1].hex()[:2] / (ids[1].hex() + ".page")
+    assert path.exists() and not list(path.parent.glob("*.tmp"))
+    assert path.stat().st_size == store.get(ids[1]).nbytes
+    assert store.num_corrupt_removed == 0
+
+
+def test_write_is_idempotent(store):
+    (pid,) = _write_chain(store, 1)
+    inode = store.path_for(NS, pid).stat().st_ino
+    assert store.write(NS, ROOT_ID, _tokens(0), _payload(0)) == 0
+    assert store.path_for(NS, pid).stat().st_ino == inode
+    # Also after a restart (the page is not yet in the new index).
+    again = PageStore(store.root)
+    assert again.write(NS, ROOT_ID, _tokens(0), _payload(0)) == 0
+    assert pid in again and len(again) == 1
+
+
+def test_adding_a_state_snapshot_replaces_the_page(store):
+    (pid,) = _write_chain(store, 1)
+    with_state = np.concatenate([_payload(0), _payload(9, 512)])
+    written = store.write(NS, ROOT_ID, _tokens(0), with_state, flags=FLAG_RECURRENT_STATE)
+    assert written > 0 and store.get(pid).flags == FLAG_RECURRENT_STATE
+    assert store.write(NS, ROOT_ID, _tokens(0), with_state, flags=FLAG_RECURRENT_STATE) == 0
+    again = PageStore(store.root)
+    again.scan()
+    assert again.get(pid).flags == FLAG_RECURRENT_STATE
+    header, out = _read(again, pid, 0)
+    assert header.has_recurrent_state
+    assert bytes(out[:header.payload_len]) == with_state.tobytes()
+
+
+def test_write_rejects_a_wrong_page_id(store):
+    with pytest.raises(ValueError):
+        store.write(NS, ROOT_ID, _tokens(0), _payload(0), page_id=bytes(16))
+
+
+def test_restart_rebuilds_the_index_from_files(store):
+    ids = _write_chain(store, 4)
+    again = PageStore(store.root)
+    infos = {info.page_id: info for info in again.scan()}
+    assert set(infos) == set(ids)
+    assert infos[ids[2]].parent_id == ids[1] and infos[ids[2]].num_tokens == P
+    assert again.num_bytes == store.num_bytes == sum(i.nbytes for i in infos.values())
+    header, out = _read(again, ids[3], 3)
+    assert bytes(out[:header.payload_len]) == _payload(3).tobytes()
+
+
+def test_scan_removes_leftover_temp_files(store):
+    (pid,) = _write_chain(store, 1)
+    path = store.path_for(NS, pid)
+    (path.parent / f".{pid.hex()}.999.abcd.tmp").write_bytes(b"half a page")
+    again = PageStore(store.root)
+    assert len(again.scan()) == 1
+    assert again.num_temp_removed == 1 and not list(path.parent.glob("*.tmp"))
+
+
+def test_miss_is_not_corruption(store):
+    header, _ = _read(store, bytes(16), 0)
+    assert header is None and store.num_corrupt_removed == 0
+
+
+def _corrupt_and_check(store, pid, i, damage, via):
+    events = []
+    store.on_corrupt = events.append
+    path = store.path_for(NS, pid)
+    data = bytearray(path.read_bytes())
+    path.write_bytes(damage(data))
+    if via == "read":
+        header, _ = _read(store, pid, i)
+        assert header is None
+    else:
+        assert pid not in {info.page_id for info in store.scan()}
+    assert not path.exists()
+    assert store.num_corrupt_removed == 1 and len(events) == 1
+    assert pid not in store
+    assert _read(store, pid, i)[0] is None  # and never returned afterwards
+
+
+def _flip_payload(data):
+    data[-1] ^= 0xFF
+    return data
+
+
+def _truncate(data):
+    return data[:-100]
+
+
+def _garbage_header(data):
+    return b"\x00" * 64 + data[64:]
+
+
+@pytest.mark.parametrize("via", ["read", "scan"])
+@pytest.mark.parametrize("damage", [_truncate, _garbage_header])
+def test_damaged_page_is_removed(store, damage, via):
+    ids = _write_chain(store, 2)
+    _corrupt_and_check(store, ids[1], 1, damage, via)
+    assert _read(store, ids[0], 0)[0] is not None  # neighbours are untouched
+
+
+def test_flipped_payload_byte_is_caught_on_read(store):
+    ids = _write_chain(store, 2)
+    _corrupt_and_check(store, ids[1], 1, _flip_payload, "read")
+
+
+def test_wrong_tokens_are_a_miss_and_remove_the_page(store):
+    (pid,) = _write_chain(store, 1)
+    out = bytearray(8192)
+    assert store.read_into(NS, pid, _tokens(5), memoryview(out)) is None
+    assert not store.path_for(NS, pid).exists() and store.num_corrupt_removed == 1
+
+
+def test_page_under_the_wrong_name_is_removed(store):
+    ids = _write_chain(store, 2)
+    # A valid record of page 0 stored where page 1 belongs.
+    shutil.copy(store.path_for(NS, ids[0]), store.path_for(NS, ids[1]))
+    assert _read(store, ids[1], 1)[0] is None and store.num_corrupt_removed == 1
+    shutil.copy(store.path_for(NS, ids[0]), store.path_for(NS, ids[1]))
+    assert {i.page_id for i in store.scan()} == {ids[0]}
+    assert store.num_corrupt_removed == 2
+
+
+def test_foreign_namespace_is_kept_but_never_matched(store):
+    (pid,) = _write_chain(store, 1, ns=OTHER_NS)
+    assert _read(store, pid, 0, ns=NS)[0] is None
+    # Even planted at our namespace's path, the header's namespace does not match.
+    ours = store.path_for(NS, pid)
+    ours.parent.mkdir(parents=True)
+    shutil.copy(store.path_for(OTHER_NS, pid), ours)
+    assert _read(store, pid, 0, ns=NS)[0] is None and not ours.exists()
+    # The foreign page stays on disk and in the inventory (it ages out by eviction).
+    again = PageStore(store.root)
+    assert [i.namespace for i in again.scan()] == [OTHER_NS]
+    assert set(again.stats().namespaces) == {OTHER_NS.hex()}
+    assert _read(again, pid, 0, ns=OTHER_NS)[0] is not None
+
+
+def test_buffer_too_small_is_a_caller_bug(store):
+    (pid,) = _write_chain(store, 1)
+    with pytest.raises(ValueError, match="buffer"):
+        store.read_into(NS, pid, _tokens(0), memoryview(bytearray(100)))
+    assert store.path_for(NS, pid).exists()
+
+
+def test_delete_touch_stats(store):
+    ids = _write_chain(store, 3)
+    _write_chain(store, 1, ns=OTHER_NS)
+    assert store.touch(ids[0], when=1000.0)
+    assert store.path_for(NS, ids[0]).stat().st_mtime == 1000.0
+    stats = store.stats()
+    assert stats.num_pages == 4 and stats.oldest_last_used == 1000.0
+    assert stats.namespaces[NS.hex()].num_pages == 3
+    assert stats.num_bytes == store.num_bytes
+    nbytes = store.get(ids[2]).nbytes
+    assert store.delete([ids[2], bytes(16)]) == nbytes
+    assert not store.path_for(NS, ids[2]).exists() and ids[2] not in store
+    assert store.num_bytes == stats.num_bytes - nbytes
+    assert not store.touch(ids[2])
+    # Recency survives a restart (mtime).
+    again = PageStore(store.root)
+    again.scan()
+    assert again.get(ids[0]).last_used == 1000.0
+
+
+def test_disk_full_raises_store_unavailable(store, monkeypatch):
+    def full(fd, buf):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store_mod, "_write_all", full)
+    with pytest.raises(StoreUnavailable, match="No space left"):
+        store.write(NS, ROOT_ID, _tokens(0), _payload(0))
+    assert len(store) == 0 and not list(store.root.rglob("*.tmp"))
+
+
+def test_read_only_disk_raises_store_unavailable(store, monkeypatch):
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kw):
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(store_mod.os, "open", read_only)
+    with pytest.raises(StoreUnavailable, match="Read-only"):
+        store.write(NS, ROOT_ID, _tokens(0), _payload(0))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_unwritable_directory_raises_store_unavailable(tmp_path):
+    store = PageStore(tmp_path / "kv")
+    store.root.chmod(0o500)
+    try:
+        with pytest.raises(StoreUnavailable):
+            store.write(NS, ROOT_ID, _tokens(0), _payload(0))
+    finally:
+        store.root.chmod(0o700)
+
+
+def test_scan_of_2000_pages_is_fast(tmp_path):
+    writer = PageStore(tmp_path / "kv", sync=False)
+    tokens = list(range(2000 * P))
+    ids = chain_page_ids(NS, tokens, P)
+    payload = _payload(0, 256)
+    for i, pid in enumerate(ids):
+        writer.write(NS, ids[i - 1] if i else ROOT_ID, tokens[i * P:(i + 1) * P], payload,
+                     page_id=pid)
+    started = time.perf_counter()
+    infos = PageStore(writer.root).scan()
+    elapsed = time.perf_counter() - started
+    print(f"scan of {len(infos)} pages: {elapsed * 1000:.0f} ms "
+          f"({len(infos) / elapsed:.0f} pages/s)")
+    assert len(infos) == 2000
