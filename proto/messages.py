@@ -82,6 +82,60 @@ class PageInfo:
     num_tokens: int
     nbytes: int
     last_used: float
+    flags: int = 0  # bit 0: the page carries the recurrent state at its end (hybrid models)
+
+
+@dataclass(frozen=True)
+class StagePage:
+    """Copy tokens [start, start + page_size) of `slot` into page buffer `buffer`.
+
+    Runs before the step's compute, on the slot's contents as the previous step left them.
+    `with_state` also copies the recurrent state, which exists only at the slot's end, so the
+    scheduler asks for it only when the page ends exactly there.
+    """
+
+    slot: int
+    start: int
+    buffer: int
+    with_state: bool = False
+
+
+@dataclass(frozen=True)
+class CopyPrefix:
+    """Replace `dst_slot`'s contents with the first `num_tokens` of `src_slot`."""
+
+    src_slot: int
+    dst_slot: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class LoadPages:
+    """Truncate `slot` to `start` tokens, then append the pages in `buffers`, in order.
+
+    With `with_state`, the last buffer also carries the recurrent state at its end.
+    """
+
+    slot: int
+    start: int
+    buffers: tuple[int, ...]
+    with_state: bool = False
+
+
+@dataclass(frozen=True)
+class PageWrite:
+    page_id: bytes
+    parent_id: bytes
+    token_ids: tuple[int, ...]
+    buffer: int
+    flags: int = 0
+
+
+@dataclass(frozen=True)
+class PageRead:
+    page_id: bytes
+    token_ids: tuple[int, ...]
+    buffer: int
 
 
 # --- every peer -------------------------------------------------------------------------------
@@ -169,10 +223,15 @@ class GroupState:
 
 @dataclass(frozen=True)
 class RunStep:
+    """One forward step. The worker runs, in order: stages, copies, loads, decodes, prefills."""
+
     kind: ClassVar[str] = "run_step"
     step: int
     prefills: tuple[PrefillChunk, ...] = ()
     decodes: tuple[DecodeItem, ...] = ()
+    stages: tuple[StagePage, ...] = ()
+    copies: tuple[CopyPrefix, ...] = ()
+    loads: tuple[LoadPages, ...] = ()
 
 
 # --- worker -> scheduler ----------------------------------------------------------------------
@@ -191,6 +250,11 @@ class WorkerReady:
     trimmable: bool  # False for hybrid models: recurrent state cannot be cut at a token
     # What each slot holds now: empty after a worker start, kept across a scheduler restart.
     slots: tuple[SlotContents, ...] = ()
+    # The page buffer pool this worker created (shared with kvstore).
+    shm_name: str = ""
+    num_buffers: int = 0
+    buffer_bytes: int = 0
+    state_bytes: int = 0  # recurrent-state bytes appended to a restore-point page
 
 
 @dataclass(frozen=True)
@@ -217,6 +281,70 @@ class InventoryDescribed:
     boot_id: str
     pages: tuple[PageInfo, ...] = field(default_factory=tuple)
     scan_s: float = 0.0
+    writable: bool = True
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class AttachBuffers:
+    """Use this page buffer pool (a worker start created it) and this namespace."""
+
+    kind: ClassVar[str] = "attach_buffers"
+    shm_name: str
+    num_buffers: int
+    buffer_bytes: int
+    namespace: bytes
+
+
+@dataclass(frozen=True)
+class WritePages:
+    kind: ClassVar[str] = "write_pages"
+    writes: tuple[PageWrite, ...]
+    payload_bytes: int  # bytes of each buffer that belong to the page (without state)
+    state_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PagesWritten:
+    kind: ClassVar[str] = "pages_written"
+    written: tuple[PageInfo, ...]
+    failed: tuple[bytes, ...]
+    buffers: tuple[int, ...]  # every buffer of the WritePages, free again
+    error: str = ""  # set when the disk cannot take pages (full, read-only)
+
+
+@dataclass(frozen=True)
+class ReadPages:
+    kind: ClassVar[str] = "read_pages"
+    reads: tuple[PageRead, ...]
+
+
+@dataclass(frozen=True)
+class PagesRead:
+    kind: ClassVar[str] = "pages_read"
+    ok: tuple[bytes, ...]
+    missing: tuple[bytes, ...]  # absent, corrupt (and removed) or unreadable
+
+
+@dataclass(frozen=True)
+class DeletePages:
+    kind: ClassVar[str] = "delete_pages"
+    page_ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class PagesDeleted:
+    kind: ClassVar[str] = "pages_deleted"
+    page_ids: tuple[bytes, ...]
+    freed_bytes: int
+
+
+@dataclass(frozen=True)
+class TouchPages:
+    """A conversation used these pages now: keep their recency across restarts."""
+
+    kind: ClassVar[str] = "touch_pages"
+    page_ids: tuple[bytes, ...]
 
 
 MESSAGE_TYPES: tuple[type, ...] = (
@@ -233,4 +361,12 @@ MESSAGE_TYPES: tuple[type, ...] = (
     StepDone,
     DescribeInventory,
     InventoryDescribed,
+    AttachBuffers,
+    WritePages,
+    PagesWritten,
+    ReadPages,
+    PagesRead,
+    DeletePages,
+    PagesDeleted,
+    TouchPages,
 )
