@@ -1,0 +1,217 @@
+"""The `switchyard` command.
+
+    switchyard serve [settings flags]          the whole group under one supervisor
+    switchyard run ROLE [settings flags]       one component in the foreground (launchd/systemd,
+                                               and what `serve` starts for each child)
+
+Settings come from proto.settings (defaults < --config TOML < flags). Exit codes: 0 after a stop
+signal, 1 when a component kept crashing (or crashed, for `run`), 2 for bad settings or usage
+(for `serve`: also when a component refused to start), 3 when another group already runs in the
+runtime directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from deploy.supervisor import ROLES, Supervisor
+from proto.endpoints import Endpoints, RuntimeDirError
+from proto.settings import Settings, SettingsError, add_arguments, format_size, from_namespace
+
+EXIT_GAVE_UP = 1
+EXIT_USAGE = 2
+EXIT_GROUP_RUNNING = 3
+
+
+ServiceRun = Callable[[Settings], None]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="switchyard", description="A local LLM server for agents.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="start the whole server (gateway, scheduler, worker, "
+                                         "kvstore) under one supervisor")
+    add_arguments(serve)
+    run = sub.add_parser("run", help="run one component in the foreground")
+    run.add_argument("role", choices=ROLES)
+    add_arguments(run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        settings = from_namespace(args)
+    except SettingsError as exc:
+        return _usage_error(str(exc))
+    except TypeError as exc:  # a TOML value of the wrong type
+        return _usage_error(f"invalid setting: {exc}")
+    if args.command == "serve":
+        return serve(settings)
+    return run_component(args.role, settings)
+
+
+def _usage_error(message: str) -> int:
+    print(f"switchyard: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# -- settings resolution ------------------------------------------------------------------------
+
+def with_concrete_paths(settings: Settings) -> Settings:
+    """Replace empty directory settings by the defaults they stand for, as absolute paths, so
+    every child sees the same directories whatever its environment."""
+    model = settings.model
+    if model and Path(model).expanduser().exists():
+        model = str(Path(model).expanduser().resolve())
+    return dataclasses.replace(
+        settings, model=model,
+        runtime_dir=str(settings.runtime_path.expanduser().absolute()),
+        kv_dir=str(settings.kv_path.expanduser().absolute()),
+        cache_dir=str(settings.cache_path.expanduser().absolute()))
+
+
+def with_model(settings: Settings) -> Settings:
+    """An empty --model means the embedded default tiny model (generated once, then cached)."""
+    if settings.model:
+        return settings
+    from worker.tiny_models import default_model_path
+
+    return dataclasses.replace(settings, model=str(default_model_path(settings.cache_path)))
+
+
+# -- serve ----------------------------------------------------------------------------------
+
+def banner(settings: Settings, default_model: bool) -> str:
+    url = f"http://{_url_host(settings.host)}:{settings.port}/v1"
+    model = settings.model + ("  (embedded default tiny model)" if default_model else "")
+    rows = [
+        ("model", model),
+        ("slots", f"{settings.slots} x {settings.ctx} tokens"),
+        ("HTTP", url),
+        ("runtime dir", f"{settings.runtime_path}  (sockets, pid files)"),
+        ("kv dir", str(settings.kv_path)),
+        ("disk budget", f"{format_size(settings.kv_disk_budget_bytes)} of KV pages "
+                        f"(--kv-disk-budget {settings.kv_disk_budget})"),
+    ]
+    lines = [f"switchyard {_version()} serving"]
+    lines += [f"  {name:<12} {value}" for name, value in rows]
+    return "\n".join(lines)
+
+
+def serve(settings: Settings) -> int:
+    from deploy.runtime import GroupRunningError, RuntimeDirClaim
+    from proto.ids import new_boot_id
+    from proto.logs import configure_logging
+
+    settings = with_concrete_paths(settings)
+    endpoints = Endpoints(settings.runtime_path)
+    try:
+        endpoints.scheduler  # checks the ipc path length before any work
+        claim = RuntimeDirClaim(endpoints, ROLES).acquire()
+    except GroupRunningError as exc:
+        print(f"switchyard: error: {exc}", file=sys.stderr)
+        return EXIT_GROUP_RUNNING
+    except RuntimeDirError as exc:
+        return _usage_error(str(exc))
+    log = configure_logging("supervisor", new_boot_id(), settings.log_level,
+                            settings.log_format, settings.log_content)
+    try:
+        default_model = not settings.model
+        settings = with_model(settings)
+        print(banner(settings, default_model), flush=True)
+        log.info("group.starting", model=settings.model, slots=settings.slots, ctx=settings.ctx,
+                 host=settings.host, port=settings.port,
+                 runtime_dir=settings.runtime_dir, kv_dir=settings.kv_dir,
+                 kv_disk_budget_bytes=settings.kv_disk_budget_bytes)
+        return Supervisor(settings, claim=claim).run()
+    finally:
+        claim.release()
+
+
+# -- run ------------------------------------------------------------------------------------
+
+def service_for(role: str) -> ServiceRun:
+    return importlib.import_module(f"{role}.service").run
+
+
+def run_component(role: str, settings: Settings, service: ServiceRun | None = None) -> int:
+    """Run one component until it returns (0) or raises (the exception propagates: non-zero).
+    Standalone (no supervisor), it keeps its own pid file and returns 3 if another copy runs."""
+    from deploy.lifeline import parent_pid_from_env, watch_parent
+    from deploy.runtime import pid_alive, read_pid_file, remove_pid_file, write_pid_file
+    from proto.endpoints import ensure_runtime_dir
+
+    parent = parent_pid_from_env()
+    if parent is not None:
+        watch_parent(parent)
+    settings = with_model(with_concrete_paths(settings))
+    if role == "worker" and service is None:
+        _reexec_with_openblas(settings)
+    run = service or service_for(role)
+    pid_file = None
+    if parent is None:  # standalone (launchd/systemd): the component keeps its own pid file
+        pid_file = Endpoints(ensure_runtime_dir(settings.runtime_path)).pid_file(role)
+        other = read_pid_file(pid_file)
+        if other is not None and other != os.getpid() and pid_alive(other):
+            print(f"switchyard: error: a {role} (pid {other}, {pid_file}) already runs in "
+                  f"{settings.runtime_path}", file=sys.stderr)
+            return EXIT_GROUP_RUNNING
+        write_pid_file(pid_file, os.getpid())
+    try:
+        run(settings)
+    finally:
+        if pid_file is not None:
+            remove_pid_file(pid_file, os.getpid())
+    return 0
+
+
+def _reexec_with_openblas(settings: Settings) -> None:
+    """On Linux, re-execute this worker with Debian's OpenBLAS in LD_PRELOAD (once)."""
+    from deploy.blas import REEXEC_ENV, openblas_path, preload_env
+
+    lib = openblas_path()
+    if lib is None or os.environ.get(REEXEC_ENV):
+        return
+    env = preload_env(dict(os.environ), lib)
+    if env is None:
+        return
+    from deploy.supervisor import python_env
+    from proto.ids import new_boot_id
+    from proto.logs import configure_logging
+
+    env = python_env(env) | {REEXEC_ENV: "1"}
+    log = configure_logging("worker", new_boot_id(), settings.log_level, settings.log_format,
+                            settings.log_content)
+    log.info("worker.blas_preloaded", library=str(lib), action="re-exec with LD_PRELOAD")
+    argv = [sys.executable, "-m", "deploy.cli", "run", "worker", *settings.to_args()]
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, env)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("switchyard")
+    except Exception:  # not installed (source checkout)
+        return "(source)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

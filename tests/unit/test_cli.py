@@ -1,0 +1,182 @@
+"""`switchyard` argument handling, settings resolution, the worker's OpenBLAS re-exec."""
+
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from deploy import blas, cli
+from deploy.supervisor import ROLES, component_command, python_env
+from proto.settings import Settings
+
+
+def parse(argv):
+    args = cli.build_parser().parse_args(argv)
+    return cli.from_namespace(args)
+
+
+def test_bad_settings_exit_2(capsys):
+    assert cli.main(["serve", "--slots", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "switchyard: error: --slots must be at least 1" in err
+
+
+def test_bad_toml_type_exits_2(tmp_path, capsys):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('slots = "many"\n')
+    assert cli.main(["serve", "--config", str(cfg)]) == 2
+    assert "invalid setting" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(capsys):
+    assert cli.main(["run", "dispatcher"]) == 2
+    assert cli.main([]) == 2
+    assert cli.main(["--help"]) == 0
+
+
+def test_component_command_reproduces_settings():
+    settings = Settings(model="/m", port=9123, slots=2, ctx=4096, log_content=True)
+    cmd = component_command("worker", settings)
+    assert cmd[:5] == [sys.executable, "-m", "deploy.cli", "run", "worker"]
+    assert parse(cmd[3:]) == settings
+
+
+def test_concrete_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    model = tmp_path / "model"
+    model.mkdir()
+    monkeypatch.chdir(tmp_path)
+    s = cli.with_concrete_paths(Settings(model="model"))
+    assert s.model == str(model.resolve())
+    assert s.runtime_dir == str(tmp_path / "run" / "switchyard")
+    assert s.cache_dir == str(tmp_path / "cache" / "switchyard")
+    assert s.kv_dir == str(tmp_path / "cache" / "switchyard" / "kv")
+    assert cli.with_concrete_paths(Settings(model="org/repo")).model == "org/repo"
+
+
+def test_empty_model_is_the_embedded_default(tmp_path, monkeypatch):
+    calls = []
+
+    def default_model_path(cache_dir):
+        calls.append(cache_dir)
+        return Path(cache_dir) / "models" / "tiny"
+
+    fake = types.ModuleType("worker.tiny_models")
+    fake.default_model_path = default_model_path
+    monkeypatch.setitem(sys.modules, "worker.tiny_models", fake)
+    s = cli.with_model(Settings(cache_dir=str(tmp_path)))
+    assert s.model == str(tmp_path / "models" / "tiny") and calls == [tmp_path]
+    assert cli.with_model(Settings(model="/m")).model == "/m"
+
+
+def test_banner_names_what_matters():
+    s = Settings(model="/models/tiny", slots=3, ctx=8192, port=8123, runtime_dir="/tmp/syrt",
+                 kv_dir="/tmp/sykv", kv_disk_budget="2GiB")
+    text = cli.banner(s, default_model=True)
+    for piece in ("/models/tiny", "embedded default", "3 x 8192", "http://127.0.0.1:8123/v1",
+                  "/tmp/syrt", "/tmp/sykv", "2.0 GiB"):
+        assert piece in text
+
+
+def test_standalone_run_keeps_its_own_pid_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("SWITCHYARD_PARENT_PID", raising=False)
+    seen = {}
+
+    def service(settings):
+        seen["pid"] = (Path(settings.runtime_dir) / "kvstore.pid").read_text().strip()
+
+    s = Settings(model="/m", runtime_dir=str(tmp_path / "rt"), cache_dir=str(tmp_path))
+    assert cli.run_component("kvstore", s, service=service) == 0
+    assert seen["pid"] == str(os.getpid())
+    assert not (tmp_path / "rt" / "kvstore.pid").exists()
+
+
+def test_standalone_run_refuses_a_second_copy(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("SWITCHYARD_PARENT_PID", raising=False)
+    (tmp_path / "rt").mkdir(mode=0o700)
+    (tmp_path / "rt" / "worker.pid").write_text(f"{os.getppid()}\n")
+    s = Settings(model="/m", runtime_dir=str(tmp_path / "rt"), cache_dir=str(tmp_path))
+    assert cli.run_component("worker", s, service=lambda settings: None) == 3
+    assert "already runs" in capsys.readouterr().err
+
+
+def test_component_crash_propagates(tmp_path, monkeypatch):
+    monkeypatch.delenv("SWITCHYARD_PARENT_PID", raising=False)
+
+    def service(settings):
+        raise RuntimeError("bug")
+
+    s = Settings(model="/m", runtime_dir=str(tmp_path / "rt"), cache_dir=str(tmp_path))
+    with pytest.raises(RuntimeError):
+        cli.run_component("gateway", s, service=service)
+    assert not (tmp_path / "rt" / "gateway.pid").exists()
+
+
+def test_preload_env(tmp_path):
+    lib = tmp_path / "libblas.so.3"
+    lib.touch()
+    env = blas.preload_env({"LD_PRELOAD": "/x/liba.so"}, lib)
+    assert env["LD_PRELOAD"] == f"{lib}:/x/liba.so"
+    assert blas.preload_env(env, lib) is None
+    assert blas.preload_env({}, lib)["LD_PRELOAD"] == str(lib)
+
+
+def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
+    lib = tmp_path / "libblas.so.3"
+    lib.touch()
+    monkeypatch.setattr(blas, "openblas_path", lambda: lib)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv(blas.REEXEC_ENV, raising=False)
+    monkeypatch.setenv("SWITCHYARD_PARENT_PID", "4242")
+    execs, logged = [], []
+    monkeypatch.setattr(os, "execve", lambda *a: execs.append(a))
+
+    class Log:
+        def info(self, event, **kw):
+            logged.append((event, kw))
+
+    import proto.logs
+    monkeypatch.setattr(proto.logs, "configure_logging", lambda *a, **kw: Log())
+    settings = Settings(model="/m", runtime_dir="/tmp/syx", log_format="json")
+    cli._reexec_with_openblas(settings)
+    assert logged == [("worker.blas_preloaded", {"library": str(lib),
+                                                 "action": "re-exec with LD_PRELOAD"})]
+    (path, argv, env), = execs
+    assert path == sys.executable
+    assert argv[1:5] == ["-m", "deploy.cli", "run", "worker"]
+    assert parse(argv[3:]) == settings
+    assert env["LD_PRELOAD"] == str(lib) and env[blas.REEXEC_ENV] == "1"
+    assert env["SWITCHYARD_PARENT_PID"] == "4242"
+
+    execs.clear()
+    monkeypatch.setenv("LD_PRELOAD", str(lib))
+    cli._reexec_with_openblas(settings)
+    monkeypatch.delenv("LD_PRELOAD")
+    monkeypatch.setenv(blas.REEXEC_ENV, "1")
+    cli._reexec_with_openblas(settings)
+    monkeypatch.delenv(blas.REEXEC_ENV)
+    monkeypatch.setattr(blas, "openblas_path", lambda: None)
+    cli._reexec_with_openblas(settings)
+    assert execs == []
+
+
+def test_openblas_path_on_this_machine():
+    found = blas.openblas_path()
+    if sys.platform.startswith("linux") and found is not None:
+        assert found.name == "libblas.so.3" and "openblas-pthread" in str(found)
+    if sys.platform == "darwin":
+        assert found is None
+
+
+def test_python_env_puts_the_checkout_first():
+    root = str(Path(cli.__file__).resolve().parent.parent)
+    env = python_env({"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
+    assert python_env(env)["PYTHONPATH"] == env["PYTHONPATH"]
+
+
+def test_roles_are_the_four_components():
+    assert ROLES == ("scheduler", "kvstore", "worker", "gateway")
