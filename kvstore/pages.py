@@ -26,10 +26,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PAGE_FORMAT_VERSION = 1
+from proto.page_ids import (  # noqa: F401  (re-exported: the page format's id scheme)
+    ID_BYTES,
+    PAGE_FORMAT_VERSION,
+    ROOT_ID,
+    check_id,
+    hash_page,
+    chain_page_ids,
+    make_namespace,
+    page_id,
+    token_bytes,
+)
+
 MAGIC = b"SYKVPAGE"
-ID_BYTES = 16
-ROOT_ID = bytes(ID_BYTES)  # parent id of a sequence's first page
 FLAG_RECURRENT_STATE = 1  # payload ends with a recurrent-state snapshot (hybrid models)
 
 _PREFIX = struct.Struct("<8sHHI")
@@ -76,66 +85,6 @@ def header_size(num_tokens: int) -> int:
     return _header_len(num_tokens)
 
 
-def make_namespace(*parts: str | bytes) -> bytes:
-    """16-byte namespace from a model fingerprint, KV dtype/layout, ... (F12).
-
-    The page format version is always mixed in, so a format change makes old pages foreign.
-    """
-    h = hashlib.blake2b(f"switchyard-kv-page-v{PAGE_FORMAT_VERSION}".encode(),
-                        digest_size=ID_BYTES)
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else bytes(part)
-        h.update(struct.pack("<Q", len(data)))  # length-prefixed: ("ab","c") != ("a","bc")
-        h.update(data)
-    return h.digest()
-
-
-def token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
-    """Token ids as little-endian uint32 bytes, the form that is hashed and stored."""
-    arr = np.asarray(token_ids)
-    if arr.ndim != 1:
-        raise ValueError("token ids must be a flat sequence")
-    if arr.size and arr.dtype != np.dtype("<u4"):
-        if arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > 0xFFFFFFFF:
-            raise ValueError("token ids must be integers in [0, 2**32)")
-    return arr.astype("<u4", copy=False).tobytes()
-
-
-def _check_id(name: str, value: bytes) -> None:
-    if not isinstance(value, bytes) or len(value) != ID_BYTES:
-        raise ValueError(f"{name} must be {ID_BYTES} bytes")
-
-
-def _hash_page(namespace: bytes, parent_id: bytes, tokens: bytes | memoryview) -> bytes:
-    h = hashlib.blake2b(namespace, digest_size=ID_BYTES)
-    h.update(parent_id)
-    h.update(tokens)
-    return h.digest()
-
-
-def page_id(namespace: bytes, parent_id: bytes, token_ids: Sequence[int]) -> bytes:
-    """128-bit id of a page; through parent_id it names the page's whole prefix."""
-    _check_id("namespace", namespace)
-    _check_id("parent_id", parent_id)
-    return _hash_page(namespace, parent_id, token_bytes(token_ids))
-
-
-def chain_page_ids(namespace: bytes, token_ids: Sequence[int] | np.ndarray, page_size: int,
-                   parent_id: bytes = ROOT_ID) -> list[bytes]:
-    """Ids of the full pages of a sequence (a trailing partial page has no id)."""
-    _check_id("namespace", namespace)
-    _check_id("parent_id", parent_id)
-    if page_size < 1:
-        raise ValueError("page_size must be positive")
-    data = memoryview(token_bytes(token_ids))
-    step = page_size * 4
-    ids = []
-    for start in range(0, len(data) - step + 1, step):
-        parent_id = _hash_page(namespace, parent_id, data[start:start + step])
-        ids.append(parent_id)
-    return ids
-
-
 def payload_checksum(payload) -> bytes:
     # update(), not the constructor: on 3.11 only update() releases the GIL for large
     # buffers (measured), so checksums of several pages can run in parallel threads.
@@ -168,7 +117,7 @@ def _header_len(num_tokens: int) -> int:
 
 def encode_header(h: PageHeader) -> bytes:
     for name in ("namespace", "page_id", "parent_id"):
-        _check_id(name, getattr(h, name))
+        check_id(name, getattr(h, name))
     if h.flags & ~_KNOWN_FLAGS:
         raise ValueError(f"unknown page flags {h.flags:#x}")
     if len(h.payload_checksum) != 16:
@@ -223,7 +172,7 @@ def decode_header(buf) -> PageHeader:
         raise CorruptPage(f"unknown page flags {flags:#x}")
     tokens = buf[tokens_at:check_at]
     # Content addressing is self-checking: the id must be the hash of what the header claims.
-    if _hash_page(namespace, parent_id, tokens) != pid:
+    if hash_page(namespace, parent_id, tokens) != pid:
         raise CorruptPage("page id does not match namespace, parent and tokens")
     return PageHeader(
         format_version=PAGE_FORMAT_VERSION,

@@ -119,6 +119,7 @@ class LoadPages:
     slot: int
     start: int
     buffers: tuple[int, ...]
+    token_ids: tuple[int, ...]  # the pages' tokens, so the worker knows what its slot holds
     with_state: bool = False
 
 

@@ -74,6 +74,10 @@ class Settings:
     cache_dir: str = _opt("directory for generated models and other caches", default="")
     page_size: int = _opt("tokens per KV page", default=256)
     kv_disk_budget: str = _opt("disk budget for KV pages, with units", default="32GiB")
+    kv_buffer_memory: str = _opt("shared memory for page buffers between worker and kvstore",
+                                 default="256MiB")
+    kv_protect_hours: float = _opt("pages of conversations active this recently are evicted "
+                                   "last", default=24.0)
     prefill_chunk: int = _opt("most prompt tokens prefilled in one step (shared by all "
                               "prefilling sequences)", default=512)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
@@ -120,6 +124,7 @@ class Settings:
         try:
             parse_size(self.kv_disk_budget)
             parse_size(self.memory_headroom)
+            parse_size(self.kv_buffer_memory)
         except ValueError as exc:
             problems.append(str(exc))
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.api_key:

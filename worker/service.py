@@ -7,7 +7,6 @@ greeted yet, and sends heartbeats while idle.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import sys
@@ -30,9 +29,12 @@ from proto.messages import (
     SlotContents,
     WorkerReady,
 )
+from proto.page_ids import make_namespace
 from proto.settings import Settings, parse_size
 from proto.sockets import connect_dealer, send
-from worker.executor import run_step
+from proto.shm import PageBufferPool, ShmError
+from worker.executor import StepExecutor
+from worker.page_io import PageLayout, PageLayoutError
 from worker.memory_plan import MemoryPlanError, check_plan, device_memory_limit, make_plan
 from worker.model_loading import LoadedModel, ModelLoadError, load_model
 from worker.slots import SlotStore
@@ -41,22 +43,41 @@ from worker.slots import SlotStore
 KV_LAYOUT_VERSION = 1
 
 
-def kv_namespace(loaded: LoadedModel, page_size: int) -> bytes:
+def kv_namespace(loaded: LoadedModel, layout: PageLayout | None, page_size: int) -> bytes:
     """Pages are only ever matched within one namespace: same weights, layout and format."""
-    h = hashlib.blake2b(digest_size=16)
-    for part in (loaded.fingerprint, loaded.model_type, "float32", f"layout{KV_LAYOUT_VERSION}",
-                 f"page{page_size}"):
-        h.update(part.encode() + b"\0")
-    return h.digest()
+    dtype = layout.dtype_name if layout else "none"
+    return make_namespace(loaded.fingerprint, loaded.model_type, dtype,
+                          f"layout{KV_LAYOUT_VERSION}", f"page{page_size}")
 
 
-def plan_memory(loaded: LoadedModel, settings: Settings):
+def probe_cache(loaded: LoadedModel) -> list:
+    """A cache that has seen one token, so every layer's arrays exist and can be measured."""
+    cache = loaded.make_cache()
+    loaded.model(mx.array([[0]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def page_layout(loaded: LoadedModel, settings: Settings, log) -> PageLayout | None:
+    try:
+        return PageLayout(probe_cache(loaded), settings.page_size)
+    except PageLayoutError as exc:
+        log.warning("kv.paging_unsupported", reason=str(exc))
+        return None
+
+
+def buffer_count(layout: PageLayout | None, settings: Settings) -> int:
+    if layout is None:
+        return 0
+    return max(4, parse_size(settings.kv_buffer_memory) // layout.buffer_bytes)
+
+
+def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | None):
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
-    cache = loaded.make_cache()
-    loaded.model(mx.array([[0]]), cache=cache)
-    recurrent = sum(c.nbytes for c in cache if not c.is_trimmable())
+    recurrent = sum(c.nbytes for c in probe_cache(loaded) if not c.is_trimmable())
+    page_buffers = buffer_count(layout, settings) * (layout.buffer_bytes if layout else 0)
     plan = make_plan(
         weights=weights, kv_bytes_per_token=loaded.kv_bytes_per_token,
         recurrent_bytes_per_slot=recurrent, num_slots=settings.slots, ctx=settings.ctx,
@@ -64,7 +85,7 @@ def plan_memory(loaded: LoadedModel, settings: Settings):
         num_heads=int(text_cfg.get("num_attention_heads", 1)),
         hidden=int(text_cfg.get("hidden_size", 0)),
         intermediate=int(text_cfg.get("intermediate_size", 0)),
-        vocab=int(text_cfg.get("vocab_size", 0)), page_buffers=0,
+        vocab=int(text_cfg.get("vocab_size", 0)), page_buffers=page_buffers,
         limit=device_memory_limit(), headroom=parse_size(settings.memory_headroom))
     return plan
 
@@ -81,32 +102,41 @@ def run(settings: Settings) -> None:
     log = configure_logging(ROLE_WORKER, boot_id, settings.log_level, settings.log_format,
                             settings.log_content)
     started = time.perf_counter()
+    endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
     try:
         loaded = load_model(settings.model)
-        plan = plan_memory(loaded, settings)
+        layout = page_layout(loaded, settings, log)
+        plan = plan_memory(loaded, settings, layout)
         log.info("worker.memory_plan", **plan.as_fields())
         check_plan(plan, settings.slots, settings.ctx)
-    except (ModelLoadError, MemoryPlanError) as exc:
+        pool = None
+        if layout is not None:
+            pool = PageBufferPool.create(f"{endpoints.shm_prefix}w{boot_id[:8]}",
+                                         buffer_count(layout, settings), layout.buffer_bytes)
+    except (ModelLoadError, MemoryPlanError, ShmError) as exc:
         log.error("worker.refused_to_start", reason=str(exc))
         print(f"switchyard worker: {exc}", file=sys.stderr)
         sys.exit(2)
     store = SlotStore(loaded.model, loaded.make_cache, settings.slots, settings.ctx)
+    executor = StepExecutor(store, layout, pool)
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable)
 
     def ready() -> WorkerReady:
         return WorkerReady(
-            boot_id=boot_id, namespace=kv_namespace(loaded, settings.page_size),
+            boot_id=boot_id, namespace=kv_namespace(loaded, layout, settings.page_size),
             model_type=loaded.model_type, num_slots=settings.slots, ctx=settings.ctx,
             page_size=settings.page_size, kv_bytes_per_token=loaded.kv_bytes_per_token,
             trimmable=store.trimmable,
-            slots=tuple(SlotContents(i, t) for i, t in enumerate(store.contents())))
+            slots=tuple(SlotContents(i, t) for i, t in enumerate(store.contents())),
+            shm_name=pool.name if pool else "", num_buffers=pool.num_buffers if pool else 0,
+            buffer_bytes=pool.buffer_bytes if pool else 0,
+            state_bytes=layout.state_bytes if layout else 0)
 
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
     ctx = zmq.Context()
     sock = connect_dealer(ctx, endpoints.scheduler, ROLE_WORKER.encode())
     hello = Hello(PROTOCOL_VERSION, boot_id, ROLE_WORKER, os.getpid())
@@ -124,7 +154,7 @@ def run(settings: Settings) -> None:
                 continue
             msg = codec.decode(sock.recv())
             if isinstance(msg, RunStep):
-                done = run_step(store, msg)
+                done = executor.run(msg)
                 send(sock, done)
                 log.debug("step.done", step=msg.step, num_decode=done.num_decode_tokens,
                           num_prefill=done.num_prefill_tokens, step_ms=round(done.duration_s * 1e3, 2))
@@ -139,4 +169,7 @@ def run(settings: Settings) -> None:
     finally:
         sock.close(0)
         ctx.term()
+        if pool is not None:
+            pool.close()
+            pool.unlink()
         log.info("worker.stopped")

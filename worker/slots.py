@@ -14,6 +14,8 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.page_io import copy_prefix
+
 
 class SlotError(RuntimeError):
     """A command inconsistent with the slot's contents: a scheduler bug, not bad input."""
@@ -76,15 +78,27 @@ class SlotStore:
             self.tokens[slot].append(tok)
         return logits
 
-    def export_cache(self, slot: int) -> list:
-        """The slot's cache objects, parked (used to copy pages out)."""
+    def parked(self, slot: int) -> list:
+        """The slot's own cache list (taken out of the decode batch if it is in it)."""
         self._unbatch_slot(slot)
         return self._parked[slot]
 
-    def import_cache(self, slot: int, cache: list, token_ids: list[int]) -> None:
-        self._unbatch_slot(slot)
-        self._parked[slot] = cache
-        self.tokens[slot] = list(token_ids)
+    def copy_prefix(self, src: int, dst: int, num_tokens: int) -> None:
+        if num_tokens > len(self.tokens[src]):
+            raise SlotError(f"slot {src} holds {len(self.tokens[src])} tokens, not {num_tokens}")
+        if not self.trimmable and num_tokens != len(self.tokens[src]):
+            raise SlotError("recurrent state exists only at the end of a slot")
+        source = self.parked(src)
+        self._unbatch_slot(dst)
+        self._parked[dst] = copy_prefix(source, num_tokens, self._make_cache())
+        self.tokens[dst] = self.tokens[src][:num_tokens]
+
+    def loaded(self, slot: int, start: int, token_ids: list[int]) -> list:
+        """Truncate to `start` and return the cache to load pages into; records the tokens."""
+        self.truncate(slot, start)
+        self._check_room(slot, len(token_ids))
+        self.tokens[slot].extend(token_ids)
+        return self.parked(slot)
 
     # --- batching --------------------------------------------------------------------------
 

@@ -1,0 +1,86 @@
+"""Single-stream decode tokens/s through the full HTTP path vs mlx_lm in-process, one run.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
+        .venv/bin/python bench/decode_throughput.py [--tokens 256] [--rounds 3]
+
+Both sides decode the same prompt greedily for the same number of tokens on the same tiny
+model, alternating rounds so machine noise hits both alike. Reports the median of each and
+their ratio (target: Switchyard / mlx_lm >= 0.9). Never an absolute target: the machine is
+shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import httpx  # noqa: E402
+
+from tests.helpers.group import ServerGroup  # noqa: E402
+
+
+def server_tps(url: str, prompt: str, num_tokens: int) -> float:
+    """Decode tokens/s from the first to the last streamed token of one completion."""
+    body = {"prompt": prompt, "max_tokens": num_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    stamps = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                stamps.append(time.perf_counter())
+    # The last chunk carries finish_reason only; count token-bearing chunks conservatively.
+    return (len(stamps) - 2) / (stamps[-2] - stamps[0])
+
+
+def mlx_tps(model_dir: Path, prompt: str, num_tokens: int) -> float:
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    if not hasattr(mlx_tps, "loaded"):
+        mlx_tps.loaded = load(str(model_dir))
+    model, tokenizer = mlx_tps.loaded
+    ids = mx.array(tokenizer.encode(prompt))
+    stamps = []
+    for _tok, _ in generate_step(ids, model, max_tokens=num_tokens):
+        stamps.append(time.perf_counter())
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", help="model directory (default: generate the tiny qwen3)")
+    args = ap.parse_args()
+    if args.model:
+        model_dir = Path(args.model)
+    else:
+        from worker.tiny_models import generate_tiny_model
+
+        model_dir = Path(tempfile.mkdtemp(prefix="sybench")) / "tiny-qwen3"
+        generate_tiny_model(model_dir, "qwen3")
+    prompt = "Switchyard keeps every conversation's KV pages warm. " * 8
+    ours, theirs = [], []
+    with ServerGroup(model_dir, slots=1, ctx=4096) as group:
+        server_tps(group.url, prompt, 16)  # warm-up
+        mlx_tps(model_dir, prompt, 16)
+        for _ in range(args.rounds):
+            ours.append(server_tps(group.url, prompt, args.tokens))
+            theirs.append(mlx_tps(model_dir, prompt, args.tokens))
+    o, t = statistics.median(ours), statistics.median(theirs)
+    print(f"switchyard HTTP stream: {o:.1f} tok/s  (rounds: {[round(x, 1) for x in ours]})")
+    print(f"mlx_lm in-process:      {t:.1f} tok/s  (rounds: {[round(x, 1) for x in theirs]})")
+    print(f"ratio switchyard / mlx_lm = {o / t:.3f}  (target >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Content-addressed page ids, shared by the scheduler (matching) and kvstore (verifying).
+
+`page_id = blake2b-128(namespace, parent_id, token ids)`: through the parent, a page id names
+its whole prefix, so matching a request is walking its chain (F4: nothing else is a key).
+The namespace names the model, KV layout and page format (F12): foreign pages never match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+PAGE_FORMAT_VERSION = 1
+ID_BYTES = 16
+ROOT_ID = bytes(ID_BYTES)  # parent id of a sequence's first page
+
+
+def make_namespace(*parts: str | bytes) -> bytes:
+    """16-byte namespace from a model fingerprint, KV dtype/layout, ... (F12).
+
+    The page format version is always mixed in, so a format change makes old pages foreign.
+    """
+    h = hashlib.blake2b(f"switchyard-kv-page-v{PAGE_FORMAT_VERSION}".encode(),
+                        digest_size=ID_BYTES)
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else bytes(part)
+        h.update(struct.pack("<Q", len(data)))  # length-prefixed: ("ab","c") != ("a","bc")
+        h.update(data)
+    return h.digest()
+
+
+def token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
+    """Token ids as little-endian uint32 bytes, the form that is hashed and stored."""
+    arr = np.asarray(token_ids)
+    if arr.ndim != 1:
+        raise ValueError("token ids must be a flat sequence")
+    if arr.size and arr.dtype != np.dtype("<u4"):
+        if arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > 0xFFFFFFFF:
+            raise ValueError("token ids must be integers in [0, 2**32)")
+    return arr.astype("<u4", copy=False).tobytes()
+
+
+def check_id(name: str, value: bytes) -> None:
+    if not isinstance(value, bytes) or len(value) != ID_BYTES:
+        raise ValueError(f"{name} must be {ID_BYTES} bytes")
+
+
+def hash_page(namespace: bytes, parent_id: bytes, tokens: bytes | memoryview) -> bytes:
+    h = hashlib.blake2b(namespace, digest_size=ID_BYTES)
+    h.update(parent_id)
+    h.update(tokens)
+    return h.digest()
+
+
+def page_id(namespace: bytes, parent_id: bytes, token_ids: Sequence[int]) -> bytes:
+    """128-bit id of a page; through parent_id it names the page's whole prefix."""
+    check_id("namespace", namespace)
+    check_id("parent_id", parent_id)
+    return hash_page(namespace, parent_id, token_bytes(token_ids))
+
+
+def chain_page_ids(namespace: bytes, token_ids: Sequence[int] | np.ndarray, page_size: int,
+                   parent_id: bytes = ROOT_ID) -> list[bytes]:
+    """Ids of the full pages of a sequence (a trailing partial page has no id)."""
+    check_id("namespace", namespace)
+    check_id("parent_id", parent_id)
+    if page_size < 1:
+        raise ValueError("page_size must be positive")
+    data = memoryview(token_bytes(token_ids))
+    step = page_size * 4
+    ids = []
+    for start in range(0, len(data) - step + 1, step):
+        parent_id = hash_page(namespace, parent_id, data[start:start + step])
+        ids.append(parent_id)
+    return ids
