@@ -1,0 +1,160 @@
+"""The starlette app: routes, API-key check, errors in OpenAI's format, one log line per request.
+
+`build_app(settings, tokenizer, boot_id=...)` returns an ASGI app whose lifespan connects the
+scheduler client and closes it again. The app never holds the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway import openai_api
+from gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord
+from gateway.errors import APIError
+from gateway.prompts import served_model_id
+from gateway.scheduler_client import SchedulerClient
+from proto.endpoints import Endpoints
+from proto.settings import Settings
+
+log = structlog.get_logger()
+
+KEEPALIVE_S = 5.0
+
+
+class RequestLogMiddleware:
+    """Checks the API key on /v1 routes and logs `request.finished` for every HTTP request."""
+
+    def __init__(self, app: ASGIApp, api_key: str = "") -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        record = RequestRecord(scope["method"], scope["path"])
+        scope[RECORD_SCOPE_KEY] = record
+
+        async def send_and_note(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+            await send(message)
+
+        try:
+            if self._authorized(scope):
+                await self.app(scope, receive, send_and_note)
+            else:
+                error = APIError(401, "Incorrect or missing API key", type="authentication_error",
+                                 code="invalid_api_key")
+                record.fail(error)
+                await error.response()(scope, receive, send_and_note)
+        finally:
+            if record.status is None:
+                record.status = 500
+            log.info("request.finished", **record.fields())
+
+    def _authorized(self, scope: Scope) -> bool:
+        if not self.api_key or not scope["path"].startswith("/v1"):
+            return True
+        headers = dict(scope["headers"])
+        given = headers.get(b"x-api-key", b"").decode("latin-1")
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        if auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        return hmac.compare_digest(given.encode(), self.api_key.encode())
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    record = request.scope.get(RECORD_SCOPE_KEY)
+    if record is not None:
+        record.fail(exc)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        error = APIError(404, f"Unknown route {request.method} {request.url.path}",
+                         code="not_found")
+    elif exc.status_code == 405:
+        error = APIError(405, f"Method {request.method} is not allowed on {request.url.path}",
+                         code="method_not_allowed", headers=dict(exc.headers or {}))
+    else:
+        error = APIError(exc.status_code, str(exc.detail), code="http_error",
+                         headers=dict(exc.headers or {}))
+    return await _api_error(request, error)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    record = request.scope.get(RECORD_SCOPE_KEY)
+    if record is not None:
+        record.disconnected = True
+    return Response(status_code=openai_api.STATUS_CLIENT_CLOSED)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.error("request.crashed", error_type=type(exc).__name__, path=request.url.path)
+    return APIError(500, "Internal server error", type="server_error",
+                    code="internal_error").response()
+
+
+ROUTES = [
+    Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
+    Route("/v1/completions", openai_api.completions, methods=["POST"]),
+    Route("/v1/models", openai_api.list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", openai_api.get_model, methods=["GET"]),
+    Route("/health", openai_api.health, methods=["GET"]),
+]
+
+
+def eos_ids(tokenizer: Any) -> tuple[int, ...]:
+    """mlx-lm's TokenizerWrapper knows several end tokens; a bare HF tokenizer knows one."""
+    ids = set(getattr(tokenizer, "eos_token_ids", None) or ())
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))
+
+
+def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
+              keepalive_s: float = KEEPALIVE_S) -> Starlette:
+    client = SchedulerClient(Endpoints(settings.runtime_path).scheduler, boot_id=boot_id,
+                             heartbeat_s=settings.heartbeat_s,
+                             peer_timeout_s=settings.peer_timeout_s)
+    model_id = served_model_id(settings.model)
+    aliases = tuple({settings.model} - {"", model_id})
+    gateway = Gateway(settings=settings, tokenizer=tokenizer, client=client, model_id=model_id,
+                      model_aliases=aliases,
+                      stop_token_ids=eos_ids(tokenizer),
+                      keepalive_s=keepalive_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await client.start()
+        try:
+            yield
+        finally:
+            await client.close()
+            gateway.executor.shutdown(wait=False, cancel_futures=True)
+
+    app = Starlette(
+        routes=ROUTES,
+        middleware=[Middleware(RequestLogMiddleware, api_key=settings.api_key)],
+        exception_handlers={APIError: _api_error, HTTPException: _http_error,
+                            ClientDisconnect: _client_gone, Exception: _server_error},
+        lifespan=lifespan,
+    )
+    app.state.gateway = gateway
+    return app

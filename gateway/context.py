@@ -1,0 +1,125 @@
+"""What handlers share: the `Gateway` (settings, tokenizer, scheduler client) and, per HTTP
+request, a `RequestRecord` that becomes its one `request.finished` log line."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+from starlette.requests import Request
+
+from gateway.errors import APIError
+from gateway.generation import Finish
+from gateway.scheduler_client import SchedulerClient
+from proto.messages import SubmitRequest
+from proto.settings import Settings
+
+T = TypeVar("T")
+
+RECORD_SCOPE_KEY = "switchyard.record"
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    tokenizer: Any
+    client: SchedulerClient
+    model_id: str
+    model_aliases: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    keepalive_s: float
+    created: int = field(default_factory=lambda: int(time.time()))
+    # Hugging Face fast tokenizers are not safe to call from several threads at once.
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer"))
+
+    async def run_tokenizer(self, fn: Callable[..., T], *args: Any) -> T:
+        """Tokenizing a 100K-token conversation takes a while: keep it off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def read_body(self, request: Request) -> bytes:
+        """The whole body, or a 413 as soon as it is known to be too large."""
+        limit = self.settings.max_body_bytes
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise body_too_large(limit)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise body_too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def body_too_large(limit: int) -> APIError:
+    return APIError(413, f"The request body is larger than {limit} bytes",
+                    code="request_too_large")
+
+
+@dataclass
+class RequestRecord:
+    """Fields only (ids, counts, times): never prompt or output text."""
+
+    method: str
+    path: str
+    started: float = field(default_factory=time.monotonic)
+    status: int | None = None
+    rid: str | None = None
+    stream: bool | None = None
+    priority: str | None = None
+    num_prompt_tokens: int | None = None
+    num_cached_tokens: int | None = None
+    num_generated_tokens: int | None = None
+    finish_reason: str | None = None
+    error_code: str | None = None
+    ttft_s: float | None = None
+    disconnected: bool = False
+
+    def start(self, submit: SubmitRequest, *, stream: bool) -> None:
+        self.rid = submit.rid
+        self.stream = stream
+        self.priority = submit.priority
+        self.num_prompt_tokens = len(submit.prompt_token_ids)
+
+    def first_text(self) -> None:
+        if self.ttft_s is None:
+            self.ttft_s = time.monotonic() - self.started
+
+    def finish(self, finish: Finish) -> None:
+        self.finish_reason = finish.reason
+        self.num_prompt_tokens = finish.usage.prompt_tokens
+        self.num_cached_tokens = finish.usage.cached_tokens
+        self.num_generated_tokens = finish.usage.completion_tokens
+
+    def fail(self, error: APIError) -> None:
+        self.error_code = error.code
+
+    def fields(self) -> dict[str, Any]:
+        out = {"endpoint": f"{self.method} {self.path}", "status": self.status,
+               "duration_s": round(time.monotonic() - self.started, 4)}
+        for name in ("rid", "stream", "priority", "num_prompt_tokens", "num_cached_tokens",
+                     "num_generated_tokens", "finish_reason", "error_code"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.ttft_s is not None:
+            out["ttft_s"] = round(self.ttft_s, 4)
+        if self.disconnected:
+            out["disconnected"] = True
+        return out
+
+
+def gateway_of(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def record_of(request: Request) -> RequestRecord:
+    record = request.scope.get(RECORD_SCOPE_KEY)
+    if record is None:  # the app was called without its logging middleware
+        record = request.scope[RECORD_SCOPE_KEY] = RequestRecord(request.method,
+                                                                 request.url.path)
+    return record

@@ -1,0 +1,97 @@
+"""Errors in OpenAI's format: `{"error": {"message", "type", "param", "code"}}` with a status.
+
+Every way a request can fail at the gateway ends as an `APIError`; the app's exception handlers
+turn it into a JSON response. `from_failure` maps the scheduler's `RequestFailed` codes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from proto.messages import RequestFailed
+
+# Failure codes the gateway itself puts into request streams (the scheduler sends the others).
+CODE_COMPONENT_RESTARTED = "component_restarted"
+CODE_SCHEDULER_UNAVAILABLE = "scheduler_unavailable"
+CODE_SHUTTING_DOWN = "gateway_shutting_down"
+
+# Seconds a client is told to wait when the scheduler gives no better figure.
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
+class APIError(Exception):
+    """A request that ends with an HTTP error in OpenAI's error format."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 retry_after_s: float | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+        if retry_after_s is not None:
+            self.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """A 400 for a request the client must change."""
+    return APIError(400, message, param=param, code=code)
+
+
+def invalid_type(param: str, expected: str) -> APIError:
+    return invalid(f"'{param}' must be {expected}", param=param, code="invalid_type")
+
+
+def out_of_range(param: str, allowed: str) -> APIError:
+    return invalid(f"'{param}' must be {allowed}", param=param, code="invalid_value")
+
+
+def context_length_exceeded(num_prompt_tokens: int, ctx: int) -> APIError:
+    return invalid(
+        f"This model's maximum context length is {ctx} tokens; the prompt has "
+        f"{num_prompt_tokens} tokens and at least one token must be generated.",
+        param="messages", code="context_length_exceeded")
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(404, f"The model '{model}' does not exist", param="model",
+                    code="model_not_found")
+
+
+def unavailable(message: str, code: str = CODE_SCHEDULER_UNAVAILABLE,
+                retry_after_s: float = DEFAULT_RETRY_AFTER_S) -> APIError:
+    return APIError(503, message, type="service_unavailable_error", code=code,
+                    retry_after_s=retry_after_s)
+
+
+_RETRYABLE_503 = (CODE_COMPONENT_RESTARTED, CODE_SCHEDULER_UNAVAILABLE, CODE_SHUTTING_DOWN)
+
+
+def from_failure(failed: RequestFailed) -> APIError:
+    """The HTTP error for a request the scheduler (or the gateway's client) failed."""
+    retry_after = failed.retry_after_s if failed.retry_after_s > 0 else DEFAULT_RETRY_AFTER_S
+    if failed.code == "queue_full":
+        return APIError(429, failed.message or "The server is busy; retry later.",
+                        type="rate_limit_error", code="queue_full", retry_after_s=retry_after)
+    if failed.code == "context_length_exceeded":
+        return invalid(failed.message or "The prompt does not fit the context.",
+                       param="messages", code="context_length_exceeded")
+    if failed.code in _RETRYABLE_503:
+        return unavailable(failed.message or "A server component restarted; retry.",
+                           code=failed.code, retry_after_s=retry_after)
+    return APIError(500, failed.message or "Internal server error", type="server_error",
+                    code=failed.code or "internal_error")

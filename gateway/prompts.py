@@ -1,0 +1,86 @@
+"""From a validated request to prompt token ids and a `SubmitRequest`.
+
+Chat messages are rendered with the tokenizer's own chat template as text, then encoded without
+adding special tokens again (the template already wrote BOS and role markers), as mlx-lm's
+`TokenizerWrapper.apply_chat_template(..., tokenize=True)` does.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import context_length_exceeded, invalid, model_not_found
+from gateway.validation import ChatRequest, CompletionRequest, Options
+from proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
+
+DEFAULT_MODEL_ID = "switchyard-tiny"
+
+
+def served_model_id(model_ref: str) -> str:
+    """The id clients use: a local path's basename (without .gguf), else the repo id."""
+    if not model_ref:
+        return DEFAULT_MODEL_ID
+    path = Path(model_ref).expanduser()
+    if path.exists() or model_ref.startswith(("/", ".", "~")) or model_ref.endswith(".gguf"):
+        name = path.resolve().name if path.exists() else path.name
+        return name[:-len(".gguf")] if name.endswith(".gguf") else name
+    return model_ref.rstrip("/")
+
+
+def check_model(requested: str | None, model_id: str, aliases: tuple[str, ...] = ()) -> None:
+    if requested is not None and requested not in (model_id, *aliases):
+        raise model_not_found(requested)
+
+
+def render_chat(tokenizer: Any, chat: ChatRequest) -> list[int]:
+    """The chat's prompt token ids; a template that rejects the conversation is a 400."""
+    if not getattr(tokenizer, "chat_template", None) and not getattr(
+            tokenizer, "has_chat_template", False):
+        raise invalid("This model has no chat template; use /v1/completions",
+                      code="no_chat_template")
+    try:
+        text = tokenizer.apply_chat_template(
+            chat.messages, tools=chat.tools, add_generation_prompt=True, tokenize=False,
+            **chat.template_kwargs)
+    except Exception as exc:  # request boundary: jinja raises anything the template does
+        raise invalid(f"The chat template rejected the messages: {type(exc).__name__}: {exc}",
+                      param="messages", code="invalid_messages") from None
+    if not isinstance(text, str):
+        raise invalid("The chat template did not produce text", param="messages",
+                      code="invalid_messages")
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def encode_prompt(tokenizer: Any, request: CompletionRequest) -> list[int]:
+    """A completion prompt: text is encoded as the tokenizer does by default (BOS included)."""
+    if isinstance(request.prompt, str):
+        return list(tokenizer.encode(request.prompt))
+    vocab_size = len(tokenizer)
+    for i, token in enumerate(request.prompt):
+        if not 0 <= token < vocab_size:
+            raise invalid(f"'prompt[{i}]' is not a token id of this model (0..{vocab_size - 1})",
+                          param="prompt", code="invalid_value")
+    return list(request.prompt)
+
+
+def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
+                 default_max_tokens: int, stop_token_ids: tuple[int, ...],
+                 priority: str | None) -> SubmitRequest:
+    """Check the context, clamp max_tokens to what is left of it, draw a seed if none given."""
+    num_prompt = len(prompt_ids)
+    if num_prompt == 0:
+        raise invalid("The prompt is empty after tokenization", param="prompt",
+                      code="invalid_value")
+    if num_prompt + 1 > ctx:
+        raise context_length_exceeded(num_prompt, ctx)
+    requested = options.max_tokens if options.max_tokens is not None else default_max_tokens
+    seed = options.seed if options.seed is not None else secrets.randbits(63)
+    sampling = SamplingParams(temperature=options.temperature, top_p=options.top_p,
+                              top_k=options.top_k, min_p=options.min_p, seed=seed)
+    return SubmitRequest(
+        rid=rid, prompt_token_ids=tuple(prompt_ids),
+        max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,
+        stop_token_ids=stop_token_ids,
+        priority=options.priority or priority or PRIORITY_INTERACTIVE)

@@ -1,0 +1,314 @@
+"""Parse and validate OpenAI request bodies into plain dataclasses.
+
+Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a
+400 that names the field. Nothing here touches the tokenizer or the network.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import invalid, invalid_type, out_of_range
+from proto.messages import PRIORITIES
+
+PRIORITY_HEADER = "x-switchyard-priority"
+MAX_STOP_STRINGS = 16
+_SEED_MODULUS = 2**63
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+_INT32_MAX = 2**31 - 1  # every integer that reaches the wire must fit msgpack
+# Keys the gateway passes to the chat template itself; clients cannot override them.
+_RESERVED_TEMPLATE_KEYS = {"messages", "tools", "add_generation_prompt", "tokenize",
+                           "conversation", "documents", "return_dict"}
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What chat and completion requests share."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    priority: str | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    options: Options
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt: str | tuple[int, ...]
+    options: Options
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; NaN and Infinity are not JSON and are refused."""
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        body = json.loads(raw, parse_constant=no_constants)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise invalid(f"We could not parse the JSON body of your request: {exc}",
+                      code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+class Fields:
+    """Typed access to the fields of one JSON object; every error names its field."""
+
+    def __init__(self, body: dict[str, Any], prefix: str = "") -> None:
+        self.body = body
+        self.prefix = prefix
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def get(self, key: str) -> Any:
+        return self.body.get(key)
+
+    def integer(self, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
+        value = self.body.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise invalid_type(self.name(key), "an integer")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise out_of_range(self.name(key), _range_text(lo, hi))
+        return value
+
+    def number(self, key: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
+        value = self.body.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise invalid_type(self.name(key), "a number")
+        value = float(value)
+        if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
+            low = f"> {lo}" if lo_open else f">= {lo}"
+            raise out_of_range(self.name(key), f"{low} and <= {hi}")
+        return value
+
+    def boolean(self, key: str) -> bool | None:
+        value = self.body.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            raise invalid_type(self.name(key), "a boolean")
+        return value
+
+    def string(self, key: str) -> str | None:
+        value = self.body.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise invalid_type(self.name(key), "a string")
+        return value
+
+    def obj(self, key: str) -> dict[str, Any] | None:
+        value = self.body.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise invalid_type(self.name(key), "an object")
+        return value
+
+    def array(self, key: str) -> list[Any] | None:
+        value = self.body.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise invalid_type(self.name(key), "an array")
+        return value
+
+    def reject_unsupported(self, key: str, allowed: tuple[Any, ...] = (None, False)) -> None:
+        value = self.body.get(key)
+        if not any(value is a or (value == a and type(value) is type(a)) for a in allowed):
+            raise invalid(f"'{self.name(key)}' is not supported by this server",
+                          param=self.name(key), code="unsupported_parameter")
+
+
+def _range_text(lo: int | None, hi: int | None) -> str:
+    if lo is not None and hi is not None:
+        return f"between {lo} and {hi}"
+    return f">= {lo}" if lo is not None else f"<= {hi}"
+
+
+def parse_priority(value: Any, param: str) -> str | None:
+    if value is None:
+        return None
+    if value not in PRIORITIES:
+        raise out_of_range(param, " or ".join(f"'{p}'" for p in PRIORITIES))
+    return value
+
+
+def parse_options(f: Fields) -> Options:
+    """Sampling, limits and streaming options shared by both endpoints."""
+    n = f.integer("n")
+    if n is not None and n != 1:
+        raise invalid("Only n=1 is supported", param="n", code="invalid_value")
+    max_tokens = f.integer("max_completion_tokens", lo=1)
+    if max_tokens is None:
+        max_tokens = f.integer("max_tokens", lo=1)
+    stream = bool(f.boolean("stream"))
+    stream_options = f.obj("stream_options") or {}
+    include_usage = Fields(stream_options, "stream_options.").boolean("include_usage")
+    seed = f.integer("seed", lo=_INT64_MIN, hi=_UINT64_MAX)
+    return Options(
+        model=f.string("model"),
+        max_tokens=max_tokens,
+        temperature=_default(f.number("temperature", 0.0, 2.0), 1.0),
+        top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
+        top_k=_default(f.integer("top_k", lo=0, hi=_INT32_MAX), 0),
+        min_p=_default(f.number("min_p", 0.0, 1.0), 0.0),
+        seed=None if seed is None else seed % _SEED_MODULUS,
+        stop=parse_stop(f),
+        stream=stream,
+        include_usage=bool(include_usage),
+        priority=parse_priority(f.get("priority"), "priority"),
+        user=f.string("user"),
+    )
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def parse_stop(f: Fields) -> tuple[str, ...]:
+    value = f.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise invalid_type("stop", "a string or an array of strings")
+    if len(value) > MAX_STOP_STRINGS:
+        raise out_of_range("stop", f"at most {MAX_STOP_STRINGS} strings")
+    return tuple(s for s in value if s)
+
+
+def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
+    f = Fields(body)
+    f.reject_unsupported("logprobs")
+    f.reject_unsupported("top_logprobs", allowed=(None, 0))
+    response_format = f.obj("response_format")
+    if response_format is not None and response_format.get("type") not in (None, "text"):
+        raise invalid("Only response_format type 'text' is supported",
+                      param="response_format", code="unsupported_parameter")
+    messages = f.array("messages")
+    if not messages:
+        raise invalid("'messages' must be a non-empty array", param="messages",
+                      code="invalid_value" if messages == [] else "missing_required_parameter")
+    tools = f.array("tools")
+    if tools is not None and not all(isinstance(t, dict) for t in tools):
+        raise invalid_type("tools", "an array of objects")
+    tool_choice = f.get("tool_choice")
+    if tool_choice is not None and not isinstance(tool_choice, (str, dict)):
+        raise invalid_type("tool_choice", "a string or an object")
+    kwargs = f.obj("chat_template_kwargs") or {}
+    return ChatRequest(
+        messages=[parse_message(m, i) for i, m in enumerate(messages)],
+        options=parse_options(f),
+        tools=tools or None,
+        tool_choice=tool_choice,
+        template_kwargs={k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KEYS},
+    )
+
+
+def parse_message(message: Any, index: int) -> dict[str, Any]:
+    """One chat message, with content-part lists flattened to a string for the template."""
+    prefix = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise invalid_type(prefix, "an object")
+    f = Fields(message, prefix + ".")
+    role = f.string("role")
+    if role not in MESSAGE_ROLES:
+        raise invalid(f"'{prefix}.role' must be one of {', '.join(MESSAGE_ROLES)}",
+                      param=f"{prefix}.role", code="invalid_value")
+    out = dict(message)
+    if role == "developer":  # OpenAI's newer name for system; chat templates know "system"
+        out["role"] = "system"
+    out["content"] = parse_content(message.get("content"), f"{prefix}.content")
+    if out["content"] is None and role != "assistant":
+        raise invalid(f"'{prefix}.content' is required", param=f"{prefix}.content",
+                      code="missing_required_parameter")
+    f.string("name")
+    f.string("tool_call_id")
+    tool_calls = f.array("tool_calls")
+    if tool_calls is not None and not all(isinstance(c, dict) for c in tool_calls):
+        raise invalid_type(f"{prefix}.tool_calls", "an array of objects")
+    return out
+
+
+def parse_content(content: Any, param: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid_type(param, "a string or an array of content parts")
+    texts = []
+    for j, part in enumerate(content):
+        part_param = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise invalid_type(part_param, "an object")
+        kind = part.get("type")
+        if kind != "text":
+            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only 'text' parts are",
+                          param=f"{part_param}.type", code="unsupported_content")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise invalid_type(f"{part_param}.text", "a string")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
+    f = Fields(body)
+    f.reject_unsupported("logprobs", allowed=(None, 0))
+    f.reject_unsupported("echo")
+    f.reject_unsupported("suffix", allowed=(None, ""))
+    f.reject_unsupported("best_of", allowed=(None, 1))
+    return CompletionRequest(prompt=parse_prompt(body.get("prompt")), options=parse_options(f))
+
+
+def parse_prompt(prompt: Any) -> str | tuple[int, ...]:
+    """A string, an array of token ids, or a one-element batch of either."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise invalid("'prompt' must not be empty", param="prompt", code="invalid_value")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return tuple(prompt)
+    if prompt is None:
+        raise invalid("'prompt' is required", param="prompt", code="missing_required_parameter")
+    if isinstance(prompt, list) and len(prompt) > 1 and all(
+            isinstance(p, (str, list)) for p in prompt):
+        raise invalid("Only one prompt per request is supported", param="prompt",
+                      code="invalid_value")
+    raise invalid_type("prompt", "a non-empty string or a non-empty array of token ids")
+
+
+def header_priority(headers: Any) -> str | None:
+    return parse_priority(headers.get(PRIORITY_HEADER), "X-Switchyard-Priority")
+

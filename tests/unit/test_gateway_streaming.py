@@ -1,0 +1,185 @@
+"""SSE framing, response shapes, error mapping and disconnect handling (no sockets)."""
+
+import asyncio
+import json
+
+import pytest
+
+from gateway.errors import APIError, from_failure
+from gateway.generation import Usage
+from gateway.responses import ChatFormat, CompletionFormat
+from gateway.streaming import (SSE_DONE, SSE_KEEPALIVE, ClientDisconnected,
+                               EventStreamResponse, sse_data, until_disconnect)
+from proto.messages import RequestFailed
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def test_sse_data_is_one_event_with_escaped_newlines():
+    frame = sse_data({"text": "a\nb\n\nc", "emoji": "🦜"})
+    assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+    assert frame.count(b"\n") == 2
+    assert json.loads(frame[6:]) == {"text": "a\nb\n\nc", "emoji": "🦜"}
+    assert "🦜".encode() in frame  # UTF-8, not \\u escapes
+    assert SSE_DONE == b"data: [DONE]\n\n"
+    assert SSE_KEEPALIVE.startswith(b":")  # a comment: clients ignore it
+
+
+@pytest.mark.parametrize("code,status,retry_after", [
+    ("queue_full", 429, "3"), ("context_length_exceeded", 400, None),
+    ("component_restarted", 503, "3"), ("scheduler_unavailable", 503, "3"),
+    ("internal", 500, None), ("something_new", 500, None),
+])
+def test_failure_codes_map_to_statuses(code, status, retry_after):
+    error = from_failure(RequestFailed("r", code, "msg", code != "internal", 2.2))
+    assert error.status == status
+    assert error.headers.get("Retry-After") == retry_after
+    body = error.body()["error"]
+    assert set(body) == {"message", "type", "param", "code"} and body["message"] == "msg"
+
+
+def test_retry_after_is_at_least_one_second():
+    failed = RequestFailed("r", "queue_full", "", True, 0.0)
+    assert from_failure(failed).headers["Retry-After"] == "1"
+
+
+def test_api_error_response():
+    response = APIError(401, "no", type="authentication_error", code="invalid_api_key").response()
+    assert response.status_code == 401
+    assert json.loads(response.body) == {"error": {
+        "message": "no", "type": "authentication_error", "param": None,
+        "code": "invalid_api_key"}}
+
+
+USAGE = Usage(prompt_tokens=10, completion_tokens=3, cached_tokens=4)
+
+
+def test_chat_shapes():
+    fmt = ChatFormat("chatcmpl-1", "m", include_usage=True)
+    first = fmt.first_chunk()
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["usage"] is None
+    assert fmt.text_chunk("hi")["choices"][0]["delta"] == {"content": "hi"}
+    finish = fmt.finish_chunk("stop")["choices"][0]
+    assert finish["delta"] == {} and finish["finish_reason"] == "stop"
+    usage = fmt.usage_chunk(USAGE)
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 13
+    body = fmt.final_body("hello", "length", USAGE)
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"] == "hello"
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+
+
+def test_chunks_carry_no_usage_key_unless_asked():
+    assert "usage" not in ChatFormat("c", "m").text_chunk("x")
+
+
+def test_completion_shapes():
+    fmt = CompletionFormat("cmpl-1", "m")
+    assert fmt.first_chunk() is None
+    assert fmt.text_chunk("x")["choices"][0]["text"] == "x"
+    body = fmt.final_body("abc", "stop", USAGE)
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "abc"
+
+
+class FakeClient:
+    """ASGI receive/send that disconnects after `after` seconds."""
+
+    def __init__(self, after=None):
+        self.after = after
+        self.sent = []
+
+    async def receive(self):
+        if self.after is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.after)
+        return {"type": "http.disconnect"}
+
+    async def send(self, message):
+        self.sent.append(message)
+
+
+@pytest.mark.anyio
+async def test_until_disconnect_returns_the_result():
+    async def work():
+        return 42
+
+    assert await until_disconnect(FakeClient().receive, work()) == 42
+
+
+@pytest.mark.anyio
+async def test_until_disconnect_cancels_the_work():
+    cancelled = asyncio.Event()
+
+    async def work():
+        try:
+            await asyncio.sleep(10)
+        finally:
+            cancelled.set()
+
+    with pytest.raises(ClientDisconnected):
+        await until_disconnect(FakeClient(after=0.01).receive, work())
+    assert cancelled.is_set()
+
+
+@pytest.mark.anyio
+async def test_event_stream_sends_frames_then_ends():
+    async def frames():
+        yield b"data: 1\n\n"
+        yield SSE_DONE
+
+    closed = []
+    client = FakeClient()
+    await EventStreamResponse(frames(), on_close=closed.append)({}, client.receive,
+                                                                 client.send)
+    assert client.sent[0]["status"] == 200
+    assert dict(client.sent[0]["headers"])[b"content-type"].startswith(b"text/event-stream")
+    assert [m.get("body") for m in client.sent[1:]] == [b"data: 1\n\n", SSE_DONE, b""]
+    assert closed == [False]
+
+
+@pytest.mark.anyio
+async def test_event_stream_closes_its_frames_when_the_client_leaves():
+    finalized = asyncio.Event()
+
+    async def frames():
+        try:
+            yield b"data: 1\n\n"
+            await asyncio.sleep(10)
+            yield b"never"
+        finally:
+            finalized.set()
+
+    closed = []
+    client = FakeClient(after=0.01)
+    await EventStreamResponse(frames(), on_close=closed.append)({}, client.receive,
+                                                                 client.send)
+    assert finalized.is_set() and closed == [True]
+    assert all(m.get("body") != b"never" for m in client.sent)
+
+
+@pytest.mark.anyio
+async def test_event_stream_treats_a_send_error_as_a_disconnect():
+    finalized = asyncio.Event()
+
+    async def frames():
+        try:
+            while True:
+                yield b"data: x\n\n"
+        finally:
+            finalized.set()
+
+    class Broken(FakeClient):
+        async def send(self, message):
+            if message["type"] == "http.response.body":
+                raise OSError("connection reset")
+
+    closed = []
+    client = Broken()
+    await EventStreamResponse(frames(), on_close=closed.append)({}, client.receive,
+                                                                 client.send)
+    assert finalized.is_set() and closed == [True]
