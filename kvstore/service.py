@@ -1,7 +1,11 @@
-"""The kvstore checkpoint daemon: owns page files and their index (pages come with issue 3).
+"""The kvstore checkpoint daemon: owns page files and their index; chooses nothing.
 
-It chooses nothing: it answers `DescribeInventory` with what is on disk, greets every
-scheduler incarnation it meets, and sends heartbeats.
+At start it scans the page directory (headers only) and rebuilds its index (F5). It answers
+`DescribeInventory` with every page it holds, writes pages the scheduler hands it from the
+shared buffer pool, reads pages back into buffers (verified: a bad page is a miss, removed and
+logged), deletes what the scheduler evicts. Reads jump ahead of queued writes: a restore is on
+a request's critical path, a write-through never is. A disk that refuses pages (full,
+read-only) makes persistence pause with a warning; serving goes on.
 """
 
 from __future__ import annotations
@@ -9,9 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import deque
 
 import zmq
 
+from kvstore.pages import FLAG_RECURRENT_STATE
+from kvstore.store import CorruptEvent, PageStore, StoreUnavailable
 from proto import codec
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.ids import new_boot_id
@@ -19,12 +26,22 @@ from proto.logs import configure_logging
 from proto.messages import (
     PROTOCOL_VERSION,
     ROLE_KVSTORE,
+    AttachBuffers,
+    DeletePages,
     DescribeInventory,
     Heartbeat,
     Hello,
     InventoryDescribed,
+    PageInfo,
+    PagesDeleted,
+    PagesRead,
+    PagesWritten,
+    ReadPages,
+    TouchPages,
+    WritePages,
 )
 from proto.settings import Settings
+from proto.shm import PageBufferPool, ShmError
 from proto.sockets import connect_dealer, send
 
 
@@ -35,21 +52,133 @@ class _Stop:
         self.requested = True
 
 
+class KvStoreDaemon:
+    def __init__(self, settings: Settings, log, boot_id: str, sock: zmq.Socket):
+        self.settings = settings
+        self.log = log
+        self.boot_id = boot_id
+        self.sock = sock
+        self.pool: PageBufferPool | None = None
+        self.namespace = b""
+        self.writes: deque[WritePages] = deque()
+        self.error = ""
+        self.error_since = 0.0
+        self.store = PageStore(settings.kv_path, on_corrupt=self._on_corrupt)
+        started = time.perf_counter()
+        try:
+            settings.kv_path.mkdir(parents=True, exist_ok=True)
+            self.inventory = self.store.scan()
+        except OSError as exc:
+            self.error = f"page directory {settings.kv_path} is unusable: {exc.strerror}"
+            self.inventory = []
+            log.warning("kv.persistence_off", error=self.error)
+        self.scan_s = time.perf_counter() - started
+        log.info("kvstore.scanned", kv_dir=str(settings.kv_path), num_pages=len(self.inventory),
+                 disk_bytes=self.store.num_bytes, scan_s=round(self.scan_s, 3))
+
+    def _on_corrupt(self, event: CorruptEvent) -> None:
+        self.log.warning("kv.corrupt_page", path=event.path, reason=event.reason)
+
+    # --- messages --------------------------------------------------------------------------
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, ReadPages):
+            self.read(msg)
+        elif isinstance(msg, WritePages):
+            self.writes.append(msg)
+        elif isinstance(msg, AttachBuffers):
+            self.flush_writes()  # queued writes name buffers of the pool being replaced
+            self.attach(msg)
+        elif isinstance(msg, DescribeInventory):
+            self.flush_writes()
+            send(self.sock, InventoryDescribed(
+                self.boot_id, tuple(self.store.pages()), self.scan_s,
+                writable=not self.error, error=self.error))
+        elif isinstance(msg, DeletePages):
+            freed = self.store.delete(msg.page_ids)
+            send(self.sock, PagesDeleted(msg.page_ids, freed))
+        elif isinstance(msg, TouchPages):
+            now = time.time()
+            for pid in msg.page_ids:
+                self.store.touch(pid, now)
+
+    def attach(self, msg: AttachBuffers) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        try:
+            self.pool = PageBufferPool.attach(msg.shm_name, msg.num_buffers, msg.buffer_bytes)
+        except ShmError as exc:
+            self.log.error("kvstore.attach_failed", error=str(exc))
+            return
+        self.namespace = msg.namespace
+        self.log.info("kvstore.attached", shm_name=msg.shm_name, num_buffers=msg.num_buffers,
+                      buffer_bytes=msg.buffer_bytes)
+
+    def read(self, msg: ReadPages) -> None:
+        ok, missing = [], []
+        started = time.perf_counter()
+        for r in msg.reads:
+            header = None
+            if self.pool is not None:
+                header = self.store.read_into(self.namespace, r.page_id, r.token_ids,
+                                              self.pool.buffer(r.buffer))
+            (ok if header is not None else missing).append(r.page_id)
+        send(self.sock, PagesRead(tuple(ok), tuple(missing)))
+        self.log.debug("kv.read", num_pages=len(ok), num_missing=len(missing),
+                       read_s=round(time.perf_counter() - started, 4))
+
+    def write_one_batch(self) -> None:
+        msg = self.writes.popleft()
+        written, failed = [], []
+        for w in msg.writes:
+            if self.pool is None or self.error:
+                failed.append(w.page_id)
+                continue
+            size = msg.payload_bytes + (msg.state_bytes if w.flags & FLAG_RECURRENT_STATE else 0)
+            try:
+                self.store.write(self.namespace, w.parent_id, w.token_ids,
+                                 self.pool.buffer(w.buffer)[:size], flags=w.flags,
+                                 page_id=w.page_id)
+            except StoreUnavailable as exc:
+                self.error, self.error_since = str(exc), time.monotonic()
+                self.log.warning("kv.persistence_off", error=self.error)
+                failed.append(w.page_id)
+                continue
+            entry = self.store.get(w.page_id)
+            written.append(PageInfo(w.page_id, w.parent_id, self.namespace, len(w.token_ids),
+                                    entry.nbytes, entry.last_used, entry.flags))
+        send(self.sock, PagesWritten(tuple(written), tuple(failed),
+                                     tuple(w.buffer for w in msg.writes), self.error))
+
+    def flush_writes(self) -> None:
+        while self.writes:
+            self.write_one_batch()
+
+    def maybe_clear_error(self) -> None:
+        """Try the disk again a while after it refused pages (space may have been freed)."""
+        if self.error and time.monotonic() - self.error_since > 60.0:
+            self.error = ""
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
 def run(settings: Settings) -> None:
     boot_id = new_boot_id()
     log = configure_logging(ROLE_KVSTORE, boot_id, settings.log_level, settings.log_format,
                             settings.log_content)
-    kv_dir = settings.kv_path
-    kv_dir.mkdir(parents=True, exist_ok=True)
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
     ctx = zmq.Context()
     sock = connect_dealer(ctx, endpoints.scheduler, ROLE_KVSTORE.encode())
+    daemon = KvStoreDaemon(settings, log, boot_id, sock)
     hello = Hello(PROTOCOL_VERSION, boot_id, ROLE_KVSTORE, os.getpid())
     send(sock, hello)
-    log.info("kvstore.started", kv_dir=str(kv_dir))
+    log.info("kvstore.started", kv_dir=str(settings.kv_path))
     scheduler_boot = None
     next_heartbeat = 0.0
     try:
@@ -58,18 +187,24 @@ def run(settings: Settings) -> None:
             if now >= next_heartbeat:
                 send(sock, Heartbeat(boot_id))
                 next_heartbeat = now + settings.heartbeat_s
-            if not sock.poll(int(settings.heartbeat_s * 1000)):
+                daemon.maybe_clear_error()
+            # With writes queued, only peek: a read arriving meanwhile goes first.
+            timeout_ms = 0 if daemon.writes else int(settings.heartbeat_s * 1000)
+            if not sock.poll(timeout_ms):
+                if daemon.writes:
+                    daemon.write_one_batch()
                 continue
             msg = codec.decode(sock.recv())
-            if isinstance(msg, DescribeInventory):
-                scan_started = time.perf_counter()
-                send(sock, InventoryDescribed(boot_id, (), time.perf_counter() - scan_started))
-            elif isinstance(msg, (Hello, Heartbeat)) and msg.boot_id != scheduler_boot:
-                log.info("kvstore.scheduler_met", scheduler_boot_id=msg.boot_id,
-                         restarted=scheduler_boot is not None)
-                send(sock, hello)
-                scheduler_boot = msg.boot_id
+            if isinstance(msg, (Hello, Heartbeat)):
+                if msg.boot_id != scheduler_boot:
+                    log.info("kvstore.scheduler_met", scheduler_boot_id=msg.boot_id,
+                             restarted=scheduler_boot is not None)
+                    send(sock, hello)
+                    scheduler_boot = msg.boot_id
+            else:
+                daemon.handle(msg)
     finally:
+        daemon.close()
         sock.close(0)
         ctx.term()
         log.info("kvstore.stopped")

@@ -76,6 +76,8 @@ class Settings:
     kv_disk_budget: str = _opt("disk budget for KV pages, with units", default="32GiB")
     kv_buffer_memory: str = _opt("shared memory for page buffers between worker and kvstore",
                                  default="256MiB")
+    state_interval: int = _opt("hybrid models: tokens between recurrent-state snapshots of a "
+                               "long prefill", default=4096)
     kv_protect_hours: float = _opt("pages of conversations active this recently are evicted "
                                    "last", default=24.0)
     prefill_chunk: int = _opt("most prompt tokens prefilled in one step (shared by all "

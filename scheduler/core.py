@@ -1,10 +1,13 @@
 """The scheduler core: admission, placement, step plans, finishing. No I/O, no clocks.
 
-The shell feeds it events (submit, cancel, step done, peer restarts) with the current time and
-sends what it returns. One step is in flight at a time: `plan_step` returns the next `RunStep`
-and `step_done` applies its result. Steps are decode-first: every decoding request gets its
-token each step, and prefill chunks fill what is left of the per-step token budget, warm
-(nearly resident) requests before cold ones, interactive before background.
+The shell feeds it events (submit, cancel, step done, kvstore replies, peer restarts) with the
+current wall-clock time; every event appends the messages to send to `outbox`, which the shell
+drains and routes by type. One step is in flight at a time.
+
+Steps are decode-first: every decoding request gets its token each step, and prefill chunks
+fill what is left of the per-step token budget, interactive before background and warm
+(nearly resident) before cold. A request's prefix comes from its slot, another slot, or disk
+pages (`scheduler.placement`); only what none of them holds is prefilled.
 """
 
 from __future__ import annotations
@@ -13,8 +16,14 @@ from collections import deque
 from dataclasses import dataclass
 
 from proto.messages import (
+    CopyPrefix,
     DecodeItem,
+    LoadPages,
+    PageRead,
+    PagesRead,
+    PagesWritten,
     PrefillChunk,
+    ReadPages,
     RequestFailed,
     RequestFinished,
     RunStep,
@@ -23,8 +32,12 @@ from proto.messages import (
     SubmitRequest,
     TokensGenerated,
 )
-from scheduler.placement import choose_slot
-from scheduler.requests import Request, Slot
+from scheduler.page_cache import PageCache
+from scheduler.placement import Placement, Sources, choose_slot, reusable
+from scheduler.requests import Request, Slot, common_prefix_len
+
+# Pages read from disk per batch: bounds the buffers one restore holds at a time.
+_RESTORE_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,11 @@ class CoreConfig:
     max_queue: int
     trimmable: bool = True
     retry_after_s: float = 1.0
+    page_size: int = 256
+    disk_budget_bytes: int = 32 << 30
+    protect_window_s: float = 86400.0
+    # Hybrid models snapshot their recurrent state every this many tokens of a prefill.
+    state_interval: int = 4096
 
 
 @dataclass(frozen=True)
@@ -46,14 +64,15 @@ class FinishedRecord:
     finish_reason: str
     num_prompt_tokens: int
     num_cached_tokens: int
+    num_reused_tokens: int
+    num_copied_tokens: int
+    num_restored_tokens: int
     num_prefilled_tokens: int
     num_generated_tokens: int
     queue_s: float
+    restore_s: float
     ttft_s: float | None
     duration_s: float
-
-
-Outgoing = TokensGenerated | RequestFinished | RequestFailed
 
 
 class SchedulerCore:
@@ -64,125 +83,327 @@ class SchedulerCore:
         self.waiting: deque[str] = deque()
         self.inflight: RunStep | None = None
         self.finished: list[FinishedRecord] = []
+        self.pages = PageCache(config.page_size, config.disk_budget_bytes,
+                               config.protect_window_s)
+        self.outbox: list = []
+        self._copies: list[CopyPrefix] = []
+        self._reads: deque[tuple[str, list[tuple[int, bytes, int]]]] = deque()
         self._next_step = 0
 
-    # --- events ----------------------------------------------------------------------------
+    def take_outbox(self) -> list:
+        out = self.outbox + self.pages.outbox
+        self.outbox, self.pages.outbox = [], []
+        return out
 
-    def submit(self, msg: SubmitRequest, now: float) -> list[Outgoing]:
+    # --- events: gateway -------------------------------------------------------------------
+
+    def submit(self, msg: SubmitRequest, now: float) -> None:
         cfg = self.config
         if len(msg.prompt_token_ids) == 0:
-            return [RequestFailed(msg.rid, "invalid_request", "prompt is empty", False)]
+            return self._reject(msg.rid, "invalid_request", "prompt is empty")
         if len(msg.prompt_token_ids) + 1 > cfg.ctx:
-            return [RequestFailed(
-                msg.rid, "context_length_exceeded",
-                f"prompt has {len(msg.prompt_token_ids)} tokens; the context holds {cfg.ctx}",
-                False)]
-        if len(self.waiting) >= cfg.max_queue:
-            return [RequestFailed(msg.rid, "queue_full",
-                                  f"{len(self.waiting)} requests are waiting; try again shortly",
-                                  True, cfg.retry_after_s)]
+            return self._reject(msg.rid, "context_length_exceeded",
+                                f"prompt has {len(msg.prompt_token_ids)} tokens; the context "
+                                f"holds {cfg.ctx}")
         if msg.rid in self.requests:
-            return [RequestFailed(msg.rid, "invalid_request", "duplicate request id", False)]
+            return self._reject(msg.rid, "invalid_request", "duplicate request id")
+        if len(self.waiting) >= cfg.max_queue:
+            self.outbox.append(RequestFailed(
+                msg.rid, "queue_full", f"{len(self.waiting)} requests are waiting; try again "
+                "shortly", True, cfg.retry_after_s))
+            return
         self.requests[msg.rid] = Request(
             rid=msg.rid, prompt=tuple(msg.prompt_token_ids), max_tokens=max(1, msg.max_tokens),
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority, arrived_at=now)
         self.waiting.append(msg.rid)
-        return []
 
-    def cancel(self, rid: str, now: float) -> list[Outgoing]:
+    def _reject(self, rid: str, code: str, message: str) -> None:
+        self.outbox.append(RequestFailed(rid, code, message, False))
+
+    def cancel(self, rid: str, now: float) -> None:
         req = self.requests.get(rid)
         if req is None:
-            return []
+            return
         req.cancelled = True
-        if self.inflight is None or req.slot is None:
-            return [self._finish(req, "cancelled", now)]
-        return []  # finished when the in-flight step comes back
+        if not self._busy(req):
+            self._finish(req, "cancelled", now)
+        # else: finished when the step or page read it is part of comes back
 
-    def step_done(self, done: StepDone, now: float) -> list[Outgoing]:
+    def _busy(self, req: Request) -> bool:
+        in_step = self.inflight is not None and req.slot is not None
+        return in_step or bool(req.reading)
+
+    def abort_all(self, now: float) -> None:
+        """The gateway restarted: its requests have no one to answer to."""
+        for req in list(self.requests.values()):
+            self._finish(req, "cancelled", now, notify=False)
+
+    # --- events: worker --------------------------------------------------------------------
+
+    def step_done(self, done: StepDone, now: float) -> None:
         plan, self.inflight = self.inflight, None
         if plan is None or done.step != plan.step:
-            return []  # a stale reply from before a restart
+            return  # a stale reply from before a restart
+        for load in plan.loads:
+            self.slots[load.slot].tokens.extend(load.token_ids)
+            self.pages.release(load.buffers)
         for chunk in plan.prefills:
             self.slots[chunk.slot].tokens.extend(chunk.token_ids)
         sampled = {s.slot: s.token_id for s in done.sampled}
-        out: list[Outgoing] = []
         for item in plan.decodes:
             slot = self.slots[item.slot]
             slot.tokens.append(item.token_id)
             slot.last_used = now
             if slot.rid is not None and item.slot in sampled:
-                out += self._accept_token(self.requests[slot.rid], sampled[item.slot], now)
-        for req in [r for r in self.requests.values() if r.cancelled]:
-            out.append(self._finish(req, "cancelled", now))
-        return out
+                self._accept_token(self.requests[slot.rid], sampled[item.slot], now)
+        for slot in self.slots:
+            self.pages.sync_slot(slot)
+        self.pages.staged_done(now, self._pinned())
+        for req in [r for r in self.requests.values() if r.cancelled and not r.reading]:
+            self._finish(req, "cancelled", now)
 
-    def worker_restarted(self, slots: tuple[SlotContents, ...] = ()) -> None:
+    def worker_restarted(self, slots: tuple[SlotContents, ...], namespace: bytes = b"",
+                         shm_name: str = "", num_buffers: int = 0, buffer_bytes: int = 0,
+                         state_bytes: int = 0) -> None:
         """The worker's slot memory is what it reports; requests in slots start over there."""
         self.inflight = None
-        contents = {s.slot: list(s.token_ids) for s in slots}
+        self._copies.clear()
+        self._reads.clear()
+        self.pages.worker_ready(namespace, shm_name, num_buffers, buffer_bytes, state_bytes)
+        contents = {s.slot: s.token_ids for s in slots}
         requeue = []
         for slot in self.slots:
-            slot.tokens = contents.get(slot.index, [])
+            slot.replace(contents.get(slot.index, ()))
             if slot.rid is not None:
                 requeue.append(slot.rid)
-                self.requests[slot.rid].slot = None
+                self._unplace(self.requests[slot.rid])
                 slot.rid = None
         self.waiting.extendleft(reversed(requeue))
 
-    def abort_all(self, now: float) -> list[Outgoing]:
-        """The gateway restarted: its requests have no one to answer to."""
-        out = [self._finish(req, "cancelled", now) for req in list(self.requests.values())]
-        self.inflight = None
-        return out
+    # --- events: kvstore -------------------------------------------------------------------
+
+    def kvstore_restarted(self) -> None:
+        self.pages.kvstore_restarted()
+        while self._reads:
+            rid, batch = self._reads.popleft()
+            req = self.requests.get(rid)
+            if req is not None:
+                self._abandon_restore(req, [pid for _, pid, _ in batch])
+
+    def pages_read(self, msg: PagesRead, now: float) -> None:
+        if not self._reads:
+            return
+        rid, batch = self._reads.popleft()
+        req = self.requests.get(rid)
+        if req is None:
+            self.pages.release([b for _, _, b in batch])
+            return
+        req.reading = []
+        missing = set(msg.missing)
+        good = []
+        for entry in batch:
+            if entry[1] in missing:
+                break
+            good.append(entry)
+        if len(good) < len(batch):
+            self.pages.forget(missing)
+            self.pages.release([b for _, _, b in batch[len(good):]])
+            req.restore_pages = []
+            if not self.config.trimmable and good and good[-1][1] not in self.pages.state_pages:
+                self.pages.release([b for _, _, b in good])
+                good = []
+                self.slots[req.slot].truncate(0, self.config.page_size)
+        req.loading = good
+        if req.cancelled and not self._busy(req):
+            self._finish(req, "cancelled", now)
+
+    def pages_written(self, msg: PagesWritten, now: float) -> None:
+        self.pages.pages_written(msg, now)
 
     # --- planning --------------------------------------------------------------------------
 
     def plan_step(self, now: float) -> RunStep | None:
         if self.inflight is not None:
             return None
+        # Stage before admitting: staging reads a slot as the last step left it, before a new
+        # request's copy, load or prefill overwrites it (write-back of a displaced tail).
+        stages = self.pages.plan_stages(self.slots, self.config.trimmable, self._state_points,
+                                        now)
         self._admit(now)
+        self._issue_reads()
         running = [self.requests[s.rid] for s in self.slots if s.rid is not None]
+        loading = [r for r in running if r.loading]
+        loads = [self._load_of(r) for r in loading]
         decodes, prefilling = [], []
         for req in running:
+            if req.restoring or req in loading:
+                continue  # its prefix is not (all) in the slot yet
+            self._note_restore_done(req, now)
             remaining = self._remaining_prefill(req)
             if remaining == 0:
                 decodes.append(self._decode_item(req))
             else:
                 prefilling.append((req, remaining))
+        prefills = self._plan_prefills(prefilling)
+        copies, self._copies = self._copies, []
+        if not (stages or copies or loads or decodes or prefills):
+            return None
+        self.inflight = RunStep(self._next_step, tuple(prefills), tuple(decodes),
+                                tuple(stages), tuple(copies), tuple(loads))
+        self._next_step += 1
+        self.outbox.append(self.inflight)
+        return self.inflight
+
+    def _plan_prefills(self, prefilling: list[tuple[Request, int]]) -> list[PrefillChunk]:
         prefills = []
         budget = self.config.prefill_chunk
         prefilling.sort(key=lambda rr: (not rr[0].interactive, rr[1], rr[0].arrived_at))
         for req, remaining in prefilling:
             if budget <= 0:
                 break
-            start = len(self.slots[req.slot].tokens)
-            n = min(remaining, budget)
-            prefills.append(PrefillChunk(req.slot, start, req.feed[start:start + n]))
-            budget -= n
-        if not decodes and not prefills:
-            return None
-        self.inflight = RunStep(self._next_step, tuple(prefills), tuple(decodes))
-        self._next_step += 1
-        return self.inflight
+            slot = self.slots[req.slot]
+            start = len(slot.tokens)
+            end = start + min(remaining, budget)
+            if not self.config.trimmable:
+                end = self._cut_at_state_point(req, start, end)
+            prefills.append(PrefillChunk(req.slot, start, req.feed[start:end]))
+            budget -= end - start
+        return prefills
+
+    def _state_points(self, slot: Slot) -> set[int]:
+        """Page ends where a hybrid model snapshots its recurrent state for this slot."""
+        P, interval = self.config.page_size, self.config.state_interval
+        end = len(slot.tokens)
+        points = {end} if end % interval == 0 else set()
+        req = self.requests.get(slot.rid) if slot.rid else None
+        if req is None or not self._remaining_prefill(req):
+            points.add(end)  # decoding or idle: the newest state is where the next turn resumes
+        else:
+            points.add((len(req.feed) - 1) // P * P)  # the last page end of the context
+        return points
+
+    def _cut_at_state_point(self, req: Request, start: int, end: int) -> int:
+        """End a hybrid prefill chunk exactly at the next snapshot point, if it is inside."""
+        P, interval = self.config.page_size, self.config.state_interval
+        last_page_end = (len(req.feed) - 1) // P * P
+        next_interval = (start // interval + 1) * interval
+        for point in sorted({last_page_end, next_interval}):
+            if start < point < end:
+                return point
+        return end
+
+    # --- admission -------------------------------------------------------------------------
 
     def _admit(self, now: float) -> None:
         order = sorted(self.waiting, key=lambda rid: not self.requests[rid].interactive)
         for rid in order:
             req = self.requests[rid]
-            context = req.feed[:-1]
-            placement = choose_slot(self.slots, context, self.config.trimmable)
+            placement = self._place(req)
             if placement is None:
                 break
-            slot = self.slots[placement.slot]
-            # The worker trims to the first command's start; mirror that now.
-            del slot.tokens[placement.reused:]
-            slot.rid, slot.last_used = rid, now
-            req.slot = placement.slot
-            if req.admitted_at is None:
-                req.admitted_at = now
-                req.num_cached = min(placement.reused, len(req.prompt) - 1)
+            self._apply(req, placement, now)
             self.waiting.remove(rid)
+
+    def _place(self, req: Request) -> Placement | None:
+        context = req.feed[:-1]
+        cfg = self.config
+        chain = self.pages.chain(context)
+        disk_pages = self.pages.disk_prefix(chain, cfg.trimmable)
+        matches = {}
+        for slot in self.slots:
+            m = common_prefix_len(slot.tokens, context)
+            if cfg.trimmable or m == len(slot.tokens):
+                matches[slot.index] = m
+        sources = Sources(context, disk_pages * cfg.page_size, matches, cfg.page_size,
+                          cfg.trimmable)
+        persisted = {s.index: self.pages.persisted_tokens(s, reusable(s, context,
+                                                                      cfg.trimmable))
+                     for s in self.slots if s.free}
+        placement = choose_slot(self.slots, sources, persisted)
+        if placement is not None and placement.restored:
+            first = placement.restore_from // cfg.page_size
+            req.restore_pages = [(k, chain[k]) for k in range(first, disk_pages)]
+        return placement
+
+    def _apply(self, req: Request, p: Placement, now: float) -> None:
+        slot = self.slots[p.slot]
+        P = self.config.page_size
+        if p.copy_from is not None:
+            slot.replace(self.slots[p.copy_from].tokens[:p.copied])
+            self._copies.append(CopyPrefix(p.copy_from, p.slot, p.copied))
+        else:
+            slot.truncate(p.reused, P)  # the worker trims to the first command's start
+        if not p.restored:
+            req.restore_pages = []
+        slot.rid, slot.last_used = req.rid, now
+        req.slot = p.slot
+        if req.admitted_at is None:
+            req.admitted_at = now
+            req.num_reused = p.reused if p.copy_from is None else 0
+            req.num_copied = p.copied
+            if p.restored:
+                req.restore_started_at = now
+
+    def _unplace(self, req: Request) -> None:
+        if req.reading or req.loading:
+            self.pages.release([b for _, _, b in req.reading + req.loading])
+        req.reading, req.loading, req.restore_pages = [], [], []
+        req.slot = None
+
+    def _issue_reads(self) -> None:
+        for slot in self.slots:
+            req = self.requests.get(slot.rid) if slot.rid else None
+            if req is None or not req.restore_pages or req.reading or req.loading:
+                continue
+            n = min(len(req.restore_pages), _RESTORE_BATCH)
+            buffers = None
+            while n and buffers is None:
+                buffers = self.pages.acquire(n)
+                n = n if buffers is not None else n // 2
+            if not buffers:
+                continue  # all buffers busy; try again next step
+            batch = [(k, pid, b) for (k, pid), b in zip(req.restore_pages, buffers)]
+            del req.restore_pages[:len(batch)]
+            req.reading = batch
+            P = self.config.page_size
+            context = req.feed[:-1]
+            self._reads.append((req.rid, batch))
+            self.outbox.append(ReadPages(tuple(
+                PageRead(pid, tuple(context[k * P:(k + 1) * P]), b) for k, pid, b in batch)))
+
+    def _load_of(self, req: Request) -> LoadPages:
+        P = self.config.page_size
+        batch, req.loading = req.loading, []
+        context = req.feed[:-1]
+        first, last = batch[0][0], batch[-1][0]
+        tokens = tuple(context[first * P:(last + 1) * P])
+        req.num_restored += len(tokens)
+        with_state = not self.config.trimmable and not req.restore_pages
+        return LoadPages(req.slot, first * P, tuple(b for _, _, b in batch), tokens, with_state)
+
+    def _abandon_restore(self, req: Request, _page_ids) -> None:
+        self.pages.release([b for _, _, b in req.reading])
+        req.reading, req.restore_pages = [], []
+        if not self.config.trimmable and req.num_restored:
+            # A hybrid slot without the state of its last loaded page is unusable.
+            self.slots[req.slot].truncate(0, self.config.page_size)
+            req.num_restored = 0
+
+    def _note_restore_done(self, req: Request, now: float) -> None:
+        if req.restore_started_at is not None:
+            req.restore_s = now - req.restore_started_at
+            req.restore_started_at = None
+        if not req.cache_counted:
+            req.cache_counted = True
+            req.num_cached = min(len(self.slots[req.slot].tokens), len(req.prompt) - 1)
+
+    def _pinned(self) -> set[bytes]:
+        pinned = set()
+        for req in self.requests.values():
+            pinned.update(pid for _, pid in req.restore_pages)
+            pinned.update(pid for _, pid, _ in req.reading + req.loading)
+        return pinned
 
     def _remaining_prefill(self, req: Request) -> int:
         return len(req.feed) - 1 - len(self.slots[req.slot].tokens)
@@ -194,36 +415,43 @@ class SchedulerCore:
 
     # --- finishing -------------------------------------------------------------------------
 
-    def _accept_token(self, req: Request, token: int, now: float) -> list[Outgoing]:
+    def _accept_token(self, req: Request, token: int, now: float) -> None:
         if req.cancelled:
-            return []
+            return
         if req.first_token_at is None:
             req.first_token_at = now
         if token in req.stop_token_ids:
-            return [self._finish(req, "stop", now)]
+            return self._finish(req, "stop", now)
         req.generated.append(token)
-        out: list[Outgoing] = [TokensGenerated(req.rid, (token,))]
+        self.outbox.append(TokensGenerated(req.rid, (token,)))
         context_full = len(req.feed) + 1 > self.config.ctx
         if len(req.generated) >= req.max_tokens or context_full:
-            out.append(self._finish(req, "length", now))
-        return out
+            self._finish(req, "length", now)
 
-    def _finish(self, req: Request, reason: str, now: float) -> RequestFinished:
+    def _finish(self, req: Request, reason: str, now: float, notify: bool = True) -> None:
         if req.slot is not None:
-            self.slots[req.slot].rid = None
+            slot = self.slots[req.slot]
+            slot.rid = None
+            self.pages.sync_slot(slot)
+            self.pages.touch(slot.page_ids, now)
+            self._unplace(req)
         if req.rid in self.waiting:
             self.waiting.remove(req.rid)
         del self.requests[req.rid]
         started = req.admitted_at if req.admitted_at is not None else now
+        num_prefilled = max(0, len(req.prompt) - req.num_cached) if req.admitted_at else 0
         self.finished.append(FinishedRecord(
             rid=req.rid, priority=req.priority, finish_reason=reason,
             num_prompt_tokens=len(req.prompt), num_cached_tokens=req.num_cached,
-            num_prefilled_tokens=len(req.prompt) - req.num_cached if req.admitted_at else 0,
+            num_reused_tokens=req.num_reused, num_copied_tokens=req.num_copied,
+            num_restored_tokens=req.num_restored, num_prefilled_tokens=num_prefilled,
             num_generated_tokens=len(req.generated), queue_s=started - req.arrived_at,
+            restore_s=req.restore_s,
             ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrived_at,
             duration_s=now - req.arrived_at))
-        return RequestFinished(req.rid, reason, len(req.prompt), req.num_cached,
-                               len(req.generated))
+        if notify:
+            self.outbox.append(RequestFinished(req.rid, reason, len(req.prompt), req.num_cached,
+                                               len(req.generated)))
 
     # --- views -----------------------------------------------------------------------------
 

@@ -1,11 +1,14 @@
-"""Slot placement: which free slot a new request should run in.
+"""Slot placement: which free slot a new request runs in, and where its prefix comes from.
 
-Rules (DESIGN.md "Scheduling", F3):
-- A slot whose whole content is a prefix of the request (or that is empty) displaces nothing;
-  such slots always win over slots holding another conversation.
-- Among them, the fewest tokens to prefill wins; ties go to the least recently used slot.
-- Otherwise every free slot displaces someone; the cost is the tokens to prefill plus the value
-  of what is lost (the resident tokens beyond the shared prefix), ties to the LRU slot.
+For every free slot the request's KV prefix can come from three places: what the slot already
+holds (reuse), another slot (copy), or pages on disk (restore). Whatever none of them covers is
+prefilled. The cost of an option is its token work, weighted by how expensive each kind is
+relative to prefilling, plus the value of what the slot loses: resident tokens past the shared
+prefix, cheap if their pages are on disk (they can be restored), full price if not.
+
+Rules (DESIGN.md "Scheduling", F3): a slot that displaces nothing (empty, or holding a prefix
+of the request) always wins over one that displaces a conversation; among equals the cheapest
+wins, then the least recently used slot.
 """
 
 from __future__ import annotations
@@ -14,30 +17,79 @@ from dataclasses import dataclass
 
 from scheduler.requests import Slot, common_prefix_len
 
+# Cost of a token relative to prefilling it. Restoring reads and verifies a page from disk
+# (~1 GB/s) and copies it into the slot; copying is a memory copy inside the worker.
+RESTORE_COST = 0.05
+COPY_COST = 0.02
+
 
 @dataclass(frozen=True)
 class Placement:
     slot: int
-    reused: int  # tokens of the request already in the slot's KV
-    to_prefill: int
-    displaced: int  # resident tokens that will be dropped
+    reused: int  # tokens the slot keeps
+    copy_from: int | None = None  # slot to copy the prefix from
+    copied: int = 0  # prefix length after the copy
+    restore_from: int = 0  # token where loading disk pages starts (page aligned)
+    restored: int = 0  # tokens loaded from disk
+    to_prefill: int = 0
+    displaced: int = 0  # resident tokens the slot loses
+    displaced_cost: float = 0.0
+
+    @property
+    def work(self) -> float:
+        return self.to_prefill + COPY_COST * self.copied + RESTORE_COST * self.restored
 
 
-def evaluate(slot: Slot, context: tuple[int, ...], trimmable: bool) -> Placement:
-    """Cost of running a request whose KV must end up holding `context` in `slot`."""
+@dataclass(frozen=True)
+class Sources:
+    """Where a request's prefix exists outside the candidate slot."""
+
+    context: tuple[int, ...]
+    disk_tokens: int  # tokens restorable from disk from the start (whole pages)
+    slot_matches: dict[int, int]  # slot index -> tokens it can provide by copy
+    page_size: int
+    trimmable: bool
+
+
+def reusable(slot: Slot, context: tuple[int, ...], trimmable: bool) -> int:
     match = common_prefix_len(slot.tokens, context)
     if not trimmable and match < len(slot.tokens):
-        # Recurrent state cannot be rewound: only a pure extension can reuse the slot.
-        match = 0
-    return Placement(slot.index, match, len(context) - match, len(slot.tokens) - match)
+        return 0  # recurrent state cannot be rewound: only a pure extension reuses a slot
+    return match
 
 
-def choose_slot(slots: list[Slot], context: tuple[int, ...], trimmable: bool) -> Placement | None:
-    options = [evaluate(s, context, trimmable) for s in slots if s.free]
+def options_for(slot: Slot, src: Sources, persisted_beyond: int) -> list[Placement]:
+    n = len(src.context)
+    r = reusable(slot, src.context, src.trimmable)
+    displaced = len(slot.tokens) - r
+    lost = (displaced - persisted_beyond) + RESTORE_COST * persisted_beyond
+    base = dict(slot=slot.index, displaced=displaced, displaced_cost=lost)
+    options = [Placement(reused=r, to_prefill=n - r, **base)]
+    copies = [(m, i) for i, m in src.slot_matches.items() if i != slot.index and m > r]
+    if copies:
+        c, i = max(copies)
+        options.append(Placement(reused=0, copy_from=i, copied=c, to_prefill=n - c, **base))
+    if src.disk_tokens > r:
+        P = src.page_size
+        if src.trimmable:
+            start = r // P * P
+        else:  # state is restored with the last page: start from a page end the slot holds
+            start = r if r == len(slot.tokens) and r % P == 0 else 0
+        options.append(Placement(reused=start, restore_from=start,
+                                 restored=src.disk_tokens - start,
+                                 to_prefill=n - src.disk_tokens, **base))
+    return options
+
+
+def choose_slot(slots: list[Slot], src: Sources,
+                persisted_beyond: dict[int, int]) -> Placement | None:
+    """The best placement over all free slots, or None when every slot is busy."""
+    last_used = {s.index: s.last_used for s in slots}
+    options = [p for s in slots if s.free
+               for p in options_for(s, src, persisted_beyond.get(s.index, 0))]
     if not options:
         return None
-    last_used = {s.index: s.last_used for s in slots}
     harmless = [p for p in options if p.displaced == 0]
     if harmless:
-        return min(harmless, key=lambda p: (p.to_prefill, last_used[p.slot]))
-    return min(options, key=lambda p: (p.to_prefill + p.displaced, last_used[p.slot]))
+        return min(harmless, key=lambda p: (p.work, last_used[p.slot]))
+    return min(options, key=lambda p: (p.work + p.displaced_cost, last_used[p.slot]))

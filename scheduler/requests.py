@@ -19,10 +19,26 @@ class Request:
     generated: list[int] = field(default_factory=list)
     slot: int | None = None
     cancelled: bool = False
-    # Prompt tokens that were already in KV when the request was placed (not prefilled).
+    # Where the context's KV came from (tokens): kept in the slot, copied from another slot,
+    # restored from disk. Set at the first placement; `num_cached` is what usage reports.
+    num_reused: int = 0
+    num_copied: int = 0
+    num_restored: int = 0
     num_cached: int = 0
+    cache_counted: bool = False
     admitted_at: float | None = None
     first_token_at: float | None = None
+    restore_s: float = 0.0
+    # Disk restore in progress: chain pages still to read, the batch being read, the batch
+    # read and waiting to be loaded by the next step.
+    restore_pages: list[tuple[int, bytes]] = field(default_factory=list)
+    reading: list[tuple[int, bytes, int]] = field(default_factory=list)
+    loading: list[tuple[int, bytes, int]] = field(default_factory=list)
+    restore_started_at: float | None = None
+
+    @property
+    def restoring(self) -> bool:
+        return bool(self.restore_pages or self.reading or self.loading)
 
     @property
     def feed(self) -> tuple[int, ...]:
@@ -47,10 +63,24 @@ class Slot:
     tokens: list[int] = field(default_factory=list)
     rid: str | None = None
     last_used: float = 0.0
+    # Ids of the full pages of `tokens` computed so far (PageCache.sync_slot extends them),
+    # and how many leading ones are known to be on disk or on their way.
+    page_ids: list[bytes] = field(default_factory=list)
+    num_persisted: int = 0
 
     @property
     def free(self) -> bool:
         return self.rid is None
+
+    def truncate(self, length: int, page_size: int) -> None:
+        del self.tokens[length:]
+        del self.page_ids[length // page_size:]
+        self.num_persisted = min(self.num_persisted, len(self.page_ids))
+
+    def replace(self, tokens) -> None:
+        self.tokens = list(tokens)
+        self.page_ids = []
+        self.num_persisted = 0
 
 
 def common_prefix_len(a: list[int] | tuple[int, ...], b: tuple[int, ...]) -> int:

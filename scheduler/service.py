@@ -21,24 +21,44 @@ from proto.ids import new_boot_id
 from proto.logs import configure_logging
 from proto.messages import (
     PROTOCOL_VERSION,
+    WritePages,
     ROLE_GATEWAY,
     ROLE_KVSTORE,
     ROLE_SCHEDULER,
     ROLE_WORKER,
+    AttachBuffers,
     CancelRequest,
+    DeletePages,
     DescribeInventory,
     GroupState,
     Heartbeat,
     Hello,
     InventoryDescribed,
+    PagesDeleted,
+    PagesRead,
+    PagesWritten,
+    ReadPages,
     RequestFailed,
+    RequestFinished,
+    RunStep,
     StepDone,
     SubmitRequest,
+    TokensGenerated,
+    TouchPages,
     WorkerReady,
 )
-from proto.settings import Settings
+from proto.settings import Settings, format_size
 from proto.sockets import bind_router, send_to
 from scheduler.core import CoreConfig, SchedulerCore
+from scheduler.eviction import budget_report
+
+# Where each outgoing message type goes.
+_DESTINATION = {
+    TokensGenerated: ROLE_GATEWAY, RequestFinished: ROLE_GATEWAY, RequestFailed: ROLE_GATEWAY,
+    RunStep: ROLE_WORKER,
+    AttachBuffers: ROLE_KVSTORE, DescribeInventory: ROLE_KVSTORE, ReadPages: ROLE_KVSTORE,
+    WritePages: ROLE_KVSTORE, DeletePages: ROLE_KVSTORE, TouchPages: ROLE_KVSTORE,
+}
 
 # A worker that is gone this long (not restarted by its supervisor) fails what it held.
 _WORKER_GRACE_FACTOR = 6
@@ -61,11 +81,14 @@ class SchedulerService:
                                      settings.log_format, settings.log_content)
         self.core = SchedulerCore(CoreConfig(
             num_slots=settings.slots, ctx=settings.ctx, prefill_chunk=settings.prefill_chunk,
-            max_queue=settings.max_queue))
+            max_queue=settings.max_queue, page_size=settings.page_size,
+            disk_budget_bytes=settings.kv_disk_budget_bytes,
+            protect_window_s=settings.kv_protect_hours * 3600,
+            state_interval=settings.state_interval))
         self.peer_boot: dict[str, str] = {}
         self.last_seen: dict[str, float] = {}
         self.worker_boot_synced: str | None = None
-        self.worker_down_since: float | None = time.monotonic()
+        self.worker_down_since: float | None = time.time()
         self.kvstore_ready = False
         self.step_sent_at = 0.0
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
@@ -87,9 +110,19 @@ class SchedulerService:
                 return False  # that peer is not connected (now); heartbeats will find it
             raise
 
-    def _to_gateway(self, messages) -> None:
-        for m in messages:
-            self._send(ROLE_GATEWAY, m)
+    def flush(self) -> None:
+        """Send what the core queued, each message to its peer; log what it recorded."""
+        for msg in self.core.take_outbox():
+            if not self._send(_DESTINATION[type(msg)], msg) and isinstance(msg, RunStep):
+                self.core.inflight = None  # not delivered; planned again next round
+        for event, fields in self.core.pages.events:
+            level = "warning" if event in ("kv.thrash", "kv.persistence_off",
+                                           "kv.budget_exhausted") else "info"
+            getattr(self.log, level)(event, **fields)
+        self.core.pages.events.clear()
+        for rec in self.core.finished:
+            self.log.info("request.finished", **dataclasses.asdict(rec))
+        self.core.finished.clear()
 
     def _heartbeat(self) -> None:
         self._send(ROLE_GATEWAY, GroupState(self.boot_id, self.worker_ready, self.kvstore_ready,
@@ -107,19 +140,25 @@ class SchedulerService:
             # A peer from before our start: make it greet us first.
             self._send(role, Hello(PROTOCOL_VERSION, self.boot_id, ROLE_SCHEDULER, os.getpid()))
         elif isinstance(msg, SubmitRequest):
-            self._to_gateway(self.core.submit(msg, now))
+            self.core.submit(msg, now)
         elif isinstance(msg, CancelRequest):
-            self._to_gateway(self.core.cancel(msg.rid, now))
+            self.core.cancel(msg.rid, now)
         elif isinstance(msg, StepDone):
-            self._to_gateway(self.core.step_done(msg, now))
+            self.core.step_done(msg, now)
             self.log.debug("step.finished", step=msg.step, batch=msg.num_decode_tokens,
                            num_prefill_tokens=msg.num_prefill_tokens,
                            step_ms=round(msg.duration_s * 1e3, 2))
         elif isinstance(msg, WorkerReady):
             self._on_worker_ready(msg)
         elif isinstance(msg, InventoryDescribed):
-            self.kvstore_ready = True
-            self.log.info("kvstore.inventory", num_pages=len(msg.pages), scan_s=msg.scan_s)
+            self._on_inventory(msg, now)
+        elif isinstance(msg, PagesWritten):
+            self.core.pages_written(msg, now)
+        elif isinstance(msg, PagesRead):
+            self.core.pages_read(msg, now)
+        elif isinstance(msg, PagesDeleted):
+            self.log.debug("kv.deleted", num_pages=len(msg.page_ids),
+                           freed_bytes=msg.freed_bytes)
 
     def _on_hello(self, role: str, msg: Hello, now: float) -> None:
         if msg.protocol_version != PROTOCOL_VERSION:
@@ -139,19 +178,40 @@ class SchedulerService:
             self.core.inflight = None
         elif role == ROLE_KVSTORE:
             self.kvstore_ready = False
+            self.core.kvstore_restarted()
+            attach = self.core.pages.attach_message()
+            if attach is not None:
+                self._send(ROLE_KVSTORE, attach)
             self._send(ROLE_KVSTORE, DescribeInventory())
+
+    def _on_inventory(self, msg: InventoryDescribed, now: float) -> None:
+        self.core.pages.kvstore_inventory(msg.pages, msg.writable, now)
+        self.kvstore_ready = True
+        tree = self.core.pages.tree
+        self.log.info("kvstore.inventory", num_pages=len(msg.pages), disk_bytes=tree.total_bytes,
+                      scan_s=round(msg.scan_s, 3), writable=msg.writable, error=msg.error)
 
     def _on_worker_ready(self, msg: WorkerReady) -> None:
         if msg.boot_id == self.worker_boot_synced and self.worker_down_since is None:
             return
         self.core.config = dataclasses.replace(self.core.config, trimmable=msg.trimmable,
-                                               num_slots=msg.num_slots, ctx=msg.ctx)
-        self.core.worker_restarted(msg.slots)
+                                               num_slots=msg.num_slots, ctx=msg.ctx,
+                                               page_size=msg.page_size)
+        self.core.worker_restarted(msg.slots, msg.namespace, msg.shm_name, msg.num_buffers,
+                                   msg.buffer_bytes, msg.state_bytes)
         self.worker_boot_synced = msg.boot_id
         self.worker_down_since = None
         self.log.info("worker.ready", worker_boot_id=msg.boot_id, model_type=msg.model_type,
                       slots=msg.num_slots, ctx=msg.ctx, trimmable=msg.trimmable,
-                      resident_tokens=sum(len(s.token_ids) for s in msg.slots))
+                      resident_tokens=sum(len(s.token_ids) for s in msg.slots),
+                      num_page_buffers=msg.num_buffers, page_buffer_bytes=msg.buffer_bytes)
+        report = budget_report(msg.kv_bytes_per_token, self.settings.kv_disk_budget_bytes)
+        self.log.info("kv.budget", **report)
+        print(f"switchyard: KV disk budget {format_size(report['budget_bytes'])} = "
+              f"{report['budget_tokens']:,} tokens = {report['budget_conversations']} "
+              f"conversations of {report['conversation_tokens']:,} tokens "
+              f"({msg.kv_bytes_per_token:,} bytes/token); size it with "
+              f"`switchyard cache plan`", flush=True)
 
     # --- time ------------------------------------------------------------------------------
 
@@ -171,15 +231,11 @@ class SchedulerService:
             self.kvstore_ready = False
 
     def _fail_everything(self, reason: str, now: float) -> None:
-        for rid in list(self.core.requests):
-            self.core.cancel(rid, now)
+        rids = list(self.core.requests)
+        self.core.abort_all(now)
+        for rid in rids:
             self._send(ROLE_GATEWAY, RequestFailed(rid, "component_restarted", reason, True,
                                                    self.settings.heartbeat_s * 2))
-
-    def log_finished(self) -> None:
-        for rec in self.core.finished:
-            self.log.info("request.finished", **dataclasses.asdict(rec))
-        self.core.finished.clear()
 
     # --- loop ------------------------------------------------------------------------------
 
@@ -188,7 +244,7 @@ class SchedulerService:
                       slots=self.settings.slots, ctx=self.settings.ctx)
         next_heartbeat = 0.0
         while not stop.requested:
-            now = time.monotonic()
+            now = time.time()
             if now >= next_heartbeat:
                 self._heartbeat()
                 self.check_peers(now)
@@ -206,12 +262,10 @@ class SchedulerService:
                         self.log.error("peer.bad_frame", peer=identity.decode(errors="replace"),
                                        error=str(exc))
                         continue
-                    self.handle(identity.decode(), msg, time.monotonic())
+                    self.handle(identity.decode(), msg, time.time())
             if self.worker_ready:
-                plan = self.core.plan_step(time.monotonic())
-                if plan is not None and not self._send(ROLE_WORKER, plan):
-                    self.core.inflight = None  # not delivered; planned again next round
-            self.log_finished()
+                self.core.plan_step(time.time())
+            self.flush()
 
     def close(self) -> None:
         self.sock.close(0)

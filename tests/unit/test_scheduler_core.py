@@ -22,8 +22,9 @@ def make_core(**kw):
 
 
 def submit(core, rid, prompt, max_tokens=3, priority="interactive", now=0.0):
-    return core.submit(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(),
-                                     (EOS,), priority), now)
+    core.submit(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (EOS,),
+                              priority), now)
+    return core.take_outbox()
 
 
 class ScriptedWorker:
@@ -36,13 +37,14 @@ class ScriptedWorker:
     def step(self, now=1.0):
         plan = self.core.plan_step(now)
         if plan is None:
-            return None, []
+            return None, self.core.take_outbox()
         self.steps.append(plan)
         sampled = tuple(SampledToken(d.slot, self.next_token(d.slot, d.position))
                         for d in plan.decodes)
         done = StepDone(plan.step, sampled, sum(len(c.token_ids) for c in plan.prefills),
                         len(plan.decodes), 0.001)
-        return plan, self.core.step_done(done, now)
+        self.core.step_done(done, now)
+        return plan, self.core.take_outbox()
 
     def run(self, max_steps=1000):
         out = []
@@ -170,11 +172,15 @@ def test_cancel_waiting_and_running():
     submit(core, "run", range(1, 10), max_tokens=100)
     submit(core, "wait", range(20, 30))
     w.step()
-    [c] = core.cancel("wait", 1.0)
+    core.cancel("wait", 1.0)
+    [c] = core.take_outbox()
     assert c.finish_reason == "cancelled"
     plan = core.plan_step(1.0)
-    assert core.cancel("run", 1.0) == []  # finishes when the step comes back
-    msgs = core.step_done(StepDone(plan.step, (SampledToken(0, 5),), 0, 1, 0.0), 1.0)
+    core.take_outbox()
+    core.cancel("run", 1.0)
+    assert core.take_outbox() == []  # finishes when the step comes back
+    core.step_done(StepDone(plan.step, (SampledToken(0, 5),), 0, 1, 0.0), 1.0)
+    msgs = core.take_outbox()
     assert finished(msgs)["run"].finish_reason == "cancelled"
     assert core.slots[0].rid is None and core.slots[0].tokens  # pages stay cached
 

@@ -1,0 +1,250 @@
+"""What the scheduler knows about KV pages beyond the slots: disk, buffers, writes in flight.
+
+Pure bookkeeping, no I/O: the core asks it what to stage and where pages are, and it queues
+the kvstore commands (`WritePages`, `DeletePages`, `TouchPages`) in `outbox`.
+
+Write-through (DESIGN.md "KV pages"): every full page of every slot is staged into a shared
+buffer at the start of the step after it filled, then written by kvstore, so a conversation
+that leaves its slot needs no write at that moment. Eviction happens when pages are written:
+the budget is never exceeded, and what goes is chosen by `scheduler.eviction` (F2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proto.messages import (
+    AttachBuffers,
+    DeletePages,
+    PageInfo,
+    PagesWritten,
+    PageWrite,
+    StagePage,
+    TouchPages,
+    WritePages,
+)
+from proto.page_ids import ROOT_ID, chain_page_ids
+from proto.shm import BufferAllocator
+from scheduler.eviction import plan_eviction
+from scheduler.page_tree import DiskPageTree
+from scheduler.requests import Slot
+
+FLAG_RECURRENT_STATE = 1
+# Header bytes per page file, an upper bound for budget arithmetic (P=256 needs 1152).
+_HEADER_ALLOWANCE = 4096
+# After the disk refused pages (full, read-only), try persisting again this much later.
+_RETRY_WRITES_S = 60.0
+
+
+@dataclass
+class _Pending:
+    write: PageWrite
+    nbytes: int
+
+
+class PageCache:
+    def __init__(self, page_size: int, budget_bytes: int, protect_window_s: float):
+        self.page_size = page_size
+        self.budget_bytes = budget_bytes
+        self.protect_window_s = protect_window_s
+        self.namespace = b""
+        self.tree = DiskPageTree()
+        self.state_pages: set[bytes] = set()
+        self.staged: dict[bytes, _Pending] = {}   # staged by the step in flight
+        self.writing: dict[bytes, _Pending] = {}  # sent to kvstore, not yet written
+        self.allocator: BufferAllocator | None = None
+        self.pool: AttachBuffers | None = None
+        self.state_bytes = 0
+        self.kvstore_attached = False
+        self.writes_paused_until = 0.0
+        self.outbox: list = []
+        self.events: list[tuple[str, dict]] = []
+        self.num_evicted = 0
+        self.num_thrash = 0
+
+    # --- peers -----------------------------------------------------------------------------
+
+    def worker_ready(self, namespace: bytes, shm_name: str, num_buffers: int,
+                     buffer_bytes: int, state_bytes: int) -> None:
+        """A worker (re)started with a new buffer pool: what used the old one is forgotten."""
+        self.namespace = namespace
+        self.staged.clear()
+        self.writing.clear()
+        self.state_bytes = state_bytes
+        if not shm_name:
+            self.allocator, self.pool = None, None
+            return
+        self.allocator = BufferAllocator(num_buffers)
+        self.pool = AttachBuffers(shm_name, num_buffers, buffer_bytes, namespace)
+        if self.kvstore_attached:
+            self.outbox.append(self.pool)
+
+    def kvstore_restarted(self) -> None:
+        self.kvstore_attached = False
+        for pending in self.writing.values():
+            self._release([pending.write.buffer])
+        self.writing.clear()
+
+    def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float) -> None:
+        # Foreign pages join the tree too: they never match, and age out like any other.
+        self.tree = DiskPageTree.from_inventory(pages)
+        self.state_pages = {p.page_id for p in pages if p.flags & FLAG_RECURRENT_STATE}
+        self.kvstore_attached = True
+        if not writable:
+            self.writes_paused_until = now + _RETRY_WRITES_S
+
+    def attach_message(self) -> AttachBuffers | None:
+        return self.pool
+
+    # --- queries ---------------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.namespace) and self.allocator is not None and self.kvstore_attached
+
+    def chain(self, tokens) -> list[bytes]:
+        return chain_page_ids(self.namespace, tokens, self.page_size) if self.namespace else []
+
+    def sync_slot(self, slot: Slot) -> None:
+        """Extend the slot's page ids to cover its full pages (truncation already cut them)."""
+        full = len(slot.tokens) // self.page_size
+        have = len(slot.page_ids)
+        if self.namespace and have < full:
+            parent = slot.page_ids[-1] if have else ROOT_ID
+            slot.page_ids += chain_page_ids(
+                self.namespace, slot.tokens[have * self.page_size:full * self.page_size],
+                self.page_size, parent)
+
+    def disk_prefix(self, chain: list[bytes], trimmable: bool) -> int:
+        """Pages of `chain` restorable from disk, from the start (hybrid: to a state page)."""
+        if not self.enabled:
+            return 0
+        n = self.tree.longest_prefix(chain)
+        if not trimmable:
+            while n and chain[n - 1] not in self.state_pages:
+                n -= 1
+        return n
+
+    def persisted_tokens(self, slot: Slot, from_token: int) -> int:
+        """Tokens of `slot` past `from_token` whose pages are on disk (restorable later)."""
+        first = from_token // self.page_size
+        return sum(self.page_size for pid in slot.page_ids[first:] if pid in self.tree)
+
+    def page_file_bytes(self, with_state: bool) -> int:
+        if self.pool is None:
+            return 0
+        payload = self.pool.buffer_bytes - (0 if with_state else self.state_bytes)
+        return payload + _HEADER_ALLOWANCE
+
+    # --- buffers ---------------------------------------------------------------------------
+
+    def acquire(self, n: int) -> list[int] | None:
+        return self.allocator.acquire(n) if self.allocator else None
+
+    def _release(self, buffers) -> None:
+        if self.allocator is not None:
+            self.allocator.release(buffers)
+
+    def release(self, buffers) -> None:
+        self._release(buffers)
+
+    # --- write-through ---------------------------------------------------------------------
+
+    def plan_stages(self, slots: list[Slot], trimmable: bool, state_points, now: float
+                    ) -> list[StagePage]:
+        """Stage every full page not yet on disk or on its way there, while buffers last.
+
+        `state_points(slot)` gives the page ends where a hybrid model should snapshot its
+        recurrent state; the state exists only at the slot's current end.
+        """
+        if not self.enabled or now < self.writes_paused_until:
+            return []
+        stages = []
+        P = self.page_size
+        for slot in slots:
+            self.sync_slot(slot)
+            for k in range(slot.num_persisted, len(slot.page_ids)):
+                pid = slot.page_ids[k]
+                if pid in self.tree or pid in self.staged or pid in self.writing:
+                    if k == slot.num_persisted:
+                        slot.num_persisted += 1
+                    continue
+                end = (k + 1) * P
+                with_state = (not trimmable and end == len(slot.tokens)
+                              and end in state_points(slot))
+                if not trimmable and not with_state and end == len(slot.tokens):
+                    continue  # maybe a snapshot point later; staged when the slot moves on
+                buffers = self.acquire(1)
+                if buffers is None:
+                    return stages
+                parent = slot.page_ids[k - 1] if k else ROOT_ID
+                write = PageWrite(pid, parent, tuple(slot.tokens[k * P:end]), buffers[0],
+                                  FLAG_RECURRENT_STATE if with_state else 0)
+                self.staged[pid] = _Pending(write, self.page_file_bytes(with_state))
+                stages.append(StagePage(slot.index, k * P, buffers[0], with_state))
+        return stages
+
+    def staged_done(self, now: float, pinned: set[bytes]) -> None:
+        """The step that staged pages finished: make room on disk, then hand them to kvstore."""
+        if not self.staged:
+            return
+        pending, self.staged = list(self.staged.values()), {}
+        incoming = sum(p.nbytes for p in pending)
+        plan = plan_eviction(self.tree, self.budget_bytes, incoming, now,
+                             self.protect_window_s, pinned=pinned)
+        if plan.page_ids:
+            for pid in plan.page_ids:
+                self.tree.remove(pid)
+                self.state_pages.discard(pid)
+            self.num_evicted += len(plan.page_ids)
+            self.outbox.append(DeletePages(tuple(plan.page_ids)))
+            self.events.append(("kv.evicted", {"num_pages": len(plan.page_ids),
+                                               "freed_bytes": plan.freed_bytes}))
+        if plan.thrash is not None:
+            self.num_thrash += 1
+            self.events.append(("kv.thrash", {
+                "num_protected_evicted": plan.thrash.num_protected_evicted,
+                "working_set_bytes": plan.thrash.working_set_bytes,
+                "budget_bytes": plan.thrash.budget_bytes,
+                "suggested_budget_bytes": plan.thrash.suggested_budget_bytes,
+                "advice": "raise --kv-disk-budget to the suggested size"}))
+        if not plan.fits:
+            self._release([p.write.buffer for p in pending])
+            self.events.append(("kv.budget_exhausted", {"num_pages_skipped": len(pending),
+                                                        "budget_bytes": self.budget_bytes}))
+            return
+        for p in pending:
+            self.writing[p.write.page_id] = p
+        self.outbox.append(WritePages(tuple(p.write for p in pending),
+                                      payload_bytes=self.pool.buffer_bytes - self.state_bytes,
+                                      state_bytes=self.state_bytes))
+
+    def pages_written(self, msg: PagesWritten, now: float) -> None:
+        for info in msg.written:
+            pending = self.writing.pop(info.page_id, None)
+            if pending is not None:
+                self._release([pending.write.buffer])
+            self.tree.add(info.page_id, info.parent_id, info.nbytes, info.last_used)
+            if info.flags & FLAG_RECURRENT_STATE:
+                self.state_pages.add(info.page_id)
+        for pid in msg.failed:
+            pending = self.writing.pop(pid, None)
+            if pending is not None:
+                self._release([pending.write.buffer])
+        if msg.error:
+            self.writes_paused_until = now + _RETRY_WRITES_S
+            self.events.append(("kv.persistence_off", {"error": msg.error,
+                                                       "retry_in_s": _RETRY_WRITES_S}))
+
+    def touch(self, chain: list[bytes], now: float) -> None:
+        on_disk = [pid for pid in chain if pid in self.tree]
+        if on_disk:
+            self.tree.touch(on_disk, now)
+            self.outbox.append(TouchPages(tuple(on_disk)))
+
+    def forget(self, page_ids) -> None:
+        """Pages kvstore could not read back (gone or corrupt, and removed)."""
+        for pid in page_ids:
+            if pid in self.tree:
+                self.tree.remove(pid)
+            self.state_pages.discard(pid)

@@ -1,0 +1,272 @@
+"""The scheduler core with pages: write-through, restore, copy, eviction — no sockets, no MLX.
+
+A scripted worker applies each step plan to mirrored slot contents and a scripted kvstore
+keeps pages in a dict, so every message the core sends is checked against what it claims.
+"""
+
+from proto.messages import (
+    DeletePages,
+    PageInfo,
+    PagesRead,
+    PagesWritten,
+    ReadPages,
+    RequestFinished,
+    RunStep,
+    SampledToken,
+    SamplingParams,
+    SlotContents,
+    StepDone,
+    SubmitRequest,
+    TokensGenerated,
+    TouchPages,
+    WritePages,
+)
+from scheduler.core import CoreConfig, SchedulerCore
+
+P = 16
+NS = b"n" * 16
+EOS = 0
+
+
+class Group:
+    """The core plus scripted worker and kvstore peers, driven step by step."""
+
+    def __init__(self, num_slots=1, budget_pages=10_000, trimmable=True, num_buffers=64,
+                 prefill_chunk=64, missing=()):
+        self.core = SchedulerCore(CoreConfig(
+            num_slots=num_slots, ctx=8192, prefill_chunk=prefill_chunk, max_queue=16,
+            trimmable=trimmable, page_size=P, disk_budget_bytes=budget_pages * (100 + 4096),
+            state_interval=4 * P))
+        self.core.pages.kvstore_inventory((), True, 0.0)
+        self.core.worker_restarted((), NS, "shm", num_buffers, 100, 10 if not trimmable else 0)
+        self.slots = [[] for _ in range(num_slots)]  # what the worker holds
+        self.buffers = {}  # buffer -> (slot tokens staged, with_state)
+        self.disk = {}  # page_id -> PageInfo
+        self.missing = set(missing)
+        self.steps: list[RunStep] = []
+        self.msgs = []
+        self.now = 1000.0
+
+    def submit(self, rid, prompt, max_tokens=4):
+        self.core.submit(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (EOS,),
+                                       "interactive"), self.now)
+
+    def _worker(self, plan: RunStep):
+        for st in plan.stages:
+            assert len(self.slots[st.slot]) >= st.start + P
+            if st.with_state:
+                assert len(self.slots[st.slot]) == st.start + P, "state exists only at the end"
+            self.buffers[st.buffer] = (tuple(self.slots[st.slot][st.start:st.start + P]),
+                                       st.with_state)
+        for cp in plan.copies:
+            self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
+        for ld in plan.loads:
+            assert len(self.slots[ld.slot]) >= ld.start
+            self.slots[ld.slot] = self.slots[ld.slot][:ld.start]
+            for b in ld.buffers:
+                self.slots[ld.slot] += list(self.buffers[b][0])
+            assert self.slots[ld.slot][ld.start:] == list(ld.token_ids)
+        sampled = []
+        for d in plan.decodes:
+            assert len(self.slots[d.slot]) >= d.position
+            self.slots[d.slot] = self.slots[d.slot][:d.position] + [d.token_id]
+            sampled.append(SampledToken(d.slot, 3000 + d.position))
+        for c in plan.prefills:
+            assert len(self.slots[c.slot]) >= c.start
+            self.slots[c.slot] = self.slots[c.slot][:c.start] + list(c.token_ids)
+        return StepDone(plan.step, tuple(sampled), 0, len(plan.decodes), 0.0)
+
+    def _kvstore(self, msg):
+        if isinstance(msg, WritePages):
+            infos = []
+            for w in msg.writes:
+                assert self.buffers[w.buffer][0] == w.token_ids
+                infos.append(PageInfo(w.page_id, w.parent_id, NS, P, 4096 + 100, self.now,
+                                      w.flags))
+                self.disk[w.page_id] = infos[-1]
+            self.core.pages_written(PagesWritten(tuple(infos), (), tuple(
+                w.buffer for w in msg.writes)), self.now)
+        elif isinstance(msg, ReadPages):
+            ok, missing = [], []
+            for r in msg.reads:
+                if r.page_id in self.disk and r.page_id not in self.missing:
+                    ok.append(r.page_id)
+                    self.buffers[r.buffer] = (r.token_ids, False)
+                else:
+                    missing.append(r.page_id)
+                    self.disk.pop(r.page_id, None)
+            self.core.pages_read(PagesRead(tuple(ok), tuple(missing)), self.now)
+        elif isinstance(msg, DeletePages):
+            for pid in msg.page_ids:
+                del self.disk[pid]
+
+    def pump(self):
+        """Deliver queued messages until quiet; returns True if anything was delivered."""
+        delivered = False
+        while True:
+            out = self.core.take_outbox()
+            if not out:
+                return delivered
+            delivered = True
+            for msg in out:
+                self.msgs.append(msg)
+                if isinstance(msg, RunStep):
+                    self.steps.append(msg)
+                    self.core.step_done(self._worker(msg), self.now)
+                elif isinstance(msg, (WritePages, ReadPages, DeletePages, TouchPages)):
+                    self._kvstore(msg)
+
+    def run(self, limit=2000):
+        for _ in range(limit):
+            self.now += 1.0
+            self.core.plan_step(self.now)
+            if not self.pump():
+                return
+        raise AssertionError("did not settle")
+
+    def finished(self, rid):
+        return next(m for m in self.msgs if isinstance(m, RequestFinished) and m.rid == rid)
+
+    def reply(self, rid):
+        return [t for m in self.msgs if isinstance(m, TokensGenerated) and m.rid == rid
+                for t in m.token_ids]
+
+    def prefilled_in(self, since):
+        return sum(len(c.token_ids) for s in self.steps[since:] for c in s.prefills)
+
+
+def conv(seed, n):
+    return [100 + (seed * 7919 + i * 31) % 2000 for i in range(n)]
+
+
+def test_full_pages_are_written_through():
+    g = Group()
+    g.submit("a", conv(1, 5 * P + 3))
+    g.run()
+    assert len(g.disk) == 5  # 5 full pages of the prompt (the partial tail is not stored)
+    assert g.core.pages.tree.total_bytes == 5 * (4096 + 100)
+    assert g.core.pages.allocator.num_free == 64, "every buffer comes back"
+
+
+def test_switching_turns_prefill_only_new_tokens():
+    """One slot, A and B alternating with growing history: every turn after the first of
+    each conversation prefills only its new tokens plus at most one partial page (F4)."""
+    g = Group(num_slots=1)
+    hist = {"A": conv(1, 6 * P + 5), "B": conv(2, 7 * P + 9)}
+    for turn in range(8):
+        name = "AB"[turn % 2]
+        rid = f"{name}{turn}"
+        before = len(g.steps)
+        new = len(hist[name]) - (0 if turn < 2 else prev_len[name])
+        g.submit(rid, hist[name])
+        g.run()
+        fin = g.finished(rid)
+        if turn >= 2:
+            assert g.prefilled_in(before) <= new + P, (turn, g.prefilled_in(before), new)
+            assert fin.num_cached_tokens >= len(hist[name]) - new - P
+        prev_len = locals().get("prev_len", {})
+        prev_len[name] = len(hist[name]) + len(g.reply(rid))
+        # next turn: the reply, then a ~tool result of 3 pages
+        hist[name] = hist[name] + g.reply(rid) + conv(10 + turn, 3 * P + 1)
+
+
+def test_restore_reads_then_loads_before_prefill():
+    g = Group(num_slots=1)
+    a = conv(1, 4 * P + 2)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b1", conv(2, 3 * P))
+    g.run()
+    g.submit("a2", a + g.reply("a1") + [5, 6, 7])
+    before = len(g.steps)
+    g.run()
+    first = g.steps[before]
+    assert first.loads and not first.prefills, "restore completes before any prefill"
+    assert first.loads[0].start == 0 and len(first.loads[0].buffers) == 4
+    reads = [m for m in g.msgs if isinstance(m, ReadPages)]
+    assert len(reads) == 1 and len(reads[0].reads) == 4
+    assert g.finished("a2").num_cached_tokens == 4 * P
+
+
+def test_missing_page_falls_back_to_prefill():
+    g = Group(num_slots=1)
+    a = conv(1, 4 * P + 2)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b1", conv(2, 3 * P))
+    g.run()
+    third = g.core.pages.chain(a)[2]
+    g.missing.add(third)
+    g.submit("a2", a + [9])
+    g.run()
+    assert g.finished("a2").num_cached_tokens == 2 * P  # pages 0 and 1 loaded, rest prefilled
+    # The missing page was forgotten, re-prefilled, and written again by write-through.
+    assert third in g.core.pages.tree and third in g.disk
+
+
+def test_shared_prefix_is_copied_into_the_empty_slot():
+    """F3 with pages: B shares A's system prompt, goes to the empty slot, copies it."""
+    g = Group(num_slots=2)
+    system = conv(9, 5 * P)
+    g.submit("a", system + conv(1, 40))
+    g.run()
+    before = len(g.steps)
+    g.submit("b", system + conv(2, 30))
+    g.run()
+    step = g.steps[before]
+    assert step.copies and step.copies[0].num_tokens == len(system)
+    assert step.copies[0].dst_slot != step.copies[0].src_slot
+    assert g.prefilled_in(before) == 29
+    assert g.finished("b").num_cached_tokens == len(system)
+
+
+def test_budget_is_never_exceeded_and_lru_tail_goes_first():
+    g = Group(num_slots=1, budget_pages=12)
+    system = conv(9, 2 * P)
+    a, b = system + conv(1, 4 * P + 1), system + conv(2, 4 * P + 1)
+    g.submit("a", a)
+    g.run()
+    g.submit("b", b)
+    g.run()
+    assert len(g.disk) == 10
+    g.submit("c", system + conv(3, 4 * P + 1))
+    g.run()
+    assert g.core.pages.tree.total_bytes <= 12 * (4096 + 100)
+    chain_a, chain_b = g.core.pages.chain(a), g.core.pages.chain(b)
+    assert all(pid in g.disk for pid in chain_a[:2]), "the shared system prompt survives"
+    assert chain_a[-1] not in g.disk, "the least recently used conversation loses its tail"
+    assert all(pid in g.disk for pid in chain_b), "the more recent conversation is kept"
+
+
+def test_hybrid_restores_only_to_state_snapshots():
+    g = Group(num_slots=1, trimmable=False)
+    a = conv(1, 6 * P + 3)
+    g.submit("a1", a, max_tokens=2)
+    g.run()
+    with_state = {m.page_id for m in g.disk.values() if m.flags}
+    chain = g.core.pages.chain(a)
+    # snapshots at every 4 pages (state_interval) and at the last page end of the context
+    assert chain[3] in with_state and chain[5] in with_state
+    g.submit("b1", conv(2, 2 * P))
+    g.run()
+    before = len(g.steps)
+    g.submit("a2", a + g.reply("a1") + [7])
+    g.run()
+    load = next(s for s in g.steps[before:] if s.loads).loads[0]
+    assert load.with_state and load.start == 0 and len(load.buffers) == 6
+
+
+def test_scheduler_restart_rebuilds_from_inventory():
+    g = Group(num_slots=1)
+    a = conv(1, 4 * P + 2)
+    g.submit("a1", a)
+    g.run()
+    pages = tuple(g.disk.values())
+    fresh = SchedulerCore(g.core.config)
+    fresh.pages.kvstore_inventory(pages, True, g.now)
+    fresh.worker_restarted((SlotContents(0, ()),), NS, "shm", 64, 100, 0)
+    g.core = fresh
+    g.slots = [[]]
+    g.submit("a2", a + [4])
+    g.run()
+    assert g.finished("a2").num_cached_tokens == 4 * P
