@@ -51,6 +51,8 @@ from proto.settings import Settings, format_size
 from proto.sockets import bind_router, send_to
 from scheduler.core import CoreConfig, SchedulerCore
 from scheduler.eviction import budget_report
+from scheduler.stats import SchedulerStats
+from scheduler.status import build_status, write_status
 
 # Where each outgoing message type goes.
 _DESTINATION = {
@@ -85,7 +87,10 @@ class SchedulerService:
             disk_budget_bytes=settings.kv_disk_budget_bytes,
             protect_window_s=settings.kv_protect_hours * 3600,
             state_interval=settings.state_interval))
+        self.started_at = time.time()
+        self.stats = SchedulerStats()
         self.peer_boot: dict[str, str] = {}
+        self.peer_pid: dict[str, int] = {}
         self.last_seen: dict[str, float] = {}
         self.worker_boot_synced: str | None = None
         self.worker_down_since: float | None = time.time()
@@ -113,6 +118,8 @@ class SchedulerService:
     def flush(self) -> None:
         """Send what the core queued, each message to its peer; log what it recorded."""
         for msg in self.core.take_outbox():
+            if isinstance(msg, RequestFailed):
+                self.stats.request_failed(msg.code)
             if not self._send(_DESTINATION[type(msg)], msg) and isinstance(msg, RunStep):
                 self.core.inflight = None  # not delivered; planned again next round
         for event, fields in self.core.pages.events:
@@ -120,7 +127,9 @@ class SchedulerService:
                                            "kv.budget_exhausted") else "info"
             getattr(self.log, level)(event, **fields)
         self.core.pages.events.clear()
+        now = time.time()
         for rec in self.core.finished:
+            self.stats.request_finished(rec, now)
             self.log.info("request.finished", **dataclasses.asdict(rec))
         self.core.finished.clear()
 
@@ -145,6 +154,7 @@ class SchedulerService:
             self.core.cancel(msg.rid, now)
         elif isinstance(msg, StepDone):
             self.core.step_done(msg, now)
+            self.stats.step_done(msg.duration_s)
             self.log.debug("step.finished", step=msg.step, batch=msg.num_decode_tokens,
                            num_prefill_tokens=msg.num_prefill_tokens,
                            step_ms=round(msg.duration_s * 1e3, 2))
@@ -169,6 +179,9 @@ class SchedulerService:
         if previous == msg.boot_id:
             return
         self.peer_boot[role] = msg.boot_id
+        self.peer_pid[role] = msg.pid
+        if previous is not None:
+            self.stats.restarts[role] += 1
         self.log.info("peer.connected", peer=role, peer_boot_id=msg.boot_id, peer_pid=msg.pid,
                       restarted=previous is not None)
         if role == ROLE_GATEWAY and previous is not None:
@@ -234,8 +247,12 @@ class SchedulerService:
         rids = list(self.core.requests)
         self.core.abort_all(now)
         for rid in rids:
+            self.stats.request_failed("component_restarted")
             self._send(ROLE_GATEWAY, RequestFailed(rid, "component_restarted", reason, True,
                                                    self.settings.heartbeat_s * 2))
+
+    def write_status(self) -> None:
+        write_status(self.endpoints.status_file, build_status(self, time.time()))
 
     # --- loop ------------------------------------------------------------------------------
 
@@ -248,6 +265,7 @@ class SchedulerService:
             if now >= next_heartbeat:
                 self._heartbeat()
                 self.check_peers(now)
+                self.write_status()
                 next_heartbeat = now + self.settings.heartbeat_s
             timeout_ms = max(0, int((next_heartbeat - now) * 1000))
             if self.sock.poll(timeout_ms):
@@ -268,6 +286,7 @@ class SchedulerService:
             self.flush()
 
     def close(self) -> None:
+        self.endpoints.status_file.unlink(missing_ok=True)
         self.sock.close(0)
         self.ctx.term()
         self.log.info("scheduler.stopped")
