@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from deploy.cache_cli import add_cache_parser, run_cache
 from deploy.supervisor import ROLES, Supervisor
 from proto.endpoints import Endpoints, RuntimeDirError
 from proto.settings import Settings, SettingsError, add_arguments, format_size, from_namespace
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one component in the foreground")
     run.add_argument("role", choices=ROLES)
     add_arguments(run)
+    add_cache_parser(sub)
     return parser
 
 
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command == "cache":
+        return run_cache(args)
     try:
         settings = from_namespace(args)
     except SettingsError as exc:

@@ -156,8 +156,8 @@ class PageStore:
 
     def pages(self) -> list[PageInfo]:
         """The inventory, as the scheduler receives it."""
-        return [PageInfo(pid, e.parent_id, e.namespace, e.num_tokens, e.nbytes, e.last_used)
-                for pid, e in self._index.items()]
+        return [PageInfo(pid, e.parent_id, e.namespace, e.num_tokens, e.nbytes, e.last_used,
+                         e.flags) for pid, e in self._index.items()]
 
     def _add(self, page_id: bytes, entry: IndexEntry) -> None:
         self._drop(page_id)
@@ -422,6 +422,33 @@ class PageStore:
             num_corrupt_removed=self.num_corrupt_removed,
             num_temp_removed=self.num_temp_removed,
         )
+
+
+def read_entries(root: Path) -> tuple[list[IndexEntry], int]:
+    """Every readable page's index entry, and the number of unreadable files, changing nothing.
+
+    For `switchyard cache stats` while a daemon may be writing: no temp file or bad page is
+    removed here (the daemon's scan does that).
+    """
+    entries, num_bad = [], 0
+    for ns_dir in _subdirs(Path(root)):
+        for shard in _subdirs(ns_dir):
+            for path in shard.glob(f"*{PAGE_SUFFIX}"):
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    num_bad += 1
+                    continue
+                try:
+                    header, st = _read_header_fd(fd)
+                    entries.append(IndexEntry(header.namespace, header.parent_id,
+                                              header.num_tokens, st.st_size, st.st_mtime, path,
+                                              header.flags))
+                except (CorruptPage, OSError):
+                    num_bad += 1
+                finally:
+                    os.close(fd)
+    return entries, num_bad
 
 
 class _BufferTooSmall(Exception):

@@ -1,0 +1,41 @@
+"""`switchyard cache plan` and `cache stats` on a tiny model and a real page directory."""
+
+import json
+
+from deploy.cli import main
+from kvstore.store import PageStore
+from proto.page_ids import ROOT_ID, make_namespace
+
+
+def test_cache_plan_sizes_linearly(tiny_model_dir, capsys):
+    model = str(tiny_model_dir("qwen3"))
+    assert main(["cache", "plan", "--model", model, "--conversations", "1",
+                 "--tokens", "100000"]) == 0
+    one = capsys.readouterr().out
+    assert "4,096 bytes" in one  # 4 layers x 2 kv heads x 64 dims x (K+V) x float32
+    assert main(["cache", "plan", "--model", model, "--conversations", "10",
+                 "--tokens", "100000"]) == 0
+    ten = capsys.readouterr().out
+    assert "budget needed    3.8 GiB for 10 conversations" in ten
+    assert "--kv-disk-budget 4GiB" in ten
+
+
+def test_cache_plan_rejects_bad_numbers(capsys):
+    assert main(["cache", "plan", "--conversations", "0", "--tokens", "5"]) == 2
+
+
+def test_cache_stats_reads_without_changing(tmp_path, capsys):
+    store = PageStore(tmp_path, sync=False)
+    ns = make_namespace("m")
+    store.write(ns, ROOT_ID, list(range(16)), b"x" * 1000)
+    (tmp_path / "junk.tmp").write_text("left by a crash")
+    assert main(["cache", "stats", "--kv-dir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["num_pages"] == 1 and report["num_tokens"] == 16
+    assert list(report["namespaces"]) == [ns.hex()]
+    assert (tmp_path / "junk.tmp").exists()
+
+
+def test_cache_stats_without_directory(tmp_path, capsys):
+    assert main(["cache", "stats", "--kv-dir", str(tmp_path / "none")]) == 1
+    assert "no page directory" in capsys.readouterr().out
