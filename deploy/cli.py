@@ -3,6 +3,8 @@
     switchyard serve [settings flags]          the whole group under one supervisor
     switchyard run ROLE [settings flags]       one component in the foreground (launchd/systemd,
                                                and what `serve` starts for each child)
+    switchyard status [--json]                 slots, queue, disk cache, components (deploy.status)
+    switchyard launchd|systemd ACTION          service units per component (deploy.service_cli)
 
 Settings come from proto.settings (defaults < --config TOML < flags). Exit codes: 0 after a stop
 signal, 1 when a component kept crashing (or crashed, for `run`), 2 for bad settings or usage
@@ -20,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from deploy import service_cli
+from deploy import status as status_cli
 from deploy.cache_cli import add_cache_parser, run_cache
 from deploy.supervisor import ROLES, Supervisor
 from proto.endpoints import Endpoints, RuntimeDirError
@@ -44,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("role", choices=ROLES)
     add_arguments(run)
     add_cache_parser(sub)
+    status_cli.add_parser(sub)
+    service_cli.add_parsers(sub)
     return parser
 
 
@@ -63,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         return _usage_error(f"invalid setting: {exc}")
     if args.command == "serve":
         return serve(settings)
+    if args.command == "status":
+        return status_cli.main(args, settings)
+    if args.command in service_cli.COMMANDS:
+        return service_cli.main(args, settings)
     return run_component(args.role, settings)
 
 

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import openai_api
+from gateway import dashboard, metrics, openai_api
 from gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord
 from gateway.errors import APIError
 from gateway.prompts import served_model_id
@@ -157,4 +157,6 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
         lifespan=lifespan,
     )
     app.state.gateway = gateway
+    metrics.mount(app, settings)  # GET /metrics, requests counted by endpoint and status
+    dashboard.mount(app, settings)  # GET /dashboard, GET /v1/switchyard/status
     return app

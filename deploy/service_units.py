@@ -1,0 +1,163 @@
+"""What launchd and systemd units share: the command line and environment of each component.
+
+    plan = unit_plan(settings, label_suffix="b")   # I/O: venv, checkout, OpenBLAS, home dir
+    program_arguments(plan, "worker")              # pure from here on
+    environment(plan, "worker")
+
+Every component runs as `switchyard run ROLE <settings flags>` from the virtual environment
+that renders the units (its `switchyard` script, or `python -m deploy.cli` in a source
+checkout that is not installed). The flags are the settings that differ from the defaults,
+with the runtime, KV and cache directories made absolute, so all four components agree on them
+whatever environment the service manager gives them. `--config` files are read at render time:
+re-render (install again) after changing one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.supervisor import ROLES  # noqa: F401  (start order; re-exported)
+from proto.settings import Settings
+
+_SUFFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+
+
+class UnitError(ValueError):
+    """Bad arguments for rendering units (exit 2)."""
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    """Everything the unit files depend on, resolved; rendering is a pure function of it."""
+
+    settings: Settings  # directories absolute
+    command: tuple[str, ...]  # `switchyard`, or python -m deploy.cli
+    working_dir: str
+    home: str
+    label_suffix: str = ""
+    env: tuple[tuple[str, str], ...] = ()  # every component
+    worker_env: tuple[tuple[str, str], ...] = ()  # the worker only (LD_PRELOAD of OpenBLAS)
+
+
+def check_suffix(suffix: str) -> str:
+    if suffix and not _SUFFIX_RE.fullmatch(suffix):
+        raise UnitError(f"--label-suffix {suffix!r}: use up to 32 letters, digits, '-' or '_'")
+    return suffix
+
+
+def settings_flags(settings: Settings) -> list[str]:
+    """Flags for the settings that differ from the defaults, in schema order."""
+    defaults = Settings()
+    args: list[str] = []
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if value == getattr(defaults, f.name):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def program_arguments(plan: UnitPlan, role: str) -> list[str]:
+    return [*plan.command, "run", role, *settings_flags(plan.settings)]
+
+
+def environment(plan: UnitPlan, role: str) -> dict[str, str]:
+    env = dict(plan.env)
+    if role == "worker":
+        env.update(plan.worker_env)
+    return env
+
+
+def describe(role: str) -> str:
+    return {
+        "gateway": "HTTP gateway (OpenAI API)",
+        "scheduler": "scheduler (admission, slots, KV page index)",
+        "worker": "model worker (MLX, slot KV memory)",
+        "kvstore": "KV page store daemon",
+    }[role]
+
+
+# -- resolution (I/O) ---------------------------------------------------------------------------
+
+def concrete(settings: Settings) -> Settings:
+    """Directories absolute and an existing model path resolved (as `switchyard serve` does)."""
+    from deploy.cli import with_concrete_paths
+
+    return with_concrete_paths(settings)
+
+
+def project_root() -> Path | None:
+    """The source checkout this code runs from, if it is one."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").exists() else None
+
+
+def launcher(python: str | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The command that starts `switchyard`, and the environment it needs.
+
+    The venv's interpreter path is kept as it is (not resolved): a venv's python is a symlink
+    and resolving it would leave the venv."""
+    python = python or sys.executable
+    script = Path(python).parent / "switchyard"
+    if script.exists():
+        return (str(script),), {}
+    root = project_root()
+    env = {"PYTHONPATH": str(root)} if root else {}
+    return (python, "-m", "deploy.cli"), env
+
+
+def unit_plan(settings: Settings, *, label_suffix: str = "", extra_env: dict[str, str] | None = None,
+              python: str | None = None, home: str | None = None,
+              openblas: Path | None = None, linux: bool | None = None) -> UnitPlan:
+    from deploy.blas import openblas_path
+
+    if label_suffix and not settings.runtime_dir:
+        raise UnitError("a second group (--label-suffix) needs its own --runtime-dir, and "
+                        "usually its own --port and --kv-dir")
+    command, env = launcher(python)
+    env = {"PYTHONUNBUFFERED": "1", **env, **(extra_env or {})}
+    linux = sys.platform.startswith("linux") if linux is None else linux
+    worker_env = {}
+    lib = openblas if openblas is not None else (openblas_path() if linux else None)
+    if linux and lib is not None:
+        worker_env["LD_PRELOAD"] = str(lib)
+    home = home or str(Path.home())
+    root = project_root()
+    return UnitPlan(settings=concrete(settings), command=command,
+                    working_dir=str(root) if root else home, home=home,
+                    label_suffix=check_suffix(label_suffix), env=tuple(env.items()),
+                    worker_env=tuple(worker_env.items()))
+
+
+def parse_env(pairs: list[str] | None) -> dict[str, str]:
+    env = {}
+    for pair in pairs or ():
+        name, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise UnitError(f"--env {pair!r}: expected NAME=VALUE")
+        env[name] = value
+    return env
+
+
+def write_files(files: dict[str, str], directory: Path) -> list[Path]:
+    """Write rendered files (mode 0600: the flags may hold --api-key)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        path = directory / name
+        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+        written.append(path)
+    return written

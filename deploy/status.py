@@ -1,0 +1,210 @@
+"""`switchyard status [--json] [--runtime-dir DIR]`: what one group is doing now.
+
+Components are found by their pid files in the runtime directory (never by name, DESIGN F10);
+uptimes come from /proc/<pid>/stat on Linux or `ps -o etimes= -p PID` elsewhere. Slots, queue,
+disk usage and counters come from `status.json`, which the scheduler rewrites every heartbeat.
+Exit status: 0 when a group runs there, 1 when none does.
+
+    report = collect(runtime_dir)   # I/O
+    print(format_report(report))    # pure
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from deploy.runtime import pid_alive, read_pid_file
+from deploy.supervisor import ROLES
+from proto.endpoints import Endpoints
+from proto.settings import Settings, format_size
+
+EXIT_NOT_RUNNING = 1
+STALE_AFTER_S = 10.0  # a status.json older than this is reported as stale
+TOKEN_KINDS = ("prompt", "reused", "copied", "restored", "prefilled", "generated")
+
+
+# -- collecting (I/O) ----------------------------------------------------------------------------
+
+def uptime_s(pid: int) -> float | None:
+    """Seconds since `pid` started, or None if that cannot be told."""
+    if sys.platform.startswith("linux"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            boot_uptime = float(Path("/proc/uptime").read_text().split()[0])
+        except (OSError, ValueError):
+            return None
+        start_ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22: starttime
+        return max(0.0, boot_uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    try:
+        out = subprocess.run(["ps", "-o", "etimes=", "-p", str(pid)], capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = out.stdout.strip()
+    return float(text) if text.isdigit() else None
+
+
+def read_snapshot(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def collect(runtime_dir: Path, now: float | None = None) -> dict:
+    endpoints = Endpoints(runtime_dir)
+    components = {}
+    for role in ("supervisor", *ROLES):
+        pid = read_pid_file(endpoints.pid_file(role))
+        alive = pid is not None and pid_alive(pid)
+        components[role] = {"pid": pid, "alive": alive,
+                            "uptime_s": uptime_s(pid) if alive else None}
+    snapshot = read_snapshot(endpoints.status_file)
+    now = time.time() if now is None else now
+    return {"runtime_dir": str(runtime_dir), "at": now,
+            "running": any(c["alive"] for c in components.values()),
+            "components": components, "snapshot": snapshot,
+            "snapshot_age_s": now - snapshot["at"] if snapshot and "at" in snapshot else None}
+
+
+# -- formatting (pure) ---------------------------------------------------------------------------
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(max(0, seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    table = [header, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+
+
+def format_components(report: dict) -> list[str]:
+    snapshot = report.get("snapshot") or {}
+    peers = snapshot.get("peers", {})
+    rows = []
+    for role, info in report["components"].items():
+        if info["pid"] is None:
+            state = "no pid file"
+        else:
+            state = "running" if info["alive"] else "not running (stale pid file)"
+        boot = peers.get(role, {}).get("boot_id") or (
+            snapshot.get("boot_id") if role == "scheduler" else None)
+        rows.append([role, str(info["pid"] or "-"), state, format_duration(info["uptime_s"]),
+                     boot or "-"])
+    return ["components"] + _table(["role", "pid", "state", "up", "boot id"], rows)
+
+
+def format_slots(snapshot: dict, now: float) -> list[str]:
+    rows = []
+    for slot in snapshot.get("slots", []):
+        last = slot.get("last_used")
+        rows.append([str(slot["slot"]), slot.get("state", "?"), slot.get("conversation") or "-",
+                     f"{slot.get('num_tokens', 0):,}",
+                     format_duration(now - last) + " ago" if last else "-",
+                     slot.get("priority") or "-"])
+    return [f"slots ({len(rows)})"] + _table(
+        ["slot", "state", "conversation", "tokens", "last use", "priority"], rows)
+
+
+def format_queue(snapshot: dict) -> list[str]:
+    queue = snapshot.get("queue", [])
+    if not queue:
+        return ["queue: empty"]
+    rows = [[q["rid"], q.get("priority", "?"), f"{q.get('prompt_tokens', 0):,}",
+             f"{q.get('waiting_s', 0.0):.1f}s"] for q in queue]
+    return [f"queue: {len(queue)} waiting"] + _table(
+        ["request", "priority", "prompt tokens", "waiting"], rows)
+
+
+def format_disk(snapshot: dict) -> list[str]:
+    disk = snapshot.get("disk", {})
+    used, budget = disk.get("bytes", 0), disk.get("budget_bytes", 0)
+    share = f" ({100 * used / budget:.1f}%)" if budget else ""
+    line = (f"disk cache: {format_size(used)} of {format_size(budget)} budget{share}, "
+            f"{disk.get('num_pages', 0):,} pages, {disk.get('num_evicted', 0):,} evicted, "
+            f"{disk.get('num_thrash', 0):,} thrash events")
+    if not disk.get("writable", True):
+        line += ", writes paused"
+    return [line]
+
+
+def format_counters(snapshot: dict) -> list[str]:
+    stats = snapshot.get("stats", {})
+    finished = stats.get("requests_finished", {})
+    failed = stats.get("requests_failed", {})
+    tokens = stats.get("tokens", {})
+    ttft = stats.get("ttft", {})
+    lines = [f"requests: {sum(finished.values())} finished"
+             + (f" ({_kv(finished)})" if finished else "")
+             + f", {sum(failed.values())} failed" + (f" ({_kv(failed)})" if failed else "")]
+    lines.append("tokens: " + "  ".join(f"{k} {tokens.get(k, 0):,}" for k in TOKEN_KINDS))
+    if ttft.get("count"):
+        lines.append(f"ttft: mean {ttft['sum'] / ttft['count']:.3f}s over {ttft['count']}")
+    restarts = stats.get("restarts", {})
+    lines.append("restarts seen: " + (_kv(restarts) if restarts else "none"))
+    return lines
+
+
+def _kv(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
+def format_report(report: dict) -> str:
+    where = report["runtime_dir"]
+    if not report["running"]:
+        return (f"no Switchyard group is running in {where} (no live pid files). Start one "
+                f"with `switchyard serve`, or point --runtime-dir at its runtime directory.")
+    lines = [f"Switchyard group in {where}"]
+    lines += format_components(report)
+    snapshot = report.get("snapshot")
+    age = report.get("snapshot_age_s")
+    if snapshot is None:
+        lines.append("no status.json yet: the scheduler writes it every heartbeat")
+        return "\n".join(lines)
+    ready = (f"worker {'ready' if snapshot.get('worker_ready') else 'not ready'}, "
+             f"kvstore {'ready' if snapshot.get('kvstore_ready') else 'not ready'}")
+    stale = " - STALE: is the scheduler running?" if age is not None and age > STALE_AFTER_S else ""
+    lines.append(f"status.json {age or 0:.1f}s old; {ready}{stale}")
+    lines += format_slots(snapshot, report["at"])
+    lines += format_queue(snapshot)
+    lines += format_disk(snapshot)
+    lines += format_counters(snapshot)
+    return "\n".join(lines)
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def add_parser(sub) -> None:
+    from proto.settings import add_arguments
+
+    parser = sub.add_parser("status", help="slots, queue, disk cache and components of a "
+                                           "running group (by --runtime-dir)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_arguments(parser)  # --runtime-dir, or --config with it
+
+
+def main(args, settings: Settings) -> int:
+    report = collect(settings.runtime_path.expanduser().absolute())
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(format_report(report))
+    return 0 if report["running"] else EXIT_NOT_RUNNING

@@ -1,0 +1,290 @@
+"""`GET /metrics`: the group in Prometheus text format.
+
+Two sources, one registry per app:
+
+- the gateway's own counters: HTTP requests by method, endpoint (the route's path template,
+  `other` for unknown paths) and status, and their durations, counted by a middleware that
+  reads the status the request's `request.finished` log line carries;
+- a collector that reads the scheduler's `status.json` (rewritten every heartbeat) on each
+  scrape: TTFT and step-time histograms, tokens by where their KV came from (reused, copied,
+  restored, prefilled) and generated, slot occupancy, queue depth, disk bytes and budget,
+  evictions and thrash events, component restarts the scheduler saw.
+
+The scheduler's counters start from zero when it restarts (Prometheus treats that as a counter
+reset; `switchyard_scheduler_start_time_seconds` changes). When an API key is set, /metrics
+requires it like /v1 does (`Authorization: Bearer KEY` in the scrape config).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.context import RECORD_SCOPE_KEY
+from proto.endpoints import Endpoints
+from proto.settings import Settings
+
+SLOT_STATES = ("idle", "prefilling", "restoring", "decoding")
+PRIORITIES = ("interactive", "background")
+TOKEN_KINDS = ("prompt", "reused", "copied", "restored", "prefilled", "generated")
+PEER_ROLES = ("gateway", "worker", "kvstore")
+HTTP_BUCKETS_S = (0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 10.0, 30.0, 120.0, 600.0)
+OTHER_ENDPOINT = "other"
+
+
+# -- status.json -> metric families (pure) -------------------------------------------------------
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _labelled(kind, name: str, doc: str, label: str,
+              values: Iterable[tuple[str, float]]) -> Metric:
+    family = kind(name, doc, labels=[label])
+    for key, value in values:
+        family.add_metric([str(key)], value)
+    return family
+
+
+def _histogram(name: str, doc: str, snap: dict) -> HistogramMetricFamily:
+    """From a scheduler histogram snapshot: bounds, per-bucket counts (last: above all)."""
+    buckets, running = [], 0
+    for bound, count in zip(snap["bounds"], snap["counts"]):
+        running += count
+        buckets.append((repr(float(bound)), running))
+    buckets.append(("+Inf", sum(snap["counts"])))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snap.get("sum", 0.0))
+
+
+def status_families(status: dict | None, now: float) -> list[Metric]:
+    """Every metric that status.json gives; only `switchyard_status_up` when there is none."""
+    families: list[Metric] = [_gauge(
+        "switchyard_status_up", "1 when the scheduler's status.json could be read",
+        0 if status is None else 1)]
+    if status is None:
+        return families
+    families += [
+        _gauge("switchyard_status_age_seconds", "age of the scheduler's status snapshot",
+               max(0.0, now - status.get("at", now))),
+        _gauge("switchyard_scheduler_start_time_seconds",
+               "when the scheduler started (unix time); changes when it restarts",
+               status.get("started_at", 0.0)),
+        _labelled(GaugeMetricFamily, "switchyard_component_ready",
+                  "1 when the scheduler has a ready worker / kvstore", "component",
+                  [("worker", int(bool(status.get("worker_ready")))),
+                   ("kvstore", int(bool(status.get("kvstore_ready"))))]),
+    ]
+    families += _slot_families(status)
+    families += _disk_families(status.get("disk", {}))
+    families += _stats_families(status.get("stats", {}))
+    return families
+
+
+def _slot_families(status: dict) -> list[Metric]:
+    slots = status.get("slots", [])
+    by_state = {state: 0 for state in SLOT_STATES}
+    for slot in slots:
+        by_state[slot.get("state", "idle")] = by_state.get(slot.get("state", "idle"), 0) + 1
+    queue = status.get("queue", [])
+    by_priority = {p: 0 for p in PRIORITIES}
+    for item in queue:
+        by_priority[item.get("priority", "interactive")] = (
+            by_priority.get(item.get("priority", "interactive"), 0) + 1)
+    return [
+        _gauge("switchyard_slots", "resident sequence slots", len(slots)),
+        _labelled(GaugeMetricFamily, "switchyard_slots_by_state",
+                  "slots by what they are doing", "state", by_state.items()),
+        _labelled(GaugeMetricFamily, "switchyard_slot_tokens",
+                  "tokens whose KV each slot holds", "slot",
+                  [(s["slot"], s.get("num_tokens", 0)) for s in slots]),
+        _labelled(GaugeMetricFamily, "switchyard_queue_depth",
+                  "requests waiting for a slot, by priority", "priority", by_priority.items()),
+        _gauge("switchyard_queue_oldest_wait_seconds", "how long the oldest waiting request "
+               "has waited", max((q.get("waiting_s", 0.0) for q in queue), default=0.0)),
+    ]
+
+
+def _disk_families(disk: dict) -> list[Metric]:
+    return [
+        _gauge("switchyard_kv_disk_bytes", "bytes of KV page files on disk",
+               disk.get("bytes", 0)),
+        _gauge("switchyard_kv_disk_budget_bytes", "the KV disk budget (--kv-disk-budget)",
+               disk.get("budget_bytes", 0)),
+        _gauge("switchyard_kv_disk_pages", "KV pages on disk", disk.get("num_pages", 0)),
+        _gauge("switchyard_kv_pages_writing", "KV pages being written",
+               disk.get("num_writing", 0)),
+        _gauge("switchyard_kv_disk_writable", "0 while page writes are paused (disk errors)",
+               int(bool(disk.get("writable", True)))),
+        CounterMetricFamily("switchyard_kv_evicted_pages", "KV pages evicted from disk",
+                            value=disk.get("num_evicted", 0)),
+        CounterMetricFamily("switchyard_kv_thrash_events", "evictions that had to take pages "
+                            "of recently active conversations (budget too small)",
+                            value=disk.get("num_thrash", 0)),
+    ]
+
+
+def _stats_families(stats: dict) -> list[Metric]:
+    tokens = stats.get("tokens", {})
+    restarts = stats.get("restarts", {})
+    families = [
+        _labelled(CounterMetricFamily, "switchyard_requests_finished",
+                  "requests finished, by finish reason", "reason",
+                  sorted(stats.get("requests_finished", {}).items())),
+        _labelled(CounterMetricFamily, "switchyard_requests_failed",
+                  "requests failed, by error code", "code",
+                  sorted(stats.get("requests_failed", {}).items())),
+        _labelled(CounterMetricFamily, "switchyard_tokens",
+                  "tokens of finished requests: prompt; its KV reused in the slot, copied "
+                  "from another slot, restored from disk or prefilled; generated", "kind",
+                  [(kind, tokens.get(kind, 0)) for kind in TOKEN_KINDS]),
+        CounterMetricFamily("switchyard_steps", "worker steps run",
+                            value=stats.get("num_steps", 0)),
+        _labelled(CounterMetricFamily, "switchyard_component_restarts",
+                  "restarts of a component the scheduler saw (a new boot id)", "component",
+                  [(role, restarts.get(role, 0)) for role in
+                   (*PEER_ROLES, *sorted(set(restarts) - set(PEER_ROLES)))]),
+    ]
+    if "ttft" in stats:
+        families.append(_histogram("switchyard_ttft_seconds",
+                                   "time to first token, arrival to first token", stats["ttft"]))
+    if "step_time" in stats:
+        families.append(_histogram("switchyard_step_seconds", "duration of one worker step",
+                                   stats["step_time"]))
+    return families
+
+
+def read_status(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class StatusCollector(Collector):
+    """Reads status.json on every scrape."""
+
+    def __init__(self, read: Callable[[], dict | None],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.read = read
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        yield from status_families(self.read(), self.clock())
+
+
+# -- the gateway's own counters -------------------------------------------------------------
+
+class GatewayMetrics:
+    def __init__(self, read_status: Callable[[], dict | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter("switchyard_http_requests", "HTTP requests the gateway "
+                                "answered, by method, endpoint and status",
+                                ["method", "endpoint", "status"], registry=self.registry)
+        self.duration = Histogram("switchyard_http_request_duration_seconds",
+                                  "HTTP request durations (streams: until their end)",
+                                  ["endpoint"], buckets=HTTP_BUCKETS_S, registry=self.registry)
+        self.registry.register(StatusCollector(read_status))
+
+    def observe(self, method: str, endpoint: str, status: int, duration_s: float) -> None:
+        self.requests.labels(method, endpoint, str(status)).inc()
+        self.duration.labels(endpoint).observe(duration_s)
+
+    def request_counts(self) -> list[dict]:
+        """The HTTP request counters as plain rows (for the status endpoint)."""
+        rows = []
+        for metric in self.requests.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    rows.append({**sample.labels, "count": int(sample.value)})
+        return rows
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def endpoint_of(scope: Scope, routes: Iterable) -> str:
+    """The path template of the route that serves `scope` (bounded label values)."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            return getattr(route, "path", OTHER_ENDPOINT)
+    return OTHER_ENDPOINT
+
+
+class RequestMetricsMiddleware:
+    """Counts every HTTP request once, with the status its `request.finished` line logs."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        sent: list[int] = []
+
+        async def note(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                sent.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, note)
+        finally:
+            record = scope.get(RECORD_SCOPE_KEY)
+            status = getattr(record, "status", None) or (sent[0] if sent else 500)
+            app = scope.get("app")
+            endpoint = endpoint_of(scope, app.routes if app is not None else ())
+            self.metrics.observe(scope["method"], endpoint, status,
+                                 time.monotonic() - started)
+
+
+# -- the route ------------------------------------------------------------------------------
+
+def authorized(headers, api_key: str) -> bool:
+    """The API key check of /v1, for routes outside it (Bearer or x-api-key)."""
+    if not api_key:
+        return True
+    given = headers.get("x-api-key", "")
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        given = auth[7:].strip()
+    return hmac.compare_digest(given.encode(), api_key.encode())
+
+
+def unauthorized() -> JSONResponse:
+    return JSONResponse({"error": {"message": "Incorrect or missing API key",
+                                   "type": "authentication_error", "param": None,
+                                   "code": "invalid_api_key"}}, status_code=401)
+
+
+def mount(app: Starlette, settings: Settings) -> GatewayMetrics:
+    """Add GET /metrics and the request counting middleware to `app` (before it starts)."""
+    status_file = Endpoints(settings.runtime_path).status_file
+    metrics = GatewayMetrics(lambda: read_status(status_file))
+
+    async def scrape(request: Request) -> Response:
+        if not authorized(request.headers, settings.api_key):
+            return unauthorized()
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    app.router.routes.append(Route("/metrics", scrape, methods=["GET"]))
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.state.metrics = metrics
+    return metrics
