@@ -184,12 +184,15 @@ class SchedulerCore:
     # --- events: kvstore -------------------------------------------------------------------
 
     def kvstore_restarted(self) -> None:
+        """Reads sent to the old kvstore are lost: ask the new one again once it is attached."""
         self.pages.kvstore_restarted()
         while self._reads:
             rid, batch = self._reads.popleft()
+            self.pages.release([b for _, _, b in batch])
             req = self.requests.get(rid)
             if req is not None:
-                self._abandon_restore(req, [pid for _, pid, _ in batch])
+                req.restore_pages[:0] = [(k, pid) for k, pid, _ in batch]
+                req.reading = []
 
     def pages_read(self, msg: PagesRead, now: float) -> None:
         if not self._reads:
@@ -340,10 +343,12 @@ class SchedulerCore:
         req.slot = p.slot
         if req.admitted_at is None:
             req.admitted_at = now
-            req.num_reused = p.reused if p.copy_from is None else 0
-            req.num_copied = p.copied
-            if p.restored:
-                req.restore_started_at = now
+        # Accounting follows the latest placement (a worker restart places a request again).
+        req.num_reused = p.reused if p.copy_from is None else 0
+        req.num_copied = p.copied
+        req.num_restored = 0
+        req.cache_counted = False
+        req.restore_started_at = now if p.restored else None
 
     def _unplace(self, req: Request) -> None:
         if req.reading or req.loading:
@@ -352,6 +357,8 @@ class SchedulerCore:
         req.slot = None
 
     def _issue_reads(self) -> None:
+        if not self.pages.enabled:
+            return  # kvstore (re)starting: reads wait until it has attached the buffers
         for slot in self.slots:
             req = self.requests.get(slot.rid) if slot.rid else None
             if req is None or not req.restore_pages or req.reading or req.loading:
@@ -381,14 +388,6 @@ class SchedulerCore:
         req.num_restored += len(tokens)
         with_state = not self.config.trimmable and not req.restore_pages
         return LoadPages(req.slot, first * P, tuple(b for _, _, b in batch), tokens, with_state)
-
-    def _abandon_restore(self, req: Request, _page_ids) -> None:
-        self.pages.release([b for _, _, b in req.reading])
-        req.reading, req.restore_pages = [], []
-        if not self.config.trimmable and req.num_restored:
-            # A hybrid slot without the state of its last loaded page is unusable.
-            self.slots[req.slot].truncate(0, self.config.page_size)
-            req.num_restored = 0
 
     def _note_restore_done(self, req: Request, now: float) -> None:
         if req.restore_started_at is not None:

@@ -1,0 +1,202 @@
+"""Persistent paged KV through the whole group: switching, restarts, disk use (issue 3).
+
+Conversations go through the official `openai` client exactly as an agent sends them: the
+whole history every turn, the last assistant turn sometimes a tool call and sometimes text.
+`usage.prompt_tokens_details.cached_tokens` says how much of each prompt was not prefilled.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from kvstore.store import read_entries
+from scheduler.status import read_status
+from tests.helpers.group import ServerGroup
+
+P = 256
+WORDS = ("alpha beta gamma delta ledger invoice shipment crate harbor tide signal route "
+         "switch yard engine cargo manifest weather north south east west river bridge "
+         "customs tariff quay crane berth pilot tug anchor").split()
+
+
+def text(seed: int, num_words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(num_words))
+
+
+def wait_ready(group: ServerGroup, role: str | None = None, pid: int | None = None,
+               timeout_s: float = 120.0) -> None:
+    """The scheduler's status shows worker and kvstore ready and, after a restart of `role`,
+    the new `pid` connected (so the restart is known, not just about to be noticed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = read_status(group.runtime_dir / "status.json") or {}
+        if role == "scheduler":
+            seen = status.get("pid") == pid
+        elif role is not None:
+            seen = status.get("peers", {}).get(role, {}).get("pid") == pid
+        else:
+            seen = True
+        if seen and status.get("worker_ready") and status.get("kvstore_ready"):
+            try:
+                with urllib.request.urlopen(f"{group.url}/health", timeout=5) as resp:
+                    if json.loads(resp.read()).get("status") == "ok":
+                        return
+            except OSError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"group not ready\n{group.log_tail()}")
+
+
+class Conversation:
+    """An agent conversation: system prompt, user task, then tool results turn after turn."""
+
+    TOOL = {"type": "function", "function": {
+        "name": "lookup", "description": "Look something up.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+
+    def __init__(self, client: openai.OpenAI, seed: int, system_words: int = 250):
+        self.client = client
+        self.model = client.models.list().data[0].id
+        self.seed = seed
+        self.messages = [{"role": "system", "content": text(seed, system_words)},
+                         {"role": "user", "content": text(seed + 1, 60)}]
+        self.prompt_tokens: list[int] = []
+        self.cached_tokens: list[int] = []
+        self.replies: list[str] = []
+
+    def turn(self, max_tokens: int = 8) -> str:
+        resp = self.client.chat.completions.create(
+            model=self.model, messages=self.messages, tools=[self.TOOL], max_tokens=max_tokens,
+            temperature=0)
+        self.prompt_tokens.append(resp.usage.prompt_tokens)
+        self.cached_tokens.append(resp.usage.prompt_tokens_details.cached_tokens)
+        reply = resp.choices[0].message.content or ""
+        self.replies.append(reply)
+        return reply
+
+    def add_tool_result(self, turn: int, as_tool_call: bool, num_words: int = 700) -> None:
+        """The agent's next move: the reply was a tool call or plain text, then a tool result."""
+        call_id = f"call_{self.seed}_{turn}"
+        if as_tool_call:
+            self.messages.append({"role": "assistant", "content": None, "tool_calls": [{
+                "id": call_id, "type": "function",
+                "function": {"name": "lookup", "arguments": json.dumps({"q": f"t{turn}"})}}]})
+            self.messages.append({"role": "tool", "tool_call_id": call_id,
+                                  "content": text(self.seed * 100 + turn, num_words)})
+        else:
+            self.messages.append({"role": "assistant", "content": self.replies[-1]})
+            self.messages.append({"role": "user",
+                                  "content": text(self.seed * 100 + turn, num_words)})
+
+
+def prefilled(conv: Conversation, i: int) -> int:
+    return conv.prompt_tokens[i] - conv.cached_tokens[i]
+
+
+def new_tokens(conv: Conversation, i: int) -> int:
+    return conv.prompt_tokens[i] - conv.prompt_tokens[i - 1]
+
+
+@pytest.fixture(scope="module")
+def one_slot(tiny_qwen3):
+    with ServerGroup(tiny_qwen3, slots=1, ctx=16384) as group:
+        yield group
+
+
+def test_switching_turns_prefill_only_their_new_tokens(one_slot):
+    """One slot, A and B alternating for 8 turns, each adding a ~1000-token tool result:
+    after the first turn of each, a turn prefills only its new tokens plus at most one
+    partial page, whether the last assistant turn was a tool call or plain text (F4)."""
+    client = openai.OpenAI(base_url=one_slot.base_url, api_key="none")
+    convs = {"A": Conversation(client, 11), "B": Conversation(client, 22)}
+    for turn in range(8):
+        conv = convs["AB"[turn % 2]]
+        conv.turn()
+        i = len(conv.prompt_tokens) - 1
+        if i >= 1:
+            assert new_tokens(conv, i) > 700
+            assert prefilled(conv, i) <= new_tokens(conv, i) + P, (turn, conv.prompt_tokens,
+                                                                   conv.cached_tokens)
+        conv.add_tool_result(turn, as_tool_call=turn % 4 < 2)
+    restored = [e["num_restored_tokens"] for e in one_slot.log_events("request.finished")
+                if e.get("role") == "scheduler"]
+    assert sum(1 for r in restored if r > 0) >= 6, "every switch restores from disk"
+
+
+def test_restored_output_equals_in_memory_output(one_slot):
+    """Greedy output after a restore from disk equals the same request served from memory."""
+    client = openai.OpenAI(base_url=one_slot.base_url, api_key="none")
+    a, b = Conversation(client, 33), Conversation(client, 44)
+    a.turn()
+    a.add_tool_result(0, as_tool_call=True)
+    in_memory = a.turn(max_tokens=24)  # resident: served from the slot
+    a.messages_snapshot = list(a.messages)
+    b.turn()  # displaces A: its pages are on disk only
+    from_disk = a.turn(max_tokens=24)
+    assert a.cached_tokens[-1] >= a.prompt_tokens[-1] - P
+    assert from_disk == in_memory
+
+
+def test_disk_use_is_linear_in_unique_tokens(tiny_qwen3):
+    with ServerGroup(tiny_qwen3, slots=2, ctx=16384) as group:
+        client = openai.OpenAI(base_url=group.base_url, api_key="none")
+        convs = [Conversation(client, s) for s in (51, 52, 53)]
+        for turn in range(3):
+            for conv in convs:
+                conv.turn()
+                conv.add_tool_result(turn, as_tool_call=True, num_words=500)
+        time.sleep(1.5)  # let the last write-through land
+        entries, bad = read_entries(group.kv_dir)
+    kv_bytes_per_token = 4096
+    unique_tokens = sum(c.prompt_tokens[-1] + 8 for c in convs)
+    disk = sum(e.nbytes for e in entries)
+    overhead = len(entries) * 2048  # header with token ids, per page
+    assert bad == 0
+    assert disk <= 1.1 * unique_tokens * kv_bytes_per_token + overhead, (disk, unique_tokens)
+    # Superseded prefixes take no extra space: each page is stored once (F1).
+    assert len(entries) <= unique_tokens // P
+
+
+def test_restart_whole_group_then_next_turn_restores(tiny_qwen3, tmp_path):
+    kv_dir = tmp_path / "kv"
+    with ServerGroup(tiny_qwen3, slots=1, ctx=16384, kv_dir=kv_dir) as group:
+        client = openai.OpenAI(base_url=group.base_url, api_key="none")
+        conv = Conversation(client, 61)
+        conv.turn()
+        conv.add_tool_result(0, as_tool_call=True)
+        time.sleep(1.5)
+    with ServerGroup(tiny_qwen3, slots=1, ctx=16384, kv_dir=kv_dir) as group:
+        wait_ready(group)
+        conv.client = openai.OpenAI(base_url=group.base_url, api_key="none")
+        conv.turn()
+        assert conv.cached_tokens[-1] >= conv.prompt_tokens[0] - P
+        scan = group.log_events("kvstore.scanned")
+        assert scan and scan[0]["num_pages"] >= conv.prompt_tokens[0] // P
+
+
+@pytest.mark.parametrize("role", ["scheduler", "worker", "kvstore", "gateway"])
+def test_restart_one_component_then_next_turn_restores(one_slot, role):
+    client = openai.OpenAI(base_url=one_slot.base_url, api_key="none")
+    conv = Conversation(client, 70 + len(role))
+    other = Conversation(client, 90 + len(role))
+    conv.turn()
+    conv.add_tool_result(0, as_tool_call=False)
+    other.turn()  # conv is now on disk only
+    time.sleep(1.5)
+    old = one_slot.kill(role)
+    new = one_slot.wait_restarted(role, old)
+    wait_ready(one_slot, role, new)
+    for _ in range(30):  # the gateway may answer 503 until it reconnects
+        try:
+            conv.turn()
+            break
+        except (openai.APIStatusError, openai.APIConnectionError):
+            time.sleep(0.5)
+    assert conv.cached_tokens[-1] >= conv.prompt_tokens[0] - P, (role, conv.cached_tokens)
