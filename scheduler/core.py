@@ -86,6 +86,7 @@ class SchedulerCore:
         self.pages = PageCache(config.page_size, config.disk_budget_bytes,
                                config.protect_window_s)
         self.outbox: list = []
+        self.events: list[tuple[str, dict]] = self.pages.events  # logged by the shell
         self._copies: list[CopyPrefix] = []
         self._reads: deque[tuple[str, list[tuple[int, bytes, int]]]] = deque()
         self._next_step = 0
@@ -177,7 +178,7 @@ class SchedulerCore:
             slot.replace(contents.get(slot.index, ()))
             if slot.rid is not None:
                 requeue.append(slot.rid)
-                self._unplace(self.requests[slot.rid])
+                self._unplace(self.requests[slot.rid], release=False)  # a new pool
                 slot.rid = None
         self.waiting.extendleft(reversed(requeue))
 
@@ -190,7 +191,7 @@ class SchedulerCore:
             rid, batch = self._reads.popleft()
             self.pages.release([b for _, _, b in batch])
             req = self.requests.get(rid)
-            if req is not None:
+            if req is not None and req.reading is batch:
                 req.restore_pages[:0] = [(k, pid) for k, pid, _ in batch]
                 req.reading = []
 
@@ -199,8 +200,8 @@ class SchedulerCore:
             return
         rid, batch = self._reads.popleft()
         req = self.requests.get(rid)
-        if req is None:
-            self.pages.release([b for _, _, b in batch])
+        if req is None or req.reading is not batch:
+            self.pages.release([b for _, _, b in batch])  # finished or moved meanwhile
             return
         req.reading = []
         missing = set(msg.missing)
@@ -303,10 +304,30 @@ class SchedulerCore:
         for rid in order:
             req = self.requests[rid]
             placement = self._place(req)
+            if placement is None and req.interactive and self._preempt_background(now):
+                placement = self._place(req)
             if placement is None:
                 break
             self._apply(req, placement, now)
             self.waiting.remove(rid)
+
+    def _preempt_background(self, now: float) -> bool:
+        """Give an interactive request the slot of a background one (the newest to arrive).
+
+        Nothing is lost: the background request's full pages are written through, so it
+        resumes from disk when a slot frees, continuing its reply where it stopped.
+        """
+        victims = [self.requests[s.rid] for s in self.slots
+                   if s.rid is not None and not self.requests[s.rid].interactive]
+        if not victims:
+            return False
+        victim = max(victims, key=lambda r: r.arrived_at)
+        self.slots[victim.slot].rid = None
+        self._unplace(victim)
+        self.waiting.append(victim.rid)
+        self.events.append(("request.preempted", {"rid": victim.rid,
+                                                  "num_generated": len(victim.generated)}))
+        return True
 
     def _place(self, req: Request) -> Placement | None:
         context = req.feed[:-1]
@@ -350,9 +371,11 @@ class SchedulerCore:
         req.cache_counted = False
         req.restore_started_at = now if p.restored else None
 
-    def _unplace(self, req: Request) -> None:
-        if req.reading or req.loading:
-            self.pages.release([b for _, _, b in req.reading + req.loading])
+    def _unplace(self, req: Request, release: bool = True) -> None:
+        """Take a request out of its slot. Buffers of a read in flight stay with that read
+        (`pages_read` frees them); buffers read and not yet loaded are freed here."""
+        if release and req.loading:
+            self.pages.release([b for _, _, b in req.loading])
         req.reading, req.loading, req.restore_pages = [], [], []
         req.slot = None
 

@@ -122,11 +122,11 @@ class SchedulerService:
                 self.stats.request_failed(msg.code)
             if not self._send(_DESTINATION[type(msg)], msg) and isinstance(msg, RunStep):
                 self.core.inflight = None  # not delivered; planned again next round
-        for event, fields in self.core.pages.events:
+        for event, fields in self.core.events:
             level = "warning" if event in ("kv.thrash", "kv.persistence_off",
                                            "kv.budget_exhausted") else "info"
             getattr(self.log, level)(event, **fields)
-        self.core.pages.events.clear()
+        self.core.events.clear()
         now = time.time()
         for rec in self.core.finished:
             self.stats.request_finished(rec, now)

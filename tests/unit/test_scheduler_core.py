@@ -215,3 +215,31 @@ def test_hybrid_slot_is_reused_only_as_pure_extension():
     submit(core, "a", [1, 2, 9, 9, 9])
     plan = core.plan_step(0.0)
     assert plan.prefills[0].start == 0
+
+
+def test_interactive_request_preempts_background_slot():
+    core = make_core(num_slots=1)
+    w = ScriptedWorker(core)
+    submit(core, "bg", range(1, 50), max_tokens=6, priority="background")
+    for _ in range(3):
+        w.step()
+    done_before = list(core.requests["bg"].generated)
+    submit(core, "fg", range(100, 120), max_tokens=2)
+    plan, _ = w.step()
+    assert core.requests["fg"].slot == 0 and "bg" in core.waiting
+    assert ("request.preempted", {"rid": "bg", "num_generated": len(done_before)}) in core.events
+    msgs = w.run()
+    assert finished(msgs)["fg"].finish_reason == "length"
+    # The background request resumes where it stopped and still gets all its tokens.
+    assert len(done_before + generated(msgs, "bg")) == 6
+    assert finished(msgs)["bg"].num_generated_tokens == 6
+
+
+def test_background_never_preempts():
+    core = make_core(num_slots=1)
+    w = ScriptedWorker(core)
+    submit(core, "fg", range(1, 50), max_tokens=6)
+    w.step()
+    submit(core, "bg", range(100, 120), max_tokens=2, priority="background")
+    w.step()
+    assert core.requests["fg"].slot == 0 and "bg" in core.waiting
