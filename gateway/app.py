@@ -1,4 +1,5 @@
-"""The starlette app: routes, API-key check, errors in OpenAI's format, one log line per request.
+"""The starlette app: routes, API-key check, errors in each API's format (OpenAI's, or
+Anthropic's under /v1/messages), one log line per request.
 
 `build_app(settings, tokenizer, boot_id=...)` returns an ASGI app whose lifespan connects the
 scheduler client and closes it again. The app never holds the model.
@@ -16,15 +17,21 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import dashboard, metrics, openai_api
-from gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord
-from gateway.errors import APIError
+from gateway import anthropic_api, dashboard, metrics, openai_api, responses_api
+from gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord, gateway_of
+from gateway.driver import STATUS_CLIENT_CLOSED
+from gateway.errors import APIError, api_style
+from gateway.history import DEFAULT_MAX_TURNS, TurnMemory
+from gateway.openapi import openapi_spec
 from gateway.prompts import served_model_id
+from gateway.reasoning import DEFAULT_KEEP_REASONING, think_syntax
+from gateway.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
 from gateway.scheduler_client import SchedulerClient
+from gateway.tools import tool_syntax
 from proto.endpoints import Endpoints
 from proto.settings import Settings
 
@@ -59,7 +66,7 @@ class RequestLogMiddleware:
                 error = APIError(401, "Incorrect or missing API key", type="authentication_error",
                                  code="invalid_api_key")
                 record.fail(error)
-                await error.response()(scope, receive, send_and_note)
+                await error.response(api_style(scope["path"]))(scope, receive, send_and_note)
         finally:
             if record.status is None:
                 record.status = 500
@@ -81,7 +88,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     record = request.scope.get(RECORD_SCOPE_KEY)
     if record is not None:
         record.fail(exc)
-    return exc.response()
+    return exc.response(api_style(request.url.path))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -102,21 +109,29 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
     record = request.scope.get(RECORD_SCOPE_KEY)
     if record is not None:
         record.disconnected = True
-    return Response(status_code=openai_api.STATUS_CLIENT_CLOSED)
+    return Response(status_code=STATUS_CLIENT_CLOSED)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.error("request.crashed", error_type=type(exc).__name__, path=request.url.path)
     return APIError(500, "Internal server error", type="server_error",
-                    code="internal_error").response()
+                    code="internal_error").response(api_style(request.url.path))
+
+
+async def _openapi(request: Request) -> Response:
+    return JSONResponse(openapi_spec(gateway_of(request).model_id))
 
 
 ROUTES = [
     Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
     Route("/v1/completions", openai_api.completions, methods=["POST"]),
+    Route("/v1/responses", responses_api.create_response, methods=["POST"]),
+    Route("/v1/messages", anthropic_api.messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", anthropic_api.count_tokens, methods=["POST"]),
     Route("/v1/models", openai_api.list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", openai_api.get_model, methods=["GET"]),
     Route("/health", openai_api.health, methods=["GET"]),
+    Route("/openapi.json", _openapi, methods=["GET"]),
 ]
 
 
@@ -138,7 +153,15 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     gateway = Gateway(settings=settings, tokenizer=tokenizer, client=client, model_id=model_id,
                       model_aliases=aliases,
                       stop_token_ids=eos_ids(tokenizer),
-                      keepalive_s=keepalive_s)
+                      keepalive_s=keepalive_s,
+                      tool_syntax=tool_syntax(tokenizer), think=think_syntax(tokenizer),
+                      # Settings of their own may come later; these are the defaults.
+                      prefix_stable=getattr(settings, "prefix_stable", True),
+                      keep_reasoning=getattr(settings, "keep_reasoning",
+                                             DEFAULT_KEEP_REASONING),
+                      memory=TurnMemory(getattr(settings, "history_turns", DEFAULT_MAX_TURNS)),
+                      responses=ResponseStore(getattr(settings, "max_stored_responses",
+                                                      DEFAULT_MAX_RESPONSES)))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -12,8 +12,12 @@ from typing import Any, Callable, TypeVar
 from starlette.requests import Request
 
 from gateway.errors import APIError
-from gateway.generation import Finish
+from gateway.generation import Usage
+from gateway.history import DEFAULT_MAX_TURNS, TurnMemory
+from gateway.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
+from gateway.response_store import ResponseStore
 from gateway.scheduler_client import SchedulerClient
+from gateway.tools import HERMES, ToolSyntax
 from proto.messages import SubmitRequest
 from proto.settings import Settings
 
@@ -32,6 +36,13 @@ class Gateway:
     stop_token_ids: tuple[int, ...]
     keepalive_s: float
     created: int = field(default_factory=lambda: int(time.time()))
+    tool_syntax: ToolSyntax = HERMES
+    think: ThinkSyntax | None = None
+    # Prefix-stable rendering (history.py) and whether earlier reasoning is rendered.
+    prefix_stable: bool = True
+    keep_reasoning: bool = DEFAULT_KEEP_REASONING
+    memory: TurnMemory = field(default_factory=lambda: TurnMemory(DEFAULT_MAX_TURNS))
+    responses: ResponseStore = field(default_factory=ResponseStore)
     # Hugging Face fast tokenizers are not safe to call from several threads at once.
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer"))
@@ -78,6 +89,11 @@ class RequestRecord:
     error_code: str | None = None
     ttft_s: float | None = None
     disconnected: bool = False
+    num_tool_calls: int | None = None
+    num_malformed_tool_calls: int | None = None
+    num_repaired_tool_calls: int | None = None
+    num_spliced_turns: int | None = None
+    num_spliced_tokens: int | None = None
 
     def start(self, submit: SubmitRequest, *, stream: bool) -> None:
         self.rid = submit.rid
@@ -89,11 +105,11 @@ class RequestRecord:
         if self.ttft_s is None:
             self.ttft_s = time.monotonic() - self.started
 
-    def finish(self, finish: Finish) -> None:
-        self.finish_reason = finish.reason
-        self.num_prompt_tokens = finish.usage.prompt_tokens
-        self.num_cached_tokens = finish.usage.cached_tokens
-        self.num_generated_tokens = finish.usage.completion_tokens
+    def finish(self, reason: str, usage: Usage) -> None:
+        self.finish_reason = reason
+        self.num_prompt_tokens = usage.prompt_tokens
+        self.num_cached_tokens = usage.cached_tokens
+        self.num_generated_tokens = usage.completion_tokens
 
     def fail(self, error: APIError) -> None:
         self.error_code = error.code
@@ -102,7 +118,9 @@ class RequestRecord:
         out = {"endpoint": f"{self.method} {self.path}", "status": self.status,
                "duration_s": round(time.monotonic() - self.started, 4)}
         for name in ("rid", "stream", "priority", "num_prompt_tokens", "num_cached_tokens",
-                     "num_generated_tokens", "finish_reason", "error_code"):
+                     "num_generated_tokens", "finish_reason", "error_code", "num_tool_calls",
+                     "num_malformed_tool_calls", "num_repaired_tool_calls",
+                     "num_spliced_turns", "num_spliced_tokens"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value

@@ -78,6 +78,7 @@ class StopMatcher:
         self._stops = tuple(s for s in stops if s)
         self._pending = ""
         self.matched = False
+        self.matched_stop: str | None = None  # the stop string that matched
 
     def push(self, text: str) -> str:
         """Feed text; return what may be shown. After a match, everything is dropped."""
@@ -86,9 +87,11 @@ class StopMatcher:
         if not self._stops:
             return text
         buffer = self._pending + text
-        cut = min((i for i in (buffer.find(s) for s in self._stops) if i >= 0), default=-1)
+        found = [(i, s) for s in self._stops if (i := buffer.find(s)) >= 0]
+        cut = min(found)[0] if found else -1
         if cut >= 0:
             self.matched = True
+            self.matched_stop = min(found, key=lambda f: (f[0], -len(f[1])))[1]
             self._pending = ""
             return buffer[:cut]
         keep = self._held_suffix(buffer)

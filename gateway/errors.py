@@ -1,7 +1,10 @@
-"""Errors in OpenAI's format: `{"error": {"message", "type", "param", "code"}}` with a status.
+"""Errors in each API's own format, with a status.
 
-Every way a request can fail at the gateway ends as an `APIError`; the app's exception handlers
-turn it into a JSON response. `from_failure` maps the scheduler's `RequestFailed` codes.
+OpenAI (Chat Completions, Completions, Responses): `{"error": {"message", "type", "param",
+"code"}}`. Anthropic (/v1/messages): `{"type": "error", "error": {"type", "message"}}`, the type
+chosen by status as Anthropic does. Every way a request can fail at the gateway ends as an
+`APIError`; the app's exception handlers turn it into a JSON response in the format of the
+route's API. `from_failure` maps the scheduler's `RequestFailed` codes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,17 @@ CODE_SHUTTING_DOWN = "gateway_shutting_down"
 
 # Seconds a client is told to wait when the scheduler gives no better figure.
 DEFAULT_RETRY_AFTER_S = 1.0
+
+STYLE_OPENAI, STYLE_ANTHROPIC = "openai", "anthropic"
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
+                    529: "overloaded_error"}
+
+
+def api_style(path: str) -> str:
+    """Which API's error format a route speaks."""
+    return STYLE_ANTHROPIC if path.startswith("/v1/messages") else STYLE_OPENAI
 
 
 class APIError(Exception):
@@ -43,8 +57,16 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPES.get(self.status) or (
+            "invalid_request_error" if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def body_in(self, style: str) -> dict[str, Any]:
+        return self.anthropic_body() if style == STYLE_ANTHROPIC else self.body()
+
+    def response(self, style: str = STYLE_OPENAI) -> JSONResponse:
+        return JSONResponse(self.body_in(style), status_code=self.status, headers=self.headers)
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -60,11 +82,12 @@ def out_of_range(param: str, allowed: str) -> APIError:
     return invalid(f"'{param}' must be {allowed}", param=param, code="invalid_value")
 
 
-def context_length_exceeded(num_prompt_tokens: int, ctx: int) -> APIError:
+def context_length_exceeded(num_prompt_tokens: int, ctx: int,
+                            param: str = "messages") -> APIError:
     return invalid(
         f"This model's maximum context length is {ctx} tokens; the prompt has "
         f"{num_prompt_tokens} tokens and at least one token must be generated.",
-        param="messages", code="context_length_exceeded")
+        param=param, code="context_length_exceeded")
 
 
 def model_not_found(model: str) -> APIError:

@@ -54,12 +54,17 @@ class Generation:
                  skip_ids: Iterable[int] = ()) -> None:
         self.num_prompt_tokens = len(prompt_ids)
         self.num_tokens = 0  # generated tokens received so far
+        self.token_ids: list[int] = []  # every generated token, as the scheduler sent them
         self._detok = IncrementalDetokenizer(tokenizer, skip_ids, context_ids=prompt_ids)
         self._stops = StopMatcher(stop)
 
     @property
     def stop_matched(self) -> bool:
         return self._stops.matched
+
+    @property
+    def matched_stop(self) -> str | None:
+        return self._stops.matched_stop
 
     def on_event(self, event: Any) -> Update:
         if isinstance(event, TokensGenerated):
@@ -74,6 +79,7 @@ class Generation:
         if self.stop_matched:
             return Update()
         self.num_tokens += len(event.token_ids)
+        self.token_ids.extend(event.token_ids)
         text = self._stops.push(self._detok.add(event.token_ids))
         return Update(text=text, cancel=self.stop_matched)
 

@@ -34,12 +34,17 @@ def check_model(requested: str | None, model_id: str, aliases: tuple[str, ...] =
         raise model_not_found(requested)
 
 
-def render_chat(tokenizer: Any, chat: ChatRequest) -> list[int]:
-    """The chat's prompt token ids; a template that rejects the conversation is a 400."""
+def check_chat_template(tokenizer: Any) -> None:
     if not getattr(tokenizer, "chat_template", None) and not getattr(
             tokenizer, "has_chat_template", False):
         raise invalid("This model has no chat template; use /v1/completions",
                       code="no_chat_template")
+
+
+def render_chat(tokenizer: Any, chat: ChatRequest) -> list[int]:
+    """The chat's prompt token ids as the template alone renders them (no prefix-stable
+    splicing; see history.render_prompt); a template that rejects the conversation is a 400."""
+    check_chat_template(tokenizer)
     try:
         text = tokenizer.apply_chat_template(
             chat.messages, tools=chat.tools, add_generation_prompt=True, tokenize=False,
@@ -67,14 +72,14 @@ def encode_prompt(tokenizer: Any, request: CompletionRequest) -> list[int]:
 
 def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
                  default_max_tokens: int, stop_token_ids: tuple[int, ...],
-                 priority: str | None) -> SubmitRequest:
+                 priority: str | None, param: str = "messages") -> SubmitRequest:
     """Check the context, clamp max_tokens to what is left of it, draw a seed if none given."""
     num_prompt = len(prompt_ids)
     if num_prompt == 0:
         raise invalid("The prompt is empty after tokenization", param="prompt",
                       code="invalid_value")
     if num_prompt + 1 > ctx:
-        raise context_length_exceeded(num_prompt, ctx)
+        raise context_length_exceeded(num_prompt, ctx, param)
     requested = options.max_tokens if options.max_tokens is not None else default_max_tokens
     seed = options.seed if options.seed is not None else secrets.randbits(63)
     sampling = SamplingParams(temperature=options.temperature, top_p=options.top_p,

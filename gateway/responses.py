@@ -1,4 +1,9 @@
-"""OpenAI response bodies and stream chunks, for chat completions and text completions."""
+"""OpenAI response bodies and stream chunks, for chat completions and text completions.
+
+Both are `driver.Output`s: `body(result)` for a JSON reply, `head`/`frames`/`tail` for SSE.
+Chat shows reasoning as `reasoning_content` and tool calls as `tool_calls` (streamed as a delta
+with id and name when the call is recognised, then one with its arguments).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.errors import APIError
 from gateway.generation import Usage
+from gateway.output import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from gateway.streaming import SSE_DONE, SSE_KEEPALIVE, sse_data
+from gateway.tools import ToolCall
+from gateway.turn import TurnResult
 
 
 @dataclass
@@ -20,6 +30,7 @@ class ResponseFormat:
 
     object_name = ""
     chunk_object_name = ""
+    keepalive = SSE_KEEPALIVE
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
@@ -32,10 +43,10 @@ class ResponseFormat:
             body["usage"] = None  # OpenAI: null on every chunk but the usage chunk
         return body
 
-    def first_chunk(self) -> dict[str, Any] | None:
-        return None
+    def head(self) -> list[bytes]:
+        return []
 
-    def text_chunk(self, text: str) -> dict[str, Any]:
+    def frames(self, events: list[Event]) -> list[bytes]:
         raise NotImplementedError
 
     def finish_chunk(self, reason: str) -> dict[str, Any]:
@@ -46,8 +57,22 @@ class ResponseFormat:
         body["usage"] = usage.to_dict()
         return body
 
-    def final_body(self, text: str, reason: str, usage: Usage) -> dict[str, Any]:
+    def tail(self, result: TurnResult) -> list[bytes]:
+        frames = [sse_data(self.finish_chunk(result.finish_reason))]
+        if self.include_usage:
+            frames.append(sse_data(self.usage_chunk(result.usage)))
+        return frames + [SSE_DONE]
+
+    def error_frames(self, error: APIError) -> list[bytes]:
+        return [sse_data(error.body()), SSE_DONE]
+
+    def body(self, result: TurnResult) -> dict[str, Any]:
         raise NotImplementedError
+
+
+def tool_call_dict(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 class ChatFormat(ResponseFormat):
@@ -58,20 +83,44 @@ class ChatFormat(ResponseFormat):
         return self._chunk({"index": 0, "delta": delta, "logprobs": None,
                             "finish_reason": reason})
 
-    def first_chunk(self) -> dict[str, Any]:
-        return self._delta({"role": "assistant", "content": ""})
+    def head(self) -> list[bytes]:
+        return [sse_data(self._delta({"role": "assistant", "content": ""}))]
 
-    def text_chunk(self, text: str) -> dict[str, Any]:
-        return self._delta({"content": text})
+    def frames(self, events: list[Event]) -> list[bytes]:
+        frames = []
+        for event in events:
+            if isinstance(event, TextDelta):
+                delta: dict[str, Any] = {"content": event.text}
+            elif isinstance(event, ReasoningDelta):
+                delta = {"reasoning_content": event.text}
+            elif isinstance(event, ToolCallStart):
+                delta = {"tool_calls": [{"index": event.index, "id": event.id,
+                                         "type": "function",
+                                         "function": {"name": event.name, "arguments": ""}}]}
+            elif isinstance(event, ToolCallDone):
+                delta = {"tool_calls": [{"index": event.index,
+                                         "function": {"arguments": event.call.arguments}}]}
+            else:
+                continue
+            frames.append(sse_data(self._delta(delta)))
+        return frames
 
     def finish_chunk(self, reason: str) -> dict[str, Any]:
         return self._delta({}, reason)
 
-    def final_body(self, text: str, reason: str, usage: Usage) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text, "refusal": None}
+    def body(self, result: TurnResult) -> dict[str, Any]:
+        content: str | None = result.content
+        if result.tool_calls and not result.content.strip():
+            content = None
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if result.reasoning:
+            message["reasoning_content"] = result.reasoning
+        if result.tool_calls:
+            message["tool_calls"] = [tool_call_dict(c) for c in result.tool_calls]
         body = self._envelope(self.object_name, [
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}])
-        body["usage"] = usage.to_dict()
+            {"index": 0, "message": message, "logprobs": None,
+             "finish_reason": result.finish_reason}])
+        body["usage"] = result.usage.to_dict()
         return body
 
 
@@ -82,15 +131,17 @@ class CompletionFormat(ResponseFormat):
     def _choice(self, text: str, reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
 
-    def text_chunk(self, text: str) -> dict[str, Any]:
-        return self._chunk(self._choice(text, None))
+    def frames(self, events: list[Event]) -> list[bytes]:
+        return [sse_data(self._chunk(self._choice(e.text, None))) for e in events
+                if isinstance(e, TextDelta)]
 
     def finish_chunk(self, reason: str) -> dict[str, Any]:
         return self._chunk(self._choice("", reason))
 
-    def final_body(self, text: str, reason: str, usage: Usage) -> dict[str, Any]:
-        body = self._envelope(self.object_name, [self._choice(text, reason)])
-        body["usage"] = usage.to_dict()
+    def body(self, result: TurnResult) -> dict[str, Any]:
+        body = self._envelope(self.object_name,
+                              [self._choice(result.content, result.finish_reason)])
+        body["usage"] = result.usage.to_dict()
         return body
 
 

@@ -32,6 +32,12 @@ def sse_data(payload: dict[str, Any]) -> bytes:
     return b"data: " + text.encode("utf-8") + b"\n\n"
 
 
+def sse_event(event: str, payload: dict[str, Any]) -> bytes:
+    """One named event (`event:` line, then `data:`), as Anthropic and Responses streams use."""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"event: " + event.encode() + b"\ndata: " + text.encode("utf-8") + b"\n\n"
+
+
 class ClientDisconnected(Exception):
     """The HTTP client went away before its response was complete."""
 

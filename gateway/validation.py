@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import invalid, invalid_type, out_of_range
+from gateway.tools import AUTO, ToolChoice, parse_openai_tool_choice, parse_openai_tools
 from proto.messages import PRIORITIES
 
 PRIORITY_HEADER = "x-switchyard-priority"
@@ -45,10 +46,20 @@ class Options:
 
 @dataclass(frozen=True)
 class ChatRequest:
+    """The one internal shape of a chat turn: every API (Chat Completions, Anthropic Messages,
+    Responses) translates its request into this.
+
+    `messages` are OpenAI-style chat messages as chat templates take them: `role`, `content`
+    (a string; None only for an assistant message with tool calls), for assistant messages
+    `tool_calls` (`[{"id", "type": "function", "function": {"name", "arguments": str}}]`) and
+    `reasoning_content`, for tool results `tool_call_id`. `tools` are OpenAI function tools.
+    """
+
     messages: list[dict[str, Any]]
     options: Options
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: ToolChoice = AUTO
+    parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -218,20 +229,22 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     if not messages:
         raise invalid("'messages' must be a non-empty array", param="messages",
                       code="invalid_value" if messages == [] else "missing_required_parameter")
-    tools = f.array("tools")
-    if tools is not None and not all(isinstance(t, dict) for t in tools):
-        raise invalid_type("tools", "an array of objects")
-    tool_choice = f.get("tool_choice")
-    if tool_choice is not None and not isinstance(tool_choice, (str, dict)):
-        raise invalid_type("tool_choice", "a string or an object")
+    tools = parse_openai_tools(f.get("tools"))
+    tool_choice = parse_openai_tool_choice(f.get("tool_choice"), tools)
+    parallel = f.boolean("parallel_tool_calls")
     kwargs = f.obj("chat_template_kwargs") or {}
     return ChatRequest(
         messages=[parse_message(m, i) for i, m in enumerate(messages)],
         options=parse_options(f),
-        tools=tools or None,
+        tools=tools,
         tool_choice=tool_choice,
-        template_kwargs={k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KEYS},
+        parallel_tool_calls=parallel is not False,
+        template_kwargs=template_kwargs(kwargs),
     )
+
+
+def template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KEYS}
 
 
 def parse_message(message: Any, index: int) -> dict[str, Any]:
@@ -253,10 +266,50 @@ def parse_message(message: Any, index: int) -> dict[str, Any]:
                       code="missing_required_parameter")
     f.string("name")
     f.string("tool_call_id")
+    reasoning = message.get("reasoning_content", message.get("reasoning"))
+    out.pop("reasoning", None)
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise invalid_type(f"{prefix}.reasoning_content", "a string")
+        if role == "assistant" and reasoning:
+            out["reasoning_content"] = reasoning
+        else:
+            out.pop("reasoning_content", None)
     tool_calls = f.array("tool_calls")
-    if tool_calls is not None and not all(isinstance(c, dict) for c in tool_calls):
-        raise invalid_type(f"{prefix}.tool_calls", "an array of objects")
+    if tool_calls is not None:
+        if tool_calls and role != "assistant":
+            raise invalid(f"'{prefix}.tool_calls' is only allowed in assistant messages",
+                          param=f"{prefix}.tool_calls", code="invalid_value")
+        out["tool_calls"] = [parse_tool_call(c, f"{prefix}.tool_calls[{j}]")
+                             for j, c in enumerate(tool_calls)] or None
+        if out["tool_calls"] is None:
+            del out["tool_calls"]
     return out
+
+
+def parse_tool_call(call: Any, param: str) -> dict[str, Any]:
+    """An assistant message's tool call; arguments become a JSON string."""
+    if not isinstance(call, dict):
+        raise invalid_type(param, "an object")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise invalid_type(f"{param}.function", "an object")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid(f"'{param}.function.name' must be a non-empty string",
+                      param=f"{param}.function.name", code="invalid_value")
+    arguments = function.get("arguments")
+    if arguments is None:
+        arguments = "{}"
+    elif not isinstance(arguments, str):
+        if not isinstance(arguments, dict):
+            raise invalid_type(f"{param}.function.arguments", "a JSON string")
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    call_id = call.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise invalid_type(f"{param}.id", "a string")
+    return {"id": call_id or "", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
 
 
 def parse_content(content: Any, param: str) -> str | None:

@@ -7,7 +7,10 @@ import pytest
 
 from gateway.errors import APIError, from_failure
 from gateway.generation import Usage
+from gateway.output import ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
 from gateway.responses import ChatFormat, CompletionFormat
+from gateway.tools import ToolCall
+from gateway.turn import TurnResult
 from gateway.streaming import (SSE_DONE, SSE_KEEPALIVE, ClientDisconnected,
                                EventStreamResponse, sse_data, until_disconnect)
 from proto.messages import RequestFailed
@@ -57,33 +60,67 @@ def test_api_error_response():
 USAGE = Usage(prompt_tokens=10, completion_tokens=3, cached_tokens=4)
 
 
+def frames_json(frames):
+    return [json.loads(f[6:]) for f in frames if f.startswith(b"data: {")]
+
+
+def result(content="", reason="stop", calls=(), reasoning=""):
+    return TurnResult(content, reasoning, list(calls), reason, None, USAGE)
+
+
 def test_chat_shapes():
     fmt = ChatFormat("chatcmpl-1", "m", include_usage=True)
-    first = fmt.first_chunk()
+    (first,) = frames_json(fmt.head())
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert first["usage"] is None
-    assert fmt.text_chunk("hi")["choices"][0]["delta"] == {"content": "hi"}
-    finish = fmt.finish_chunk("stop")["choices"][0]
-    assert finish["delta"] == {} and finish["finish_reason"] == "stop"
-    usage = fmt.usage_chunk(USAGE)
+    (text,) = frames_json(fmt.frames([TextDelta("hi")]))
+    assert text["choices"][0]["delta"] == {"content": "hi"}
+    (reasoning,) = frames_json(fmt.frames([ReasoningDelta("hmm")]))
+    assert reasoning["choices"][0]["delta"] == {"reasoning_content": "hmm"}
+    call = ToolCall("call_1", "f", '{"a": 1}')
+    start, done = frames_json(fmt.frames([ToolCallStart(0, "call_1", "f"), ToolCallDone(0, call)]))
+    assert start["choices"][0]["delta"]["tool_calls"] == [
+        {"index": 0, "id": "call_1", "type": "function",
+         "function": {"name": "f", "arguments": ""}}]
+    assert done["choices"][0]["delta"]["tool_calls"] == [
+        {"index": 0, "function": {"arguments": '{"a": 1}'}}]
+    tail = fmt.tail(result(reason="stop"))
+    finish, usage = frames_json(tail)
+    assert tail[-1] == SSE_DONE
+    assert finish["choices"][0]["delta"] == {} and finish["choices"][0]["finish_reason"] == "stop"
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 13
-    body = fmt.final_body("hello", "length", USAGE)
+    body = fmt.body(result("hello", "length"))
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["content"] == "hello"
+    assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+    body = fmt.body(result("\n", "tool_calls", [call], reasoning="r"))
+    message = body["choices"][0]["message"]
+    assert message["content"] is None and message["reasoning_content"] == "r"
+    assert message["tool_calls"] == [{"id": "call_1", "type": "function",
+                                      "function": {"name": "f", "arguments": '{"a": 1}'}}]
 
 
 def test_chunks_carry_no_usage_key_unless_asked():
-    assert "usage" not in ChatFormat("c", "m").text_chunk("x")
+    (chunk,) = frames_json(ChatFormat("c", "m").frames([TextDelta("x")]))
+    assert "usage" not in chunk
+    finish, = frames_json(ChatFormat("c", "m").tail(result()))
+    assert "usage" not in finish
 
 
 def test_completion_shapes():
     fmt = CompletionFormat("cmpl-1", "m")
-    assert fmt.first_chunk() is None
-    assert fmt.text_chunk("x")["choices"][0]["text"] == "x"
-    body = fmt.final_body("abc", "stop", USAGE)
+    assert fmt.head() == []
+    (chunk,) = frames_json(fmt.frames([TextDelta("x")]))
+    assert chunk["choices"][0]["text"] == "x"
+    body = fmt.body(result("abc"))
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == "abc"
+
+
+def test_error_frames_are_openai_errors_then_done():
+    frames = ChatFormat("c", "m").error_frames(APIError(500, "boom", code="internal"))
+    assert frames_json(frames)[0]["error"]["message"] == "boom" and frames[-1] == SSE_DONE
 
 
 class FakeClient:

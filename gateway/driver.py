@@ -1,0 +1,197 @@
+"""Run one turn against the scheduler and answer in one API's format, as a JSON body or SSE.
+
+Shared by every endpoint that generates: the API module parses its request, plans the turn
+(turn.py) and hands `respond` the turn, the `SubmitRequest` and an `Output` (how that API shows
+events, results and errors). A streamed response keeps its status line back until the first
+scheduler event (or the first keepalive), so failures that come at once (queue full, restart)
+still get their own HTTP status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import structlog
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.context import Gateway, RequestRecord, gateway_of, record_of
+from gateway.errors import APIError, invalid
+from gateway.history import RenderOptions
+from gateway.output import Event
+from gateway.prompts import build_submit, check_chat_template
+from gateway.scheduler_client import RequestStream
+from gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
+                               until_disconnect)
+from gateway.turn import ChatTurn, TurnResult, TurnUpdate, plan_turn
+from gateway.validation import ChatRequest, header_priority
+from proto.messages import SubmitRequest
+
+log = structlog.get_logger()
+
+STATUS_CLIENT_CLOSED = 499  # nginx's code for "client closed request", for the log only
+# Per-request switch for prefix-stable rendering ("0"/"off" or "1"/"on"), for measurements.
+PREFIX_STABLE_HEADER = "x-switchyard-prefix-stable"
+
+
+class Turn(Protocol):
+    result: TurnResult | None
+    num_malformed: int
+    num_repaired: int
+
+    def start_events(self) -> list[Event]: ...
+
+    def on_event(self, event: Any) -> TurnUpdate: ...
+
+
+class Output(Protocol):
+    """How one API shows a turn."""
+
+    keepalive: bytes
+
+    def head(self) -> list[bytes]: ...
+
+    def frames(self, events: list[Event]) -> list[bytes]: ...
+
+    def tail(self, result: TurnResult) -> list[bytes]: ...
+
+    def error_frames(self, error: APIError) -> list[bytes]: ...
+
+    def body(self, result: TurnResult) -> dict[str, Any]: ...
+
+
+def header_flag(headers: Any, name: str, default: bool) -> bool:
+    value = headers.get(name)
+    if value is None:
+        return default
+    if value.lower() in ("1", "on", "true", "yes"):
+        return True
+    if value.lower() in ("0", "off", "false", "no"):
+        return False
+    raise invalid(f"Header '{name}' must be 0/off or 1/on", param=name, code="invalid_value")
+
+
+async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
+                     id_prefix: str = "call_", param: str = "messages"
+                     ) -> tuple[ChatTurn, SubmitRequest]:
+    """Render and plan a chat turn for any API; the caller answers with `respond`."""
+    gw = gateway_of(request)
+    record = record_of(request)
+    check_chat_template(gw.tokenizer)
+    prefix_stable = header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable)
+    options = RenderOptions(memory=gw.memory, prefix_stable=prefix_stable,
+                            keep_reasoning=gw.keep_reasoning,
+                            think_start=gw.think.start if gw.think else None)
+    plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
+                                  gw.think)
+    record.num_spliced_turns = plan.rendered.num_spliced or None
+    record.num_spliced_tokens = plan.rendered.num_spliced_tokens or None
+    submit = build_submit(rid, plan.prompt_ids, chat.options, ctx=gw.settings.ctx,
+                          default_max_tokens=gw.settings.default_max_tokens,
+                          stop_token_ids=tuple(dict.fromkeys(gw.stop_token_ids
+                                                             + plan.extra_stop_ids)),
+                          priority=header_priority(request.headers), param=param)
+    turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids, think=gw.think,
+                    memory=gw.memory, id_prefix=id_prefix)
+    return turn, submit
+
+
+async def respond(request: Request, turn: Turn, submit: SubmitRequest, output: Output, *,
+                  stream: bool) -> Response:
+    gw = gateway_of(request)
+    record = record_of(request)
+    record.start(submit, stream=stream)
+    events = gw.client.submit(submit)
+    if stream:
+        return await _start_stream(gw, record, events, turn, output)
+    try:
+        body = await until_disconnect(request.receive, _collect(record, events, turn, output))
+    except ClientDisconnected:
+        record.disconnected = True
+        return Response(status_code=STATUS_CLIENT_CLOSED)
+    finally:
+        events.close()
+    return JSONResponse(body)
+
+
+def _apply(update: TurnUpdate, turn: Turn, stream: RequestStream, record: RequestRecord) -> None:
+    """Bookkeeping every update needs, streamed or not."""
+    if update.cancel:
+        stream.cancel()
+    if update.has_text:
+        record.first_text()
+    if update.result is not None:
+        record.finish(update.result.finish_reason, update.result.usage)
+        record.num_tool_calls = len(update.result.tool_calls) or None
+        if turn.num_malformed:
+            record.num_malformed_tool_calls = turn.num_malformed
+            log.warning("tool_call.malformed", rid=stream.rid, num_malformed=turn.num_malformed)
+        if turn.num_repaired:
+            record.num_repaired_tool_calls = turn.num_repaired
+            log.info("tool_call.repaired", rid=stream.rid, num_repaired=turn.num_repaired)
+    if update.error is not None:
+        record.fail(update.error)
+
+
+async def _collect(record: RequestRecord, stream: RequestStream, turn: Turn,
+                   output: Output) -> dict[str, Any]:
+    while True:
+        event = await stream.get()
+        update = turn.on_event(event)
+        _apply(update, turn, stream, record)
+        if update.error is not None:
+            raise update.error
+        if update.result is not None:
+            return output.body(update.result)
+
+
+async def _start_stream(gw: Gateway, record: RequestRecord, stream: RequestStream, turn: Turn,
+                        output: Output) -> Response:
+    try:
+        first = await stream.get(timeout=gw.keepalive_s)
+    except BaseException:
+        stream.close()
+        raise
+    updates = []
+    if first is not None:
+        update = turn.on_event(first)
+        if update.error is not None:
+            stream.close()
+            record.fail(update.error)
+            raise update.error
+        updates.append(update)
+
+    def on_close(disconnected: bool) -> None:
+        record.disconnected = disconnected
+
+    frames = _sse_frames(gw, record, stream, turn, output, updates)
+    return EventStreamResponse(frames, on_close=on_close)
+
+
+async def _sse_frames(gw: Gateway, record: RequestRecord, stream: RequestStream, turn: Turn,
+                      output: Output, updates: list[TurnUpdate]) -> AsyncIterator[bytes]:
+    try:
+        for frame in output.head() + output.frames(turn.start_events()):
+            yield frame
+        while True:
+            for update in updates:
+                _apply(update, turn, stream, record)
+                for frame in output.frames(update.events):
+                    yield frame
+                if update.error is not None:
+                    for frame in output.error_frames(update.error):
+                        yield frame
+                    return
+                if update.result is not None:
+                    for frame in output.tail(update.result):
+                        yield frame
+                    return
+            event = await stream.get(timeout=gw.keepalive_s)
+            if event is None:
+                updates = []
+                yield getattr(output, "keepalive", SSE_KEEPALIVE)
+            else:
+                updates = [turn.on_event(event)]
+    finally:
+        stream.close()

@@ -1,0 +1,299 @@
+"""Prefix-stable rendering: a returned assistant turn is rendered later as the exact tokens the
+model generated, so the next request's prompt extends what the server has in its KV.
+
+Why: KV is reused by exact token prefix. After a turn the server holds prompt + generated
+tokens. When the client sends that turn back, the chat template re-renders it from text, and
+that rarely gives the same tokens: a tool call's JSON is re-serialised, reasoning is dropped or
+reformatted, a Qwen3 template inserts an empty think block, a random or unusual tokenization
+does not survive decode + encode. Every such difference cuts the reusable prefix there.
+
+`TurnMemory` remembers, for a bounded number of recent assistant turns, the generated token ids
+(the "body": forced opening + generated tokens, excluding the end-of-turn token) and the
+generation prompt text they followed, keyed by each tool-call id and by a hash of the message as
+returned (text + calls). `render_prompt` renders the conversation with each remembered assistant
+message replaced by a sentinel, tokenizes the text between sentinels on its own, and puts the
+remembered body where the sentinel was, cutting the template's own opening of that turn back to
+the generation prompt the model actually saw. Anything that does not fit (sentinel missing or
+mangled by the template, opening not found) falls back to the plain template rendering of that
+message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from gateway.errors import invalid
+from gateway.reasoning import without_reasoning
+
+log = structlog.get_logger()
+
+DEFAULT_MAX_TURNS = 1024
+_OPENING_WINDOW = 512  # characters before a sentinel searched for the turn's opening
+_PROBE = [{"role": "user", "content": "x"}]
+
+
+# --- keys --------------------------------------------------------------------------------------
+
+
+def _canonical_arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
+    out = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        if not isinstance(function, dict):
+            function = {}
+        out.append((str(function.get("name")), _canonical_arguments(function.get("arguments"))))
+    return out
+
+
+def _call_ids(message: dict[str, Any]) -> list[str]:
+    return [c["id"] for c in message.get("tool_calls") or ()
+            if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
+
+
+def message_key(message: dict[str, Any]) -> str:
+    """A hash of an assistant message as returned: its text and its calls (not reasoning, which
+    many clients drop; not ids or whitespace at the ends, which some clients change)."""
+    content = message.get("content")
+    text = content.strip() if isinstance(content, str) else ""
+    payload = json.dumps([text, _calls(message)], sort_keys=True, ensure_ascii=False,
+                         default=str)
+    return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Remembered:
+    body: array  # token ids the model saw after the generation prompt
+    opening: str | None  # the generation prompt text they followed
+    has_reasoning: bool
+    key: str
+    calls: tuple[tuple[str, Any], ...]
+
+
+class TurnMemory:
+    """Bounded LRU of remembered assistant turns; thread-safe (rendering runs in a thread)."""
+
+    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS) -> None:
+        self.max_turns = max_turns
+        self._turns: OrderedDict[str, Remembered] = OrderedDict()  # key -> turn
+        self._by_call: dict[str, str] = {}  # tool-call id -> key
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def remember(self, message: dict[str, Any], body: Sequence[int], opening: str | None,
+                 has_reasoning: bool) -> None:
+        if self.max_turns <= 0 or not body:
+            return
+        key = message_key(message)
+        turn = Remembered(array("l", body), opening, has_reasoning, key,
+                          tuple(_calls(message)))
+        with self._lock:
+            self._turns[key] = turn
+            self._turns.move_to_end(key)
+            for call_id in _call_ids(message):
+                self._by_call[call_id] = key
+            while len(self._turns) > self.max_turns:
+                old_key, old = self._turns.popitem(last=False)
+                self._by_call = {c: k for c, k in self._by_call.items() if k != old_key}
+
+    def lookup(self, message: dict[str, Any]) -> Remembered | None:
+        """The remembered turn for an assistant message the client sent back, if any: by a
+        tool-call id whose calls still match, else by the hash of the message."""
+        calls = tuple(_calls(message))
+        with self._lock:
+            for call_id in _call_ids(message):
+                key = self._by_call.get(call_id)
+                turn = self._turns.get(key) if key else None
+                if turn is not None and turn.calls == calls:
+                    self._turns.move_to_end(key)
+                    return turn
+            key = message_key(message)
+            turn = self._turns.get(key)
+            if turn is not None:
+                self._turns.move_to_end(key)
+            return turn
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rendered:
+    ids: list[int]
+    text_tail: str  # the end of the rendered text (what the output follows)
+    opening: str | None  # the generation prompt text, when the template's is known
+    num_spliced: int = 0  # assistant turns rendered from remembered tokens
+    num_spliced_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    memory: TurnMemory | None = None
+    prefix_stable: bool = True
+    keep_reasoning: bool = True
+    think_start: str | None = None
+
+
+class TemplateError(Exception):
+    pass
+
+
+def apply_template(tokenizer: Any, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None, kwargs: dict[str, Any],
+                   add_generation_prompt: bool = True) -> str:
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False,
+            **kwargs)
+    except Exception as exc:  # request boundary: jinja raises anything the template does
+        raise TemplateError(f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(text, str):
+        raise TemplateError("the chat template did not produce text")
+    return text
+
+
+_openings: dict[tuple[int, str], str | None] = {}
+
+
+def generation_opening(tokenizer: Any, kwargs: dict[str, Any]) -> str | None:
+    """The text the template appends for `add_generation_prompt` (`<|im_start|>assistant\\n`),
+    found by rendering a one-message probe with and without it; cached per template kwargs."""
+    cache_key = (id(tokenizer), json.dumps(kwargs, sort_keys=True, default=str))
+    if cache_key not in _openings:
+        try:
+            bare = apply_template(tokenizer, _PROBE, None, kwargs, add_generation_prompt=False)
+            full = apply_template(tokenizer, _PROBE, None, kwargs, add_generation_prompt=True)
+            opening = full[len(bare):] if full.startswith(bare) and len(full) > len(bare) else None
+        except TemplateError:
+            opening = None
+        _openings[cache_key] = opening
+    return _openings[cache_key]
+
+
+def template_messages(messages: list[dict[str, Any]], keep_reasoning: bool) -> list[dict]:
+    """Messages as chat templates expect them: content never None, tool-call arguments as
+    objects (as mlx-lm passes them), reasoning dropped unless kept."""
+    out = []
+    for message in messages if keep_reasoning else without_reasoning(messages):
+        message = dict(message)
+        if message.get("content") is None:
+            message["content"] = ""
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                function = dict(call.get("function") or {})
+                function["arguments"] = _template_arguments(function.get("arguments"))
+                calls.append({**call, "function": function})
+            message["tool_calls"] = calls
+        out.append(message)
+    return out
+
+
+def _template_arguments(arguments: Any) -> Any:
+    value = _canonical_arguments(arguments)
+    return value if isinstance(value, dict) else ({} if arguments in (None, "") else arguments)
+
+
+def _locate_opening(segment: str, opening: str | None, think_start: str | None
+                    ) -> tuple[int, str] | None:
+    """Where the remembered body goes in `segment` (the text before its sentinel): after the
+    turn's opening, with the part of the opening the template did not write (a `<think>\\n`
+    the generation prompt had) to be added back. None when the opening is not there."""
+    if not opening:
+        return len(segment), ""
+    lo = max(0, len(segment) - len(opening) - _OPENING_WINDOW)
+    at = segment.rfind(opening, lo)
+    if at >= 0:
+        return at + len(opening), ""
+    if think_start and think_start in opening:
+        head = opening[:opening.find(think_start)]
+        at = segment.rfind(head, lo) if head else -1
+        if at >= 0:
+            return at + len(head), opening[len(head):]
+    return None
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
+                  tools: list[dict[str, Any]] | None, kwargs: dict[str, Any],
+                  options: RenderOptions) -> Rendered:
+    """The prompt's token ids: the template's rendering with remembered turns spliced in."""
+    messages = template_messages(messages, options.keep_reasoning)
+    spliced: dict[int, Remembered] = {}
+    if options.prefix_stable and options.memory is not None:
+        for i, message in enumerate(messages):
+            if message.get("role") == "assistant":
+                turn = options.memory.lookup(message)
+                if turn is not None and (options.keep_reasoning or not turn.has_reasoning):
+                    spliced[i] = turn
+    opening = generation_opening(tokenizer, kwargs)
+    while True:
+        nonce = secrets.token_hex(6)
+        sentinels = {i: f"<<switchyard-turn-{nonce}-{i}>>" for i in spliced}
+        shown = [{"role": "assistant", "content": sentinels[i]} if i in spliced else m
+                 for i, m in enumerate(messages)]
+        try:
+            text = apply_template(tokenizer, shown, tools, kwargs)
+        except TemplateError as exc:
+            if spliced:
+                spliced = {}
+                continue
+            raise invalid(f"The chat template rejected the messages: {exc}", param="messages",
+                          code="invalid_messages") from None
+        result = _splice(tokenizer, text, spliced, sentinels, options.think_start)
+        if isinstance(result, Rendered):
+            tail = text[-256:]
+            ends_with_opening = opening is not None and text.endswith(opening)
+            return Rendered(result.ids, tail, opening if ends_with_opening else None,
+                            result.num_spliced, result.num_spliced_tokens)
+        log.info("history.splice_skipped", message_index=result)
+        spliced.pop(result)
+
+
+def _splice(tokenizer: Any, text: str, spliced: dict[int, Remembered],
+            sentinels: dict[int, str], think_start: str | None) -> Rendered | int:
+    """The spliced ids, or the index of a message that cannot be spliced."""
+    ids: list[int] = []
+    pos = 0
+    num_tokens = 0
+    for i in sorted(spliced):
+        at = text.find(sentinels[i], pos)
+        if at < 0 or text.count(sentinels[i]) != 1:
+            return i
+        turn = spliced[i]
+        located = _locate_opening(text[pos:at], turn.opening, think_start)
+        if located is None:
+            return i
+        cut, extra = located
+        ids += _encode(tokenizer, text[pos:pos + cut] + extra)
+        ids += turn.body
+        num_tokens += len(turn.body)
+        pos = at + len(sentinels[i])
+    ids += _encode(tokenizer, text[pos:])
+    return Rendered(ids, "", None, len(spliced), num_tokens)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False)) if text else []

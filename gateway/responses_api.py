@@ -1,0 +1,450 @@
+"""OpenAI Responses API (`POST /v1/responses`), for Codex-style clients.
+
+`input` (a string, or items: messages, `function_call`, `function_call_output`, `reasoning`)
+and `instructions` are translated into the gateway's one chat shape (validation.ChatRequest):
+consecutive assistant items (reasoning, an output message, function calls) become one assistant
+message, function-call outputs become tool messages. `previous_response_id` prepends the stored
+conversation of that response (response_store.py); one the server no longer has is a 400 asking
+for the full input. Streaming follows the Responses event lifecycle: response.created,
+response.in_progress, output_item.added, content_part.added, output_text.delta/done,
+reasoning_text.delta/done, function_call_arguments.delta/done, output_item.done, and
+response.completed (response.incomplete when max_output_tokens cut the output).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.context import gateway_of
+from gateway.driver import respond, start_chat
+from gateway.errors import APIError, invalid, invalid_type
+from gateway.output import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from gateway.prompts import check_model
+from gateway.response_store import ResponseStore
+from gateway.streaming import sse_event
+from gateway.tools import (ToolChoice, check_tool_fields, function_tool,
+                           parse_openai_tool_choice)
+from gateway.turn import ChatTurn, TurnResult, assistant_message
+from gateway.validation import ChatRequest, Fields, Options, parse_json, parse_priority
+
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+# --- request ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    chat: ChatRequest
+    instructions: str | None
+    previous_response_id: str | None
+    store: bool
+
+
+def _text(value: Any, param: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid_type(param, "a string or an array of content parts")
+    texts = []
+    for j, part in enumerate(value):
+        if not isinstance(part, dict):
+            raise invalid_type(f"{param}[{j}]", "an object")
+        kind = part.get("type")
+        if kind == "refusal":
+            part = {"text": part.get("refusal")}
+        elif kind not in _TEXT_PARTS:
+            raise invalid(f"'{param}[{j}].type' {kind!r} is not supported; only text parts are",
+                          param=f"{param}[{j}].type", code="unsupported_content")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise invalid_type(f"{param}[{j}].text", "a string")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+class _InputBuilder:
+    """Turns input items into chat messages, merging consecutive assistant items."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self._assistant: dict[str, Any] | None = None
+
+    def _open_assistant(self) -> dict[str, Any]:
+        if self._assistant is None:
+            self._assistant = {"role": "assistant", "content": ""}
+        return self._assistant
+
+    def _flush(self) -> None:
+        if self._assistant is not None:
+            self.messages.append(self._assistant)
+            self._assistant = None
+
+    def add(self, item: Any, param: str) -> None:
+        if not isinstance(item, dict):
+            raise invalid_type(param, "an object")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise invalid(f"'{param}.role' must be user, system, developer or assistant",
+                              param=f"{param}.role", code="invalid_value")
+            text = _text(item.get("content"), f"{param}.content")
+            if role == "assistant":
+                message = self._open_assistant()
+                message["content"] = (message["content"] + "\n" + text) \
+                    if message["content"] else text
+                return
+            self._flush()
+            self.messages.append({"role": "system" if role == "developer" else role,
+                                  "content": text})
+        elif kind == "function_call":
+            f = Fields(item, f"{param}.")
+            call_id, name = f.string("call_id"), f.string("name")
+            arguments = f.string("arguments")
+            if not call_id or not name:
+                raise invalid(f"'{param}' needs 'call_id' and 'name'", param=param,
+                              code="missing_required_parameter")
+            message = self._open_assistant()
+            message.setdefault("tool_calls", []).append({
+                "id": call_id, "type": "function",
+                "function": {"name": name, "arguments": arguments or "{}"}})
+        elif kind == "function_call_output":
+            call_id = Fields(item, f"{param}.").string("call_id")
+            if not call_id:
+                raise invalid(f"'{param}.call_id' is required", param=f"{param}.call_id",
+                              code="missing_required_parameter")
+            self._flush()
+            self.messages.append({"role": "tool", "tool_call_id": call_id,
+                                  "content": _text(item.get("output", ""), f"{param}.output")})
+        elif kind == "reasoning":
+            texts = [_text(item.get(key) or [], f"{param}.{key}")
+                     for key in ("content", "summary")]
+            text = texts[0] or texts[1]
+            if text:
+                message = self._open_assistant()
+                previous = message.get("reasoning_content")
+                message["reasoning_content"] = f"{previous}\n{text}" if previous else text
+        else:
+            raise invalid(f"'{param}.type' {kind!r} is not supported by this server",
+                          param=f"{param}.type", code="unsupported_content")
+
+    def done(self) -> list[dict[str, Any]]:
+        self._flush()
+        return self.messages
+
+
+def parse_input(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise invalid("'input' must be a string or a non-empty array of items", param="input",
+                      code="invalid_value" if value is not None else
+                      "missing_required_parameter")
+    builder = _InputBuilder()
+    for i, item in enumerate(value):
+        builder.add(item, f"input[{i}]")
+    return builder.done()
+
+
+def parse_tools(value: Any) -> list[dict[str, Any]] | None:
+    """Responses tools are flat: `{"type": "function", "name", "description", "parameters"}`;
+    other tool types (web search, file search, custom) are not served here and are skipped."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise invalid_type("tools", "an array of objects")
+    tools = []
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict):
+            raise invalid_type(f"tools[{i}]", "an object")
+        if tool.get("type") != "function":
+            continue
+        check_tool_fields(tool.get("name"), tool.get("description"), tool.get("parameters"),
+                          f"tools[{i}]")
+        tools.append(function_tool(tool["name"], tool.get("description"),
+                                   tool.get("parameters")))
+    return tools or None
+
+
+def previous_not_found(response_id: str) -> APIError:
+    return invalid(
+        f"Previous response with id '{response_id}' not found. This server keeps only recent "
+        "responses in memory; send the full conversation in 'input' instead of "
+        "'previous_response_id'.", param="previous_response_id",
+        code="previous_response_not_found")
+
+
+def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ResponsesRequest:
+    f = Fields(body)
+    text = f.obj("text")
+    if text is not None:
+        fmt = Fields(text, "text.").obj("format")
+        if fmt is not None and fmt.get("type") not in (None, "text"):
+            raise invalid("Only text.format type 'text' is supported", param="text.format",
+                          code="unsupported_parameter")
+    instructions = f.string("instructions")
+    previous_id = f.string("previous_response_id")
+    history: list[dict[str, Any]] = []
+    if previous_id:
+        stored = store.get(previous_id)
+        if stored is None:
+            raise previous_not_found(previous_id)
+        history = list(stored)
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) \
+        + history
+    messages += parse_input(body.get("input"))
+    tools = parse_tools(body.get("tools"))
+    choice = parse_openai_tool_choice(body.get("tool_choice"), tools)
+    parallel = f.boolean("parallel_tool_calls")
+    stored_flag = f.boolean("store")
+    f.obj("reasoning")
+    f.obj("metadata")
+    options = Options(
+        model=f.string("model"), max_tokens=f.integer("max_output_tokens", lo=1),
+        temperature=_default(f.number("temperature", 0.0, 2.0), 1.0),
+        top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
+        stream=bool(f.boolean("stream")),
+        priority=parse_priority(body.get("priority"), "priority"), user=f.string("user"))
+    chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
+                       parallel_tool_calls=parallel is not False)
+    return ResponsesRequest(chat, instructions, previous_id,
+                            stored_flag is not False)
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+# --- response --------------------------------------------------------------------------------
+
+
+def responses_usage(result: TurnResult) -> dict[str, Any]:
+    usage = result.usage
+    return {"input_tokens": usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+
+
+def _tool_choice_json(choice: ToolChoice) -> Any:
+    return {"type": "function", "name": choice.name} if choice.mode == "function" \
+        else choice.mode
+
+
+class ResponsesFormat:
+    keepalive = b": keepalive\n\n"
+
+    def __init__(self, response_id: str, model: str, parsed: ResponsesRequest) -> None:
+        self.response_id = response_id
+        self.model = model
+        self.parsed = parsed
+        self.created_at = int(time.time())
+        self._seq = 0
+        self._items: list[dict[str, Any]] = []  # output items so far (done or open)
+        self._open: dict[str, Any] | None = None
+        self._pending_space = ""
+
+    # --- the response object ----------------------------------------------------------------
+
+    def response(self, status: str, output: list[dict[str, Any]],
+                 result: TurnResult | None = None, error: dict | None = None) -> dict[str, Any]:
+        chat = self.parsed.chat
+        tools = [{"type": "function", "name": t["function"]["name"],
+                  "description": t["function"].get("description"),
+                  "parameters": t["function"].get("parameters"), "strict": False}
+                 for t in chat.tools or ()]
+        return {
+            "id": self.response_id, "object": "response", "created_at": self.created_at,
+            "status": status, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
+            else None,
+            "instructions": self.parsed.instructions,
+            "max_output_tokens": chat.options.max_tokens, "model": self.model,
+            "output": output, "parallel_tool_calls": chat.parallel_tool_calls,
+            "previous_response_id": self.parsed.previous_response_id,
+            "reasoning": {"effort": None, "summary": None}, "store": self.parsed.store,
+            "temperature": chat.options.temperature,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": _tool_choice_json(chat.tool_choice), "tools": tools,
+            "top_p": chat.options.top_p, "truncation": "disabled",
+            "usage": responses_usage(result) if result else None,
+            "user": chat.options.user, "metadata": {},
+        }
+
+    @staticmethod
+    def status_of(result: TurnResult) -> str:
+        return "incomplete" if result.finish_reason == "length" and not result.tool_calls \
+            else "completed"
+
+    def output_items(self, result: TurnResult) -> list[dict[str, Any]]:
+        items = []
+        if result.reasoning:
+            items.append(_reasoning_item(_new_id("rs_"), result.reasoning))
+        if result.content.strip():
+            items.append(_message_item(_new_id("msg_"), result.content, "completed"))
+        for call in result.tool_calls:
+            items.append(_call_item(_new_id("fc_"), call.id, call.name, call.arguments,
+                                    "completed"))
+        return items
+
+    def body(self, result: TurnResult) -> dict[str, Any]:
+        return self.response(self.status_of(result), self.output_items(result), result)
+
+    # --- the stream -------------------------------------------------------------------------
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return sse_event(kind, payload)
+
+    def head(self) -> list[bytes]:
+        snapshot = self.response("in_progress", [])
+        return [self._event("response.created", response=snapshot),
+                self._event("response.in_progress", response=snapshot)]
+
+    def _add(self, item: dict[str, Any]) -> list[bytes]:
+        frames = self._close()
+        self._items.append(item)
+        self._open = item
+        shown = {**item}
+        if item["type"] == "message":
+            shown["content"] = []
+        elif item["type"] == "reasoning":
+            shown["content"] = []
+        elif item["type"] == "function_call":
+            shown["arguments"] = ""
+        frames.append(self._event("response.output_item.added",
+                                  output_index=len(self._items) - 1, item=shown))
+        if item["type"] == "message":
+            frames.append(self._event("response.content_part.added", item_id=item["id"],
+                                      output_index=len(self._items) - 1, content_index=0,
+                                      part={"type": "output_text", "text": "",
+                                            "annotations": []}))
+        return frames
+
+    def _close(self) -> list[bytes]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        index = len(self._items) - 1
+        frames = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            frames.append(self._event("response.output_text.done", item_id=item["id"],
+                                      output_index=index, content_index=0,
+                                      text=part["text"], logprobs=[]))
+            frames.append(self._event("response.content_part.done", item_id=item["id"],
+                                      output_index=index, content_index=0, part=part))
+        elif item["type"] == "reasoning":
+            frames.append(self._event("response.reasoning_text.done", item_id=item["id"],
+                                      output_index=index, content_index=0,
+                                      text=item["content"][0]["text"]))
+        elif item["type"] == "function_call":
+            frames.append(self._event("response.function_call_arguments.done",
+                                      item_id=item["id"], output_index=index,
+                                      name=item["name"], arguments=item["arguments"]))
+        item["status"] = "completed"
+        frames.append(self._event("response.output_item.done", output_index=index,
+                                  item=item))
+        return frames
+
+    def frames(self, events: list[Event]) -> list[bytes]:
+        frames: list[bytes] = []
+        for event in events:
+            open_type = self._open["type"] if self._open else None
+            index = len(self._items) - 1
+            if isinstance(event, ReasoningDelta):
+                if open_type != "reasoning":
+                    frames += self._add(_reasoning_item(_new_id("rs_"), ""))
+                    index = len(self._items) - 1
+                self._open["content"][0]["text"] += event.text
+                frames.append(self._event("response.reasoning_text.delta",
+                                          item_id=self._open["id"], output_index=index,
+                                          content_index=0, delta=event.text))
+            elif isinstance(event, TextDelta):
+                if open_type != "message":
+                    if not event.text.strip():
+                        self._pending_space += event.text
+                        continue
+                    frames += self._add(_message_item(_new_id("msg_"), "", "in_progress"))
+                    index = len(self._items) - 1
+                text, self._pending_space = self._pending_space + event.text, ""
+                self._open["content"][0]["text"] += text
+                frames.append(self._event("response.output_text.delta", item_id=self._open["id"],
+                                          output_index=index, content_index=0, delta=text,
+                                          logprobs=[]))
+            elif isinstance(event, ToolCallStart):
+                self._pending_space = ""
+                frames += self._add(_call_item(_new_id("fc_"), event.id, event.name, "",
+                                               "in_progress"))
+            elif isinstance(event, ToolCallDone):
+                item = self._open
+                item["arguments"] = event.call.arguments
+                frames.append(self._event("response.function_call_arguments.delta",
+                                          item_id=item["id"], output_index=index,
+                                          delta=event.call.arguments))
+                frames += self._close()
+        return frames
+
+    def tail(self, result: TurnResult) -> list[bytes]:
+        frames = self._close()
+        status = self.status_of(result)
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        frames.append(self._event(kind, response=self.response(status, self._items, result)))
+        return frames
+
+    def error_frames(self, error: APIError) -> list[bytes]:
+        failed = self.response("failed", self._items,
+                               error={"code": error.code or "server_error",
+                                      "message": error.message})
+        return [self._event("response.failed", response=failed)]
+
+
+def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": [],
+                         "logprobs": []}]}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str,
+               status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+# --- handler ---------------------------------------------------------------------------------
+
+
+async def create_response(request: Request) -> Response:
+    gw = gateway_of(request)
+    parsed = parse_responses_request(parse_json(await gw.read_body(request)), gw.responses)
+    check_model(parsed.chat.options.model, gw.model_id, gw.model_aliases)
+    response_id = _new_id("resp_")
+    turn, submit = await start_chat(request, parsed.chat, rid=response_id)
+    if parsed.store:
+        instructions = 1 if parsed.instructions else 0
+        conversation = parsed.chat.messages[instructions:]
+
+        def keep(_: ChatTurn, result: TurnResult) -> None:
+            gw.responses.put(response_id, conversation + [assistant_message(result)])
+
+        turn.on_result = keep
+    fmt = ResponsesFormat(response_id, gw.model_id, parsed)
+    return await respond(request, turn, submit, fmt, stream=parsed.chat.options.stream)

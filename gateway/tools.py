@@ -1,0 +1,285 @@
+"""Tools: one internal shape for definitions and tool_choice, the model family's call syntax,
+and parsing (with repair for forced calls) of the calls a model writes.
+
+Definitions from every API become OpenAI function tools, `{"type": "function", "function":
+{"name", "description", "parameters"}}`, the shape chat templates expect. The call syntax comes
+from the tokenizer: mlx-lm infers a parser module from the chat template (`json_tools` for
+Qwen/Hermes `<tool_call>{json}</tool_call>`, `qwen3_coder`, `mistral`, ...) and we reuse its
+markers and `parse_tool_call`. A tokenizer without one gets the Hermes JSON syntax.
+
+Forcing a call (`tool_choice` naming a function, or `required`) is done by writing the opening
+of the call into the prompt (`forced_opening`) and parsing opening + continuation. Forced calls
+are always returned as calls: when the model's continuation does not parse, `repair_forced`
+keeps what can be recovered and falls back to arguments `{}` (the client asked for a call;
+text would break its contract). Unforced calls that do not parse are returned as text.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import invalid, invalid_type
+
+HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
+JSON_FAMILY = "json_tools"
+MAX_TOOLS = 512
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str = "auto"  # "auto" | "none" | "required" | "function"
+    name: str | None = None  # with mode "function"
+
+    def to_openai(self) -> Any:
+        if self.mode == "function":
+            return {"type": "function", "function": {"name": self.name}}
+        return self.mode
+
+
+AUTO = ToolChoice()
+NONE = ToolChoice("none")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object, as text
+
+    @property
+    def input(self) -> dict[str, Any]:
+        """The arguments as an object (Anthropic's `input`)."""
+        try:
+            value = json.loads(self.arguments)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+def new_call_id(prefix: str = "call_") -> str:
+    return prefix + secrets.token_hex(12)
+
+
+# --- definitions -------------------------------------------------------------------------------
+
+
+def function_tool(name: str, description: str | None, parameters: Any) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name}
+    if description:
+        function["description"] = description
+    function["parameters"] = parameters if parameters is not None else {
+        "type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+def check_tool_fields(name: Any, description: Any, parameters: Any, param: str,
+                      parameters_key: str = "parameters") -> None:
+    if not isinstance(name, str) or not name:
+        raise invalid(f"'{param}.name' must be a non-empty string", param=f"{param}.name",
+                      code="invalid_value")
+    if description is not None and not isinstance(description, str):
+        raise invalid_type(f"{param}.description", "a string")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise invalid_type(f"{param}.{parameters_key}", "an object (a JSON schema)")
+
+
+def parse_openai_tools(value: Any, param: str = "tools") -> list[dict[str, Any]] | None:
+    """Chat Completions tools: `[{"type": "function", "function": {...}}]`."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise invalid_type(param, "an array of objects")
+    if len(value) > MAX_TOOLS:
+        raise invalid(f"'{param}' has more than {MAX_TOOLS} tools", param=param,
+                      code="invalid_value")
+    tools = []
+    for i, tool in enumerate(value):
+        if tool.get("type", "function") != "function":
+            raise invalid(f"'{param}[{i}].type' must be 'function'", param=f"{param}[{i}].type",
+                          code="unsupported_tool_type")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise invalid_type(f"{param}[{i}].function", "an object")
+        check_tool_fields(function.get("name"), function.get("description"),
+                          function.get("parameters"), f"{param}[{i}].function")
+        tools.append(function_tool(function["name"], function.get("description"),
+                                   function.get("parameters")))
+    return tools or None
+
+
+def tool_names(tools: Sequence[dict[str, Any]] | None) -> list[str]:
+    return [t["function"]["name"] for t in tools or ()]
+
+
+def parse_openai_tool_choice(value: Any, tools: list[dict[str, Any]] | None,
+                             param: str = "tool_choice") -> ToolChoice:
+    """"auto" | "none" | "required" | {"type": "function", "function": {"name"}} (Chat) or
+    {"type": "function", "name"} (Responses)."""
+    if value is None:
+        return AUTO if tools else NONE
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise invalid(f"'{param}' must be 'auto', 'none', 'required' or a function",
+                          param=param, code="invalid_value")
+        choice = ToolChoice(value)
+    elif isinstance(value, dict):
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, dict) else value.get("name")
+        if value.get("type") != "function" or not isinstance(name, str) or not name:
+            raise invalid(f"'{param}' must name a function: "
+                          '{"type": "function", "function": {"name": ...}}',
+                          param=param, code="invalid_value")
+        choice = ToolChoice("function", name)
+    else:
+        raise invalid_type(param, "a string or an object")
+    return check_tool_choice(choice, tools, param)
+
+
+def check_tool_choice(choice: ToolChoice, tools: list[dict[str, Any]] | None,
+                      param: str) -> ToolChoice:
+    if choice.mode in ("required", "function") and not tools:
+        raise invalid(f"'{param}' requires a tool call but no tools were given", param=param,
+                      code="invalid_value")
+    if choice.mode == "function" and choice.name not in tool_names(tools):
+        raise invalid(f"'{param}' names the function '{choice.name}', which is not in 'tools'",
+                      param=param, code="invalid_value")
+    return choice
+
+
+# --- the model's call syntax -------------------------------------------------------------------
+
+
+ParseFn = Callable[[str, Any], Any]
+
+
+def _parse_json(text: str, tools: Any = None) -> Any:
+    return json.loads(text.strip())
+
+
+@dataclass(frozen=True)
+class ToolSyntax:
+    family: str
+    start: str
+    end: str  # "" when a call runs to the end of the output (mistral)
+    parse: ParseFn
+
+    def forced_opening(self, name: str | None) -> str:
+        """Text that starts a call the model must finish (name None: the model picks)."""
+        if self.family == JSON_FAMILY:
+            if name is None:
+                return f'{self.start}\n{{"name": "'
+            return f'{self.start}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+        if self.family == "qwen3_coder":
+            return f"{self.start}\n<function={name}>\n" if name else f"{self.start}\n<function="
+        return self.start
+
+
+HERMES = ToolSyntax(JSON_FAMILY, HERMES_START, HERMES_END, _parse_json)
+
+
+def tool_syntax(tokenizer: Any) -> ToolSyntax:
+    """The syntax mlx-lm inferred for this tokenizer; Hermes JSON when it found none."""
+    parse = getattr(tokenizer, "tool_parser", None)
+    start = getattr(tokenizer, "tool_call_start", None)
+    end = getattr(tokenizer, "tool_call_end", None)
+    if parse is None or not start or end is None:
+        return HERMES
+    family = getattr(parse, "__module__", "").rsplit(".", 1)[-1] or "custom"
+    return ToolSyntax(family, start, end, parse)
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+
+def _arguments_text(arguments: Any) -> str | None:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return None
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def parse_calls(syntax: ToolSyntax, text: str,
+                tools: list[dict[str, Any]] | None) -> list[tuple[str, str]] | None:
+    """(name, arguments JSON) for each call in the text between the markers; None when the
+    text is not a well-formed call of a known tool shape (the parser raised or returned junk)."""
+    try:
+        parsed = syntax.parse(text, tools)
+    except Exception:  # parsers raise ValueError, JSONDecodeError, KeyError, IndexError...
+        return None
+    items = parsed if isinstance(parsed, list) else [parsed]
+    calls = []
+    for item in items:
+        if not isinstance(item, dict):
+            return None
+        name = item.get("name")
+        arguments = _arguments_text(item.get("arguments", item.get("parameters")))
+        if not isinstance(name, str) or not name or arguments is None:
+            return None
+        calls.append((name, arguments))
+    return calls or None
+
+
+def best_tool(guess: str, names: Sequence[str]) -> str:
+    """The tool whose name shares the longest prefix with what the model wrote."""
+    def shared(name: str) -> int:
+        n = 0
+        for a, b in zip(name, guess):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    return max(names, key=lambda name: (name == guess, shared(name)))
+
+
+def _json_arguments_after(text: str, key: str = '"arguments"') -> str | None:
+    at = text.find(key)
+    if at < 0:
+        return None
+    rest = text[at + len(key):].lstrip()
+    if not rest.startswith(":"):
+        return None
+    rest = rest[1:].lstrip()
+    try:
+        value, _ = json.JSONDecoder().raw_decode(rest)
+    except ValueError:
+        return None
+    return _arguments_text(value)
+
+
+def repair_forced(syntax: ToolSyntax, text: str, name: str | None,
+                  tools: list[dict[str, Any]]) -> tuple[tuple[str, str], bool]:
+    """One call from a forced call's text (between the markers): ((name, arguments), repaired).
+
+    `name` is the forced function, or None for `required` (the model picked the name, which
+    is matched to the closest tool). Arguments that do not parse become `{}`.
+    """
+    names = tool_names(tools)
+    calls = parse_calls(syntax, text, tools)
+    if calls:
+        got_name, arguments = calls[0]
+        if (name is None and got_name in names) or got_name == name:
+            return (got_name, arguments), False
+    if name is None:
+        guess = text
+        if syntax.family == JSON_FAMILY:
+            at = text.find('"name"')
+            guess = text[at + 6:].lstrip(' :"') if at >= 0 else text.lstrip(' \n{"')
+            guess = guess.split('"', 1)[0]
+        elif syntax.family == "qwen3_coder":
+            guess = text.split("<function=", 1)[-1].split(">", 1)[0]
+        name = best_tool(guess.strip(), names)
+    arguments = None
+    if syntax.family == JSON_FAMILY:
+        arguments = _json_arguments_after(text)
+    return (name, arguments or "{}"), True

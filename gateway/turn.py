@@ -1,0 +1,199 @@
+"""One chat turn, whatever the API: prompt planning (render, forced call, stop tokens), then
+the request's events turned into output events and a result, and the turn remembered for
+prefix-stable rendering of the next request.
+
+`plan_turn` runs in the tokenizer thread; `ChatTurn` runs on the event loop. `TextTurn` is the
+same interface for /v1/completions (text only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from gateway.errors import APIError
+from gateway.generation import Generation, Usage
+from gateway.history import Rendered, RenderOptions, TurnMemory, render_prompt
+from gateway.output import Event, Forced, OutputParser, TextDelta
+from gateway.reasoning import ThinkSyntax, prompt_opens_reasoning
+from gateway.tools import ToolCall, ToolSyntax, new_call_id, tool_names
+from gateway.validation import ChatRequest
+
+log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    prompt_ids: list[int]
+    rendered: Rendered
+    forced: Forced | None = None
+    forced_ids: tuple[int, ...] = ()
+    extra_stop_ids: tuple[int, ...] = ()
+    start_in_reasoning: bool = False
+    syntax: ToolSyntax | None = None  # None: the output is not searched for tool calls
+
+
+def _single_token(tokenizer: Any, text: str) -> tuple[int, ...]:
+    if not text:
+        return ()
+    ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+    return ids if len(ids) == 1 else ()
+
+
+def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,
+              syntax: ToolSyntax, think: ThinkSyntax | None) -> TurnPlan:
+    """Render the prompt and decide how tool calls are made (runs in the tokenizer thread)."""
+    rendered = render_prompt(tokenizer, chat.messages, chat.tools, chat.template_kwargs, options)
+    start_in_reasoning = prompt_opens_reasoning(rendered.text_tail, think)
+    choice = chat.tool_choice
+    if not chat.tools or choice.mode == "none":
+        return TurnPlan(rendered.ids, rendered, start_in_reasoning=start_in_reasoning)
+    name = choice.name
+    if choice.mode == "required" and len(chat.tools) == 1:
+        name = tool_names(chat.tools)[0]
+    end_ids = _single_token(tokenizer, syntax.end)
+    if choice.mode == "auto":
+        stops = end_ids if not chat.parallel_tool_calls else ()
+        return TurnPlan(rendered.ids, rendered, extra_stop_ids=stops,
+                        start_in_reasoning=start_in_reasoning, syntax=syntax)
+    opening = syntax.forced_opening(name)
+    text = opening
+    if start_in_reasoning:  # close the open think block before the call
+        text = think.end + "\n\n" + opening
+    forced_ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+    forced = Forced(opening[len(syntax.start):], name)
+    return TurnPlan(rendered.ids + list(forced_ids), rendered, forced, forced_ids,
+                    extra_stop_ids=end_ids, syntax=syntax)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    content: str
+    reasoning: str
+    tool_calls: list[ToolCall]
+    finish_reason: str  # "stop" | "length" | "tool_calls" | "cancelled"
+    stop_sequence: str | None
+    usage: Usage
+
+
+@dataclass
+class TurnUpdate:
+    events: list[Event] = field(default_factory=list)
+    cancel: bool = False
+    result: TurnResult | None = None
+    error: APIError | None = None
+    has_text: bool = False
+
+
+class ChatTurn:
+    def __init__(self, tokenizer: Any, plan: TurnPlan, chat: ChatRequest, *,
+                 skip_ids: tuple[int, ...], think: ThinkSyntax | None,
+                 memory: TurnMemory | None, id_prefix: str = "call_",
+                 on_result: Callable[["ChatTurn", TurnResult], None] | None = None) -> None:
+        self.plan = plan
+        self.memory = memory
+        self.generation = Generation(tokenizer, prompt_ids=plan.prompt_ids,
+                                     stop=chat.options.stop, skip_ids=skip_ids)
+        self.parser = OutputParser(
+            think=think, syntax=plan.syntax, tools=chat.tools,
+            start_in_reasoning=plan.start_in_reasoning, forced=plan.forced,
+            parallel=chat.parallel_tool_calls and plan.forced is None,
+            new_id=lambda: new_call_id(id_prefix))
+        self._end_ids = tokenizer.encode(plan.syntax.end, add_special_tokens=False) \
+            if plan.syntax is not None and plan.syntax.end else []
+        self.on_result = on_result
+        self.result: TurnResult | None = None
+        self._start_events = self.parser.start_events()  # before any output is parsed
+        self._cut = False  # cancelled by us after the one call allowed
+
+    def start_events(self) -> list[Event]:
+        return self._start_events
+
+    def on_event(self, event: Any) -> TurnUpdate:
+        update = self.generation.on_event(event)
+        out = TurnUpdate(cancel=update.cancel, error=update.error)
+        if update.text:
+            out.events = self.parser.push(update.text)
+            out.has_text = True
+            if self.parser.stop_requested:
+                out.cancel = self._cut = True
+        if update.finish is not None:
+            reason = update.finish.reason
+            closed = bool(self.plan.extra_stop_ids) and reason == "stop" \
+                and self.parser.in_open_call
+            out.events += self.parser.finish(closed_by_stop=closed)
+            if self.parser.calls:
+                reason = "tool_calls"
+            self.result = TurnResult(
+                self.parser.content_text, self.parser.reasoning_text, list(self.parser.calls),
+                reason, self.generation.matched_stop, update.finish.usage)
+            out.result = self.result
+            self._remember(update.finish.reason, closed)
+            if self.on_result is not None:
+                self.on_result(self, self.result)
+        return out
+
+    def _remember(self, scheduler_reason: str, closed_by_stop: bool) -> None:
+        """Keep the generated tokens for the next turn's rendering, unless what the client got
+        is not what was generated (stop string cut, cancelled, calls cut short)."""
+        if self.memory is None or self.result is None:
+            return
+        if scheduler_reason not in ("stop", "length") or self.generation.stop_matched \
+                or self._cut:
+            return
+        body = list(self.plan.forced_ids) + self.generation.token_ids
+        if closed_by_stop:
+            body += self._end_ids
+        self.memory.remember(assistant_message(self.result), body, self.plan.rendered.opening,
+                             bool(self.result.reasoning))
+
+    @property
+    def num_malformed(self) -> int:
+        return self.parser.num_malformed
+
+    @property
+    def num_repaired(self) -> int:
+        return self.parser.num_repaired
+
+
+def assistant_message(result: TurnResult) -> dict[str, Any]:
+    """The turn as a canonical chat message (what a client sends back next time)."""
+    message: dict[str, Any] = {"role": "assistant", "content": result.content}
+    if result.reasoning:
+        message["reasoning_content"] = result.reasoning
+    if result.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}}
+            for c in result.tool_calls]
+    return message
+
+
+class TextTurn:
+    """A /v1/completions generation: text only, nothing remembered."""
+
+    def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: tuple[str, ...],
+                 skip_ids: tuple[int, ...]) -> None:
+        self.generation = Generation(tokenizer, prompt_ids=prompt_ids, stop=stop,
+                                     skip_ids=skip_ids)
+        self.result: TurnResult | None = None
+        self.num_malformed = self.num_repaired = 0
+        self._text: list[str] = []
+
+    def start_events(self) -> list[Event]:
+        return []
+
+    def on_event(self, event: Any) -> TurnUpdate:
+        update = self.generation.on_event(event)
+        out = TurnUpdate(cancel=update.cancel, error=update.error, has_text=bool(update.text))
+        if update.text:
+            self._text.append(update.text)
+            out.events = [TextDelta(update.text)]
+        if update.finish is not None:
+            self.result = TurnResult("".join(self._text), "", [], update.finish.reason,
+                                     self.generation.matched_stop, update.finish.usage)
+            out.result = self.result
+        return out
