@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 from deploy import launchd, systemd
-from deploy.service_units import (ROLES, UnitError, UnitPlan, parse_env, unit_plan,
-                                  write_files)
+from deploy.service_units import (ROLES, UnitError, UnitPlan, check_second_group, parse_env,
+                                  unit_plan, write_files)
 from proto.settings import Settings, add_arguments
 
 EXIT_FAILED = 1
@@ -143,6 +143,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     try:
         suffix = args.label_suffix
         if args.action in ("render", "install"):
+            check_second_group(settings, suffix)
             plan = unit_plan(settings, label_suffix=suffix, extra_env=parse_env(args.env))
         else:
             plan = unit_plan(Settings(), label_suffix=suffix)  # names only

@@ -50,6 +50,13 @@ def check_suffix(suffix: str) -> str:
     return suffix
 
 
+def check_second_group(settings: Settings, suffix: str) -> None:
+    """A second group's units must not share the first one's runtime directory."""
+    if suffix and not settings.runtime_dir:
+        raise UnitError("a second group (--label-suffix) needs its own --runtime-dir, and "
+                        "usually its own --port and --kv-dir")
+
+
 def settings_flags(settings: Settings) -> list[str]:
     """Flags for the settings that differ from the defaults, in schema order."""
     defaults = Settings()
@@ -120,9 +127,6 @@ def unit_plan(settings: Settings, *, label_suffix: str = "", extra_env: dict[str
               openblas: Path | None = None, linux: bool | None = None) -> UnitPlan:
     from deploy.blas import openblas_path
 
-    if label_suffix and not settings.runtime_dir:
-        raise UnitError("a second group (--label-suffix) needs its own --runtime-dir, and "
-                        "usually its own --port and --kv-dir")
     command, env = launcher(python)
     env = {"PYTHONUNBUFFERED": "1", **env, **(extra_env or {})}
     linux = sys.platform.startswith("linux") if linux is None else linux

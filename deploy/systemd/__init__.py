@@ -21,7 +21,7 @@ from deploy.service_units import (ROLES, UnitPlan, describe, environment,
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
 _PLACEHOLDER = re.compile(r"@[A-Z_]+@")
-_SAFE = re.compile(r"[A-Za-z0-9_./:=,+@-]+")
+_SAFE = re.compile(r"[A-Za-z0-9_./:=,+@%-]+")
 
 
 def _stem(suffix: str) -> str:

@@ -195,8 +195,9 @@ function renderTtft(data) {
   let hi = 10 ** Math.ceil(Math.log10(Math.max(...ys)));
   if (hi / lo < 10) hi = lo * 10;
   const now = data.at;
-  const t0 = Math.min(...recent.map((r) => r.at));
-  const span = Math.max(1, now - t0);
+  const first = Math.min(...recent.map((r) => r.at));
+  const span = Math.max(1, (now - first) * 1.04);
+  const t0 = now - span;
   const xOf = (at) => L + ((at - t0) / span) * (W - L - R);
   const yOf = (v) => T + (1 - Math.log10(v / lo) / Math.log10(hi / lo)) * (H - T - B);
   for (const t of logTicks(lo, hi)) {

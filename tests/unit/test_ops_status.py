@@ -1,0 +1,118 @@
+"""`switchyard status`: pid files and uptimes of a runtime directory, status.json formatting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from deploy import cli
+from deploy import status as status_cli
+from scheduler.stats import SchedulerStats
+
+
+def record(**kw):
+    fields = dict(finish_reason="stop", num_prompt_tokens=100, num_reused_tokens=0,
+                  num_copied_tokens=0, num_restored_tokens=0, num_prefilled_tokens=100,
+                  num_generated_tokens=5, num_cached_tokens=0, ttft_s=0.2, priority="interactive")
+    return SimpleNamespace(**(fields | kw))
+
+
+def snapshot(now: float) -> dict:
+    stats = SchedulerStats()
+    stats.request_finished(record(), now - 5)
+    stats.request_finished(record(num_reused_tokens=90, num_prefilled_tokens=10,
+                                  num_cached_tokens=90, ttft_s=0.02), now - 2)
+    stats.request_failed("queue_full")
+    stats.step_done(0.01)
+    return {
+        "version": 1, "at": now - 0.5, "boot_id": "b" * 16, "pid": os.getpid(),
+        "started_at": now - 60, "worker_ready": True, "kvstore_ready": True,
+        "peers": {"worker": {"boot_id": "w" * 16, "pid": 11, "last_seen": now}},
+        "slots": [
+            {"slot": 0, "num_tokens": 12345, "conversation": "abcdef012345",
+             "last_used": now - 75, "rid": "chatcmpl-1", "priority": "interactive",
+             "state": "decoding"},
+            {"slot": 1, "num_tokens": 0, "conversation": None, "last_used": None, "rid": None,
+             "priority": None, "state": "idle"}],
+        "queue": [{"rid": "chatcmpl-2", "priority": "background", "waiting_s": 3.25,
+                   "prompt_tokens": 999}],
+        "disk": {"bytes": 3 * 2**30, "budget_bytes": 32 * 2**30, "num_pages": 1200,
+                 "writable": True, "num_evicted": 7, "num_thrash": 1, "num_writing": 2},
+        "stats": stats.snapshot(),
+    }
+
+
+def test_format_duration():
+    assert status_cli.format_duration(None) == "-"
+    assert status_cli.format_duration(5.9) == "5s"
+    assert status_cli.format_duration(75) == "1m15s"
+    assert status_cli.format_duration(3 * 3600 + 120) == "3h02m"
+    assert status_cli.format_duration(2 * 86400 + 3600) == "2d01h"
+
+
+def test_report_text():
+    now = time.time()
+    report = {"runtime_dir": "/run/sy", "at": now, "running": True,
+              "components": {"supervisor": {"pid": 10, "alive": True, "uptime_s": 61},
+                             "scheduler": {"pid": os.getpid(), "alive": True, "uptime_s": 60},
+                             "worker": {"pid": 11, "alive": False, "uptime_s": None},
+                             "gateway": {"pid": None, "alive": False, "uptime_s": None}},
+              "snapshot": snapshot(now), "snapshot_age_s": 0.5}
+    text = status_cli.format_report(report)
+    assert "Switchyard group in /run/sy" in text
+    assert "not running (stale pid file)" in text and "no pid file" in text
+    assert "bbbbbbbbbbbbbbbb" in text and "wwwwwwwwwwwwwwww" in text  # boot ids
+    slot_line = next(line for line in text.splitlines() if "abcdef012345" in line)
+    assert "decoding" in slot_line and "12,345" in slot_line and "1m15s ago" in slot_line
+    assert "interactive" in slot_line
+    assert "queue: 1 waiting" in text and "chatcmpl-2" in text and "background" in text
+    assert "3.0 GiB of 32.0 GiB budget (9.4%)" in text and "7 evicted" in text
+    assert "1 thrash events" in text
+    assert "2 finished (stop 2), 1 failed (queue_full 1)" in text
+    assert "reused 90" in text and "prefilled 110" in text
+    report["snapshot_age_s"] = 60
+    assert "STALE" in status_cli.format_report(report)
+
+
+def test_collect_reads_pid_files_and_uptimes(tmp_path):
+    (tmp_path / "scheduler.pid").write_text(f"{os.getpid()}\n")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "worker.pid").write_text(f"{dead.pid}\n")
+    now = time.time()
+    (tmp_path / "status.json").write_text(json.dumps(snapshot(now)))
+    report = status_cli.collect(tmp_path, now)
+    assert report["running"]
+    me = report["components"]["scheduler"]
+    assert me["alive"] and me["pid"] == os.getpid()
+    assert 0 < me["uptime_s"] < time.monotonic() + 60  # this test process's age
+    assert report["components"]["worker"] == {"pid": dead.pid, "alive": False, "uptime_s": None}
+    assert report["components"]["gateway"]["pid"] is None
+    assert abs(report["snapshot_age_s"] - 0.5) < 1e-6
+
+
+def test_uptime_of_a_young_process():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)
+        age = status_cli.uptime_s(child.pid)
+        assert age is not None and 0 <= age < 10
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_status_command(tmp_path, capsys):
+    assert cli.main(["status", "--runtime-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"no Switchyard group is running in {tmp_path}" in out
+    (tmp_path / "gateway.pid").write_text(f"{os.getpid()}\n")
+    (tmp_path / "status.json").write_text(json.dumps(snapshot(time.time())))
+    assert cli.main(["status", "--json", "--runtime-dir", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["running"] and report["components"]["gateway"]["pid"] == os.getpid()
+    assert report["snapshot"]["slots"][0]["conversation"] == "abcdef012345"
