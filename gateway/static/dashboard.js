@@ -211,10 +211,10 @@ function renderTtft(data) {
     const x = L + frac * (W - L - R);
     const ago = (1 - frac) * span;
     plot.appendChild(svg("text", { x, y: H - B + 16, "text-anchor": "middle" },
-                         ago < 0.5 ? "now" : `-${fmtSeconds(ago)}`));
+                         ago < 0.5 ? "now" : `${fmtSeconds(ago)} ago`));
   }
   plot.appendChild(svg("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" },
-                       "request finished (time ago); log scale"));
+                       "when the request finished; TTFT on a log scale"));
   for (const r of recent) {
     const cause = CAUSES.includes(r.cause) ? r.cause : "prefilled";
     const dot = svg("circle", { cx: xOf(r.at).toFixed(1), cy: yOf(r.ttft_s).toFixed(1), r: 4.5,
