@@ -40,13 +40,31 @@ def uptime_s(pid: int) -> float | None:
             return None
         start_ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22: starttime
         return max(0.0, boot_uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    try:
-        out = subprocess.run(["ps", "-o", "etimes=", "-p", str(pid)], capture_output=True,
-                             text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
+    for field in ("etimes=", "etime="):  # macOS's ps knows only etime ([[dd-]hh:]mm:ss)
+        try:
+            out = subprocess.run(["ps", "-o", field, "-p", str(pid)], capture_output=True,
+                                 text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        seconds = parse_etime(out.stdout.strip()) if out.returncode == 0 else None
+        if seconds is not None:
+            return seconds
+    return None
+
+
+def parse_etime(text: str) -> float | None:
+    """`ps` elapsed time: plain seconds (etimes) or [[dd-]hh:]mm:ss (etime)."""
+    if text.isdigit():
+        return float(text)
+    days, _, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if not (days.isdigit() or not days) or not 2 <= len(parts) <= 3 or not all(
+            p.isdigit() for p in parts):
         return None
-    text = out.stdout.strip()
-    return float(text) if text.isdigit() else None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return float(seconds + 86400 * int(days or 0))
 
 
 def read_snapshot(path: Path) -> dict | None:

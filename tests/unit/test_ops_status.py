@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from types import SimpleNamespace
+
+import pytest
 
 from deploy import cli
 from deploy import status as status_cli
@@ -54,6 +57,14 @@ def test_format_duration():
     assert status_cli.format_duration(2 * 86400 + 3600) == "2d01h"
 
 
+def test_parse_etime():
+    assert status_cli.parse_etime("42") == 42
+    assert status_cli.parse_etime("01:05") == 65
+    assert status_cli.parse_etime("02:00:01") == 7201
+    assert status_cli.parse_etime("3-00:00:10") == 3 * 86400 + 10
+    assert status_cli.parse_etime("") is None and status_cli.parse_etime("x:1") is None
+
+
 def test_report_text():
     now = time.time()
     report = {"runtime_dir": "/run/sy", "at": now, "running": True,
@@ -95,12 +106,17 @@ def test_collect_reads_pid_files_and_uptimes(tmp_path):
     assert abs(report["snapshot_age_s"] - 0.5) < 1e-6
 
 
-def test_uptime_of_a_young_process():
+@pytest.mark.parametrize("platform", ["this", "ps"])
+def test_uptime_of_a_young_process(monkeypatch, platform):
+    if platform == "ps":  # the path for systems without /proc (macOS): `ps -o etimes=`
+        if shutil.which("ps") is None:
+            pytest.skip("no ps here")
+        monkeypatch.setattr(sys, "platform", "darwin")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        time.sleep(0.3)
+        time.sleep(1.2)
         age = status_cli.uptime_s(child.pid)
-        assert age is not None and 0 <= age < 10
+        assert age is not None and 0.5 <= age < 10
     finally:
         child.kill()
         child.wait()
