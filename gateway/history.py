@@ -92,12 +92,18 @@ class Remembered:
 
 
 class TurnMemory:
-    """Bounded LRU of remembered assistant turns; thread-safe (rendering runs in a thread)."""
+    """Bounded LRU of remembered assistant turns; thread-safe (rendering runs in a thread).
+
+    Two replies can look the same (two forced calls repaired to the same arguments): each turn
+    is its own entry; a tool-call id names one entry, a message hash the latest with that hash.
+    """
 
     def __init__(self, max_turns: int = DEFAULT_MAX_TURNS) -> None:
         self.max_turns = max_turns
-        self._turns: OrderedDict[str, Remembered] = OrderedDict()  # key -> turn
-        self._by_call: dict[str, str] = {}  # tool-call id -> key
+        self._turns: OrderedDict[int, Remembered] = OrderedDict()  # entry -> turn
+        self._by_key: dict[str, int] = {}  # message hash -> latest entry
+        self._by_call: dict[str, int] = {}  # tool-call id -> entry
+        self._next = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -111,30 +117,33 @@ class TurnMemory:
         turn = Remembered(array("l", body), opening, has_reasoning, key,
                           tuple(_calls(message)))
         with self._lock:
-            self._turns[key] = turn
-            self._turns.move_to_end(key)
+            entry, self._next = self._next, self._next + 1
+            self._turns[entry] = turn
+            self._by_key[key] = entry
             for call_id in _call_ids(message):
-                self._by_call[call_id] = key
+                self._by_call[call_id] = entry
             while len(self._turns) > self.max_turns:
-                old_key, old = self._turns.popitem(last=False)
-                self._by_call = {c: k for c, k in self._by_call.items() if k != old_key}
+                self._forget(*self._turns.popitem(last=False))
+
+    def _forget(self, entry: int, turn: Remembered) -> None:
+        if self._by_key.get(turn.key) == entry:
+            del self._by_key[turn.key]
+        for call_id in [c for c, e in self._by_call.items() if e == entry]:
+            del self._by_call[call_id]
 
     def lookup(self, message: dict[str, Any]) -> Remembered | None:
         """The remembered turn for an assistant message the client sent back, if any: by a
         tool-call id whose calls still match, else by the hash of the message."""
         calls = tuple(_calls(message))
         with self._lock:
-            for call_id in _call_ids(message):
-                key = self._by_call.get(call_id)
-                turn = self._turns.get(key) if key else None
+            entries = [self._by_call.get(c) for c in _call_ids(message)]
+            entries.append(self._by_key.get(message_key(message)))
+            for entry in entries:
+                turn = self._turns.get(entry) if entry is not None else None
                 if turn is not None and turn.calls == calls:
-                    self._turns.move_to_end(key)
+                    self._turns.move_to_end(entry)
                     return turn
-            key = message_key(message)
-            turn = self._turns.get(key)
-            if turn is not None:
-                self._turns.move_to_end(key)
-            return turn
+            return None
 
 
 # --- rendering ---------------------------------------------------------------------------------

@@ -92,6 +92,7 @@ class OutputParser:
         self._at_start = True  # nothing but whitespace seen yet
         self._strip_leading = False  # drop whitespace before the answer (after reasoning)
         self._call_text = ""  # text of the open tool call (after its start marker)
+        self._space_before_call = ""  # whitespace before the open call: dropped if it parses
         self._forced_pending = self.forced
         self._early_start: ToolCallStart | None = None
         if self.forced is not None:
@@ -184,13 +185,22 @@ class OutputParser:
         start = self.syntax.start if self.syntax is not None else None
         at = held.find(start) if start else -1
         if at >= 0:
-            self._emit_text(events, held[:at])
+            before = held[:at]
+            text = before.rstrip()  # the whitespace before a call is the template's separator
+            self._emit_text(events, text)
+            self._space_before_call = before[len(text):]
             self._held = held[at + len(start):]
             self._state, self._call_text = _TOOL, ""
             return
-        keep = 0 if final else _held_suffix(held, self._markers())
-        self._emit_text(events, held[:len(held) - keep])
-        self._held = held[len(held) - keep:]
+        if final:
+            self._emit_text(events, held)
+            self._held = ""
+            return
+        keep = _held_suffix(held, self._markers())
+        body = held[:len(held) - keep]
+        ready = body.rstrip() if self.syntax is not None else body
+        self._emit_text(events, ready)
+        self._held = held[len(ready):]
 
     def _step_reasoning(self, events: list[Event], final: bool) -> None:
         held, end = self._held, self.think.end
@@ -254,9 +264,11 @@ class OutputParser:
             parsed = parse_calls(self.syntax, text, self.tools) if closed else None
             if parsed is None:
                 self.num_malformed += 1
-                self._emit_text(events, self.syntax.start + text + (
+                self._emit_text(events, self._space_before_call + self.syntax.start + text + (
                     self.syntax.end if closed else ""))
+                self._space_before_call = ""
                 return
+            self._space_before_call = ""
             for name, arguments in parsed:
                 start = ToolCallStart(len(self.calls), self.new_id(), name)
                 self._add_call(events, start, name, arguments, announce=True)

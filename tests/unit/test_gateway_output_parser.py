@@ -55,7 +55,7 @@ QWEN3_THINK_AND_CALL = (
     '<tool_call>\n{"name": "search_web", "arguments": {"query": "Paris 🦜"}}\n</tool_call>')
 EXPECTED_THINK_AND_CALL = [
     ("ReasoningDelta", "The user wants the weather."),
-    ("TextDelta", "Let me check.\n"),
+    ("TextDelta", "Let me check."),
     ("start", 0, "call_0", "get_weather"), ("done", 0, "get_weather", {"city": "Paris"}),
     ("start", 1, "call_1", "search_web"), ("done", 1, "search_web", {"query": "Paris 🦜"}),
 ]
@@ -65,7 +65,7 @@ def test_reasoning_text_and_two_calls():
     parser = make()
     assert summary(run(parser, [QWEN3_THINK_AND_CALL])) == EXPECTED_THINK_AND_CALL
     assert parser.reasoning_text == "The user wants the weather."
-    assert parser.content_text == "Let me check.\n"
+    assert parser.content_text == "Let me check."
     assert [c.name for c in parser.calls] == ["get_weather", "search_web"]
     assert parser.num_malformed == 0
 
@@ -111,8 +111,17 @@ def test_plain_text_passes_through_and_markers_mid_text_are_text():
 
 def test_partial_marker_is_held_then_released():
     parser = make()
-    assert parser.push("Hi <tool") == [TextDelta("Hi ")]
-    assert parser.push("box>") == [TextDelta("<toolbox>")]
+    assert parser.push("Hi <tool") == [TextDelta("Hi")]
+    assert parser.push("box>") == [TextDelta(" <toolbox>")]
+
+
+def test_whitespace_before_a_call_is_dropped_but_kept_elsewhere():
+    parser = make()
+    assert summary(run(parser, ["a \n", "\nb\n\n", CALL_TEXT, "\n\n"])) == [
+        ("TextDelta", "a \n\nb"), ("start", 0, "call_0", "get_weather"),
+        ("done", 0, "get_weather", {"city": "Paris"})]
+    parser = make()
+    assert summary(run(parser, ["end \n\n"])) == [("TextDelta", "end \n\n")]
 
 
 def test_unclosed_reasoning_at_the_end_is_reasoning():
@@ -129,6 +138,9 @@ def test_prompt_that_opens_reasoning():
     parser = make(start_in_reasoning=True)
     assert summary(run(parser, ["plan\n</think>\n\nanswer"])) == [
         ("ReasoningDelta", "plan"), ("TextDelta", "answer")]
+
+
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
 def test_malformed_call_is_text_and_counted():
