@@ -21,10 +21,10 @@ import structlog
 
 from gateway.anthropic_api import VOLATILE_SYSTEM_PREFIXES
 from proto.endpoints import Endpoints, ensure_runtime_dir
-from proto.messages import RequestFinished, SubmitRequest, TokensGenerated
+from proto.messages import RequestFinished, TokensGenerated
 from proto.settings import Settings
-from tests.integration.test_gateway import (FakeScheduler, Finish, Hold, Running, Tokens,
-                                            serving, wait_until)
+from tests.integration.test_gateway import (FakeScheduler, Finish, Running, Tokens, serving,
+                                            wait_until)
 
 API_KEY = "agent-key"
 MODEL = "tiny-qwen3"
@@ -560,7 +560,3 @@ def test_openapi_json(base_url):
 def test_openai_routes_need_the_key(base_url, path):
     response = httpx.post(base_url + path, json={})
     assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
-
-
-def test_submit_is_a_plain_request(fake):
-    assert SubmitRequest and Hold  # the shared fake scheduler's script steps are used here
