@@ -26,6 +26,7 @@ from gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamRes
                                until_disconnect)
 from gateway.turn import ChatTurn, TurnResult, TurnUpdate, plan_turn
 from gateway.validation import ChatRequest, header_priority
+from proto.logs import content_allowed
 from proto.messages import SubmitRequest
 
 log = structlog.get_logger()
@@ -39,6 +40,7 @@ class Turn(Protocol):
     result: TurnResult | None
     num_malformed: int
     num_repaired: int
+    malformed_texts: list[str]
 
     def start_events(self) -> list[Event]: ...
 
@@ -126,7 +128,9 @@ def _apply(update: TurnUpdate, turn: Turn, stream: RequestStream, record: Reques
         record.num_tool_calls = len(update.result.tool_calls) or None
         if turn.num_malformed:
             record.num_malformed_tool_calls = turn.num_malformed
-            log.warning("tool_call.malformed", rid=stream.rid, num_malformed=turn.num_malformed)
+            content = {"texts": turn.malformed_texts} if content_allowed() else {}
+            log.warning("tool_call.malformed", rid=stream.rid, num_malformed=turn.num_malformed,
+                        **content)
         if turn.num_repaired:
             record.num_repaired_tool_calls = turn.num_repaired
             log.info("tool_call.repaired", rid=stream.rid, num_repaired=turn.num_repaired)

@@ -184,13 +184,14 @@ def apply_template(tokenizer: Any, messages: list[dict[str, Any]],
     return text
 
 
-_openings: dict[tuple[int, str], str | None] = {}
+_openings: dict[tuple[int, str, str], str | None] = {}
 
 
 def generation_opening(tokenizer: Any, kwargs: dict[str, Any]) -> str | None:
     """The text the template appends for `add_generation_prompt` (`<|im_start|>assistant\\n`),
     found by rendering a one-message probe with and without it; cached per template kwargs."""
-    cache_key = (id(tokenizer), json.dumps(kwargs, sort_keys=True, default=str))
+    cache_key = (id(tokenizer), str(getattr(tokenizer, "chat_template", None)),
+                 json.dumps(kwargs, sort_keys=True, default=str))
     if cache_key not in _openings:
         try:
             bare = apply_template(tokenizer, _PROBE, None, kwargs, add_generation_prompt=False)

@@ -85,6 +85,7 @@ class OutputParser:
     calls: list[ToolCall] = field(default_factory=list)
     num_malformed: int = 0
     num_repaired: int = 0
+    malformed: list[str] = field(default_factory=list)  # for logs only with --log-content
 
     def __post_init__(self) -> None:
         self._state = _NORMAL
@@ -264,8 +265,9 @@ class OutputParser:
             parsed = parse_calls(self.syntax, text, self.tools) if closed else None
             if parsed is None:
                 self.num_malformed += 1
-                self._emit_text(events, self._space_before_call + self.syntax.start + text + (
-                    self.syntax.end if closed else ""))
+                raw = self.syntax.start + text + (self.syntax.end if closed else "")
+                self.malformed.append(raw)
+                self._emit_text(events, self._space_before_call + raw)
                 self._space_before_call = ""
                 return
             self._space_before_call = ""

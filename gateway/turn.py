@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
 from gateway.errors import APIError
 from gateway.generation import Generation, Usage
 from gateway.history import Rendered, RenderOptions, TurnMemory, render_prompt
@@ -22,7 +20,6 @@ from gateway.reasoning import ThinkSyntax, prompt_opens_reasoning
 from gateway.tools import ToolCall, ToolSyntax, new_call_id, tool_names
 from gateway.validation import ChatRequest
 
-log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
@@ -158,6 +155,10 @@ class ChatTurn:
     def num_repaired(self) -> int:
         return self.parser.num_repaired
 
+    @property
+    def malformed_texts(self) -> list[str]:
+        return self.parser.malformed
+
 
 def assistant_message(result: TurnResult) -> dict[str, Any]:
     """The turn as a canonical chat message (what a client sends back next time)."""
@@ -181,6 +182,7 @@ class TextTurn:
                                      skip_ids=skip_ids)
         self.result: TurnResult | None = None
         self.num_malformed = self.num_repaired = 0
+        self.malformed_texts: list[str] = []
         self._text: list[str] = []
 
     def start_events(self) -> list[Event]:
