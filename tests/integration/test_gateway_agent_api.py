@@ -23,8 +23,8 @@ from gateway.anthropic_api import VOLATILE_SYSTEM_PREFIXES
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.messages import RequestFinished, TokensGenerated
 from proto.settings import Settings
-from tests.integration.test_gateway import (FakeScheduler, Finish, Running, Tokens, serving,
-                                            wait_until)
+from tests.integration.test_gateway import (Fail, FakeScheduler, Finish, Running, Sleep,
+                                            Tokens, serving, wait_until)
 
 API_KEY = "agent-key"
 MODEL = "tiny-qwen3"
@@ -560,3 +560,47 @@ def test_openapi_json(base_url):
 def test_openai_routes_need_the_key(base_url, path):
     response = httpx.post(base_url + path, json={})
     assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+
+
+# --- failures in each API's format --------------------------------------------------------------
+
+
+def test_failure_before_the_stream_keeps_its_status_in_anthropic_format(http, fake):
+    fake.script = lambda submit: [Fail("queue_full", retry_after_s=2.0)]
+    body = {"model": "m", "max_tokens": 5, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    response = http.post("/v1/messages", json=body)
+    assert response.status_code == 429 and response.headers["Retry-After"] == "2"
+    assert response.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_failure_mid_stream_is_an_anthropic_error_event(http, fake, tokenizer):
+    ids = tokenizer.encode("Hello there", add_special_tokens=False)
+    fake.script = lambda submit: [Tokens(tuple(ids)), Sleep(0.3), Fail("internal")]
+    body = {"model": "m", "max_tokens": 5, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    with http.stream("POST", "/v1/messages", json=body) as response:
+        assert response.status_code == 200
+        events = sse_events(response)
+    assert events[0][0] == "message_start"
+    assert events[-1] == ("error", {"type": "error", "error": {
+        "type": "api_error", "message": "scripted internal"}})
+
+
+def test_failure_mid_stream_is_response_failed(http, fake, tokenizer):
+    ids = tokenizer.encode("Hello there", add_special_tokens=False)
+    fake.script = lambda submit: [Tokens(tuple(ids)), Sleep(0.3), Fail("internal")]
+    with http.stream("POST", "/v1/responses", json={"input": "hi", "stream": True}) as response:
+        assert response.status_code == 200
+        events = sse_events(response)
+    name, failed = events[-1]
+    assert name == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["code"] == "internal"
+
+
+def test_responses_errors_use_openai_format(http, fake):
+    response = http.post("/v1/responses", json={"input": [{"type": "item_reference",
+                                                           "id": "x"}]})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "input[0].type"
+    assert http.post("/v1/responses", json={"input": "x", "model": "gpt-5"}).status_code == 404
