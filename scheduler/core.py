@@ -285,6 +285,7 @@ class SchedulerCore:
             points.add(end)  # decoding or idle: the newest state is where the next turn resumes
         else:
             points.add((len(req.feed) - 1) // P * P)  # the last page end of the context
+            points.add(req.branch_point)
         return points
 
     def _cut_at_state_point(self, req: Request, start: int, end: int) -> int:
@@ -292,7 +293,7 @@ class SchedulerCore:
         P, interval = self.config.page_size, self.config.state_interval
         last_page_end = (len(req.feed) - 1) // P * P
         next_interval = (start // interval + 1) * interval
-        for point in sorted({last_page_end, next_interval}):
+        for point in sorted({last_page_end, next_interval, req.branch_point}):
             if start < point < end:
                 return point
         return end
@@ -345,6 +346,10 @@ class SchedulerCore:
                                                                       cfg.trimmable))
                      for s in self.slots if s.free}
         placement = choose_slot(self.slots, sources, persisted)
+        if not cfg.trimmable and self.pages.enabled:
+            # Where this request leaves the pages already on disk (the end of a shared prefix,
+            # say a system prompt) is where its state is worth a snapshot for the next one.
+            req.branch_point = self.pages.tree.longest_prefix(chain) * cfg.page_size
         if placement is not None and placement.restored:
             first = placement.restore_from // cfg.page_size
             req.restore_pages = [(k, chain[k]) for k in range(first, disk_pages)]

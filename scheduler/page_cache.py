@@ -155,7 +155,10 @@ class PageCache:
         """Stage every full page not yet on disk or on its way there, while buffers last.
 
         `state_points(slot)` gives the page ends where a hybrid model should snapshot its
-        recurrent state; the state exists only at the slot's current end.
+        recurrent state. The state exists only at the slot's current end, so a hybrid slot's
+        last page waits until it is a snapshot point or the slot has moved past it; a page
+        already on disk without a snapshot gets one when a later request stops there (the end
+        of a shared prefix).
         """
         if not self.enabled or now < self.writes_paused_until:
             return []
@@ -163,33 +166,47 @@ class PageCache:
         P = self.page_size
         for slot in slots:
             self.sync_slot(slot)
+            at_end = len(slot.tokens) // P - 1 if len(slot.tokens) % P == 0 else None
+            snapshot_here = (not trimmable and at_end is not None and at_end >= 0
+                             and len(slot.tokens) in state_points(slot))
             for k in range(slot.num_persisted, len(slot.page_ids)):
                 pid = slot.page_ids[k]
                 if pid in self.tree or pid in self.staged or pid in self.writing:
                     if k == slot.num_persisted:
                         slot.num_persisted += 1
                     continue
-                end = (k + 1) * P
-                with_state = (not trimmable and end == len(slot.tokens)
-                              and end in state_points(slot))
-                if not trimmable and not with_state and end == len(slot.tokens):
+                if not trimmable and k == at_end and not snapshot_here:
                     continue  # maybe a snapshot point later; staged when the slot moves on
-                buffers = self.acquire(1)
-                if buffers is None:
+                if not self._stage(slot, k, with_state=k == at_end and snapshot_here, out=stages):
                     return stages
-                parent = slot.page_ids[k - 1] if k else ROOT_ID
-                write = PageWrite(pid, parent, tuple(slot.tokens[k * P:end]), buffers[0],
-                                  FLAG_RECURRENT_STATE if with_state else 0)
-                self.staged[pid] = _Pending(write, self.page_file_bytes(with_state))
-                stages.append(StagePage(slot.index, k * P, buffers[0], with_state))
+            if snapshot_here:
+                pid = slot.page_ids[at_end]
+                stored_plain = pid in self.tree and pid not in self.state_pages
+                if stored_plain and pid not in self.staged and pid not in self.writing:
+                    if not self._stage(slot, at_end, with_state=True, out=stages):
+                        return stages
         return stages
+
+    def _stage(self, slot: Slot, k: int, with_state: bool, out: list[StagePage]) -> bool:
+        buffers = self.acquire(1)
+        if buffers is None:
+            return False
+        P = self.page_size
+        pid = slot.page_ids[k]
+        parent = slot.page_ids[k - 1] if k else ROOT_ID
+        write = PageWrite(pid, parent, tuple(slot.tokens[k * P:(k + 1) * P]), buffers[0],
+                          FLAG_RECURRENT_STATE if with_state else 0)
+        self.staged[pid] = _Pending(write, self.page_file_bytes(with_state))
+        out.append(StagePage(slot.index, k * P, buffers[0], with_state))
+        return True
 
     def staged_done(self, now: float, pinned: set[bytes]) -> None:
         """The step that staged pages finished: make room on disk, then hand them to kvstore."""
         if not self.staged:
             return
         pending, self.staged = list(self.staged.values()), {}
-        incoming = sum(p.nbytes for p in pending)
+        # Pages still being written count too: they are on disk as soon as kvstore answers.
+        incoming = sum(p.nbytes for p in pending) + sum(p.nbytes for p in self.writing.values())
         plan = plan_eviction(self.tree, self.budget_bytes, incoming, now,
                              self.protect_window_s, pinned=pinned)
         if plan.page_ids:

@@ -35,6 +35,8 @@ class Request:
     reading: list[tuple[int, bytes, int]] = field(default_factory=list)
     loading: list[tuple[int, bytes, int]] = field(default_factory=list)
     restore_started_at: float | None = None
+    # Hybrid models: where the request's context leaves the pages on disk (snapshot there).
+    branch_point: int = 0
 
     @property
     def restoring(self) -> bool:
