@@ -266,6 +266,8 @@ class StepDone:
     num_prefill_tokens: int
     num_decode_tokens: int
     duration_s: float
+    decode_s: float = 0.0  # the batched decode (forward and sampling)
+    prefill_s: float = 0.0  # the prefill chunks
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------

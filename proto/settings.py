@@ -82,6 +82,8 @@ class Settings:
                                    "last", default=24.0)
     prefill_chunk: int = _opt("most prompt tokens prefilled in one step (shared by all "
                               "prefilling sequences)", default=512)
+    decode_share: float = _opt("while others prefill, decoding streams keep at least this "
+                               "share of their solo speed (0 disables the limit)", default=0.5)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
     max_body_bytes: int = _opt("largest accepted HTTP body", default=32 * 2**20)
     default_max_tokens: int = _opt("max_tokens when a request gives none", default=2048)
@@ -119,6 +121,8 @@ class Settings:
             problems.append("--page-size must be at least 16")
         if self.prefill_chunk < 1:
             problems.append("--prefill-chunk must be at least 1")
+        if not 0 <= self.decode_share < 1:
+            problems.append("--decode-share must be in [0, 1)")
         if not 0 < self.port < 65536:
             problems.append("--port must be 1..65535")
         if self.log_format not in ("json", "console", "auto"):

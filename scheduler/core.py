@@ -35,6 +35,7 @@ from proto.messages import (
 from scheduler.page_cache import PageCache
 from scheduler.placement import Placement, Sources, choose_slot, reusable
 from scheduler.requests import Request, Slot, common_prefix_len
+from scheduler.step_budget import PrefillBudget
 
 # Pages read from disk per batch: bounds the buffers one restore holds at a time.
 _RESTORE_BATCH = 64
@@ -53,6 +54,7 @@ class CoreConfig:
     protect_window_s: float = 86400.0
     # Hybrid models snapshot their recurrent state every this many tokens of a prefill.
     state_interval: int = 4096
+    decode_share: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class SchedulerCore:
         self.finished: list[FinishedRecord] = []
         self.pages = PageCache(config.page_size, config.disk_budget_bytes,
                                config.protect_window_s)
+        self.budget = PrefillBudget(config.prefill_chunk, config.decode_share)
         self.outbox: list = []
         self.events: list[tuple[str, dict]] = self.pages.events  # logged by the shell
         self._copies: list[CopyPrefix] = []
@@ -146,6 +149,8 @@ class SchedulerCore:
         plan, self.inflight = self.inflight, None
         if plan is None or done.step != plan.step:
             return  # a stale reply from before a restart
+        self.budget.observe(done.num_decode_tokens, done.decode_s, done.num_prefill_tokens,
+                            done.prefill_s)
         for load in plan.loads:
             self.slots[load.slot].tokens.extend(load.token_ids)
             self.pages.release(load.buffers)
@@ -249,7 +254,7 @@ class SchedulerCore:
                 decodes.append(self._decode_item(req))
             else:
                 prefilling.append((req, remaining))
-        prefills = self._plan_prefills(prefilling)
+        prefills = self._plan_prefills(prefilling, decodes)
         copies, self._copies = self._copies, []
         if not (stages or copies or loads or decodes or prefills):
             return None
@@ -259,20 +264,28 @@ class SchedulerCore:
         self.outbox.append(self.inflight)
         return self.inflight
 
-    def _plan_prefills(self, prefilling: list[tuple[Request, int]]) -> list[PrefillChunk]:
-        prefills = []
-        budget = self.config.prefill_chunk
+    def _plan_prefills(self, prefilling: list[tuple[Request, int]],
+                       decodes: list[DecodeItem]) -> list[PrefillChunk]:
+        """Interactive before background, then the fewest remaining tokens first (a nearly
+        resident request never waits behind a cold one). An interactive prefill must keep
+        interactive streams at pace; a background prefill must keep every stream at pace."""
+        decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
+        num_interactive = sum(1 for r in decoding if r.interactive)
+        limit = {True: self.budget.tokens(num_interactive),
+                 False: self.budget.tokens(len(decoding))}
+        prefills, used = [], 0
         prefilling.sort(key=lambda rr: (not rr[0].interactive, rr[1], rr[0].arrived_at))
         for req, remaining in prefilling:
-            if budget <= 0:
-                break
+            room = limit[req.interactive] - used
+            if room <= 0:
+                continue
             slot = self.slots[req.slot]
             start = len(slot.tokens)
-            end = start + min(remaining, budget)
+            end = start + min(remaining, room)
             if not self.config.trimmable:
                 end = self._cut_at_state_point(req, start, end)
             prefills.append(PrefillChunk(req.slot, start, req.feed[start:end]))
-            budget -= end - start
+            used += end - start
         return prefills
 
     def _state_points(self, slot: Slot) -> set[int]:

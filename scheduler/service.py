@@ -86,7 +86,7 @@ class SchedulerService:
             max_queue=settings.max_queue, page_size=settings.page_size,
             disk_budget_bytes=settings.kv_disk_budget_bytes,
             protect_window_s=settings.kv_protect_hours * 3600,
-            state_interval=settings.state_interval))
+            state_interval=settings.state_interval, decode_share=settings.decode_share))
         self.started_at = time.time()
         self.stats = SchedulerStats()
         self.peer_boot: dict[str, str] = {}
@@ -157,7 +157,9 @@ class SchedulerService:
             self.stats.step_done(msg.duration_s)
             self.log.debug("step.finished", step=msg.step, batch=msg.num_decode_tokens,
                            num_prefill_tokens=msg.num_prefill_tokens,
-                           step_ms=round(msg.duration_s * 1e3, 2))
+                           step_ms=round(msg.duration_s * 1e3, 2),
+                           decode_ms=round(msg.decode_s * 1e3, 2),
+                           prefill_ms=round(msg.prefill_s * 1e3, 2))
         elif isinstance(msg, WorkerReady):
             self._on_worker_ready(msg)
         elif isinstance(msg, InventoryDescribed):

@@ -39,6 +39,7 @@ class StepExecutor:
             self.layout.load(cache, load.start, [self._buffer(b) for b in load.buffers],
                              load.with_state)
         sampled: tuple[SampledToken, ...] = ()
+        decode_started = time.perf_counter()
         if step.decodes:
             items = step.decodes
             logits = store.decode([d.slot for d in items], [d.position for d in items],
@@ -46,9 +47,12 @@ class StepExecutor:
             tokens = sample_rows(logits, [d.sampling for d in items],
                                  [d.sample_index for d in items])
             sampled = tuple(SampledToken(d.slot, t) for d, t in zip(items, tokens))
+        prefill_started = time.perf_counter()
         for chunk in step.prefills:
             store.prefill(chunk.slot, chunk.start, list(chunk.token_ids))
+        done = time.perf_counter()
         return StepDone(
             step=step.step, sampled=sampled,
             num_prefill_tokens=sum(len(c.token_ids) for c in step.prefills),
-            num_decode_tokens=len(step.decodes), duration_s=time.perf_counter() - started)
+            num_decode_tokens=len(step.decodes), duration_s=done - started,
+            decode_s=prefill_started - decode_started, prefill_s=done - prefill_started)

@@ -1,0 +1,43 @@
+"""How many prompt tokens a step may prefill without starving the sequences that decode (F6).
+
+A step runs every decoding sequence's token, then prefill chunks. If prefill makes the step
+k times longer than a decode-only step, every decoding stream runs at 1/k of its speed. The
+budget keeps decoding streams at `decode_share` of their solo speed: prefill may take
+`decode_s * (1/share - 1)` per step, converted to tokens with the measured prefill cost per
+token. Both costs are moving averages of what the worker reports, so the budget follows the
+machine and the context length (attention makes long-context prefill tokens dearer).
+With nothing decoding there is no one to protect and the budget is the largest chunk.
+"""
+
+from __future__ import annotations
+
+_ALPHA = 0.2  # weight of the newest measurement in the moving averages
+
+
+class PrefillBudget:
+    def __init__(self, max_tokens: int, decode_share: float, min_tokens: int = 16):
+        self.max_tokens = max_tokens
+        self.decode_share = decode_share
+        self.min_tokens = min(min_tokens, max_tokens)
+        self.decode_s: float | None = None
+        self.prefill_token_s: float | None = None
+
+    def observe(self, num_decodes: int, decode_s: float, num_prefill: int,
+                prefill_s: float) -> None:
+        if num_decodes and decode_s > 0:
+            self.decode_s = _ewma(self.decode_s, decode_s)
+        if num_prefill and prefill_s > 0:
+            self.prefill_token_s = _ewma(self.prefill_token_s, prefill_s / num_prefill)
+
+    def tokens(self, num_protected_decodes: int) -> int:
+        """Prefill tokens allowed in a step where this many sequences must keep their pace."""
+        if (num_protected_decodes == 0 or self.decode_share <= 0 or self.decode_s is None
+                or self.prefill_token_s is None):
+            return self.max_tokens
+        allowed_s = self.decode_s * (1.0 / self.decode_share - 1.0)
+        n = int(allowed_s / self.prefill_token_s)
+        return max(self.min_tokens, min(self.max_tokens, n))
+
+
+def _ewma(previous: float | None, value: float) -> float:
+    return value if previous is None else (1 - _ALPHA) * previous + _ALPHA * value
