@@ -1,0 +1,84 @@
+"""Scheduling through the whole group (issue 4): disconnects, queue limits, priorities."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import httpx
+import pytest
+
+from scheduler.status import read_status
+from tests.helpers.group import ServerGroup
+
+
+@pytest.fixture(scope="module")
+def one_slot(tiny_qwen3):
+    with ServerGroup(tiny_qwen3, slots=1, ctx=8192, extra=["--max-queue", "1"]) as group:
+        yield group
+
+
+def completion(group, prompt: str, max_tokens: int, priority: str = "interactive",
+               timeout: float = 120):
+    return httpx.post(f"{group.base_url}/completions", timeout=timeout,
+                      headers={"X-Switchyard-Priority": priority},
+                      json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+
+
+def slot_priorities(group) -> list:
+    status = read_status(group.runtime_dir / "status.json") or {}
+    return [s["priority"] for s in status.get("slots", [])]
+
+
+def test_client_disconnect_frees_the_slot(one_slot):
+    body = {"prompt": "tell me everything " * 20, "max_tokens": 2000, "temperature": 0,
+            "stream": True}
+    with httpx.stream("POST", f"{one_slot.base_url}/completions", json=body,
+                      timeout=60) as resp:
+        chunks = 0
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                chunks += 1
+            if chunks == 5:
+                break  # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        finished = [e for e in one_slot.log_events("request.finished")
+                    if e.get("role") == "scheduler" and e["finish_reason"] == "cancelled"]
+        if finished:
+            break
+        time.sleep(0.05)
+    assert finished, "the scheduler cancelled the request"
+    assert finished[0]["num_generated_tokens"] < 2000
+    # The slot is free for the next request at once.
+    assert completion(one_slot, "next", 4).status_code == 200
+
+
+def test_queue_limit_answers_429_with_retry_after(one_slot):
+    prompts = [f"request {i} " * 30 for i in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda p: completion(one_slot, p, 120), prompts))
+    statuses = sorted(r.status_code for r in results)
+    assert 200 in statuses and 429 in statuses, statuses
+    limited = next(r for r in results if r.status_code == 429)
+    assert float(limited.headers["retry-after"]) > 0
+    assert limited.json()["error"]["code"] == "queue_full"
+
+
+def test_interactive_request_takes_a_background_slot(one_slot):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        background = pool.submit(completion, one_slot, "a long background job " * 10, 300,
+                                 "background")
+        deadline = time.monotonic() + 30
+        while "background" not in slot_priorities(one_slot) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        interactive = completion(one_slot, "a quick question", 8)
+        assert interactive.status_code == 200
+        bg = background.result()
+    assert bg.status_code == 200
+    assert bg.json()["usage"]["completion_tokens"] == 300, "resumed and finished its reply"
+    assert one_slot.log_events("request.preempted")
+    # The background request was finished after the interactive one.
+    order = [e["priority"] for e in one_slot.log_events("request.finished")
+             if e.get("role") == "scheduler" and e["num_generated_tokens"] in (8, 300)]
+    assert order[-2:] == ["interactive", "background"]
