@@ -25,11 +25,11 @@ from gateway import anthropic_api, dashboard, metrics, openai_api, responses_api
 from gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord, gateway_of
 from gateway.driver import STATUS_CLIENT_CLOSED
 from gateway.errors import APIError, api_style
-from gateway.history import DEFAULT_MAX_TURNS, TurnMemory
+from gateway.history import TurnMemory
 from gateway.openapi import openapi_spec
 from gateway.prompts import served_model_id
-from gateway.reasoning import DEFAULT_KEEP_REASONING, think_syntax
-from gateway.response_store import DEFAULT_MAX_RESPONSES, ResponseStore
+from gateway.reasoning import think_syntax
+from gateway.response_store import ResponseStore
 from gateway.scheduler_client import SchedulerClient
 from gateway.tools import tool_syntax
 from proto.endpoints import Endpoints
@@ -155,13 +155,10 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                       stop_token_ids=eos_ids(tokenizer),
                       keepalive_s=keepalive_s,
                       tool_syntax=tool_syntax(tokenizer), think=think_syntax(tokenizer),
-                      # Settings of their own may come later; these are the defaults.
-                      prefix_stable=getattr(settings, "prefix_stable", True),
-                      keep_reasoning=getattr(settings, "keep_reasoning",
-                                             DEFAULT_KEEP_REASONING),
-                      memory=TurnMemory(getattr(settings, "history_turns", DEFAULT_MAX_TURNS)),
-                      responses=ResponseStore(getattr(settings, "max_stored_responses",
-                                                      DEFAULT_MAX_RESPONSES)))
+                      prefix_stable=settings.prefix_stable,
+                      keep_reasoning=settings.keep_reasoning,
+                      memory=TurnMemory(settings.history_turns),
+                      responses=ResponseStore(settings.max_stored_responses))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

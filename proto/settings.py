@@ -87,6 +87,15 @@ class Settings:
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
     max_body_bytes: int = _opt("largest accepted HTTP body", default=32 * 2**20)
     default_max_tokens: int = _opt("max_tokens when a request gives none", default=2048)
+    prefix_stable: bool = _opt("render remembered assistant turns with the exact tokens the "
+                               "model generated, so resent histories reuse their KV",
+                               default=True)
+    keep_reasoning: bool = _opt("keep earlier <think> blocks in the rendered history",
+                                default=True)
+    history_turns: int = _opt("assistant turns remembered for prefix-stable rendering",
+                              default=1024)
+    max_stored_responses: int = _opt("Responses API conversations kept for "
+                                     "previous_response_id", default=256)
     api_key: str = _opt("require this key (Bearer / x-api-key); needed off loopback", default="")
     log_level: str = _opt("debug, info, warning or error", default="info")
     log_format: str = _opt("json, console or auto (console on a TTY)", default="auto")
