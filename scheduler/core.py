@@ -190,8 +190,10 @@ class SchedulerCore:
     # --- events: kvstore -------------------------------------------------------------------
 
     def kvstore_restarted(self) -> None:
-        """Reads sent to the old kvstore are lost: ask the new one again once it is attached."""
+        """Reads sent to the old kvstore are lost: ask the new one again once it is attached.
+        Writes are lost too: every slot's pages are checked against the new inventory again."""
         self.pages.kvstore_restarted()
+        self._recheck_persisted()
         while self._reads:
             rid, batch = self._reads.popleft()
             self.pages.release([b for _, _, b in batch])
@@ -229,6 +231,13 @@ class SchedulerCore:
 
     def pages_written(self, msg: PagesWritten, now: float) -> None:
         self.pages.pages_written(msg, now)
+        if msg.failed:
+            self._recheck_persisted()
+
+    def _recheck_persisted(self) -> None:
+        """Pages a slot counted as on their way to disk may not have arrived: stage again."""
+        for slot in self.slots:
+            slot.num_persisted = 0
 
     # --- planning --------------------------------------------------------------------------
 

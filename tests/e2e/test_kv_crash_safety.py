@@ -14,7 +14,8 @@ import pytest
 
 from kvstore.pages import decode_header
 from kvstore.store import PageStore, read_entries
-from tests.e2e.test_kv_persistence import Conversation, text, wait_ready
+from tests.e2e.test_kv_persistence import Conversation
+from tests.helpers.workload import text, wait_ready
 from tests.helpers.group import ServerGroup
 
 P = 256

@@ -8,52 +8,16 @@ whole history every turn, the last assistant turn sometimes a tool call and some
 from __future__ import annotations
 
 import json
-import random
 import time
-import urllib.request
 
 import openai
 import pytest
 
 from kvstore.store import read_entries
-from scheduler.status import read_status
 from tests.helpers.group import ServerGroup
+from tests.helpers.workload import text, wait_ready
 
 P = 256
-WORDS = ("alpha beta gamma delta ledger invoice shipment crate harbor tide signal route "
-         "switch yard engine cargo manifest weather north south east west river bridge "
-         "customs tariff quay crane berth pilot tug anchor").split()
-
-
-def text(seed: int, num_words: int) -> str:
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(num_words))
-
-
-def wait_ready(group: ServerGroup, role: str | None = None, pid: int | None = None,
-               timeout_s: float = 120.0) -> None:
-    """The scheduler's status shows worker and kvstore ready and, after a restart of `role`,
-    the new `pid` connected (so the restart is known, not just about to be noticed)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = read_status(group.runtime_dir / "status.json") or {}
-        if role == "scheduler":
-            seen = status.get("pid") == pid
-        elif role is not None:
-            seen = status.get("peers", {}).get(role, {}).get("pid") == pid
-        else:
-            seen = True
-        if seen and status.get("worker_ready") and status.get("kvstore_ready"):
-            try:
-                with urllib.request.urlopen(f"{group.url}/health", timeout=5) as resp:
-                    if json.loads(resp.read()).get("status") == "ok":
-                        return
-            except OSError:
-                pass
-        time.sleep(0.2)
-    raise AssertionError(f"group not ready\n{group.log_tail()}")
-
-
 class Conversation:
     """An agent conversation: system prompt, user task, then tool results turn after turn."""
 

@@ -289,3 +289,29 @@ def test_hybrid_shared_prefix_gets_a_snapshot_for_the_next_conversation():
     load = next(s for s in g.steps[before:] if s.loads).loads[0]
     assert load.with_state and len(load.buffers) == 2
     assert g.finished("c").num_cached_tokens == 2 * P
+
+
+def test_pages_lost_with_a_kvstore_restart_are_written_again():
+    g = Group(num_slots=1)
+    a = conv(1, 4 * P + 2)
+    g.submit("a", a)
+    g.core.plan_step(g.now)
+    # The prefill step runs; its pages are staged in the next step and handed to kvstore...
+    for msg in g.core.take_outbox():
+        if isinstance(msg, RunStep):
+            g.core.step_done(g._worker(msg), g.now)
+    g.core.plan_step(g.now)
+    [step] = [m for m in g.core.take_outbox() if isinstance(m, RunStep)]
+    assert step.stages
+    g.core.step_done(g._worker(step), g.now)
+    writes = [m for m in g.core.take_outbox() if isinstance(m, WritePages)]
+    assert writes
+    g.core.plan_step(g.now)  # meanwhile the slot counts those pages as on their way
+    for msg in g.core.take_outbox():
+        if isinstance(msg, RunStep):
+            g.core.step_done(g._worker(msg), g.now)
+    # ...but kvstore dies before writing them. The new kvstore gets them again.
+    g.core.kvstore_restarted()
+    g.core.pages.kvstore_inventory((), True, g.now)
+    g.run()
+    assert len(g.disk) == 4
