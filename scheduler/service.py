@@ -95,7 +95,6 @@ class SchedulerService:
         self.worker_boot_synced: str | None = None
         self.worker_down_since: float | None = time.time()
         self.kvstore_ready = False
-        self.step_sent_at = 0.0
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
         self.ctx = zmq.Context()
         self.sock = bind_router(self.ctx, self.endpoints.scheduler)
@@ -121,7 +120,10 @@ class SchedulerService:
             if isinstance(msg, RequestFailed):
                 self.stats.request_failed(msg.code)
             if not self._send(_DESTINATION[type(msg)], msg) and isinstance(msg, RunStep):
-                self.core.inflight = None  # not delivered; planned again next round
+                # The worker is not connected: wait for it to greet us again (a restarted
+                # worker resets the slots and buffers this plan referred to).
+                self.core.inflight = None
+                self.worker_down_since = self.worker_down_since or time.time()
         for event, fields in self.core.events:
             level = "warning" if event in ("kv.thrash", "kv.persistence_off",
                                            "kv.budget_exhausted") else "info"
