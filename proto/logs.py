@@ -31,7 +31,9 @@ def configure_logging(role: str, boot_id: str, level: str = "info", fmt: str = "
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write() per line: print() writes the newline separately, and with
+        # PYTHONUNBUFFERED the lines of several processes sharing stderr interleave.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.clear_contextvars()
