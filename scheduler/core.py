@@ -278,16 +278,20 @@ class SchedulerCore:
         """Interactive before background, then the fewest remaining tokens first (a nearly
         resident request never waits behind a cold one). An interactive prefill must keep
         interactive streams at pace; a background prefill must keep every stream at pace."""
-        decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
-        num_interactive = sum(1 for r in decoding if r.interactive)
-        limit = {True: self.budget.tokens(num_interactive),
-                 False: self.budget.tokens(len(decoding))}
-        prefills, used = [], 0
+        if not prefilling:
+            return []
         prefilling.sort(key=lambda rr: (not rr[0].interactive, rr[1], rr[0].arrived_at))
+        decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
+        # Whom this step's prefill must not slow: interactive streams always; background
+        # streams only when no interactive request is waiting for its prefix.
+        head_interactive = prefilling[0][0].interactive
+        protected = sum(1 for r in decoding if r.interactive or not head_interactive)
+        grant = self.budget.grant(protected)
+        prefills, used = [], 0
         for req, remaining in prefilling:
-            room = limit[req.interactive] - used
+            room = grant - used
             if room <= 0:
-                continue
+                break
             slot = self.slots[req.slot]
             start = len(slot.tokens)
             end = start + min(remaining, room)
@@ -295,6 +299,7 @@ class SchedulerCore:
                 end = self._cut_at_state_point(req, start, end)
             prefills.append(PrefillChunk(req.slot, start, req.feed[start:end]))
             used += end - start
+        self.budget.spend(used)
         return prefills
 
     def _state_points(self, slot: Slot) -> set[int]:

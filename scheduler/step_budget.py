@@ -3,10 +3,13 @@
 A step runs every decoding sequence's token, then prefill chunks. If prefill makes the step
 k times longer than a decode-only step, every decoding stream runs at 1/k of its speed. The
 budget keeps decoding streams at `decode_share` of their solo speed: prefill may take
-`decode_s * (1/share - 1)` per step, converted to tokens with the measured prefill cost per
-token. Both costs are moving averages of what the worker reports, so the budget follows the
-machine and the context length (attention makes long-context prefill tokens dearer).
-With nothing decoding there is no one to protect and the budget is the largest chunk.
+`decode_s * (1/share - 1)` per step on average, converted to tokens with the measured prefill
+cost per token. Both costs are moving averages of what the worker reports, so the budget
+follows the machine and the context length (attention makes long-context tokens dearer).
+
+The allowance accrues in a bucket: when a step's allowance is smaller than a useful chunk
+(`min_tokens`; tiny chunks waste the matmuls), decode-only steps alternate with chunk steps,
+which keeps the average. With nothing decoding there is no one to protect: full chunks.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ class PrefillBudget:
         self.min_tokens = min(min_tokens, max_tokens)
         self.decode_s: float | None = None
         self.prefill_token_s: float | None = None
+        self.credit = 0.0
 
     def observe(self, num_decodes: int, decode_s: float, num_prefill: int,
                 prefill_s: float) -> None:
@@ -29,14 +33,25 @@ class PrefillBudget:
         if num_prefill and prefill_s > 0:
             self.prefill_token_s = _ewma(self.prefill_token_s, prefill_s / num_prefill)
 
-    def tokens(self, num_protected_decodes: int) -> int:
-        """Prefill tokens allowed in a step where this many sequences must keep their pace."""
+    def allowance(self, num_protected_decodes: int) -> float:
+        """Prefill tokens per step, on average, that keep this many streams at pace."""
         if (num_protected_decodes == 0 or self.decode_share <= 0 or self.decode_s is None
                 or self.prefill_token_s is None):
-            return self.max_tokens
+            return float(self.max_tokens)
         allowed_s = self.decode_s * (1.0 / self.decode_share - 1.0)
-        n = int(allowed_s / self.prefill_token_s)
-        return max(self.min_tokens, min(self.max_tokens, n))
+        return min(float(self.max_tokens), allowed_s / self.prefill_token_s)
+
+    def grant(self, num_protected_decodes: int) -> int:
+        """Tokens this step may prefill; call `spend` with what was used."""
+        allowance = self.allowance(num_protected_decodes)
+        if allowance >= self.max_tokens:
+            self.credit = 0.0
+            return self.max_tokens
+        self.credit = min(self.credit + allowance, float(self.max_tokens))
+        return int(self.credit) if self.credit >= self.min_tokens else 0
+
+    def spend(self, num_tokens: int) -> None:
+        self.credit = max(0.0, self.credit - num_tokens)
 
 
 def _ewma(previous: float | None, value: float) -> float:

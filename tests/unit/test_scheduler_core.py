@@ -243,3 +243,19 @@ def test_background_never_preempts():
     submit(core, "bg", range(100, 120), max_tokens=2, priority="background")
     w.step()
     assert core.requests["fg"].slot == 0 and "bg" in core.waiting
+
+
+def test_background_prefill_takes_only_what_keeps_the_interactive_stream_at_pace():
+    core = make_core(num_slots=2, prefill_chunk=512)
+    w = ScriptedWorker(core)
+    submit(core, "x", [1, 2, 3], max_tokens=200)
+    w.step()
+    submit(core, "y", range(10, 4000), max_tokens=1, priority="background")
+    core.budget.observe(1, 0.010, 100, 0.1)  # 10 ms decode, 1 ms per prefill token
+    prefilled = []
+    for _ in range(40):
+        plan, _ = w.step()
+        assert any(d.slot == core.requests["x"].slot for d in plan.decodes)
+        prefilled.append(sum(len(c.token_ids) for c in plan.prefills))
+    # decode_share 0.5: prefill may take as long as the decode on average: ~10 tokens/step.
+    assert 8 <= sum(prefilled) / len(prefilled) <= 12
