@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-PAGE_FORMAT_VERSION = 1
+PAGE_FORMAT_VERSION = 2  # 2: xxh3-128 payload checksums
 ID_BYTES = 16
 ROOT_ID = bytes(ID_BYTES)  # parent id of a sequence's first page
 
