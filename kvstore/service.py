@@ -17,7 +17,6 @@ from collections import deque
 
 import zmq
 
-from kvstore.pages import FLAG_RECURRENT_STATE
 from kvstore.store import CorruptEvent, PageStore, StoreUnavailable
 from proto import codec
 from proto.endpoints import Endpoints, ensure_runtime_dir
@@ -60,7 +59,8 @@ class KvStoreDaemon:
         self.sock = sock
         self.pool: PageBufferPool | None = None
         self.namespace = b""
-        self.writes: deque[WritePages] = deque()
+        # Writes and deletes, in the order sent; reads go ahead of them.
+        self.writes: deque[WritePages | DeletePages] = deque()
         self.error = ""
         self.error_since = 0.0
         self.store = PageStore(settings.kv_path, on_corrupt=self._on_corrupt)
@@ -95,8 +95,7 @@ class KvStoreDaemon:
                 self.boot_id, tuple(self.store.pages()), self.scan_s,
                 writable=not self.error, error=self.error))
         elif isinstance(msg, DeletePages):
-            freed = self.store.delete(msg.page_ids)
-            send(self.sock, PagesDeleted(msg.page_ids, freed))
+            self.writes.append(msg)  # in order with the writes: a page written, then dropped
         elif isinstance(msg, TouchPages):
             now = time.time()
             for pid in msg.page_ids:
@@ -130,15 +129,18 @@ class KvStoreDaemon:
 
     def write_one_batch(self) -> None:
         msg = self.writes.popleft()
+        if isinstance(msg, DeletePages):
+            freed = self.store.delete(msg.page_ids)
+            send(self.sock, PagesDeleted(msg.page_ids, freed))
+            return
         written, failed = [], []
         for w in msg.writes:
             if self.pool is None or self.error:
                 failed.append(w.page_id)
                 continue
-            size = msg.payload_bytes + (msg.state_bytes if w.flags & FLAG_RECURRENT_STATE else 0)
             try:
                 self.store.write(self.namespace, w.parent_id, w.token_ids,
-                                 self.pool.buffer(w.buffer)[:size], flags=w.flags,
+                                 self.pool.buffer(w.buffer)[:w.payload_len], flags=w.flags,
                                  page_id=w.page_id)
             except StoreUnavailable as exc:
                 self.error, self.error_since = str(exc), time.monotonic()

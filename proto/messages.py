@@ -98,6 +98,7 @@ class StagePage:
     start: int
     buffer: int
     with_state: bool = False
+    num_tokens: int = 0  # 0: a full page; fewer: the tail of a conversation
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,9 @@ class CopyPrefix:
 class LoadPages:
     """Truncate `slot` to `start` tokens, then append the pages in `buffers`, in order.
 
-    With `with_state`, the last buffer also carries the recurrent state at its end.
+    Every page is full except perhaps the last (a stored tail): `token_ids` says how many
+    tokens they hold together. With `with_state`, the last buffer also carries the recurrent
+    state at its end.
     """
 
     slot: int
@@ -129,6 +132,7 @@ class PageWrite:
     parent_id: bytes
     token_ids: tuple[int, ...]
     buffer: int
+    payload_len: int  # bytes of the buffer that belong to the page (state included)
     flags: int = 0
 
 
@@ -303,8 +307,6 @@ class AttachBuffers:
 class WritePages:
     kind: ClassVar[str] = "write_pages"
     writes: tuple[PageWrite, ...]
-    payload_bytes: int  # bytes of each buffer that belong to the page (without state)
-    state_bytes: int = 0
 
 
 @dataclass(frozen=True)

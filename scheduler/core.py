@@ -196,10 +196,10 @@ class SchedulerCore:
         self._recheck_persisted()
         while self._reads:
             rid, batch = self._reads.popleft()
-            self.pages.release([b for _, _, b in batch])
+            self.pages.release([b for _, b in batch])
             req = self.requests.get(rid)
             if req is not None and req.reading is batch:
-                req.restore_pages[:0] = [(k, pid) for k, pid, _ in batch]
+                req.restore_pages[:0] = [page for page, _ in batch]
                 req.reading = []
 
     def pages_read(self, msg: PagesRead, now: float) -> None:
@@ -208,21 +208,23 @@ class SchedulerCore:
         rid, batch = self._reads.popleft()
         req = self.requests.get(rid)
         if req is None or req.reading is not batch:
-            self.pages.release([b for _, _, b in batch])  # finished or moved meanwhile
+            self.pages.release([b for _, b in batch])  # finished or moved meanwhile
             return
         req.reading = []
         missing = set(msg.missing)
         good = []
-        for entry in batch:
-            if entry[1] in missing:
+        for page, buffer in batch:
+            if page.page_id in missing:
                 break
-            good.append(entry)
+            good.append((page, buffer))
         if len(good) < len(batch):
             self.pages.forget(missing)
-            self.pages.release([b for _, _, b in batch[len(good):]])
+            self.pages.release([b for _, b in batch[len(good):]])
             req.restore_pages = []
-            if not self.config.trimmable and good and good[-1][1] not in self.pages.state_pages:
-                self.pages.release([b for _, _, b in good])
+            last = good[-1][0].page_id if good else None
+            if not self.config.trimmable and last not in self.pages.state_pages:
+                # A hybrid slot is usable only up to a page that carries its state.
+                self.pages.release([b for _, b in good])
                 good = []
                 self.slots[req.slot].truncate(0, self.config.page_size)
         req.loading = good
@@ -361,14 +363,14 @@ class SchedulerCore:
         context = req.feed[:-1]
         cfg = self.config
         chain = self.pages.chain(context)
-        disk_pages = self.pages.disk_prefix(chain, cfg.trimmable)
+        on_disk = self.pages.disk_prefix(chain, context, cfg.trimmable)
+        disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
         matches = {}
         for slot in self.slots:
             m = common_prefix_len(slot.tokens, context)
             if cfg.trimmable or m == len(slot.tokens):
                 matches[slot.index] = m
-        sources = Sources(context, disk_pages * cfg.page_size, matches, cfg.page_size,
-                          cfg.trimmable)
+        sources = Sources(context, disk_tokens, matches, cfg.page_size, cfg.trimmable)
         persisted = {s.index: self.pages.persisted_tokens(s, reusable(s, context,
                                                                       cfg.trimmable))
                      for s in self.slots if s.free}
@@ -377,9 +379,11 @@ class SchedulerCore:
             # Where this request leaves the pages already on disk (the end of a shared prefix,
             # say a system prompt) is where its state is worth a snapshot for the next one.
             req.branch_point = self.pages.tree.longest_prefix(chain) * cfg.page_size
-        if placement is not None and placement.restored:
-            first = placement.restore_from // cfg.page_size
-            req.restore_pages = [(k, chain[k]) for k in range(first, disk_pages)]
+        if placement is not None:
+            if placement.restored:
+                req.restore_pages = [p for p in on_disk if p.start >= placement.restore_from]
+            self.pages.drop_passed_tails(chain, self._pinned() | {
+                p.page_id for p in req.restore_pages})
         return placement
 
     def _apply(self, req: Request, p: Placement, now: float) -> None:
@@ -407,7 +411,7 @@ class SchedulerCore:
         """Take a request out of its slot. Buffers of a read in flight stay with that read
         (`pages_read` frees them); buffers read and not yet loaded are freed here."""
         if release and req.loading:
-            self.pages.release([b for _, _, b in req.loading])
+            self.pages.release([b for _, b in req.loading])
         req.reading, req.loading, req.restore_pages = [], [], []
         req.slot = None
 
@@ -425,24 +429,22 @@ class SchedulerCore:
                 n = n if buffers is not None else n // 2
             if not buffers:
                 continue  # all buffers busy; try again next step
-            batch = [(k, pid, b) for (k, pid), b in zip(req.restore_pages, buffers)]
+            batch = list(zip(req.restore_pages, buffers))
             del req.restore_pages[:len(batch)]
             req.reading = batch
-            P = self.config.page_size
             context = req.feed[:-1]
             self._reads.append((req.rid, batch))
             self.outbox.append(ReadPages(tuple(
-                PageRead(pid, tuple(context[k * P:(k + 1) * P]), b) for k, pid, b in batch)))
+                PageRead(p.page_id, tuple(context[p.start:p.start + p.num_tokens]), b)
+                for p, b in batch)))
 
     def _load_of(self, req: Request) -> LoadPages:
-        P = self.config.page_size
         batch, req.loading = req.loading, []
-        context = req.feed[:-1]
         first, last = batch[0][0], batch[-1][0]
-        tokens = tuple(context[first * P:(last + 1) * P])
+        tokens = tuple(req.feed[first.start:last.start + last.num_tokens])
         req.num_restored += len(tokens)
         with_state = not self.config.trimmable and not req.restore_pages
-        return LoadPages(req.slot, first * P, tuple(b for _, _, b in batch), tokens, with_state)
+        return LoadPages(req.slot, first.start, tuple(b for _, b in batch), tokens, with_state)
 
     def _note_restore_done(self, req: Request, now: float) -> None:
         if req.restore_started_at is not None:
@@ -451,12 +453,15 @@ class SchedulerCore:
         if not req.cache_counted:
             req.cache_counted = True
             req.num_cached = min(len(self.slots[req.slot].tokens), len(req.prompt) - 1)
+        if not req.prompt_tail_saved and self._remaining_prefill(req) == 0:
+            req.prompt_tail_saved = True
+            self.slots[req.slot].tail_wanted = True  # the prompt's tail, staged next step
 
     def _pinned(self) -> set[bytes]:
         pinned = set()
         for req in self.requests.values():
-            pinned.update(pid for _, pid in req.restore_pages)
-            pinned.update(pid for _, pid, _ in req.reading + req.loading)
+            pinned.update(p.page_id for p in req.restore_pages)
+            pinned.update(p.page_id for p, _ in req.reading + req.loading)
         return pinned
 
     def _remaining_prefill(self, req: Request) -> int:
@@ -486,6 +491,7 @@ class SchedulerCore:
         if req.slot is not None:
             slot = self.slots[req.slot]
             slot.rid = None
+            slot.tail_wanted = True
             self.pages.sync_slot(slot)
             self.pages.touch(slot.page_ids, now)
             self._unplace(req)

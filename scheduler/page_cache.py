@@ -23,7 +23,7 @@ from proto.messages import (
     TouchPages,
     WritePages,
 )
-from proto.page_ids import ROOT_ID, chain_page_ids
+from proto.page_ids import ROOT_ID, chain_page_ids, page_id
 from proto.shm import BufferAllocator
 from scheduler.eviction import plan_eviction
 from scheduler.page_tree import DiskPageTree
@@ -40,6 +40,16 @@ _RETRY_WRITES_S = 60.0
 class _Pending:
     write: PageWrite
     nbytes: int
+    doomed: bool = False  # a tail passed before it reached disk: delete it when it does
+
+
+@dataclass(frozen=True)
+class DiskPage:
+    """A page of a request's context that is on disk: tokens [start, start + num_tokens)."""
+
+    start: int
+    num_tokens: int
+    page_id: bytes
 
 
 class PageCache:
@@ -50,6 +60,9 @@ class PageCache:
         self.namespace = b""
         self.tree = DiskPageTree()
         self.state_pages: set[bytes] = set()
+        # Tails: the last, partial page of a conversation as its turn ended (parent -> ids).
+        self.tails: dict[bytes, dict[bytes, int]] = {}
+        self.tail_parent: dict[bytes, bytes] = {}
         self.staged: dict[bytes, _Pending] = {}   # staged by the step in flight
         self.writing: dict[bytes, _Pending] = {}  # sent to kvstore, not yet written
         self.allocator: BufferAllocator | None = None
@@ -87,8 +100,10 @@ class PageCache:
 
     def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float) -> None:
         # Foreign pages join the tree too: they never match, and age out like any other.
-        self.tree = DiskPageTree.from_inventory(pages)
-        self.state_pages = {p.page_id for p in pages if p.flags & FLAG_RECURRENT_STATE}
+        self.tree = DiskPageTree()
+        self.state_pages, self.tails, self.tail_parent = set(), {}, {}
+        for info in pages:
+            self._add(info)
         self.kvstore_attached = True
         if not writable:
             self.writes_paused_until = now + _RETRY_WRITES_S
@@ -115,26 +130,82 @@ class PageCache:
                 self.namespace, slot.tokens[have * self.page_size:full * self.page_size],
                 self.page_size, parent)
 
-    def disk_prefix(self, chain: list[bytes], trimmable: bool) -> int:
-        """Pages of `chain` restorable from disk, from the start (hybrid: to a state page)."""
+    def disk_prefix(self, chain: list[bytes], context, trimmable: bool) -> list[DiskPage]:
+        """The pages of `context` (whose full pages are `chain`) restorable from disk, from
+        its start: full pages, then the tail stored where a conversation's turn ended.
+        A hybrid model restores to a page carrying the recurrent state."""
         if not self.enabled:
-            return 0
+            return []
+        P = self.page_size
         n = self.tree.longest_prefix(chain)
+        pages = [DiskPage(k * P, P, chain[k]) for k in range(n)]
+        tail = self._tail_after(chain[n - 1] if n else ROOT_ID, context, n * P)
+        if tail is not None and (trimmable or tail.page_id in self.state_pages):
+            return pages + [tail]
         if not trimmable:
-            while n and chain[n - 1] not in self.state_pages:
-                n -= 1
-        return n
+            while pages and pages[-1].page_id not in self.state_pages:
+                pages.pop()
+        return pages
+
+    def _tail_after(self, parent: bytes, context, start: int) -> DiskPage | None:
+        best = None
+        for tail_id, n in self.tails.get(parent, {}).items():
+            if start + n <= len(context) and (best is None or n > best.num_tokens):
+                if page_id(self.namespace, parent, context[start:start + n]) == tail_id:
+                    best = DiskPage(start, n, tail_id)
+        return best
+
+    def _add(self, info: PageInfo) -> None:
+        self.tree.add(info.page_id, info.parent_id, info.nbytes, info.last_used)
+        if info.flags & FLAG_RECURRENT_STATE:
+            self.state_pages.add(info.page_id)
+        if info.num_tokens < self.page_size:
+            self.tails.setdefault(info.parent_id, {})[info.page_id] = info.num_tokens
+            self.tail_parent[info.page_id] = info.parent_id
+
+    def _remove(self, pid: bytes) -> None:
+        if pid in self.tree:
+            self.tree.remove(pid)
+        self.state_pages.discard(pid)
+        parent = self.tail_parent.pop(pid, None)
+        if parent is not None:
+            del self.tails[parent][pid]
+            if not self.tails[parent]:
+                del self.tails[parent]
+
+    def drop_passed_tails(self, chain: list[bytes], pinned: set[bytes]) -> None:
+        """A request whose context has full pages past a tail's parent has moved the
+        conversation on: tails there are superseded (or a branch it left), so they go now and
+        disk stays linear in unique tokens (F1). Tails after its last full page stay: they are
+        where this very request may resume."""
+        passed = {ROOT_ID, *chain[:-1]}
+        dead = [tid for parent in passed for tid in self.tails.get(parent, {})
+                if tid not in pinned]
+        if dead:
+            for tid in dead:
+                self._remove(tid)
+            self.outbox.append(DeletePages(tuple(dead)))
+        for pending in [*self.staged.values(), *self.writing.values()]:
+            write = pending.write
+            if len(write.token_ids) < self.page_size and write.parent_id in passed:
+                pending.doomed = True
+
+    def superseded_tails(self) -> set[bytes]:
+        """Tails whose conversation has grown past them: another page follows their parent."""
+        return {tid for parent, ids in self.tails.items() if parent != ROOT_ID
+                and self.tree.num_children(parent) > 1 for tid in ids}
 
     def persisted_tokens(self, slot: Slot, from_token: int) -> int:
         """Tokens of `slot` past `from_token` whose pages are on disk (restorable later)."""
         first = from_token // self.page_size
         return sum(self.page_size for pid in slot.page_ids[first:] if pid in self.tree)
 
-    def page_file_bytes(self, with_state: bool) -> int:
-        if self.pool is None:
-            return 0
-        payload = self.pool.buffer_bytes - (0 if with_state else self.state_bytes)
-        return payload + _HEADER_ALLOWANCE
+    def payload_len(self, num_tokens: int, with_state: bool) -> int:
+        per_token = (self.pool.buffer_bytes - self.state_bytes) // self.page_size
+        return num_tokens * per_token + (self.state_bytes if with_state else 0)
+
+    def page_file_bytes(self, num_tokens: int, with_state: bool) -> int:
+        return self.payload_len(num_tokens, with_state) + _HEADER_ALLOWANCE if self.pool else 0
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -185,19 +256,45 @@ class PageCache:
                 if stored_plain and pid not in self.staged and pid not in self.writing:
                     if not self._stage(slot, at_end, with_state=True, out=stages):
                         return stages
+            if slot.tail_wanted:
+                slot.tail_wanted = False
+                if not self._stage_tail(slot, trimmable, stages):
+                    return stages
         return stages
 
+    def _stage_tail(self, slot: Slot, trimmable: bool, out: list[StagePage]) -> bool:
+        """The partial last page where a prompt or a turn ended: the next turn resumes there
+        (after the turn: if its history carries the reply's exact tokens; after the prompt:
+        whatever the client made of the reply)."""
+        P = self.page_size
+        start = len(slot.tokens) // P * P
+        if start == len(slot.tokens):
+            return True
+        parent = slot.page_ids[-1] if start else ROOT_ID
+        tokens = tuple(slot.tokens[start:])
+        pid = page_id(self.namespace, parent, tokens)
+        if pid in self.tree or pid in self.staged or pid in self.writing:
+            return True
+        return self._stage_page(slot.index, start, pid, parent, tokens,
+                                with_state=not trimmable, out=out)
+
     def _stage(self, slot: Slot, k: int, with_state: bool, out: list[StagePage]) -> bool:
+        P = self.page_size
+        parent = slot.page_ids[k - 1] if k else ROOT_ID
+        return self._stage_page(slot.index, k * P, slot.page_ids[k], parent,
+                                tuple(slot.tokens[k * P:(k + 1) * P]), with_state, out)
+
+    def _stage_page(self, slot: int, start: int, pid: bytes, parent: bytes,
+                    tokens: tuple[int, ...], with_state: bool, out: list[StagePage]) -> bool:
         buffers = self.acquire(1)
         if buffers is None:
             return False
-        P = self.page_size
-        pid = slot.page_ids[k]
-        parent = slot.page_ids[k - 1] if k else ROOT_ID
-        write = PageWrite(pid, parent, tuple(slot.tokens[k * P:(k + 1) * P]), buffers[0],
+        n = len(tokens)
+        write = PageWrite(pid, parent, tokens, buffers[0], self.payload_len(n, with_state),
                           FLAG_RECURRENT_STATE if with_state else 0)
-        self.staged[pid] = _Pending(write, self.page_file_bytes(with_state))
-        out.append(StagePage(slot.index, k * P, buffers[0], with_state))
+        self.staged[pid] = _Pending(write, self.page_file_bytes(n, with_state))
+        full = n == self.page_size
+        out.append(StagePage(slot, start, buffers[0], with_state, 0 if full else n))
         return True
 
     def staged_done(self, now: float, pinned: set[bytes]) -> None:
@@ -208,11 +305,11 @@ class PageCache:
         # Pages still being written count too: they are on disk as soon as kvstore answers.
         incoming = sum(p.nbytes for p in pending) + sum(p.nbytes for p in self.writing.values())
         plan = plan_eviction(self.tree, self.budget_bytes, incoming, now,
-                             self.protect_window_s, pinned=pinned)
+                             self.protect_window_s, pinned=pinned,
+                             evict_first=self.superseded_tails())
         if plan.page_ids:
             for pid in plan.page_ids:
-                self.tree.remove(pid)
-                self.state_pages.discard(pid)
+                self._remove(pid)
             self.num_evicted += len(plan.page_ids)
             self.outbox.append(DeletePages(tuple(plan.page_ids)))
             self.events.append(("kv.evicted", {"num_pages": len(plan.page_ids),
@@ -232,18 +329,17 @@ class PageCache:
             return
         for p in pending:
             self.writing[p.write.page_id] = p
-        self.outbox.append(WritePages(tuple(p.write for p in pending),
-                                      payload_bytes=self.pool.buffer_bytes - self.state_bytes,
-                                      state_bytes=self.state_bytes))
+        self.outbox.append(WritePages(tuple(p.write for p in pending)))
 
     def pages_written(self, msg: PagesWritten, now: float) -> None:
         for info in msg.written:
             pending = self.writing.pop(info.page_id, None)
             if pending is not None:
                 self._release([pending.write.buffer])
-            self.tree.add(info.page_id, info.parent_id, info.nbytes, info.last_used)
-            if info.flags & FLAG_RECURRENT_STATE:
-                self.state_pages.add(info.page_id)
+                if pending.doomed:
+                    self.outbox.append(DeletePages((info.page_id,)))
+                    continue
+            self._add(info)
         for pid in msg.failed:
             pending = self.writing.pop(pid, None)
             if pending is not None:
@@ -262,6 +358,4 @@ class PageCache:
     def forget(self, page_ids) -> None:
         """Pages kvstore could not read back (gone or corrupt, and removed)."""
         for pid in page_ids:
-            if pid in self.tree:
-                self.tree.remove(pid)
-            self.state_pages.discard(pid)
+            self._remove(pid)

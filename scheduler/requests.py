@@ -26,14 +26,15 @@ class Request:
     num_restored: int = 0
     num_cached: int = 0
     cache_counted: bool = False
+    prompt_tail_saved: bool = False
     admitted_at: float | None = None
     first_token_at: float | None = None
     restore_s: float = 0.0
-    # Disk restore in progress: chain pages still to read, the batch being read, the batch
-    # read and waiting to be loaded by the next step.
-    restore_pages: list[tuple[int, bytes]] = field(default_factory=list)
-    reading: list[tuple[int, bytes, int]] = field(default_factory=list)
-    loading: list[tuple[int, bytes, int]] = field(default_factory=list)
+    # Disk restore in progress: pages still to read (DiskPage), the batch being read and the
+    # batch read and waiting for the next step to load it (DiskPage, buffer).
+    restore_pages: list = field(default_factory=list)
+    reading: list[tuple] = field(default_factory=list)
+    loading: list[tuple] = field(default_factory=list)
     restore_started_at: float | None = None
     # Hybrid models: where the request's context leaves the pages on disk (snapshot there).
     branch_point: int = 0
@@ -69,6 +70,8 @@ class Slot:
     # and how many leading ones are known to be on disk or on their way.
     page_ids: list[bytes] = field(default_factory=list)
     num_persisted: int = 0
+    # A prompt or a turn ended here: store the partial last page too (next step's stages).
+    tail_wanted: bool = False
 
     @property
     def free(self) -> bool:

@@ -31,13 +31,13 @@ class StepExecutor:
         store = self.store
         for stage in step.stages:
             self.layout.stage(store.parked(stage.slot), stage.start, self._buffer(stage.buffer),
-                              stage.with_state)
+                              stage.with_state, stage.num_tokens)
         for copy in step.copies:
             store.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens)
         for load in step.loads:
             cache = store.loaded(load.slot, load.start, list(load.token_ids))
             self.layout.load(cache, load.start, [self._buffer(b) for b in load.buffers],
-                             load.with_state)
+                             load.with_state, len(load.token_ids))
         sampled: tuple[SampledToken, ...] = ()
         decode_started = time.perf_counter()
         if step.decodes:

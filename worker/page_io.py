@@ -60,9 +60,15 @@ class PageLayout:
 
     # --- slot -> buffer --------------------------------------------------------------------
 
-    def stage(self, cache: list, start: int, out: np.ndarray, with_state: bool) -> None:
-        """Copy tokens [start, start + page_size) (and the state) into `out` (uint8)."""
-        end = start + self.page_size
+    def payload_len(self, num_tokens: int, with_state: bool) -> int:
+        per_token = self.kv_bytes // self.page_size
+        return num_tokens * per_token + (self.state_bytes if with_state else 0)
+
+    def stage(self, cache: list, start: int, out: np.ndarray, with_state: bool,
+              num_tokens: int = 0) -> None:
+        """Copy tokens [start, start + num_tokens) (a full page when 0), and the state when
+        asked, into `out` (uint8)."""
+        end = start + (num_tokens or self.page_size)
         arrays = []
         for i in self.kv_layers:
             arrays += [cache[i].keys[0, :, start:end, :], cache[i].values[0, :, start:end, :]]
@@ -78,22 +84,26 @@ class PageLayout:
 
     # --- buffers -> slot -------------------------------------------------------------------
 
-    def load(self, cache: list, start: int, pages: list[np.ndarray], with_state: bool) -> None:
-        """Append `pages` (uint8 buffers) after the first `start` tokens of `cache`."""
-        num_new = len(pages) * self.page_size
-        capacity = _round_up(start + num_new + 1, KVCache.step)
-        for layer, (k_spec, v_spec) in zip(self.kv_layers, self._kv):
-            c = cache[layer]
-            offset = self._kv_offset(layer)
+    def load(self, cache: list, start: int, pages: list[np.ndarray], with_state: bool,
+             num_tokens: int) -> None:
+        """Append `pages` (uint8 buffers) holding `num_tokens` tokens after the first `start`
+        tokens of `cache`. All pages are full but the last, which may be a tail."""
+        last = num_tokens - (len(pages) - 1) * self.page_size
+        counts = [self.page_size] * (len(pages) - 1) + [last]
+        capacity = _round_up(start + num_tokens + 1, KVCache.step)
+        for index, (k_spec, v_spec) in enumerate(self._kv):
+            layer = self.kv_layers[index]
             parts_k, parts_v = [], []
-            for buf in pages:
-                parts_k.append(_view(buf, offset, k_spec))
-                parts_v.append(_view(buf, offset + k_spec.nbytes, v_spec))
-            c.keys = _assemble(c.keys, start, parts_k, capacity)
-            c.values = _assemble(c.values, start, parts_v, capacity)
-            c.offset = start + num_new
+            for buf, n in zip(pages, counts):
+                offset = self._kv_offset(index, n)
+                k, v = _resized(k_spec, n), _resized(v_spec, n)
+                parts_k.append(_view(buf, offset, k))
+                parts_v.append(_view(buf, offset + k.nbytes, v))
+            cache[layer].keys = _assemble(cache[layer].keys, start, parts_k, capacity)
+            cache[layer].values = _assemble(cache[layer].values, start, parts_v, capacity)
+            cache[layer].offset = start + num_tokens
         if with_state:
-            offset = self.kv_bytes
+            offset = self.payload_len(last, with_state=False)
             for layer, specs in zip(self.state_layers, self._state):
                 arrays = []
                 for spec in specs:
@@ -102,9 +112,10 @@ class PageLayout:
                 cache[layer].cache = arrays
         mx.eval([c.state for c in cache])
 
-    def _kv_offset(self, layer: int) -> int:
-        index = self.kv_layers.index(layer)
-        return sum(k.nbytes + v.nbytes for k, v in self._kv[:index])
+    def _kv_offset(self, index: int, num_tokens: int) -> int:
+        """Byte offset of the index-th attention layer in a page of `num_tokens` tokens."""
+        return sum(_resized(k, num_tokens).nbytes + _resized(v, num_tokens).nbytes
+                   for k, v in self._kv[:index])
 
 
 def copy_prefix(cache: list, num_tokens: int, fresh: list) -> list:
@@ -130,6 +141,12 @@ def _assemble(existing: mx.array | None, start: int, parts: list[np.ndarray],
     used = start + new.shape[2]
     pieces.append(mx.zeros((1, new.shape[1], capacity - used, new.shape[3]), new.dtype))
     return mx.concatenate(pieces, axis=2)
+
+
+def _resized(spec: _Array, num_tokens: int) -> _Array:
+    """The same KV array for a page of `num_tokens` tokens: [heads, num_tokens, dim]."""
+    heads, _, dim = spec.shape
+    return _Array((heads, num_tokens, dim), spec.dtype)
 
 
 def _view(buf: np.ndarray, offset: int, spec: _Array) -> np.ndarray:

@@ -52,7 +52,7 @@ def test_restored_pages_continue_bit_identically(tiny_model_dir, arch):
     ref_tokens, ref_logits = _continue(store, 0, prompt[-1])
 
     cache = store.loaded(1, 0, prompt[:4 * P])
-    layout.load(cache, 0, buffers, with_state=bool(layout.state_layers))
+    layout.load(cache, 0, buffers, with_state=bool(layout.state_layers), num_tokens=4 * P)
     store.prefill(1, 4 * P, prompt[4 * P:-1])
     got_tokens, got_logits = _continue(store, 1, prompt[-1])
     assert got_tokens == ref_tokens
@@ -80,3 +80,21 @@ def test_stage_reads_slot_as_left_by_previous_step(tiny_model_dir):
     keys = np.array(store.parked(0)[0].keys[0, :, P:2 * P, :])
     shape = keys.shape
     assert np.array_equal(buf[:keys.nbytes].view(np.float32).reshape(shape), keys)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_next"])
+def test_tail_page_restores_exactly_where_the_turn_ended(tiny_model_dir, arch):
+    store, layout = _setup(tiny_model_dir(arch))
+    prompt = [int(t) for t in np.random.default_rng(1).integers(5, 3000, 2 * P + 11)]
+    _prefill(store, 0, prompt[:-1], P)  # a turn ended 2 pages + 10 tokens in
+    buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(3)]
+    layout.stage(store.parked(0), 0, buffers[0], with_state=False)
+    layout.stage(store.parked(0), P, buffers[1], with_state=False)
+    layout.stage(store.parked(0), 2 * P, buffers[2], with_state=True, num_tokens=10)
+    ref_tokens, ref_logits = _continue(store, 0, prompt[-1])
+
+    cache = store.loaded(1, 0, prompt[:-1])
+    layout.load(cache, 0, buffers, with_state=True, num_tokens=2 * P + 10)
+    got_tokens, got_logits = _continue(store, 1, prompt[-1])
+    assert got_tokens == ref_tokens
+    assert np.array_equal(got_logits, ref_logits)

@@ -53,10 +53,11 @@ class Group:
 
     def _worker(self, plan: RunStep):
         for st in plan.stages:
-            assert len(self.slots[st.slot]) >= st.start + P
+            n = st.num_tokens or P
+            assert len(self.slots[st.slot]) >= st.start + n
             if st.with_state:
-                assert len(self.slots[st.slot]) == st.start + P, "state exists only at the end"
-            self.buffers[st.buffer] = (tuple(self.slots[st.slot][st.start:st.start + P]),
+                assert len(self.slots[st.slot]) == st.start + n, "state exists only at the end"
+            self.buffers[st.buffer] = (tuple(self.slots[st.slot][st.start:st.start + n]),
                                        st.with_state)
         for cp in plan.copies:
             self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
@@ -81,8 +82,8 @@ class Group:
             infos = []
             for w in msg.writes:
                 assert self.buffers[w.buffer][0] == w.token_ids
-                infos.append(PageInfo(w.page_id, w.parent_id, NS, P, 4096 + 100, self.now,
-                                      w.flags))
+                infos.append(PageInfo(w.page_id, w.parent_id, NS, len(w.token_ids),
+                                      4096 + 100, self.now, w.flags))
                 self.disk[w.page_id] = infos[-1]
             self.core.pages_written(PagesWritten(tuple(infos), (), tuple(
                 w.buffer for w in msg.writes)), self.now)
@@ -143,8 +144,12 @@ def test_full_pages_are_written_through():
     g = Group()
     g.submit("a", conv(1, 5 * P + 3))
     g.run()
-    assert len(g.disk) == 5  # 5 full pages of the prompt (the partial tail is not stored)
-    assert g.core.pages.tree.total_bytes == 5 * (4096 + 100)
+    full = [i for i in g.disk.values() if i.num_tokens == P]
+    tails = [i for i in g.disk.values() if i.num_tokens < P]
+    assert len(full) == 5  # every full page of the prompt, written through
+    # ...and the partial page where the prompt ended and where the turn ended (3 replied).
+    assert sorted(t.num_tokens for t in tails) == [3, 3 + 3]
+    assert g.core.pages.tree.total_bytes == 7 * (4096 + 100)
     assert g.core.pages.allocator.num_free == 64, "every buffer comes back"
 
 
@@ -162,7 +167,8 @@ def test_switching_turns_prefill_only_new_tokens():
         g.run()
         fin = g.finished(rid)
         if turn >= 2:
-            assert g.prefilled_in(before) <= new + P, (turn, g.prefilled_in(before), new)
+            # Stored tails: exactly the new tokens, plus the last reply token never fed back.
+            assert g.prefilled_in(before) <= new + 1, (turn, g.prefilled_in(before), new)
             assert fin.num_cached_tokens >= len(hist[name]) - new - P
         prev_len = locals().get("prev_len", {})
         prev_len[name] = len(hist[name]) + len(g.reply(rid))
@@ -182,10 +188,11 @@ def test_restore_reads_then_loads_before_prefill():
     g.run()
     first = g.steps[before]
     assert first.loads and not first.prefills, "restore completes before any prefill"
-    assert first.loads[0].start == 0 and len(first.loads[0].buffers) == 4
+    # 4 full pages and the tail where a1's turn ended (its prompt and 3 of its 4 replies).
+    assert first.loads[0].start == 0 and len(first.loads[0].buffers) == 5
     reads = [m for m in g.msgs if isinstance(m, ReadPages)]
-    assert len(reads) == 1 and len(reads[0].reads) == 4
-    assert g.finished("a2").num_cached_tokens == 4 * P
+    assert len(reads) == 1 and len(reads[0].reads) == 5
+    assert g.finished("a2").num_cached_tokens == len(a) + 3
 
 
 def test_missing_page_falls_back_to_prefill():
@@ -228,7 +235,7 @@ def test_budget_is_never_exceeded_and_lru_tail_goes_first():
     g.run()
     g.submit("b", b)
     g.run()
-    assert len(g.disk) == 10
+    assert sum(1 for i in g.disk.values() if i.num_tokens == P) == 10
     g.submit("c", system + conv(3, 4 * P + 1))
     g.run()
     assert g.core.pages.tree.total_bytes <= 12 * (4096 + 100)
@@ -253,7 +260,22 @@ def test_hybrid_restores_only_to_state_snapshots():
     g.submit("a2", a + g.reply("a1") + [7])
     g.run()
     load = next(s for s in g.steps[before:] if s.loads).loads[0]
-    assert load.with_state and load.start == 0 and len(load.buffers) == 6
+    # 6 full pages and the tail with the state where a1's turn ended.
+    assert load.with_state and load.start == 0 and len(load.buffers) == 7
+
+
+def test_hybrid_without_a_tail_restores_to_the_last_snapshot():
+    g = Group(num_slots=1, trimmable=False)
+    a = conv(1, 6 * P + 3)
+    g.submit("a1", a, max_tokens=2)
+    g.run()
+    g.submit("b1", conv(2, 2 * P))
+    g.run()
+    before = len(g.steps)
+    g.submit("a2", a[:6 * P] + [7, 8, 9])  # diverges inside the tail
+    g.run()
+    load = next(s for s in g.steps[before:] if s.loads).loads[0]
+    assert load.with_state and len(load.buffers) == 6
 
 
 def test_scheduler_restart_rebuilds_from_inventory():
@@ -269,7 +291,7 @@ def test_scheduler_restart_rebuilds_from_inventory():
     g.slots = [[]]
     g.submit("a2", a + [4])
     g.run()
-    assert g.finished("a2").num_cached_tokens == 4 * P
+    assert g.finished("a2").num_cached_tokens == len(a)  # the prompt's tail was stored too
 
 
 def test_hybrid_shared_prefix_gets_a_snapshot_for_the_next_conversation():
@@ -314,4 +336,17 @@ def test_pages_lost_with_a_kvstore_restart_are_written_again():
     g.core.kvstore_restarted()
     g.core.pages.kvstore_inventory((), True, g.now)
     g.run()
-    assert len(g.disk) == 4
+    assert sum(1 for i in g.disk.values() if i.num_tokens == P) == 4
+
+
+def test_tails_passed_by_a_conversation_are_deleted():
+    """Disk stays linear in unique tokens: only the tails at a conversation's frontier stay."""
+    g = Group(num_slots=1)
+    hist = conv(1, 2 * P + 5)
+    for turn in range(5):
+        g.submit(f"t{turn}", hist)
+        g.run()
+        hist = hist + g.reply(f"t{turn}") + conv(20 + turn, P + 3)
+    tails = [i for i in g.disk.values() if i.num_tokens < P]
+    assert 1 <= len(tails) <= 2
+    assert any(isinstance(m, DeletePages) for m in g.msgs)
