@@ -93,6 +93,8 @@ class SchedulerCore:
         self._copies: list[CopyPrefix] = []
         self._reads: deque[tuple[str, list[tuple[int, bytes, int]]]] = deque()
         self._next_step = 0
+        self._planned_at = 0.0
+        self._done_at = 0.0
 
     def take_outbox(self) -> list:
         out = self.outbox + self.pages.outbox
@@ -149,8 +151,7 @@ class SchedulerCore:
         plan, self.inflight = self.inflight, None
         if plan is None or done.step != plan.step:
             return  # a stale reply from before a restart
-        self.budget.observe(done.num_decode_tokens, done.decode_s, done.num_prefill_tokens,
-                            done.prefill_s)
+        self._observe_step(done, now)
         for load in plan.loads:
             self.slots[load.slot].tokens.extend(load.token_ids)
             self.pages.release(load.buffers)
@@ -168,6 +169,18 @@ class SchedulerCore:
         self.pages.staged_done(now, self._pinned())
         for req in [r for r in self.requests.values() if r.cancelled and not r.reading]:
             self._finish(req, "cancelled", now)
+
+    def _observe_step(self, done: StepDone, now: float) -> None:
+        """Feed the prefill budget. What a decoding stream sees is the whole cycle from one
+        token to the next (worker compute, messages, this planning), not only the forward
+        pass, so decode-only steps are measured as cycles here."""
+        cycle = now - self._planned_at
+        if now - self._planned_at < 1.0 and self._planned_at - self._done_at < 0.05:
+            cycle = now - self._done_at  # planned right after the previous step: a full cycle
+        self._done_at = now
+        decode_cycle = cycle if done.num_prefill_tokens == 0 else 0.0
+        self.budget.observe(done.num_decode_tokens, decode_cycle, done.num_prefill_tokens,
+                            done.prefill_s)
 
     def worker_restarted(self, slots: tuple[SlotContents, ...], namespace: bytes = b"",
                          shm_name: str = "", num_buffers: int = 0, buffer_bytes: int = 0,
@@ -271,6 +284,7 @@ class SchedulerCore:
             return None
         self.inflight = RunStep(self._next_step, tuple(prefills), tuple(decodes),
                                 tuple(stages), tuple(copies), tuple(loads))
+        self._planned_at = now
         self._next_step += 1
         self.outbox.append(self.inflight)
         return self.inflight

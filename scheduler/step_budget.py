@@ -1,11 +1,12 @@
 """How many prompt tokens a step may prefill without starving the sequences that decode (F6).
 
-A step runs every decoding sequence's token, then prefill chunks. If prefill makes the step
-k times longer than a decode-only step, every decoding stream runs at 1/k of its speed. The
-budget keeps decoding streams at `decode_share` of their solo speed: prefill may take
-`decode_s * (1/share - 1)` per step on average, converted to tokens with the measured prefill
-cost per token. Both costs are moving averages of what the worker reports, so the budget
-follows the machine and the context length (attention makes long-context tokens dearer).
+A step runs every decoding sequence's token, then prefill chunks. If prefill makes a step
+cycle k times longer than a decode-only cycle, every decoding stream runs at 1/k of its speed.
+The budget keeps decoding streams at `decode_share` of their solo speed: prefill may take
+`decode_cycle_s * (1/share - 1)` per step on average, converted to tokens with the measured
+prefill cost per token. Both are moving averages (the cycle as the scheduler sees it, the
+prefill cost as the worker reports it), so the budget follows the machine and the context
+length (attention makes long-context tokens dearer).
 
 The allowance accrues in a bucket: when a step's allowance is smaller than a useful chunk
 (`min_tokens`; tiny chunks waste the matmuls), decode-only steps alternate with chunk steps,
@@ -15,6 +16,9 @@ which keeps the average. With nothing decoding there is no one to protect: full 
 from __future__ import annotations
 
 _ALPHA = 0.2  # weight of the newest measurement in the moving averages
+# Spend a little less than the computed allowance: the prefill cost per token grows with the
+# prefilling request's own context, and the moving average lags behind it.
+_MARGIN = 0.85
 
 
 class PrefillBudget:
@@ -26,10 +30,11 @@ class PrefillBudget:
         self.prefill_token_s: float | None = None
         self.credit = 0.0
 
-    def observe(self, num_decodes: int, decode_s: float, num_prefill: int,
+    def observe(self, num_decodes: int, decode_cycle_s: float, num_prefill: int,
                 prefill_s: float) -> None:
-        if num_decodes and decode_s > 0:
-            self.decode_s = _ewma(self.decode_s, decode_s)
+        """`decode_cycle_s`: token-to-token time of a decode-only step (0: not one)."""
+        if num_decodes and decode_cycle_s > 0:
+            self.decode_s = _ewma(self.decode_s, decode_cycle_s)
         if num_prefill and prefill_s > 0:
             self.prefill_token_s = _ewma(self.prefill_token_s, prefill_s / num_prefill)
 
@@ -38,7 +43,7 @@ class PrefillBudget:
         if (num_protected_decodes == 0 or self.decode_share <= 0 or self.decode_s is None
                 or self.prefill_token_s is None):
             return float(self.max_tokens)
-        allowed_s = self.decode_s * (1.0 / self.decode_share - 1.0)
+        allowed_s = _MARGIN * self.decode_s * (1.0 / self.decode_share - 1.0)
         return min(float(self.max_tokens), allowed_s / self.prefill_token_s)
 
     def grant(self, num_protected_decodes: int) -> int:

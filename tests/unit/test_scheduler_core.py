@@ -257,5 +257,5 @@ def test_background_prefill_takes_only_what_keeps_the_interactive_stream_at_pace
         plan, _ = w.step()
         assert any(d.slot == core.requests["x"].slot for d in plan.decodes)
         prefilled.append(sum(len(c.token_ids) for c in plan.prefills))
-    # decode_share 0.5: prefill may take as long as the decode on average: ~10 tokens/step.
-    assert 8 <= sum(prefilled) / len(prefilled) <= 12
+    # decode_share 0.5: prefill may take as long as the decode on average (less a margin).
+    assert 7 <= sum(prefilled) / len(prefilled) <= 10

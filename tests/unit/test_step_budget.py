@@ -11,8 +11,8 @@ def test_full_chunks_when_nobody_decodes_or_nothing_is_measured():
 
 
 @pytest.mark.parametrize("share, decode_s, token_s, expected", [
-    (0.5, 0.010, 0.0005, 20),    # prefill may take as long as the decode: 10 ms / 0.5 ms
-    (0.25, 0.010, 0.0005, 60),   # streams may slow to a quarter: 3 x decode time
+    (0.5, 0.010, 0.0005, 17),    # prefill may take as long as the decode: 0.85 x 10 / 0.5
+    (0.25, 0.010, 0.0005, 51),   # streams may slow to a quarter: 0.85 x 3 x decode time
     (0.5, 0.010, 0.00001, 512),  # cheap tokens: capped by the largest chunk
 ])
 def test_allowance_keeps_decoding_streams_at_their_share(share, decode_s, token_s, expected):
@@ -25,7 +25,7 @@ def test_allowance_keeps_decoding_streams_at_their_share(share, decode_s, token_
 def test_small_allowances_alternate_chunks_with_decode_only_steps(allowance_tokens):
     """Below one minimum chunk the average still holds: chunk steps and decode-only steps."""
     b = PrefillBudget(512, 0.5, min_tokens=16)
-    b.observe(1, 0.010, 100, 100 * 0.010 / allowance_tokens)
+    b.observe(1, 0.010 / 0.85, 100, 100 * 0.010 / allowance_tokens)
     grants = []
     for _ in range(160):
         g = b.grant(1)
