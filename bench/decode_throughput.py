@@ -12,6 +12,7 @@ shared and noisy.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -27,17 +28,25 @@ from tests.helpers.group import ServerGroup  # noqa: E402
 
 
 def server_tps(url: str, prompt: str, num_tokens: int) -> float:
-    """Decode tokens/s from the first to the last streamed token of one completion."""
+    """Decode tokens/s of one streamed completion: the tokens after the first content chunk
+    over the time from that chunk to the last one (a chunk may carry several tokens)."""
     body = {"prompt": prompt, "max_tokens": num_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
-    stamps = []
+            "stream_options": {"include_usage": True}}
+    stamps, usage, first_text = [], None, ""
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as resp:
         resp.raise_for_status()
         for line in resp.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
                 stamps.append(time.perf_counter())
-    # The last chunk carries finish_reason only; count token-bearing chunks conservatively.
-    return (len(stamps) - 2) / (stamps[-2] - stamps[0])
+                first_text = first_text or chunk["choices"][0]["text"]
+    tokenizer = server_tps.tokenizer
+    first_tokens = len(tokenizer.encode(first_text, add_special_tokens=False))
+    return (usage["completion_tokens"] - first_tokens) / (stamps[-1] - stamps[0])
 
 
 def mlx_tps(model_dir: Path, prompt: str, num_tokens: int) -> float:
@@ -70,6 +79,9 @@ def main() -> None:
         generate_tiny_model(model_dir, "qwen3")
     prompt = "Switchyard keeps every conversation's KV pages warm. " * 8
     ours, theirs = [], []
+    from gateway.tokenizer import load_tokenizer
+
+    server_tps.tokenizer = load_tokenizer(str(model_dir))
     with ServerGroup(model_dir, slots=1, ctx=4096) as group:
         server_tps(group.url, prompt, 16)  # warm-up
         mlx_tps(model_dir, prompt, 16)

@@ -52,7 +52,11 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class DecodeItem:
-    """Append `token_id` at `position` in `slot`, then sample the next token."""
+    """Append `token_id` at `position` in `slot`, then sample the next token.
+
+    In a step of several decode iterations (`RunStep.num_decode_steps`) each sampled token
+    is fed back in turn, until `max_tokens` are sampled or one is in `stop_token_ids`.
+    """
 
     slot: int
     position: int
@@ -60,6 +64,8 @@ class DecodeItem:
     sampling: SamplingParams
     # Index of the token being sampled within its request; feeds the stateless sampling key.
     sample_index: int
+    max_tokens: int = 1
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,6 +243,9 @@ class RunStep:
     stages: tuple[StagePage, ...] = ()
     copies: tuple[CopyPrefix, ...] = ()
     loads: tuple[LoadPages, ...] = ()
+    # Decode iterations in this step: more than one only when nothing else waits, so the
+    # round trip to the scheduler is paid once per burst rather than once per token.
+    num_decode_steps: int = 1
 
 
 # --- worker -> scheduler ----------------------------------------------------------------------
@@ -266,7 +275,7 @@ class WorkerReady:
 class StepDone:
     kind: ClassVar[str] = "step_done"
     step: int
-    sampled: tuple[SampledToken, ...]
+    sampled: tuple[SampledToken, ...]  # in order; a slot appears once per decode iteration
     num_prefill_tokens: int
     num_decode_tokens: int
     duration_s: float

@@ -82,6 +82,9 @@ class Settings:
                                    "last", default=24.0)
     prefill_chunk: int = _opt("most prompt tokens prefilled in one step (shared by all "
                               "prefilling sequences)", default=512)
+    decode_burst: int = _opt("decode iterations the worker may run per step when nothing "
+                             "else waits (fewer round trips; new work waits at most this "
+                             "many tokens)", default=8)
     decode_share: float = _opt("while others prefill, decoding streams keep at least this "
                                "share of their solo speed (0 disables the limit)", default=0.5)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
@@ -130,6 +133,8 @@ class Settings:
             problems.append("--page-size must be at least 16")
         if self.prefill_chunk < 1:
             problems.append("--prefill-chunk must be at least 1")
+        if self.decode_burst < 1:
+            problems.append("--decode-burst must be at least 1")
         if not 0 <= self.decode_share < 1:
             problems.append("--decode-share must be in [0, 1)")
         if not 0 < self.port < 65536:

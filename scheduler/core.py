@@ -12,6 +12,7 @@ pages (`scheduler.placement`); only what none of them holds is prefilled.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ class CoreConfig:
     # Hybrid models snapshot their recurrent state every this many tokens of a prefill.
     state_interval: int = 4096
     decode_share: float = 0.5
+    decode_burst: int = 8
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class SchedulerCore:
         self._next_step = 0
         self._planned_at = 0.0
         self._done_at = 0.0
+        self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
 
     def take_outbox(self) -> list:
         out = self.outbox + self.pages.outbox
@@ -157,18 +160,29 @@ class SchedulerCore:
             self.pages.release(load.buffers)
         for chunk in plan.prefills:
             self.slots[chunk.slot].tokens.extend(chunk.token_ids)
-        sampled = {s.slot: s.token_id for s in done.sampled}
+        sampled: dict[int, list[int]] = {}
+        for s in done.sampled:
+            sampled.setdefault(s.slot, []).append(s.token_id)
         for item in plan.decodes:
             slot = self.slots[item.slot]
+            tokens = sampled.get(item.slot, [])
+            # The worker fed the input and every sampled token but the last back in.
             slot.tokens.append(item.token_id)
+            slot.tokens.extend(tokens[:-1])
             slot.last_used = now
-            if slot.rid is not None and item.slot in sampled:
-                self._accept_token(self.requests[slot.rid], sampled[item.slot], now)
+            for token in tokens:
+                if slot.rid is None:
+                    break  # finished (stop, length or cancelled) at an earlier token
+                self._accept_token(self.requests[slot.rid], token, now)
         for slot in self.slots:
             self.pages.sync_slot(slot)
         self.pages.staged_done(now, self._pinned())
         for req in [r for r in self.requests.values() if r.cancelled and not r.reading]:
             self._finish(req, "cancelled", now)
+        # One message per request per step, however many tokens a burst produced.
+        for rid, tokens in self._unsent.items():
+            self.outbox.append(TokensGenerated(rid, tuple(tokens)))
+        self._unsent.clear()
 
     def _observe_step(self, done: StepDone, now: float) -> None:
         """Feed the prefill budget. What a decoding stream sees is the whole cycle from one
@@ -178,7 +192,8 @@ class SchedulerCore:
         if now - self._planned_at < 1.0 and self._planned_at - self._done_at < 0.05:
             cycle = now - self._done_at  # planned right after the previous step: a full cycle
         self._done_at = now
-        decode_cycle = cycle if done.num_prefill_tokens == 0 else 0.0
+        iterations = max(1, len(done.sampled) // max(1, done.num_decode_tokens))
+        decode_cycle = cycle / iterations if done.num_prefill_tokens == 0 else 0.0
         self.budget.observe(done.num_decode_tokens, decode_cycle, done.num_prefill_tokens,
                             done.prefill_s)
 
@@ -282,8 +297,15 @@ class SchedulerCore:
         copies, self._copies = self._copies, []
         if not (stages or copies or loads or decodes or prefills):
             return None
+        # Nothing else waiting: let the worker decode a burst without coming back to us.
+        # (A request's first token comes alone, so its prompt's tail is staged exactly.)
+        first_tokens = any(not self.requests[self.slots[d.slot].rid].generated for d in decodes)
+        burst = 1 if (prefills or loads or self.waiting or self._reads or first_tokens) \
+            else self.config.decode_burst
+        if burst > 1:
+            decodes = [self._with_burst(d, burst) for d in decodes]
         self.inflight = RunStep(self._next_step, tuple(prefills), tuple(decodes),
-                                tuple(stages), tuple(copies), tuple(loads))
+                                tuple(stages), tuple(copies), tuple(loads), burst)
         self._planned_at = now
         self._next_step += 1
         self.outbox.append(self.inflight)
@@ -484,7 +506,14 @@ class SchedulerCore:
     def _decode_item(self, req: Request) -> DecodeItem:
         slot = self.slots[req.slot]
         return DecodeItem(slot=slot.index, position=len(slot.tokens), token_id=req.feed[-1],
-                          sampling=req.sampling, sample_index=len(req.generated))
+                          sampling=req.sampling, sample_index=len(req.generated),
+                          stop_token_ids=tuple(req.stop_token_ids))
+
+    def _with_burst(self, item: DecodeItem, burst: int) -> DecodeItem:
+        req = self.requests[self.slots[item.slot].rid]
+        room = self.config.ctx - (item.position + 1)  # tokens the slot can still take
+        limit = min(burst, req.max_tokens - len(req.generated), room)
+        return dataclasses.replace(item, max_tokens=max(1, limit))
 
     # --- finishing -------------------------------------------------------------------------
 
@@ -496,7 +525,7 @@ class SchedulerCore:
         if token in req.stop_token_ids:
             return self._finish(req, "stop", now)
         req.generated.append(token)
-        self.outbox.append(TokensGenerated(req.rid, (token,)))
+        self._unsent.setdefault(req.rid, []).append(token)
         context_full = len(req.feed) + 1 > self.config.ctx
         if len(req.generated) >= req.max_tokens or context_full:
             self._finish(req, "length", now)
@@ -523,7 +552,10 @@ class SchedulerCore:
             restore_s=req.restore_s,
             ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrived_at,
             duration_s=now - req.arrived_at))
+        unsent = self._unsent.pop(req.rid, None)
         if notify:
+            if unsent:
+                self.outbox.append(TokensGenerated(req.rid, tuple(unsent)))
             self.outbox.append(RequestFinished(req.rid, reason, len(req.prompt), req.num_cached,
                                                len(req.generated)))
 

@@ -86,7 +86,8 @@ class SchedulerService:
             max_queue=settings.max_queue, page_size=settings.page_size,
             disk_budget_bytes=settings.kv_disk_budget_bytes,
             protect_window_s=settings.kv_protect_hours * 3600,
-            state_interval=settings.state_interval, decode_share=settings.decode_share))
+            state_interval=settings.state_interval, decode_share=settings.decode_share,
+            decode_burst=settings.decode_burst))
         self.started_at = time.time()
         self.stats = SchedulerStats()
         self.peer_boot: dict[str, str] = {}

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 
+import mlx.core as mx
+
 from proto.messages import RunStep, SampledToken, StepDone
 from proto.shm import PageBufferPool
 from worker.page_io import PageLayout
-from worker.sampling import sample_rows
+from worker.sampling import sample_lazy, sample_rows
 from worker.slots import SlotStore
 
 
@@ -38,15 +40,8 @@ class StepExecutor:
             cache = store.loaded(load.slot, load.start, list(load.token_ids))
             self.layout.load(cache, load.start, [self._buffer(b) for b in load.buffers],
                              load.with_state, len(load.token_ids))
-        sampled: tuple[SampledToken, ...] = ()
         decode_started = time.perf_counter()
-        if step.decodes:
-            items = step.decodes
-            logits = store.decode([d.slot for d in items], [d.position for d in items],
-                                  [d.token_id for d in items])
-            tokens = sample_rows(logits, [d.sampling for d in items],
-                                 [d.sample_index for d in items])
-            sampled = tuple(SampledToken(d.slot, t) for d, t in zip(items, tokens))
+        sampled = self._decode(step) if step.decodes else ()
         prefill_started = time.perf_counter()
         for chunk in step.prefills:
             store.prefill(chunk.slot, chunk.start, list(chunk.token_ids))
@@ -56,3 +51,60 @@ class StepExecutor:
             num_prefill_tokens=sum(len(c.token_ids) for c in step.prefills),
             num_decode_tokens=len(step.decodes), duration_s=done - started,
             decode_s=prefill_started - decode_started, prefill_s=done - prefill_started)
+
+    def _decode(self, step: RunStep) -> tuple[SampledToken, ...]:
+        """Batched decode iterations; a sequence drops out at a stop token or its limit."""
+        if len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.trimmable:
+            return self._decode_pipelined(step.decodes[0], step.num_decode_steps)
+        active = [[d, d.position, d.token_id, 0] for d in step.decodes]  # item, pos, input, n
+        sampled = []
+        for _ in range(step.num_decode_steps):
+            if not active:
+                break
+            logits = self.store.decode([a[0].slot for a in active], [a[1] for a in active],
+                                       [a[2] for a in active])
+            tokens = sample_rows(logits, [a[0].sampling for a in active],
+                                 [a[0].sample_index + a[3] for a in active])
+            still = []
+            for entry, token in zip(active, tokens):
+                item = entry[0]
+                sampled.append(SampledToken(item.slot, token))
+                entry[1:] = [entry[1] + 1, token, entry[3] + 1]
+                if entry[3] < item.max_tokens and token not in item.stop_token_ids:
+                    still.append(entry)
+            active = still
+        return tuple(sampled)
+
+    def _decode_pipelined(self, item, num_steps: int) -> tuple[SampledToken, ...]:
+        """One sequence, several tokens: queue token i+1's forward pass before reading token
+        i, so graph building overlaps compute (as mlx_lm.generate does). When the sequence
+        stops, the one speculative token fed past the stop is trimmed from the cache."""
+        store = self.store
+        store.truncate(item.slot, item.position)
+        cache = store.parked(item.slot)
+
+        def forward(token: mx.array, index: int) -> mx.array:
+            logits = store.model(token[:, None], cache=cache)[:, -1, :]
+            return sample_lazy(logits, [item.sampling], [item.sample_index + index])
+
+        fed = [item.token_id]
+        y = forward(mx.array([item.token_id]), 0)
+        mx.async_eval(y)
+        sampled = []
+        for i in range(num_steps):
+            last = i + 1 >= min(num_steps, item.max_tokens)
+            following = None if last else forward(y, i + 1)
+            if following is not None:
+                mx.async_eval(following)
+            token = y.item()
+            sampled.append(SampledToken(item.slot, token))
+            if token in item.stop_token_ids or last:
+                if following is not None:
+                    mx.eval(following)
+                    for c in cache:
+                        c.trim(1)  # the speculative input past the stop
+                break
+            fed.append(token)
+            y = following
+        store.record(item.slot, fed)
+        return tuple(sampled)

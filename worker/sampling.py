@@ -17,12 +17,18 @@ _INDEX_STRIDE = 1_000_003  # prime: distinct (seed, index) pairs map to distinct
 def sample_rows(logits: mx.array, params: list[SamplingParams],
                 sample_indexes: list[int]) -> list[int]:
     """Sample one token per row of `logits` ([B, vocab]) with that row's parameters."""
+    return sample_lazy(logits, params, sample_indexes).tolist()
+
+
+def sample_lazy(logits: mx.array, params: list[SamplingParams],
+                sample_indexes: list[int]) -> mx.array:
+    """Like `sample_rows`, but returns the unevaluated [B] token array (for pipelining)."""
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     if all(p.temperature == 0 for p in params):
-        return mx.argmax(logprobs, axis=-1).tolist()
+        return mx.argmax(logprobs, axis=-1)
     tokens = [_sample_one(logprobs[i], p, idx)
               for i, (p, idx) in enumerate(zip(params, sample_indexes))]
-    return mx.stack(tokens).tolist()
+    return mx.stack(tokens)
 
 
 def _sample_one(logprobs: mx.array, p: SamplingParams, sample_index: int) -> mx.array:

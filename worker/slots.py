@@ -78,6 +78,10 @@ class SlotStore:
             self.tokens[slot].append(tok)
         return logits
 
+    def record(self, slot: int, token_ids: list[int]) -> None:
+        """Note tokens a caller fed into the slot's parked cache itself."""
+        self.tokens[slot].extend(token_ids)
+
     def parked(self, slot: int) -> list:
         """The slot's own cache list (taken out of the decode batch if it is in it)."""
         self._unbatch_slot(slot)

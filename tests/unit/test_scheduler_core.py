@@ -16,7 +16,7 @@ EOS = 0
 
 
 def make_core(**kw):
-    cfg = dict(num_slots=2, ctx=4096, prefill_chunk=64, max_queue=4)
+    cfg = dict(num_slots=2, ctx=4096, prefill_chunk=64, max_queue=4, decode_burst=1)
     cfg.update(kw)
     return SchedulerCore(CoreConfig(**cfg))
 
@@ -39,9 +39,14 @@ class ScriptedWorker:
         if plan is None:
             return None, self.core.take_outbox()
         self.steps.append(plan)
-        sampled = tuple(SampledToken(d.slot, self.next_token(d.slot, d.position))
-                        for d in plan.decodes)
-        done = StepDone(plan.step, sampled, sum(len(c.token_ids) for c in plan.prefills),
+        sampled = []
+        for i in range(plan.num_decode_steps):  # like the worker: burst, stop at stop tokens
+            for d in plan.decodes:
+                mine = [t for t in sampled if t.slot == d.slot]
+                if len(mine) == i and (i == 0 or (i < d.max_tokens
+                                                  and mine[-1].token_id not in d.stop_token_ids)):
+                    sampled.append(SampledToken(d.slot, self.next_token(d.slot, d.position + i)))
+        done = StepDone(plan.step, tuple(sampled), sum(len(c.token_ids) for c in plan.prefills),
                         len(plan.decodes), 0.001)
         self.core.step_done(done, now)
         return plan, self.core.take_outbox()
@@ -259,3 +264,32 @@ def test_background_prefill_takes_only_what_keeps_the_interactive_stream_at_pace
         prefilled.append(sum(len(c.token_ids) for c in plan.prefills))
     # decode_share 0.5: prefill may take as long as the decode on average (less a margin).
     assert 7 <= sum(prefilled) / len(prefilled) <= 10
+
+
+def test_bursts_when_nothing_waits_and_single_steps_otherwise():
+    core = make_core(num_slots=2, decode_burst=8)
+    w = ScriptedWorker(core)
+    submit(core, "a", [1, 2, 3], max_tokens=20)
+    w.step()  # prefill
+    plan, msgs = w.step()
+    assert plan.num_decode_steps == 1, "a first token comes alone (its prompt tail is staged)"
+    plan, msgs = w.step()
+    assert plan.num_decode_steps == 8 and plan.decodes[0].max_tokens == 8
+    assert generated(msgs, "a") == [1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010]
+    assert core.slots[0].tokens == [1, 2, 3, 1002] + [1003 + i for i in range(7)]
+    submit(core, "b", range(50, 90), max_tokens=2)
+    plan, _ = w.step()
+    assert plan.num_decode_steps == 1, "a prefill is planned: one token per step"
+    msgs = w.run()
+    fin = finished(msgs)["a"]
+    assert (fin.finish_reason, fin.num_generated_tokens) == ("length", 20)
+
+
+def test_burst_stops_at_a_stop_token_and_at_max_tokens():
+    core = make_core(num_slots=1, decode_burst=8)
+    w = ScriptedWorker(core, next_token=lambda s, pos: EOS if pos == 7 else 50 + pos)
+    submit(core, "a", [1, 2, 3], max_tokens=10)
+    msgs = w.run()
+    assert generated(msgs, "a") == [52, 53, 54, 55, 56]
+    assert finished(msgs)["a"].finish_reason == "stop"
+    assert core.slots[0].tokens == [1, 2, 3, 52, 53, 54, 55, 56]

@@ -71,7 +71,11 @@ class Group:
         for d in plan.decodes:
             assert len(self.slots[d.slot]) >= d.position
             self.slots[d.slot] = self.slots[d.slot][:d.position] + [d.token_id]
-            sampled.append(SampledToken(d.slot, 3000 + d.position))
+            for i in range(min(plan.num_decode_steps, d.max_tokens)):
+                token = 3000 + d.position + i
+                sampled.append(SampledToken(d.slot, token))
+                if i + 1 < min(plan.num_decode_steps, d.max_tokens):
+                    self.slots[d.slot].append(token)  # fed back within the burst
         for c in plan.prefills:
             assert len(self.slots[c.slot]) >= c.start
             self.slots[c.slot] = self.slots[c.slot][:c.start] + list(c.token_ids)
