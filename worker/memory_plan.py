@@ -21,6 +21,7 @@ class MemoryPlanError(RuntimeError):
 
 @dataclass(frozen=True)
 class MemoryPlan:
+    runtime: int  # the process before any slot: interpreter, MLX, libraries, model code
     weights: int
     slot_kv: int
     batch_kv: int
@@ -32,11 +33,11 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        return (self.weights + self.slot_kv + self.batch_kv + self.recurrent
+        return (self.runtime + self.weights + self.slot_kv + self.batch_kv + self.recurrent
                 + self.activations + self.page_buffers)
 
     def as_fields(self) -> dict[str, int]:
-        return {"weights": self.weights, "slot_kv": self.slot_kv, "batch_kv": self.batch_kv,
+        return {"runtime": self.runtime, "weights": self.weights, "slot_kv": self.slot_kv, "batch_kv": self.batch_kv,
                 "recurrent": self.recurrent, "activations": self.activations,
                 "page_buffers": self.page_buffers, "total": self.total, "limit": self.limit,
                 "headroom": self.headroom}
@@ -56,7 +57,16 @@ def device_memory_limit() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def make_plan(*, weights: int, kv_bytes_per_token: int, recurrent_bytes_per_slot: int,
+def resident_bytes() -> int:
+    """This process's resident memory so far (its peak, which at start is its size)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+def make_plan(*, runtime: int, weights: int, kv_bytes_per_token: int,
+              recurrent_bytes_per_slot: int,
               num_slots: int, ctx: int, prefill_chunk: int, num_heads: int,
               hidden: int, intermediate: int, vocab: int, page_buffers: int,
               limit: int, headroom: int) -> MemoryPlan:
@@ -68,7 +78,7 @@ def make_plan(*, weights: int, kv_bytes_per_token: int, recurrent_bytes_per_slot
     scores = prefill_chunk * ctx * num_heads * 4
     mlp = prefill_chunk * (3 * intermediate + 4 * hidden) * 4
     activations = scores + mlp + num_slots * vocab * 4 * 2
-    return MemoryPlan(weights=weights, slot_kv=slot_kv, batch_kv=batch_kv,
+    return MemoryPlan(runtime=runtime, weights=weights, slot_kv=slot_kv, batch_kv=batch_kv,
                       recurrent=num_slots * recurrent_bytes_per_slot, activations=activations,
                       page_buffers=page_buffers, limit=limit, headroom=headroom)
 

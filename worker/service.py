@@ -35,7 +35,13 @@ from proto.sockets import connect_dealer, send
 from proto.shm import PageBufferPool, ShmError
 from worker.executor import StepExecutor
 from worker.page_io import PageLayout, PageLayoutError
-from worker.memory_plan import MemoryPlanError, check_plan, device_memory_limit, make_plan
+from worker.memory_plan import (
+    MemoryPlanError,
+    check_plan,
+    device_memory_limit,
+    make_plan,
+    resident_bytes,
+)
 from worker.model_loading import LoadedModel, ModelLoadError, load_model
 from worker.slots import SlotStore
 
@@ -79,7 +85,8 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     recurrent = sum(c.nbytes for c in probe_cache(loaded) if not c.is_trimmable())
     page_buffers = buffer_count(layout, settings) * (layout.buffer_bytes if layout else 0)
     plan = make_plan(
-        weights=weights, kv_bytes_per_token=loaded.kv_bytes_per_token,
+        # Measured after the model ran once, so the weights are resident: count them once.
+        runtime=max(0, resident_bytes() - weights), weights=weights, kv_bytes_per_token=loaded.kv_bytes_per_token,
         recurrent_bytes_per_slot=recurrent, num_slots=settings.slots, ctx=settings.ctx,
         prefill_chunk=settings.prefill_chunk,
         num_heads=int(text_cfg.get("num_attention_heads", 1)),

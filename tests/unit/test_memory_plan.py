@@ -1,0 +1,34 @@
+"""The memory plan (F7): every slot at full context is counted, and a plan that does not fit
+refuses to start with a message naming what to lower."""
+
+import pytest
+
+from worker.memory_plan import MemoryPlanError, check_plan, make_plan
+
+GIB = 2**30
+
+
+def plan(slots=4, ctx=32768, limit=64 * GIB, page_buffers=0):
+    return make_plan(runtime=100 << 20, weights=4 * GIB, kv_bytes_per_token=100_000,
+                     recurrent_bytes_per_slot=0, num_slots=slots, ctx=ctx, prefill_chunk=512,
+                     num_heads=32, hidden=4096, intermediate=12288, vocab=150_000,
+                     page_buffers=page_buffers, limit=limit, headroom=GIB)
+
+
+def test_every_slot_at_full_context_is_planned():
+    one, four = plan(slots=1), plan(slots=4)
+    assert four.slot_kv == 4 * one.slot_kv == 4 * 32768 * 100_000
+    assert four.total > four.slot_kv + four.weights  # plus batch copy, activations, runtime
+
+
+def test_a_plan_that_fits_passes():
+    check_plan(plan(slots=1, ctx=8192), 1, 8192)
+
+
+def test_a_plan_that_does_not_fit_refuses_and_names_the_settings():
+    too_big = plan(slots=8, ctx=131072)
+    with pytest.raises(MemoryPlanError) as err:
+        check_plan(too_big, 8, 131072)
+    message = str(err.value)
+    assert "--slots (now 8)" in message and "--ctx (now 131072)" in message
+    assert "memory plan:" in message and "slot_kv" in message
