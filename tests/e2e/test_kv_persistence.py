@@ -169,3 +169,31 @@ def test_restart_one_component_then_next_turn_restores(one_slot, role):
         except (openai.APIStatusError, openai.APIConnectionError):
             time.sleep(0.5)
     assert conv.cached_tokens[-1] >= conv.prompt_tokens[0] - P, (role, conv.cached_tokens)
+
+
+def test_budget_is_printed_in_tokens_and_conversations(one_slot):
+    """F8: the disk budget is told at start in terms a user can size."""
+    [budget] = one_slot.log_events("kv.budget")
+    assert budget["budget_tokens"] == budget["budget_bytes"] // budget["kv_bytes_per_token"]
+    assert budget["budget_conversations"] > 0
+    assert "conversations of 100,000 tokens" in one_slot.log_text()
+
+
+def test_pages_of_another_model_are_never_matched(tiny_qwen3, tiny_model_dir, tmp_path):
+    """F12: same page directory, another model: nothing restored, the old pages kept apart."""
+    kv_dir = tmp_path / "kv"
+    prompt = [{"role": "user", "content": text(77, 600)}]
+    with ServerGroup(tiny_qwen3, slots=1, ctx=8192, kv_dir=kv_dir) as group:
+        client = openai.OpenAI(base_url=group.base_url, api_key="none")
+        model = client.models.list().data[0].id
+        client.chat.completions.create(model=model, messages=prompt, max_tokens=4)
+        time.sleep(1.5)
+    other = tiny_model_dir("qwen3", seed=1)
+    with ServerGroup(other, slots=1, ctx=8192, kv_dir=kv_dir) as group:
+        client = openai.OpenAI(base_url=group.base_url, api_key="none")
+        model = client.models.list().data[0].id
+        resp = client.chat.completions.create(model=model, messages=prompt, max_tokens=4)
+        assert resp.usage.prompt_tokens_details.cached_tokens == 0
+        time.sleep(1.5)
+        entries, _ = read_entries(kv_dir)
+    assert len({e.namespace for e in entries}) == 2
