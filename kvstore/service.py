@@ -70,6 +70,7 @@ class KvStoreDaemon:
             self.inventory = self.store.scan()
         except OSError as exc:
             self.error = f"page directory {settings.kv_path} is unusable: {exc.strerror}"
+            self.error_since = time.monotonic()
             self.inventory = []
             log.warning("kv.persistence_off", error=self.error)
         self.scan_s = time.perf_counter() - started

@@ -41,7 +41,8 @@ TEMP_SUFFIX = ".tmp"
 # One read covers the header of a page of up to ~990 tokens (P=256 needs 1152 bytes).
 _FIRST_READ = 4096
 # Errors that mean "this disk cannot take our pages now", as opposed to a bug.
-_UNAVAILABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO}
+_UNAVAILABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO,
+                errno.ENOTDIR, errno.ENAMETOOLONG}
 
 
 class StoreUnavailable(RuntimeError):
@@ -128,12 +129,8 @@ class PageStore:
         self.corrupt_events: collections.deque[CorruptEvent] = collections.deque(maxlen=64)
         self._index: dict[bytes, IndexEntry] = {}
         self._num_bytes = 0
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            if exc.errno in _UNAVAILABLE:
-                raise _unavailable(self.root, exc) from exc
-            raise
+        # The directory is created by the first write: a store over a path that cannot be a
+        # directory still answers (every lookup a miss) and reports StoreUnavailable on write.
 
     # --- paths and index ------------------------------------------------------------------
 

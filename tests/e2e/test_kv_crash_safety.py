@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import httpx
+
 import openai
 import pytest
 
@@ -129,3 +131,20 @@ def _tokenizer(model_dir):
     from gateway.tokenizer import load_tokenizer
 
     return load_tokenizer(str(model_dir))
+
+
+def test_unusable_page_directory_serves_without_persistence(tiny_qwen3, tmp_path):
+    """An unwritable page directory: serving goes on, with a warning and a metric."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the page directory should be")
+    with ServerGroup(tiny_qwen3, slots=1, ctx=4096, kv_dir=blocker / "kv") as group:
+        client = openai.OpenAI(base_url=group.base_url, api_key="none")
+        model = client.models.list().data[0].id
+        for _ in range(2):
+            resp = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": text(5, 400)}], max_tokens=4)
+            assert resp.choices[0].finish_reason == "length"
+        [warning] = group.log_events("kv.persistence_off")[:1]
+        assert "unusable" in warning["error"]
+        metrics = httpx.get(f"{group.url}/metrics").text
+        assert "switchyard_kv_disk_writable 0.0" in metrics
