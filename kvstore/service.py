@@ -10,26 +10,17 @@ read-only) makes persistence pause with a warning; serving goes on.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections import deque
 
-import zmq
-
 from kvstore.store import CorruptEvent, PageStore, StoreUnavailable
-from proto import codec
-from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
 from proto.messages import (
-    PROTOCOL_VERSION,
     ROLE_KVSTORE,
     AttachBuffers,
     DeletePages,
     DescribeInventory,
-    Heartbeat,
-    Hello,
     InventoryDescribed,
     PageInfo,
     PagesDeleted,
@@ -39,24 +30,17 @@ from proto.messages import (
     TouchPages,
     WritePages,
 )
+from proto.service_loop import SchedulerLink, StopFlag
 from proto.settings import Settings
 from proto.shm import PageBufferPool, ShmError
-from proto.sockets import connect_dealer, send
-
-
-class _Stop:
-    requested = False
-
-    def __call__(self, *_):
-        self.requested = True
 
 
 class KvStoreDaemon:
-    def __init__(self, settings: Settings, log, boot_id: str, sock: zmq.Socket):
+    def __init__(self, settings: Settings, log, boot_id: str):
         self.settings = settings
         self.log = log
         self.boot_id = boot_id
-        self.sock = sock
+        self.send = lambda message: None  # replaced by the scheduler link's send
         self.pool: PageBufferPool | None = None
         self.namespace = b""
         # Writes and deletes, in the order sent; reads go ahead of them.
@@ -92,7 +76,7 @@ class KvStoreDaemon:
             self.attach(msg)
         elif isinstance(msg, DescribeInventory):
             self.flush_writes()
-            send(self.sock, InventoryDescribed(
+            self.send(InventoryDescribed(
                 self.boot_id, tuple(self.store.pages()), self.scan_s,
                 writable=not self.error, error=self.error))
         elif isinstance(msg, DeletePages):
@@ -124,7 +108,7 @@ class KvStoreDaemon:
                 header = self.store.read_into(self.namespace, r.page_id, r.token_ids,
                                               self.pool.buffer(r.buffer))
             (ok if header is not None else missing).append(r.page_id)
-        send(self.sock, PagesRead(tuple(ok), tuple(missing)))
+        self.send(PagesRead(tuple(ok), tuple(missing)))
         self.log.debug("kv.read", num_pages=len(ok), num_missing=len(missing),
                        read_s=round(time.perf_counter() - started, 4))
 
@@ -132,7 +116,7 @@ class KvStoreDaemon:
         msg = self.writes.popleft()
         if isinstance(msg, DeletePages):
             freed = self.store.delete(msg.page_ids)
-            send(self.sock, PagesDeleted(msg.page_ids, freed))
+            self.send(PagesDeleted(msg.page_ids, freed))
             return
         written, failed = [], []
         for w in msg.writes:
@@ -151,7 +135,7 @@ class KvStoreDaemon:
             entry = self.store.get(w.page_id)
             written.append(PageInfo(w.page_id, w.parent_id, self.namespace, len(w.token_ids),
                                     entry.nbytes, entry.last_used, entry.flags))
-        send(self.sock, PagesWritten(tuple(written), tuple(failed),
+        self.send(PagesWritten(tuple(written), tuple(failed),
                                      tuple(w.buffer for w in msg.writes), self.error))
 
     def flush_writes(self) -> None:
@@ -172,42 +156,21 @@ def run(settings: Settings) -> None:
     boot_id = new_boot_id()
     log = configure_logging(ROLE_KVSTORE, boot_id, settings.log_level, settings.log_format,
                             settings.log_content)
-    stop = _Stop()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
-    ctx = zmq.Context()
-    sock = connect_dealer(ctx, endpoints.scheduler, ROLE_KVSTORE.encode())
-    daemon = KvStoreDaemon(settings, log, boot_id, sock)
-    hello = Hello(PROTOCOL_VERSION, boot_id, ROLE_KVSTORE, os.getpid())
-    send(sock, hello)
+    stop = StopFlag()
+    daemon = KvStoreDaemon(settings, log, boot_id)
+    link = SchedulerLink(settings, ROLE_KVSTORE, boot_id, log)
+    daemon.send = link.send
     log.info("kvstore.started", kv_dir=str(settings.kv_path))
-    scheduler_boot = None
-    next_heartbeat = 0.0
     try:
         while not stop.requested:
-            now = time.monotonic()
-            if now >= next_heartbeat:
-                send(sock, Heartbeat(boot_id))
-                next_heartbeat = now + settings.heartbeat_s
-                daemon.maybe_clear_error()
+            daemon.maybe_clear_error()
             # With writes queued, only peek: a read arriving meanwhile goes first.
-            timeout_ms = 0 if daemon.writes else int(settings.heartbeat_s * 1000)
-            if not sock.poll(timeout_ms):
-                if daemon.writes:
-                    daemon.write_one_batch()
-                continue
-            msg = codec.decode(sock.recv())
-            if isinstance(msg, (Hello, Heartbeat)):
-                if msg.boot_id != scheduler_boot:
-                    log.info("kvstore.scheduler_met", scheduler_boot_id=msg.boot_id,
-                             restarted=scheduler_boot is not None)
-                    send(sock, hello)
-                    scheduler_boot = msg.boot_id
-            else:
-                daemon.handle(msg)
+            message = link.receive(0.0 if daemon.writes else settings.heartbeat_s)
+            if message is not None:
+                daemon.handle(message)
+            elif daemon.writes:
+                daemon.write_one_batch()
     finally:
         daemon.close()
-        sock.close(0)
-        ctx.term()
+        link.close()
         log.info("kvstore.stopped")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import time
 
 import zmq
@@ -47,6 +46,7 @@ from proto.messages import (
     TouchPages,
     WorkerReady,
 )
+from proto.service_loop import StopFlag
 from proto.settings import Settings, format_size
 from proto.sockets import bind_router, send_to
 from scheduler.core import CoreConfig, SchedulerCore
@@ -66,13 +66,6 @@ _DESTINATION = {
 _WORKER_GRACE_FACTOR = 6
 # A step may legitimately take long (a prefill chunk at full context on a CPU).
 _STEP_SILENCE_LIMIT_S = 60.0
-
-
-class _Stop:
-    requested = False
-
-    def __call__(self, *_):
-        self.requested = True
 
 
 class SchedulerService:
@@ -261,7 +254,7 @@ class SchedulerService:
 
     # --- loop ------------------------------------------------------------------------------
 
-    def serve(self, stop: _Stop) -> None:
+    def serve(self, stop: StopFlag) -> None:
         self.log.info("scheduler.started", endpoint=self.endpoints.scheduler,
                       slots=self.settings.slots, ctx=self.settings.ctx)
         next_heartbeat = 0.0
@@ -298,9 +291,7 @@ class SchedulerService:
 
 
 def run(settings: Settings) -> None:
-    stop = _Stop()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stop = StopFlag()
     service = SchedulerService(settings)
     try:
         service.serve(stop)

@@ -7,31 +7,19 @@ greeted yet, and sends heartbeats while idle.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import time
 
 import mlx.core as mx
-import zmq
 from mlx.utils import tree_flatten
 
-from proto import codec
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
-from proto.messages import (
-    PROTOCOL_VERSION,
-    ROLE_WORKER,
-    Heartbeat,
-    Hello,
-    RunStep,
-    SlotContents,
-    WorkerReady,
-)
+from proto.messages import ROLE_WORKER, RunStep, SlotContents, WorkerReady
 from proto.page_ids import make_namespace
+from proto.service_loop import SchedulerLink, StopFlag
 from proto.settings import Settings, parse_size
-from proto.sockets import connect_dealer, send
 from proto.shm import PageBufferPool, ShmError
 from worker.executor import StepExecutor
 from worker.page_io import PageLayout, PageLayoutError
@@ -97,13 +85,6 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     return plan
 
 
-class _Stop:
-    requested = False
-
-    def __call__(self, *_):
-        self.requested = True
-
-
 def run(settings: Settings) -> None:
     boot_id = new_boot_id()
     log = configure_logging(ROLE_WORKER, boot_id, settings.log_level, settings.log_format,
@@ -141,41 +122,19 @@ def run(settings: Settings) -> None:
             buffer_bytes=pool.buffer_bytes if pool else 0,
             state_bytes=layout.state_bytes if layout else 0)
 
-    stop = _Stop()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    ctx = zmq.Context()
-    sock = connect_dealer(ctx, endpoints.scheduler, ROLE_WORKER.encode())
-    hello = Hello(PROTOCOL_VERSION, boot_id, ROLE_WORKER, os.getpid())
-    send(sock, hello)
-    send(sock, ready())
-    scheduler_boot = None
-    next_heartbeat = 0.0
+    stop = StopFlag()
+    link = SchedulerLink(settings, ROLE_WORKER, boot_id, log, greeting=lambda: [ready()])
     try:
         while not stop.requested:
-            now = time.monotonic()
-            if now >= next_heartbeat:
-                send(sock, Heartbeat(boot_id))
-                next_heartbeat = now + settings.heartbeat_s
-            if not sock.poll(int(settings.heartbeat_s * 1000)):
-                continue
-            msg = codec.decode(sock.recv())
-            if isinstance(msg, RunStep):
-                done = executor.run(msg)
-                send(sock, done)
-                log.debug("step.done", step=msg.step, num_decode=done.num_decode_tokens,
-                          num_prefill=done.num_prefill_tokens, step_ms=round(done.duration_s * 1e3, 2))
-            elif isinstance(msg, (Hello, Heartbeat)) and msg.boot_id != scheduler_boot:
-                # A scheduler incarnation we have not greeted (the first, or a restarted one):
-                # greet it with our slot contents. The scheduler ignores a repeated greeting.
-                log.info("worker.scheduler_met", scheduler_boot_id=msg.boot_id,
-                         restarted=scheduler_boot is not None)
-                send(sock, hello)
-                send(sock, ready())
-                scheduler_boot = msg.boot_id
+            message = link.receive(settings.heartbeat_s)
+            if isinstance(message, RunStep):
+                done = executor.run(message)
+                link.send(done)
+                log.debug("step.done", step=message.step, num_decode=done.num_decode_tokens,
+                          num_prefill=done.num_prefill_tokens,
+                          step_ms=round(done.duration_s * 1e3, 2))
     finally:
-        sock.close(0)
-        ctx.term()
+        link.close()
         if pool is not None:
             pool.close()
             pool.unlink()

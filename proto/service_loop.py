@@ -1,0 +1,84 @@
+"""What every process around the scheduler does the same way: stop on a signal, and keep a
+link to the scheduler (greet it, heartbeat, greet again whenever it restarted)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import zmq
+
+from proto import codec
+from proto.endpoints import Endpoints, ensure_runtime_dir
+from proto.messages import PROTOCOL_VERSION, Heartbeat, Hello
+from proto.settings import Settings
+from proto.sockets import connect_dealer, send
+
+
+class StopFlag:
+    """Set by SIGTERM or SIGINT; a service loop checks it between messages."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._set)
+        signal.signal(signal.SIGINT, self._set)
+
+    def _set(self, *_) -> None:
+        self.requested = True
+
+
+class SchedulerLink:
+    """A DEALER connection to the scheduler for a worker or kvstore process.
+
+    `greeting()` gives the messages that follow `Hello` (a worker's `WorkerReady`). They are
+    sent at start and to every scheduler incarnation met later, recognised by a boot id not
+    seen before; the scheduler ignores a repeated greeting. `receive` hands the caller every
+    other message and keeps the heartbeat going.
+    """
+
+    def __init__(self, settings: Settings, role: str, boot_id: str, log,
+                 greeting: Callable[[], list] = list):
+        self.settings = settings
+        self.role = role
+        self.boot_id = boot_id
+        self.log = log
+        self.greeting = greeting
+        self.ctx = zmq.Context()
+        endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
+        self.sock = connect_dealer(self.ctx, endpoints.scheduler, role.encode())
+        self.scheduler_boot: str | None = None
+        self.next_heartbeat = 0.0
+        self._greet()
+
+    def _greet(self) -> None:
+        self.send(Hello(PROTOCOL_VERSION, self.boot_id, self.role, os.getpid()))
+        for message in self.greeting():
+            self.send(message)
+
+    def send(self, message) -> None:
+        send(self.sock, message)
+
+    def receive(self, timeout_s: float):
+        """The next message for the caller, or None after `timeout_s` (at most a heartbeat)."""
+        now = time.monotonic()
+        if now >= self.next_heartbeat:
+            self.send(Heartbeat(self.boot_id))
+            self.next_heartbeat = now + self.settings.heartbeat_s
+        wait_s = min(timeout_s, max(0.0, self.next_heartbeat - now))
+        if not self.sock.poll(int(wait_s * 1000)):
+            return None
+        message = codec.decode(self.sock.recv())
+        if isinstance(message, (Hello, Heartbeat)):
+            if message.boot_id != self.scheduler_boot:
+                self.log.info(f"{self.role}.scheduler_met", scheduler_boot_id=message.boot_id,
+                              restarted=self.scheduler_boot is not None)
+                self._greet()
+                self.scheduler_boot = message.boot_id
+            return None
+        return message
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
