@@ -67,7 +67,8 @@ def test_queue_limit_answers_429_with_retry_after(one_slot):
 
 def test_interactive_request_takes_a_background_slot(one_slot):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        background = pool.submit(completion, one_slot, "a long background job " * 10, 300,
+        # Long enough to still run when the status file (rewritten every second) shows it.
+        background = pool.submit(completion, one_slot, "a long background job " * 10, 1500,
                                  "background")
         deadline = time.monotonic() + 30
         while "background" not in slot_priorities(one_slot) and time.monotonic() < deadline:
@@ -76,9 +77,9 @@ def test_interactive_request_takes_a_background_slot(one_slot):
         assert interactive.status_code == 200
         bg = background.result()
     assert bg.status_code == 200
-    assert bg.json()["usage"]["completion_tokens"] == 300, "resumed and finished its reply"
+    assert bg.json()["usage"]["completion_tokens"] == 1500, "resumed and finished its reply"
     assert one_slot.log_events("request.preempted")
     # The background request was finished after the interactive one.
     order = [e["priority"] for e in one_slot.log_events("request.finished")
-             if e.get("role") == "scheduler" and e["num_generated_tokens"] in (8, 300)]
+             if e.get("role") == "scheduler" and e["num_generated_tokens"] in (8, 1500)]
     assert order[-2:] == ["interactive", "background"]
