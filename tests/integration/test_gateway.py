@@ -573,10 +573,13 @@ def test_non_streaming_client_disconnect_cancels(base_url, fake):
 
 def test_request_log_has_fields_and_no_text(http, fake):
     with structlog.testing.capture_logs() as logs:
-        http.post("/v1/chat/completions", json={**CHAT, "stop": ["zzz"]})
-        # The line is written after the last byte of the response went out.
-        wait_until(lambda: any(e["event"] == "request.finished" for e in logs))
-    (line,) = [e for e in logs if e["event"] == "request.finished"]
+        rid = http.post("/v1/chat/completions", json={**CHAT, "stop": ["zzz"]}).json()["id"]
+        # The line is written after the last byte of the response went out (so a previous
+        # test's line may land here too: pick this request's by its id).
+        mine = lambda: [e for e in logs  # noqa: E731
+                        if e["event"] == "request.finished" and e.get("rid") == rid]
+        wait_until(lambda: mine())
+    (line,) = mine()
     assert line["status"] == 200 and line["endpoint"] == "POST /v1/chat/completions"
     assert line["num_generated_tokens"] == len(fake.reply_ids)
     assert line["rid"].startswith("chatcmpl-") and line["ttft_s"] >= 0
