@@ -19,12 +19,9 @@ from dataclasses import dataclass
 from proto.messages import (
     CopyPrefix,
     DecodeItem,
-    LoadPages,
-    PageRead,
     PagesRead,
     PagesWritten,
     PrefillChunk,
-    ReadPages,
     RequestFailed,
     RequestFinished,
     RunStep,
@@ -36,10 +33,8 @@ from proto.messages import (
 from scheduler.page_cache import PageCache
 from scheduler.placement import Placement, Sources, choose_slot, reusable
 from scheduler.requests import Request, Slot, common_prefix_len
+from scheduler.restore import DiskReads, load_of
 from scheduler.step_budget import PrefillBudget
-
-# Pages read from disk per batch: bounds the buffers one restore holds at a time.
-_RESTORE_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -93,7 +88,7 @@ class SchedulerCore:
         self.outbox: list = []
         self.events: list[tuple[str, dict]] = self.pages.events  # logged by the shell
         self._copies: list[CopyPrefix] = []
-        self._reads: deque[tuple[str, list[tuple[int, bytes, int]]]] = deque()
+        self.reads = DiskReads(self.pages)
         self._next_step = 0
         self._planned_at = 0.0
         self._done_at = 0.0
@@ -203,7 +198,7 @@ class SchedulerCore:
         """The worker's slot memory is what it reports; requests in slots start over there."""
         self.inflight = None
         self._copies.clear()
-        self._reads.clear()
+        self.reads.clear()
         self.pages.worker_ready(namespace, shm_name, num_buffers, buffer_bytes, state_bytes)
         contents = {s.slot: s.token_ids for s in slots}
         requeue = []
@@ -222,39 +217,19 @@ class SchedulerCore:
         Writes are lost too: every slot's pages are checked against the new inventory again."""
         self.pages.kvstore_restarted()
         self._recheck_persisted()
-        while self._reads:
-            rid, batch = self._reads.popleft()
-            self.pages.release([b for _, b in batch])
-            req = self.requests.get(rid)
-            if req is not None and req.reading is batch:
-                req.restore_pages[:0] = [page for page, _ in batch]
-                req.reading = []
+        self.reads.lost(self.requests)
 
     def pages_read(self, msg: PagesRead, now: float) -> None:
-        if not self._reads:
+        answer = self.reads.answered(msg, self.requests)
+        if answer is None:
             return
-        rid, batch = self._reads.popleft()
-        req = self.requests.get(rid)
-        if req is None or req.reading is not batch:
-            self.pages.release([b for _, b in batch])  # finished or moved meanwhile
-            return
-        req.reading = []
-        missing = set(msg.missing)
-        good = []
-        for page, buffer in batch:
-            if page.page_id in missing:
-                break
-            good.append((page, buffer))
-        if len(good) < len(batch):
-            self.pages.forget(missing)
-            self.pages.release([b for _, b in batch[len(good):]])
-            req.restore_pages = []
-            last = good[-1][0].page_id if good else None
-            if not self.config.trimmable and last not in self.pages.state_pages:
-                # A hybrid slot is usable only up to a page that carries its state.
-                self.pages.release([b for _, b in good])
-                good = []
-                self.slots[req.slot].truncate(0, self.config.page_size)
+        req, good, complete = answer
+        last = good[-1][0].page_id if good else None
+        if not complete and not self.config.trimmable and last not in self.pages.state_pages:
+            # A hybrid slot is usable only up to a page that carries its state.
+            self.pages.release([b for _, b in good])
+            good = []
+            self.slots[req.slot].truncate(0, self.config.page_size)
         req.loading = good
         if req.cancelled and not self._busy(req):
             self._finish(req, "cancelled", now)
@@ -282,7 +257,7 @@ class SchedulerCore:
         self._issue_reads()
         running = [self.requests[s.rid] for s in self.slots if s.rid is not None]
         loading = [r for r in running if r.loading]
-        loads = [self._load_of(r) for r in loading]
+        loads = [load_of(r, self.config.trimmable) for r in loading]
         decodes, prefilling = [], []
         for req in running:
             if req.restoring or req in loading:
@@ -300,7 +275,7 @@ class SchedulerCore:
         # Nothing else waiting: let the worker decode a burst without coming back to us.
         # (A request's first token comes alone, so its prompt's tail is staged exactly.)
         first_tokens = any(not self.requests[self.slots[d.slot].rid].generated for d in decodes)
-        burst = 1 if (prefills or loads or self.waiting or self._reads or first_tokens) \
+        burst = 1 if (prefills or loads or self.waiting or self.reads or first_tokens) \
             else self.config.decode_burst
         if burst > 1:
             decodes = [self._with_burst(d, burst) for d in decodes]
@@ -456,31 +431,10 @@ class SchedulerCore:
             return  # kvstore (re)starting: reads wait until it has attached the buffers
         for slot in self.slots:
             req = self.requests.get(slot.rid) if slot.rid else None
-            if req is None or not req.restore_pages or req.reading or req.loading:
-                continue
-            n = min(len(req.restore_pages), _RESTORE_BATCH)
-            buffers = None
-            while n and buffers is None:
-                buffers = self.pages.acquire(n)
-                n = n if buffers is not None else n // 2
-            if not buffers:
-                continue  # all buffers busy; try again next step
-            batch = list(zip(req.restore_pages, buffers))
-            del req.restore_pages[:len(batch)]
-            req.reading = batch
-            context = req.feed[:-1]
-            self._reads.append((req.rid, batch))
-            self.outbox.append(ReadPages(tuple(
-                PageRead(p.page_id, tuple(context[p.start:p.start + p.num_tokens]), b)
-                for p, b in batch)))
-
-    def _load_of(self, req: Request) -> LoadPages:
-        batch, req.loading = req.loading, []
-        first, last = batch[0][0], batch[-1][0]
-        tokens = tuple(req.feed[first.start:last.start + last.num_tokens])
-        req.num_restored += len(tokens)
-        with_state = not self.config.trimmable and not req.restore_pages
-        return LoadPages(req.slot, first.start, tuple(b for _, b in batch), tokens, with_state)
+            if req is not None and req.restore_pages and not (req.reading or req.loading):
+                read = self.reads.issue(req)
+                if read is not None:
+                    self.outbox.append(read)
 
     def _note_restore_done(self, req: Request, now: float) -> None:
         if req.restore_started_at is not None:
