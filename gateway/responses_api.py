@@ -31,9 +31,18 @@ from gateway.streaming import sse_event
 from gateway.tools import (ToolChoice, check_tool_fields, function_tool,
                            parse_openai_tool_choice)
 from gateway.turn import ChatTurn, TurnResult, assistant_message
-from gateway.validation import ChatRequest, Fields, Options, parse_json, parse_priority
+from gateway.validation import (
+    ChatRequest,
+    Fields,
+    Options,
+    join_text_parts,
+    parse_json,
+    parse_priority,
+)
 
-_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+# Content part type -> the key holding its text.
+_TEXT_PARTS = {kind: "text" for kind in ("input_text", "output_text", "text", "summary_text",
+                                         "reasoning_text")} | {"refusal": "refusal"}
 
 
 def _new_id(prefix: str) -> str:
@@ -56,21 +65,7 @@ def _text(value: Any, param: str) -> str:
         return value
     if not isinstance(value, list):
         raise invalid_type(param, "a string or an array of content parts")
-    texts = []
-    for j, part in enumerate(value):
-        if not isinstance(part, dict):
-            raise invalid_type(f"{param}[{j}]", "an object")
-        kind = part.get("type")
-        if kind == "refusal":
-            part = {"text": part.get("refusal")}
-        elif kind not in _TEXT_PARTS:
-            raise invalid(f"'{param}[{j}].type' {kind!r} is not supported; only text parts are",
-                          param=f"{param}[{j}].type", code="unsupported_content")
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise invalid_type(f"{param}[{j}].text", "a string")
-        texts.append(text)
-    return "\n".join(texts)
+    return join_text_parts(value, param, _TEXT_PARTS, "text parts")
 
 
 class _InputBuilder:

@@ -317,16 +317,22 @@ def parse_content(content: Any, param: str) -> str | None:
         return content
     if not isinstance(content, list):
         raise invalid_type(param, "a string or an array of content parts")
+    return join_text_parts(content, param, {"text": "text"}, "'text' parts")
+
+
+def join_text_parts(parts: list, param: str, text_keys: dict[str, str], what: str) -> str:
+    """The text of a list of content parts, joined by newlines. `text_keys` maps each accepted
+    part type to the key holding its text; any other type is a 400 naming `what` is taken."""
     texts = []
-    for j, part in enumerate(content):
+    for j, part in enumerate(parts):
         part_param = f"{param}[{j}]"
         if not isinstance(part, dict):
             raise invalid_type(part_param, "an object")
         kind = part.get("type")
-        if kind != "text":
-            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only 'text' parts are",
+        if kind not in text_keys:
+            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only {what} are",
                           param=f"{part_param}.type", code="unsupported_content")
-        text = part.get("text")
+        text = part.get(text_keys[kind])
         if not isinstance(text, str):
             raise invalid_type(f"{part_param}.text", "a string")
         texts.append(text)
