@@ -25,7 +25,7 @@ sequential Python read of every `.page` file in the KV dir (page cache warm) and
 
 The summary also gives, per Switchyard configuration, two figures that explain the ratio and
 are free of machine noise: prefilled tokens of the switching turn / of its twin (the switching
-turn re-reads the conversation's last, partial page: DESIGN.md "KV pages"), and restore_s as a
+turn re-reads the conversation's last, partial page: docs/design.md "KV pages"), and restore_s as a
 share of the switching turn's TTFT.
 
 TTFT is the time from sending to the first streamed chunk with content (or the finish chunk

@@ -1,6 +1,6 @@
 """`switchyard status [--json] [--runtime-dir DIR]`: what one group is doing now.
 
-Components are found by their pid files in the runtime directory (never by name, DESIGN F10);
+Components are found by their pid files in the runtime directory (never by name, docs/design.md F10);
 uptimes come from /proc/<pid>/stat on Linux or `ps -o etimes= -p PID` elsewhere. Slots, queue,
 disk usage and counters come from `status.json`, which the scheduler rewrites every heartbeat.
 Exit status: 0 when a group runs there, 1 when none does.

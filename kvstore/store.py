@@ -1,4 +1,4 @@
-"""Page files on disk and their in-memory index (DESIGN.md "KV pages", F1, F5, F12).
+"""Page files on disk and their in-memory index (docs/design.md "KV pages", F1, F5, F12).
 
 Layout: `<root>/<namespace hex[:8]>/<page_id hex[:2]>/<page_id hex>.page`. Sharding keeps
 directories small (a 100K-page cache is ~400 files per directory). Writes go to a temporary

@@ -3,7 +3,7 @@
 Pure bookkeeping, no I/O: the core asks it what to stage and where pages are, and it queues
 the kvstore commands (`WritePages`, `DeletePages`, `TouchPages`) in `outbox`.
 
-Write-through (DESIGN.md "KV pages"): every full page of every slot is staged into a shared
+Write-through (docs/design.md "KV pages"): every full page of every slot is staged into a shared
 buffer at the start of the step after it filled, then written by kvstore, so a conversation
 that leaves its slot needs no write at that moment. Eviction happens when pages are written:
 the budget is never exceeded, and what goes is chosen by `scheduler.eviction` (F2).

@@ -1,4 +1,4 @@
-"""The memory plan (DESIGN.md, F7): every slot at full context, planned and checked at start.
+"""The memory plan (docs/design.md, F7): every slot at full context, planned and checked at start.
 
 The plan counts weights, slot KV at full context, the batch copy used while several slots
 decode together, recurrent state, the largest step's activations, and shared page buffers.

@@ -3,7 +3,7 @@
 Directories and repo ids go through mlx_lm's own loader; GGUF files through worker.gguf_loading.
 On the CPU backend every half-precision weight is converted to float32: MLX's CPU matmul in
 float16/bfloat16 is many times slower than float32 with an optimized BLAS, and float32 keeps
-results comparable across runs (see DESIGN.md, "Tiny models for tests and the default").
+results comparable across runs (see docs/design.md, "Tiny models for tests and the default").
 """
 
 from __future__ import annotations
