@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
 
 import httpx  # noqa: E402
 
-# Model sizes (keyword overrides of worker.tiny_models.generate_tiny_model).
+# Model sizes (keyword overrides of fixtures.tiny_models.generate_tiny_model).
 MODELS = {
     # The embedded default's shape: hidden 256, 4 layers, 4/2 heads of 64 (4 KiB KV per token).
     "tiny": {},
@@ -38,7 +38,7 @@ def model_dir(kind: str, path: str | None = None) -> Path:
     """`path` if given, else the generated model `kind`, kept under the temp dir for reuse."""
     if path:
         return Path(path)
-    from worker.tiny_models import generate_tiny_model
+    from fixtures.tiny_models import generate_tiny_model
 
     out = Path(tempfile.gettempdir()) / f"sybench-models-{os.getuid()}" / kind
     if not out.exists():
@@ -57,7 +57,7 @@ def load_tokenizer(model: Path):
 
 def word_list() -> list[str]:
     """Plain words the tiny tokenizer was trained on (about one token each)."""
-    from worker import tiny_tokenizer
+    from fixtures import tiny_tokenizer
 
     return sorted(set(tiny_tokenizer._WORDS))
 

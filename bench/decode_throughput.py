@@ -73,7 +73,7 @@ def main() -> None:
     if args.model:
         model_dir = Path(args.model)
     else:
-        from worker.tiny_models import generate_tiny_model
+        from fixtures.tiny_models import generate_tiny_model
 
         model_dir = Path(tempfile.mkdtemp(prefix="sybench")) / "tiny-qwen3"
         generate_tiny_model(model_dir, "qwen3")

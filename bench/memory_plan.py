@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=8192)
     args = ap.parse_args()
-    from worker.tiny_models import generate_tiny_model
+    from fixtures.tiny_models import generate_tiny_model
 
     model = generate_tiny_model(Path(tempfile.mkdtemp(prefix="symem")) / "m", "qwen3")
     with ServerGroup(model, slots=args.slots, ctx=args.ctx) as group:

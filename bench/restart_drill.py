@@ -20,7 +20,7 @@ from tests.helpers.group import ServerGroup  # noqa: E402
 
 
 def main() -> None:
-    from worker.tiny_models import generate_tiny_model
+    from fixtures.tiny_models import generate_tiny_model
 
     model = generate_tiny_model(Path(tempfile.mkdtemp(prefix="sydrill")) / "m", "qwen3")
     with ServerGroup(model, slots=2, ctx=16384) as group:

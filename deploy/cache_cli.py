@@ -44,7 +44,7 @@ def run_cache(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from scheduler.eviction import plan_budget, round_up_gib
     from worker.model_loading import ModelLoadError, load_model
-    from worker.tiny_models import default_model_path
+    from fixtures.tiny_models import default_model_path
 
     if args.conversations < 1 or args.tokens < 1:
         print("switchyard cache plan: --conversations and --tokens must be at least 1")

@@ -100,7 +100,7 @@ def with_model(settings: Settings) -> Settings:
     """An empty --model means the embedded default tiny model (generated once, then cached)."""
     if settings.model:
         return settings
-    from worker.tiny_models import default_model_path
+    from fixtures.tiny_models import default_model_path
 
     return dataclasses.replace(settings, model=str(default_model_path(settings.cache_path)))
 

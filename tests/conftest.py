@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Factory: tiny_model_dir(arch="qwen3", fmt="mlx", **kw) -> Path, generated once per session."""
-    from worker.tiny_models import generate_tiny_model
+    from fixtures.tiny_models import generate_tiny_model
 
     root = tmp_path_factory.mktemp("tiny-models")
     made: dict[tuple, Path] = {}

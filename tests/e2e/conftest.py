@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory) -> Path:
-    from worker.tiny_models import generate_tiny_model
+    from fixtures.tiny_models import generate_tiny_model
 
     target = tmp_path_factory.mktemp("models") / "tiny-qwen3"
     made = generate_tiny_model(target, "qwen3")

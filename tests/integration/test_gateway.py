@@ -189,7 +189,7 @@ class FakeScheduler(threading.Thread):
 def tokenizer(tmp_path_factory):
     from mlx_lm.utils import load_tokenizer
 
-    from worker.tiny_models import generate_tiny_model
+    from fixtures.tiny_models import generate_tiny_model
 
     model_dir = generate_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen3", "qwen3")
     return load_tokenizer(model_dir)
@@ -593,7 +593,7 @@ def test_request_log_has_fields_and_no_text(http, fake):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_service_serves_and_exits_0_on_signal(tmp_path_factory, tokenizer, sig):
     """`python -m gateway` (gateway.service.run): serves, logs JSON lines, exits 0 on a signal."""
-    from worker.tiny_models import generate_tiny_model
+    from fixtures.tiny_models import generate_tiny_model
 
     model = generate_tiny_model(tmp_path_factory.mktemp("svc") / "tiny-svc", "qwen3")
     runtime = Path(tempfile.mkdtemp(prefix="sy-gws-", dir="/tmp"))

@@ -76,7 +76,7 @@ class KVScheduler(FakeScheduler):
 def tokenizer(tmp_path_factory):
     from mlx_lm.utils import load_tokenizer
 
-    from worker.tiny_models import generate_tiny_model
+    from fixtures.tiny_models import generate_tiny_model
 
     model_dir = generate_tiny_model(tmp_path_factory.mktemp("model") / MODEL, "qwen3")
     return load_tokenizer(model_dir)

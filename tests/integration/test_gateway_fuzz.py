@@ -160,7 +160,7 @@ def check_stream(path: str, response: httpx.Response) -> None:
 def tokenizer(tmp_path_factory):
     from mlx_lm.utils import load_tokenizer
 
-    from worker.tiny_models import generate_tiny_model
+    from fixtures.tiny_models import generate_tiny_model
 
     return load_tokenizer(generate_tiny_model(tmp_path_factory.mktemp("m") / "tiny-qwen3",
                                               "qwen3"))

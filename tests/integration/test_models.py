@@ -15,7 +15,7 @@ from mlx_lm.generate import generate_step
 
 from gateway.tokenizer import load_tokenizer
 from worker.model_loading import ModelLoadError, load_model
-from worker.tiny_models import DEFAULT_MODEL_NAME, default_model_path, generate_tiny_model, main
+from fixtures.tiny_models import DEFAULT_MODEL_NAME, default_model_path, generate_tiny_model, main
 
 TEXT = "Hello, world! def f(x):\n\treturn x * 42  # ok\n😀🚀 你好，世界 e\u0301 ß \x00\x7f <think>hm</think>"
 MESSAGES = [

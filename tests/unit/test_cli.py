@@ -64,9 +64,9 @@ def test_empty_model_is_the_embedded_default(tmp_path, monkeypatch):
         calls.append(cache_dir)
         return Path(cache_dir) / "models" / "tiny"
 
-    fake = types.ModuleType("worker.tiny_models")
+    fake = types.ModuleType("fixtures.tiny_models")
     fake.default_model_path = default_model_path
-    monkeypatch.setitem(sys.modules, "worker.tiny_models", fake)
+    monkeypatch.setitem(sys.modules, "fixtures.tiny_models", fake)
     s = cli.with_model(Settings(cache_dir=str(tmp_path)))
     assert s.model == str(tmp_path / "models" / "tiny") and calls == [tmp_path]
     assert cli.with_model(Settings(model="/m")).model == "/m"

@@ -20,7 +20,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from worker.tiny_tokenizer import tokenizer_files
+    from fixtures.tiny_tokenizer import tokenizer_files
 
     directory = tmp_path_factory.mktemp("tok")
     for name, data in tokenizer_files().items():

@@ -47,7 +47,7 @@ THINKING = QWEN3_LIKE[:QWEN3_LIKE.rindex("{%- if add_generation_prompt")] + \
 def tokenizer(tmp_path_factory):
     from transformers import PreTrainedTokenizerFast
 
-    from worker.tiny_tokenizer import tokenizer_files
+    from fixtures.tiny_tokenizer import tokenizer_files
 
     path = tmp_path_factory.mktemp("tok")
     for name, data in tokenizer_files().items():
