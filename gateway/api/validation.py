@@ -74,6 +74,7 @@ class ChatRequest:
 class CompletionRequest:
     prompt: str | tuple[int, ...]
     options: Options
+    constraint: Constraint | None = None
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -352,7 +353,10 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     f.reject_unsupported("echo")
     f.reject_unsupported("suffix", allowed=(None, ""))
     f.reject_unsupported("best_of", allowed=(None, 1))
-    return CompletionRequest(prompt=parse_prompt(body.get("prompt")), options=parse_options(f))
+    constraint = structured.one_of(structured.openai_response_format(f.get("response_format")),
+                                   structured.guided(body), param="response_format")
+    return CompletionRequest(prompt=parse_prompt(body.get("prompt")), options=parse_options(f),
+                             constraint=constraint)
 
 
 def parse_prompt(prompt: Any) -> str | tuple[int, ...]:

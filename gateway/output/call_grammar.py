@@ -22,6 +22,13 @@ from typing import Any
 from gateway.output.tools import JSON_FAMILY, ToolSyntax
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# Compact JSON inside calls too: no whitespace runs for a model to fill.
+_COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _json(schema: dict[str, Any]) -> str:
+    """`%json` of a schema, with llguidance's compact-JSON options attached."""
+    return "%json " + json.dumps({**schema, "x-guidance": _COMPACT})
 
 
 class UnsupportedCallFormat(Exception):
@@ -51,14 +58,14 @@ def _json_family(syntax, functions, mode, name, parallel, marker) -> CallGrammar
     end = marker(syntax.end)
     if mode == "forced" and name is not None:
         schema = functions[name]
-        return CallGrammar(f'start: args "}}\\n" {end}\nargs: %json {json.dumps(schema)}\n')
+        return CallGrammar(f'start: args "}}\\n" {end}\nargs: {_json(schema)}\n')
     if mode == "forced":
         # The opening ends with `{"name": "`: each alternative is a name and its arguments.
         rules = [f'start: {" | ".join(f"call{i}" for i in range(len(functions)))}']
         for i, (fname, schema) in enumerate(functions.items()):
             head = json.dumps(json.dumps(fname)[1:] + ', "arguments": ')
             rules.append(f'call{i}: {head} args{i} "}}\\n" {end}')
-            rules.append(f"args{i}: %json {json.dumps(schema)}")
+            rules.append(f"args{i}: {_json(schema)}")
         return CallGrammar("\n".join(rules) + "\n")
     calls = [{"type": "object",
               "properties": {"name": {"const": fname}, "arguments": schema},
@@ -66,7 +73,7 @@ def _json_family(syntax, functions, mode, name, parallel, marker) -> CallGrammar
              for fname, schema in functions.items()]
     body = f'"\\n" call "\\n" {end}'
     more = f' ("\\n" {marker(syntax.start)} {body})*' if parallel else ""
-    lark = f"start: {body}{more}\ncall: %json {json.dumps({'anyOf': calls})}\n"
+    lark = f"start: {body}{more}\ncall: {_json({'anyOf': calls})}\n"
     return CallGrammar(lark, trigger=syntax.start)
 
 
@@ -101,7 +108,7 @@ def _qwen3_coder(syntax, functions, mode, name, parallel, marker) -> CallGrammar
                 rules.append(_raw_string_rule(value, param))
                 item += ' "\\n"'
             else:
-                rules.append(f"{value}: %json {json.dumps(param)}")
+                rules.append(f"{value}: {_json(param)}")
                 item += ' "\\n</parameter>\\n"'
             parts.append(item if key in required else f"({item})?")
         opening = "" if (mode == "forced" and name is not None) else f'"{fname}>\\n" '
