@@ -20,19 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from proto.grammar_limits import parser_limits
 from proto.messages import SamplingParams
 
-# Resource limits for a matcher: the gateway already validated the grammar under the same
-# limits, so a hostile schema cannot stall a step (docs/design.md "Structured outputs").
-MAX_COMPILED_GRAMMARS = 64
-
-
-def parser_limits():
-    import llguidance
-
-    return llguidance.LLParserLimits(step_lexer_fuel=200_000, step_max_items=50_000,
-                                     max_lexer_states=100_000, max_grammar_size=200_000,
-                                     verbose_errors=False)
+MAX_COMPILED_GRAMMARS = 64  # matcher templates kept, most recently used first
 
 
 @dataclass

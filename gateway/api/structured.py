@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import invalid
+from proto.grammar_limits import parser_limits
 
 MAX_SCHEMA_BYTES = 256 * 1024
 # Compact JSON, as OpenAI's structured outputs write it: no whitespace runs for the model to
@@ -36,15 +37,9 @@ def _llg():
     return llguidance
 
 
-def _limits():
-    return _llg().LLParserLimits(step_lexer_fuel=200_000, step_max_items=50_000,
-                                 max_lexer_states=100_000, max_grammar_size=200_000,
-                                 verbose_errors=False)
-
-
 def checked(grammar: str, param: str, trigger: str = "") -> Constraint:
     """The grammar if llguidance accepts it under the limits; else a 400 saying why."""
-    error = _llg().LLMatcher.validate_grammar(grammar, None, limits=_limits())
+    error = _llg().LLMatcher.validate_grammar(grammar, None, limits=parser_limits())
     if error:
         raise invalid(f"Unsupported or invalid '{param}': {error.splitlines()[0]}",
                       param=param, code="invalid_grammar")

@@ -17,7 +17,7 @@ from tests.helpers.schemas import random_object_schema, random_schema
 
 TIMEOUT_S = 300.0
 MAX_TOKENS = 400  # far above what any generated schema's instance needs
-NUM_SCHEMAS = 40  # per API (tests/unit/test_structured_outputs.py runs 200 without a model)
+NUM_SCHEMAS = 70  # per API (tests/unit/test_structured_outputs.py runs 200 without a model)
 MODEL = "tiny-qwen3"  # the served id: the model directory's name (conftest's tiny_qwen3)
 
 
