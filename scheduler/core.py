@@ -108,7 +108,9 @@ class SchedulerCore:
         self.index_overdue = False  # kvstore's index is long overdue: place without it
 
     def take_outbox(self) -> list:
-        out = self.outbox + self.pages.outbox
+        # Page commands first: a worker that became ready queues AttachBuffers there, and a
+        # read sent before it would find no buffers and miss every page (issue 12).
+        out = self.pages.outbox + self.outbox
         self.outbox, self.pages.outbox = [], []
         return out
 
@@ -253,9 +255,11 @@ class SchedulerCore:
             self._recheck_persisted()
 
     def _recheck_persisted(self) -> None:
-        """Pages a slot counted as on their way to disk may not have arrived: stage again."""
+        """Pages a slot counted as on their way to disk may not have arrived: stage again,
+        with the tail where an idle slot's turn ended."""
         for slot in self.slots:
             slot.num_persisted = 0
+            slot.tail_wanted = slot.tail_wanted or slot.rid is None
 
     # --- planning --------------------------------------------------------------------------
 
@@ -374,10 +378,16 @@ class SchedulerCore:
             if placement is None and self._interactive(req, now) and \
                     self._preempt_background(now):
                 placement = self._place(req)
-            if placement is None:
+            if placement is None or self._would_lose_pages(placement):
                 break
             self._apply(req, placement, now)
             self.waiting.remove(rid)
+
+    def _would_lose_pages(self, p: Placement) -> bool:
+        """Displacing a slot whose pages are still on their way to disk waits for them (a
+        kvstore killed meanwhile would lose them; its successor gets them again)."""
+        keep = p.reused if p.copy_from is None else 0
+        return p.displaced > 0 and self.pages.unsaved(self.slots[p.slot], keep)
 
     def _preempt_background(self, now: float) -> bool:
         """Give an interactive request the slot of a background one (the newest to arrive).

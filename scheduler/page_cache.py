@@ -142,6 +142,21 @@ class PageCache:
                 self.namespace, slot.tokens[have * self.page_size:full * self.page_size],
                 self.page_size, parent)
 
+    def unsaved(self, slot: Slot, keep: int) -> bool:
+        """Whether pages of the slot past its first `keep` tokens are staged or being written
+        and not yet on disk: until kvstore says so, the slot holds their only copy."""
+        inflight = self.staged.keys() | self.writing.keys()
+        if not inflight:
+            return False
+        P = self.page_size
+        if any(pid in inflight for pid in slot.page_ids[keep // P:]):
+            return True
+        start = len(slot.tokens) // P * P
+        if start == len(slot.tokens) or start < keep // P * P or not self.namespace:
+            return False
+        parent = slot.page_ids[start // P - 1] if start else ROOT_ID
+        return page_id(self.namespace, parent, tuple(slot.tokens[start:])) in inflight
+
     def disk_prefix(self, chain: list[bytes], context, trimmable: bool) -> list[DiskPage]:
         """The pages of `context` (whose full pages are `chain`) restorable from disk, from
         its start: full pages, then the tail stored where a conversation's turn ended.

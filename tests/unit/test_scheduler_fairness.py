@@ -165,3 +165,26 @@ def test_index_overdue_places_without_disk_pages():
     fresh.index_overdue = True  # kvstore stayed away: serve, prefilling
     g.run()
     assert g.finished("a").num_cached_tokens == 0
+
+
+def test_slot_is_not_displaced_while_its_pages_are_on_their_way_to_a_dead_kvstore():
+    g = Group(num_slots=1)
+    a = conv(1, 4 * P + 5)
+    g.submit("a1", a, max_tokens=1)
+    dead = []  # kvstore was killed: what is sent to it is never answered
+    real_kvstore, g._kvstore = g._kvstore, dead.append
+    g.run()
+    assert any(m.__class__.__name__ == "WritePages" for m in dead)
+    g.submit("b1", conv(2, 3 * P))
+    g.run()
+    assert g.core.requests["b1"].slot is None, "displaced a slot whose pages were not saved"
+    # The new kvstore greets and describes what reached disk (nothing): the slot's pages and
+    # its tail are staged again, written, and only then is the slot given to b1.
+    g._kvstore = real_kvstore
+    g.core.kvstore_restarted()
+    g.core.pages.kvstore_inventory(tuple(g.disk.values()), True, g.now)
+    g.run()
+    assert g.finished("b1")
+    g.submit("a2", a + [3000 + len(a), 7, 8])
+    g.run()
+    assert g.finished("a2").num_cached_tokens == len(a)  # full pages and the tail
