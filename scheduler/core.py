@@ -105,7 +105,8 @@ class SchedulerCore:
         self._planned_at = 0.0
         self._done_at = 0.0
         self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
-        self.index_overdue = False  # kvstore's index is long overdue: place without it
+        # kvstore (its index, its writes) is long overdue: place and displace without it
+        self.index_overdue = False
 
     def take_outbox(self) -> list:
         # Page commands first: a worker that became ready queues AttachBuffers there, and a
@@ -387,7 +388,8 @@ class SchedulerCore:
         """Displacing a slot whose pages are still on their way to disk waits for them (a
         kvstore killed meanwhile would lose them; its successor gets them again)."""
         keep = p.reused if p.copy_from is None else 0
-        return p.displaced > 0 and self.pages.unsaved(self.slots[p.slot], keep)
+        return (p.displaced > 0 and not self.index_overdue
+                and self.pages.unsaved(self.slots[p.slot], keep))
 
     def _preempt_background(self, now: float) -> bool:
         """Give an interactive request the slot of a background one (the newest to arrive).
