@@ -188,3 +188,16 @@ def test_slot_is_not_displaced_while_its_pages_are_on_their_way_to_a_dead_kvstor
     g.submit("a2", a + [3000 + len(a), 7, 8])
     g.run()
     assert g.finished("a2").num_cached_tokens == len(a)  # full pages and the tail
+
+
+def test_a_kvstore_gone_past_its_grace_is_not_waited_for():
+    g = Group(num_slots=1)
+    g.submit("a1", conv(1, 4 * P + 5), max_tokens=1)
+    g._kvstore = lambda msg: None  # never answers
+    g.run()
+    g.submit("b1", conv(2, 3 * P))
+    g.run()
+    assert g.core.requests["b1"].slot is None
+    g.core.index_overdue = True  # the service's grace ran out
+    g.run()
+    assert g.finished("b1")
