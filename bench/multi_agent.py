@@ -7,7 +7,8 @@
 Workload: `--agents` tool loops run concurrently, `--turns` turns each. Every agent shares one
 `--system`-token system prompt (about 1.5K tokens) and has its own task line; each turn
 appends an assistant message (a fixed line standing for a tool call, so both servers see the
-same bytes whatever they generate) and a tool result of about `--tool` tokens, then resends
+same bytes whatever they generate) and a tool result of about `--tool` tokens (agent by
+agent a few tokens longer, `--spread` in all: near-equal turns), then resends
 the whole history: chat completions, streamed, greedy, `--reply`-token replies. An agent sends
 its next turn as soon as its previous reply ends.
 
@@ -86,7 +87,10 @@ def build(args, model: Path) -> list[Agent]:
     agents = []
     for i in range(args.agents):
         task = f"Agent {i}: work through the files of project {i}, one tool call per step."
-        tools = [make_text(rng, tok, args.tool, words) for _ in range(args.turns)]
+        # Agent i's tool results are a few tokens longer than agent i-1's (`--spread` from
+        # the first to the last): near-equal turns, as in issue 14's starved agent.
+        size = args.tool - args.spread // 2 + round(i * args.spread / max(1, args.agents - 1))
+        tools = [make_text(rng, tok, size, words) for _ in range(args.turns)]
         agents.append(Agent(i, system, task, tools))
     return agents
 
@@ -169,6 +173,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--system", type=int, default=1500, help="shared system prompt tokens")
     ap.add_argument("--tool", type=int, default=400, help="tool-result tokens per turn")
+    ap.add_argument("--spread", type=int, default=8,
+                    help="tokens between the shortest and the longest agent's tool results")
     ap.add_argument("--reply", type=int, default=32, help="reply tokens (max_tokens)")
     ap.add_argument("--ctx", type=int, default=16384)
     ap.add_argument("--seed", type=int, default=0)
