@@ -18,14 +18,14 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.context import Gateway, RequestRecord, gateway_of, record_of
 from gateway.errors import APIError, invalid
-from gateway.history import RenderOptions
-from gateway.output import Event
-from gateway.prompts import build_submit, check_chat_template
+from gateway.prompting.history import RenderOptions
+from gateway.output.parser import Event
+from gateway.prompting.prompts import build_submit, check_chat_template
 from gateway.scheduler_client import RequestStream
 from gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
                                until_disconnect)
 from gateway.turn import ChatTurn, TurnResult, TurnUpdate, plan_turn
-from gateway.validation import ChatRequest, header_priority
+from gateway.api.validation import ChatRequest, header_priority
 from proto.logs import content_allowed
 from proto.messages import SubmitRequest
 
@@ -93,7 +93,9 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=tuple(dict.fromkeys(gw.stop_token_ids
                                                              + plan.extra_stop_ids)),
-                          priority=header_priority(request.headers), param=param)
+                          priority=header_priority(request.headers), param=param,
+                          grammar=plan.constraint.grammar if plan.constraint else "",
+                          grammar_trigger=plan.trigger_ids)
     turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids, think=gw.think,
                     memory=gw.memory, id_prefix=id_prefix)
     return turn, submit

@@ -13,10 +13,10 @@ from starlette.responses import JSONResponse, Response
 from gateway.context import gateway_of
 from gateway.driver import respond, start_chat
 from gateway.errors import model_not_found
-from gateway.prompts import build_submit, check_model, encode_prompt
-from gateway.responses import ChatFormat, CompletionFormat, model_card, models_body
+from gateway.prompting.prompts import build_submit, check_model, encode_prompt
+from gateway.api.responses import ChatFormat, CompletionFormat, model_card, models_body
 from gateway.turn import TextTurn
-from gateway.validation import (header_priority, parse_chat_request, parse_completion_request,
+from gateway.api.validation import (header_priority, parse_chat_request, parse_completion_request,
                                 parse_json)
 from proto.ids import new_rid
 
@@ -40,7 +40,8 @@ async def completions(request: Request) -> Response:
     rid = new_rid("cmpl")
     submit = build_submit(rid, prompt_ids, completion.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,
-                          stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt")
+                          stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
+                          grammar=completion.constraint.grammar if completion.constraint else "")
     turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop, gw.stop_token_ids)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)
     return await respond(request, turn, submit, fmt, stream=completion.options.stream)
