@@ -87,6 +87,11 @@ class Settings:
                              "many tokens)", default=8)
     decode_share: float = _opt("while others prefill, decoding streams keep at least this "
                                "share of their solo speed (0 disables the limit)", default=0.5)
+    overtake_limit: float = _opt("shorter newcomers may prefill ahead of a waiting request "
+                                 "until others got this many times its remaining prompt "
+                                 "tokens (0: first come, first served)", default=1.0)
+    background_wait: float = _opt("seconds a background request waits before it is "
+                                  "scheduled as interactive (0: no bound)", default=30.0)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
     max_body_bytes: int = _opt("largest accepted HTTP body", default=32 * 2**20)
     default_max_tokens: int = _opt("max_tokens when a request gives none", default=2048)
@@ -135,6 +140,8 @@ class Settings:
             problems.append("--prefill-chunk must be at least 1")
         if self.decode_burst < 1:
             problems.append("--decode-burst must be at least 1")
+        if self.overtake_limit < 0 or self.background_wait < 0:
+            problems.append("--overtake-limit and --background-wait must not be negative")
         if not 0 <= self.decode_share < 1:
             problems.append("--decode-share must be in [0, 1)")
         if not 0 < self.port < 65536:

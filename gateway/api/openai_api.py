@@ -63,7 +63,9 @@ async def get_model(request: Request) -> Response:
 async def health(request: Request) -> Response:
     gw = gateway_of(request)
     status = gw.client.status()
-    if status.connected and status.worker_ready:
+    # "ok" only once the worker and the page index are both ready: a turn placed before the
+    # index is known would re-read its whole conversation (docs/design.md "Processes").
+    if status.connected and status.worker_ready and status.kvstore_ready:
         word, code = "ok", 200
     elif status.connected or not status.ever_connected:
         word, code = "starting", 503
