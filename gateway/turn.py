@@ -15,9 +15,10 @@ from typing import Any
 from gateway.errors import APIError
 from gateway.generation import Generation, Usage
 from gateway.prompting.history import Rendered, RenderOptions, TurnMemory, render_prompt
+from gateway.output.harmony import HarmonyParser
 from gateway.output.parser import Event, Forced, OutputParser, TextDelta
 from gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
-from gateway.output.tools import ToolCall, ToolSyntax, new_call_id, tool_names
+from gateway.output.tools import HARMONY_FAMILY, ToolCall, ToolSyntax, new_call_id, tool_names
 from gateway.api.validation import ChatRequest
 
 
@@ -31,6 +32,7 @@ class TurnPlan:
     extra_stop_ids: tuple[int, ...] = ()
     start_in_reasoning: bool = False
     syntax: ToolSyntax | None = None  # None: the output is not searched for tool calls
+    channels: bool = False  # harmony output (gpt-oss): parsed by channel (harmony.py)
 
 
 def _single_token(tokenizer: Any, text: str) -> tuple[int, ...]:
@@ -45,9 +47,11 @@ def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,
     """Render the prompt and decide how tool calls are made (runs in the tokenizer thread)."""
     rendered = render_prompt(tokenizer, chat.messages, chat.tools, chat.template_kwargs, options)
     start_in_reasoning = prompt_opens_reasoning(rendered.text_tail, think)
+    channels = syntax.family == HARMONY_FAMILY
     choice = chat.tool_choice
     if not chat.tools or choice.mode == "none":
-        return TurnPlan(rendered.ids, rendered, start_in_reasoning=start_in_reasoning)
+        return TurnPlan(rendered.ids, rendered, start_in_reasoning=start_in_reasoning,
+                        channels=channels)
     name = choice.name
     if choice.mode == "required" and len(chat.tools) == 1:
         name = tool_names(chat.tools)[0]
@@ -55,15 +59,16 @@ def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,
     if choice.mode == "auto":
         stops = end_ids if not chat.parallel_tool_calls else ()
         return TurnPlan(rendered.ids, rendered, extra_stop_ids=stops,
-                        start_in_reasoning=start_in_reasoning, syntax=syntax)
+                        start_in_reasoning=start_in_reasoning, syntax=syntax,
+                        channels=channels)
     opening = syntax.forced_opening(name)
     text = opening
     if start_in_reasoning:  # close the open think block before the call
         text = think.end + "\n\n" + opening
     forced_ids = tuple(tokenizer.encode(text, add_special_tokens=False))
-    forced = Forced(opening[len(syntax.start):], name)
+    forced = Forced(syntax.forced_call_text(opening), name)
     return TurnPlan(rendered.ids + list(forced_ids), rendered, forced, forced_ids,
-                    extra_stop_ids=end_ids, syntax=syntax)
+                    extra_stop_ids=end_ids, syntax=syntax, channels=channels)
 
 
 @dataclass(frozen=True)
@@ -89,12 +94,15 @@ class ChatTurn:
     def __init__(self, tokenizer: Any, plan: TurnPlan, chat: ChatRequest, *,
                  skip_ids: tuple[int, ...], think: ThinkSyntax | None,
                  memory: TurnMemory | None, id_prefix: str = "call_",
-                 on_result: Callable[["ChatTurn", TurnResult], None] | None = None) -> None:
+                 on_result: Callable[["ChatTurn", TurnResult], None] | None = None,
+                 show_special: bool = False) -> None:
         self.plan = plan
         self.memory = memory
         self.generation = Generation(tokenizer, prompt_ids=plan.prompt_ids,
-                                     stop=chat.options.stop, skip_ids=skip_ids)
-        self.parser = OutputParser(
+                                     stop=chat.options.stop, skip_ids=skip_ids,
+                                     show_special=show_special)
+        parser_class = HarmonyParser if plan.channels else OutputParser
+        self.parser = parser_class(
             think=think, syntax=plan.syntax, tools=chat.tools,
             start_in_reasoning=plan.start_in_reasoning, forced=plan.forced,
             parallel=chat.parallel_tool_calls and plan.forced is None,
@@ -119,8 +127,9 @@ class ChatTurn:
                 out.cancel = self._cut = True
         if update.finish is not None:
             reason = update.finish.reason
-            closed = bool(self.plan.extra_stop_ids) and reason == "stop" \
-                and self.parser.in_open_call
+            # A call still open at a stop token was closed by it (harmony's <|call|> always).
+            closed = (bool(self.plan.extra_stop_ids) or self.plan.channels) \
+                and reason == "stop" and self.parser.in_open_call
             out.events += self.parser.finish(closed_by_stop=closed)
             if self.parser.calls:
                 reason = "tool_calls"
@@ -177,9 +186,9 @@ class TextTurn:
     """A /v1/completions generation: text only, nothing remembered."""
 
     def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: tuple[str, ...],
-                 skip_ids: tuple[int, ...]) -> None:
+                 skip_ids: tuple[int, ...], show_special: bool = False) -> None:
         self.generation = Generation(tokenizer, prompt_ids=prompt_ids, stop=stop,
-                                     skip_ids=skip_ids)
+                                     skip_ids=skip_ids, show_special=show_special)
         self.result: TurnResult | None = None
         self.num_malformed = self.num_repaired = 0
         self.malformed_texts: list[str] = []
