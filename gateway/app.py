@@ -31,7 +31,7 @@ from gateway.api.openapi import openapi_spec
 from gateway.prompting.prompts import served_model_id
 from gateway.api.response_store import ResponseStore
 from gateway.scheduler_client import SchedulerClient
-from gateway.output.formats import detect_format, hidden_special_ids
+from gateway.output.formats import detect_format, hidden_special_ids, token_texts
 from proto.endpoints import Endpoints
 from proto.settings import Settings
 
@@ -157,6 +157,7 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                       keepalive_s=keepalive_s,
                       tool_syntax=chat_format.tools, think=chat_format.think,
                       hidden_ids=hidden_special_ids(tokenizer, chat_format),
+                      turn_ends=token_texts(tokenizer, eos_ids(tokenizer)),
                       prefix_stable=settings.prefix_stable,
                       keep_reasoning=settings.keep_reasoning,
                       memory=TurnMemory(settings.history_turns),

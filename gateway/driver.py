@@ -84,7 +84,8 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
     prefix_stable = header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable)
     options = RenderOptions(memory=gw.memory, prefix_stable=prefix_stable,
                             keep_reasoning=gw.keep_reasoning,
-                            think_start=gw.think.start if gw.think else None)
+                            think_start=gw.think.start if gw.think else None,
+                            turn_ends=gw.turn_ends)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
                                   gw.think)
     record.num_spliced_turns = plan.rendered.num_spliced or None

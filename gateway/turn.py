@@ -23,6 +23,9 @@ from gateway.api.validation import ChatRequest
 
 
 
+PROMPT_TAIL = 24  # characters of the prompt's end that locate a turn without an opening
+
+
 @dataclass(frozen=True)
 class TurnPlan:
     prompt_ids: list[int]
@@ -153,7 +156,11 @@ class ChatTurn:
         body = list(self.plan.forced_ids) + self.generation.token_ids
         if closed_by_stop:
             body += self._end_ids
-        self.memory.remember(assistant_message(self.result), body, self.plan.rendered.opening,
+        rendered = self.plan.rendered
+        # Where the turn starts: after the generation prompt, or (a template without one, such
+        # as Mistral's) after the end of the prompt the model saw.
+        opening = rendered.opening if rendered.opening else rendered.text_tail[-PROMPT_TAIL:]
+        self.memory.remember(assistant_message(self.result), body, opening or None,
                              bool(self.result.reasoning))
 
     @property

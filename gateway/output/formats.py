@@ -375,6 +375,12 @@ def _vocab(tokenizer: Any) -> dict[str, int]:
         return {}
 
 
+def token_texts(tokenizer: Any, ids: tuple[int, ...]) -> tuple[str, ...]:
+    """Each token's text, special or not (the stop tokens a template writes after a turn)."""
+    texts = (tokenizer.decode([i], skip_special_tokens=False) for i in ids)
+    return tuple(t for t in texts if t)
+
+
 def hidden_special_ids(tokenizer: Any, fmt: ChatFormat) -> tuple[int, ...]:
     """Special tokens to drop from the output text: all but those the format's syntax uses
     (harmony's channels, Mistral's [TOOL_CALLS]), which detokenizing must keep."""
