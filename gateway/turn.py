@@ -110,8 +110,12 @@ class ChatTurn:
             start_in_reasoning=plan.start_in_reasoning, forced=plan.forced,
             parallel=chat.parallel_tool_calls and plan.forced is None,
             new_id=lambda: new_call_id(id_prefix))
+        # The call's end marker, added to the remembered body when it stopped the output; not
+        # when it is an end-of-turn token (harmony's <|call|>): the template writes that one.
         self._end_ids = tokenizer.encode(plan.syntax.end, add_special_tokens=False) \
             if plan.syntax is not None and plan.syntax.end else []
+        if set(self._end_ids) & set(skip_ids):
+            self._end_ids = []
         self.on_result = on_result
         self.result: TurnResult | None = None
         self._start_events = self.parser.start_events()  # before any output is parsed

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import regex as re
-from mlx_lm.tool_parsers import (gemma4, glm47, json_tools, minimax_m2, mistral, pythonic,
-                                 qwen3_coder)
+from mlx_lm.tool_parsers import gemma4, glm47, minimax_m2, mistral, pythonic, qwen3_coder
 
 from gateway.output.reasoning import ThinkSyntax
 from gateway.output.tools import HARMONY_FAMILY, HERMES, JSON_FAMILY, ToolSyntax
@@ -216,22 +215,17 @@ LLAMA3 = ToolSyntax(
 def _parse_gemma3(text: str, tools: Any = None) -> Any:
     """Python calls with keyword arguments, one statement each, inside the fence."""
     body = text.strip()
-    if body.startswith("python"):  # ```tool_code may be written as ```tool_code python
-        body = body[len("python"):]
-    tree = ast.parse(body.strip(), mode="exec")
+    tree = ast.parse(body, mode="exec")
     if not tree.body or not all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
                                 for s in tree.body):
         raise ValueError("not tool_code calls")
-    segments = [ast.get_source_segment(body.strip(), s.value) for s in tree.body]
+    segments = [ast.get_source_segment(body, s.value) for s in tree.body]
     return pythonic.parse_tool_call("[" + ", ".join(segments) + "]", tools)
 
 
-def _python_value(value: Any) -> str:
-    return _dumps(value)  # JSON literals: mlx-lm's pythonic parser reads true/false/null
-
-
 def _render_gemma3(name: str, arguments: dict) -> str:
-    args = ", ".join(f"{k}={_python_value(v)}" for k, v in arguments.items())
+    # JSON literals as values: mlx-lm's pythonic parser reads true/false/null too.
+    args = ", ".join(f"{k}={_dumps(v)}" for k, v in arguments.items())
     return f"```tool_code\n{name}({args})\n```"
 
 
@@ -270,7 +264,7 @@ class ChatFormat:
     tools: ToolSyntax
     think: ThinkSyntax | None = None
     channels: bool = False  # harmony: reasoning, text and calls are channels (harmony.py)
-    special: tuple[str, ...] = field(default=())  # further tokens of the syntax
+    special: tuple[str, ...] = ()  # further tokens of the syntax
 
     @property
     def markers(self) -> tuple[str, ...]:

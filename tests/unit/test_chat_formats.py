@@ -305,4 +305,10 @@ def test_replay_gives_back_the_tokens_in_the_kv(tokenizers, family):
                        fmt.think)
     assert second.rendered.num_spliced == 1
     assert second.prompt_ids[:len(kv)] == kv
-    assert "18C" in tok.decode(second.prompt_ids[len(kv):])
+    # After the spliced turn comes exactly what the template writes after that turn (its end
+    # of turn, once, then the results), as in the plain rendering.
+    rest = tok.decode(second.prompt_ids[len(kv):], skip_special_tokens=False)
+    plain = plan_turn(tok, chat(history + [returned] + results, family),
+                      RenderOptions(prefix_stable=False), fmt.tools, fmt.think)
+    assert "18C" in rest
+    assert tok.decode(plain.prompt_ids, skip_special_tokens=False).endswith(rest)
