@@ -315,6 +315,12 @@ _MLX_MODULES = {JSON_FAMILY: "hermes", "qwen3_coder": "qwen3_coder", "glm47": "g
                 "laguna": "glm", "minimax_m2": "minimax_m2", "mistral": "mistral",
                 "gemma4": "gemma4"}
 
+# Tokens inside the calls of those other families, which the decoder must keep.
+_MLX_INNER_TOKENS = {
+    "kimi_k2": ("<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_call_argument_begin|>"),
+    "kimi_k3": ("<|open|>", "<|close|>", "<|sep|>"),
+}
+
 
 def detect_format(tokenizer: Any, override: str = "auto") -> ChatFormat:
     """The family's format: `override` when not "auto", else from the chat template; a template
@@ -339,7 +345,8 @@ def detect_format(tokenizer: Any, override: str = "auto") -> ChatFormat:
         family = getattr(parse, "__module__", "").rsplit(".", 1)[-1] or "custom"
         if family in _MLX_MODULES:
             return _with_think(FORMATS[_MLX_MODULES[family]], think)
-        return ChatFormat(family, ToolSyntax(family, start, end, parse), think)
+        return ChatFormat(family, ToolSyntax(family, start, end, parse), think,
+                          special=_MLX_INNER_TOKENS.get(family, ()))
     return _with_think(FORMATS["hermes"], think)
 
 

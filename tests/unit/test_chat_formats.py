@@ -22,7 +22,7 @@ from gateway.output.tools import ToolChoice, parse_calls, parse_openai_tools, re
 from gateway.prompting.history import RenderOptions, TurnMemory
 from gateway.turn import ChatTurn, assistant_message, plan_turn
 from proto.messages import RequestFinished, TokensGenerated
-from proto.settings import CHAT_FORMATS
+from proto.settings import CHAT_FORMATS, Settings, SettingsError
 
 TOOLS = parse_openai_tools([
     {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
@@ -51,6 +51,9 @@ def tokenizers(tmp_path_factory):
 
 def test_settings_list_every_format():
     assert set(CHAT_FORMATS) == {"auto", *FORMATS}
+    with pytest.raises(SettingsError, match="--chat-format"):
+        Settings(chat_format="nope").validate()
+    assert Settings(chat_format="harmony").validate().chat_format == "harmony"
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
@@ -84,6 +87,12 @@ def test_override_and_unknown_names(tokenizers):
         detect_format(tokenizers["qwen3"], "nope")
     # No template and no mlx-lm parser: Hermes JSON.
     assert detect_format(SimpleNamespace(chat_template=None)).name == "hermes"
+    # A family only mlx-lm knows: its parser and markers, and the tokens inside its calls kept.
+    from mlx_lm.tool_parsers import kimi_k2
+    kimi = detect_format(SimpleNamespace(
+        chat_template=None, tool_parser=kimi_k2.parse_tool_call,
+        tool_call_start=kimi_k2.tool_call_start, tool_call_end=kimi_k2.tool_call_end))
+    assert kimi.name == "kimi_k2" and "<|tool_call_argument_begin|>" in kimi.markers
 
 
 def test_syntax_tokens_survive_detokenizing(tokenizers):
@@ -312,3 +321,20 @@ def test_replay_gives_back_the_tokens_in_the_kv(tokenizers, family):
                       RenderOptions(prefix_stable=False), fmt.tools, fmt.think)
     assert "18C" in rest
     assert tok.decode(plain.prompt_ids, skip_special_tokens=False).endswith(rest)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_any_text_parses_the_same_however_it_is_chunked(name):
+    """Random text made of the format's markers and call fragments: the events are the same for
+    one chunk and for random chunks (markers are held back until decided)."""
+    fmt = FORMATS[name]
+    pieces = [*fmt.markers, *(fmt.think and (fmt.think.start, fmt.think.end) or ()),
+              fmt.tools.render("get_time", {}), fmt.tools.forced_opening("get_weather"),
+              "a", " ", "\n", "{", "}", '"', "x y", "<", "|", ">"]
+    rng = random.Random(name)
+    for _ in range(300):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        whole = outcome(run(make_parser(name), [text]))
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text), rng.randint(1, 8))))
+        chunks = [text[a:b] for a, b in zip([0] + cuts, cuts + [None])]
+        assert outcome(run(make_parser(name), chunks)) == whole, (text, chunks)
