@@ -213,12 +213,15 @@ def generation_opening(tokenizer: Any, kwargs: dict[str, Any]) -> str | None:
 
 def template_messages(messages: list[dict[str, Any]], keep_reasoning: bool) -> list[dict]:
     """Messages as chat templates expect them: content never None, tool-call arguments as
-    objects (as mlx-lm passes them), reasoning dropped unless kept."""
+    objects (as mlx-lm passes them), reasoning dropped unless kept. Reasoning goes to the
+    template as `reasoning_content` and as `thinking` (gpt-oss's template reads that one)."""
     out = []
     for message in messages if keep_reasoning else without_reasoning(messages):
         message = dict(message)
         if message.get("content") is None:
             message["content"] = ""
+        if message.get("reasoning_content") and "thinking" not in message:
+            message["thinking"] = message["reasoning_content"]
         if message.get("tool_calls"):
             calls = []
             for call in message["tool_calls"]:
