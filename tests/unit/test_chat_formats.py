@@ -269,7 +269,10 @@ REPLAY = {
     "gemma3": RECORDED["gemma3"][2],
     "gemma4": RECORDED["gemma4"][2],
 }
-TEMPLATE_KWARGS = {"deepseek_v31": {"thinking": True}}
+REPLAY["qwen3-no-thinking"] = ('<tool_call>\n{"name": "get_weather", "arguments": '
+                               '{"city": "Paris", "days": 2}}\n</tool_call>')
+TEMPLATE_KWARGS = {"deepseek_v31": {"thinking": True},
+                   "qwen3-no-thinking": {"enable_thinking": False}}
 
 
 def chat(messages, family, choice=None):
@@ -294,10 +297,11 @@ ANSWER = {"gpt_oss": "<|channel|>analysis<|message|>Got it.<|end|><|start|>assis
           "minimax_m2": "Got it.\n</think>\n\nIt is 18C in Paris."}
 
 
-@pytest.mark.parametrize("family", sorted(REPLAY))
-def test_replay_gives_back_the_tokens_in_the_kv(tokenizers, family):
+@pytest.mark.parametrize("case", sorted(REPLAY))
+def test_replay_gives_back_the_tokens_in_the_kv(tokenizers, case):
     """A call, its result, an answer, a new question: each request's prompt starts with exactly
     what the server held after the previous one (its prompt + the generated tokens)."""
+    family = case.split("-")[0]
     tok = tokenizers[family]
     fmt = detect_format(tok)
     hidden = hidden_special_ids(tok, fmt)
@@ -306,11 +310,11 @@ def test_replay_gives_back_the_tokens_in_the_kv(tokenizers, family):
                             turn_ends=token_texts(tok, tuple(tok.eos_token_ids)))
     history = [{"role": "system", "content": "Be terse."},
                {"role": "user", "content": "Weather in Paris?"}]
-    outputs = [REPLAY[family], ANSWER.get(family, "It is 18C in Paris.")]
+    outputs = [REPLAY[case], ANSWER.get(family, "It is 18C in Paris.")]
     for n, output in enumerate(outputs):
-        plan = plan_turn(tok, chat(history, family), options, fmt.tools, fmt.think)
+        plan = plan_turn(tok, chat(history, case), options, fmt.tools, fmt.think)
         body = tok.encode(output, add_special_tokens=False)
-        result = generate(tok, fmt, plan, chat(history, family), memory, body, hidden)
+        result = generate(tok, fmt, plan, chat(history, case), memory, body, hidden)
         kv = plan.prompt_ids + body  # what the worker holds: prompt + generated, not the stop
         returned = assistant_message(result)
         if n == 0:
@@ -322,7 +326,7 @@ def test_replay_gives_back_the_tokens_in_the_kv(tokenizers, family):
         else:
             assert result.content == "It is 18C in Paris." and not result.tool_calls, result
             history += [returned, {"role": "user", "content": "And tomorrow?"}]
-        following = plan_turn(tok, chat(history, family), options, fmt.tools, fmt.think)
+        following = plan_turn(tok, chat(history, case), options, fmt.tools, fmt.think)
         assert following.rendered.num_spliced == n + 1
         if family == "mistral" and n == 1:
             # Mistral v3's published template lists the tools before the *last* user message,
@@ -335,7 +339,7 @@ def test_replay_gives_back_the_tokens_in_the_kv(tokenizers, family):
         # After the spliced turn comes exactly what the template writes after that turn (its
         # end of turn, once, then the next messages), as in the plain rendering.
         rest = tok.decode(following.prompt_ids[len(kv):], skip_special_tokens=False)
-        plain = plan_turn(tok, chat(history, family), RenderOptions(prefix_stable=False),
+        plain = plan_turn(tok, chat(history, case), RenderOptions(prefix_stable=False),
                           fmt.tools, fmt.think)
         assert ("18C" if n == 0 else "And tomorrow?") in rest
         assert tok.decode(plain.prompt_ids, skip_special_tokens=False).endswith(rest)
