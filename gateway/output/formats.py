@@ -51,7 +51,7 @@ def _render_qwen3_coder(name: str, arguments: dict) -> str:
 QWEN3_CODER = ToolSyntax(
     "qwen3_coder", "<tool_call>", "</tool_call>", qwen3_coder.parse_tool_call,
     opening=lambda n: f"<tool_call>\n<function={n}>\n" if n else "<tool_call>\n<function=",
-    render=_render_qwen3_coder, name_after="<function=", name_before=">")
+    render=_render_qwen3_coder, name_after="<function=", name_before=">", arguments="xml")
 
 
 # --- gpt-oss harmony (parsed by harmony.py; the syntax is described here) ----------------------
@@ -100,7 +100,7 @@ def _parse_glm(text: str, tools: Any = None) -> Any:
 
 GLM = ToolSyntax("glm", "<tool_call>", "</tool_call>", _parse_glm,
                  opening=lambda n: f"<tool_call>{n}\n" if n else "<tool_call>",
-                 render=_render_glm, name_after="", name_before="<arg_key>")
+                 render=_render_glm, name_after="", name_before="<arg_key>", arguments="xml")
 
 
 # --- DeepSeek V3.1 -----------------------------------------------------------------------------
@@ -152,7 +152,7 @@ MINIMAX = ToolSyntax(
     minimax_m2.parse_tool_call,
     opening=lambda n: f'<minimax:tool_call>\n<invoke name="{n}">\n' if n
     else '<minimax:tool_call>\n<invoke name="',
-    render=_render_minimax, name_after='<invoke name="', name_before='"')
+    render=_render_minimax, name_after='<invoke name="', name_before='"', arguments="xml")
 
 
 # --- Mistral: `[TOOL_CALLS][{json}, ...]` (v3) and `[TOOL_CALLS]name[ARGS]{json}` (v11+) ------
@@ -232,7 +232,7 @@ def _render_gemma3(name: str, arguments: dict) -> str:
 GEMMA3 = ToolSyntax(
     "gemma3", "```tool_code", "```", _parse_gemma3,
     opening=lambda n: f"```tool_code\n{n}(" if n else "```tool_code\n",
-    render=_render_gemma3, name_after="", name_before="(")
+    render=_render_gemma3, name_after="", name_before="(", arguments="python")
 
 _GEMMA4_STRING = '<|"|>'
 
@@ -251,7 +251,7 @@ GEMMA4 = ToolSyntax(
     "gemma4", gemma4.tool_call_start, gemma4.tool_call_end, gemma4.parse_tool_call,
     opening=lambda n: f"<|tool_call>call:{n}{{" if n else "<|tool_call>call:",
     render=lambda n, a: f"<|tool_call>call:{n}{_gemma4_value(a)}<tool_call|>",
-    name_after="call:", name_before="{")
+    name_after="call:", name_before="{", arguments="gemma4")
 GEMMA4_THINK = ThinkSyntax("<|channel>thought", "<channel|>")
 
 

@@ -172,6 +172,9 @@ class ToolSyntax:
     model completes. `name_after`/`name_before` bracket the name in a call's text (to repair a
     forced call). `keep_start`: the start marker is part of the call (Llama 3's `{`);
     `only_at_start`: a call is the whole output; `alt_starts`: other markers that start one.
+    `arguments`: how the arguments are written, for a grammar: "json" (one JSON object right
+    after `opening(name)`, then `closing(name)`), "xml" (a tag per argument, values as text or
+    JSON), "python" (keyword arguments) or "gemma4" (Gemma 4's object syntax).
     """
 
     family: str
@@ -185,6 +188,13 @@ class ToolSyntax:
     keep_start: bool = False
     only_at_start: bool = False
     alt_starts: tuple[str, ...] = ()
+    arguments: str = "json"
+
+    def closing(self, name: str) -> str:
+        """What follows the JSON arguments of a "json" call up to its end."""
+        if self.render is None or self.arguments != "json":
+            return self.end
+        return self.render(name, {})[len(self.forced_opening(name)) + len("{}"):]
 
     def forced_opening(self, name: str | None) -> str:
         """Text that starts a call the model must finish (name None: the model picks)."""

@@ -75,6 +75,18 @@ def test_rendered_calls_parse_back_and_forced_openings_start_them(name):
     assert [(n, json.loads(a)) for n, a in calls] == [("get_weather", args)]
 
 
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_json_arguments_sit_between_opening_and_closing(name):
+    """What a grammar needs: for "json" formats a call is opening + JSON object + closing."""
+    syntax = FORMATS[name].tools
+    args = {"city": "Paris", "days": [1, 2]}
+    if syntax.arguments == "json":
+        assert syntax.render("get_weather", args) == syntax.forced_opening("get_weather") + \
+            json.dumps(args, ensure_ascii=False) + syntax.closing("get_weather")
+    else:
+        assert syntax.arguments in ("xml", "python", "gemma4")
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_format_is_detected_from_the_chat_template(tokenizers, family):
     fmt = detect_format(tokenizers[family])
