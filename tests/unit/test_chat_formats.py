@@ -39,7 +39,7 @@ FAMILY_FORMAT = {"qwen3": "hermes", "qwen3_coder": "qwen3_coder", "gpt_oss": "ha
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
-    from gateway.prompting.tokenizer import load_tokenizer
+    from proto.tokenizer_loading import load_tokenizer
 
     root = tmp_path_factory.mktemp("families")
     return {family: load_tokenizer(str(write_tokenizer(root / family, family)))
