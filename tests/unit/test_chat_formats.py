@@ -387,3 +387,17 @@ def test_any_text_parses_the_same_however_it_is_chunked(name):
         cuts = sorted(rng.sample(range(len(text) + 1), min(len(text), rng.randint(1, 8))))
         chunks = [text[a:b] for a, b in zip([0] + cuts, cuts + [None])]
         assert outcome(run(make_parser(name), chunks)) == whole, (text, chunks)
+
+
+def test_structured_answer_of_gpt_oss_starts_at_the_final_channel(tokenizers):
+    """A response format constrains harmony's final channel; analysis stays free."""
+    from gateway.api import structured
+
+    tok = tokenizers["gpt_oss"]
+    fmt = detect_format(tok)
+    request = ChatRequest(messages=[{"role": "user", "content": "JSON please"}],
+                          options=Options(), constraint=structured.json_schema(
+                              {"type": "object"}, "response_format"))
+    plan = plan_turn(tok, request, RenderOptions(), fmt.tools, fmt.think)
+    assert plan.constraint is not None and plan.trigger_ids == tuple(
+        tok.encode("<|channel|>final<|message|>", add_special_tokens=False))
