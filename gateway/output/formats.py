@@ -303,9 +303,9 @@ _TEMPLATE_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("```tool_code",), "gemma3"),
     (("<tool_call>\\n<function=",), "qwen3_coder"),
     (("<tool_call>\n<function=",), "qwen3_coder"),
+    (("<tool_call>",), "hermes"),
     (("<|start_header_id|>", '"parameters"'), "llama3_json"),
     (("<|python_tag|>",), "llama3_json"),
-    (("<tool_call>",), "hermes"),
 )
 
 
@@ -382,13 +382,15 @@ def token_texts(tokenizer: Any, ids: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(t for t in texts if t)
 
 
-def hidden_special_ids(tokenizer: Any, fmt: ChatFormat) -> tuple[int, ...]:
+def hidden_special_ids(tokenizer: Any, fmt: ChatFormat) -> tuple[int, ...] | None:
     """Special tokens to drop from the output text: all but those the format's syntax uses
-    (harmony's channels, Mistral's [TOOL_CALLS]), which detokenizing must keep."""
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    (harmony's channels, Mistral's [TOOL_CALLS]), which detokenizing must keep. None when the
+    tokenizer does not list its added tokens: then special tokens are skipped as before."""
+    added = getattr(tokenizer, "added_tokens_decoder", None)
+    if not isinstance(added, dict):
+        return None
     markers = fmt.markers
     return tuple(sorted(i for i, token in added.items()
                         if getattr(token, "special", False)
                         and not any(getattr(token, "content", str(token)) in m
-                                        for m in markers)))
-
+                                    for m in markers)))

@@ -38,6 +38,7 @@ class HarmonyParser(OutputParser):
         self._header = ""
         self._state = _NORMAL
         self._at_start = False
+        self._separate = False  # a new text message after earlier text: a blank line between
         if self.forced is not None:  # the prompt ends inside the header of a call message
             self._state, self._header = _HEADER, self.syntax.start + self.forced.opening
             self._call_text = ""
@@ -104,6 +105,7 @@ class HarmonyParser(OutputParser):
             self._state = _REASONING
         else:
             self._state = _NORMAL  # final, or a commentary preamble: text for the user
+            self._separate = bool(self.content)
         self._header = ""
 
     # --- output ----------------------------------------------------------------------------
@@ -113,7 +115,9 @@ class HarmonyParser(OutputParser):
             self._emit_reasoning(events, text)
         elif self._state == _TOOL:
             self._call_text += text
-        else:
+        elif text:
+            if self._separate:
+                text, self._separate = "\n\n" + text, False
             self._emit_text(events, text)
 
     def _end_message(self, events: list[Event], closed: bool) -> None:

@@ -117,6 +117,7 @@ def test_syntax_tokens_survive_detokenizing(tokenizers):
         hidden = set(hidden_special_ids(tok, detect_format(tok)))
         vocab = tok.get_vocab()
         assert vocab[kept] not in hidden and vocab[dropped] in hidden, family
+    assert hidden_special_ids(SimpleNamespace(), FORMATS["hermes"]) is None
 
 
 # --- recorded outputs, parsed at every cut -----------------------------------------------------
@@ -154,6 +155,10 @@ RECORDED = {
                          "<|channel|>commentary<|message|>Checking now.<|end|><|start|>"
                          "assistant<|channel|>commentary to=functions.get_time <|constrain|>"
                          "json<|message|>{}", "", "Checking now.", [TIME]),
+    "gpt-oss-preamble-and-final": ("harmony", False,
+                                   "<|channel|>commentary<|message|>Checking now.<|end|>"
+                                   "<|start|>assistant<|channel|>final<|message|>It is sunny.",
+                                   "", "Checking now.\n\nIt is sunny.", []),
     "glm-4.5": ("glm", False,
                 "\n<think>The user wants the weather.</think>\nLet me check.\n"
                 "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
