@@ -270,21 +270,24 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                 if turn is not None and (options.keep_reasoning or not turn.has_reasoning):
                     spliced[i] = turn
     opening = generation_opening(tokenizer, kwargs)
+    turn_ends = options.turn_ends
     while True:
         nonce = secrets.token_hex(6)
         sentinels = {i: f"<<switchyard-turn-{nonce}-{i}>>" for i in spliced}
-        shown = [_sentinel_message(m, sentinels[i], options.turn_ends) if i in spliced else m
+        shown = [_sentinel_message(m, sentinels[i], turn_ends) if i in spliced else m
                  for i, m in enumerate(messages)]
         try:
             text = apply_template(tokenizer, shown, tools, kwargs)
         except TemplateError as exc:
+            if spliced and turn_ends:  # a template that rejects the calls' sentinel: plain one
+                turn_ends = ()
+                continue
             if spliced:
                 spliced = {}
                 continue
             raise invalid(f"The chat template rejected the messages: {exc}", param="messages",
                           code="invalid_messages") from None
-        result = _splice(tokenizer, text, spliced, sentinels, options.think_start,
-                         options.turn_ends)
+        result = _splice(tokenizer, text, spliced, sentinels, options.think_start, turn_ends)
         if isinstance(result, Rendered):
             tail = text[-256:]
             ends_with_opening = opening is not None and text.endswith(opening)
