@@ -57,6 +57,11 @@ def _user_runtime_dir() -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-{os.getuid()}"
 
 
+# The model families' output formats (gateway/output/formats.py has their syntax).
+CHAT_FORMATS = ("auto", "hermes", "qwen3_coder", "harmony", "glm", "deepseek_v31", "minimax_m2",
+                "mistral", "mistral_args", "llama3_json", "gemma3", "gemma4")
+
+
 def _opt(help: str, **kw):
     return field(metadata={"help": help}, **kw)
 
@@ -100,6 +105,8 @@ class Settings:
                                default=True)
     keep_reasoning: bool = _opt("keep earlier <think> blocks in the rendered history",
                                 default=True)
+    chat_format: str = _opt("tool-call and reasoning format: " + ", ".join(CHAT_FORMATS)
+                            + " (auto: from the model's chat template)", default="auto")
     history_turns: int = _opt("assistant turns remembered for prefix-stable rendering",
                               default=1024)
     max_stored_responses: int = _opt("Responses API conversations kept for "
@@ -146,6 +153,8 @@ class Settings:
             problems.append("--decode-share must be in [0, 1)")
         if not 0 < self.port < 65536:
             problems.append("--port must be 1..65535")
+        if self.chat_format not in CHAT_FORMATS:
+            problems.append(f"--chat-format must be one of {', '.join(CHAT_FORMATS)}")
         if self.log_format not in ("json", "console", "auto"):
             problems.append("--log-format must be json, console or auto")
         try:

@@ -42,7 +42,8 @@ async def completions(request: Request) -> Response:
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
                           grammar=completion.constraint.grammar if completion.constraint else "")
-    turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop, gw.stop_token_ids)
+    turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop,
+                    gw.stop_token_ids + (gw.hidden_ids or ()), gw.hidden_ids is not None)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)
     return await respond(request, turn, submit, fmt, stream=completion.options.stream)
 
