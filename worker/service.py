@@ -46,6 +46,11 @@ def kv_namespace(loaded: LoadedModel, layout: PageLayout | None, page_size: int)
                           page_size, loaded.kv_quant.tag if loaded.kv_quant else "")
 
 
+def kv_form(loaded: LoadedModel) -> str:
+    """How slots hold attention KV, for logs: "none" (the model's dtype) or e.g. "q8g64"."""
+    return loaded.kv_quant.tag if loaded.kv_quant else "none"
+
+
 def probe_cache(loaded: LoadedModel) -> list:
     """A cache that has seen one token, so every layer's arrays exist and can be measured."""
     cache = loaded.make_cache()
@@ -97,7 +102,7 @@ def run(settings: Settings) -> None:
         loaded = load_model(settings.model, kv_quant(settings.kv_bits, settings.kv_group_size))
         layout = page_layout(loaded, settings, log)
         plan = plan_memory(loaded, settings, layout)
-        log.info("worker.memory_plan", kv_quant=loaded.kv_quant.tag if loaded.kv_quant else "none",
+        log.info("worker.memory_plan", kv_quant=kv_form(loaded),
                  kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
         check_plan(plan, settings.slots, settings.ctx, settings.kv_bits)
         pool = None
@@ -113,7 +118,7 @@ def run(settings: Settings) -> None:
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
-             kv_quant=loaded.kv_quant.tag if loaded.kv_quant else "none")
+             kv_quant=kv_form(loaded))
 
     def ready() -> WorkerReady:
         return WorkerReady(
