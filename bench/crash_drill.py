@@ -1,13 +1,14 @@
 """Crash-safety drill (issue 12): kill -9 the kvstore 100 times while it writes pages.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        .venv/bin/python bench/crash_drill.py [--kills 100] [--words 900] [--seed 12]
+        .venv/bin/python bench/crash_drill.py [--kills 100] [--words 300] [--seed 12]
 
 1. Reference: a fault-free group answers every round's prompt (greedy, `--max-tokens`).
-2. Drill: a group on `--slots 1` gets one new long prompt per round (about `--words` tokens,
-   so several 256-token pages written through to disk), and the kvstore is killed with SIGKILL
-   at a random moment (seeded) from 0 to `--kill-window` seconds after the request is sent,
-   i.e. during the prefill or while the pages are being written. The supervisor restarts it
+2. Drill: a group on `--slots 1` gets one new prompt per round (`--words` words, about 770 tokens:
+   three 256-token pages written through to disk), and the kvstore is killed with SIGKILL
+   the moment a page file is being written (its temp file appears: polled every millisecond),
+   or, if none is seen, at a random moment (seeded) up to `--kill-window` s after sending.
+   The supervisor restarts it
    (tests/helpers/drill_serve.py: the serve command with a drill restart policy, since the real
    one gives up after 5 crashes a minute) and the next round waits until it is ready.
 3. The group is stopped; every page file on disk is checked with the kvstore's own code
@@ -23,6 +24,7 @@ a restore: must be 0), restores, wall time. Exits 1 if a check fails.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import sys
@@ -80,6 +82,21 @@ def model_id(group: ServerGroup) -> str:
     return httpx.get(f"{group.base_url}/models").json()["data"][0]["id"]
 
 
+def temp_files(kv_dir: Path) -> list[str]:
+    """Temp files of pages being written (scandir: the fastest look at every shard)."""
+    found = []
+    try:
+        for ns in os.scandir(kv_dir):
+            if ns.is_dir():
+                for shard in os.scandir(ns.path):
+                    if shard.is_dir():
+                        found += [e.name for e in os.scandir(shard.path)
+                                  if e.name.endswith(".tmp")]
+    except FileNotFoundError:
+        pass  # a shard being created
+    return found
+
+
 def verify_pages(kv_dir: Path) -> dict:
     """Scan and read back every page with the kvstore's own checks (group stopped)."""
     store = PageStore(kv_dir)
@@ -99,10 +116,12 @@ def verify_pages(kv_dir: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kills", type=int, default=100)
-    ap.add_argument("--words", type=int, default=900, help="words per round's prompt")
+    ap.add_argument("--words", type=int, default=300, help="words per round's prompt")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--kill-window", type=float, default=1.5,
                     help="kill at a random time in [0, this] seconds after sending")
+    ap.add_argument("--random-times", dest="target_writes", action="store_false",
+                    help="kill at random times only, not when a page write is seen")
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--model-size", default="tiny")
     ap.add_argument("--model")
@@ -126,7 +145,7 @@ def main() -> int:
     # 2. The drill.
     kv_dir = short_tmp_dir("sykvdrill")
     drill_started = time.monotonic()
-    during, temps_after_kill, kills = [], 0, 0
+    during, temps_after_kill, kills, mid_write = [], 0, 0, 0
     try:
         with ServerGroup(model, kv_dir=kv_dir, **group_args) as group, \
                 httpx.Client(timeout=300) as http:
@@ -137,10 +156,20 @@ def main() -> int:
                     target=lambda: result.update(ask(http, group, mid, messages,
                                                      args.max_tokens)))
                 sender.start()
-                time.sleep(rng.uniform(0.0, args.kill_window))
+                # Kill the moment a page is being written (a temp file exists), or at a
+                # random time if none is seen within the window.
+                until = time.monotonic() + rng.uniform(0.0, args.kill_window)
+                seen = False
+                while args.target_writes and (sender.is_alive() or time.monotonic() < until):
+                    if temp_files(kv_dir):
+                        seen = True
+                        break
+                    time.sleep(0.001)
+                time.sleep(max(0.0, until - time.monotonic()) if not seen else 0.0)
                 old = group.kill("kvstore")
                 kills += 1
-                temps_after_kill += len(list(kv_dir.rglob("*.tmp")))
+                mid_write += seen
+                temps_after_kill += len(temp_files(kv_dir))
                 sender.join()
                 during.append(result)
                 new = group.wait_restarted("kvstore", old)
@@ -179,7 +208,8 @@ def main() -> int:
                                                    f"{len(failed_during)}"],
         ["  failures", ", ".join(sorted({str(d.get('status') or d.get('error'))
                                          for d in failed_during})) or "-"],
-        ["temp files seen right after a kill (torn writes)", temps_after_kill],
+        ["kills while a page file was being written", mid_write],
+        ["temp files left right after the kills (torn writes)", temps_after_kill],
         ["pages removed as bad by the daemon (kv.corrupt_page)", len(corrupt_logged)],
         ["pages on disk after the drill", verified["pages"]],
         ["  bytes", verified["bytes"]],
