@@ -26,8 +26,8 @@ each conversation's first turn after a kill restores (cached >= prompt - new - o
 bytes on disk (sampled every 2 s) never above --kv-disk-budget; gateway and scheduler VmRSS
 growth over the second half < 5% (same pid); no /dev/shm segment of the group and no process
 left after it stops. Corruption and disk faults legitimately lose pages (and after the disk
-refused a page, the scheduler and kvstore pause writes for 60 s): a conversation under way
-then is counted as excused, not judged.
+refused a page, the scheduler and kvstore pause writes for 60 s): a short restore of a
+conversation under way then is counted as excused, apart.
 """
 
 from __future__ import annotations
@@ -532,9 +532,9 @@ PAUSE_S = 60.0  # writes stay paused this long after the disk refused a page (se
 def restore_check(records: list[Record], faults: list[Fault]):
     """Each agent's first turn after each fault: cached >= prompt - new - one page.
 
-    Excused (counted apart): a conversation that was under way while pages could not be
-    written (a disk fault, until PAUSE_S after it ended) or when a page file was corrupted:
-    its pages are legitimately missing, and it is re-read."""
+    A short one is excused (counted apart) if its conversation was under way while pages
+    could not be written (a disk fault, until PAUSE_S after it ended) or when a page file was
+    corrupted: its pages may legitimately be missing."""
     turns = sorted((r for r in records if r.kind == "turn" and r.text is not None),
                    key=lambda r: r.started)
     prev_prompt: dict[tuple[int, int], int] = {}  # (agent, conv) -> prompt of the turn before
@@ -554,12 +554,13 @@ def restore_check(records: list[Record], faults: list[Fault]):
                 continue
             seen.add(r.agent)
             new = r.prompt - previous_of[id(r)]
+            judged += 1
+            if r.cached >= r.prompt - new - PAGE:
+                continue
             start = conv_start[(r.agent, r.key[0])]
             if any(start <= hi and lo <= r.started for lo, hi in lossy):
                 excused += 1
-                continue
-            judged += 1
-            if r.cached < r.prompt - new - PAGE:
+            else:
                 failed.append((fault.kind, r.agent, r.key, r.prompt, new, r.cached,
                                r.started - fault.ended))
     return judged, excused, failed
@@ -603,7 +604,7 @@ def report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_
         ["responses outside 2xx / 4xx-malformed / 503,429+Retry-After", len(bad_status)],
         ["replies compared with the reference", f"{len(compared)} of {len(turns)} turns"],
         ["wrong outputs", len(wrong)],
-        ["first turn after a fault restores (judged / failed / excused: pages lost)",
+        ["first turns after a fault: judged / short / short but excused (pages lost)",
          f"{judged} / {len(failed)} / {excused}"],
         ["bad pages met (kv.corrupt_page)", len(corrupt_events)],
         ["page bytes on disk, max sampled / budget", f"{max_disk} / {budget}"],
