@@ -287,11 +287,13 @@ class Injector(threading.Thread):
         super().__init__(daemon=True, name="injector")
         self.group, self.kv_dir, self.rng, self.args = group, kv_dir, rng, args
         self.deadline, self.tmpfs = deadline, tmpfs
+        self.t0 = time.monotonic()
         self.faults: list[Fault] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
-        self.kinds = ["kill", "kill", "kill", "corrupt", "readonly"] + (
-            ["disk_full"] if tmpfs else [])
+        self.kinds = [k for k in ["kill", "kill", "kill", "corrupt", "readonly", "disk_full"]
+                      if k in args.faults.split(",") and (k != "disk_full" or tmpfs)]
+        self.roles = [r for r in KILL_ROLES if r in args.kill_roles.split(",")]
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -306,11 +308,12 @@ class Injector(threading.Thread):
                 self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
             fault.ended = time.monotonic()
             self.faults.append(fault)
-            print(f"  fault {kind} {fault.detail} ({fault.ended - fault.started:.1f}s)",
+            print(f"  fault {fault.kind} {fault.detail} at {fault.started - self.t0:.0f}s "
+                  f"({fault.ended - fault.started:.1f}s)",
                   flush=True)
 
     def _kill(self, fault: Fault) -> None:
-        role = self.rng.choice(KILL_ROLES)
+        role = self.rng.choice(self.roles)
         fault.kind = f"kill {role}"
         old = self.group.kill(role)
         new = self.group.wait_restarted(role, old)
@@ -461,6 +464,9 @@ def main() -> int:
     ap.add_argument("--kv-disk-size", default="224m", help="size of the tmpfs kv dir")
     ap.add_argument("--fault-min", type=float, default=30.0)
     ap.add_argument("--fault-max", type=float, default=90.0)
+    ap.add_argument("--faults", default="kill,corrupt,readonly,disk_full",
+                    help="fault kinds to draw from (kill is drawn 3x as often as the others)")
+    ap.add_argument("--kill-roles", default=",".join(KILL_ROLES))
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--model-size", default="tiny")
     ap.add_argument("--model")
@@ -613,6 +619,13 @@ def report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_
         ["leaked /dev/shm segments", ", ".join(leaked_shm) or "0"],
     ]
     print(table(["soak", "value"], rows))
+    for at, nbytes in sampler.disk:
+        if nbytes > budget:
+            last = max((f for f in injector.faults if f.started <= at), default=None,
+                       key=lambda f: f.started)
+            print(f"  over budget at {at - t0:.0f}s: {nbytes} bytes (+{nbytes - budget}); "
+                  + (f"last fault {last.kind} at {last.started - t0:.0f}s" if last else
+                     "no fault before"))
     for p in sorted(set(bad_status))[:10]:
         print("  status problem:", p)
     for r in wrong[:10]:
