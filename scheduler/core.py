@@ -31,8 +31,8 @@ from proto.messages import (
     TokensGenerated,
 )
 from scheduler.page_cache import PageCache
-from scheduler.placement import Placement, Sources, choose_slot, reusable
-from scheduler.requests import Request, Slot, common_prefix_len
+from scheduler.placement import Placement, Sources, choose_slot, usable_match
+from scheduler.requests import Request, Slot
 from scheduler.restore import DiskReads, load_of
 from scheduler.step_budget import PrefillBudget
 
@@ -310,7 +310,7 @@ class SchedulerCore:
             end = start + min(remaining, room)
             if not self.config.trimmable:
                 end = self._cut_at_state_point(req, start, end)
-            prefills.append(PrefillChunk(req.slot, start, req.feed[start:end]))
+            prefills.append(PrefillChunk(req.slot, start, tuple(req.feed[start:end])))
             used += end - start
         self.budget.spend(used)
         return prefills
@@ -324,14 +324,14 @@ class SchedulerCore:
         if req is None or not self._remaining_prefill(req):
             points.add(end)  # decoding or idle: the newest state is where the next turn resumes
         else:
-            points.add((len(req.feed) - 1) // P * P)  # the last page end of the context
+            points.add(req.num_context // P * P)  # the last page end of the context
             points.add(req.branch_point)
         return points
 
     def _cut_at_state_point(self, req: Request, start: int, end: int) -> int:
         """End a hybrid prefill chunk exactly at the next snapshot point, if it is inside."""
         P, interval = self.config.page_size, self.config.state_interval
-        last_page_end = (len(req.feed) - 1) // P * P
+        last_page_end = req.num_context // P * P
         next_interval = (start // interval + 1) * interval
         for point in sorted({last_page_end, next_interval, req.branch_point}):
             if start < point < end:
@@ -371,19 +371,25 @@ class SchedulerCore:
         return True
 
     def _place(self, req: Request) -> Placement | None:
-        context = req.feed[:-1]
+        """Where the request runs and where its prefix comes from; None: no slot is free.
+
+        Costs O(pages) of the context, not O(tokens): the request's page chain grows as its
+        pages fill, and slots are matched by page ids (docs/design.md "Scheduling")."""
+        if not any(s.free for s in self.slots):
+            return None  # nothing to choose from: decided again when a slot frees
         cfg = self.config
-        chain = self.pages.chain(context)
-        on_disk = self.pages.disk_prefix(chain, context, cfg.trimmable)
+        feed, n, P = req.feed, req.num_context, cfg.page_size
+        chain = req.context_chain(self.pages.chain_namespace, P)
+        on_disk = self.pages.disk_prefix(chain, feed, n, cfg.trimmable)
         disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
         matches = {}
         for slot in self.slots:
-            m = common_prefix_len(slot.tokens, context)
-            if cfg.trimmable or m == len(slot.tokens):
+            self.pages.sync_slot(slot)
+            m = usable_match(slot, slot.shared_prefix(chain, feed, n, P), cfg.trimmable)
+            if m:
                 matches[slot.index] = m
-        sources = Sources(context, disk_tokens, matches, cfg.page_size, cfg.trimmable)
-        persisted = {s.index: self.pages.persisted_tokens(s, reusable(s, context,
-                                                                      cfg.trimmable))
+        sources = Sources(n, disk_tokens, matches, P, cfg.trimmable)
+        persisted = {s.index: self.pages.persisted_tokens(s, matches.get(s.index, 0))
                      for s in self.slots if s.free}
         placement = choose_slot(self.slots, sources, persisted)
         if not cfg.trimmable and self.pages.enabled:
@@ -401,7 +407,8 @@ class SchedulerCore:
         slot = self.slots[p.slot]
         P = self.config.page_size
         if p.copy_from is not None:
-            slot.replace(self.slots[p.copy_from].tokens[:p.copied])
+            src = self.slots[p.copy_from]
+            slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // P])
             self._copies.append(CopyPrefix(p.copy_from, p.slot, p.copied))
         else:
             slot.truncate(p.reused, P)  # the worker trims to the first command's start
@@ -455,7 +462,7 @@ class SchedulerCore:
         return pinned
 
     def _remaining_prefill(self, req: Request) -> int:
-        return len(req.feed) - 1 - len(self.slots[req.slot].tokens)
+        return req.num_context - len(self.slots[req.slot].tokens)
 
     def _decode_item(self, req: Request) -> DecodeItem:
         slot = self.slots[req.slot]
@@ -478,7 +485,7 @@ class SchedulerCore:
             req.first_token_at = now
         if token in req.stop_token_ids:
             return self._finish(req, "stop", now)
-        req.generated.append(token)
+        req.add_token(token)
         self._unsent.setdefault(req.rid, []).append(token)
         context_full = len(req.feed) + 1 > self.config.ctx
         if len(req.generated) >= req.max_tokens or context_full:

@@ -30,6 +30,8 @@ from scheduler.page_tree import DiskPageTree
 from scheduler.requests import Slot
 
 FLAG_RECURRENT_STATE = 1
+# Page ids match slots to requests even with no page store (no worker namespace yet).
+_LOCAL_NAMESPACE = b"switchyard-local"
 # Header bytes per page file, an upper bound for budget arithmetic (P=256 needs 1152).
 _HEADER_ALLOWANCE = 4096
 # After the disk refused pages (full, read-only), try persisting again this much later.
@@ -117,6 +119,11 @@ class PageCache:
     def enabled(self) -> bool:
         return bool(self.namespace) and self.allocator is not None and self.kvstore_attached
 
+    @property
+    def chain_namespace(self) -> bytes:
+        """The namespace slot and request page ids are computed in."""
+        return self.namespace or _LOCAL_NAMESPACE
+
     def chain(self, tokens) -> list[bytes]:
         return chain_page_ids(self.namespace, tokens, self.page_size) if self.namespace else []
 
@@ -124,22 +131,24 @@ class PageCache:
         """Extend the slot's page ids to cover its full pages (truncation already cut them)."""
         full = len(slot.tokens) // self.page_size
         have = len(slot.page_ids)
-        if self.namespace and have < full:
+        if have < full:
             parent = slot.page_ids[-1] if have else ROOT_ID
             slot.page_ids += chain_page_ids(
-                self.namespace, slot.tokens[have * self.page_size:full * self.page_size],
+                self.chain_namespace, slot.tokens[have * self.page_size:full * self.page_size],
                 self.page_size, parent)
 
-    def disk_prefix(self, chain: list[bytes], context, trimmable: bool) -> list[DiskPage]:
-        """The pages of `context` (whose full pages are `chain`) restorable from disk, from
-        its start: full pages, then the tail stored where a conversation's turn ended.
-        A hybrid model restores to a page carrying the recurrent state."""
+    def disk_prefix(self, chain: list[bytes], tokens, n: int, trimmable: bool
+                    ) -> list[DiskPage]:
+        """The pages of the context `tokens[:n]` (whose full pages are `chain`) restorable
+        from disk, from its start: full pages, then the tail stored where a conversation's
+        turn ended. A hybrid model restores to a page carrying the recurrent state."""
         if not self.enabled:
             return []
         P = self.page_size
-        n = self.tree.longest_prefix(chain)
-        pages = [DiskPage(k * P, P, chain[k]) for k in range(n)]
-        tail = self._tail_after(chain[n - 1] if n else ROOT_ID, context, n * P)
+        n_pages = self.tree.longest_prefix(chain)
+        pages = [DiskPage(k * P, P, chain[k]) for k in range(n_pages)]
+        tail = self._tail_after(chain[n_pages - 1] if n_pages else ROOT_ID, tokens, n,
+                                n_pages * P)
         if tail is not None and (trimmable or tail.page_id in self.state_pages):
             return pages + [tail]
         if not trimmable:
@@ -147,11 +156,11 @@ class PageCache:
                 pages.pop()
         return pages
 
-    def _tail_after(self, parent: bytes, context, start: int) -> DiskPage | None:
+    def _tail_after(self, parent: bytes, tokens, end: int, start: int) -> DiskPage | None:
         best = None
         for tail_id, n in self.tails.get(parent, {}).items():
-            if start + n <= len(context) and (best is None or n > best.num_tokens):
-                if page_id(self.namespace, parent, context[start:start + n]) == tail_id:
+            if start + n <= end and (best is None or n > best.num_tokens):
+                if page_id(self.namespace, parent, tokens[start:start + n]) == tail_id:
                     best = DiskPage(start, n, tail_id)
         return best
 

@@ -43,9 +43,9 @@ class DiskReads:
         del req.restore_pages[:len(batch)]
         req.reading = batch
         self.in_flight.append((req.rid, batch))
-        context = req.feed[:-1]
+        feed = req.feed  # pages lie within the context: slices of it, no copy of the whole
         return ReadPages(tuple(
-            PageRead(p.page_id, tuple(context[p.start:p.start + p.num_tokens]), b)
+            PageRead(p.page_id, tuple(feed[p.start:p.start + p.num_tokens]), b)
             for p, b in batch))
 
     def answered(self, msg: PagesRead, requests: dict[str, Request]):

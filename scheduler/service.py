@@ -89,6 +89,7 @@ class SchedulerService:
         self.worker_boot_synced: str | None = None
         self.worker_down_since: float | None = time.time()
         self.kvstore_ready = False
+        self._plan_s = 0.0  # planning time of the step in flight (logged when it is done)
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
         self.ctx = zmq.Context()
         self.sock = bind_router(self.ctx, self.endpoints.scheduler)
@@ -149,13 +150,17 @@ class SchedulerService:
         elif isinstance(msg, CancelRequest):
             self.core.cancel(msg.rid, now)
         elif isinstance(msg, StepDone):
+            t0 = time.perf_counter()
             self.core.step_done(msg, now)
+            done_s = time.perf_counter() - t0
             self.stats.step_done(msg.duration_s)
+            # plan_ms + done_ms: the scheduler's own time per step (docs/design.md "Scheduling").
             self.log.debug("step.finished", step=msg.step, batch=msg.num_decode_tokens,
                            num_prefill_tokens=msg.num_prefill_tokens,
                            step_ms=round(msg.duration_s * 1e3, 2),
                            decode_ms=round(msg.decode_s * 1e3, 2),
-                           prefill_ms=round(msg.prefill_s * 1e3, 2))
+                           prefill_ms=round(msg.prefill_s * 1e3, 2),
+                           plan_ms=round(self._plan_s * 1e3, 3), done_ms=round(done_s * 1e3, 3))
         elif isinstance(msg, WorkerReady):
             self._on_worker_ready(msg)
         elif isinstance(msg, InventoryDescribed):
@@ -280,7 +285,9 @@ class SchedulerService:
                         continue
                     self.handle(identity.decode(), msg, time.time())
             if self.worker_ready:
-                self.core.plan_step(time.time())
+                t0 = time.perf_counter()
+                if self.core.plan_step(time.time()) is not None:
+                    self._plan_s = time.perf_counter() - t0
             self.flush()
 
     def close(self) -> None:

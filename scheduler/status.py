@@ -47,7 +47,7 @@ def build_status(service, now: float) -> dict:
 def _state(core, req) -> str:
     if req.restoring:
         return "restoring"
-    if len(req.feed) - 1 > len(core.slots[req.slot].tokens):
+    if req.num_context > len(core.slots[req.slot].tokens):
         return "prefilling"
     return "decoding"
 

@@ -229,6 +229,8 @@ def test_shared_prefix_is_copied_into_the_empty_slot():
     assert step.copies[0].dst_slot != step.copies[0].src_slot
     assert g.prefilled_in(before) == 29
     assert g.finished("b").num_cached_tokens == len(system)
+    for slot in g.core.slots:  # the copy took the source's page ids along: still exact
+        assert slot.page_ids == g.core.pages.chain(slot.tokens)
 
 
 def test_budget_is_never_exceeded_and_lru_tail_goes_first():
