@@ -36,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proto import codec  # noqa: E402
 from proto.messages import (  # noqa: E402
+    CancelRequest,
     DeletePages,
+    InventoryDescribed,
     PageInfo,
     PagesRead,
     PagesWritten,
@@ -47,9 +49,11 @@ from proto.messages import (  # noqa: E402
     SlotContents,
     StepDone,
     SubmitRequest,
+    WorkerReady,
     WritePages,
 )
 from scheduler.core import CoreConfig, SchedulerCore  # noqa: E402
+from scheduler.events import PlanStep  # noqa: E402
 
 NS = b"b" * 16
 PAGE = 256
@@ -68,22 +72,28 @@ class ScriptedGroup:
         self.core = SchedulerCore(CoreConfig(
             num_slots=SLOTS, ctx=context + 4096, prefill_chunk=512, max_queue=16,
             page_size=PAGE, disk_budget_bytes=64 << 30, decode_burst=1))
-        self.core.pages.kvstore_inventory((), True, 0.0)
+        self.now = 1000.0
+        self.outbox: list = []
+        self.do(InventoryDescribed("kv", ()))
         convs = [conversation(i, context) for i in range(SLOTS + 1)]
         # Four conversations resident, as a worker reports its slots after a scheduler restart.
-        self.core.worker_restarted(tuple(SlotContents(i, tuple(convs[i])) for i in range(SLOTS)),
-                                   NS, "shm", 64, PAGE_BYTES, 0)
+        c = self.core.config
+        self.do(WorkerReady("w", NS, "bench", SLOTS, c.ctx, PAGE, 4096, True, tuple(
+            SlotContents(i, tuple(convs[i])) for i in range(SLOTS)), "shm", 64, PAGE_BYTES))
         self.slots = [list(c) for c in convs[:SLOTS]]
-        self.now = 1000.0
         self.plan_s: list[float] = []
         self.done_s: list[float] = []
         for i in range(SLOTS):
             self.submit(f"c{i}", convs[i] + [7])
         self.waiting = convs[SLOTS] + [7]
 
+    def do(self, event):
+        effects = self.core.handle(event, self.now)
+        self.outbox += effects.messages
+        return effects
+
     def submit(self, rid: str, prompt: list[int]) -> None:
-        self.core.submit(SubmitRequest(rid, tuple(prompt), 1 << 20, SamplingParams(), (0,)),
-                         self.now)
+        self.do(SubmitRequest(rid, tuple(prompt), 1 << 20, SamplingParams(), (0,)))
 
     def _worker(self, plan: RunStep) -> StepDone:
         for cp in plan.copies:
@@ -106,31 +116,29 @@ class ScriptedGroup:
         if isinstance(msg, WritePages):
             infos = tuple(PageInfo(w.page_id, w.parent_id, NS, len(w.token_ids), PAGE_BYTES,
                                    self.now, w.flags) for w in msg.writes)
-            self.core.pages_written(PagesWritten(infos, (), tuple(w.buffer for w in msg.writes)),
-                                    self.now)
+            self.do(PagesWritten(infos, (), tuple(w.buffer for w in msg.writes)))
         elif isinstance(msg, ReadPages):
-            self.core.pages_read(PagesRead(tuple(r.page_id for r in msg.reads), ()), self.now)
+            self.do(PagesRead(tuple(r.page_id for r in msg.reads), ()))
 
     def step(self, timed: bool) -> bool:
+        """One plan, the worker's step, its result; then kvstore's answers until quiet."""
         self.now += 0.02
         t0 = time.perf_counter()
-        plan = self.core.plan_step(self.now)
+        plan = self.do(PlanStep()).step
         t1 = time.perf_counter()
-        out = self.core.take_outbox()
-        for msg in out:
-            if isinstance(msg, RunStep):
-                done = self._worker(msg)
-                t2 = time.perf_counter()
-                self.core.step_done(done, self.now)
-                t3 = time.perf_counter()
-                if timed:
-                    self.plan_s.append(t1 - t0)
-                    self.done_s.append(t3 - t2)
-            elif isinstance(msg, (WritePages, ReadPages, DeletePages)):
-                self._kvstore(msg)
-        for msg in self.core.take_outbox():
-            if isinstance(msg, (WritePages, ReadPages, DeletePages)):
-                self._kvstore(msg)
+        if plan is not None:
+            done = self._worker(plan)
+            t2 = time.perf_counter()
+            self.do(done)
+            t3 = time.perf_counter()
+            if timed:
+                self.plan_s.append(t1 - t0)
+                self.done_s.append(t3 - t2)
+        while self.outbox:
+            out, self.outbox = self.outbox, []
+            for msg in out:
+                if isinstance(msg, (WritePages, ReadPages, DeletePages)):
+                    self._kvstore(msg)
         return plan is not None
 
 
@@ -142,11 +150,11 @@ def measure_core(context: int, steps: int) -> dict:
     g.submit("head", g.waiting)  # waits: every slot is busy decoding
     for _ in range(steps):
         g.step(timed=True)
-    assert "head" in g.core.waiting, "the fifth conversation should still wait"
+    assert g.core.num_waiting == 1, "the fifth conversation should still wait"
     # Placement when a slot frees: the head goes to the freed slot (its pages are not there).
-    g.core.cancel("c0", g.now)  # no step in flight: c0 finishes and frees its slot now
+    g.do(CancelRequest("c0"))  # no step in flight: c0 finishes and frees its slot now
     t0 = time.perf_counter()
-    g.core.plan_step(g.now + 0.02)
+    g.core.handle(PlanStep(), g.now + 0.02)
     place_s = time.perf_counter() - t0
     return dict(plan=statistics.median(g.plan_s), done=statistics.median(g.done_s),
                 place=place_s)

@@ -1,8 +1,10 @@
 """The scheduler core: admission, placement, step plans, finishing. No I/O, no clocks.
 
-The shell feeds it events (submit, cancel, step done, kvstore replies, peer restarts) with the
-current wall-clock time; every event appends the messages to send to `outbox`, which the shell
-drains and routes by type. One step is in flight at a time.
+The core is closed (docs/design.md "Scheduling"): the shell hands it typed events with the
+current wall-clock time through `handle` (peer messages as they arrived, and the events of
+`scheduler.events`) and gets one `Effects` back: the messages to send, routed by type, the log
+lines and the finished requests. The shell never writes the core's state; status reads
+`snapshot`. One step is in flight at a time.
 
 Steps are decode-first: every decoding request gets its token each step, and prefill chunks
 fill what is left of the per-step token budget, interactive before background and warm
@@ -17,8 +19,11 @@ from collections import deque
 from dataclasses import dataclass
 
 from proto.messages import (
+    CancelRequest,
     CopyPrefix,
     DecodeItem,
+    DescribeInventory,
+    InventoryDescribed,
     PagesRead,
     PagesWritten,
     PrefillChunk,
@@ -29,6 +34,16 @@ from proto.messages import (
     StepDone,
     SubmitRequest,
     TokensGenerated,
+    WorkerReady,
+)
+from scheduler.events import (
+    Effects,
+    Event,
+    FailAll,
+    GatewayRestarted,
+    KvstoreRestarted,
+    PlanStep,
+    WorkerLost,
 )
 from scheduler.page_cache import PageCache
 from scheduler.placement import Placement, Sources, choose_slot, usable_match
@@ -94,14 +109,79 @@ class SchedulerCore:
         self._done_at = 0.0
         self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
 
-    def take_outbox(self) -> list:
-        out = self.outbox + self.pages.outbox
-        self.outbox, self.pages.outbox = [], []
-        return out
+    def handle(self, event: Event, now: float) -> Effects:
+        """Apply one event; what it produced comes back as one `Effects`."""
+        step = None
+        match event:
+            case PlanStep():
+                step = self._plan_step(now)
+            case SubmitRequest():
+                self._submit(event, now)
+            case CancelRequest():
+                self._cancel(event.rid, now)
+            case StepDone():
+                self._step_done(event, now)
+            case PagesRead():
+                self._pages_read(event, now)
+            case PagesWritten():
+                self._pages_written(event, now)
+            case WorkerReady():
+                self._worker_ready(event)
+            case InventoryDescribed():
+                self._inventory(event, now)
+            case KvstoreRestarted():
+                self._kvstore_restarted()
+            case WorkerLost():
+                self.inflight = None
+            case GatewayRestarted():
+                self._abort_all(now)
+            case FailAll():
+                self._fail_all(event, now)
+            case _:
+                raise TypeError(f"not a scheduler event: {type(event).__name__}")
+        effects = Effects(self.outbox + self.pages.outbox, list(self.events),
+                          self.finished, step)
+        self.outbox, self.pages.outbox, self.finished = [], [], []
+        self.events.clear()  # shared with the page cache: cleared in place
+        return effects
+
+    # --- views (read-only) -----------------------------------------------------------------
+
+    @property
+    def step_in_flight(self) -> bool:
+        return self.inflight is not None
+
+    def snapshot(self, now: float) -> dict:
+        """Plain data for the status file: slots, queue, disk. No prompt or output text."""
+        slots = []
+        for slot in self.slots:
+            req = self.requests.get(slot.rid) if slot.rid else None
+            slots.append({
+                "slot": slot.index, "num_tokens": len(slot.tokens),
+                "conversation": slot.page_ids[0].hex()[:12] if slot.page_ids else None,
+                "last_used": slot.last_used or None, "rid": slot.rid,
+                "priority": req.priority if req else None,
+                "state": self._state(req) if req else "idle"})
+        queue = [{"rid": rid, "priority": self.requests[rid].priority,
+                  "waiting_s": now - self.requests[rid].arrived_at,
+                  "prompt_tokens": len(self.requests[rid].prompt)} for rid in self.waiting]
+        pages = self.pages
+        disk = {"bytes": pages.tree.total_bytes, "budget_bytes": pages.budget_bytes,
+                "num_pages": len(pages.tree), "writable": now >= pages.writes_paused_until,
+                "num_evicted": pages.num_evicted, "num_thrash": pages.num_thrash,
+                "num_writing": len(pages.writing)}
+        return {"slots": slots, "queue": queue, "disk": disk}
+
+    def _state(self, req: Request) -> str:
+        if req.restoring:
+            return "restoring"
+        if self._remaining_prefill(req) > 0:
+            return "prefilling"
+        return "decoding"
 
     # --- events: gateway -------------------------------------------------------------------
 
-    def submit(self, msg: SubmitRequest, now: float) -> None:
+    def _submit(self, msg: SubmitRequest, now: float) -> None:
         cfg = self.config
         if len(msg.prompt_token_ids) == 0:
             return self._reject(msg.rid, "invalid_request", "prompt is empty")
@@ -125,7 +205,7 @@ class SchedulerCore:
     def _reject(self, rid: str, code: str, message: str) -> None:
         self.outbox.append(RequestFailed(rid, code, message, False))
 
-    def cancel(self, rid: str, now: float) -> None:
+    def _cancel(self, rid: str, now: float) -> None:
         req = self.requests.get(rid)
         if req is None:
             return
@@ -138,14 +218,21 @@ class SchedulerCore:
         in_step = self.inflight is not None and req.slot is not None
         return in_step or bool(req.reading)
 
-    def abort_all(self, now: float) -> None:
+    def _abort_all(self, now: float) -> None:
         """The gateway restarted: its requests have no one to answer to."""
         for req in list(self.requests.values()):
             self._finish(req, "cancelled", now, notify=False)
 
+    def _fail_all(self, event: FailAll, now: float) -> None:
+        rids = list(self.requests)
+        self._abort_all(now)
+        for rid in rids:
+            self.outbox.append(RequestFailed(rid, event.code, event.message, True,
+                                             event.retry_after_s))
+
     # --- events: worker --------------------------------------------------------------------
 
-    def step_done(self, done: StepDone, now: float) -> None:
+    def _step_done(self, done: StepDone, now: float) -> None:
         plan, self.inflight = self.inflight, None
         if plan is None or done.step != plan.step:
             return  # a stale reply from before a restart
@@ -192,7 +279,16 @@ class SchedulerCore:
         self.budget.observe(done.num_decode_tokens, decode_cycle, done.num_prefill_tokens,
                             done.prefill_s)
 
-    def worker_restarted(self, slots: tuple[SlotContents, ...], namespace: bytes = b"",
+    def _worker_ready(self, msg: WorkerReady) -> None:
+        """A worker (re)started, or greets a restarted scheduler: its shape and slots."""
+        self.config = dataclasses.replace(self.config, trimmable=msg.trimmable,
+                                          num_slots=msg.num_slots, ctx=msg.ctx,
+                                          page_size=msg.page_size)
+        self.pages.page_size = msg.page_size
+        self._worker_restarted(msg.slots, msg.namespace, msg.shm_name, msg.num_buffers,
+                               msg.buffer_bytes, msg.state_bytes)
+
+    def _worker_restarted(self, slots: tuple[SlotContents, ...], namespace: bytes = b"",
                          shm_name: str = "", num_buffers: int = 0, buffer_bytes: int = 0,
                          state_bytes: int = 0) -> None:
         """The worker's slot memory is what it reports; requests in slots start over there."""
@@ -203,23 +299,36 @@ class SchedulerCore:
         contents = {s.slot: s.token_ids for s in slots}
         requeue = []
         for slot in self.slots:
-            slot.replace(contents.get(slot.index, ()))
             if slot.rid is not None:
                 requeue.append(slot.rid)
                 self._unplace(self.requests[slot.rid], release=False)  # a new pool
                 slot.rid = None
         self.waiting.extendleft(reversed(requeue))
+        if len(self.slots) != self.config.num_slots:
+            self.slots = [Slot(i) for i in range(self.config.num_slots)]
+        for slot in self.slots:
+            slot.replace(contents.get(slot.index, ()))
 
     # --- events: kvstore -------------------------------------------------------------------
 
-    def kvstore_restarted(self) -> None:
+    def _kvstore_restarted(self) -> None:
         """Reads sent to the old kvstore are lost: ask the new one again once it is attached.
         Writes are lost too: every slot's pages are checked against the new inventory again."""
         self.pages.kvstore_restarted()
         self._recheck_persisted()
         self.reads.lost(self.requests)
+        attach = self.pages.attach_message()
+        if attach is not None:
+            self.outbox.append(attach)
+        self.outbox.append(DescribeInventory())
 
-    def pages_read(self, msg: PagesRead, now: float) -> None:
+    def _inventory(self, msg: InventoryDescribed, now: float) -> None:
+        self.pages.kvstore_inventory(msg.pages, msg.writable, now)
+        self.events.append(("kvstore.inventory", {
+            "num_pages": len(msg.pages), "disk_bytes": self.pages.tree.total_bytes,
+            "scan_s": round(msg.scan_s, 3), "writable": msg.writable, "error": msg.error}))
+
+    def _pages_read(self, msg: PagesRead, now: float) -> None:
         answer = self.reads.answered(msg, self.requests)
         if answer is None:
             return
@@ -234,7 +343,7 @@ class SchedulerCore:
         if req.cancelled and not self._busy(req):
             self._finish(req, "cancelled", now)
 
-    def pages_written(self, msg: PagesWritten, now: float) -> None:
+    def _pages_written(self, msg: PagesWritten, now: float) -> None:
         self.pages.pages_written(msg, now)
         if msg.failed:
             self._recheck_persisted()
@@ -246,7 +355,7 @@ class SchedulerCore:
 
     # --- planning --------------------------------------------------------------------------
 
-    def plan_step(self, now: float) -> RunStep | None:
+    def _plan_step(self, now: float) -> RunStep | None:
         if self.inflight is not None:
             return None
         # Stage before admitting: staging reads a slot as the last step left it, before a new
@@ -519,8 +628,6 @@ class SchedulerCore:
                 self.outbox.append(TokensGenerated(req.rid, tuple(unsent)))
             self.outbox.append(RequestFinished(req.rid, reason, len(req.prompt), req.num_cached,
                                                len(req.generated)))
-
-    # --- views -----------------------------------------------------------------------------
 
     @property
     def num_waiting(self) -> int:

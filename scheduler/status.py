@@ -14,20 +14,7 @@ STATUS_VERSION = 1
 
 
 def build_status(service, now: float) -> dict:
-    core = service.core
-    pages = core.pages
-    slots = []
-    for slot in core.slots:
-        req = core.requests.get(slot.rid) if slot.rid else None
-        slots.append({
-            "slot": slot.index, "num_tokens": len(slot.tokens),
-            "conversation": slot.page_ids[0].hex()[:12] if slot.page_ids else None,
-            "last_used": slot.last_used or None, "rid": slot.rid,
-            "priority": req.priority if req else None,
-            "state": _state(core, req) if req else "idle"})
-    queue = [{"rid": rid, "priority": core.requests[rid].priority,
-              "waiting_s": now - core.requests[rid].arrived_at,
-              "prompt_tokens": len(core.requests[rid].prompt)} for rid in core.waiting]
+    snapshot = service.core.snapshot(now)
     return {
         "version": STATUS_VERSION, "at": now, "boot_id": service.boot_id,
         "pid": os.getpid(), "started_at": service.started_at,
@@ -35,21 +22,9 @@ def build_status(service, now: float) -> dict:
         "peers": {role: {"boot_id": boot, "pid": service.peer_pid.get(role),
                          "last_seen": service.last_seen.get(role)}
                   for role, boot in service.peer_boot.items()},
-        "slots": slots, "queue": queue,
-        "disk": {"bytes": pages.tree.total_bytes, "budget_bytes": pages.budget_bytes,
-                 "num_pages": len(pages.tree), "writable": now >= pages.writes_paused_until,
-                 "num_evicted": pages.num_evicted, "num_thrash": pages.num_thrash,
-                 "num_writing": len(pages.writing)},
+        "slots": snapshot["slots"], "queue": snapshot["queue"], "disk": snapshot["disk"],
         "stats": service.stats.snapshot(),
     }
-
-
-def _state(core, req) -> str:
-    if req.restoring:
-        return "restoring"
-    if req.num_context > len(core.slots[req.slot].tokens):
-        return "prefilling"
-    return "decoding"
 
 
 def write_status(path: Path, status: dict) -> None:
