@@ -202,7 +202,8 @@ def part_core(contexts: list[int], steps: int) -> None:
 
 def part_e2e(args) -> None:
     """Switching turns and decode steps at a long context, through real processes."""
-    from bench._common import fmt, log_events, median, model_dir, preload_note, stream, table
+    from bench._common import (fmt, log_events, median, model_dir, preload_note, stream, table,
+                               timestamp)
     from bench.switching import build, pair_ratios, run_workload, summarize_switchyard, ttfts
     from tests.helpers.group import ServerGroup
 
@@ -228,6 +229,8 @@ def part_e2e(args) -> None:
             raise RuntimeError(res.error)
         lines, figures = summarize_switchyard(group, turns, "--slots 1", PAGE)
         steps = log_events(group.log_path, "step.finished")
+        worker_steps = [e for e in log_events(group.log_path, "step.done")
+                        if e.get("role") == "worker"]
         if args.keep_log:
             Path(args.keep_log).mkdir(parents=True, exist_ok=True)
             import shutil
@@ -237,6 +240,13 @@ def part_e2e(args) -> None:
               and "plan_ms" in e]
     shares = [(e["plan_ms"] + e["done_ms"]) / e["step_ms"] for e in decode if e["step_ms"]]
     sched_ms = [e["plan_ms"] + e["done_ms"] for e in decode]
+    # The worker's idle time between two consecutive decode-only steps: messages both ways,
+    # the scheduler's handling and planning. Planning step N+1 while step N runs could win
+    # back at most the scheduler's part of it.
+    gaps = [timestamp(b) - timestamp(a) - b["step_ms"] / 1e3
+            for a, b in zip(worker_steps, worker_steps[1:])
+            if b.get("step") == a.get("step", -2) + 1 and a.get("num_decode")
+            and b.get("num_decode") and not a.get("num_prefill") and not b.get("num_prefill")]
     ratios = pair_ratios(turns, "switchyard")
     sw, tw = ttfts(turns, "switchyard", "switch"), ttfts(turns, "switchyard", "twin")
     print(f"\nend to end ({time.perf_counter() - t0:.0f}s)")
@@ -250,6 +260,8 @@ def part_e2e(args) -> None:
          f"{fmt(median(sched_ms), 3)} of {fmt(median([e['step_ms'] for e in decode]), 2)} ms "
          f"step ({len(decode)} steps)", ""],
         ["scheduler share of a decode step (median)", fmt(median(shares), 4), "<= 0.02"],
+        ["worker idle between decode steps, ms (median)",
+         f"{fmt(median(gaps) * 1e3, 3)} ({len(gaps)} gaps)", ""],
     ]))
 
 

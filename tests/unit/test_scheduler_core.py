@@ -13,7 +13,7 @@ from proto.messages import (
     WorkerReady,
 )
 from scheduler.core import CoreConfig, SchedulerCore
-from scheduler.events import PlanStep
+from scheduler.events import FailAll, GatewayRestarted, PlanStep
 
 EOS = 0
 
@@ -302,3 +302,41 @@ def test_burst_stops_at_a_stop_token_and_at_max_tokens():
     assert generated(msgs, "a") == [52, 53, 54, 55, 56]
     assert finished(msgs)["a"].finish_reason == "stop"
     assert core.slots[0].tokens == [1, 2, 3, 52, 53, 54, 55, 56]
+
+
+def test_snapshot_reports_slots_and_queue_as_plain_data():
+    core = make_core(num_slots=1, prefill_chunk=8)
+    w = ScriptedWorker(core)
+    submit(core, "a", range(1, 30), max_tokens=50)
+    submit(core, "b", range(100, 110), now=0.5)
+    w.step()
+    snap = core.snapshot(2.0)
+    [slot] = snap["slots"]
+    assert (slot["rid"], slot["state"], slot["num_tokens"]) == ("a", "prefilling", 8)
+    assert snap["queue"] == [{"rid": "b", "priority": "interactive", "waiting_s": 1.5,
+                              "prompt_tokens": 10}]
+    for _ in range(4):
+        w.step()
+    assert core.snapshot(3.0)["slots"][0]["state"] == "decoding"
+
+
+def test_fail_all_fails_every_request_once_with_a_retryable_error():
+    core = make_core(num_slots=1)
+    w = ScriptedWorker(core)
+    submit(core, "a", range(1, 10), max_tokens=50)
+    submit(core, "b", range(20, 30))
+    w.step()
+    effects = core.handle(FailAll("component_restarted", "worker gone", 2.0), 5.0)
+    failed = {m.rid: m for m in effects.messages if isinstance(m, RequestFailed)}
+    assert set(failed) == {"a", "b"} and all(m.retryable for m in failed.values())
+    assert not finished(effects.messages), "a failed request is not also finished"
+    assert {r.rid for r in effects.finished} == {"a", "b"}  # logged once each
+    assert core.num_waiting == core.num_running == 0
+
+
+def test_gateway_restart_ends_requests_without_answers():
+    core = make_core(num_slots=1)
+    submit(core, "a", range(1, 10))
+    effects = core.handle(GatewayRestarted(), 1.0)
+    assert effects.messages == [] and [r.finish_reason for r in effects.finished] == [
+        "cancelled"]
