@@ -258,7 +258,8 @@ class SchedulerCore:
                 self._accept_token(self.requests[slot.rid], token, now)
         for slot in self.slots:
             self.pages.sync_slot(slot)
-        self.pages.staged_done(now, self._pinned())
+        if self.pages.staged:  # pinned pages: O(pages being restored), only when needed
+            self.pages.staged_done(now, self._pinned())
         for req in [r for r in self.requests.values() if r.cancelled and not r.reading]:
             self._finish(req, "cancelled", now)
         # One message per request per step, however many tokens a burst produced.
