@@ -105,8 +105,7 @@ class SchedulerCore:
         self._planned_at = 0.0
         self._done_at = 0.0
         self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
-        # kvstore (its index, its writes) is long overdue: place and displace without it
-        self.index_overdue = False
+        self.index_overdue = False  # kvstore's index is long overdue: place without it
 
     def take_outbox(self) -> list:
         # Page commands first: a worker that became ready queues AttachBuffers there, and a
@@ -379,17 +378,10 @@ class SchedulerCore:
             if placement is None and self._interactive(req, now) and \
                     self._preempt_background(now):
                 placement = self._place(req)
-            if placement is None or self._would_lose_pages(placement):
+            if placement is None:
                 break
             self._apply(req, placement, now)
             self.waiting.remove(rid)
-
-    def _would_lose_pages(self, p: Placement) -> bool:
-        """Displacing a slot whose pages are still on their way to disk waits for them (a
-        kvstore killed meanwhile would lose them; its successor gets them again)."""
-        keep = p.reused if p.copy_from is None else 0
-        return (p.displaced > 0 and not self.index_overdue
-                and self.pages.unsaved(self.slots[p.slot], keep))
 
     def _preempt_background(self, now: float) -> bool:
         """Give an interactive request the slot of a background one (the newest to arrive).

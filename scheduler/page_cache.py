@@ -95,11 +95,12 @@ class PageCache:
             self._send_pool()
 
     def kvstore_restarted(self) -> None:
+        """Writes sent to the old kvstore may be lost; their buffers still hold the pages (the
+        slot that computed them may hold other tokens by now): send them to the new one."""
         self.kvstore_attached = False
         self.pool_sent = False
-        for pending in self.writing.values():
-            self._release([pending.write.buffer])
-        self.writing.clear()
+        if self.writing:
+            self.outbox.append(WritePages(tuple(p.write for p in self.writing.values())))
 
     def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float) -> None:
         # Foreign pages join the tree too: they never match, and age out like any other.
@@ -141,21 +142,6 @@ class PageCache:
             slot.page_ids += chain_page_ids(
                 self.namespace, slot.tokens[have * self.page_size:full * self.page_size],
                 self.page_size, parent)
-
-    def unsaved(self, slot: Slot, keep: int) -> bool:
-        """Whether pages of the slot past its first `keep` tokens are staged or being written
-        and not yet on disk: until kvstore says so, the slot holds their only copy."""
-        inflight = self.staged.keys() | self.writing.keys()
-        if not inflight:
-            return False
-        P = self.page_size
-        if any(pid in inflight for pid in slot.page_ids[keep // P:]):
-            return True
-        start = len(slot.tokens) // P * P
-        if start == len(slot.tokens) or start < keep // P * P or not self.namespace:
-            return False
-        parent = slot.page_ids[start // P - 1] if start else ROOT_ID
-        return page_id(self.namespace, parent, tuple(slot.tokens[start:])) in inflight
 
     def disk_prefix(self, chain: list[bytes], context, trimmable: bool) -> list[DiskPage]:
         """The pages of `context` (whose full pages are `chain`) restorable from disk, from

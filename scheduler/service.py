@@ -245,8 +245,6 @@ class SchedulerService:
         if self.kvstore_ready and now - self.last_seen.get(ROLE_KVSTORE, 0.0) > timeout:
             self.log.warning("kvstore.lost")
             self.kvstore_ready = False
-            # A slot waiting for its pages to reach disk waits for it at most the grace below.
-            self.kvstore_down_since = self.kvstore_down_since or now
         # Requests wait for the page index while kvstore starts (docs/design.md "Processes");
         # one that stays away this long is not waited for: serve without disk pages.
         overdue = (self.kvstore_down_since is not None
