@@ -1,7 +1,7 @@
 """Prefill order, slot admission and the background bound (issue 14), driven without sockets
 or MLX; and admission waiting for the page index after a start (issue 12)."""
 
-from proto.messages import AttachBuffers, RequestFinished
+from proto.messages import AttachBuffers
 from scheduler.core import SchedulerCore
 from scheduler.fairness import oldest_waiting_s
 from tests.unit.test_scheduler_core import ScriptedWorker, make_core, submit
