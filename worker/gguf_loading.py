@@ -1,26 +1,25 @@
 """Load a GGUF file (llama.cpp's format) into an mlx_lm model.
 
-mlx-lm has no GGUF loader, but `mx.load(path, return_metadata=True)` reads the tensors: F32/F16
-as they are (BF16 becomes F16), Q8_0/Q4_0/Q4_1 as MLX affine triplets with group size 32, and
-Q2_K/Q4_K/Q6_K dequantized to F16. Other types fail inside mx.load. This module maps llama.cpp's
-metadata and tensor names onto mlx_lm's qwen2, qwen3 and llama models.
+mlx-lm has no GGUF loader. `gguf.GGUFReader` memory-maps the file; worker.gguf_tensors turns each
+tensor's blocks into MLX arrays (quantized blocks into MLX quantized weights, without loss where
+the formats match); this module maps llama.cpp's metadata and tensor names onto mlx_lm's model
+classes, per architecture (docs/design.md "GGUF"). Anything it cannot map exactly (a tensor type,
+an architecture, a tensor name, a RoPE scaling) is refused with one line saying what is supported.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.gguf_tensors import SUPPORTED_TYPES, MlxTensor, UnsupportedTensorType, convert
 from worker.model_loading import ModelLoadError
-
-# GGUF architecture -> mlx_lm model_type
-SUPPORTED_ARCHS = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama"}
-# Tensor types mx.load can read (see notes/mlx.md §4).
-READABLE_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q2_K", "Q4_K", "Q6_K", "I8", "I32"]
 
 # llama.cpp tensor names -> mlx_lm module paths (inverse of gguf.get_tensor_name_map).
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -37,23 +36,115 @@ BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
-_SUFFIXES = ("weight", "bias", "scales", "biases")
+MOE_NAMES = {  # stacked experts: GGUF [E, out, in] is SwitchLinear's layout
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
+}
+GEMMA3_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_SUFFIXES = ("weight", "bias")
 
 
-def gguf_name(mlx_name: str) -> str:
+class Meta:
+    """`{arch}.*` and general metadata of a GGUF file, read lazily from the reader's fields."""
+
+    def __init__(self, reader) -> None:
+        self._reader = reader
+        self.arch = self.get("general.architecture")
+
+    def get(self, key: str, default=None):
+        f = self._reader.get_field(key)
+        return default if f is None else f.contents()
+
+    def need(self, key: str):
+        value = self.get(key)
+        if value is None:
+            raise ModelLoadError(f"GGUF metadata lacks {key!r}")
+        return value
+
+    def a(self, key: str, default=None):  # an `{arch}.` key
+        return self.get(f"{self.arch}.{key}", default) if default is not None else self.need(f"{self.arch}.{key}")
+
+
+def _dense_config(m: Meta) -> dict:
+    hidden = m.a("embedding_length")
+    heads = m.a("attention.head_count")
+    return {
+        "hidden_size": hidden,
+        "num_hidden_layers": m.a("block_count"),
+        "intermediate_size": m.a("feed_forward_length", 0),
+        "num_attention_heads": heads,
+        "num_key_value_heads": m.a("attention.head_count_kv", heads),
+        "head_dim": m.a("attention.key_length", hidden // heads),
+        "rms_norm_eps": m.a("attention.layer_norm_rms_epsilon"),
+        "rope_theta": m.a("rope.freq_base", 10000.0),
+        "max_position_embeddings": m.a("context_length"),
+    }
+
+
+def _moe_config(m: Meta) -> dict:
+    return {
+        "num_experts": m.a("expert_count"),
+        "num_experts_per_tok": m.a("expert_used_count"),
+        "moe_intermediate_size": m.a("expert_feed_forward_length"),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,  # llama.cpp's qwen3moe graph always renormalises the top k
+    }
+
+
+def _gemma3_config(m: Meta) -> dict:
+    head_dim = m.a("attention.key_length")
+    return {
+        "sliding_window": m.a("attention.sliding_window"),
+        # llama.cpp's gemma3 graph: every 6th layer global, local RoPE base 10000, queries scaled
+        # by key_length**-0.5 (llama-model.cpp, LLM_ARCH_GEMMA3).
+        "sliding_window_pattern": 6,
+        "rope_local_base_freq": 10000.0,
+        "query_pre_attn_scalar": head_dim,
+    }
+
+
+@dataclass(frozen=True)
+class Arch:
+    model_type: str
+    block_names: dict = field(default_factory=lambda: BLOCK_NAMES)
+    extra_config: Callable[[Meta], dict] = lambda m: {}
+    permuted_qk: bool = False  # llama.cpp's converter reorders q/k rows for interleaved RoPE
+    norm_shift: float = 0.0  # the converter stores norm weights + this (Gemma's 1 + w)
+
+
+# GGUF architecture -> how to build the mlx_lm model. Mistral's dense models are "llama" in GGUF.
+ARCHS = {
+    "llama": Arch("llama", permuted_qk=True),
+    "qwen2": Arch("qwen2"),
+    "qwen3": Arch("qwen3"),
+    "qwen3moe": Arch("qwen3_moe", {**BLOCK_NAMES, **MOE_NAMES}, _moe_config),
+    "gemma3": Arch("gemma3_text", {**BLOCK_NAMES, **GEMMA3_NAMES}, _gemma3_config, norm_shift=1.0),
+}
+SUPPORTED_ARCHS = tuple(ARCHS)
+GGUF_ARCH_OF = {spec.model_type: name for name, spec in ARCHS.items()}  # model_type -> GGUF arch
+
+
+def gguf_name(mlx_name: str, model_type: str = "qwen3") -> str:
     """mlx_lm parameter name -> GGUF tensor name (used by the writer)."""
     module, suffix = mlx_name.rsplit(".", 1)
     for gguf_mod, mlx_mod in GLOBAL_NAMES.items():
         if module == mlx_mod:
             return f"{gguf_mod}.{suffix}"
     _, _, layer, rest = module.split(".", 3)  # model.layers.N.<rest>
-    inverse = {v: k for k, v in BLOCK_NAMES.items()}
+    inverse = {v: k for k, v in ARCHS[GGUF_ARCH_OF[model_type]].block_names.items()}
     if rest not in inverse:
         raise KeyError(f"no GGUF name for {mlx_name}")
     return f"blk.{layer}.{inverse[rest]}.{suffix}"
 
 
-def mlx_name(name: str) -> str:
+def mlx_name(name: str, arch: Arch = ARCHS["qwen3"]) -> str:
     """GGUF tensor name -> mlx_lm parameter name; unknown tensors are an error, not dropped,
     because silently ignoring one (say llama3's rope_freqs) would give a subtly wrong model."""
     module, suffix = name.rsplit(".", 1)
@@ -61,9 +152,9 @@ def mlx_name(name: str) -> str:
         if module in GLOBAL_NAMES:
             return f"{GLOBAL_NAMES[module]}.{suffix}"
         parts = module.split(".", 2)
-        if len(parts) == 3 and parts[0] == "blk" and parts[2] in BLOCK_NAMES:
-            return f"model.layers.{parts[1]}.{BLOCK_NAMES[parts[2]]}.{suffix}"
-    raise ModelLoadError(f"GGUF tensor {name!r} has no counterpart in mlx_lm's model")
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] in arch.block_names:
+            return f"model.layers.{parts[1]}.{arch.block_names[parts[2]]}.{suffix}"
+    raise ModelLoadError(f"GGUF tensor {name!r} has no counterpart in mlx_lm's {arch.model_type} model")
 
 
 def permute_qk(w: mx.array, n_head: int) -> mx.array:
@@ -78,107 +169,114 @@ def unpermute_qk(w: mx.array, n_head: int) -> mx.array:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _scalar(metadata: dict, key: str, default=None):
-    value = metadata.get(key, default)
-    if value is None:
-        raise ModelLoadError(f"GGUF metadata lacks {key!r}")
-    return value.item() if isinstance(value, mx.array) else value
+def _open(path: Path):
+    import gguf
 
-
-def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict]:
     try:
-        return mx.load(str(path), return_metadata=True)
-    except Exception as e:  # mx.load gives a bare RuntimeError; find out which type it could not read
-        bad = _unreadable_types(path)
-        if bad:
-            raise ModelLoadError(
-                f"{path}: GGUF tensor types {', '.join(bad)} cannot be loaded by MLX; "
-                f"supported types: {', '.join(READABLE_TYPES)}"
-            ) from e
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader raises ValueError, struct errors, ...
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
 
 
-def _unreadable_types(path: Path) -> list[str]:
-    import gguf  # only needed on this error path
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception:
-        return []
-    types = {t.tensor_type.name for t in reader.tensors}
-    return sorted(types - set(READABLE_TYPES))
-
-
-def gguf_config(metadata: dict, arrays: dict[str, mx.array]) -> dict:
-    """An mlx_lm/HF-style config from `{arch}.*` metadata."""
-    arch = _scalar(metadata, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(
-            f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}"
-        )
-    scaling = metadata.get(f"{arch}.rope.scaling.type")
+def check_supported(path: Path, reader, meta: Meta) -> Arch:
+    """Refuse, in one line, what cannot be loaded: the architecture or any tensor type."""
+    if meta.arch not in ARCHS:
+        raise ModelLoadError(f"{path}: GGUF architecture {meta.arch!r} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_ARCHS)}")
+    bad = sorted({t.tensor_type.name for t in reader.tensors} - set(SUPPORTED_TYPES))
+    if bad:
+        raise ModelLoadError(f"{path}: GGUF tensor types {', '.join(bad)} are not supported; "
+                             f"supported: {', '.join(SUPPORTED_TYPES)}")
+    scaling = meta.get(f"{meta.arch}.rope.scaling.type")
     if scaling not in (None, "none"):  # its parameters are not mapped; the model would be wrong
-        raise ModelLoadError(f"GGUF RoPE scaling {scaling!r} is not supported; supported: none")
-    hidden = _scalar(metadata, f"{arch}.embedding_length")
-    heads = _scalar(metadata, f"{arch}.attention.head_count")
-    config = {
-        "model_type": SUPPORTED_ARCHS[arch],
-        "hidden_size": hidden,
-        "num_hidden_layers": _scalar(metadata, f"{arch}.block_count"),
-        "intermediate_size": _scalar(metadata, f"{arch}.feed_forward_length"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": _scalar(metadata, f"{arch}.attention.head_count_kv", heads),
-        "head_dim": _scalar(metadata, f"{arch}.attention.key_length", hidden // heads),
-        "rms_norm_eps": _scalar(metadata, f"{arch}.attention.layer_norm_rms_epsilon"),
-        "rope_theta": _scalar(metadata, f"{arch}.rope.freq_base", 10000.0),
-        "max_position_embeddings": _scalar(metadata, f"{arch}.context_length"),
-        "vocab_size": arrays["token_embd.weight"].shape[0],
-        "tie_word_embeddings": "output.weight" not in arrays,
-    }
-    if "tokenizer.ggml.eos_token_id" in metadata:
-        config["eos_token_id"] = _scalar(metadata, "tokenizer.ggml.eos_token_id")
+        raise ModelLoadError(f"{path}: GGUF RoPE scaling {scaling!r} is not supported; supported: none")
+    return ARCHS[meta.arch]
+
+
+def gguf_config(meta: Meta, arch: Arch, tensors: dict[str, MlxTensor]) -> dict:
+    """An mlx_lm/HF-style config from the file's metadata."""
+    config = {"model_type": arch.model_type, **_dense_config(meta), **arch.extra_config(meta),
+              "vocab_size": tensors["token_embd.weight"].weight.shape[0],
+              "tie_word_embeddings": "output.weight" not in tensors}
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        config["eos_token_id"] = eos
     return config
 
 
-def gguf_weights(arrays: dict[str, mx.array], config: dict) -> dict[str, mx.array]:
-    weights = {mlx_name(k): v for k, v in arrays.items()}
-    if config["model_type"] == "llama":
-        heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
-        for k, v in weights.items():
-            proj = k.split(".")[-2]
-            if proj in heads:
-                weights[k] = unpermute_qk(v, heads[proj])
+def _read_tensors(path: Path, reader) -> dict[str, MlxTensor]:
+    out = {}
+    for t in reader.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))
+        try:
+            out[t.name] = convert(t.tensor_type, t.data, shape)
+        except UnsupportedTensorType as e:  # check_supported ran first; kept for safety
+            raise ModelLoadError(f"{path}: GGUF tensor type {e} is not supported") from e
+    return out
+
+
+def gguf_weights(tensors: dict[str, MlxTensor], config: dict, arch: Arch) -> dict[str, MlxTensor]:
+    weights = {mlx_name(k, arch): v for k, v in tensors.items()}
+    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    for k, t in weights.items():
+        proj = k.split(".")[-2]
+        if arch.permuted_qk and proj in heads:
+            n = heads[proj]
+            t.weight = unpermute_qk(t.weight, n)
+            t.scales = None if t.scales is None else unpermute_qk(t.scales, n)
+            t.biases = None if t.biases is None else unpermute_qk(t.biases, n)
+        if arch.norm_shift and k.endswith("norm.weight"):
+            t.weight = t.weight.astype(mx.float32) - arch.norm_shift
     return weights
 
 
-def _quantize_from_weights(model: nn.Module, weights: dict[str, mx.array]) -> Counter:
-    """Turn every module whose weight came packed (it has .scales) into its quantized twin."""
-    bits_seen: Counter = Counter()
+def _quantize_modules(model: nn.Module, weights: dict[str, MlxTensor]) -> dict:
+    """Turn every module whose weight came quantized into its quantized twin; returns the
+    mlx-lm style "quantization" config (per-module entries where they differ)."""
+    per_module = {k[: -len(".weight")]: t.quant for k, t in weights.items()
+                  if t.quant is not None and k.endswith(".weight")}
 
     def predicate(path: str, module: nn.Module):
-        if f"{path}.scales" not in weights or not hasattr(module, "to_quantized"):
-            return False
-        bits = weights[f"{path}.weight"].shape[-1] * 32 // module.weight.shape[-1]
-        bits_seen[bits] += 1
-        return {"group_size": 32, "bits": bits}
+        q = per_module.get(path)
+        return dict(q) if q is not None and hasattr(module, "to_quantized") else False
 
-    nn.quantize(model, group_size=32, bits=8, class_predicate=predicate)
-    return bits_seen
+    nn.quantize(model, class_predicate=predicate)
+    if not per_module:
+        return {}
+    common = Counter((q["group_size"], q["bits"], q["mode"]) for q in per_module.values())
+    (group, bits, mode), _ = common.most_common(1)[0]
+    return {"group_size": group, "bits": bits, "mode": mode, **per_module}
+
+
+def _flat(weights: dict[str, MlxTensor]) -> dict[str, mx.array]:
+    flat = {}
+    for k, t in weights.items():
+        flat[k] = t.weight
+        base = k[: -len(".weight")]
+        if t.scales is not None:
+            flat[f"{base}.scales"] = t.scales
+        if t.biases is not None:
+            flat[f"{base}.biases"] = t.biases
+    return flat
 
 
 def load_gguf(path: Path) -> tuple[nn.Module, dict]:
-    arrays, metadata = read_gguf(path)
-    config = gguf_config(metadata, arrays)
-    weights = gguf_weights(arrays, config)
-    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    model = arch.Model(arch.ModelArgs.from_dict(config))
-    weights = model.sanitize(weights)
-    bits = _quantize_from_weights(model, weights)
-    if bits:
-        config["quantization"] = {"group_size": 32, "bits": bits.most_common(1)[0][0]}
+    reader = _open(path)
+    meta = Meta(reader)
+    arch = check_supported(path, reader, meta)
+    tensors = _read_tensors(path, reader)
+    config = gguf_config(meta, arch, tensors)
+    weights = gguf_weights(tensors, config, arch)
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    quantization = _quantize_modules(model, weights)
+    if quantization:
+        config["quantization"] = quantization
+    flat = model.sanitize(_flat(weights))
     model.eval()
     try:
-        model.load_weights(list(weights.items()), strict=True)
+        model.load_weights(list(flat.items()), strict=True)
     except ValueError as e:
         raise ModelLoadError(f"{path}: tensors do not match the {config['model_type']} model: {e}") from e
     return model, config
+

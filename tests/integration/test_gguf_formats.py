@@ -1,0 +1,237 @@
+"""GGUF as published: every tensor type and architecture worker.gguf_loading reads.
+
+Block-level checks build blocks from known values (fixtures.gguf_blocks lays out K-quant fields
+byte by byte; gguf.quants.quantize cannot) and compare what the loader makes of them against
+`gguf.quants.dequantize`: bit-exact for the types converted without loss, within half a step of
+the MLX target format for the re-quantized ones. File-level checks write the tiny twins as GGUF
+(F32 twins must decode exactly as their MLX models; quantized ones must load every tensor as the
+file's own values and decode).
+"""
+
+from __future__ import annotations
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+
+from fixtures import gguf_blocks, gguf_writer, tiny_tokenizer
+from fixtures.tiny_models import make_weights, tiny_config
+from worker import gguf_loading
+from worker.gguf_tensors import LOSSLESS_TYPES, REQUANT_BITS, convert, dequantize_mlx
+from worker.model_loading import ModelLoadError, load_model
+
+RNG = np.random.default_rng(7)
+PROMPT = list(range(100, 140))
+
+
+def known_blocks(qtype: T, n: int) -> np.ndarray:
+    """n blocks' raw bytes from explicitly chosen fields (K-quants) or values (the rest)."""
+    r = RNG
+    if qtype == T.Q4_K or qtype == T.Q5_K:
+        pack = gguf_blocks.pack_q4_k if qtype == T.Q4_K else gguf_blocks.pack_q5_k
+        levels = 16 if qtype == T.Q4_K else 32
+        return pack(r.uniform(1e-3, 1e-2, n), r.uniform(1e-3, 1e-2, n), r.integers(0, 64, (n, 8)),
+                    r.integers(0, 64, (n, 8)), r.integers(0, levels, (n, 256)))
+    if qtype == T.Q6_K:
+        return gguf_blocks.pack_q6_k(r.uniform(1e-3, 1e-2, n), r.integers(-128, 128, (n, 16)),
+                                     r.integers(-32, 32, (n, 256)))
+    if qtype == T.Q3_K:
+        return gguf_blocks.pack_q3_k(r.uniform(1e-3, 1e-2, n), r.integers(-32, 32, (n, 16)),
+                                     r.integers(-4, 4, (n, 256)))
+    if qtype == T.Q2_K:
+        return gguf_blocks.pack_q2_k(r.uniform(1e-3, 1e-2, n), r.uniform(1e-3, 1e-2, n),
+                                     r.integers(0, 16, (n, 16)), r.integers(0, 16, (n, 16)),
+                                     r.integers(0, 4, (n, 256)))
+    values = r.normal(size=(n, gguf.GGML_QUANT_SIZES[qtype][0])).astype(np.float32)
+    return quantize(values, qtype)
+
+
+def test_k_quant_blocks_hold_the_fields_they_were_built_from():
+    """The block builders are right by construction, not only by agreeing with the loader."""
+    d, dmin = np.array([0.5]), np.array([0.25])
+    sc, mn = np.arange(8)[None] * 7 + 1, np.arange(8)[None] * 5
+    codes = (np.arange(256)[None] * 5) % 16
+    want = (d * sc)[:, :, None] * codes.reshape(1, 8, 32) - (dmin * mn)[:, :, None]
+    got = dequantize(gguf_blocks.pack_q4_k(d, dmin, sc, mn, codes), T.Q4_K)
+    np.testing.assert_array_equal(got.reshape(1, 8, 32), want)
+    scales, q = (np.arange(16)[None] - 8) * 3, (np.arange(256)[None] * 3) % 8 - 4
+    got = dequantize(gguf_blocks.pack_q3_k(d, scales, q), T.Q3_K)
+    np.testing.assert_array_equal(got, (0.5 * np.repeat(scales, 16, axis=1) * q))
+    q6 = (np.arange(256)[None] * 7) % 64 - 32
+    got = dequantize(gguf_blocks.pack_q6_k(d, scales, q6), T.Q6_K)
+    np.testing.assert_array_equal(got, (0.5 * np.repeat(scales, 16, axis=1) * q6))
+
+
+@pytest.mark.parametrize("name", LOSSLESS_TYPES)
+def test_lossless_types_convert_bit_exactly(name):
+    qtype = T[name]
+    rows, cols = 6, 512
+    raw = known_blocks(qtype, rows * cols // gguf.GGML_QUANT_SIZES[qtype][0]).reshape(rows, -1)
+    t = convert(qtype, raw, (rows, cols))
+    assert t.lossless and t.quant["group_size"] == 32
+    assert t.quant["mode"] == ("mxfp4" if name == "MXFP4" else "affine")
+    assert t.quant["bits"] == {"Q8_0": 8, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5}.get(name, 4)
+    np.testing.assert_array_equal(np.array(dequantize_mlx(t)), dequantize(raw, qtype))
+
+
+@pytest.mark.parametrize("name", sorted(REQUANT_BITS))
+def test_requantized_types_stay_within_half_a_step_of_the_target(name):
+    qtype, bits = T[name], REQUANT_BITS[name]
+    rows, cols = 6, 512
+    raw = known_blocks(qtype, rows * cols // 256).reshape(rows, -1)
+    t = convert(qtype, raw, (rows, cols))
+    assert not t.lossless and t.quant == {"group_size": 32, "bits": bits, "mode": "affine"}
+    ref = dequantize(raw, qtype).reshape(rows, -1, 32)
+    err = np.abs(np.array(dequantize_mlx(t)).reshape(rows, -1, 32) - ref).max(axis=-1)
+    half_step = (ref.max(axis=-1) - ref.min(axis=-1)) / (2 ** bits - 1) / 2
+    assert np.all(err <= half_step * 1.01 + 1e-7)
+    assert err.max() > 0  # 16-element sub-blocks really are not representable exactly
+
+
+def test_float_types_load_as_stored():
+    x = RNG.normal(size=(4, 64)).astype(np.float32)
+    assert np.array_equal(np.array(convert(T.F32, x, x.shape).weight), x)
+    f16 = convert(T.F16, x.astype(np.float16), x.shape).weight
+    assert f16.dtype == mx.float16 and np.array_equal(np.array(f16), x.astype(np.float16))
+    bf = convert(T.BF16, quantize(x, T.BF16), x.shape).weight
+    assert bf.dtype == mx.bfloat16
+    np.testing.assert_array_equal(np.array(bf.astype(mx.float32)), dequantize(quantize(x, T.BF16), T.BF16))
+
+
+# Architectures whose twins the tiny-model generator may not have yet: configs built here.
+def arch_config(model_type: str) -> dict:
+    ids = tiny_tokenizer.token_ids(tiny_tokenizer.tokenizer_files()["tokenizer.json"])
+    if model_type in ("qwen3", "qwen2", "llama"):
+        return tiny_config(model_type, ids)
+    config = tiny_config("qwen3", ids)
+    if model_type == "qwen3_moe":
+        config.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+                      decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    elif model_type == "gemma3_text":
+        config.update(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+                      sliding_window=64, sliding_window_pattern=6, rope_local_base_freq=10000.0,
+                      query_pre_attn_scalar=64, num_hidden_layers=6, rope_theta=1000000.0)
+    return config
+
+
+def write_twin(tmp_path, model_type: str, quant: str):
+    """(path of the GGUF file, the float32 weights it was written from, config)."""
+    config = arch_config(model_type)
+    weights = make_weights(config, seed=1)
+    files = tiny_tokenizer.tokenizer_files()
+    path = tmp_path / f"{model_type}-{quant}.gguf"
+    gguf_writer.write_gguf(path, config, weights, files["tokenizer.json"], "{{ messages }}", quant)
+    return path, weights, config
+
+
+def greedy(model, n=24):
+    return [int(t) for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=n)]
+
+
+def reference_model(config, weights):
+    import importlib
+
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    model.load_weights(list(model.sanitize(dict(weights)).items()), strict=True)
+    model.eval()
+    return model
+
+
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text")
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_f32_twin_of_each_arch_decodes_as_its_mlx_model(tmp_path, model_type):
+    path, weights, config = write_twin(tmp_path, model_type, "F32")
+    loaded = load_model(str(path))
+    assert loaded.model_type == model_type
+    assert greedy(loaded.model) == greedy(reference_model(config, weights))
+
+
+def file_values(path) -> dict[str, tuple[str, np.ndarray]]:
+    """tensor name -> (type, float values as gguf-py dequantizes them, numpy shape)."""
+    reader = gguf.GGUFReader(str(path))
+    out = {}
+    for t in reader.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))
+        out[t.name] = (t.tensor_type.name, dequantize(np.asarray(t.data), t.tensor_type).reshape(shape))
+    return out
+
+
+@pytest.mark.parametrize("model_type, quant", [
+    ("llama", "Q4_K_M"), ("qwen3", "Q5_K_M"), ("qwen3_moe", "Q4_K_M"), ("gemma3_text", "Q6_K"),
+    ("qwen2", "Q3_K"), ("qwen3", "Q2_K"), ("qwen3_moe", "MXFP4"), ("llama", "BF16"),
+])
+def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
+    """Every loaded weight dequantizes to the file's values (as gguf-py reads them): exactly for
+    lossless types, within half a step of the target format for re-quantized ones."""
+    path, _, config = write_twin(tmp_path, model_type, quant)
+    loaded = load_model(str(path))
+    params = dict(tree_flatten(loaded.model.parameters()))
+    arch = gguf_loading.ARCHS[gguf.GGUFReader(str(path)).get_field("general.architecture").contents()]
+    types = set()
+    for name, (kind, want) in file_values(path).items():
+        types.add(kind)
+        key = gguf_loading.mlx_name(name, arch)
+        base = key[: -len(".weight")]
+        if f"{base}.scales" in params:
+            q = loaded.config["quantization"][base]
+            got = mx.dequantize(params[key], params[f"{base}.scales"], params.get(f"{base}.biases"),
+                                group_size=q["group_size"], bits=q["bits"], mode=q["mode"])
+        else:
+            got = params[key]
+        got = np.array(got.astype(mx.float32))
+        if arch.permuted_qk and key.endswith(("q_proj.weight", "k_proj.weight")):
+            n = config["num_attention_heads" if "q_proj" in key else "num_key_value_heads"]
+            want = np.array(gguf_loading.unpermute_qk(mx.array(want), n))
+        if arch.norm_shift and key.endswith("norm.weight"):
+            want = want - arch.norm_shift
+        if kind in REQUANT_BITS:
+            g = want.reshape(-1, 32)
+            bound = (g.max(-1) - g.min(-1)) / (2 ** REQUANT_BITS[kind] - 1) / 2 * 1.01 + 1e-6
+            assert np.all(np.abs(got.reshape(-1, 32) - g).max(-1) <= bound), name
+        else:
+            np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=name)
+    expected = set(gguf_writer.QUANT_TYPES[quant]) | {"F32"}
+    assert expected <= types | {"F32"} and len(types) >= 2
+    tokens = greedy(loaded.model)
+    assert len(tokens) == 24 and len(set(tokens)) > 5
+
+
+def test_unsupported_arch_and_tensor_type_are_refused_in_one_line(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "mamba")
+    w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        step()
+    with pytest.raises(ModelLoadError, match=r"'mamba' is not supported; supported: llama, qwen2"):
+        load_model(str(tmp_path / "m.gguf"))
+    w = gguf.GGUFWriter(str(tmp_path / "iq.gguf"), "qwen3")
+    size = gguf.GGML_QUANT_SIZES[T.IQ4_XS][1]
+    w.add_tensor("token_embd.weight", np.zeros((4, size), np.uint8), raw_dtype=T.IQ4_XS)
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        step()
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(tmp_path / "iq.gguf"))
+    assert "\n" not in str(e.value)
+    assert "IQ4_XS are not supported; supported: F32, F16, BF16, Q8_0" in str(e.value)
+    assert "Q4_K, Q5_K, MXFP4, Q6_K, Q3_K, Q2_K" in str(e.value)
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_tensor_names_are_llama_cpps(model_type):
+    """Our GGUF names are the ones gguf-py's own map gives for the HF names (which mlx_lm's
+    parameter names are, stacked experts aside): the writer and loader cannot agree on a
+    private spelling."""
+    config = arch_config(model_type)
+    arch_name = gguf_loading.GGUF_ARCH_OF[model_type]
+    tensor_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch_name.upper()], config["num_hidden_layers"])
+    for name in make_weights(config, seed=0):
+        hf = name.rsplit(".", 1)[0].replace("mlp.switch_mlp.", "mlp.experts.")
+        assert tensor_map.get_name(hf) == gguf_loading.gguf_name(name, model_type).rsplit(".", 1)[0], name
