@@ -47,6 +47,13 @@ GEMMA3_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+GPT_OSS_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
 _SUFFIXES = ("weight", "bias")
 
 
@@ -110,6 +117,37 @@ def _gemma3_config(m: Meta) -> dict:
     }
 
 
+def _gpt_oss_config(m: Meta) -> dict:
+    layers = m.a("block_count")
+    return {
+        "num_local_experts": m.a("expert_count"),
+        "num_experts_per_tok": m.a("expert_used_count"),
+        "intermediate_size": m.a("expert_feed_forward_length"),
+        "sliding_window": m.a("attention.sliding_window"),
+        # llama.cpp's gpt-oss graph: even layers sliding, odd layers full (swa pattern 2)
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+    }
+
+
+def rope_scaling(m: Meta) -> dict | None:
+    """`{arch}.rope.scaling.*` -> mlx_lm's rope_scaling (HF's spelling), or a refusal."""
+    kind = m.get(f"{m.arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    factor = m.a("rope.scaling.factor")
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if kind == "yarn":
+        out = {"rope_type": "yarn", "factor": factor,
+               "original_max_position_embeddings": m.a("rope.scaling.original_context_length")}
+        for key in ("beta_fast", "beta_slow"):
+            value = m.get(f"{m.arch}.rope.scaling.yarn_{key}")
+            if value is not None:
+                out[key] = value
+        return out
+    raise ModelLoadError(f"GGUF RoPE scaling {kind!r} is not supported; supported: none, linear, yarn")
+
+
 @dataclass(frozen=True)
 class Arch:
     model_type: str
@@ -117,6 +155,7 @@ class Arch:
     extra_config: Callable[[Meta], dict] = lambda m: {}
     permuted_qk: bool = False  # llama.cpp's converter reorders q/k rows for interleaved RoPE
     norm_shift: float = 0.0  # the converter stores norm weights + this (Gemma's 1 + w)
+    params: dict = field(default_factory=dict)  # GGUF "x.weight" -> an mlx_lm parameter not named .weight
 
 
 # GGUF architecture -> how to build the mlx_lm model. Mistral's dense models are "llama" in GGUF.
@@ -126,6 +165,8 @@ ARCHS = {
     "qwen3": Arch("qwen3"),
     "qwen3moe": Arch("qwen3_moe", {**BLOCK_NAMES, **MOE_NAMES}, _moe_config),
     "gemma3": Arch("gemma3_text", {**BLOCK_NAMES, **GEMMA3_NAMES}, _gemma3_config, norm_shift=1.0),
+    "gpt-oss": Arch("gpt_oss", {**BLOCK_NAMES, **GPT_OSS_NAMES}, _gpt_oss_config,
+                    params={"attn_sinks.weight": "self_attn.sinks"}),
 }
 SUPPORTED_ARCHS = tuple(ARCHS)
 GGUF_ARCH_OF = {spec.model_type: name for name, spec in ARCHS.items()}  # model_type -> GGUF arch
@@ -137,8 +178,13 @@ def gguf_name(mlx_name: str, model_type: str = "qwen3") -> str:
     for gguf_mod, mlx_mod in GLOBAL_NAMES.items():
         if module == mlx_mod:
             return f"{gguf_mod}.{suffix}"
-    _, _, layer, rest = module.split(".", 3)  # model.layers.N.<rest>
-    inverse = {v: k for k, v in ARCHS[GGUF_ARCH_OF[model_type]].block_names.items()}
+    arch = ARCHS[GGUF_ARCH_OF[model_type]]
+    _, _, layer, rest = mlx_name.split(".", 3)  # model.layers.N.<rest>
+    params = {v: k for k, v in arch.params.items()}
+    if rest in params:
+        return f"blk.{layer}.{params[rest]}"
+    rest = rest.rsplit(".", 1)[0]
+    inverse = {v: k for k, v in arch.block_names.items()}
     if rest not in inverse:
         raise KeyError(f"no GGUF name for {mlx_name}")
     return f"blk.{layer}.{inverse[rest]}.{suffix}"
@@ -147,6 +193,9 @@ def gguf_name(mlx_name: str, model_type: str = "qwen3") -> str:
 def mlx_name(name: str, arch: Arch = ARCHS["qwen3"]) -> str:
     """GGUF tensor name -> mlx_lm parameter name; unknown tensors are an error, not dropped,
     because silently ignoring one (say llama3's rope_freqs) would give a subtly wrong model."""
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in arch.params:
+        return f"model.layers.{parts[1]}.{arch.params[parts[2]]}"
     module, suffix = name.rsplit(".", 1)
     if suffix in _SUFFIXES:
         if module in GLOBAL_NAMES:
@@ -187,9 +236,10 @@ def check_supported(path: Path, reader, meta: Meta) -> Arch:
     if bad:
         raise ModelLoadError(f"{path}: GGUF tensor types {', '.join(bad)} are not supported; "
                              f"supported: {', '.join(SUPPORTED_TYPES)}")
-    scaling = meta.get(f"{meta.arch}.rope.scaling.type")
-    if scaling not in (None, "none"):  # its parameters are not mapped; the model would be wrong
-        raise ModelLoadError(f"{path}: GGUF RoPE scaling {scaling!r} is not supported; supported: none")
+    try:
+        rope_scaling(meta)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
     return ARCHS[meta.arch]
 
 
@@ -197,7 +247,7 @@ def gguf_config(meta: Meta, arch: Arch, tensors: dict[str, MlxTensor]) -> dict:
     """An mlx_lm/HF-style config from the file's metadata."""
     config = {"model_type": arch.model_type, **_dense_config(meta), **arch.extra_config(meta),
               "vocab_size": tensors["token_embd.weight"].weight.shape[0],
-              "tie_word_embeddings": "output.weight" not in tensors}
+              "tie_word_embeddings": "output.weight" not in tensors, "rope_scaling": rope_scaling(meta)}
     eos = meta.get("tokenizer.ggml.eos_token_id")
     if eos is not None:
         config["eos_token_id"] = eos

@@ -117,6 +117,11 @@ def arch_config(model_type: str) -> dict:
         config.update(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
                       sliding_window=64, sliding_window_pattern=6, rope_local_base_freq=10000.0,
                       query_pre_attn_scalar=64, num_hidden_layers=6, rope_theta=1000000.0)
+    elif model_type == "gpt_oss":
+        config.update(model_type="gpt_oss", architectures=["GptOssForCausalLM"],
+                      num_local_experts=4, num_experts_per_tok=2, intermediate_size=256,
+                      sliding_window=128, rope_theta=150000.0, tie_word_embeddings=False,
+                      layer_types=["sliding_attention", "full_attention"] * 2)
     return config
 
 
@@ -144,7 +149,7 @@ def reference_model(config, weights):
     return model
 
 
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss")
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -168,6 +173,7 @@ def file_values(path) -> dict[str, tuple[str, np.ndarray]]:
 @pytest.mark.parametrize("model_type, quant", [
     ("llama", "Q4_K_M"), ("qwen3", "Q5_K_M"), ("qwen3_moe", "Q4_K_M"), ("gemma3_text", "Q6_K"),
     ("qwen2", "Q3_K"), ("qwen3", "Q2_K"), ("qwen3_moe", "MXFP4"), ("llama", "BF16"),
+    ("gpt_oss", "MXFP4"), ("gpt_oss", "Q4_K_M"),
 ])
 def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
     """Every loaded weight dequantizes to the file's values (as gguf-py reads them): exactly for
@@ -231,7 +237,11 @@ def test_tensor_names_are_llama_cpps(model_type):
     private spelling."""
     config = arch_config(model_type)
     arch_name = gguf_loading.GGUF_ARCH_OF[model_type]
-    tensor_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch_name.upper()], config["num_hidden_layers"])
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch_name]
+    tensor_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     for name in make_weights(config, seed=0):
-        hf = name.rsplit(".", 1)[0].replace("mlp.switch_mlp.", "mlp.experts.")
-        assert tensor_map.get_name(hf) == gguf_loading.gguf_name(name, model_type).rsplit(".", 1)[0], name
+        hf = name.replace("mlp.switch_mlp.", "mlp.experts.")
+        if hf.endswith((".weight", ".bias")):
+            hf = hf.rsplit(".", 1)[0]
+        ours = gguf_loading.gguf_name(name, model_type).rsplit(".", 1)[0]  # llama.cpp adds .weight
+        assert tensor_map.get_name(hf) == ours, name
