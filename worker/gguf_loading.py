@@ -54,6 +54,12 @@ GPT_OSS_NAMES = {
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
 }
+GLM4_MOE_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+}
 _SUFFIXES = ("weight", "bias")
 
 
@@ -129,6 +135,25 @@ def _gpt_oss_config(m: Meta) -> dict:
     }
 
 
+def _glm4_moe_config(m: Meta) -> dict:
+    head_dim = m.a("attention.key_length")
+    nextn = m.a("nextn_predict_layers", 0)
+    return {
+        # block_count includes the multi-token-prediction layers, which mlx_lm does not run
+        "num_hidden_layers": m.a("block_count") - nextn,
+        "n_routed_experts": m.a("expert_count"),
+        "num_experts_per_tok": m.a("expert_used_count"),
+        "n_shared_experts": m.a("expert_shared_count"),
+        "moe_intermediate_size": m.a("expert_feed_forward_length"),
+        "first_k_dense_replace": m.a("leading_dense_block_count"),
+        "routed_scaling_factor": m.a("expert_weights_scale", 1.0),
+        "norm_topk_prob": bool(m.a("expert_weights_norm", True)),
+        "n_group": m.a("expert_group_count", 1),
+        "topk_group": m.a("expert_group_used_count", 1),
+        "partial_rotary_factor": m.a("rope.dimension_count", head_dim) / head_dim,
+    }
+
+
 def rope_scaling(m: Meta) -> dict | None:
     """`{arch}.rope.scaling.*` -> mlx_lm's rope_scaling (HF's spelling), or a refusal."""
     kind = m.get(f"{m.arch}.rope.scaling.type")
@@ -165,6 +190,8 @@ ARCHS = {
     "qwen3": Arch("qwen3"),
     "qwen3moe": Arch("qwen3_moe", {**BLOCK_NAMES, **MOE_NAMES}, _moe_config),
     "gemma3": Arch("gemma3_text", {**BLOCK_NAMES, **GEMMA3_NAMES}, _gemma3_config, norm_shift=1.0),
+    "glm4moe": Arch("glm4_moe", {**BLOCK_NAMES, **MOE_NAMES, **GLM4_MOE_NAMES}, _glm4_moe_config,
+                    params={"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}),
     "gpt-oss": Arch("gpt_oss", {**BLOCK_NAMES, **GPT_OSS_NAMES}, _gpt_oss_config,
                     params={"attn_sinks.weight": "self_attn.sinks"}),
 }
@@ -247,7 +274,9 @@ def gguf_config(meta: Meta, arch: Arch, tensors: dict[str, MlxTensor]) -> dict:
     """An mlx_lm/HF-style config from the file's metadata."""
     config = {"model_type": arch.model_type, **_dense_config(meta), **arch.extra_config(meta),
               "vocab_size": tensors["token_embd.weight"].weight.shape[0],
-              "tie_word_embeddings": "output.weight" not in tensors, "rope_scaling": rope_scaling(meta)}
+              "tie_word_embeddings": "output.weight" not in tensors, "rope_scaling": rope_scaling(meta),
+              "attention_bias": "blk.0.attn_q.bias" in tensors,
+              "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors}
     eos = meta.get("tokenizer.ggml.eos_token_id")
     if eos is not None:
         config["eos_token_id"] = eos
@@ -266,7 +295,9 @@ def _read_tensors(path: Path, reader) -> dict[str, MlxTensor]:
 
 
 def gguf_weights(tensors: dict[str, MlxTensor], config: dict, arch: Arch) -> dict[str, MlxTensor]:
-    weights = {mlx_name(k, arch): v for k, v in tensors.items()}
+    n_layers = config["num_hidden_layers"]
+    weights = {mlx_name(k, arch): v for k, v in tensors.items()
+               if not (k.startswith("blk.") and int(k.split(".")[1]) >= n_layers)}
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     for k, t in weights.items():
         proj = k.split(".")[-2]

@@ -104,11 +104,11 @@ def test_float_types_load_as_stored():
 
 
 # Architectures whose twins the tiny-model generator may not have yet: configs built here.
-def arch_config(model_type: str) -> dict:
+def arch_config(model_type: str, **sizes) -> dict:
     ids = tiny_tokenizer.token_ids(tiny_tokenizer.tokenizer_files()["tokenizer.json"])
     if model_type in ("qwen3", "qwen2", "llama"):
-        return tiny_config(model_type, ids)
-    config = tiny_config("qwen3", ids)
+        return tiny_config(model_type, ids, **sizes)
+    config = tiny_config("qwen3", ids, **sizes)
     if model_type == "qwen3_moe":
         config.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
                       num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
@@ -117,17 +117,24 @@ def arch_config(model_type: str) -> dict:
         config.update(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
                       sliding_window=64, sliding_window_pattern=6, rope_local_base_freq=10000.0,
                       query_pre_attn_scalar=64, num_hidden_layers=6, rope_theta=1000000.0)
+    elif model_type == "glm4_moe":
+        config.update(model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"],
+                      n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                      moe_intermediate_size=256, first_k_dense_replace=1, n_group=1,
+                      topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
+                      use_qk_norm=True, attention_bias=True, partial_rotary_factor=0.5,
+                      rope_scaling=None, tie_word_embeddings=False)
     elif model_type == "gpt_oss":
         config.update(model_type="gpt_oss", architectures=["GptOssForCausalLM"],
                       num_local_experts=4, num_experts_per_tok=2, intermediate_size=256,
                       sliding_window=128, rope_theta=150000.0, tie_word_embeddings=False,
-                      layer_types=["sliding_attention", "full_attention"] * 2)
+                      layer_types=["sliding_attention", "full_attention"] * (config["num_hidden_layers"] // 2))
     return config
 
 
-def write_twin(tmp_path, model_type: str, quant: str):
+def write_twin(tmp_path, model_type: str, quant: str, **sizes):
     """(path of the GGUF file, the float32 weights it was written from, config)."""
-    config = arch_config(model_type)
+    config = arch_config(model_type, **sizes)
     weights = make_weights(config, seed=1)
     files = tiny_tokenizer.tokenizer_files()
     path = tmp_path / f"{model_type}-{quant}.gguf"
@@ -149,7 +156,7 @@ def reference_model(config, weights):
     return model
 
 
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "glm4_moe")
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -173,12 +180,14 @@ def file_values(path) -> dict[str, tuple[str, np.ndarray]]:
 @pytest.mark.parametrize("model_type, quant", [
     ("llama", "Q4_K_M"), ("qwen3", "Q5_K_M"), ("qwen3_moe", "Q4_K_M"), ("gemma3_text", "Q6_K"),
     ("qwen2", "Q3_K"), ("qwen3", "Q2_K"), ("qwen3_moe", "MXFP4"), ("llama", "BF16"),
-    ("gpt_oss", "MXFP4"), ("gpt_oss", "Q4_K_M"),
+    ("gpt_oss", "MXFP4"), ("gpt_oss", "Q4_K_M"), ("glm4_moe", "Q4_K_M"),
 ])
 def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
     """Every loaded weight dequantizes to the file's values (as gguf-py reads them): exactly for
     lossless types, within half a step of the target format for re-quantized ones."""
-    path, _, config = write_twin(tmp_path, model_type, quant)
+    # two layers (gemma3's six: its first global layer is the sixth): the checks are per tensor
+    path, _, config = write_twin(tmp_path, model_type, quant,
+                                 layers=6 if model_type == "gemma3_text" else 2)
     loaded = load_model(str(path))
     params = dict(tree_flatten(loaded.model.parameters()))
     arch = gguf_loading.ARCHS[gguf.GGUFReader(str(path)).get_field("general.architecture").contents()]
@@ -241,6 +250,7 @@ def test_tensor_names_are_llama_cpps(model_type):
     tensor_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     for name in make_weights(config, seed=0):
         hf = name.replace("mlp.switch_mlp.", "mlp.experts.")
+        hf = hf.replace("e_score_correction_bias", "e_score_correction.bias")  # as the converter
         if hf.endswith((".weight", ".bias")):
             hf = hf.rsplit(".", 1)[0]
         ours = gguf_loading.gguf_name(name, model_type).rsplit(".", 1)[0]  # llama.cpp adds .weight
