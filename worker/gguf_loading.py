@@ -18,7 +18,8 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.gguf_tensors import SUPPORTED_TYPES, MlxTensor, UnsupportedTensorType, convert
+from worker.gguf_tensors import (SUPPORTED_TYPES, MlxTensor, UnsupportedTensorType, convert,
+                                 dequantize_mlx)
 from worker.model_loading import ModelLoadError
 
 # llama.cpp tensor names -> mlx_lm module paths (inverse of gguf.get_tensor_name_map).
@@ -59,6 +60,20 @@ GLM4_MOE_NAMES = {
     "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
     "ffn_up_shexp": "mlp.shared_experts.up_proj",
     "ffn_down_shexp": "mlp.shared_experts.down_proj",
+}
+QWEN3NEXT_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_ba": "linear_attn.in_proj_ba",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+    # llama.cpp splits in_proj_qkvz into these two; qwen3next_to_mlx joins them back
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
 }
 _SUFFIXES = ("weight", "bias")
 
@@ -154,6 +169,60 @@ def _glm4_moe_config(m: Meta) -> dict:
     }
 
 
+def _qwen3next_config(m: Meta) -> dict:
+    head_dim = m.a("attention.key_length")
+    value_heads = m.a("ssm.time_step_rank")
+    return {
+        "num_experts": m.a("expert_count"),
+        "num_experts_per_tok": m.a("expert_used_count"),
+        "moe_intermediate_size": m.a("expert_feed_forward_length"),
+        "shared_expert_intermediate_size": m.a("expert_shared_feed_forward_length"),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "full_attention_interval": m.a("full_attention_interval", 4),
+        "partial_rotary_factor": m.a("rope.dimension_count", head_dim) / head_dim,
+        "linear_conv_kernel_dim": m.a("ssm.conv_kernel"),
+        "linear_key_head_dim": m.a("ssm.state_size"),
+        "linear_num_key_heads": m.a("ssm.group_count"),
+        "linear_num_value_heads": value_heads,
+        "linear_value_head_dim": m.a("ssm.inner_size") // value_heads,
+    }
+
+
+def qkvz_rows(config: dict) -> mx.array:
+    """Row order that turns llama.cpp's [q all heads; k ...; v ...; z ...] (attn_qkv stacked on
+    attn_gate) back into Qwen3-Next's in_proj_qkvz, grouped per key head [q_h, k_h, v_h, z_h]."""
+    nk, dk = config["linear_num_key_heads"], config["linear_key_head_dim"]
+    vh = config["linear_num_value_heads"] // nk * config["linear_value_head_dim"]
+    starts = (0, nk * dk, 2 * nk * dk, 2 * nk * dk + nk * vh)
+    rows = []
+    for h in range(nk):
+        for start, size in zip(starts, (dk, dk, vh, vh)):
+            rows.extend(range(start + h * size, start + (h + 1) * size))
+    return mx.array(rows)
+
+
+def _qwen3next_to_mlx(weights: dict[str, MlxTensor], config: dict) -> None:
+    """Undo llama.cpp's Qwen3-Next converter: A_log was stored as -exp(A_log), the conv kernel
+    squeezed, in_proj_qkvz split in two (its norms are stored as mlx_lm keeps them, 1 + w)."""
+    rows = qkvz_rows(config)
+    for qkv_key in [k for k in weights if k.endswith("linear_attn.in_proj_qkv.weight")]:
+        base = qkv_key[: -len("in_proj_qkv.weight")]
+        qkv, z = weights.pop(qkv_key), weights.pop(f"{base}in_proj_z.weight")
+        if qkv.quant != z.quant:  # differently quantized halves: join them as floats
+            qkv, z = MlxTensor(dequantize_mlx(qkv)), MlxTensor(dequantize_mlx(z))
+        join = lambda a, b: None if a is None else mx.concatenate([a, b])[rows]  # noqa: E731
+        weights[f"{base}in_proj_qkvz.weight"] = MlxTensor(
+            join(qkv.weight, z.weight), join(qkv.scales, z.scales), join(qkv.biases, z.biases),
+            qkv.quant, qkv.lossless and z.lossless)
+    for k, t in weights.items():
+        if k.endswith("linear_attn.A_log"):
+            t.weight = mx.log(-t.weight.astype(mx.float32))
+        elif k.endswith("linear_attn.conv1d.weight"):
+            t.weight = t.weight[..., None]  # [channels, kernel] -> mlx's [channels, kernel, 1]
+
+
 def rope_scaling(m: Meta) -> dict | None:
     """`{arch}.rope.scaling.*` -> mlx_lm's rope_scaling (HF's spelling), or a refusal."""
     kind = m.get(f"{m.arch}.rope.scaling.type")
@@ -181,6 +250,7 @@ class Arch:
     permuted_qk: bool = False  # llama.cpp's converter reorders q/k rows for interleaved RoPE
     norm_shift: float = 0.0  # the converter stores norm weights + this (Gemma's 1 + w)
     params: dict = field(default_factory=dict)  # GGUF "x.weight" -> an mlx_lm parameter not named .weight
+    to_mlx: Callable[[dict, dict], None] | None = None  # undoes the converter's other transforms
 
 
 # GGUF architecture -> how to build the mlx_lm model. Mistral's dense models are "llama" in GGUF.
@@ -192,6 +262,9 @@ ARCHS = {
     "gemma3": Arch("gemma3_text", {**BLOCK_NAMES, **GEMMA3_NAMES}, _gemma3_config, norm_shift=1.0),
     "glm4moe": Arch("glm4_moe", {**BLOCK_NAMES, **MOE_NAMES, **GLM4_MOE_NAMES}, _glm4_moe_config,
                     params={"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}),
+    "qwen3next": Arch("qwen3_next", {**BLOCK_NAMES, **MOE_NAMES, **QWEN3NEXT_NAMES},
+                      _qwen3next_config, to_mlx=_qwen3next_to_mlx,
+                      params={"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}),
     "gpt-oss": Arch("gpt_oss", {**BLOCK_NAMES, **GPT_OSS_NAMES}, _gpt_oss_config,
                     params={"attn_sinks.weight": "self_attn.sinks"}),
 }
@@ -308,6 +381,8 @@ def gguf_weights(tensors: dict[str, MlxTensor], config: dict, arch: Arch) -> dic
             t.biases = None if t.biases is None else unpermute_qk(t.biases, n)
         if arch.norm_shift and k.endswith("norm.weight"):
             t.weight = t.weight.astype(mx.float32) - arch.norm_shift
+    if arch.to_mlx is not None:
+        arch.to_mlx(weights, config)
     return weights
 
 

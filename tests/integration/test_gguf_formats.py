@@ -22,7 +22,7 @@ from mlx_lm.generate import generate_step
 from fixtures import gguf_blocks, gguf_writer, tiny_tokenizer
 from fixtures.tiny_models import make_weights, tiny_config
 from worker import gguf_loading
-from worker.gguf_tensors import LOSSLESS_TYPES, REQUANT_BITS, convert, dequantize_mlx
+from worker.gguf_tensors import LOSSLESS_TYPES, REQUANT_BITS, MlxTensor, convert, dequantize_mlx
 from worker.model_loading import ModelLoadError, load_model
 
 RNG = np.random.default_rng(7)
@@ -106,7 +106,7 @@ def test_float_types_load_as_stored():
 # Architectures whose twins the tiny-model generator may not have yet: configs built here.
 def arch_config(model_type: str, **sizes) -> dict:
     ids = tiny_tokenizer.token_ids(tiny_tokenizer.tokenizer_files()["tokenizer.json"])
-    if model_type in ("qwen3", "qwen2", "llama"):
+    if model_type in ("qwen3", "qwen2", "llama", "qwen3_next"):
         return tiny_config(model_type, ids, **sizes)
     config = tiny_config("qwen3", ids, **sizes)
     if model_type == "qwen3_moe":
@@ -156,7 +156,7 @@ def reference_model(config, weights):
     return model
 
 
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "glm4_moe")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "glm4_moe", "qwen3_next")
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -180,21 +180,25 @@ def file_values(path) -> dict[str, tuple[str, np.ndarray]]:
 @pytest.mark.parametrize("model_type, quant", [
     ("llama", "Q4_K_M"), ("qwen3", "Q5_K_M"), ("qwen3_moe", "Q4_K_M"), ("gemma3_text", "Q6_K"),
     ("qwen2", "Q3_K"), ("qwen3", "Q2_K"), ("qwen3_moe", "MXFP4"), ("llama", "BF16"),
-    ("gpt_oss", "MXFP4"), ("gpt_oss", "Q4_K_M"), ("glm4_moe", "Q4_K_M"),
+    ("gpt_oss", "MXFP4"), ("gpt_oss", "Q4_K_M"), ("glm4_moe", "Q4_K_M"), ("qwen3_next", "Q4_K_M"),
 ])
 def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
     """Every loaded weight dequantizes to the file's values (as gguf-py reads them): exactly for
     lossless types, within half a step of the target format for re-quantized ones."""
-    # two layers (gemma3's six: its first global layer is the sixth): the checks are per tensor
-    path, _, config = write_twin(tmp_path, model_type, quant,
-                                 layers=6 if model_type == "gemma3_text" else 2)
+    # two layers (gemma3's six: its first global layer is the sixth; qwen3_next's four: its
+    # first attention layer is the fourth): the checks are per tensor
+    layers = {"gemma3_text": 6, "qwen3_next": 4}.get(model_type, 2)
+    path, _, config = write_twin(tmp_path, model_type, quant, layers=layers)
     loaded = load_model(str(path))
     params = dict(tree_flatten(loaded.model.parameters()))
     arch = gguf_loading.ARCHS[gguf.GGUFReader(str(path)).get_field("general.architecture").contents()]
-    types = set()
-    for name, (kind, want) in file_values(path).items():
-        types.add(kind)
-        key = gguf_loading.mlx_name(name, arch)
+    values = file_values(path)
+    types = {gguf_loading.mlx_name(name, arch): kind for name, (kind, _) in values.items()}
+    # The file's values, put through the loader's renames and converter inverses as floats.
+    want_all = gguf_loading.gguf_weights(
+        {name: MlxTensor(mx.array(v)) for name, (_, v) in values.items()}, loaded.config, arch)
+    for key, ref in want_all.items():
+        kind = types.get(key) or types[key.replace("in_proj_qkvz", "in_proj_qkv")]
         base = key[: -len(".weight")]
         if f"{base}.scales" in params:
             q = loaded.config["quantization"][base]
@@ -202,18 +206,15 @@ def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
                                 group_size=q["group_size"], bits=q["bits"], mode=q["mode"])
         else:
             got = params[key]
-        got = np.array(got.astype(mx.float32))
-        if arch.permuted_qk and key.endswith(("q_proj.weight", "k_proj.weight")):
-            n = config["num_attention_heads" if "q_proj" in key else "num_key_value_heads"]
-            want = np.array(gguf_loading.unpermute_qk(mx.array(want), n))
-        if arch.norm_shift and key.endswith("norm.weight"):
-            want = want - arch.norm_shift
+        got, want = np.array(got.astype(mx.float32)), np.array(ref.weight.astype(mx.float32))
         if kind in REQUANT_BITS:
             g = want.reshape(-1, 32)
             bound = (g.max(-1) - g.min(-1)) / (2 ** REQUANT_BITS[kind] - 1) / 2 * 1.01 + 1e-6
-            assert np.all(np.abs(got.reshape(-1, 32) - g).max(-1) <= bound), name
+            assert np.all(np.abs(got.reshape(-1, 32) - g).max(-1) <= bound), key
         else:
-            np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=name)
+            np.testing.assert_array_equal(got, want, err_msg=key)
+    assert set(want_all) == {k for k in params if not k.endswith((".scales", ".biases"))}
+    types = set(types.values())
     expected = set(gguf_writer.QUANT_TYPES[quant]) | {"F32"}
     assert expected <= types | {"F32"} and len(types) >= 2
     tokens = greedy(loaded.model)
@@ -248,10 +249,19 @@ def test_tensor_names_are_llama_cpps(model_type):
     arch_name = gguf_loading.GGUF_ARCH_OF[model_type]
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch_name]
     tensor_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
-    for name in make_weights(config, seed=0):
+    for name in gguf_writer._converter_tensors(make_weights(config, seed=0), config):
         hf = name.replace("mlp.switch_mlp.", "mlp.experts.")
-        hf = hf.replace("e_score_correction_bias", "e_score_correction.bias")  # as the converter
+        # spelled as the converter renames them before looking them up
+        hf = hf.replace("e_score_correction_bias", "e_score_correction.bias").replace(
+            "dt_bias", "dt_proj.bias")
+        if hf.endswith(("in_proj_qkv.weight", "in_proj_z.weight")):  # named by the converter
+            layer = name.split(".")[2]
+            known = {gguf.TENSOR_NAMES[t].format(bid=layer) for t in gguf.MODEL_TENSORS[arch]}
+            assert gguf_loading.gguf_name(name, model_type).rsplit(".", 1)[0] in known, name
+            continue
         if hf.endswith((".weight", ".bias")):
             hf = hf.rsplit(".", 1)[0]
-        ours = gguf_loading.gguf_name(name, model_type).rsplit(".", 1)[0]  # llama.cpp adds .weight
+        ours = gguf_loading.gguf_name(name, model_type)
+        if ours.endswith((".weight", ".bias")):  # llama.cpp's tn(..., "weight") adds these
+            ours = ours.rsplit(".", 1)[0]
         assert tensor_map.get_name(hf) == ours, name
