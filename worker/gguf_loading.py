@@ -75,6 +75,22 @@ QWEN3NEXT_NAMES = {
     "attn_qkv": "linear_attn.in_proj_qkv",
     "attn_gate": "linear_attn.in_proj_z",
 }
+DEEPSEEK2_NAMES = {
+    "attn_q": "self_attn.q_proj",  # without a q LoRA (V2-Lite)
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    # MLA's kv_b_proj, split per head by the converter exactly as mlx_lm splits it; older
+    # files carry it whole, and mlx_lm's sanitize splits it
+    "attn_k_b": "self_attn.embed_q",
+    "attn_v_b": "self_attn.unembed_out",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+}
 _SUFFIXES = ("weight", "bias")
 
 
@@ -223,6 +239,35 @@ def _qwen3next_to_mlx(weights: dict[str, MlxTensor], config: dict) -> None:
             t.weight = t.weight[..., None]  # [channels, kernel] -> mlx's [channels, kernel, 1]
 
 
+def _deepseek2_config(m: Meta) -> dict:
+    rope_dim = m.a("rope.dimension_count")
+    # Files since llama.cpp's MLA rework give the per-head sizes as key/value_length_mla
+    # (key/value_length then describe the compressed cache); older ones as key/value_length.
+    key_length = m.a("attention.key_length_mla", 0) or m.a("attention.key_length")
+    value_length = m.a("attention.value_length_mla", 0) or m.a("attention.value_length")
+    heads = m.a("attention.head_count")
+    return {
+        "num_key_value_heads": heads,
+        "q_lora_rank": m.a("attention.q_lora_rank", 0) or None,
+        "kv_lora_rank": m.a("attention.kv_lora_rank"),
+        "qk_rope_head_dim": rope_dim,
+        "qk_nope_head_dim": key_length - rope_dim,
+        "v_head_dim": value_length,
+        "n_routed_experts": m.a("expert_count"),
+        "num_experts_per_tok": m.a("expert_used_count"),
+        "n_shared_experts": m.a("expert_shared_count"),
+        "moe_intermediate_size": m.a("expert_feed_forward_length"),
+        "first_k_dense_replace": m.a("leading_dense_block_count"),
+        "routed_scaling_factor": m.a("expert_weights_scale", 1.0),
+        "norm_topk_prob": bool(m.a("expert_weights_norm", False)),
+        "n_group": m.a("expert_group_count", 1),
+        "topk_group": m.a("expert_group_used_count", 1),
+        # gating 1 = softmax (V2), 2 = sigmoid (V3)
+        "scoring_func": "sigmoid" if m.a("expert_gating_func", 1) == 2 else "softmax",
+        "topk_method": "noaux_tc" if m.a("expert_gating_func", 1) == 2 else "greedy",
+    }
+
+
 def rope_scaling(m: Meta) -> dict | None:
     """`{arch}.rope.scaling.*` -> mlx_lm's rope_scaling (HF's spelling), or a refusal."""
     kind = m.get(f"{m.arch}.rope.scaling.type")
@@ -238,6 +283,9 @@ def rope_scaling(m: Meta) -> dict | None:
             value = m.get(f"{m.arch}.rope.scaling.yarn_{key}")
             if value is not None:
                 out[key] = value
+        log_mul = m.get(f"{m.arch}.rope.scaling.yarn_log_multiplier")
+        if log_mul:  # the converter writes 0.1 * mscale_all_dim (DeepSeek)
+            out["mscale"] = out["mscale_all_dim"] = log_mul / 0.1
         return out
     raise ModelLoadError(f"GGUF RoPE scaling {kind!r} is not supported; supported: none, linear, yarn")
 
@@ -265,6 +313,9 @@ ARCHS = {
     "qwen3next": Arch("qwen3_next", {**BLOCK_NAMES, **MOE_NAMES, **QWEN3NEXT_NAMES},
                       _qwen3next_config, to_mlx=_qwen3next_to_mlx,
                       params={"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}),
+    "deepseek2": Arch("deepseek_v3", {**BLOCK_NAMES, **MOE_NAMES, **DEEPSEEK2_NAMES},
+                      _deepseek2_config,
+                      params={"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}),
     "gpt-oss": Arch("gpt_oss", {**BLOCK_NAMES, **GPT_OSS_NAMES}, _gpt_oss_config,
                     params={"attn_sinks.weight": "self_attn.sinks"}),
 }
@@ -389,6 +440,10 @@ def gguf_weights(tensors: dict[str, MlxTensor], config: dict, arch: Arch) -> dic
 def _quantize_modules(model: nn.Module, weights: dict[str, MlxTensor]) -> dict:
     """Turn every module whose weight came quantized into its quantized twin; returns the
     mlx-lm style "quantization" config (per-module entries where they differ)."""
+    modules = dict(model.named_modules())
+    for k, t in weights.items():  # no quantized twin for this module (or none at all): floats
+        if t.quant is not None and not hasattr(modules.get(k[: -len(".weight")]), "to_quantized"):
+            weights[k] = MlxTensor(dequantize_mlx(t))
     per_module = {k[: -len(".weight")]: t.quant for k, t in weights.items()
                   if t.quant is not None and k.endswith(".weight")}
 

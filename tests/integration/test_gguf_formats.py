@@ -124,6 +124,13 @@ def arch_config(model_type: str, **sizes) -> dict:
                       topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
                       use_qk_norm=True, attention_bias=True, partial_rotary_factor=0.5,
                       rope_scaling=None, tie_word_embeddings=False)
+    elif model_type == "deepseek_v3":
+        config.update(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
+                      num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                      n_shared_experts=1, moe_intermediate_size=256, first_k_dense_replace=1,
+                      kv_lora_rank=64, q_lora_rank=128, qk_rope_head_dim=32,
+                      qk_nope_head_dim=64, v_head_dim=64, n_group=1, topk_group=1,
+                      routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False)
     elif model_type == "gpt_oss":
         config.update(model_type="gpt_oss", architectures=["GptOssForCausalLM"],
                       num_local_experts=4, num_experts_per_tok=2, intermediate_size=256,
@@ -156,7 +163,8 @@ def reference_model(config, weights):
     return model
 
 
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "glm4_moe", "qwen3_next")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "glm4_moe", "qwen3_next",
+         "deepseek_v3")
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -181,6 +189,7 @@ def file_values(path) -> dict[str, tuple[str, np.ndarray]]:
     ("llama", "Q4_K_M"), ("qwen3", "Q5_K_M"), ("qwen3_moe", "Q4_K_M"), ("gemma3_text", "Q6_K"),
     ("qwen2", "Q3_K"), ("qwen3", "Q2_K"), ("qwen3_moe", "MXFP4"), ("llama", "BF16"),
     ("gpt_oss", "MXFP4"), ("gpt_oss", "Q4_K_M"), ("glm4_moe", "Q4_K_M"), ("qwen3_next", "Q4_K_M"),
+    ("deepseek_v3", "Q4_K_M"),
 ])
 def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
     """Every loaded weight dequantizes to the file's values (as gguf-py reads them): exactly for
@@ -253,7 +262,8 @@ def test_tensor_names_are_llama_cpps(model_type):
         hf = name.replace("mlp.switch_mlp.", "mlp.experts.")
         # spelled as the converter renames them before looking them up
         hf = hf.replace("e_score_correction_bias", "e_score_correction.bias").replace(
-            "dt_bias", "dt_proj.bias")
+            "dt_bias", "dt_proj.bias").replace("self_attn.embed_q", "self_attn.k_b_proj").replace(
+            "self_attn.unembed_out", "self_attn.v_b_proj")
         if hf.endswith(("in_proj_qkv.weight", "in_proj_z.weight")):  # named by the converter
             layer = name.split(".")[2]
             known = {gguf.TENSOR_NAMES[t].format(bid=layer) for t in gguf.MODEL_TENSORS[arch]}
