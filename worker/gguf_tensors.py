@@ -61,7 +61,10 @@ def convert(qtype: T, data: np.ndarray, shape: tuple[int, ...]) -> MlxTensor:
         return _requantize(qtype, data, shape, REQUANT_BITS[name])
     codes, scales, biases, bits = _DECODERS[name](blocks)
     rows = shape[:-1]
-    packed = mx.array(pack(codes.reshape(-1, shape[-1]), bits).reshape(*rows, -1))
+    if codes.dtype == np.uint32:  # already in MLX's packing
+        packed = mx.array(codes.reshape(*rows, -1))
+    else:
+        packed = mx.array(pack(codes.reshape(-1, shape[-1]), bits).reshape(*rows, -1))
     if name == "MXFP4":
         return MlxTensor(packed, mx.array(scales.reshape(*rows, -1)), None,
                          {"group_size": GROUP, "bits": 4, "mode": "mxfp4"})
@@ -70,19 +73,52 @@ def convert(qtype: T, data: np.ndarray, shape: tuple[int, ...]) -> MlxTensor:
                      {"group_size": GROUP, "bits": bits, "mode": "affine"})
 
 
+_CHUNK_BLOCKS = 1 << 16  # blocks re-quantized per step: bounds the float temporaries
+
+
 def _requantize(qtype: T, data: np.ndarray, shape: tuple[int, ...], bits: int) -> MlxTensor:
     """Affine over each group's own [min, max]: the error is at most half a step. (mx.quantize
     instead keeps 0 exactly representable, which can widen the step.)"""
-    g = dequantize(np.asarray(data), qtype).astype(np.float32).reshape(-1, GROUP)
+    blocks = np.asarray(data).view(np.uint8).reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    parts = []
+    for start in range(0, len(blocks), _CHUNK_BLOCKS):
+        chunk = blocks[start:start + _CHUNK_BLOCKS]
+        values = _q6_k_values(chunk) if qtype == T.Q6_K else mx.array(dequantize(chunk, qtype))
+        part = _affine(values.astype(mx.float32).reshape(-1, GROUP), bits)
+        mx.eval(part)
+        parts.append(part)
+    codes, scale, lo = (mx.concatenate(p) for p in zip(*parts))
+    rows = shape[:-1]
+    codes = codes.reshape(-1, shape[-1])
+    if bits == 8:
+        packed = codes.view(mx.uint32)
+    elif bits == 4:
+        packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(mx.uint32)
+    else:
+        packed = mx.array(pack(np.array(codes), bits))
+    return MlxTensor(packed.reshape(*rows, -1), scale.reshape(*rows, -1), lo.reshape(*rows, -1),
+                     {"group_size": GROUP, "bits": bits, "mode": "affine"}, lossless=False)
+
+
+def _affine(g: mx.array, bits: int) -> tuple[mx.array, mx.array, mx.array]:
     lo, hi = g.min(axis=1, keepdims=True), g.max(axis=1, keepdims=True)
     scale = (hi - lo) / (2**bits - 1)
-    scale[scale == 0] = 1.0
-    codes = np.clip(np.rint((g - lo) / scale), 0, 2**bits - 1).astype(np.uint8)
-    rows = shape[:-1]
-    packed = pack(codes.reshape(-1, shape[-1]), bits).reshape(*rows, -1)
-    return MlxTensor(mx.array(packed), mx.array(scale.reshape(*rows, -1)),
-                     mx.array(lo.reshape(*rows, -1)),
-                     {"group_size": GROUP, "bits": bits, "mode": "affine"}, lossless=False)
+    scale = mx.where(scale == 0, 1.0, scale)
+    codes = mx.clip(mx.round((g - lo) / scale), 0, 2**bits - 1).astype(mx.uint8)
+    return codes, scale, lo
+
+
+def _q6_k_values(b: np.ndarray) -> mx.array:
+    """gguf.quants' Q6_K dequantization in MLX ops (numpy's is the slowest step of loading a
+    Q4_K_M file, whose output matrix is Q6_K): [n, 256] float32."""
+    n = len(b)
+    x = mx.array(b)
+    low = (x[:, :128].reshape(n, 2, 1, 64) >> mx.array([0, 4], mx.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    high = (x[:, 128:192].reshape(n, 2, 1, 32) >> mx.array([0, 2, 4, 6], mx.uint8).reshape(1, 1, 4, 1)) & 3
+    q = (low.reshape(n, 256) | (high.reshape(n, 256) << 4)).astype(mx.float32) - 32
+    sc = mx.array(np.ascontiguousarray(b[:, 192:208]).view(np.int8)).astype(mx.float32)
+    d = mx.array(np.ascontiguousarray(b[:, 208:210]).view(np.float16)).astype(mx.float32)
+    return ((d * sc).reshape(n, 16, 1) * q.reshape(n, 16, 16)).reshape(n, 256)
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -94,12 +130,26 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
             return np.ascontiguousarray(codes.astype(np.uint8)).view(np.uint32)
         c = codes.astype(np.uint8).reshape(rows, n // 2, 2)
         return np.ascontiguousarray(c[..., 0] | (c[..., 1] << 4)).view(np.uint32)
-    stream = (codes[..., None].astype(np.uint8) >> np.arange(bits, dtype=np.uint8)) & 1
-    return np.packbits(stream.reshape(rows, n * bits), axis=-1, bitorder="little").view(np.uint32)
+    # 8 codes fill exactly `bits` bytes: build them in a uint64, keep its low bytes
+    c = codes.reshape(-1, 8)
+    word = np.zeros(len(c), np.uint64)
+    for i in range(8):  # column by column: numpy reduces over a short axis slowly
+        word |= c[:, i].astype(np.uint64) << np.uint64(i * bits)
+    return np.ascontiguousarray(word.view(np.uint8).reshape(-1, 8)[:, :bits]).reshape(rows, -1).view(np.uint32)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def _packed_nibbles(qs: np.ndarray) -> np.ndarray:
+    """[n, c] bytes whose low nibbles are the first c elements of a run and high nibbles the next
+    c -> the same 2c codes in MLX's 4-bit packing (element 2j low, 2j+1 high), as uint32 words.
+    Works on bytes directly: no per-element array (this is most of a Q4_K file's load time)."""
+    even, odd = qs[:, 0::2], qs[:, 1::2]
+    first = (even & 0x0F) | (odd << 4)
+    second = (even >> 4) | (odd & 0xF0)
+    return np.ascontiguousarray(np.concatenate([first, second], axis=1)).view(np.uint32)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -120,11 +170,11 @@ def _q8_0(b):
 
 def _q4_0(b):
     d = _f16(b[:, :2])
-    return _nibbles(b[:, 2:]), d, -8 * d, 4
+    return _packed_nibbles(b[:, 2:]), d, -8 * d, 4
 
 
 def _q4_1(b):
-    return _nibbles(b[:, 4:]), _f16(b[:, :2]), _f16(b[:, 2:4]), 4
+    return _packed_nibbles(b[:, 4:]), _f16(b[:, :2]), _f16(b[:, 2:4]), 4
 
 
 def _q5_0(b):
@@ -145,24 +195,25 @@ def _k_scales(b):
 
 def _k_low_nibbles(qs: np.ndarray) -> np.ndarray:
     """[n, 128] bytes -> [n, 256] codes: 4 chunks of 32 bytes, low nibbles then high nibbles."""
-    q = qs.reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    return (q & 0x0F).reshape(-1, 256)
+    q = qs.reshape(-1, 4, 32)
+    return np.stack([q & 0x0F, q >> 4], axis=2).reshape(-1, 256)
 
 
 def _q4_k(b):
     scale, bias = _k_scales(b)
-    return _k_low_nibbles(b[:, 16:144]), scale, bias, 4
+    return _packed_nibbles(b[:, 16:144].reshape(-1, 32)).reshape(len(b), -1), scale, bias, 4
 
 
 def _q5_k(b):
     scale, bias = _k_scales(b)
-    qh = b[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
-    high = (qh & 1).reshape(-1, 256)
-    return _k_low_nibbles(b[:, 48:176]) | (high << 4), scale, bias, 5
+    high = np.unpackbits(b[:, 16:48].reshape(-1, 1, 32), axis=1, bitorder="little")  # [n, j, i]
+    codes = _k_low_nibbles(b[:, 48:176])
+    codes |= high.reshape(-1, 256) << 4
+    return codes, scale, bias, 5
 
 
 def _mxfp4(b):
-    return _nibbles(b[:, 1:]), b[:, :1].copy(), None, 4
+    return _packed_nibbles(b[:, 1:]), b[:, :1].copy(), None, 4
 
 
 _DECODERS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
