@@ -91,6 +91,11 @@ DEEPSEEK2_NAMES = {
     "ffn_up_shexp": "mlp.shared_experts.up_proj",
     "ffn_down_shexp": "mlp.shared_experts.down_proj",
 }
+QWEN35_NAMES = {
+    **{k: v for k, v in QWEN3NEXT_NAMES.items() if k not in ("ssm_ba",)},
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+}
 _SUFFIXES = ("weight", "bias")
 
 
@@ -185,9 +190,22 @@ def _glm4_moe_config(m: Meta) -> dict:
     }
 
 
-def _qwen3next_config(m: Meta) -> dict:
-    head_dim = m.a("attention.key_length")
+def _linear_attention_config(m: Meta) -> dict:
+    """Gated-delta layers (Qwen3-Next, Qwen3.5) as llama.cpp's `ssm.*` keys describe them."""
     value_heads = m.a("ssm.time_step_rank")
+    return {
+        "full_attention_interval": m.a("full_attention_interval", 4),
+        "linear_conv_kernel_dim": m.a("ssm.conv_kernel"),
+        "linear_key_head_dim": m.a("ssm.state_size"),
+        "linear_num_key_heads": m.a("ssm.group_count"),
+        "linear_num_value_heads": value_heads,
+        "linear_value_head_dim": m.a("ssm.inner_size") // value_heads,
+    }
+
+
+def _qwen_moe_config(m: Meta) -> dict:
+    if m.get(f"{m.arch}.expert_count") is None:
+        return {}
     return {
         "num_experts": m.a("expert_count"),
         "num_experts_per_tok": m.a("expert_used_count"),
@@ -196,14 +214,13 @@ def _qwen3next_config(m: Meta) -> dict:
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "norm_topk_prob": True,
-        "full_attention_interval": m.a("full_attention_interval", 4),
-        "partial_rotary_factor": m.a("rope.dimension_count", head_dim) / head_dim,
-        "linear_conv_kernel_dim": m.a("ssm.conv_kernel"),
-        "linear_key_head_dim": m.a("ssm.state_size"),
-        "linear_num_key_heads": m.a("ssm.group_count"),
-        "linear_num_value_heads": value_heads,
-        "linear_value_head_dim": m.a("ssm.inner_size") // value_heads,
     }
+
+
+def _qwen3next_config(m: Meta) -> dict:
+    head_dim = m.a("attention.key_length")
+    return {**_linear_attention_config(m), **_qwen_moe_config(m),
+            "partial_rotary_factor": m.a("rope.dimension_count", head_dim) / head_dim}
 
 
 def qkvz_rows(config: dict) -> mx.array:
@@ -268,6 +285,60 @@ def _deepseek2_config(m: Meta) -> dict:
     }
 
 
+def _qwen35_config(m: Meta) -> dict:
+    head_dim = m.a("attention.key_length")
+    sections = m.a("rope.dimension_sections", [11, 11, 10, 0])
+    rope = {"type": "default", "mrope_section": list(sections)[:3],
+            "rope_theta": m.a("rope.freq_base"),
+            "partial_rotary_factor": m.a("rope.dimension_count", head_dim) / head_dim}
+    return {**_linear_attention_config(m), **_qwen_moe_config(m), "rope_parameters": rope}
+
+
+def v_heads_grouped(config: dict, head_dim: int) -> mx.array:
+    """Index that turns llama.cpp's tiled value-head order [K0 K1 .. K0 K1 ..] (its Qwen3.5
+    converter's `_reorder_v_heads`) back into HF's grouped order [G0_v0 .. G0_vr, G1_v0 ..]."""
+    nk = config["linear_num_key_heads"]
+    r = config["linear_num_value_heads"] // nk
+    return mx.array([j * nk * head_dim + k * head_dim + d
+                     for k in range(nk) for j in range(r) for d in range(head_dim)])
+
+
+def _take(t: MlxTensor, index: mx.array, axis: int) -> MlxTensor:
+    """Rows (axis 0) or whole quantization groups (last axis) of a tensor, in `index` order."""
+    if axis == 0 or t.quant is None:
+        pick = lambda a: None if a is None else mx.take(a, index, axis=axis)  # noqa: E731
+        return MlxTensor(pick(t.weight), pick(t.scales), pick(t.biases), t.quant, t.lossless)
+    return _take(MlxTensor(dequantize_mlx(t)), index, axis)  # columns across groups: floats
+
+
+def _qwen35_to_mlx(weights: dict[str, MlxTensor], config: dict) -> None:
+    """Undo llama.cpp's Qwen3.5 converter: value heads back from tiled to grouped order (only
+    when there are fewer key than value heads), then what qwen3next's converter also does."""
+    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    if nk != nv:
+        v_rows, one = v_heads_grouped(config, dv), v_heads_grouped(config, 1)
+        qk = 2 * nk * dk
+        for k in list(weights):
+            t = weights[k]
+            if k.endswith("in_proj_qkv.weight"):
+                weights[k] = _take(t, mx.concatenate([mx.arange(qk), v_rows + qk]), 0)
+            elif k.endswith(("in_proj_z.weight",)):
+                weights[k] = _take(t, v_rows, 0)
+            elif k.endswith(("in_proj_a.weight", "in_proj_b.weight", "linear_attn.A_log",
+                             "linear_attn.dt_bias")):
+                weights[k] = _take(t, one, 0)
+            elif k.endswith("linear_attn.conv1d.weight"):  # [channels, kernel]: q, k, then v
+                weights[k] = _take(t, mx.concatenate([mx.arange(qk), v_rows + qk]), 0)
+            elif k.endswith("linear_attn.out_proj.weight"):
+                weights[k] = _take(t, v_rows, t.weight.ndim - 1)
+    for k, t in weights.items():
+        if k.endswith("linear_attn.A_log"):
+            t.weight = mx.log(-t.weight.astype(mx.float32))
+        elif k.endswith("linear_attn.conv1d.weight"):
+            t.weight = t.weight[..., None]
+
+
 def rope_scaling(m: Meta) -> dict | None:
     """`{arch}.rope.scaling.*` -> mlx_lm's rope_scaling (HF's spelling), or a refusal."""
     kind = m.get(f"{m.arch}.rope.scaling.type")
@@ -299,6 +370,7 @@ class Arch:
     norm_shift: float = 0.0  # the converter stores norm weights + this (Gemma's 1 + w)
     params: dict = field(default_factory=dict)  # GGUF "x.weight" -> an mlx_lm parameter not named .weight
     to_mlx: Callable[[dict, dict], None] | None = None  # undoes the converter's other transforms
+    prefix: str = ""  # of every mlx_lm parameter name (models wrapped for vision)
 
 
 # GGUF architecture -> how to build the mlx_lm model. Mistral's dense models are "llama" in GGUF.
@@ -316,6 +388,12 @@ ARCHS = {
     "deepseek2": Arch("deepseek_v3", {**BLOCK_NAMES, **MOE_NAMES, **DEEPSEEK2_NAMES},
                       _deepseek2_config,
                       params={"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}),
+    "qwen35": Arch("qwen3_5", {**BLOCK_NAMES, **QWEN35_NAMES}, _qwen35_config,
+                   to_mlx=_qwen35_to_mlx, prefix="language_model.",
+                   params={"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}),
+    "qwen35moe": Arch("qwen3_5_moe", {**BLOCK_NAMES, **MOE_NAMES, **QWEN35_NAMES}, _qwen35_config,
+                      to_mlx=_qwen35_to_mlx, prefix="language_model.",
+                      params={"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}),
     "gpt-oss": Arch("gpt_oss", {**BLOCK_NAMES, **GPT_OSS_NAMES}, _gpt_oss_config,
                     params={"attn_sinks.weight": "self_attn.sinks"}),
 }
@@ -325,6 +403,8 @@ GGUF_ARCH_OF = {spec.model_type: name for name, spec in ARCHS.items()}  # model_
 
 def gguf_name(mlx_name: str, model_type: str = "qwen3") -> str:
     """mlx_lm parameter name -> GGUF tensor name (used by the writer)."""
+    arch = ARCHS[GGUF_ARCH_OF[model_type]]
+    mlx_name = mlx_name.removeprefix(arch.prefix)
     module, suffix = mlx_name.rsplit(".", 1)
     for gguf_mod, mlx_mod in GLOBAL_NAMES.items():
         if module == mlx_mod:
@@ -344,6 +424,10 @@ def gguf_name(mlx_name: str, model_type: str = "qwen3") -> str:
 def mlx_name(name: str, arch: Arch = ARCHS["qwen3"]) -> str:
     """GGUF tensor name -> mlx_lm parameter name; unknown tensors are an error, not dropped,
     because silently ignoring one (say llama3's rope_freqs) would give a subtly wrong model."""
+    return arch.prefix + _mlx_name(name, arch)
+
+
+def _mlx_name(name: str, arch: Arch) -> str:
     parts = name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in arch.params:
         return f"model.layers.{parts[1]}.{arch.params[parts[2]]}"

@@ -131,6 +131,17 @@ def arch_config(model_type: str, **sizes) -> dict:
                       kv_lora_rank=64, q_lora_rank=128, qk_rope_head_dim=32,
                       qk_nope_head_dim=64, v_head_dim=64, n_group=1, topk_group=1,
                       routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False)
+    elif model_type in ("qwen3_5", "qwen3_5_moe"):
+        # two value heads per key head: llama.cpp reorders them, the loader must undo it
+        config.update(model_type=model_type, linear_num_value_heads=4, linear_num_key_heads=2,
+                      linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
+                      full_attention_interval=4,
+                      rope_parameters={"type": "default", "mrope_section": [11, 11, 10],
+                                       "rope_theta": 1000000.0, "partial_rotary_factor": 0.25})
+        if model_type == "qwen3_5_moe":
+            config.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+                          shared_expert_intermediate_size=256, decoder_sparse_step=1,
+                          norm_topk_prob=True)
     elif model_type == "gpt_oss":
         config.update(model_type="gpt_oss", architectures=["GptOssForCausalLM"],
                       num_local_experts=4, num_experts_per_tok=2, intermediate_size=256,
@@ -164,7 +175,7 @@ def reference_model(config, weights):
 
 
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "glm4_moe", "qwen3_next",
-         "deepseek_v3")
+         "deepseek_v3", "qwen3_5", "qwen3_5_moe")
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -189,14 +200,14 @@ def file_values(path) -> dict[str, tuple[str, np.ndarray]]:
     ("llama", "Q4_K_M"), ("qwen3", "Q5_K_M"), ("qwen3_moe", "Q4_K_M"), ("gemma3_text", "Q6_K"),
     ("qwen2", "Q3_K"), ("qwen3", "Q2_K"), ("qwen3_moe", "MXFP4"), ("llama", "BF16"),
     ("gpt_oss", "MXFP4"), ("gpt_oss", "Q4_K_M"), ("glm4_moe", "Q4_K_M"), ("qwen3_next", "Q4_K_M"),
-    ("deepseek_v3", "Q4_K_M"),
+    ("deepseek_v3", "Q4_K_M"), ("qwen3_5", "Q4_K_M"), ("qwen3_5_moe", "Q5_K_M"),
 ])
 def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
     """Every loaded weight dequantizes to the file's values (as gguf-py reads them): exactly for
     lossless types, within half a step of the target format for re-quantized ones."""
     # two layers (gemma3's six: its first global layer is the sixth; qwen3_next's four: its
     # first attention layer is the fourth): the checks are per tensor
-    layers = {"gemma3_text": 6, "qwen3_next": 4}.get(model_type, 2)
+    layers = {"gemma3_text": 6, "qwen3_next": 4, "qwen3_5": 4, "qwen3_5_moe": 4}.get(model_type, 2)
     path, _, config = write_twin(tmp_path, model_type, quant, layers=layers)
     loaded = load_model(str(path))
     params = dict(tree_flatten(loaded.model.parameters()))
@@ -259,13 +270,13 @@ def test_tensor_names_are_llama_cpps(model_type):
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch_name]
     tensor_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     for name in gguf_writer._converter_tensors(make_weights(config, seed=0), config):
-        hf = name.replace("mlp.switch_mlp.", "mlp.experts.")
+        hf = name.removeprefix("language_model.").replace("mlp.switch_mlp.", "mlp.experts.")
         # spelled as the converter renames them before looking them up
         hf = hf.replace("e_score_correction_bias", "e_score_correction.bias").replace(
             "dt_bias", "dt_proj.bias").replace("self_attn.embed_q", "self_attn.k_b_proj").replace(
             "self_attn.unembed_out", "self_attn.v_b_proj")
         if hf.endswith(("in_proj_qkv.weight", "in_proj_z.weight")):  # named by the converter
-            layer = name.split(".")[2]
+            layer = hf.split(".")[2]
             known = {gguf.TENSOR_NAMES[t].format(bid=layer) for t in gguf.MODEL_TENSORS[arch]}
             assert gguf_loading.gguf_name(name, model_type).rsplit(".", 1)[0] in known, name
             continue
