@@ -303,12 +303,23 @@ def v_heads_grouped(config: dict, head_dim: int) -> mx.array:
                      for k in range(nk) for j in range(r) for d in range(head_dim)])
 
 
-def _take(t: MlxTensor, index: mx.array, axis: int) -> MlxTensor:
-    """Rows (axis 0) or whole quantization groups (last axis) of a tensor, in `index` order."""
-    if axis == 0 or t.quant is None:
-        pick = lambda a: None if a is None else mx.take(a, index, axis=axis)  # noqa: E731
-        return MlxTensor(pick(t.weight), pick(t.scales), pick(t.biases), t.quant, t.lossless)
-    return _take(MlxTensor(dequantize_mlx(t)), index, axis)  # columns across groups: floats
+def _take_rows(t: MlxTensor, index: mx.array) -> MlxTensor:
+    pick = lambda a: None if a is None else a[index]  # noqa: E731
+    return MlxTensor(pick(t.weight), pick(t.scales), pick(t.biases), t.quant, t.lossless)
+
+
+def _take_v_columns(t: MlxTensor, config: dict) -> MlxTensor:
+    """out_proj's input columns, value heads back to grouped order. A quantized tensor keeps its
+    codes when a head spans whole quantization groups (it does in every Qwen3.5 shape): words,
+    scales and biases move per head; otherwise the float values are gathered."""
+    dv = config["linear_value_head_dim"]
+    if t.quant is None or dv % t.quant["group_size"] or dv * t.quant["bits"] % 32:
+        return MlxTensor(mx.take(dequantize_mlx(t), v_heads_grouped(config, dv), axis=-1))
+    words = v_heads_grouped(config, dv * t.quant["bits"] // 32)
+    groups = v_heads_grouped(config, dv // t.quant["group_size"])
+    pick = lambda a, i: None if a is None else mx.take(a, i, axis=-1)  # noqa: E731
+    return MlxTensor(pick(t.weight, words), pick(t.scales, groups), pick(t.biases, groups),
+                     t.quant, t.lossless)
 
 
 def _qwen35_to_mlx(weights: dict[str, MlxTensor], config: dict) -> None:
@@ -321,17 +332,15 @@ def _qwen35_to_mlx(weights: dict[str, MlxTensor], config: dict) -> None:
         qk = 2 * nk * dk
         for k in list(weights):
             t = weights[k]
-            if k.endswith("in_proj_qkv.weight"):
-                weights[k] = _take(t, mx.concatenate([mx.arange(qk), v_rows + qk]), 0)
-            elif k.endswith(("in_proj_z.weight",)):
-                weights[k] = _take(t, v_rows, 0)
+            if k.endswith(("in_proj_qkv.weight", "linear_attn.conv1d.weight")):  # q, k, then v
+                weights[k] = _take_rows(t, mx.concatenate([mx.arange(qk), v_rows + qk]))
+            elif k.endswith("in_proj_z.weight"):
+                weights[k] = _take_rows(t, v_rows)
             elif k.endswith(("in_proj_a.weight", "in_proj_b.weight", "linear_attn.A_log",
                              "linear_attn.dt_bias")):
-                weights[k] = _take(t, one, 0)
-            elif k.endswith("linear_attn.conv1d.weight"):  # [channels, kernel]: q, k, then v
-                weights[k] = _take(t, mx.concatenate([mx.arange(qk), v_rows + qk]), 0)
+                weights[k] = _take_rows(t, one)
             elif k.endswith("linear_attn.out_proj.weight"):
-                weights[k] = _take(t, v_rows, t.weight.ndim - 1)
+                weights[k] = _take_v_columns(t, config)
     for k, t in weights.items():
         if k.endswith("linear_attn.A_log"):
             t.weight = mx.log(-t.weight.astype(mx.float32))
