@@ -348,6 +348,19 @@ def _qwen35_to_mlx(weights: dict[str, MlxTensor], config: dict) -> None:
             t.weight = t.weight[..., None]
 
 
+def _mistral3_config(m: Meta) -> dict:
+    """Ministral 3 / Mistral 3 (llama layout, q/k permuted like llama): its RoPE settings live in
+    mlx_lm's `rope_parameters`, with Llama-4 attention temperature scaling."""
+    rope = rope_scaling(m) or {"rope_type": "default"}
+    log_mul = m.get(f"{m.arch}.rope.scaling.yarn_log_multiplier")
+    if log_mul is not None:  # this converter writes mscale_all_dim itself (DeepSeek's is x0.1)
+        rope["mscale"] = rope["mscale_all_dim"] = log_mul
+    rope["rope_theta"] = m.a("rope.freq_base", 10000.0)
+    rope["llama_4_scaling_beta"] = m.a("attention.temperature_scale", 0.0)
+    rope.setdefault("original_max_position_embeddings", m.a("context_length"))
+    return {"rope_parameters": rope}
+
+
 def rope_scaling(m: Meta) -> dict | None:
     """`{arch}.rope.scaling.*` -> mlx_lm's rope_scaling (HF's spelling), or a refusal."""
     kind = m.get(f"{m.arch}.rope.scaling.type")
@@ -364,7 +377,7 @@ def rope_scaling(m: Meta) -> dict | None:
             if value is not None:
                 out[key] = value
         log_mul = m.get(f"{m.arch}.rope.scaling.yarn_log_multiplier")
-        if log_mul:  # the converter writes 0.1 * mscale_all_dim (DeepSeek)
+        if log_mul and m.arch == "deepseek2":  # its converter writes 0.1 * mscale_all_dim
             out["mscale"] = out["mscale_all_dim"] = log_mul / 0.1
         return out
     raise ModelLoadError(f"GGUF RoPE scaling {kind!r} is not supported; supported: none, linear, yarn")
@@ -385,6 +398,7 @@ class Arch:
 # GGUF architecture -> how to build the mlx_lm model. Mistral's dense models are "llama" in GGUF.
 ARCHS = {
     "llama": Arch("llama", permuted_qk=True),
+    "mistral3": Arch("ministral3", extra_config=_mistral3_config, permuted_qk=True),
     "qwen2": Arch("qwen2"),
     "qwen3": Arch("qwen3"),
     "qwen3moe": Arch("qwen3_moe", {**BLOCK_NAMES, **MOE_NAMES}, _moe_config),

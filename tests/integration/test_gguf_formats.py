@@ -131,6 +131,13 @@ def arch_config(model_type: str, **sizes) -> dict:
                       kv_lora_rank=64, q_lora_rank=128, qk_rope_head_dim=32,
                       qk_nope_head_dim=64, v_head_dim=64, n_group=1, topk_group=1,
                       routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False)
+    elif model_type == "ministral3":  # yarn RoPE and Llama-4 attention scaling, as published
+        config.update(model_type="ministral3", architectures=["Ministral3ForCausalLM"],
+                      tie_word_embeddings=False, max_position_embeddings=32768,
+                      rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0,
+                                       "factor": 16.0, "original_max_position_embeddings": 256,
+                                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                       "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
     elif model_type in ("qwen3_5", "qwen3_5_moe"):
         # two value heads per key head: llama.cpp reorders them, the loader must undo it
         config.update(model_type=model_type, linear_num_value_heads=4, linear_num_key_heads=2,
@@ -175,7 +182,7 @@ def reference_model(config, weights):
 
 
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "glm4_moe", "qwen3_next",
-         "deepseek_v3", "qwen3_5", "qwen3_5_moe")
+         "deepseek_v3", "qwen3_5", "qwen3_5_moe", "ministral3")
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -201,6 +208,7 @@ def file_values(path) -> dict[str, tuple[str, np.ndarray]]:
     ("qwen2", "Q3_K"), ("qwen3", "Q2_K"), ("qwen3_moe", "MXFP4"), ("llama", "BF16"),
     ("gpt_oss", "MXFP4"), ("gpt_oss", "Q4_K_M"), ("glm4_moe", "Q4_K_M"), ("qwen3_next", "Q4_K_M"),
     ("deepseek_v3", "Q4_K_M"), ("qwen3_5", "Q4_K_M"), ("qwen3_5_moe", "Q5_K_M"),
+    ("ministral3", "Q4_K_M"),
 ])
 def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
     """Every loaded weight dequantizes to the file's values (as gguf-py reads them): exactly for
