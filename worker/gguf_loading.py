@@ -17,6 +17,7 @@ from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from worker.gguf_tensors import (SUPPORTED_TYPES, MlxTensor, UnsupportedTensorType, convert,
                                  dequantize_mlx)
@@ -566,16 +567,32 @@ def _quantize_modules(model: nn.Module, weights: dict[str, MlxTensor]) -> dict:
     return {"group_size": group, "bits": bits, "mode": mode, **per_module}
 
 
+def _on_gpu() -> bool:
+    return mx.default_device().type != mx.DeviceType.cpu
+
+
 def _flat(weights: dict[str, MlxTensor]) -> dict[str, mx.array]:
     flat = {}
     for k, t in weights.items():
         flat[k] = t.weight
         base = k[: -len(".weight")]
-        if t.scales is not None:
-            flat[f"{base}.scales"] = t.scales
-        if t.biases is not None:
-            flat[f"{base}.biases"] = t.biases
+        for name, a in (("scales", t.scales), ("biases", t.biases)):
+            if a is not None:
+                flat[f"{base}.{name}"] = a
     return flat
+
+
+def _half_on_gpu(model: nn.Module) -> None:
+    """On a GPU, float32/bfloat16 parameters (norms, routers, biases, affine scales) become
+    float16, as in mlx-lm's own half-precision checkpoints: one float32 scale or norm would turn
+    the activations and the KV cache float32, twice the memory (docs/design.md "GGUF"). Scales
+    are float32 where the block formats' `d * sc` is exact; float16 rounds them by 2**-11."""
+    if not _on_gpu():
+        return
+    keep = getattr(model, "cast_predicate", lambda path: True)  # mlx_lm's own exceptions (A_log)
+    half = [(path, a.astype(mx.float16)) for path, a in tree_flatten(model.parameters())
+            if a.dtype in (mx.float32, mx.bfloat16) and keep(path)]
+    model.load_weights(half, strict=False)
 
 
 def load_gguf(path: Path) -> tuple[nn.Module, dict]:
@@ -596,5 +613,6 @@ def load_gguf(path: Path) -> tuple[nn.Module, dict]:
         model.load_weights(list(flat.items()), strict=True)
     except ValueError as e:
         raise ModelLoadError(f"{path}: tensors do not match the {config['model_type']} model: {e}") from e
+    _half_on_gpu(model)
     return model, config
 

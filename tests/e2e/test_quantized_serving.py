@@ -18,7 +18,7 @@ from mlx_lm import load as mlx_load
 from mlx_lm.convert import convert
 
 from fixtures.tiny_models import generate_tiny_model
-from gateway.prompting.tokenizer import load_tokenizer
+from proto.tokenizer_loading import load_tokenizer
 from tests.e2e.test_parity import (LONG_TEXT, SHORT_TEXT, assert_same_as_reference,
                                    greedy_reference)
 from tests.helpers.group import ServerGroup

@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
 
 from fixtures import gguf_blocks, gguf_writer, tiny_tokenizer
 from fixtures.tiny_models import make_weights, tiny_config
@@ -296,3 +297,16 @@ def test_tensor_names_are_llama_cpps(model_type):
         if ours.endswith((".weight", ".bias")):  # llama.cpp's tn(..., "weight") adds these
             ours = ours.rsplit(".", 1)[0]
         assert tensor_map.get_name(hf) == ours, name
+
+
+def test_on_a_gpu_scales_are_half_precision_like_mlx_lms_own(tmp_path, monkeypatch):
+    """Float32 scales would turn a GPU's activations and KV cache float32 (twice the memory);
+    the GPU branch, run here on the CPU with the device check patched."""
+    path, _, _ = write_twin(tmp_path, "qwen3", "Q4_K_M", layers=2)
+    monkeypatch.setattr(gguf_loading, "_on_gpu", lambda: True)
+    model, _ = gguf_loading.load_gguf(path)
+    params = dict(tree_flatten(model.parameters()))
+    assert params["model.layers.0.self_attn.k_proj.scales"].dtype == mx.float16
+    cache = make_prompt_cache(model)
+    model(mx.array([[1, 2, 3]]), cache=cache)
+    assert cache[0].keys.dtype == mx.float16
