@@ -257,7 +257,7 @@ def test_unsupported_arch_and_tensor_type_are_refused_in_one_line(tmp_path):
     w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
     for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
         step()
-    with pytest.raises(ModelLoadError, match=r"'mamba' is not supported; supported: llama, qwen2"):
+    with pytest.raises(ModelLoadError, match=r"'mamba' is not supported; supported: llama, mistral3, qwen2"):
         load_model(str(tmp_path / "m.gguf"))
     w = gguf.GGUFWriter(str(tmp_path / "iq.gguf"), "qwen3")
     size = gguf.GGML_QUANT_SIZES[T.IQ4_XS][1]
