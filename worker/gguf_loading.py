@@ -149,14 +149,16 @@ def _moe_config(m: Meta) -> dict:
 
 
 def _gemma3_config(m: Meta) -> dict:
-    head_dim = m.a("attention.key_length")
+    # llama.cpp's gemma3 graph: every 6th layer global, local RoPE base 10000, queries scaled by
+    # key_length**-0.5, except the 27B (62 layers): hidden / heads (its config's 168).
+    scalar = m.a("attention.key_length")
+    if m.a("block_count") == 62:
+        scalar = m.a("embedding_length") // m.a("attention.head_count")
     return {
         "sliding_window": m.a("attention.sliding_window"),
-        # llama.cpp's gemma3 graph: every 6th layer global, local RoPE base 10000, queries scaled
-        # by key_length**-0.5 (llama-model.cpp, LLM_ARCH_GEMMA3).
         "sliding_window_pattern": 6,
         "rope_local_base_freq": 10000.0,
-        "query_pre_attn_scalar": head_dim,
+        "query_pre_attn_scalar": scalar,
     }
 
 
