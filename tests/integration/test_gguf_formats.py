@@ -22,7 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from fixtures import gguf_blocks, gguf_writer, tiny_tokenizer
 from fixtures.tiny_models import make_weights, tiny_config
-from worker import gguf_loading
+from worker import gguf_archs, gguf_loading
 from worker.gguf_tensors import LOSSLESS_TYPES, REQUANT_BITS, MlxTensor, convert, dequantize_mlx
 from worker.model_loading import ModelLoadError, load_model
 
@@ -220,9 +220,9 @@ def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
     path, _, config = write_twin(tmp_path, model_type, quant, layers=layers)
     loaded = load_model(str(path))
     params = dict(tree_flatten(loaded.model.parameters()))
-    arch = gguf_loading.ARCHS[gguf.GGUFReader(str(path)).get_field("general.architecture").contents()]
+    arch = gguf_archs.ARCHS[gguf.GGUFReader(str(path)).get_field("general.architecture").contents()]
     values = file_values(path)
-    types = {gguf_loading.mlx_name(name, arch): kind for name, (kind, _) in values.items()}
+    types = {gguf_archs.mlx_name(name, arch): kind for name, (kind, _) in values.items()}
     # The file's values, put through the loader's renames and converter inverses as floats.
     want_all = gguf_loading.gguf_weights(
         {name: MlxTensor(mx.array(v)) for name, (_, v) in values.items()}, loaded.config, arch)
@@ -277,7 +277,7 @@ def test_tensor_names_are_llama_cpps(model_type):
     parameter names are, stacked experts aside): the writer and loader cannot agree on a
     private spelling."""
     config = arch_config(model_type)
-    arch_name = gguf_loading.GGUF_ARCH_OF[model_type]
+    arch_name = gguf_archs.GGUF_ARCH_OF[model_type]
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch_name]
     tensor_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     for name in gguf_writer._converter_tensors(make_weights(config, seed=0), config):
@@ -289,11 +289,11 @@ def test_tensor_names_are_llama_cpps(model_type):
         if hf.endswith(("in_proj_qkv.weight", "in_proj_z.weight")):  # named by the converter
             layer = hf.split(".")[2]
             known = {gguf.TENSOR_NAMES[t].format(bid=layer) for t in gguf.MODEL_TENSORS[arch]}
-            assert gguf_loading.gguf_name(name, model_type).rsplit(".", 1)[0] in known, name
+            assert gguf_archs.gguf_name(name, model_type).rsplit(".", 1)[0] in known, name
             continue
         if hf.endswith((".weight", ".bias")):
             hf = hf.rsplit(".", 1)[0]
-        ours = gguf_loading.gguf_name(name, model_type)
+        ours = gguf_archs.gguf_name(name, model_type)
         if ours.endswith((".weight", ".bias")):  # llama.cpp's tn(..., "weight") adds these
             ours = ours.rsplit(".", 1)[0]
         assert tensor_map.get_name(hf) == ours, name
