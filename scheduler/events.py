@@ -53,9 +53,17 @@ class FailAll:
     retry_after_s: float
 
 
+@dataclass(frozen=True)
+class IndexOverdue:
+    """kvstore's page index is (no longer) long overdue: place requests without it (or wait
+    for it again, docs/design.md "Processes")."""
+
+    overdue: bool
+
+
 Event = (SubmitRequest | CancelRequest | StepDone | WorkerReady | InventoryDescribed
          | PagesRead | PagesWritten | PlanStep | GatewayRestarted | WorkerLost
-         | KvstoreRestarted | FailAll)
+         | KvstoreRestarted | FailAll | IndexOverdue)
 
 
 @dataclass

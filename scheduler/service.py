@@ -54,6 +54,7 @@ from scheduler.events import (
     Effects,
     FailAll,
     GatewayRestarted,
+    IndexOverdue,
     KvstoreRestarted,
     PlanStep,
     WorkerLost,
@@ -88,7 +89,8 @@ class SchedulerService:
             disk_budget_bytes=settings.kv_disk_budget_bytes,
             protect_window_s=settings.kv_protect_hours * 3600,
             state_interval=settings.state_interval, decode_share=settings.decode_share,
-            decode_burst=settings.decode_burst))
+            decode_burst=settings.decode_burst, overtake_limit=settings.overtake_limit,
+            background_wait_s=settings.background_wait, wait_for_index=True))
         self.started_at = time.time()
         self.stats = SchedulerStats()
         self.peer_boot: dict[str, str] = {}
@@ -98,6 +100,8 @@ class SchedulerService:
         self.worker_down_since: float | None = time.time()
         self.kvstore_ready = False
         self._plan_s = 0.0  # planning time of the step in flight (logged when it is done)
+        self.kvstore_down_since: float | None = time.time()  # no page index yet
+        self.index_overdue = False  # told to the core (IndexOverdue) when it changes
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
         self.ctx = zmq.Context()
         self.sock = bind_router(self.ctx, self.endpoints.scheduler)
@@ -195,10 +199,13 @@ class SchedulerService:
             self.apply(self.core.handle(WorkerLost(), now))
         elif role == ROLE_KVSTORE:
             self.kvstore_ready = False
+            self.kvstore_down_since = self.kvstore_down_since or now
             self.apply(self.core.handle(KvstoreRestarted(), now))  # attach, ask inventory
 
     def _on_inventory(self, msg: InventoryDescribed, now: float) -> None:
         self.kvstore_ready = True
+        self.kvstore_down_since = None
+        self.index_overdue = False  # the core drops it with the inventory
         self.apply(self.core.handle(msg, now))
 
     def _on_worker_ready(self, msg: WorkerReady) -> None:
@@ -212,11 +219,12 @@ class SchedulerService:
                       resident_tokens=sum(len(s.token_ids) for s in msg.slots),
                       num_page_buffers=msg.num_buffers, page_buffer_bytes=msg.buffer_bytes)
         report = budget_report(msg.kv_bytes_per_token, self.settings.kv_disk_budget_bytes)
-        self.log.info("kv.budget", **report)
+        self.log.info("kv.budget", kv_bits=self.settings.kv_bits, **report)
+        bits = f", {self.settings.kv_bits}-bit KV" if self.settings.kv_bits else ""
         print(f"switchyard: KV disk budget {format_size(report['budget_bytes'])} = "
               f"{report['budget_tokens']:,} tokens = {report['budget_conversations']} "
               f"conversations of {report['conversation_tokens']:,} tokens "
-              f"({msg.kv_bytes_per_token:,} bytes/token); size it with "
+              f"({msg.kv_bytes_per_token:,} bytes/token{bits}); size it with "
               f"`switchyard cache plan`", flush=True)
 
     # --- time ------------------------------------------------------------------------------
@@ -235,6 +243,16 @@ class SchedulerService:
         if self.kvstore_ready and now - self.last_seen.get(ROLE_KVSTORE, 0.0) > timeout:
             self.log.warning("kvstore.lost")
             self.kvstore_ready = False
+        # Requests wait for the page index while kvstore starts (docs/design.md "Processes");
+        # one that stays away this long is not waited for: serve without disk pages.
+        overdue = (self.kvstore_down_since is not None
+                   and now - self.kvstore_down_since > timeout * _WORKER_GRACE_FACTOR)
+        if overdue != self.index_overdue:
+            if overdue:
+                self.log.warning("kvstore.index_overdue",
+                                 waited_s=round(now - self.kvstore_down_since, 1))
+            self.index_overdue = overdue
+            self.apply(self.core.handle(IndexOverdue(overdue), now))
 
     def _fail_everything(self, reason: str, now: float) -> None:
         self.apply(self.core.handle(FailAll("component_restarted", reason,

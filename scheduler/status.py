@@ -22,7 +22,7 @@ def build_status(service, now: float) -> dict:
         "peers": {role: {"boot_id": boot, "pid": service.peer_pid.get(role),
                          "last_seen": service.last_seen.get(role)}
                   for role, boot in service.peer_boot.items()},
-        "slots": snapshot["slots"], "queue": snapshot["queue"], "disk": snapshot["disk"],
+        **snapshot,  # slots, queue, oldest_waiting_s, disk
         "stats": service.stats.snapshot(),
     }
 

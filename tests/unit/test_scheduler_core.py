@@ -43,10 +43,12 @@ class ScriptedWorker:
         self.core, self.next_token = core, next_token
         self.steps = []
         self.logs = []  # (event, fields) the core recorded
+        self.finished = []  # FinishedRecord of every request that ended
 
     def step(self, now=1.0):
         effects = self.core.handle(PlanStep(), now)
         self.logs += effects.logs
+        self.finished += effects.finished
         plan = effects.step
         if plan is None:
             return None, effects.messages
@@ -62,6 +64,7 @@ class ScriptedWorker:
                         len(plan.decodes), 0.001)
         after = self.core.handle(done, now)
         self.logs += after.logs
+        self.finished += after.finished
         return plan, effects.messages + after.messages
 
     def run(self, max_steps=1000):
