@@ -84,6 +84,27 @@ def test_each_arch_loads_and_decodes(tiny_model_dir, prompt, arch):
     assert len(loaded.make_cache()) == 4
 
 
+# The cache kinds each family's twin uses (mlx-lm's make_cache), the facts paging is built on.
+FAMILY_CACHES = {
+    "qwen3_moe": {"KVCache"}, "glm4_moe": {"KVCache"}, "minimax": {"KVCache"},
+    "mistral3": {"KVCache"}, "deepseek_v3": {"KVCache"},  # MLA: per-head keys and values
+    "deepseek_v32": {"CacheList"},  # MLA KV + the sparse-attention indexer's keys
+    "qwen3_5": {"ArraysCache", "KVCache"}, "qwen3_5_moe": {"ArraysCache", "KVCache"},
+    "gpt_oss": {"KVCache", "RotatingKVCache"}, "gemma3_text": {"KVCache", "RotatingKVCache"},
+    "gemma4_text": {"KVCache", "RotatingKVCache"},
+}
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILY_CACHES))
+def test_each_family_twin_loads_and_decodes(tiny_model_dir, prompt, arch):
+    loaded = load_model(str(tiny_model_dir(arch)))
+    assert loaded.model_type == arch
+    assert all(v.dtype == mx.float32 for _, v in tree_flatten(loaded.model.parameters()))
+    tokens = greedy(loaded.model, prompt)
+    assert len(tokens) == 30 and len(set(tokens)) > 10  # not collapsed into one token
+    assert {type(c).__name__ for c in loaded.make_cache()} == FAMILY_CACHES[arch]
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
 def test_gguf_twin_gives_same_greedy_tokens(tiny_model_dir, prompt, arch):
     ref = load_model(str(tiny_model_dir(arch)))
