@@ -48,23 +48,26 @@ class LoadedModel:
     def has_recurrent_state(self) -> bool:
         """True when some layer keeps a state that cannot be split per token (ArraysCache,
         rotating windows, ...): such a model cannot be restored from KV pages alone."""
-        from mlx_lm.models.cache import KVCache
+        from worker.cache_kinds import rewindable
 
-        return any(type(c) is not KVCache for c in self.make_cache())
+        return not rewindable(self.make_cache())
 
     @cached_property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of keys + values one token adds, over the attention (KVCache) layers only.
+        """Bytes of keys + values one token adds, over the attention (KVCache) layers only
+        (members of a CacheList included; sliding-window rings do not grow per token).
 
         Measured with a one-token forward pass rather than derived from the config, so it is right
         for any architecture (head_dim overrides, MLA, partial attention layers) and any KV dtype.
         """
         from mlx_lm.models.cache import KVCache
 
+        from worker.cache_kinds import leaves
+
         cache = self.make_cache()
         self.model(mx.array([[0]]), cache=cache)
         total = 0
-        for c in cache:
+        for c in leaves(cache):
             if type(c) is KVCache:
                 for a in (c.keys, c.values):  # [B, heads, capacity, dim]
                     total += a.shape[1] * a.shape[3] * a.dtype.size

@@ -12,6 +12,7 @@ import time
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.ids import new_boot_id
@@ -21,6 +22,7 @@ from proto.page_ids import make_namespace
 from proto.service_loop import SchedulerLink, StopFlag
 from proto.settings import Settings, parse_size
 from proto.shm import PageBufferPool, ShmError
+from worker.cache_kinds import leaves, window_bytes
 from worker.executor import StepExecutor
 from worker.page_io import PageLayout, PageLayoutError
 from worker.memory_plan import (
@@ -52,12 +54,20 @@ def probe_cache(loaded: LoadedModel) -> list:
     return cache
 
 
-def page_layout(loaded: LoadedModel, settings: Settings, log) -> PageLayout | None:
+def page_layout(loaded: LoadedModel, settings: Settings, log) -> tuple[PageLayout | None, str]:
+    """The page layout and the start-up line's word on paging ("on", or what is off and why:
+    without pages a slot still reuses and copies its resident prefix)."""
     try:
-        return PageLayout(probe_cache(loaded), settings.page_size)
+        return PageLayout(probe_cache(loaded), settings.page_size), "on"
     except PageLayoutError as exc:
         log.warning("kv.paging_unsupported", reason=str(exc))
-        return None
+        return None, f"off: {exc}; resident prefixes are still reused"
+
+
+def cache_kinds(loaded: LoadedModel) -> str:
+    """Layer cache kinds and counts, e.g. "KVCache x2, RotatingKVCache x2"."""
+    names = [type(c).__name__ for c in leaves(loaded.make_cache())]
+    return ", ".join(f"{n} x{names.count(n)}" for n in sorted(set(names)))
 
 
 def buffer_count(layout: PageLayout | None, settings: Settings) -> int:
@@ -70,7 +80,9 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
-    recurrent = sum(c.nbytes for c in probe_cache(loaded) if not c.is_trimmable())
+    # Recurrent states and sliding-window rings: fixed per slot, whatever --ctx is.
+    recurrent = sum(window_bytes(c, settings.prefill_chunk) if type(c) is RotatingKVCache
+                    else c.nbytes for c in leaves(probe_cache(loaded)) if type(c) is not KVCache)
     page_buffers = buffer_count(layout, settings) * (layout.buffer_bytes if layout else 0)
     plan = make_plan(
         # Measured after the model ran once, so the weights are resident: count them once.
@@ -93,7 +105,7 @@ def run(settings: Settings) -> None:
     endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
     try:
         loaded = load_model(settings.model)
-        layout = page_layout(loaded, settings, log)
+        layout, paging = page_layout(loaded, settings, log)
         plan = plan_memory(loaded, settings, layout)
         log.info("worker.memory_plan", **plan.as_fields())
         check_plan(plan, settings.slots, settings.ctx)
@@ -109,7 +121,8 @@ def run(settings: Settings) -> None:
     executor = StepExecutor(store, layout, pool)
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
-             kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable)
+             kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
+             cache_kinds=cache_kinds(loaded), paging=paging)
 
     def ready() -> WorkerReady:
         return WorkerReady(

@@ -8,7 +8,7 @@ from proto.messages import SamplingParams
 from worker.model_loading import load_model
 from worker.page_io import PageLayout
 from worker.sampling import sample_rows
-from worker.slots import SlotStore
+from worker.slots import SlotError, SlotStore
 
 P = 32
 
@@ -38,7 +38,14 @@ def _continue(store, slot, first, n=12):
     return out, first_logits
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_next"])
+# Every family's twin; sliding-window rings (gpt_oss, gemma: window 128) wrap within the prompt.
+FAMILIES = ["qwen3", "qwen3_next", "qwen2", "llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe",
+            "gpt_oss", "gemma3_text", "gemma4_text", "glm4_moe", "deepseek_v3", "deepseek_v32",
+            "minimax", "mistral3"]
+SNAPSHOT_FAMILIES = ["qwen3_next", "qwen3_5", "gpt_oss", "gemma3_text", "gemma4_text"]
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_restored_pages_continue_bit_identically(tiny_model_dir, arch):
     store, layout = _setup(tiny_model_dir(arch))
     prompt = [int(t) for t in np.random.default_rng(0).integers(5, 3000, 4 * P + 9)]
@@ -82,7 +89,7 @@ def test_stage_reads_slot_as_left_by_previous_step(tiny_model_dir):
     assert np.array_equal(buf[:keys.nbytes].view(np.float32).reshape(shape), keys)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_next"])
+@pytest.mark.parametrize("arch", ["qwen3", *SNAPSHOT_FAMILIES])
 def test_tail_page_restores_exactly_where_the_turn_ended(tiny_model_dir, arch):
     store, layout = _setup(tiny_model_dir(arch))
     prompt = [int(t) for t in np.random.default_rng(1).integers(5, 3000, 2 * P + 11)]
@@ -98,3 +105,46 @@ def test_tail_page_restores_exactly_where_the_turn_ended(tiny_model_dir, arch):
     got_tokens, got_logits = _continue(store, 1, prompt[-1])
     assert got_tokens == ref_tokens
     assert np.array_equal(got_logits, ref_logits)
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "gemma3_text"])
+@pytest.mark.parametrize("next_turn", [1, 7])
+def test_window_snapshot_after_decode_restores_exactly(tiny_model_dir, arch, next_turn):
+    """A turn ended after decoding (the ring has wrapped and rotated): restored, the next turn
+    (one token or a chunk) gives the same logits as the slot that stayed in memory."""
+    store, layout = _setup(tiny_model_dir(arch))
+    prompt = [int(t) for t in np.random.default_rng(2).integers(5, 3000, 3 * P + 5)]
+    _prefill(store, 0, prompt[:-1], P)
+    _continue(store, 0, prompt[-1], n=2 * P + 3)  # past the window: the ring rotates
+    held = list(store.tokens[0])
+    full = len(held) // P
+    buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(full + 1)]
+    for k in range(full):
+        layout.stage(store.parked(0), k * P, buffers[k], with_state=False)
+    layout.stage(store.parked(0), full * P, buffers[full], with_state=True,
+                 num_tokens=len(held) - full * P)
+    turn = list(range(40, 40 + next_turn))
+    if turn[:-1]:
+        store.prefill(0, len(held), turn[:-1])
+    ref_tokens, ref_logits = _continue(store, 0, turn[-1])
+
+    cache = store.loaded(1, 0, held)
+    layout.load(cache, 0, buffers, with_state=True, num_tokens=len(held))
+    if turn[:-1]:
+        store.prefill(1, len(held), turn[:-1])
+    got_tokens, got_logits = _continue(store, 1, turn[-1])
+    assert got_tokens == ref_tokens
+    assert np.array_equal(got_logits, ref_logits)
+
+
+def test_whole_ring_copies_to_another_slot(tiny_model_dir):
+    """A sliding-window slot cannot be cut back, but it can be copied whole."""
+    store, _ = _setup(tiny_model_dir("gpt_oss"), num_slots=2)
+    _prefill(store, 0, list(range(10, 10 + 5 * P)), P)  # 160 tokens: the 128-ring has wrapped
+    _continue(store, 0, 3, n=5)
+    store.copy_prefix(0, 1, len(store.tokens[0]))
+    a, la = _continue(store, 0, 6)
+    b, lb = _continue(store, 1, 6)
+    assert a == b and np.array_equal(la, lb)
+    with pytest.raises(SlotError):
+        store.copy_prefix(0, 1, P)
