@@ -87,7 +87,7 @@ def test_each_arch_loads_and_decodes(tiny_model_dir, prompt, arch):
 # The cache kinds each family's twin uses (mlx-lm's make_cache), the facts paging is built on.
 FAMILY_CACHES = {
     "qwen3_moe": {"KVCache"}, "glm4_moe": {"KVCache"}, "minimax": {"KVCache"},
-    "mistral3": {"KVCache"}, "deepseek_v3": {"KVCache"},  # MLA: per-head keys and values
+    "mistral3": {"KVCache"}, "deepseek_v3": {"KVCache"},  # MLA: latent + rope key per token
     "deepseek_v32": {"CacheList"},  # MLA KV + the sparse-attention indexer's keys
     "qwen3_5": {"ArraysCache", "KVCache"}, "qwen3_5_moe": {"ArraysCache", "KVCache"},
     "gpt_oss": {"KVCache", "RotatingKVCache"}, "gemma3_text": {"KVCache", "RotatingKVCache"},
@@ -220,3 +220,34 @@ def test_cli_writes_gguf(tmp_path, capsys):
     assert main([str(out), "--arch", "qwen2", "--format", "gguf", "--seed", "3", "--layers", "2"]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     assert load_model(str(out)).num_layers == 2
+
+
+@pytest.mark.parametrize("arch, full_layers, kv_per_layer", [
+    ("gpt_oss", 2, 2 * 2 * 64 * 4),  # 2 of 4 layers full; the 2 sliding ones are rings
+    ("gemma3_text", 2, 2 * 2 * 64 * 4),
+    ("qwen3_moe", 4, 2 * 2 * 64 * 4),
+    # MLA: mlx-lm caches the compressed latent (kv_lora_rank 64) and the shared rope key
+    # (16) per token, not per-head keys and values
+    ("deepseek_v3", 4, (64 + 16) * 4),
+])
+def test_memory_plan_per_family(tiny_model_dir, arch, full_layers, kv_per_layer):
+    """Only full-attention KV grows with --ctx; sliding rings and states are fixed per slot;
+    every weight (each expert once) is counted once: the plan equals the file's tensors."""
+    from proto.settings import Settings
+    from worker.service import page_layout, plan_memory
+
+    model_dir = tiny_model_dir(arch)
+    loaded = load_model(str(model_dir))
+    assert loaded.kv_bytes_per_token == full_layers * kv_per_layer
+    plans = {}
+    for ctx in (1024, 4096):
+        settings = Settings(model=str(model_dir), ctx=ctx, slots=2, page_size=32)
+        layout, paging = page_layout(loaded, settings, log=None)
+        assert paging == "on"
+        plans[ctx] = plan_memory(loaded, settings, layout)
+    small, large = plans[1024], plans[4096]
+    assert large.slot_kv - small.slot_kv == 2 * 3072 * loaded.kv_bytes_per_token
+    assert large.recurrent == small.recurrent
+    assert (small.recurrent > 0) == (arch in ("gpt_oss", "gemma3_text"))
+    on_disk = sum(v.nbytes for v in mx.load(str(model_dir / "model.safetensors")).values())
+    assert small.weights == on_disk
