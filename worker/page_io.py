@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_map
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from worker.cache_kinds import leaves, window_copy, window_restore, window_shapes, window_snapshot
@@ -142,9 +143,12 @@ def copy_prefix(cache: list, num_tokens: int, fresh: list) -> list:
                 dst.keys = mx.contiguous(src.keys[..., :num_tokens, :])
                 dst.values = mx.contiguous(src.values[..., :num_tokens, :])
             dst.offset = num_tokens
-        else:
+        elif type(src) is ArraysCache:
             # mlx arrays are immutable, so sharing them is a copy; the list itself is not.
             dst.cache = list(src.cache)
+        else:  # a kind without pages: a whole copy through mlx-lm's own state
+            dst.state = tree_map(lambda a: mx.contiguous(a) if isinstance(a, mx.array) else a,
+                                 src.state)
     return fresh
 
 

@@ -3,6 +3,7 @@
 import mlx.core as mx
 import numpy as np
 import pytest
+import structlog
 
 from proto.messages import SamplingParams
 from worker.model_loading import load_model
@@ -148,3 +149,29 @@ def test_whole_ring_copies_to_another_slot(tiny_model_dir):
     assert a == b and np.array_equal(la, lb)
     with pytest.raises(SlotError):
         store.copy_prefix(0, 1, P)
+
+
+def test_cache_kind_without_pages_still_serves_and_copies(tiny_model_dir):
+    """A layer cache kind paging does not know (here mlx-lm's ChunkedKVCache): the start-up
+    line says paging is off and why; slots still serve, are reused whole and copied."""
+    from mlx_lm.models.cache import ChunkedKVCache
+    from structlog.testing import capture_logs
+
+    from proto.settings import Settings
+    from worker.service import page_layout
+
+    loaded = load_model(str(tiny_model_dir("qwen3")))
+    loaded.make_cache = lambda: [ChunkedKVCache(4096) for _ in loaded.model.layers]
+    with capture_logs() as logs:
+        layout, paging = page_layout(loaded, Settings(page_size=P), structlog.get_logger())
+    assert layout is None
+    assert paging.startswith("off: ChunkedKVCache layers cannot be stored as pages")
+    assert logs[0]["event"] == "kv.paging_unsupported"
+
+    store = SlotStore(loaded.model, loaded.make_cache, 2, 2048)
+    assert not store.trimmable
+    _prefill(store, 0, list(range(10, 10 + 3 * P)), P)
+    store.copy_prefix(0, 1, 3 * P)
+    a, la = _continue(store, 0, 6)
+    b, lb = _continue(store, 1, 6)
+    assert a == b and np.array_equal(la, lb)
