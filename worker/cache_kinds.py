@@ -4,7 +4,7 @@
 - `ArraysCache` (gated delta, SSM): a fixed-size state that exists only at the slot's end.
 - `RotatingKVCache` (sliding-window attention, optional `keep` sink tokens): a ring of the
   last `max_size` tokens. Like a recurrent state it is stored as a snapshot at a restore
-  point, never per token (docs/design.md "Sliding-window layers").
+  point, never per token (docs/design.md "Sliding-window layers, MLA and compound caches").
 - `CacheList` (compound: DeepSeek-V3.2's attention + indexer): its members are paged as
   layers of their own.
 """
@@ -12,11 +12,11 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
+from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache
 
-# The leaf kinds paging knows; a model with any other kind is served without pages.
+# Leaf kinds cut per token; every other kind (ArraysCache, RotatingKVCache, kinds paging does
+# not know) exists only at the slot's end.
 PER_TOKEN = (KVCache,)
-SNAPSHOT = (ArraysCache, RotatingKVCache)
 
 
 def leaves(cache: list) -> list:
@@ -39,11 +39,6 @@ def drops_last_token(cache: list) -> bool:
     return all(type(c) in (KVCache, RotatingKVCache) for c in leaves(cache))
 
 
-def unknown_kinds(cache: list) -> list[str]:
-    return sorted({type(c).__name__ for c in leaves(cache)
-                   if type(c) not in PER_TOKEN + SNAPSHOT})
-
-
 # --- sliding windows -------------------------------------------------------------------------
 
 def window_shapes(c: RotatingKVCache) -> list[tuple[tuple[int, ...], mx.Dtype]]:
@@ -64,12 +59,16 @@ def window_snapshot(c: RotatingKVCache) -> list[mx.array]:
         values = c._trim(values.shape[2] - c.max_size, values)
         idx = c.max_size
     n = keys.shape[2]
-    pad = c.max_size - n
-    if pad:
-        keys = mx.concatenate([keys, mx.zeros((*keys.shape[:2], pad, keys.shape[3]), keys.dtype)], 2)
-        values = mx.concatenate(
-            [values, mx.zeros((*values.shape[:2], pad, values.shape[3]), values.dtype)], 2)
-    return [keys[0], values[0], mx.array([idx, n], dtype=mx.int32)]
+    return [_padded(keys[0], c.max_size), _padded(values[0], c.max_size),
+            mx.array([idx, n], dtype=mx.int32)]
+
+
+def _padded(a: mx.array, length: int) -> mx.array:
+    """[heads, n, dim] -> [heads, length, dim], zeros after the n stored tokens."""
+    pad = length - a.shape[1]
+    if not pad:
+        return a
+    return mx.concatenate([a, mx.zeros((a.shape[0], pad, a.shape[2]), a.dtype)], axis=1)
 
 
 def window_restore(c: RotatingKVCache, arrays: list[mx.array], offset: int) -> None:

@@ -1,7 +1,9 @@
 """Every model family end to end through the HTTP API, on its tiny twin (issue 9).
 
 One process group per family (`--slots 1`, pages of 32 tokens so that short prompts span
-several pages and the sliding windows of 128 wrap), all its checks in one test:
+several pages and the sliding windows of 128 wrap), all its checks in one test. The next
+family's group starts while this one's checks run and the last one stops, so their waits
+overlap:
 
 - greedy output equals mlx_lm's `generate_step` in this process;
 - the start-up line says paging is on and names the family's cache kinds;
@@ -14,6 +16,8 @@ Bit-identical restores per family are in tests/integration/test_page_io.py.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import mlx.core as mx
 import openai
@@ -48,14 +52,49 @@ def complete(client: openai.OpenAI, prompt_ids: list[int]):
                                      temperature=0)
 
 
+@pytest.fixture(scope="module")
+def family_groups(tiny_model_dir):
+    """arch -> its running group. Asking for one also starts the next family's group in the
+    background; `retire(group)` stops a group in the background; all are stopped at the end."""
+    pool = ThreadPoolExecutor(max_workers=2)
+    starting: dict[str, Future] = {}
+    stopping: list[Future] = []
+
+    def launch(arch: str) -> None:
+        if arch not in starting:
+            model_dir = tiny_model_dir(arch)  # generated here: MLX's random state is global
+            group = ServerGroup(model_dir, slots=1, ctx=2048,
+                                extra=("--page-size", str(P), "--prefill-chunk", "64"))
+            starting[arch] = pool.submit(group.start)
+
+    def get(arch: str) -> ServerGroup:
+        launch(arch)
+        following = FAMILIES[FAMILIES.index(arch) + 1:]
+        if following:
+            launch(following[0])
+        return starting[arch].result()
+
+    get.retire = lambda group: stopping.append(pool.submit(group.stop))
+    yield get
+    errors = []
+    for future in [*stopping, *starting.values()]:
+        try:
+            group = future.result()
+            if isinstance(group, ServerGroup):
+                group.stop()  # no-op when already stopped
+        except Exception as exc:  # stop every group before reporting
+            errors.append(str(exc))
+    pool.shutdown()
+    assert not errors, "\n".join(errors)
+
+
 @pytest.mark.parametrize("arch", FAMILIES)
-def test_family_serves_pages_and_switches(tiny_model_dir, arch):
-    model_dir = tiny_model_dir(arch)
-    model, tokenizer = mlx_load(str(model_dir))
+def test_family_serves_pages_and_switches(tiny_model_dir, family_groups, arch):
+    model, tokenizer = mlx_load(str(tiny_model_dir(arch)))
     a_ids, b_ids = tokenizer.encode(A_TEXT), tokenizer.encode(B_TEXT)
     assert len(a_ids) > 4 * P + 10 and len(b_ids) > 2 * P
-    with ServerGroup(model_dir, slots=1, ctx=2048,
-                     extra=("--page-size", str(P), "--prefill-chunk", "64")) as group:
+    group = family_groups(arch)
+    try:
         started = [e for e in group.log_events("worker.started")][-1]
         assert started["paging"] == "on", started
         client = openai.OpenAI(base_url=group.base_url, api_key="none", timeout=120,
@@ -81,3 +120,5 @@ def test_family_serves_pages_and_switches(tiny_model_dir, arch):
         restored = [e["num_restored_tokens"] for e in group.log_events("request.finished")
                     if e.get("role") == "scheduler"]
         assert restored[-1] == held, restored
+    finally:
+        family_groups.retire(group)

@@ -175,3 +175,28 @@ def test_cache_kind_without_pages_still_serves_and_copies(tiny_model_dir):
     a, la = _continue(store, 0, 6)
     b, lb = _continue(store, 1, 6)
     assert a == b and np.array_equal(la, lb)
+
+
+def test_ring_slots_decode_batched_as_alone(tiny_model_dir):
+    """Two sliding-window slots decoding in one batch (mlx-lm's BatchRotatingKVCache) give the
+    tokens each gives alone, past the point where their rings wrap."""
+    loaded = load_model(str(tiny_model_dir("gpt_oss")))
+    prompts = [list(range(100, 190)), list(range(300, 420))]
+
+    def run(batched: bool) -> list[list[int]]:
+        store = SlotStore(loaded.model, loaded.make_cache, 2, 2048)
+        out = []
+        for slot, prompt in enumerate(prompts):
+            store.prefill(slot, 0, prompt[:-1])
+            out.append([prompt[-1]])
+        for i in range(48):
+            groups = [[0, 1]] if batched else [[0], [1]]
+            for slots in groups:
+                logits = store.decode(slots, [len(store.tokens[s]) for s in slots],
+                                      [out[s][-1] for s in slots])
+                for s, tok in zip(slots, sample_rows(logits, [SamplingParams()] * len(slots),
+                                                     [i] * len(slots))):
+                    out[s].append(tok)
+        return out
+
+    assert run(batched=True) == run(batched=False)
