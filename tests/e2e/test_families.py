@@ -11,7 +11,7 @@ overlap:
   re-reads only those (`cached_tokens` = prompt - new; restored from disk, since B took the
   slot), with mlx_lm's greedy tokens for the whole prompt.
 
-qwen3 and qwen3_next are covered the same way in test_parity.py and test_kv_persistence.py.
+qwen3 is covered the same way in test_parity.py and test_kv_persistence.py.
 Bit-identical restores per family are in tests/integration/test_page_io.py.
 """
 
@@ -27,8 +27,9 @@ from mlx_lm.generate import generate_step
 
 from tests.helpers.group import ServerGroup
 
-FAMILIES = ["qwen3_moe", "qwen3_5", "qwen3_5_moe", "gpt_oss", "gemma3_text", "gemma4_text",
-            "glm4_moe", "deepseek_v3", "deepseek_v32", "minimax", "mistral3", "qwen2", "llama"]
+FAMILIES = ["qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gpt_oss", "gemma3_text",
+            "gemma4_text", "glm4_moe", "deepseek_v3", "deepseek_v32", "minimax", "mistral3",
+            "qwen2", "llama"]
 P = 32
 MAX_TOKENS = 16
 A_TEXT = " ".join(f"Line {i}: the {w} river runs past the {w} hill." for i, w in
