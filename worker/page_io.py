@@ -146,9 +146,10 @@ def copy_prefix(cache: list, num_tokens: int, fresh: list) -> list:
         elif type(src) is ArraysCache:
             # mlx arrays are immutable, so sharing them is a copy; the list itself is not.
             dst.cache = list(src.cache)
-        else:  # a kind without pages: a whole copy through mlx-lm's own state
-            dst.state = tree_map(lambda a: mx.contiguous(a) if isinstance(a, mx.array) else a,
-                                 src.state)
+        else:  # a kind without pages: a whole copy, every array a new object (some caches
+            # write into their arrays in place)
+            dst.__dict__.update(tree_map(
+                lambda a: mx.contiguous(a) if isinstance(a, mx.array) else a, vars(src)))
     return fresh
 
 

@@ -12,7 +12,7 @@ import time
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.ids import new_boot_id
@@ -65,6 +65,19 @@ def page_layout(loaded: LoadedModel, settings: Settings, log) -> tuple[PageLayou
         return None, f"off: {exc}; resident prefixes are still reused"
 
 
+def unpaged_bytes_per_token(loaded: LoadedModel, num_tokens: int = 256) -> int:
+    """How much the cache kinds paging does not know grow per token (DeepSeek-V4.1's compressed
+    groups, for one), measured between a 1-token and a (1 + num_tokens)-token forward pass."""
+    known = (KVCache, RotatingKVCache, ArraysCache)
+    sizes = []
+    for n in (1, 1 + num_tokens):
+        cache = loaded.make_cache()
+        loaded.model(mx.array([[0] * n]), cache=cache)
+        mx.eval([c.state for c in leaves(cache)])
+        sizes.append(sum(getattr(c, "nbytes", 0) for c in leaves(cache) if type(c) not in known))
+    return max(0, -(-(sizes[1] - sizes[0]) // num_tokens))
+
+
 def cache_kinds(loaded: LoadedModel) -> str:
     """Layer cache kinds and counts, e.g. "KVCache x2, RotatingKVCache x2"."""
     names = [type(c).__name__ for c in leaves(loaded.make_cache())]
@@ -85,9 +98,10 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     recurrent = sum(window_bytes(c, settings.prefill_chunk) if type(c) is RotatingKVCache
                     else c.nbytes for c in leaves(probe_cache(loaded)) if type(c) is not KVCache)
     page_buffers = buffer_count(layout, settings) * (layout.buffer_bytes if layout else 0)
+    per_token = loaded.kv_bytes_per_token + (0 if layout else unpaged_bytes_per_token(loaded))
     plan = make_plan(
         # Measured after the model ran once, so the weights are resident: count them once.
-        runtime=max(0, resident_bytes() - weights), weights=weights, kv_bytes_per_token=loaded.kv_bytes_per_token,
+        runtime=max(0, resident_bytes() - weights), weights=weights, kv_bytes_per_token=per_token,
         recurrent_bytes_per_slot=recurrent, num_slots=settings.slots, ctx=settings.ctx,
         prefill_chunk=settings.prefill_chunk,
         num_heads=int(text_cfg.get("num_attention_heads", 1)),

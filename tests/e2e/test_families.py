@@ -11,6 +11,8 @@ overlap:
   re-reads only those (`cached_tokens` = prompt - new; restored from disk, since B took the
   slot), with mlx_lm's greedy tokens for the whole prompt.
 
+DeepSeek-V4.1, whose cache cannot be paged, is served without pages (its own test below).
+
 qwen3 is covered the same way in test_parity.py and test_kv_persistence.py.
 Bit-identical restores per family are in tests/integration/test_page_io.py.
 """
@@ -59,7 +61,7 @@ def family_groups(request, tiny_model_dir):
     in the background; `retire(group)` stops a group in the background; all are stopped at
     the end."""
     selected = [item.callspec.params["arch"] for item in request.session.items
-                if getattr(item, "originalname", "") == "test_family_serves_pages_and_switches"]
+                if item.module is request.module and hasattr(item, "callspec")]
     pool = ThreadPoolExecutor(max_workers=2)
     starting: dict[str, Future] = {}
     stopping: list[Future] = []
@@ -124,5 +126,38 @@ def test_family_serves_pages_and_switches(tiny_model_dir, family_groups, arch):
         restored = [e["num_restored_tokens"] for e in group.log_events("request.finished")
                     if e.get("role") == "scheduler"]
         assert restored[-1] == held, restored
+    finally:
+        family_groups.retire(group)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v41"])
+def test_family_without_pages_serves_and_reuses_its_slot(tiny_model_dir, family_groups, arch):
+    """DeepSeek-V4.1 keeps its own per-layer cache (window, compressed groups, index keys) that
+    cannot be paged: the start-up line says so and why; output is still mlx_lm's, a next turn
+    reuses the resident slot, and a turn after a switch is re-read, never wrong."""
+    model, tokenizer = mlx_load(str(tiny_model_dir(arch)))
+    a_ids, b_ids = tokenizer.encode(A_TEXT), tokenizer.encode(B_TEXT)
+    group = family_groups(arch)
+    try:
+        started = [e for e in group.log_events("worker.started")][-1]
+        assert started["paging"].startswith("off: LayerCache layers cannot be stored as pages")
+        assert started["cache_kinds"] == "LayerCache x4"
+        client = openai.OpenAI(base_url=group.base_url, api_key="none", timeout=120,
+                               max_retries=0)
+        expected_a = greedy(model, tokenizer, a_ids)
+        a = complete(client, a_ids)
+        assert a.choices[0].text == tokenizer.decode(expected_a, skip_special_tokens=True)
+
+        follow = a_ids + expected_a + tokenizer.encode(" Then the miller said")
+        expected_follow = greedy(model, tokenizer, follow)
+        again = complete(client, follow)  # extends all the slot holds: reused in memory
+        assert again.usage.prompt_tokens_details.cached_tokens == len(a_ids) + len(expected_a) - 1
+        assert again.choices[0].text == tokenizer.decode(expected_follow,
+                                                         skip_special_tokens=True)
+
+        complete(client, b_ids)  # takes the only slot; A has no pages to come back from
+        back = complete(client, follow)
+        assert back.usage.prompt_tokens_details.cached_tokens == 0
+        assert back.choices[0].text == again.choices[0].text
     finally:
         family_groups.retire(group)

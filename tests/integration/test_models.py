@@ -89,6 +89,7 @@ FAMILY_CACHES = {
     "qwen3_moe": {"KVCache"}, "glm4_moe": {"KVCache"}, "minimax": {"KVCache"},
     "mistral3": {"KVCache"}, "deepseek_v3": {"KVCache"},  # MLA: latent + rope key per token
     "deepseek_v32": {"CacheList"},  # MLA KV + the sparse-attention indexer's keys
+    "deepseek_v41": {"LayerCache"},  # its own: window, compressed groups, index keys
     "qwen3_5": {"ArraysCache", "KVCache"}, "qwen3_5_moe": {"ArraysCache", "KVCache"},
     "gpt_oss": {"KVCache", "RotatingKVCache"}, "gemma3_text": {"KVCache", "RotatingKVCache"},
     "gemma4_text": {"KVCache", "RotatingKVCache"},
