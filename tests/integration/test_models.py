@@ -252,3 +252,23 @@ def test_memory_plan_per_family(tiny_model_dir, arch, full_layers, kv_per_layer)
     assert (small.recurrent > 0) == (arch in ("gpt_oss", "gemma3_text"))
     on_disk = sum(v.nbytes for v in mx.load(str(model_dir / "model.safetensors")).values())
     assert small.weights == on_disk
+
+
+def test_memory_plan_counts_a_cache_that_cannot_be_paged(tiny_model_dir):
+    """DeepSeek-V4.1's own cache grows with the context (compressed groups) though it has no
+    KVCache layers: the plan measures its growth, so it still grows with --ctx."""
+    import structlog
+
+    from proto.settings import Settings
+    from worker.service import page_layout, plan_memory
+
+    model_dir = tiny_model_dir("deepseek_v41")
+    loaded = load_model(str(model_dir))
+    assert loaded.kv_bytes_per_token == 0
+    plans = []
+    for ctx in (1024, 4096):
+        settings = Settings(model=str(model_dir), ctx=ctx, slots=1, page_size=32)
+        layout, paging = page_layout(loaded, settings, structlog.get_logger())
+        assert layout is None and paging.startswith("off: LayerCache")
+        plans.append(plan_memory(loaded, settings, layout))
+    assert plans[1].slot_kv - plans[0].slot_kv >= 3072 * 4 * 64  # > 64 bytes/token per layer
