@@ -57,6 +57,11 @@ def _user_runtime_dir() -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-{os.getuid()}"
 
 
+# The model families' output formats (gateway/output/formats.py has their syntax).
+CHAT_FORMATS = ("auto", "hermes", "qwen3_coder", "harmony", "glm", "deepseek_v31", "minimax_m2",
+                "mistral", "mistral_args", "llama3_json", "gemma3", "gemma4")
+
+
 def _opt(help: str, **kw):
     return field(metadata={"help": help}, **kw)
 
@@ -87,6 +92,11 @@ class Settings:
                              "many tokens)", default=8)
     decode_share: float = _opt("while others prefill, decoding streams keep at least this "
                                "share of their solo speed (0 disables the limit)", default=0.5)
+    overtake_limit: float = _opt("shorter newcomers may prefill ahead of a waiting request "
+                                 "until others got this many times its remaining prompt "
+                                 "tokens (0: first come, first served)", default=1.0)
+    background_wait: float = _opt("seconds a background request waits before it is "
+                                  "scheduled as interactive (0: no bound)", default=30.0)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
     max_body_bytes: int = _opt("largest accepted HTTP body", default=32 * 2**20)
     default_max_tokens: int = _opt("max_tokens when a request gives none", default=2048)
@@ -95,6 +105,8 @@ class Settings:
                                default=True)
     keep_reasoning: bool = _opt("keep earlier <think> blocks in the rendered history",
                                 default=True)
+    chat_format: str = _opt("tool-call and reasoning format: " + ", ".join(CHAT_FORMATS)
+                            + " (auto: from the model's chat template)", default="auto")
     history_turns: int = _opt("assistant turns remembered for prefix-stable rendering",
                               default=1024)
     max_stored_responses: int = _opt("Responses API conversations kept for "
@@ -135,10 +147,14 @@ class Settings:
             problems.append("--prefill-chunk must be at least 1")
         if self.decode_burst < 1:
             problems.append("--decode-burst must be at least 1")
+        if self.overtake_limit < 0 or self.background_wait < 0:
+            problems.append("--overtake-limit and --background-wait must not be negative")
         if not 0 <= self.decode_share < 1:
             problems.append("--decode-share must be in [0, 1)")
         if not 0 < self.port < 65536:
             problems.append("--port must be 1..65535")
+        if self.chat_format not in CHAT_FORMATS:
+            problems.append(f"--chat-format must be one of {', '.join(CHAT_FORMATS)}")
         if self.log_format not in ("json", "console", "auto"):
             problems.append("--log-format must be json, console or auto")
         try:

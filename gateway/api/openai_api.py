@@ -42,7 +42,8 @@ async def completions(request: Request) -> Response:
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
                           grammar=completion.constraint.grammar if completion.constraint else "")
-    turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop, gw.stop_token_ids)
+    turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop,
+                    gw.stop_token_ids + (gw.hidden_ids or ()), gw.hidden_ids is not None)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)
     return await respond(request, turn, submit, fmt, stream=completion.options.stream)
 
@@ -63,7 +64,9 @@ async def get_model(request: Request) -> Response:
 async def health(request: Request) -> Response:
     gw = gateway_of(request)
     status = gw.client.status()
-    if status.connected and status.worker_ready:
+    # "ok" only once the worker and the page index are both ready: a turn placed before the
+    # index is known would re-read its whole conversation (docs/design.md "Processes").
+    if status.connected and status.worker_ready and status.kvstore_ready:
         word, code = "ok", 200
     elif status.connected or not status.ever_connected:
         word, code = "starting", 503

@@ -92,13 +92,15 @@ def _qwen3_coder(syntax, functions, mode, name, parallel, marker) -> CallGrammar
     value is raw text up to its closing tag, any other value is JSON."""
     end = marker(syntax.end)
     rules, alternatives = [], []
+    any_param_rules = False
     for i, (fname, schema) in enumerate(functions.items()):
         if name is not None and fname != name:
             continue
         params = schema.get("properties") or {}
         required = set(schema.get("required") or ())
         parts = [] if params else ["any_param*"]
-        if not params:  # not strict: any parameters, each a raw value
+        if not params and not any_param_rules:  # not strict: any parameters (rules once)
+            any_param_rules = True
             rules.append('any_param: "<parameter=" /[A-Za-z0-9_.-]+/ ">\\n" any_value "\\n"')
             rules.append("any_value[lazy]: /(.|\\n)*\\n<\\/parameter>/")
         for j, (key, param) in enumerate(params.items()):
