@@ -23,7 +23,7 @@ from gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
 from gateway.api import structured
 from gateway.api.structured import Constraint
 from gateway.api.validation import ChatRequest
-from gateway.output.call_grammar import UnsupportedCallFormat, call_grammar
+from gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
 from gateway.output.tools import HARMONY_FAMILY, ToolCall, ToolSyntax, new_call_id, tool_names
 
 
@@ -55,16 +55,6 @@ def _single_token(tokenizer: Any, text: str) -> tuple[int, ...]:
     return ids if len(ids) == 1 else ()
 
 
-def _marker(tokenizer: Any):
-    """A grammar literal for a chat marker: a token reference when the marker is one added
-    token (llguidance never matches those as text), else the text itself."""
-    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
-
-    def marker(text: str) -> str:
-        return f"<[{added[text]}]>" if text in added else json.dumps(text)
-    return marker
-
-
 def _with_trigger(tokenizer: Any, plan: TurnPlan, constraint: Constraint | None) -> TurnPlan:
     if constraint is None:
         return plan
@@ -76,8 +66,9 @@ def _with_trigger(tokenizer: Any, plan: TurnPlan, constraint: Constraint | None)
 def _call_constraint(tokenizer: Any, chat: ChatRequest, syntax: ToolSyntax, mode: str,
                      name: str | None) -> Constraint | None:
     try:
+        added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
         grammar = call_grammar(syntax, chat.tools, chat.strict_tools, mode, name,
-                               chat.parallel_tool_calls, _marker(tokenizer))
+                               chat.parallel_tool_calls, token_literals(added))
     except UnsupportedCallFormat:
         return None  # a format without a grammar: calls are parsed, not constrained
     return structured.lark(grammar.lark, "tools", trigger=grammar.trigger)

@@ -1,6 +1,7 @@
 """The kinds of layer cache mlx-lm models use, and what paging needs to know of each.
 
-- `KVCache` (full attention, MLA latents, indexer keys): grows per token; paged per token.
+- `KVCache` (full attention, MLA latents, indexer keys; or its quantized form, --kv-bits):
+  grows per token; paged per token.
 - `ArraysCache` (gated delta, SSM): a fixed-size state that exists only at the slot's end.
 - `RotatingKVCache` (sliding-window attention, optional `keep` sink tokens): a ring of the
   last `max_size` tokens. Like a recurrent state it is stored as a snapshot at a restore
@@ -12,11 +13,9 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache
+from mlx_lm.models.cache import CacheList, RotatingKVCache
 
-# Leaf kinds cut per token; every other kind (ArraysCache, RotatingKVCache, kinds paging does
-# not know) exists only at the slot's end.
-PER_TOKEN = (KVCache,)
+from worker.kv_layout import is_attention_kv
 
 
 def leaves(cache: list) -> list:
@@ -29,14 +28,14 @@ def leaves(cache: list) -> list:
 
 def rewindable(cache: list) -> bool:
     """True when every layer can be cut back to any earlier token (all per-token KV)."""
-    return all(type(c) in PER_TOKEN for c in leaves(cache))
+    return all(is_attention_kv(c) for c in leaves(cache))
 
 
 def drops_last_token(cache: list) -> bool:
     """True when the token just fed can be undone with `trim(1)` (pipelined decode). A ring
     can: the slot it wrote is rewritten by the next token, or is the oldest one the next
     chunk drops."""
-    return all(type(c) in (KVCache, RotatingKVCache) for c in leaves(cache))
+    return all(is_attention_kv(c) or type(c) is RotatingKVCache for c in leaves(cache))
 
 
 # --- sliding windows -------------------------------------------------------------------------

@@ -42,3 +42,11 @@ def test_non_loopback_needs_api_key():
     with pytest.raises(SettingsError, match="--api-key is required"):
         _parse(["--host", "0.0.0.0"])
     assert _parse(["--host", "0.0.0.0", "--api-key", "k"]).host == "0.0.0.0"
+
+
+def test_kv_bits_and_group_size_are_checked():
+    assert (_parse(["--kv-bits", "8"]).kv_bits, _parse([]).kv_group_size) == (8, 64)
+    with pytest.raises(SettingsError, match="--kv-bits must be 8 or 4"):
+        _parse(["--kv-bits", "3"])
+    with pytest.raises(SettingsError, match="--kv-group-size must be 32, 64 or 128"):
+        _parse(["--kv-bits", "4", "--kv-group-size", "48"])
