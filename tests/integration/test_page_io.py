@@ -6,6 +6,7 @@ import pytest
 import structlog
 
 from proto.messages import SamplingParams
+from worker.kv_layout import kv_quant
 from worker.model_loading import load_model
 from worker.page_io import PageLayout
 from worker.sampling import sample_rows
@@ -14,8 +15,8 @@ from worker.slots import SlotError, SlotStore
 P = 32
 
 
-def _setup(model_dir, num_slots=2):
-    loaded = load_model(str(model_dir))
+def _setup(model_dir, num_slots=2, quant=None):
+    loaded = load_model(str(model_dir), quant)
     store = SlotStore(loaded.model, loaded.make_cache, num_slots, 2048)
     probe = loaded.make_cache()
     loaded.model(mx.array([[1]]), cache=probe)
@@ -108,12 +109,13 @@ def test_tail_page_restores_exactly_where_the_turn_ended(tiny_model_dir, arch):
     assert np.array_equal(got_logits, ref_logits)
 
 
-@pytest.mark.parametrize("arch", ["gpt_oss", "gemma3_text"])
+@pytest.mark.parametrize("arch, bits", [("gpt_oss", 0), ("gemma3_text", 0), ("gemma3_text", 8)])
 @pytest.mark.parametrize("next_turn", [1, 7])
-def test_window_snapshot_after_decode_restores_exactly(tiny_model_dir, arch, next_turn):
+def test_window_snapshot_after_decode_restores_exactly(tiny_model_dir, arch, bits, next_turn):
     """A turn ended after decoding (the ring has wrapped and rotated): restored, the next turn
-    (one token or a chunk) gives the same logits as the slot that stayed in memory."""
-    store, layout = _setup(tiny_model_dir(arch))
+    (one token or a chunk) gives the same logits as the slot that stayed in memory; also with
+    the full-attention layers' KV quantized (--kv-bits 8) next to the unquantized rings."""
+    store, layout = _setup(tiny_model_dir(arch), quant=kv_quant(bits, 64))
     prompt = [int(t) for t in np.random.default_rng(2).integers(5, 3000, 3 * P + 5)]
     _prefill(store, 0, prompt[:-1], P)
     _continue(store, 0, prompt[-1], n=2 * P + 3)  # past the window: the ring rotates
