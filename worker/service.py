@@ -62,6 +62,18 @@ def probe_cache(loaded: LoadedModel) -> list:
     return cache
 
 
+def check_kv_quant_runs(loaded: LoadedModel, settings: Settings) -> None:
+    """Refuse --kv-bits for a model whose attention mlx-lm cannot run on quantized KV (gpt-oss:
+    its attention sinks), with one clear line instead of a crash on the first request."""
+    if not settings.kv_bits:
+        return
+    try:
+        probe_cache(loaded)
+    except ValueError as exc:
+        raise ModelLoadError(f"--kv-bits {settings.kv_bits} cannot be used with this model "
+                             f"({loaded.model_type}): {exc} Serve it without --kv-bits.") from exc
+
+
 def page_layout(loaded: LoadedModel, settings: Settings, log) -> tuple[PageLayout | None, str]:
     """The page layout and the start-up line's word on paging ("on", or what is off and why:
     without pages a slot still reuses and copies its resident prefix)."""
@@ -127,6 +139,7 @@ def run(settings: Settings) -> None:
     endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
     try:
         loaded = load_model(settings.model, kv_quant(settings.kv_bits, settings.kv_group_size))
+        check_kv_quant_runs(loaded, settings)
         layout, paging = page_layout(loaded, settings, log)
         plan = plan_memory(loaded, settings, layout)
         log.info("worker.memory_plan", kv_quant=kv_form(loaded),

@@ -272,3 +272,18 @@ def test_memory_plan_counts_a_cache_that_cannot_be_paged(tiny_model_dir):
         assert layout is None and paging.startswith("off: LayerCache")
         plans.append(plan_memory(loaded, settings, layout))
     assert plans[1].slot_kv - plans[0].slot_kv >= 3072 * 4 * 64  # > 64 bytes/token per layer
+
+
+def test_kv_bits_refused_for_gpt_oss_sinks(tiny_model_dir):
+    """mlx-lm's quantized attention has no attention sinks: --kv-bits on gpt-oss is refused at
+    start with one line (exit 2 in the worker), not a crash on the first request."""
+    from proto.settings import Settings
+    from worker.kv_layout import kv_quant
+    from worker.service import check_kv_quant_runs
+
+    model_dir = tiny_model_dir("gpt_oss")
+    loaded = load_model(str(model_dir), kv_quant(8, 64))
+    with pytest.raises(ModelLoadError, match="--kv-bits 8 cannot be used with this model"):
+        check_kv_quant_runs(loaded, Settings(model=str(model_dir), kv_bits=8))
+    check_kv_quant_runs(load_model(str(tiny_model_dir("gemma3_text")), kv_quant(8, 64)),
+                        Settings(model="x", kv_bits=8))  # gemma's sliding layers are fine
