@@ -148,9 +148,13 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     client = SchedulerClient(Endpoints(settings.runtime_path).scheduler, boot_id=boot_id,
                              heartbeat_s=settings.heartbeat_s,
                              peer_timeout_s=settings.peer_timeout_s)
-    model_id = served_model_id(settings.model)
+    if settings.served_model_name:  # as vLLM: exactly these names, the first one in replies
+        model_id, *names = settings.served_model_name
+        aliases = tuple(dict.fromkeys(names))
+    else:
+        model_id = served_model_id(settings.model)
+        aliases = tuple({settings.model} - {"", model_id})
     chat_format = detect_format(tokenizer, settings.chat_format)
-    aliases = tuple({settings.model} - {"", model_id})
     gateway = Gateway(settings=settings, tokenizer=tokenizer, client=client, model_id=model_id,
                       model_aliases=aliases,
                       stop_token_ids=eos_ids(tokenizer),

@@ -70,6 +70,9 @@ def _opt(help: str, **kw):
 class Settings:
     model: str = _opt("MLX/HF model directory, Hugging Face repo id or .gguf file "
                       "(default: the embedded tiny model)", default="")
+    served_model_name: tuple[str, ...] = _opt(
+        "model names clients may use (repeatable; the first is the one replies carry; default: "
+        "the model directory's or file's name)", default=())
     host: str = _opt("address the HTTP gateway binds", default="127.0.0.1")
     port: int = _opt("HTTP port", default=8000)
     slots: int = _opt("resident sequences kept in memory and decoded in one batch", default=4)
@@ -173,21 +176,25 @@ class Settings:
             problems.append(str(exc))
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.api_key:
             problems.append(f"--api-key is required when binding to {self.host} (not loopback)")
+        if any(not name.strip() for name in self.served_model_name):
+            problems.append("--served-model-name must not be empty")
         if problems:
             raise SettingsError("; ".join(problems))
         return self
 
     def to_args(self) -> list[str]:
         """Flags that reproduce these settings exactly (for child processes)."""
-        args: list[str] = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            flag = "--" + f.name.replace("_", "-")
-            if isinstance(value, bool):
-                args.append(flag if value else f"--no-{flag[2:]}")
-            else:
-                args += [flag, str(value)]
-        return args
+        return [a for f in dataclasses.fields(self) for a in flag_args(f.name, getattr(self, f.name))]
+
+
+def flag_args(name: str, value) -> list[str]:
+    """The command-line flags that set setting `name` to `value`."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else f"--no-{flag[2:]}"]
+    if isinstance(value, tuple):  # repeatable
+        return [a for item in value for a in (flag, str(item))]
+    return [flag, str(value)]
 
 
 class SettingsError(ValueError):
@@ -201,6 +208,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if f.type in (bool, "bool"):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=f.metadata["help"])
+        elif str(f.type).startswith("tuple"):  # `--x a b` and `--x a --x b`, as vLLM takes them
+            parser.add_argument(flag, dest=f.name, action="extend", nargs="+", default=None,
+                                metavar="NAME", help=f.metadata["help"])
         else:
             kind = {"int": int, "float": float}.get(str(f.type), str)
             parser.add_argument(flag, dest=f.name, type=kind, default=None,
@@ -215,6 +225,10 @@ def from_namespace(ns: argparse.Namespace) -> Settings:
         given = getattr(ns, f.name, None)
         if given is not None:
             values[f.name] = given
+    for f in dataclasses.fields(Settings):  # lists (flags, TOML arrays or a TOML string)
+        if str(f.type).startswith("tuple") and f.name in values:
+            given = values[f.name]
+            values[f.name] = (given,) if isinstance(given, str) else tuple(given)
     return Settings(**values).validate()
 
 

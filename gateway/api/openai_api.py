@@ -50,7 +50,8 @@ async def completions(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     gw = gateway_of(request)
-    return JSONResponse(models_body(gw.model_id, gw.created))
+    listed = (gw.model_id, *gw.model_aliases) if gw.settings.served_model_name else (gw.model_id,)
+    return JSONResponse(models_body(listed, gw.created))
 
 
 async def get_model(request: Request) -> Response:
@@ -58,7 +59,8 @@ async def get_model(request: Request) -> Response:
     model = request.path_params["model"]
     if model not in (gw.model_id, *gw.model_aliases):
         raise model_not_found(model)
-    return JSONResponse(model_card(gw.model_id, gw.created))
+    named = model if gw.settings.served_model_name else gw.model_id
+    return JSONResponse(model_card(named, gw.created))
 
 
 async def health(request: Request) -> Response:
