@@ -218,6 +218,10 @@ class SchedulerService:
                       slots=msg.num_slots, ctx=msg.ctx, trimmable=msg.trimmable,
                       resident_tokens=sum(len(s.token_ids) for s in msg.slots),
                       num_page_buffers=msg.num_buffers, page_buffer_bytes=msg.buffer_bytes)
+        if not msg.num_buffers:  # the model's cache cannot be paged: nothing goes to disk
+            print("switchyard: KV pages off for this model (see the worker's start-up line); "
+                  "the disk budget is unused", flush=True)
+            return
         report = budget_report(msg.kv_bytes_per_token, self.settings.kv_disk_budget_bytes)
         self.log.info("kv.budget", kv_bits=self.settings.kv_bits, **report)
         bits = f", {self.settings.kv_bits}-bit KV" if self.settings.kv_bits else ""

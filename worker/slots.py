@@ -15,6 +15,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.cache_kinds import drops_last_token, rewindable
 from worker.page_io import copy_prefix
 
 
@@ -32,7 +33,10 @@ class SlotStore:
         self._batch_slots: tuple[int, ...] = ()
         self._batch: list | None = None
         self.tokens: list[list[int]] = [[] for _ in range(num_slots)]
-        self.trimmable = all(c.is_trimmable() for c in self._parked[0])
+        # Recurrent states and sliding-window rings exist only at the slot's end: such a slot
+        # is never cut back (mlx-lm's is_trimmable() is True for a ring that has not wrapped).
+        self.trimmable = rewindable(self._parked[0])
+        self.drops_last_token = drops_last_token(self._parked[0])
 
     @property
     def num_slots(self) -> int:
@@ -54,7 +58,7 @@ class SlotStore:
             for c in self._parked[slot]:
                 c.trim(held - length)
         else:
-            raise SlotError(f"slot {slot}: recurrent state cannot be rewound to {length}")
+            raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         del self.tokens[slot][length:]
 
     def prefill(self, slot: int, start: int, token_ids: list[int]) -> None:
