@@ -14,6 +14,7 @@ from typing import Any
 from gateway.errors import context_length_exceeded, invalid, model_not_found
 from gateway.validation import ChatRequest, CompletionRequest, Options
 from proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
+from proto.tokens import TokenIds
 
 DEFAULT_MODEL_ID = "switchyard-tiny"
 
@@ -85,7 +86,7 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
     sampling = SamplingParams(temperature=options.temperature, top_p=options.top_p,
                               top_k=options.top_k, min_p=options.min_p, seed=seed)
     return SubmitRequest(
-        rid=rid, prompt_token_ids=tuple(prompt_ids),
+        rid=rid, prompt_token_ids=TokenIds(prompt_ids),
         max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,
         stop_token_ids=stop_token_ids,
         priority=options.priority or priority or PRIORITY_INTERACTIVE)

@@ -12,9 +12,10 @@ pages (`scheduler.placement`); only what none of them holds is prefilled.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from dataclasses import dataclass
+
+import msgspec
 
 from proto.messages import (
     CopyPrefix,
@@ -117,7 +118,7 @@ class SchedulerCore:
                 "shortly", True, cfg.retry_after_s))
             return
         self.requests[msg.rid] = Request(
-            rid=msg.rid, prompt=tuple(msg.prompt_token_ids), max_tokens=max(1, msg.max_tokens),
+            rid=msg.rid, prompt=msg.prompt_token_ids, max_tokens=max(1, msg.max_tokens),
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority, arrived_at=now)
         self.waiting.append(msg.rid)
@@ -467,7 +468,7 @@ class SchedulerCore:
         req = self.requests[self.slots[item.slot].rid]
         room = self.config.ctx - (item.position + 1)  # tokens the slot can still take
         limit = min(burst, req.max_tokens - len(req.generated), room)
-        return dataclasses.replace(item, max_tokens=max(1, limit))
+        return msgspec.structs.replace(item, max_tokens=max(1, limit))
 
     # --- finishing -------------------------------------------------------------------------
 
