@@ -151,6 +151,7 @@ class LoadPages(Value):
     buffers: tuple[int, ...]
     token_ids: TokenIds  # the pages' tokens, so the worker knows what its slot holds
     with_state: bool = False
+    reserve: int = 0  # tokens the next loads of this restore append: room is made once
 
     def __post_init__(self):
         _pack_tokens(self, "token_ids")
@@ -290,6 +291,7 @@ class StepDone(Message, tag="step_done"):
     duration_s: float
     decode_s: float = 0.0  # the batched decode (forward and sampling)
     prefill_s: float = 0.0  # the prefill chunks
+    load_s: float = 0.0  # the page loads (disk restores) into slots
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------

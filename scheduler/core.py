@@ -231,9 +231,10 @@ class SchedulerCore:
             self.pages.release([b for _, b in good])
             good = []
             self.slots[req.slot].truncate(0, self.config.page_size)
-        req.loading = good
+        req.loading = req.loading + good  # a batch not yet loaded stays first
         if req.cancelled and not self._busy(req):
             self._finish(req, "cancelled", now)
+        self._issue_reads()  # the next batch is read while this one loads
 
     def pages_written(self, msg: PagesWritten, now: float) -> None:
         self.pages.pages_written(msg, now)
@@ -432,7 +433,10 @@ class SchedulerCore:
             return  # kvstore (re)starting: reads wait until it has attached the buffers
         for slot in self.slots:
             req = self.requests.get(slot.rid) if slot.rid else None
-            if req is not None and req.restore_pages and not (req.reading or req.loading):
+            # Read ahead while a batch loads; a hybrid slot takes its batches one at a time
+            # (a miss may make the slot unusable below a page that carries its state).
+            if req is not None and req.restore_pages and not req.reading \
+                    and (self.config.trimmable or not req.loading):
                 read = self.reads.issue(req)
                 if read is not None:
                     self.outbox.append(read)

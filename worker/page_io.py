@@ -85,12 +85,13 @@ class PageLayout:
     # --- buffers -> slot -------------------------------------------------------------------
 
     def load(self, cache: list, start: int, pages: list[np.ndarray], with_state: bool,
-             num_tokens: int) -> None:
+             num_tokens: int, reserve: int = 0) -> None:
         """Append `pages` (uint8 buffers) holding `num_tokens` tokens after the first `start`
-        tokens of `cache`. All pages are full but the last, which may be a tail."""
+        tokens of `cache`. All pages are full but the last, which may be a tail. `reserve`:
+        tokens later loads will append, given room now."""
         last = num_tokens - (len(pages) - 1) * self.page_size
         counts = [self.page_size] * (len(pages) - 1) + [last]
-        capacity = _round_up(start + num_tokens + 1, KVCache.step)
+        capacity = _round_up(start + num_tokens + reserve + 1, KVCache.step)
         for index, (k_spec, v_spec) in enumerate(self._kv):
             layer = self.kv_layers[index]
             parts_k, parts_v = [], []
@@ -134,13 +135,21 @@ def copy_prefix(cache: list, num_tokens: int, fresh: list) -> list:
 
 def _assemble(existing: mx.array | None, start: int, parts: list[np.ndarray],
               capacity: int) -> mx.array:
-    """[1, heads, capacity, dim]: existing[:start], then the pages, then zero room to grow."""
-    new = mx.array(np.concatenate(parts, axis=1))[None]
-    pieces = [existing[..., :start, :]] if start else []
-    pieces.append(new)
-    used = start + new.shape[2]
-    pieces.append(mx.zeros((1, new.shape[1], capacity - used, new.shape[3]), new.dtype))
-    return mx.concatenate(pieces, axis=2)
+    """[1, heads, >= capacity, dim]: existing[:start], then the pages, then room to grow.
+
+    Written into `existing` when it has the room (mlx updates a buffer nobody else holds in
+    place), so each page is copied once, not the whole slot again for every batch of a
+    restore (docs/design.md "Restores")."""
+    new = [mx.array(part)[None] for part in parts]  # the one copy out of shared memory
+    out = existing
+    if existing is None or existing.shape[2] < capacity:
+        out = mx.zeros((1, new[0].shape[1], capacity, new[0].shape[3]), new[0].dtype)
+        if start:
+            out[..., :start, :] = existing[..., :start, :]
+    for part in new:
+        out[..., start:start + part.shape[2], :] = part
+        start += part.shape[2]
+    return out
 
 
 def _resized(spec: _Array, num_tokens: int) -> _Array:
