@@ -21,17 +21,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import anthropic_api, dashboard, metrics, openai_api, responses_api
+from gateway import dashboard, metrics
+from gateway.api import anthropic_api, openai_api, responses_api
 from gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord, gateway_of
 from gateway.driver import STATUS_CLIENT_CLOSED
 from gateway.errors import APIError, api_style
-from gateway.history import TurnMemory
-from gateway.openapi import openapi_spec
-from gateway.prompts import served_model_id
-from gateway.reasoning import think_syntax
-from gateway.response_store import ResponseStore
+from gateway.prompting.history import TurnMemory
+from gateway.api.openapi import openapi_spec
+from gateway.prompting.prompts import served_model_id
+from gateway.output.reasoning import think_syntax
+from gateway.api.response_store import ResponseStore
 from gateway.scheduler_client import SchedulerClient
-from gateway.tools import tool_syntax
+from gateway.output.tools import tool_syntax
 from proto.endpoints import Endpoints
 from proto.settings import Settings
 

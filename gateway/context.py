@@ -13,11 +13,11 @@ from starlette.requests import Request
 
 from gateway.errors import APIError
 from gateway.generation import Usage
-from gateway.history import DEFAULT_MAX_TURNS, TurnMemory
-from gateway.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
-from gateway.response_store import ResponseStore
+from gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
+from gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
+from gateway.api.response_store import ResponseStore
 from gateway.scheduler_client import SchedulerClient
-from gateway.tools import HERMES, ToolSyntax
+from gateway.output.tools import HERMES, ToolSyntax
 from proto.messages import SubmitRequest
 from proto.settings import Settings
 

@@ -18,14 +18,14 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.context import Gateway, RequestRecord, gateway_of, record_of
 from gateway.errors import APIError, invalid
-from gateway.history import RenderOptions
-from gateway.output import Event
-from gateway.prompts import build_submit, check_chat_template
+from gateway.prompting.history import RenderOptions
+from gateway.output.parser import Event
+from gateway.prompting.prompts import build_submit, check_chat_template
 from gateway.scheduler_client import RequestStream
 from gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
                                until_disconnect)
 from gateway.turn import ChatTurn, TurnResult, TurnUpdate, plan_turn
-from gateway.validation import ChatRequest, header_priority
+from gateway.api.validation import ChatRequest, header_priority
 from proto.logs import content_allowed
 from proto.messages import SubmitRequest
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.detokenizer import IncrementalDetokenizer, StopMatcher
+from gateway.output.detokenizer import IncrementalDetokenizer, StopMatcher
 from gateway.errors import APIError, from_failure
 from proto.messages import RequestFailed, RequestFinished, TokensGenerated
 

@@ -14,11 +14,11 @@ from typing import Any
 
 from gateway.errors import APIError
 from gateway.generation import Generation, Usage
-from gateway.history import Rendered, RenderOptions, TurnMemory, render_prompt
-from gateway.output import Event, Forced, OutputParser, TextDelta
-from gateway.reasoning import ThinkSyntax, prompt_opens_reasoning
-from gateway.tools import ToolCall, ToolSyntax, new_call_id, tool_names
-from gateway.validation import ChatRequest
+from gateway.prompting.history import Rendered, RenderOptions, TurnMemory, render_prompt
+from gateway.output.parser import Event, Forced, OutputParser, TextDelta
+from gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
+from gateway.output.tools import ToolCall, ToolSyntax, new_call_id, tool_names
+from gateway.api.validation import ChatRequest
 
 
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 import structlog
 
-from gateway.anthropic_api import VOLATILE_SYSTEM_PREFIXES
+from gateway.api.anthropic_api import VOLATILE_SYSTEM_PREFIXES
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.messages import RequestFinished, TokensGenerated
 from proto.settings import Settings
@@ -450,7 +450,7 @@ def test_messages_auth_error_is_anthropic_format(base_url):
 
 
 def test_billing_header_lines_are_removed():
-    from gateway.anthropic_api import parse_system
+    from gateway.api.anthropic_api import parse_system
 
     assert VOLATILE_SYSTEM_PREFIXES == ("x-anthropic-billing-header:",)
     assert parse_system([{"type": "text", "text": "x-anthropic-billing-header: a=1;"},

@@ -5,7 +5,7 @@ import random
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from gateway.detokenizer import IncrementalDetokenizer, StopMatcher
+from gateway.output.detokenizer import IncrementalDetokenizer, StopMatcher
 from gateway.generation import Generation
 from proto.messages import RequestFailed, RequestFinished, TokensGenerated
 

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from gateway.errors import APIError
-from gateway.history import RenderOptions, TurnMemory, message_key, render_prompt
+from gateway.prompting.history import RenderOptions, TurnMemory, message_key, render_prompt
 
 CALL = {"id": "call_1", "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}

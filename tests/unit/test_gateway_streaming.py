@@ -7,9 +7,9 @@ import pytest
 
 from gateway.errors import APIError, from_failure
 from gateway.generation import Usage
-from gateway.output import ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
-from gateway.responses import ChatFormat, CompletionFormat
-from gateway.tools import ToolCall
+from gateway.output.parser import ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from gateway.api.responses import ChatFormat, CompletionFormat
+from gateway.output.tools import ToolCall
 from gateway.turn import TurnResult
 from gateway.streaming import (SSE_DONE, SSE_KEEPALIVE, ClientDisconnected,
                                EventStreamResponse, sse_data, until_disconnect)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.errors import APIError
-from gateway.tools import (HERMES, ToolChoice, ToolSyntax, best_tool, parse_calls,
+from gateway.output.tools import (HERMES, ToolChoice, ToolSyntax, best_tool, parse_calls,
                            parse_openai_tool_choice, parse_openai_tools, repair_forced,
                            tool_syntax)
 

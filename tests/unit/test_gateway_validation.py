@@ -3,8 +3,8 @@
 import pytest
 
 from gateway.errors import APIError
-from gateway.prompts import build_submit, check_model, served_model_id
-from gateway.validation import (Options, header_priority, parse_chat_request,
+from gateway.prompting.prompts import build_submit, check_model, served_model_id
+from gateway.api.validation import (Options, header_priority, parse_chat_request,
                                 parse_completion_request, parse_json)
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

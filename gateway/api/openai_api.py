@@ -13,10 +13,10 @@ from starlette.responses import JSONResponse, Response
 from gateway.context import gateway_of
 from gateway.driver import respond, start_chat
 from gateway.errors import model_not_found
-from gateway.prompts import build_submit, check_model, encode_prompt
-from gateway.responses import ChatFormat, CompletionFormat, model_card, models_body
+from gateway.prompting.prompts import build_submit, check_model, encode_prompt
+from gateway.api.responses import ChatFormat, CompletionFormat, model_card, models_body
 from gateway.turn import TextTurn
-from gateway.validation import (header_priority, parse_chat_request, parse_completion_request,
+from gateway.api.validation import (header_priority, parse_chat_request, parse_completion_request,
                                 parse_json)
 from proto.ids import new_rid
 

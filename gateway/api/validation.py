@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import invalid, invalid_type, out_of_range
-from gateway.tools import AUTO, ToolChoice, parse_openai_tool_choice, parse_openai_tools
+from gateway.output.tools import AUTO, ToolChoice, parse_openai_tool_choice, parse_openai_tools
 from proto.messages import PRIORITIES
 
 PRIORITY_HEADER = "x-switchyard-priority"

@@ -13,9 +13,9 @@ from typing import Any
 
 from gateway.errors import APIError
 from gateway.generation import Usage
-from gateway.output import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
 from gateway.streaming import SSE_DONE, SSE_KEEPALIVE, sse_data
-from gateway.tools import ToolCall
+from gateway.output.tools import ToolCall
 from gateway.turn import TurnResult
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 
 from gateway.errors import invalid
-from gateway.reasoning import without_reasoning
+from gateway.output.reasoning import without_reasoning
 
 log = structlog.get_logger()
 

@@ -24,14 +24,14 @@ from starlette.responses import Response
 from gateway.context import gateway_of
 from gateway.driver import respond, start_chat
 from gateway.errors import APIError, invalid, invalid_type
-from gateway.output import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
-from gateway.prompts import check_model
-from gateway.response_store import ResponseStore
+from gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from gateway.prompting.prompts import check_model
+from gateway.api.response_store import ResponseStore
 from gateway.streaming import sse_event
-from gateway.tools import (ToolChoice, check_tool_fields, function_tool,
+from gateway.output.tools import (ToolChoice, check_tool_fields, function_tool,
                            parse_openai_tool_choice)
 from gateway.turn import ChatTurn, TurnResult, assistant_message
-from gateway.validation import (
+from gateway.api.validation import (
     ChatRequest,
     Fields,
     Options,

@@ -27,14 +27,14 @@ from gateway.context import gateway_of
 from gateway.driver import PREFIX_STABLE_HEADER, header_flag, respond, start_chat
 from gateway.errors import APIError, invalid, invalid_type
 from gateway.generation import Usage
-from gateway.history import RenderOptions
-from gateway.output import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
-from gateway.prompts import check_chat_template
+from gateway.prompting.history import RenderOptions
+from gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from gateway.prompting.prompts import check_chat_template
 from gateway.streaming import sse_event
-from gateway.tools import (AUTO, NONE, ToolChoice, check_tool_choice, check_tool_fields,
+from gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_choice, check_tool_fields,
                            function_tool)
 from gateway.turn import TurnResult, plan_turn
-from gateway.validation import (ChatRequest, Fields, Options, parse_json, parse_priority,
+from gateway.api.validation import (ChatRequest, Fields, Options, parse_json, parse_priority,
                                 template_kwargs)
 
 log = structlog.get_logger()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import context_length_exceeded, invalid, model_not_found
-from gateway.validation import ChatRequest, CompletionRequest, Options
+from gateway.api.validation import ChatRequest, CompletionRequest, Options
 from proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
 from proto.tokens import TokenIds
 
