@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proto.messages import PRIORITY_INTERACTIVE, SamplingParams
@@ -88,9 +89,10 @@ class Slot:
         self.num_persisted = 0
 
 
-def common_prefix_len(a: list[int] | tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = min(len(a), len(b))
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     i = 0
-    while i < n and a[i] == b[i]:
+    for x, y in zip(a, b):  # iterating beats indexing, for a TokenIds above all
+        if x != y:
+            break
         i += 1
     return i
