@@ -72,7 +72,8 @@ def main() -> int:
     ap.add_argument("--other", type=int, default=600, help="conversation B's length")
     ap.add_argument("--rounds", type=int, default=4, help="switching turns of A")
     ap.add_argument("--page-size", type=int, default=256)
-    ap.add_argument("--prefill-chunk", type=int, default=2048)
+    ap.add_argument("--prefill-chunk", type=int, default=512,
+                    help="small: a chunk at 32K+ context must finish within the step limit")
     ap.add_argument("--extra", default="", help="more `switchyard serve` flags")
     ap.add_argument("--keep-log", metavar="FILE", help="copy the group log here")
     args = ap.parse_args()
