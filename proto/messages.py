@@ -155,7 +155,7 @@ class LoadPages(Value):
     buffers: tuple[int, ...]
     token_ids: TokenIds  # the pages' tokens, so the worker knows what its slot holds
     with_state: bool = False
-    reserve: int = 0  # tokens the next loads of this restore append: room is made once
+    reserve: int = 0  # tokens that will follow (later loads, then prefill): room made once
 
     def __post_init__(self):
         _pack_tokens(self, "token_ids")

@@ -95,8 +95,8 @@ def load_of(req: Request, trimmable: bool) -> LoadPages:
     tokens = req.feed[first.start:last.start + last.num_tokens]
     req.num_restored += len(tokens)
     with_state = not trimmable and not req.restore_pages
-    # The slot makes room for the whole restore at its first load, not once per batch.
-    reserve = sum(p.num_tokens for p in req.restore_pages) \
-        + sum(p.num_tokens for p, _ in req.reading)
+    # The slot makes room for the whole context at the restore's first load: later batches
+    # and the prefill after them write in place instead of growing (copying) the slot.
+    reserve = max(0, len(req.feed) - 1 - (first.start + len(tokens)))
     return LoadPages(req.slot, first.start, tuple(b for _, b in batch), tokens, with_state,
                      reserve)

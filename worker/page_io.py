@@ -88,7 +88,7 @@ class PageLayout:
              num_tokens: int, reserve: int = 0) -> None:
         """Append `pages` (uint8 buffers) holding `num_tokens` tokens after the first `start`
         tokens of `cache`. All pages are full but the last, which may be a tail. `reserve`:
-        tokens later loads will append, given room now."""
+        tokens that will follow (later loads, the prefill after them), given room now."""
         last = num_tokens - (len(pages) - 1) * self.page_size
         counts = [self.page_size] * (len(pages) - 1) + [last]
         capacity = _round_up(start + num_tokens + reserve + 1, KVCache.step)

@@ -374,9 +374,10 @@ def test_the_next_batch_is_read_while_the_last_one_loads():
     loads = [(i, ld) for i, m in enumerate(msgs) if isinstance(m, RunStep) for ld in m.loads]
     assert all(len(msgs[i].reads) <= 4 for i in reads)
     assert reads[1] < loads[0][0], "batch 2 is read before batch 1 is loaded"
-    # Loads follow each other; the first makes room for the whole restore.
+    # Loads follow each other; the first makes room for the whole context.
     restored = sum(len(ld.token_ids) for _, ld in loads)
-    assert loads[0][1].reserve == restored - len(loads[0][1].token_ids)
+    context = len(a) + len(g.reply("a1")) + 3 - 1
+    assert loads[0][1].reserve == context - len(loads[0][1].token_ids)
     assert [ld.start for _, ld in loads] == [0] + list(
         accumulate(len(ld.token_ids) for _, ld in loads[:-1]))
     assert restored == len(a) + 3 and g.finished("a2").num_cached_tokens == len(a) + 3
