@@ -98,10 +98,11 @@ def main() -> int:
             cold = can_drop and rnd % 2 == 0
             send(group.url, b_base + random_token_ids(rng, 16))
             time.sleep(1.0)  # let write-through of B's pages finish; A's are on disk already
-            files = sorted(group.kv_dir.rglob("*.page"))
             if cold:
                 drop_page_cache()
             rid = send(group.url, a_base + random_token_ids(rng, 64 * rnd))
+            # A's pages and what else is stored now (passed tails are deleted as turns go).
+            files = sorted(group.kv_dir.rglob("*.page"))
             if cold:
                 drop_page_cache()
             total = sum(f.stat().st_size for f in files)
