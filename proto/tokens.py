@@ -2,9 +2,9 @@
 
 Prompts are 50K-150K tokens. As a msgpack array every id would be one Python int to build
 and one to parse (milliseconds per message); packed, a token list crosses the wire as one
-msgpack `ext` value and is copied once, never parsed (docs/design.md "Protocol"). Inside a process it is
-an ordinary read-only sequence of ints: len, indexing, slicing (a `TokenIds`), iteration,
-`+`, and equality with tuples and lists of the same ids.
+msgpack `ext` value and is copied once, never parsed (docs/design.md "Protocol"). Inside a
+process it is an ordinary read-only sequence of ints: len, indexing, slicing (a `TokenIds`),
+iteration, `+`, and equality with tuples and lists of the same ids.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import overload
 _TYPECODE = "I"
 if array(_TYPECODE).itemsize != 4:  # the wire form is 4 bytes a token on every platform
     _TYPECODE = "L"
-    assert array(_TYPECODE).itemsize == 4, "no 4-byte unsigned array type"
+if array(_TYPECODE).itemsize != 4:
+    raise ImportError("this platform has no 4-byte unsigned array type")
 
 
 class TokenIds(Sequence[int]):
@@ -25,9 +26,7 @@ class TokenIds(Sequence[int]):
     def __init__(self, ids: Iterable[int] = ()):
         if isinstance(ids, TokenIds):
             self._ids = ids._ids  # immutable: sharing is safe
-        elif isinstance(ids, array) and ids.typecode == _TYPECODE:
-            self._ids = array(_TYPECODE, ids)  # a copy: the caller may change theirs
-        else:
+        else:  # a copy, also of an array: the caller may change theirs
             try:
                 self._ids = array(_TYPECODE, ids)
             except OverflowError:
