@@ -41,8 +41,12 @@ class StepExecutor:
         load_started = time.perf_counter()
         for load in step.loads:
             cache = store.loaded(load.slot, load.start, list(load.token_ids))
+            # Room for the context and an eighth more, within --ctx: a conversation that
+            # grows turn by turn re-allocates its slot rarely (docs/design.md "Restores").
+            end = load.start + len(load.token_ids)
+            reserve = min(store.ctx - end, load.reserve + (end + load.reserve) // 8)
             self.layout.load(cache, load.start, [self._buffer(b) for b in load.buffers],
-                             load.with_state, len(load.token_ids), load.reserve)
+                             load.with_state, len(load.token_ids), max(0, reserve))
         decode_started = time.perf_counter()
         sampled = self._decode(step) if step.decodes else ()
         prefill_started = time.perf_counter()
