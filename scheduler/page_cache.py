@@ -69,6 +69,7 @@ class PageCache:
         self.pool: AttachBuffers | None = None
         self.state_bytes = 0
         self.kvstore_attached = False
+        self.pool_sent = False  # the current kvstore was told of the current pool
         self.writes_paused_until = 0.0
         self.outbox: list = []
         self.events: list[tuple[str, dict]] = []
@@ -89,14 +90,17 @@ class PageCache:
             return
         self.allocator = BufferAllocator(num_buffers)
         self.pool = AttachBuffers(shm_name, num_buffers, buffer_bytes, namespace)
+        self.pool_sent = False
         if self.kvstore_attached:
-            self.outbox.append(self.pool)
+            self._send_pool()
 
     def kvstore_restarted(self) -> None:
+        """Writes sent to the old kvstore may be lost; their buffers still hold the pages (the
+        slot that computed them may hold other tokens by now): send them to the new one."""
         self.kvstore_attached = False
-        for pending in self.writing.values():
-            self._release([pending.write.buffer])
-        self.writing.clear()
+        self.pool_sent = False
+        if self.writing:
+            self.outbox.append(WritePages(tuple(p.write for p in self.writing.values())))
 
     def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float) -> None:
         # Foreign pages join the tree too: they never match, and age out like any other.
@@ -105,11 +109,20 @@ class PageCache:
         for info in pages:
             self._add(info)
         self.kvstore_attached = True
+        # A worker that became ready after kvstore greeted but before its inventory came
+        # found no kvstore to tell: tell it now, ahead of any read or write.
+        self._send_pool()
         if not writable:
             self.writes_paused_until = now + _RETRY_WRITES_S
 
     def attach_message(self) -> AttachBuffers | None:
+        self.pool_sent = self.pool is not None
         return self.pool
+
+    def _send_pool(self) -> None:
+        if self.pool is not None and not self.pool_sent:
+            self.pool_sent = True
+            self.outbox.append(self.pool)
 
     # --- queries ---------------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ class StepExecutor:
     def _decode(self, step: RunStep) -> tuple[SampledToken, ...]:
         """Batched decode iterations; a sequence drops out at a stop token or its limit."""
         constrained = self._sync_constraints(step.decodes)
-        if (len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.trimmable
+        if (len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.drops_last_token
                 and not constrained):
             return self._decode_pipelined(step.decodes[0], step.num_decode_steps)
         active = [[d, d.position, d.token_id, 0] for d in step.decodes]  # item, pos, input, n

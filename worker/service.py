@@ -12,17 +12,20 @@ import time
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
 from proto.messages import ROLE_WORKER, RunStep, SlotContents, WorkerReady
-from proto.page_ids import make_namespace
+from proto.page_ids import kv_namespace as page_namespace
 from proto.service_loop import SchedulerLink, StopFlag
 from proto.settings import Settings, parse_size
 from proto.shm import PageBufferPool, ShmError
+from worker.cache_kinds import leaves, window_bytes
 from worker.constraints import ConstraintEngine, llguidance_tokenizer
 from worker.executor import StepExecutor
+from worker.kv_layout import is_attention_kv, kv_quant
 from worker.page_io import PageLayout, PageLayoutError
 from worker.memory_plan import (
     MemoryPlanError,
@@ -39,10 +42,16 @@ KV_LAYOUT_VERSION = 1
 
 
 def kv_namespace(loaded: LoadedModel, layout: PageLayout | None, page_size: int) -> bytes:
-    """Pages are only ever matched within one namespace: same weights, layout and format."""
+    """Pages are only ever matched within one namespace: same weights, layout, quantization
+    and format."""
     dtype = layout.dtype_name if layout else "none"
-    return make_namespace(loaded.fingerprint, loaded.model_type, dtype,
-                          f"layout{KV_LAYOUT_VERSION}", f"page{page_size}")
+    return page_namespace(loaded.fingerprint, loaded.model_type, dtype, KV_LAYOUT_VERSION,
+                          page_size, loaded.kv_quant.tag if loaded.kv_quant else "")
+
+
+def kv_form(loaded: LoadedModel) -> str:
+    """How slots hold attention KV, for logs: "none" (the model's dtype) or e.g. "q8g64"."""
+    return loaded.kv_quant.tag if loaded.kv_quant else "none"
 
 
 def probe_cache(loaded: LoadedModel) -> list:
@@ -53,12 +62,45 @@ def probe_cache(loaded: LoadedModel) -> list:
     return cache
 
 
-def page_layout(loaded: LoadedModel, settings: Settings, log) -> PageLayout | None:
+def check_kv_quant_runs(loaded: LoadedModel, settings: Settings) -> None:
+    """Refuse --kv-bits for a model whose attention mlx-lm cannot run on quantized KV (gpt-oss:
+    its attention sinks), with one clear line instead of a crash on the first request."""
+    if not settings.kv_bits:
+        return
     try:
-        return PageLayout(probe_cache(loaded), settings.page_size)
+        probe_cache(loaded)
+    except ValueError as exc:
+        raise ModelLoadError(f"--kv-bits {settings.kv_bits} cannot be used with this model "
+                             f"({loaded.model_type}): {exc} Serve it without --kv-bits.") from exc
+
+
+def page_layout(loaded: LoadedModel, settings: Settings, log) -> tuple[PageLayout | None, str]:
+    """The page layout and the start-up line's word on paging ("on", or what is off and why:
+    without pages a slot still reuses and copies its resident prefix)."""
+    try:
+        return PageLayout(probe_cache(loaded), settings.page_size), "on"
     except PageLayoutError as exc:
         log.warning("kv.paging_unsupported", reason=str(exc))
-        return None
+        return None, f"off: {exc}; resident prefixes are still reused"
+
+
+def unpaged_bytes_per_token(loaded: LoadedModel, num_tokens: int = 256) -> int:
+    """How much the cache kinds paging does not know grow per token (DeepSeek-V4.1's compressed
+    groups, for one), measured between a 1-token and a (1 + num_tokens)-token forward pass."""
+    sizes = []
+    for n in (1, 1 + num_tokens):
+        cache = loaded.make_cache()
+        loaded.model(mx.array([[0] * n]), cache=cache)
+        mx.eval([c.state for c in leaves(cache)])
+        sizes.append(sum(getattr(c, "nbytes", 0) for c in leaves(cache) if not (
+            is_attention_kv(c) or type(c) in (RotatingKVCache, ArraysCache))))
+    return max(0, -(-(sizes[1] - sizes[0]) // num_tokens))
+
+
+def cache_kinds(loaded: LoadedModel) -> str:
+    """Layer cache kinds and counts, e.g. "KVCache x2, RotatingKVCache x2"."""
+    names = [type(c).__name__ for c in leaves(loaded.make_cache())]
+    return ", ".join(f"{n} x{names.count(n)}" for n in sorted(set(names)))
 
 
 def buffer_count(layout: PageLayout | None, settings: Settings) -> int:
@@ -71,11 +113,14 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
-    recurrent = sum(c.nbytes for c in probe_cache(loaded) if not c.is_trimmable())
+    # Recurrent states and sliding-window rings: fixed per slot, whatever --ctx is.
+    recurrent = sum(window_bytes(c, settings.prefill_chunk) if type(c) is RotatingKVCache
+                    else c.nbytes for c in leaves(probe_cache(loaded)) if not is_attention_kv(c))
     page_buffers = buffer_count(layout, settings) * (layout.buffer_bytes if layout else 0)
+    per_token = loaded.kv_bytes_per_token + (0 if layout else unpaged_bytes_per_token(loaded))
     plan = make_plan(
         # Measured after the model ran once, so the weights are resident: count them once.
-        runtime=max(0, resident_bytes() - weights), weights=weights, kv_bytes_per_token=loaded.kv_bytes_per_token,
+        runtime=max(0, resident_bytes() - weights), weights=weights, kv_bytes_per_token=per_token,
         recurrent_bytes_per_slot=recurrent, num_slots=settings.slots, ctx=settings.ctx,
         prefill_chunk=settings.prefill_chunk,
         num_heads=int(text_cfg.get("num_attention_heads", 1)),
@@ -93,11 +138,13 @@ def run(settings: Settings) -> None:
     started = time.perf_counter()
     endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
     try:
-        loaded = load_model(settings.model)
-        layout = page_layout(loaded, settings, log)
+        loaded = load_model(settings.model, kv_quant(settings.kv_bits, settings.kv_group_size))
+        check_kv_quant_runs(loaded, settings)
+        layout, paging = page_layout(loaded, settings, log)
         plan = plan_memory(loaded, settings, layout)
-        log.info("worker.memory_plan", **plan.as_fields())
-        check_plan(plan, settings.slots, settings.ctx)
+        log.info("worker.memory_plan", kv_quant=kv_form(loaded),
+                 kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
+        check_plan(plan, settings.slots, settings.ctx, settings.kv_bits)
         pool = None
         if layout is not None:
             pool = PageBufferPool.create(f"{endpoints.shm_prefix}w{boot_id[:8]}",
@@ -111,7 +158,8 @@ def run(settings: Settings) -> None:
     executor = StepExecutor(store, layout, pool, constraints)
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
-             kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable)
+             kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
+             kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging)
 
     def ready() -> WorkerReady:
         return WorkerReady(

@@ -1,7 +1,8 @@
 """Slot KV memory: one mlx-lm prompt cache per slot, batched for decode on demand.
 
 A slot's KV lives either in its own cache list ("parked") or, while several slots decode
-together, as a row of one merged batch cache (mlx-lm's BatchKVCache / ArraysCache merge).
+together, as a row of one merged batch cache (mlx-lm's BatchKVCache / ArraysCache merge;
+quantized KV: worker/kv_layout.py's BatchQuantizedKVCache, which mlx-lm lacks).
 The batch is kept while its membership is unchanged and split back into parked caches when
 it changes, so the copy cost is paid per join/leave, not per step. A lone decoding slot runs
 on its parked cache directly: the same code path as mlx_lm.generate, hence the same tokens.
@@ -13,8 +14,9 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
 
+from worker.cache_kinds import drops_last_token, rewindable
+from worker.kv_layout import is_attention_kv
 from worker.page_io import copy_prefix
 
 
@@ -32,7 +34,10 @@ class SlotStore:
         self._batch_slots: tuple[int, ...] = ()
         self._batch: list | None = None
         self.tokens: list[list[int]] = [[] for _ in range(num_slots)]
-        self.trimmable = all(c.is_trimmable() for c in self._parked[0])
+        # Recurrent states and sliding-window rings exist only at the slot's end: such a slot
+        # is never cut back (mlx-lm's is_trimmable() is True for a ring that has not wrapped).
+        self.trimmable = rewindable(self._parked[0])
+        self.drops_last_token = drops_last_token(self._parked[0])
 
     @property
     def num_slots(self) -> int:
@@ -54,7 +59,7 @@ class SlotStore:
             for c in self._parked[slot]:
                 c.trim(held - length)
         else:
-            raise SlotError(f"slot {slot}: recurrent state cannot be rewound to {length}")
+            raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         del self.tokens[slot][length:]
 
     def prefill(self, slot: int, start: int, token_ids: list[int]) -> None:
@@ -139,13 +144,13 @@ class SlotStore:
 
 
 def _emptied(old: list, fresh: list) -> list:
-    """A cache list holding no tokens. Plain KV layers keep their buffers: the slot's next
+    """A cache list holding no tokens. Attention KV layers keep their buffers: the slot's next
     conversation, or a restore, writes into memory the slot already has instead of faulting
     in new memory (docs/design.md "Restores"); every other kind starts fresh."""
     for c in old:
-        if type(c) is KVCache:
+        if is_attention_kv(c):
             c.offset = 0
-    return [o if type(o) is KVCache else f for o, f in zip(old, fresh)]
+    return [o if is_attention_kv(o) else f for o, f in zip(old, fresh)]
 
 
 def _not_batchable(cache) -> None:
