@@ -101,16 +101,18 @@ class KvStoreDaemon:
 
     def read(self, msg: ReadPages) -> None:
         ok, missing = [], []
+        num_bytes = 0
         started = time.perf_counter()
-        for r in msg.reads:
-            header = None
-            if self.pool is not None:
-                header = self.store.read_into(self.namespace, r.page_id, r.token_ids,
-                                              self.pool.buffer(r.buffer))
+        headers = [None] * len(msg.reads)
+        if self.pool is not None:
+            headers = self.store.read_many(self.namespace, [
+                (r.page_id, r.token_ids, self.pool.buffer(r.buffer)) for r in msg.reads])
+        for r, header in zip(msg.reads, headers):
             (ok if header is not None else missing).append(r.page_id)
+            num_bytes += header.payload_len if header is not None else 0
         self.send(PagesRead(tuple(ok), tuple(missing)))
         self.log.debug("kv.read", num_pages=len(ok), num_missing=len(missing),
-                       read_s=round(time.perf_counter() - started, 4))
+                       num_bytes=num_bytes, read_s=round(time.perf_counter() - started, 4))
 
     def write_one_batch(self) -> None:
         msg = self.writes.popleft()
@@ -148,6 +150,7 @@ class KvStoreDaemon:
             self.error = ""
 
     def close(self) -> None:
+        self.store.close()
         if self.pool is not None:
             self.pool.close()
 

@@ -18,6 +18,8 @@ import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
+import msgspec
+
 from proto.messages import (
     CancelRequest,
     CopyPrefix,
@@ -219,7 +221,7 @@ class SchedulerCore:
                 "shortly", True, cfg.retry_after_s))
             return
         self.requests[msg.rid] = Request(
-            rid=msg.rid, prompt=tuple(msg.prompt_token_ids), max_tokens=max(1, msg.max_tokens),
+            rid=msg.rid, prompt=msg.prompt_token_ids, max_tokens=max(1, msg.max_tokens),
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority, arrived_at=now)
         self.waiting.append(msg.rid)
@@ -362,9 +364,10 @@ class SchedulerCore:
             self.pages.release([b for _, b in good])
             good = []
             self.slots[req.slot].truncate(0, self.config.page_size)
-        req.loading = good
+        req.loading = req.loading + good  # a batch not yet loaded stays first
         if req.cancelled and not self._busy(req):
             self._finish(req, "cancelled", now)
+        self._issue_reads()  # the next batch is read while this one loads
 
     def _pages_written(self, msg: PagesWritten, now: float) -> None:
         self.pages.pages_written(msg, now)
@@ -586,7 +589,10 @@ class SchedulerCore:
             return  # kvstore (re)starting: reads wait until it has attached the buffers
         for slot in self.slots:
             req = self.requests.get(slot.rid) if slot.rid else None
-            if req is not None and req.restore_pages and not (req.reading or req.loading):
+            # Read ahead while a batch loads; a hybrid slot takes its batches one at a time
+            # (a miss may make the slot unusable below a page that carries its state).
+            if req is not None and req.restore_pages and not req.reading \
+                    and (self.config.trimmable or not req.loading):
                 read = self.reads.issue(req)
                 if read is not None:
                     self.outbox.append(read)
@@ -626,7 +632,7 @@ class SchedulerCore:
         req = self.requests[self.slots[item.slot].rid]
         room = self.config.ctx - (item.position + 1)  # tokens the slot can still take
         limit = min(burst, req.max_tokens - len(req.generated), room)
-        return dataclasses.replace(item, max_tokens=max(1, limit))
+        return msgspec.structs.replace(item, max_tokens=max(1, limit))
 
     # --- finishing -------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proto.messages import PRIORITY_INTERACTIVE, SamplingParams
@@ -141,9 +142,10 @@ class Slot:
         return start + common_prefix_len(self.tokens[start:end], tokens[start:end])
 
 
-def common_prefix_len(a, b) -> int:
-    n = min(len(a), len(b))
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     i = 0
-    while i < n and a[i] == b[i]:
+    for x, y in zip(a, b):  # iterating beats indexing, for a TokenIds above all
+        if x != y:
+            break
         i += 1
     return i

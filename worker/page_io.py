@@ -100,13 +100,14 @@ class PageLayout:
     # --- buffers -> slot -------------------------------------------------------------------
 
     def load(self, cache: list, start: int, pages: list[np.ndarray], with_state: bool,
-             num_tokens: int) -> None:
+             num_tokens: int, reserve: int = 0) -> None:
         """Append `pages` (uint8 buffers) holding `num_tokens` tokens after the first `start`
-        tokens of `cache`. All pages are full but the last, which may be a tail."""
+        tokens of `cache`. All pages are full but the last, which may be a tail. `reserve`:
+        tokens that will follow (later loads, the prefill after them), given room now."""
         cache = leaves(cache)
         last = num_tokens - (len(pages) - 1) * self.page_size
         counts = [self.page_size] * (len(pages) - 1) + [last]
-        capacity = _round_up(start + num_tokens + 1, KVCache.step)
+        capacity = _round_up(start + num_tokens + reserve + 1, KVCache.step)
         for index, specs in enumerate(self._kv):
             layer = cache[self.kv_layers[index]]
             parts: list[list[np.ndarray]] = [[] for _ in specs]
@@ -116,7 +117,8 @@ class PageLayout:
                     sized = _resized(spec, n)
                     part.append(_view(buf, offset, sized))
                     offset += sized.nbytes
-            existing = token_arrays(layer) if start else [None] * len(specs)
+            # Even at start 0: a slot's kept buffers are written in place (worker/slots.py).
+            existing = token_arrays(layer) if layer.keys is not None else [None] * len(specs)
             set_token_arrays(layer, [_assemble(e, start, p, capacity)
                                      for e, p in zip(existing, parts)], start + num_tokens)
         if with_state:
@@ -163,13 +165,21 @@ def _state_arrays(c) -> list[mx.array]:
 
 def _assemble(existing: mx.array | None, start: int, parts: list[np.ndarray],
               capacity: int) -> mx.array:
-    """[1, heads, capacity, dim]: existing[:start], then the pages, then zero room to grow."""
-    new = mx.array(np.concatenate(parts, axis=1))[None]
-    pieces = [existing[..., :start, :]] if start else []
-    pieces.append(new)
-    used = start + new.shape[2]
-    pieces.append(mx.zeros((1, new.shape[1], capacity - used, new.shape[3]), new.dtype))
-    return mx.concatenate(pieces, axis=2)
+    """[1, heads, >= capacity, dim]: existing[:start], then the pages, then room to grow.
+
+    Written into `existing` when it has the room (mlx updates a buffer nobody else holds in
+    place), so each page is copied once, not the whole slot again for every batch of a
+    restore (docs/design.md "Restores")."""
+    new = [mx.array(part)[None] for part in parts]  # the one copy out of shared memory
+    out = existing
+    if existing is None or existing.shape[2] < capacity:
+        out = mx.zeros((1, new[0].shape[1], capacity, new[0].shape[3]), new[0].dtype)
+        if start:
+            out[..., :start, :] = existing[..., :start, :]
+    for part in new:
+        out[..., start:start + part.shape[2], :] = part
+        start += part.shape[2]
+    return out
 
 
 def _resized(spec: _Array, num_tokens: int) -> _Array:

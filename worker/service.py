@@ -182,6 +182,8 @@ def run(settings: Settings) -> None:
                 link.send(done)
                 log.debug("step.done", step=message.step, num_decode=done.num_decode_tokens,
                           num_prefill=done.num_prefill_tokens,
+                          num_loaded=sum(len(load.buffers) for load in message.loads),
+                          load_ms=round(done.load_s * 1e3, 2),
                           step_ms=round(done.duration_s * 1e3, 2))
     finally:
         link.close()

@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from worker.cache_kinds import drops_last_token, rewindable
+from worker.kv_layout import is_attention_kv
 from worker.page_io import copy_prefix
 
 
@@ -53,7 +54,7 @@ class SlotStore:
             return
         self._unbatch()
         if length == 0:
-            self._parked[slot] = self._make_cache()
+            self._parked[slot] = _emptied(self._parked[slot], self._make_cache())
         elif self.trimmable:
             for c in self._parked[slot]:
                 c.trim(held - length)
@@ -140,6 +141,16 @@ class SlotStore:
 
     def contents(self) -> list[tuple[int, ...]]:
         return [tuple(t) for t in self.tokens]
+
+
+def _emptied(old: list, fresh: list) -> list:
+    """A cache list holding no tokens. Attention KV layers keep their buffers: the slot's next
+    conversation, or a restore, writes into memory the slot already has instead of faulting
+    in new memory (docs/design.md "Restores"); every other kind starts fresh."""
+    for c in old:
+        if is_attention_kv(c):
+            c.offset = 0
+    return [o if is_attention_kv(o) else f for o, f in zip(old, fresh)]
 
 
 def _not_batchable(cache) -> None:

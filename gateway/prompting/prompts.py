@@ -14,6 +14,7 @@ from typing import Any
 from gateway.errors import context_length_exceeded, invalid, model_not_found
 from gateway.api.validation import ChatRequest, CompletionRequest, Options
 from proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
+from proto.tokens import TokenIds
 
 DEFAULT_MODEL_ID = "switchyard-tiny"
 
@@ -87,7 +88,7 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
                               top_k=options.top_k, min_p=options.min_p, seed=seed,
                               grammar=grammar, grammar_trigger=grammar_trigger)
     return SubmitRequest(
-        rid=rid, prompt_token_ids=tuple(prompt_ids),
+        rid=rid, prompt_token_ids=TokenIds(prompt_ids),
         max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,
         stop_token_ids=stop_token_ids,
         priority=options.priority or priority or PRIORITY_INTERACTIVE)

@@ -109,6 +109,35 @@ def test_tail_page_restores_exactly_where_the_turn_ended(tiny_model_dir, arch):
     assert np.array_equal(got_logits, ref_logits)
 
 
+@pytest.mark.parametrize("reserve,stale,bits", [(0, False, 0), (5 * P, True, 0), (5 * P, True, 8)],
+                         ids=["growing", "reserved-over-stale", "reserved-over-stale-q8"])
+def test_restore_in_batches_continues_bit_identically(tiny_model_dir, reserve, stale, bits):
+    """A restore loads batch after batch: into room the first batch reserved (here in a slot
+    whose previous conversation left its buffers), or growing the slot (past KVCache.step)."""
+    store, layout = _setup(tiny_model_dir("qwen3"), quant=kv_quant(bits, 64))
+    rng = np.random.default_rng(2)
+    prompt = [int(t) for t in rng.integers(5, 3000, 10 * P + 9)]
+    _prefill(store, 0, prompt[:10 * P], P)
+    buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(10)]
+    for k in range(10):
+        layout.stage(store.parked(0), k * P, buffers[k], with_state=False)
+    store.prefill(0, 10 * P, prompt[10 * P:-1])
+    ref_tokens, ref_logits = _continue(store, 0, prompt[-1])
+
+    if stale:
+        _prefill(store, 1, [int(t) for t in rng.integers(5, 3000, 12 * P)], P)
+    for start in (0, 5 * P):
+        cache = store.loaded(1, start, prompt[start:start + 5 * P])
+        layout.load(cache, start, buffers[start // P:start // P + 5], with_state=False,
+                    num_tokens=5 * P, reserve=reserve if start == 0 else 0)
+        for b in buffers[start // P:start // P + 5]:
+            b[:] = 0  # back to the pool after its step: the slot must not refer to it
+    store.prefill(1, 10 * P, prompt[10 * P:-1])
+    got_tokens, got_logits = _continue(store, 1, prompt[-1])
+    assert got_tokens == ref_tokens
+    assert np.array_equal(got_logits, ref_logits)
+
+
 @pytest.mark.parametrize("arch, bits", [("gpt_oss", 0), ("gemma3_text", 0), ("gemma3_text", 8)])
 @pytest.mark.parametrize("next_turn", [1, 7])
 def test_window_snapshot_after_decode_restores_exactly(tiny_model_dir, arch, bits, next_turn):

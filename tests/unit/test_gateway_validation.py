@@ -232,6 +232,7 @@ def test_random_bodies_give_a_request_or_a_400_never_anything_else():
                 submitted = build_submit("r", [1, 2], request.options, ctx=64,
                                          default_max_tokens=8, stop_token_ids=(0,),
                                          priority=None)
-                codec.encode(submitted)  # everything must fit the wire
+                # everything must fit the wire, with the types the scheduler's decoder checks
+                assert codec.decode(codec.encode(submitted)) == submitted
             except APIError as error:
                 assert error.status == 400 and error.body()["error"]["message"]

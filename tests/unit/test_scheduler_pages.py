@@ -4,6 +4,8 @@ A scripted worker applies each step plan to mirrored slot contents and a scripte
 keeps pages in a dict, so every message the core sends is checked against what it claims.
 """
 
+from itertools import accumulate
+
 from proto.messages import (
     DeletePages,
     InventoryDescribed,
@@ -25,6 +27,7 @@ from proto.messages import (
 )
 from scheduler.core import CoreConfig, SchedulerCore
 from scheduler.events import KvstoreRestarted, PlanStep
+from scheduler.restore import RESTORE_FIRST_BATCH
 
 P = 16
 NS = b"n" * 16
@@ -362,3 +365,43 @@ def test_tails_passed_by_a_conversation_are_deleted():
     tails = [i for i in g.disk.values() if i.num_tokens < P]
     assert 1 <= len(tails) <= 2
     assert any(isinstance(m, DeletePages) for m in g.msgs)
+
+
+def test_the_next_batch_is_read_while_the_last_one_loads():
+    g = Group(num_slots=1, num_buffers=8)  # batches of 4 pages: half the pool
+    a = conv(1, 20 * P + 2)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b1", conv(2, 3 * P))
+    g.run()
+    since = len(g.msgs)
+    g.submit("a2", a + g.reply("a1") + [5, 6, 7])
+    g.run()
+    msgs = g.msgs[since:]
+    reads = [i for i, m in enumerate(msgs) if isinstance(m, ReadPages)]
+    loads = [(i, ld) for i, m in enumerate(msgs) if isinstance(m, RunStep) for ld in m.loads]
+    assert all(len(msgs[i].reads) <= 4 for i in reads)
+    assert reads[1] < loads[0][0], "batch 2 is read before batch 1 is loaded"
+    # Loads follow each other; the first makes room for the whole context.
+    restored = sum(len(ld.token_ids) for _, ld in loads)
+    context = len(a) + len(g.reply("a1")) + 3 - 1
+    assert loads[0][1].reserve == context - len(loads[0][1].token_ids)
+    assert [ld.start for _, ld in loads] == [0] + list(
+        accumulate(len(ld.token_ids) for _, ld in loads[:-1]))
+    assert restored == len(a) + 3 and g.finished("a2").num_cached_tokens == len(a) + 3
+    assert g.core.pages.allocator.num_free == 8, "every buffer comes back"
+
+
+def test_a_restore_starts_with_a_small_batch_then_reads_larger_ones():
+    g = Group(num_slots=1, num_buffers=64)
+    a = conv(1, 60 * P + 2)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b1", conv(2, 3 * P))
+    g.run()
+    since = len(g.msgs)
+    g.submit("a2", a + g.reply("a1") + [5])
+    g.run()
+    sizes = [len(m.reads) for m in g.msgs[since:] if isinstance(m, ReadPages)]
+    assert sizes[0] == RESTORE_FIRST_BATCH and max(sizes) == 32  # then half the pool
+    assert sum(sizes) == 61 and g.finished("a2").num_cached_tokens == len(a) + 3
