@@ -47,3 +47,25 @@ def test_api_key_from_a_file_or_the_environment(tmp_path):
     # A key file is enough to bind off loopback.
     path.chmod(0o600)
     Settings(host="0.0.0.0", api_key_file=str(path)).validate()
+
+
+# -- 3. the runtime dir check follows no symlink ------------------------------------------------
+
+def test_a_symlink_at_the_runtime_dir_is_refused_and_its_target_left_alone(tmp_path, capsys):
+    from deploy import cli
+    from proto.endpoints import RuntimeDirError, ensure_runtime_dir
+
+    target = tmp_path / "victim"
+    target.mkdir(mode=0o755)
+    target.chmod(0o755)
+    link = tmp_path / "run"
+    link.symlink_to(target)
+    with pytest.raises(RuntimeDirError, match="symbolic link"):
+        ensure_runtime_dir(link)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755  # not chmodded through the link
+    assert cli.main(["serve", "--runtime-dir", str(link)]) == 2
+    assert "symbolic link" in capsys.readouterr().err
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    # A real directory of ours is tightened to 0700.
+    ensure_runtime_dir(target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700
