@@ -69,3 +69,76 @@ def test_a_symlink_at_the_runtime_dir_is_refused_and_its_target_left_alone(tmp_p
     # A real directory of ours is tightened to 0700.
     ensure_runtime_dir(target)
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
+
+
+# -- 2. page files: private, never through a symlink, never blocked on a FIFO ---------------------
+
+def _page_store(root):
+    from kvstore.pages import ROOT_ID, make_namespace
+    from kvstore.store import PageStore
+
+    store = PageStore(root, sync=False)
+    ns = make_namespace("model-a")
+    tokens = list(range(16))
+    store.write(ns, ROOT_ID, tokens, bytes(range(256)) * 4)
+    (info,) = store.pages()
+    return store, ns, info.page_id, tokens
+
+
+def test_page_files_are_private(tmp_path):
+    store, ns, pid, _ = _page_store(tmp_path / "kv")
+    path = store.path_for(ns, pid)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for directory in (path.parent, path.parent.parent, tmp_path / "kv"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+
+
+def test_a_fifo_or_symlink_in_the_kv_dir_neither_hangs_nor_is_followed(tmp_path):
+    import threading
+
+    from kvstore.store import PageStore, read_entries
+
+    store, ns, pid, tokens = _page_store(tmp_path / "kv")
+    shard = store.path_for(ns, pid).parent
+    os.mkfifo(shard / ("ab" * 16 + ".page"))
+    outside = tmp_path / "outside.page"
+    outside.write_bytes(store.path_for(ns, pid).read_bytes())
+    (shard / ("cd" * 16 + ".page")).symlink_to(outside)
+    again = PageStore(tmp_path / "kv", sync=False)
+    scanned = []
+    scan = threading.Thread(target=lambda: scanned.append(again.scan()), daemon=True)
+    scan.start()
+    scan.join(10)
+    assert not scan.is_alive(), "the scan hung on a FIFO"
+    assert [p.page_id for p in scanned[0]] == [pid]  # the real page only
+    assert outside.exists()
+    entries, num_bad = read_entries(tmp_path / "kv")  # `switchyard cache stats` too
+    assert len(entries) == 1 and num_bad == 1  # the symlink; the scan removed the FIFO
+    # A page file replaced by a symlink to a valid copy is not read through it.
+    page = store.path_for(ns, pid)
+    page.unlink()
+    page.symlink_to(outside)
+    assert again.read_into(ns, pid, tokens, bytearray(4096)) is None
+
+
+# -- 8. one server per kv dir: a lock; only our own (or dead writers') temp files go ------------
+
+def test_a_second_server_on_the_same_kv_dir_refuses_naming_the_first(tmp_path):
+    import subprocess
+    import sys
+
+    from kvstore.dir_lock import KvDirLocked, lock_kv_dir
+
+    fd = lock_kv_dir(tmp_path / "kv")
+    try:
+        with pytest.raises(KvDirLocked, match=f"process {os.getpid()}"):
+            lock_kv_dir(tmp_path / "kv")
+        done = subprocess.run(
+            [sys.executable, "-m", "deploy.cli", "run", "kvstore", "--kv-dir",
+             str(tmp_path / "kv"), "--runtime-dir", str(tmp_path / "run"),
+             "--log-format", "json"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert f"in use by process {os.getpid()}" in done.stderr
+    finally:
+        os.close(fd)
+    os.close(lock_kv_dir(tmp_path / "kv"))  # released with its holder
