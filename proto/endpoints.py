@@ -73,6 +73,11 @@ class Endpoints:
         digest = hashlib.blake2b(str(self.runtime_dir.resolve()).encode(), digest_size=6)
         return f"sy{digest.hexdigest()}"
 
+    @property
+    def shm_record(self) -> Path:
+        """The worker's live segment name, so that a later worker removes it if stale."""
+        return self.runtime_dir / "worker.shm"
+
     def _ipc(self, name: str) -> str:
         path = str(self.runtime_dir / name)
         if len(path) > _MAX_IPC_PATH:

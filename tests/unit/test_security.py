@@ -142,3 +142,39 @@ def test_a_second_server_on_the_same_kv_dir_refuses_naming_the_first(tmp_path):
     finally:
         os.close(fd)
     os.close(lock_kv_dir(tmp_path / "kv"))  # released with its holder
+
+
+# -- 10. shared memory left by a SIGKILL of the whole group is removed at the next start -------
+
+def test_stale_shared_memory_of_this_group_is_removed_and_others_kept(tmp_path):
+    from multiprocessing import resource_tracker
+
+    from proto.endpoints import Endpoints
+    from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
+
+    ours = Endpoints(tmp_path / "a")
+    theirs = Endpoints(tmp_path / "b")
+    (tmp_path / "a").mkdir()
+    names = [f"{ours.shm_prefix}wdead0001", f"{ours.shm_prefix}wdead0002",
+             f"{theirs.shm_prefix}wlive0001"]
+    for name in names:  # as a killed group leaves them: mapped by nobody, tracked by nobody
+        pool = PageBufferPool.create(name, 1, 4096)
+        pool.close()
+        resource_tracker.unregister("/" + name, "shared_memory")
+    record_segment(ours.shm_record, names[0])
+    try:
+        removed = remove_stale_segments(ours.shm_prefix, ours.shm_record)
+        expected = names[:2] if os.path.isdir("/dev/shm") else names[:1]
+        assert removed == expected
+        for name in expected:
+            with pytest.raises(ShmError, match="does not exist"):
+                PageBufferPool.attach(name, 1, 4096)
+        PageBufferPool.attach(names[2], 1, 4096).close()  # another group's: kept
+    finally:
+        import _posixshmem
+
+        for name in names:
+            try:
+                _posixshmem.shm_unlink("/" + name)
+            except FileNotFoundError:
+                pass
