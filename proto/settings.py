@@ -95,6 +95,11 @@ class Settings:
                                "share of their solo speed (0 disables the limit)", default=0.5)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
     max_body_bytes: int = _opt("largest accepted HTTP body", default=32 * 2**20)
+    max_connections: int = _opt("HTTP connections and requests served at once; beyond, 503",
+                                default=256)
+    read_timeout_s: float = _opt("seconds a client has to send a request's headers, and "
+                                 "again its body; slower connections are closed (408)",
+                                 default=30.0)
     default_max_tokens: int = _opt("max_tokens when a request gives none", default=2048)
     prefix_stable: bool = _opt("render remembered assistant turns with the exact tokens the "
                                "model generated, so resent histories reuse their KV",
@@ -150,6 +155,8 @@ class Settings:
             problems.append("--decode-burst must be at least 1")
         if not 0 <= self.decode_share < 1:
             problems.append("--decode-share must be in [0, 1)")
+        if self.max_connections < 1 or self.read_timeout_s <= 0:
+            problems.append("--max-connections and --read-timeout-s must be positive")
         if not 0 < self.port < 65536:
             problems.append("--port must be 1..65535")
         if self.log_format not in ("json", "console", "auto"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +82,32 @@ def parse_json(raw: bytes) -> dict[str, Any]:
                       code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(raw):  # only a \\uD800-\\uDFFF escape can make one
+        _refuse_lone_surrogates(body)
     return body
+
+
+# JSON may spell a lone UTF-16 surrogate ("\\ud800"), which Python keeps in its str but which is
+# not text: no tokenizer or encoder takes it (issue 12, finding 11).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(body: Any) -> None:
+    stack = [body]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid("The JSON body holds a lone UTF-16 surrogate (an unpaired "
+                              "\\ud800-\\udfff escape), which is not text.",
+                              code="invalid_json") from None
 
 
 class Fields:
