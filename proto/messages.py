@@ -35,6 +35,8 @@ class SamplingParams:
     # Always set: the gateway draws one when the client gives none, so the worker samples
     # statelessly (key = f(seed, index)) and any step can be replayed after a restart.
     seed: int = 0
+    # (token id, bias) pairs added to the logits before sampling (OpenAI's logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

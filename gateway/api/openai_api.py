@@ -43,7 +43,8 @@ async def completions(request: Request) -> Response:
     rid = new_rid("cmpl")
     submit = build_submit(rid, prompt_ids, completion.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,
-                          stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt")
+                          stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
+                          vocab_size=len(gw.tokenizer))
     turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop, gw.stop_token_ids)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)
     return await respond(request, turn, submit, fmt, stream=completion.options.stream)

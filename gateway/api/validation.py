@@ -43,6 +43,7 @@ class Options:
     include_usage: bool = False
     priority: str | None = None
     user: str | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unchecked here
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,32 @@ def parse_options(f: Fields) -> Options:
         include_usage=bool(include_usage),
         priority=parse_priority(f.get("priority"), "priority"),
         user=f.string("user"),
+        logit_bias=parse_logit_bias(f),
     )
+
+
+MAX_LOGIT_BIAS = 1024
+
+
+def parse_logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: {"token id": bias in [-100, 100]}; the worker adds each bias to
+    its token's logit. Token ids are checked against the vocabulary by the caller."""
+    value = f.obj("logit_bias")
+    if not value:
+        return ()
+    if len(value) > MAX_LOGIT_BIAS:
+        raise invalid(f"'logit_bias' may hold at most {MAX_LOGIT_BIAS} tokens",
+                      param="logit_bias", code="invalid_value")
+    pairs = []
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit()):
+            raise invalid(f"'logit_bias' keys must be token ids, got {key[:40]!r}",
+                          param="logit_bias", code="invalid_value")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -100 <= bias <= 100:
+            raise out_of_range("logit_bias", "a map of token ids to numbers from -100 to 100")
+        pairs.append((int(key), float(bias)))
+    return tuple(sorted(pairs))
 
 
 def _default(value: Any, default: Any) -> Any:

@@ -72,8 +72,15 @@ def encode_prompt(tokenizer: Any, request: CompletionRequest) -> list[int]:
 
 def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
                  default_max_tokens: int, stop_token_ids: tuple[int, ...],
-                 priority: str | None, param: str = "messages") -> SubmitRequest:
+                 priority: str | None, param: str = "messages",
+                 vocab_size: int | None = None) -> SubmitRequest:
     """Check the context, clamp max_tokens to what is left of it, draw a seed if none given."""
+    if vocab_size is not None:
+        for token, _ in options.logit_bias:
+            if token >= vocab_size:
+                raise invalid(f"'logit_bias' names token {token}, not a token id of this "
+                              f"model (0..{vocab_size - 1})", param="logit_bias",
+                              code="invalid_value")
     num_prompt = len(prompt_ids)
     if num_prompt == 0:
         raise invalid("The prompt is empty after tokenization", param="prompt",
@@ -83,7 +90,8 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
     requested = options.max_tokens if options.max_tokens is not None else default_max_tokens
     seed = options.seed if options.seed is not None else secrets.randbits(63)
     sampling = SamplingParams(temperature=options.temperature, top_p=options.top_p,
-                              top_k=options.top_k, min_p=options.min_p, seed=seed)
+                              top_k=options.top_k, min_p=options.min_p, seed=seed,
+                              logit_bias=options.logit_bias)
     return SubmitRequest(
         rid=rid, prompt_token_ids=tuple(prompt_ids),
         max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,

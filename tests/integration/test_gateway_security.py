@@ -289,3 +289,18 @@ def test_the_scheduler_never_sees_the_response_id(http, fake):
     (submit,) = fake.submits()
     response_id = reply.json()["id"]
     assert response_id.removeprefix("resp_") not in submit.rid
+
+
+# -- logit_bias reaches the worker (it was ignored) ---------------------------------------------
+
+def test_logit_bias_is_passed_on_and_checked(http, fake, tokenizer):
+    body = {**CHAT, "logit_bias": {"5": 100, "17": -100.0}}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
+    assert http.post("/v1/completions", json={"prompt": "hi", "logit_bias": {"5": 1}}
+                     ).status_code == 200
+    chat, completion = fake.submits()
+    assert chat.sampling.logit_bias == ((5, 100.0), (17, -100.0))
+    assert completion.sampling.logit_bias == ((5, 1.0),)
+    for bad in ({"x": 1}, {"5": 101}, {"5": "1"}, {str(len(tokenizer)): 1}, [1]):
+        assert_error(http.post("/v1/chat/completions", json={**CHAT, "logit_bias": bad}),
+                     400, param="logit_bias")
