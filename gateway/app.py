@@ -127,7 +127,9 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 async def _openapi(request: Request) -> Response:
-    return JSONResponse(openapi_spec(gateway_of(request).model_id))
+    gateway = gateway_of(request)
+    return JSONResponse(openapi_spec(gateway.model_id, vocab_size=len(gateway.tokenizer),
+                                     api_key=bool(gateway.settings.api_key)))
 
 
 ROUTES = [

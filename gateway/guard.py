@@ -11,7 +11,7 @@ Jupyter and Vite do them, applied to every request before the API key:
 - **Origin** (sent by browsers): absent, the request's own origin (the dashboard), or one of
   `--allowed-origins` ('*': any; such origins also get CORS headers). Else 403
   `origin_not_allowed`.
-- **Content-Type** of POSTs under /v1: JSON (`application/json`, `application/*+json`). Else
+- **Content-Type** of POSTs to the JSON APIs: JSON (`application/json`, `application/*+json`). Else
   415 `unsupported_media_type`, so no form or `text/plain` body is ever acted on.
 """
 
@@ -25,6 +25,9 @@ from gateway.errors import APIError
 from proto.settings import LOOPBACK_HOSTS, Settings
 
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
+# The routes that take a JSON body (others answer a POST with 404/405 as before).
+JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
+                         "/v1/messages", "/v1/messages/count_tokens"})
 
 
 def _split(text: str) -> frozenset[str]:
@@ -59,7 +62,7 @@ class GuardPolicy:
             return APIError(403, f"Origin {origin!r} is not allowed (browser requests from "
                                  f"other sites are refused; see --allowed-origins)",
                             type="permission_error", code="origin_not_allowed")
-        if scope["method"] == "POST" and scope["path"].startswith("/v1/"):
+        if scope["method"] == "POST" and scope["path"] in JSON_ROUTES:
             if not is_json(headers.get("content-type", "")):
                 return APIError(415, "Content-Type must be application/json",
                                 code="unsupported_media_type")

@@ -127,8 +127,8 @@ class _InputBuilder:
             texts = [_text(item.get(key) or [], f"{param}.{key}")
                      for key in ("content", "summary")]
             text = texts[0] or texts[1]
+            message = self._open_assistant()  # even empty: the input is never no messages
             if text:
-                message = self._open_assistant()
                 previous = message.get("reasoning_content")
                 message["reasoning_content"] = f"{previous}\n{text}" if previous else text
         else:

@@ -125,7 +125,7 @@ class Fields:
         return self.body.get(key)
 
     def integer(self, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
-        value = self.body.get(key)
+        value = as_integer(self.body.get(key))
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
@@ -183,6 +183,14 @@ class Fields:
         if not any(value is a or (value == a and type(value) is type(a)) for a in allowed):
             raise invalid(f"'{self.name(key)}' is not supported by this server",
                           param=self.name(key), code="unsupported_parameter")
+
+
+def as_integer(value: Any) -> Any:
+    """JSON has one number type: 5.0 is the integer 5 (as JSON Schema and OpenAI's API take
+    it). Anything else is returned as it is, for the caller to judge."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**64:
+        return int(value)
+    return value
 
 
 def _range_text(lo: int | None, hi: int | None) -> str:
@@ -408,9 +416,10 @@ def parse_prompt(prompt: Any) -> str | tuple[int, ...]:
         if not prompt:
             raise invalid("'prompt' must not be empty", param="prompt", code="invalid_value")
         return prompt
-    if isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return tuple(prompt)
+    if isinstance(prompt, list) and prompt:
+        ids = [as_integer(t) for t in prompt]
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            return tuple(ids)
     if prompt is None:
         raise invalid("'prompt' is required", param="prompt", code="missing_required_parameter")
     if isinstance(prompt, list) and len(prompt) > 1 and all(
