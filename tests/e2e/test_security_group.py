@@ -33,7 +33,7 @@ def test_key_kv_lock_and_stale_shared_memory(tiny_qwen3):
     with group:
         pids = {role: group.pid_of(role) for role in ("scheduler", "kvstore", "worker",
                                                       "gateway")}
-        pids["supervisor"] = group.supervisor_pid()
+        pids["supervisor"] = group.supervisor_pid
         for role, pid in pids.items():  # 1: in no argv; in the gateway's environment only
             assert KEY.encode() not in proc_text(pid, "cmdline"), role
             if role not in ("gateway", "supervisor"):
