@@ -79,7 +79,7 @@ def main() -> None:
         generate_tiny_model(model_dir, "qwen3")
     prompt = "Switchyard keeps every conversation's KV pages warm. " * 8
     ours, theirs = [], []
-    from gateway.prompting.tokenizer import load_tokenizer
+    from proto.tokenizer_loading import load_tokenizer
 
     server_tps.tokenizer = load_tokenizer(str(model_dir))
     with ServerGroup(model_dir, slots=1, ctx=4096) as group:

@@ -101,7 +101,8 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                           stop_token_ids=tuple(dict.fromkeys(gw.stop_token_ids
                                                              + plan.extra_stop_ids)),
                           priority=header_priority(request.headers), param=param,
-                          vocab_size=len(gw.tokenizer))
+                          grammar=plan.constraint.grammar if plan.constraint else "",
+                          grammar_trigger=plan.trigger_ids, vocab_size=len(gw.tokenizer))
     turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids, think=gw.think,
                     memory=gw.memory, id_prefix=id_prefix)
     return turn, submit

@@ -81,7 +81,7 @@ def run(settings: Settings) -> None:
     boot_id = new_boot_id()
     log = configure_logging("gateway", boot_id, level=settings.log_level,
                             fmt=settings.log_format, log_content=settings.log_content)
-    from gateway.prompting.tokenizer import load_tokenizer  # MLX and transformers: import only here
+    from proto.tokenizer_loading import load_tokenizer  # MLX and transformers: import only here
 
     try:
         tokenizer = load_tokenizer(settings.model)

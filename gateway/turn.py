@@ -8,6 +8,8 @@ same interface for /v1/completions (text only).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +19,11 @@ from gateway.generation import Generation, Usage
 from gateway.prompting.history import Rendered, RenderOptions, TurnMemory, render_prompt
 from gateway.output.parser import Event, Forced, OutputParser, TextDelta
 from gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
-from gateway.output.tools import ToolCall, ToolSyntax, new_call_id, tool_names
+from gateway.api import structured
+from gateway.api.structured import Constraint
 from gateway.api.validation import ChatRequest
+from gateway.output.call_grammar import UnsupportedCallFormat, call_grammar
+from gateway.output.tools import ToolCall, ToolSyntax, new_call_id, tool_names
 
 
 
@@ -31,6 +36,10 @@ class TurnPlan:
     extra_stop_ids: tuple[int, ...] = ()
     start_in_reasoning: bool = False
     syntax: ToolSyntax | None = None  # None: the output is not searched for tool calls
+    # Structured outputs: the grammar the output must match and the tokens after which it
+    # applies (docs/design.md "Structured outputs").
+    constraint: Constraint | None = None
+    trigger_ids: tuple[int, ...] = ()
 
 
 def _single_token(tokenizer: Any, text: str) -> tuple[int, ...]:
@@ -40,30 +49,68 @@ def _single_token(tokenizer: Any, text: str) -> tuple[int, ...]:
     return ids if len(ids) == 1 else ()
 
 
+def _marker(tokenizer: Any):
+    """A grammar literal for a chat marker: a token reference when the marker is one added
+    token (llguidance never matches those as text), else the text itself."""
+    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+
+    def marker(text: str) -> str:
+        return f"<[{added[text]}]>" if text in added else json.dumps(text)
+    return marker
+
+
+def _with_trigger(tokenizer: Any, plan: TurnPlan, constraint: Constraint | None) -> TurnPlan:
+    if constraint is None:
+        return plan
+    trigger = tuple(tokenizer.encode(constraint.trigger, add_special_tokens=False)) \
+        if constraint.trigger else ()
+    return dataclasses.replace(plan, constraint=constraint, trigger_ids=trigger)
+
+
+def _call_constraint(tokenizer: Any, chat: ChatRequest, syntax: ToolSyntax, mode: str,
+                     name: str | None) -> Constraint | None:
+    try:
+        grammar = call_grammar(syntax, chat.tools, chat.strict_tools, mode, name,
+                               chat.parallel_tool_calls, _marker(tokenizer))
+    except UnsupportedCallFormat:
+        return None  # a format without a grammar: calls are parsed, not constrained
+    return structured.lark(grammar.lark, "tools", trigger=grammar.trigger)
+
+
 def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,
               syntax: ToolSyntax, think: ThinkSyntax | None) -> TurnPlan:
     """Render the prompt and decide how tool calls are made (runs in the tokenizer thread)."""
     rendered = render_prompt(tokenizer, chat.messages, chat.tools, chat.template_kwargs, options)
     start_in_reasoning = prompt_opens_reasoning(rendered.text_tail, think)
     choice = chat.tool_choice
+    answer = chat.constraint
+    if answer is not None and start_in_reasoning:  # reasoning stays free until it closes
+        answer = dataclasses.replace(answer, trigger=think.end)
     if not chat.tools or choice.mode == "none":
-        return TurnPlan(rendered.ids, rendered, start_in_reasoning=start_in_reasoning)
+        plan = TurnPlan(rendered.ids, rendered, start_in_reasoning=start_in_reasoning)
+        return _with_trigger(tokenizer, plan, answer)
     name = choice.name
     if choice.mode == "required" and len(chat.tools) == 1:
         name = tool_names(chat.tools)[0]
     end_ids = _single_token(tokenizer, syntax.end)
     if choice.mode == "auto":
         stops = end_ids if not chat.parallel_tool_calls else ()
-        return TurnPlan(rendered.ids, rendered, extra_stop_ids=stops,
+        plan = TurnPlan(rendered.ids, rendered, extra_stop_ids=stops,
                         start_in_reasoning=start_in_reasoning, syntax=syntax)
+        # A response format governs the answer; without one, a call the model starts is
+        # completed under its schema.
+        return _with_trigger(tokenizer, plan, answer or _call_constraint(
+            tokenizer, chat, syntax, "auto", None))
     opening = syntax.forced_opening(name)
     text = opening
     if start_in_reasoning:  # close the open think block before the call
         text = think.end + "\n\n" + opening
     forced_ids = tuple(tokenizer.encode(text, add_special_tokens=False))
     forced = Forced(opening[len(syntax.start):], name)
-    return TurnPlan(rendered.ids + list(forced_ids), rendered, forced, forced_ids,
+    plan = TurnPlan(rendered.ids + list(forced_ids), rendered, forced, forced_ids,
                     extra_stop_ids=end_ids, syntax=syntax)
+    return _with_trigger(tokenizer, plan,
+                         _call_constraint(tokenizer, chat, syntax, "forced", name))
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,10 @@ class SamplingParams:
     # Always set: the gateway draws one when the client gives none, so the worker samples
     # statelessly (key = f(seed, index)) and any step can be replayed after a restart.
     seed: int = 0
+    # Structured outputs: an llguidance grammar the gateway compiled and checked ("" = none),
+    # in force from the first token, or from the token after `grammar_trigger` appears.
+    grammar: str = ""
+    grammar_trigger: tuple[int, ...] = ()
     # (token id, bias) pairs added to the logits before sampling (OpenAI's logit_bias).
     logit_bias: tuple[tuple[int, float], ...] = ()
 

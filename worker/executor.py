@@ -11,8 +11,9 @@ import time
 
 import mlx.core as mx
 
-from proto.messages import RunStep, SampledToken, StepDone
+from proto.messages import DecodeItem, RunStep, SampledToken, StepDone
 from proto.shm import PageBufferPool
+from worker.constraints import ConstraintEngine
 from worker.page_io import PageLayout
 from worker.sampling import sample_lazy, sample_rows
 from worker.slots import SlotStore
@@ -20,10 +21,11 @@ from worker.slots import SlotStore
 
 class StepExecutor:
     def __init__(self, store: SlotStore, layout: PageLayout | None,
-                 pool: PageBufferPool | None):
+                 pool: PageBufferPool | None, constraints: ConstraintEngine | None = None):
         self.store = store
         self.layout = layout
         self.pool = pool
+        self.constraints = constraints
 
     def _buffer(self, index: int):
         return self.pool.array(index, "uint8", self.pool.buffer_bytes)
@@ -54,26 +56,58 @@ class StepExecutor:
 
     def _decode(self, step: RunStep) -> tuple[SampledToken, ...]:
         """Batched decode iterations; a sequence drops out at a stop token or its limit."""
-        if len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.trimmable:
+        constrained = self._sync_constraints(step.decodes)
+        if (len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.trimmable
+                and not constrained):
             return self._decode_pipelined(step.decodes[0], step.num_decode_steps)
         active = [[d, d.position, d.token_id, 0] for d in step.decodes]  # item, pos, input, n
         sampled = []
         for _ in range(step.num_decode_steps):
             if not active:
                 break
-            logits = self.store.decode([a[0].slot for a in active], [a[1] for a in active],
-                                       [a[2] for a in active])
+            slots = [a[0].slot for a in active]
+            logits = self.store.decode(slots, [a[1] for a in active], [a[2] for a in active])
+            if constrained:
+                logits = self._masked(logits, slots)
             tokens = sample_rows(logits, [a[0].sampling for a in active],
                                  [a[0].sample_index + a[3] for a in active])
             still = []
             for entry, token in zip(active, tokens):
                 item = entry[0]
                 sampled.append(SampledToken(item.slot, token))
+                if constrained:
+                    self.constraints.accept(item.slot, token)
                 entry[1:] = [entry[1] + 1, token, entry[3] + 1]
                 if entry[3] < item.max_tokens and token not in item.stop_token_ids:
                     still.append(entry)
             active = still
         return tuple(sampled)
+
+    def _sync_constraints(self, decodes: tuple[DecodeItem, ...]) -> bool:
+        """Bring each constrained row's matcher to its request's generated tokens."""
+        if self.constraints is None:
+            return False
+        constrained = False
+        for item in decodes:
+            def history(item=item) -> list[int]:
+                # The slot holds prompt + generated[:-1]; the last generated is the input.
+                n = item.sample_index
+                if n == 0:
+                    return []
+                earlier = self.store.tokens[item.slot][item.position - (n - 1):item.position]
+                return earlier + [item.token_id]
+            constrained |= self.constraints.sync(item.slot, item.sampling, item.sample_index,
+                                                 item.token_id, history)
+        return constrained
+
+    def _masked(self, logits: mx.array, slots: list[int]) -> mx.array:
+        """Mask the logits of constrained rows. The masks are computed on the CPU while the
+        forward pass runs (it is queued first), not after it."""
+        mx.async_eval(logits)
+        allowed = self.constraints.masks(slots, logits.shape[-1])
+        if allowed is None:
+            return logits
+        return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
     def _decode_pipelined(self, item, num_steps: int) -> tuple[SampledToken, ...]:
         """One sequence, several tokens: queue token i+1's forward pass before reading token

@@ -21,6 +21,7 @@ from proto.page_ids import make_namespace
 from proto.service_loop import SchedulerLink, StopFlag
 from proto.settings import Settings, parse_size
 from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
+from worker.constraints import ConstraintEngine, llguidance_tokenizer
 from worker.executor import StepExecutor
 from worker.page_io import PageLayout, PageLayoutError
 from worker.memory_plan import (
@@ -110,7 +111,8 @@ def run(settings: Settings) -> None:
         print(f"switchyard worker: {exc}", file=sys.stderr)
         sys.exit(2)
     store = SlotStore(loaded.model, loaded.make_cache, settings.slots, settings.ctx)
-    executor = StepExecutor(store, layout, pool)
+    constraints = ConstraintEngine(lambda: llguidance_tokenizer(str(loaded.path)))
+    executor = StepExecutor(store, layout, pool, constraints)
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable)

@@ -23,6 +23,7 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.api import structured
 from gateway.context import gateway_of
 from gateway.driver import (PREFIX_STABLE_HEADER, chat_chars, header_flag, respond,
                             start_chat)
@@ -33,7 +34,7 @@ from gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone
 from gateway.prompting.prompts import check_chat_template
 from gateway.streaming import sse_event
 from gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_choice, check_tool_fields,
-                           function_tool)
+                                  function_tool, strict_tool_names)
 from gateway.turn import TurnResult, plan_turn
 from gateway.api.validation import (ChatRequest, Fields, Options, parse_json, parse_priority,
                                 template_kwargs)
@@ -277,8 +278,25 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
         priority=parse_priority(body.get("priority"), "priority"))
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel,
-                       template_kwargs=template_kwargs(_thinking_kwargs(body.get("thinking"))))
+                       template_kwargs=template_kwargs(_thinking_kwargs(body.get("thinking"))),
+                       constraint=parse_output_format(body),
+                       strict_tools=strict_tool_names(body.get("tools"), lambda t: t))
     return MessagesRequest(chat, model)
+
+
+def parse_output_format(body: dict[str, Any]) -> structured.Constraint | None:
+    """Structured outputs: `output_format` (the beta's spelling) or `output_config.format`,
+    `{"type": "json_schema", "schema": {...}}`."""
+    config = body.get("output_config")
+    fmt, param = body.get("output_format"), "output_format"
+    if isinstance(config, dict) and config.get("format") is not None:
+        fmt, param = config["format"], "output_config.format"
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
+        raise invalid(f"{param}: must be {{\"type\": \"json_schema\", \"schema\": {{...}}}}",
+                      param=param)
+    return structured.json_schema(fmt["schema"], f"{param}.schema")
 
 
 def _default(value: Any, default: Any) -> Any:

@@ -44,6 +44,7 @@ async def completions(request: Request) -> Response:
     submit = build_submit(rid, prompt_ids, completion.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
+                          grammar=completion.constraint.grammar if completion.constraint else "",
                           vocab_size=len(gw.tokenizer))
     turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop, gw.stop_token_ids)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)

@@ -26,10 +26,11 @@ from gateway.driver import respond, start_chat
 from gateway.errors import APIError, invalid, invalid_type
 from gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
 from gateway.prompting.prompts import check_model
+from gateway.api import structured
 from gateway.api.response_store import ResponseStore
 from gateway.streaming import sse_event
 from gateway.output.tools import (ToolChoice, check_tool_fields, function_tool,
-                           parse_openai_tool_choice)
+                                  parse_openai_tool_choice, strict_tool_names)
 from gateway.turn import ChatTurn, TurnResult, assistant_message
 from gateway.api.validation import (
     ChatRequest,
@@ -184,11 +185,8 @@ def previous_not_found(response_id: str) -> APIError:
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ResponsesRequest:
     f = Fields(body)
     text = f.obj("text")
-    if text is not None:
-        fmt = Fields(text, "text.").obj("format")
-        if fmt is not None and fmt.get("type") not in (None, "text"):
-            raise invalid("Only text.format type 'text' is supported", param="text.format",
-                          code="unsupported_parameter")
+    answer_format = structured.responses_text_format(
+        Fields(text, "text.").obj("format") if text is not None else None)
     instructions = f.string("instructions")
     previous_id = f.string("previous_response_id")
     history: list[dict[str, Any]] = []
@@ -213,7 +211,10 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Respo
         stream=bool(f.boolean("stream")),
         priority=parse_priority(body.get("priority"), "priority"), user=f.string("user"))
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
-                       parallel_tool_calls=parallel is not False)
+                       parallel_tool_calls=parallel is not False,
+                       constraint=structured.one_of(answer_format, structured.guided(body),
+                                                    param="text.format"),
+                       strict_tools=strict_tool_names(body.get("tools"), lambda t: t))
     return ResponsesRequest(chat, instructions, previous_id,
                             stored_flag is not False)
 

@@ -12,8 +12,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.api import structured
+from gateway.api.structured import Constraint
 from gateway.errors import invalid, invalid_type, out_of_range
-from gateway.output.tools import AUTO, ToolChoice, parse_openai_tool_choice, parse_openai_tools
+from gateway.output.tools import (AUTO, ToolChoice, parse_openai_tool_choice, parse_openai_tools,
+                                  strict_tool_names)
 from proto.messages import PRIORITIES
 
 PRIORITY_HEADER = "x-switchyard-priority"
@@ -63,12 +66,17 @@ class ChatRequest:
     tool_choice: ToolChoice = AUTO
     parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Structured outputs: what the answer must match (None: free text), and the tools whose
+    # calls must match their `parameters` schema (docs/design.md "Structured outputs").
+    constraint: Constraint | None = None
+    strict_tools: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class CompletionRequest:
     prompt: str | tuple[int, ...]
     options: Options
+    constraint: Constraint | None = None
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -281,10 +289,8 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     f = Fields(body)
     f.reject_unsupported("logprobs")
     f.reject_unsupported("top_logprobs", allowed=(None, 0))
-    response_format = f.obj("response_format")
-    if response_format is not None and response_format.get("type") not in (None, "text"):
-        raise invalid("Only response_format type 'text' is supported",
-                      param="response_format", code="unsupported_parameter")
+    constraint = structured.one_of(structured.openai_response_format(f.get("response_format")),
+                                   structured.guided(body), param="response_format")
     messages = f.array("messages")
     if not messages:
         raise invalid("'messages' must be a non-empty array", param="messages",
@@ -300,6 +306,8 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         tool_choice=tool_choice,
         parallel_tool_calls=parallel is not False,
         template_kwargs=template_kwargs(kwargs),
+        constraint=constraint,
+        strict_tools=strict_tool_names(f.get("tools"), lambda t: t.get("function")),
     )
 
 
@@ -405,7 +413,10 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     f.reject_unsupported("echo")
     f.reject_unsupported("suffix", allowed=(None, ""))
     f.reject_unsupported("best_of", allowed=(None, 1))
-    return CompletionRequest(prompt=parse_prompt(body.get("prompt")), options=parse_options(f))
+    constraint = structured.one_of(structured.openai_response_format(f.get("response_format")),
+                                   structured.guided(body), param="response_format")
+    return CompletionRequest(prompt=parse_prompt(body.get("prompt")), options=parse_options(f),
+                             constraint=constraint)
 
 
 def parse_prompt(prompt: Any) -> str | tuple[int, ...]:

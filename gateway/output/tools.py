@@ -111,6 +111,15 @@ def parse_openai_tools(value: Any, param: str = "tools") -> list[dict[str, Any]]
     return tools or None
 
 
+def strict_tool_names(value: Any, function_of) -> frozenset[str]:
+    """Names of the (already validated) tools that ask for strict arguments;
+    `function_of(tool)` is where an API keeps `name` and `strict` (OpenAI Chat nests them)."""
+    if not isinstance(value, list):
+        return frozenset()
+    return frozenset(function_of(t)["name"] for t in value
+                     if isinstance(function_of(t), dict) and function_of(t).get("strict") is True)
+
+
 def tool_names(tools: Sequence[dict[str, Any]] | None) -> list[str]:
     return [t["function"]["name"] for t in tools or ()]
 

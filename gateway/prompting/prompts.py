@@ -72,7 +72,8 @@ def encode_prompt(tokenizer: Any, request: CompletionRequest) -> list[int]:
 
 def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
                  default_max_tokens: int, stop_token_ids: tuple[int, ...],
-                 priority: str | None, param: str = "messages",
+                 priority: str | None, param: str = "messages", grammar: str = "",
+                 grammar_trigger: tuple[int, ...] = (),
                  vocab_size: int | None = None) -> SubmitRequest:
     """Check the context, clamp max_tokens to what is left of it, draw a seed if none given."""
     if vocab_size is not None:
@@ -91,6 +92,7 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
     seed = options.seed if options.seed is not None else secrets.randbits(63)
     sampling = SamplingParams(temperature=options.temperature, top_p=options.top_p,
                               top_k=options.top_k, min_p=options.min_p, seed=seed,
+                              grammar=grammar, grammar_trigger=grammar_trigger,
                               logit_bias=options.logit_bias)
     return SubmitRequest(
         rid=rid, prompt_token_ids=tuple(prompt_ids),

@@ -128,7 +128,7 @@ def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen
 
 
 def _tokenizer(model_dir):
-    from gateway.prompting.tokenizer import load_tokenizer
+    from proto.tokenizer_loading import load_tokenizer
 
     return load_tokenizer(str(model_dir))
 

@@ -13,7 +13,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
-from gateway.prompting.tokenizer import load_tokenizer
+from proto.tokenizer_loading import load_tokenizer
 from worker.model_loading import ModelLoadError, load_model
 from fixtures.tiny_models import DEFAULT_MODEL_NAME, default_model_path, generate_tiny_model, main
 

@@ -47,7 +47,8 @@ def test_unknown_fields_are_ignored():
     ("stop", 5), ("stop", ["a", 1]), ("stop", ["s"] * 17), ("user", 7), ("model", 3),
     ("priority", "urgent"), ("tools", {"a": 1}), ("tools", [1]), ("tool_choice", 3),
     ("messages", "hi"), ("logprobs", True), ("top_logprobs", 2),
-    ("response_format", {"type": "json_object"}), ("chat_template_kwargs", []),
+    ("response_format", {"type": "xml"}), ("response_format", 5),
+    ("chat_template_kwargs", []),
 ])
 def test_bad_field_is_a_400_naming_it(field, value):
     error = error_of(chat, **{field: value})

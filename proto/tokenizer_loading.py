@@ -1,4 +1,7 @@
-"""The gateway's tokenizer: mlx_lm's TokenizerWrapper for a model directory, repo id or .gguf file.
+"""The model's tokenizer: mlx_lm's TokenizerWrapper for a model directory, repo id or .gguf file.
+
+The gateway tokenizes and detokenizes with it; the worker builds its grammar engine's vocabulary
+from it (structured outputs). MLX and transformers are imported only when a tokenizer is loaded.
 
 For a GGUF file only the metadata is read (gguf.GGUFReader memory-maps the file and leaves the
 tensors alone), then transformers rebuilds the tokenizer from llama.cpp's vocabulary and merges.
@@ -13,8 +16,10 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlx_lm.tokenizer_utils import TokenizerWrapper
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 # llama.cpp's GGUF keys -> the names transformers' convert_gguf_tokenizer expects.
 _GGUF_KEYS = {
@@ -48,7 +53,7 @@ class TokenizerLoadError(Exception):
     """The tokenizer of the given model reference cannot be loaded."""
 
 
-def load_tokenizer(ref: str) -> TokenizerWrapper:
+def load_tokenizer(ref: str) -> "TokenizerWrapper":
     """A TokenizerWrapper for an MLX/HF directory, a Hugging Face repo id or a .gguf file."""
     from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
@@ -91,7 +96,7 @@ def read_gguf_tokenizer_metadata(path: Path) -> dict:
     return out
 
 
-def _load_gguf_tokenizer(path: Path) -> TokenizerWrapper:
+def _load_gguf_tokenizer(path: Path) -> "TokenizerWrapper":
     from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer

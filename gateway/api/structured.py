@@ -1,0 +1,169 @@
+"""Structured outputs: what a request asks its output to match, compiled to one llguidance grammar.
+
+Every API's spelling lands here: OpenAI `response_format` (json_object, json_schema), vLLM's
+`guided_json` / `guided_regex` / `guided_grammar` / `guided_choice` and their newer
+`structured_outputs` object, the Responses API's `text.format`, Anthropic's `output_format`
+(and `output_config.format`). Tool calls get their grammars from `gateway.output.call_grammar`.
+
+A grammar is checked here, in the gateway, under the same resource limits the worker uses, so
+an invalid or unsupported schema is a 400 naming what is wrong, and a hostile one cannot stall
+a step (docs/design.md "Structured outputs").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import invalid
+from proto.grammar_limits import parser_limits
+
+MAX_SCHEMA_BYTES = 256 * 1024
+# Compact JSON, as OpenAI's structured outputs write it: no whitespace runs for the model to
+# fill, so an output's length is bounded by its schema.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    grammar: str  # llguidance grammar (its JSON form)
+    trigger: str = ""  # text after which the grammar applies ("" = from the first token)
+
+
+def _llg():
+    import llguidance
+
+    return llguidance
+
+
+def checked(grammar: str, param: str, trigger: str = "") -> Constraint:
+    """The grammar if llguidance accepts it under the limits; else a 400 saying why."""
+    error = _llg().LLMatcher.validate_grammar(grammar, None, limits=parser_limits())
+    if error:
+        raise invalid(f"Unsupported or invalid '{param}': {error.splitlines()[0]}",
+                      param=param, code="invalid_grammar")
+    return Constraint(grammar, trigger)
+
+
+def _schema_text(schema: Any, param: str) -> str:
+    if not isinstance(schema, (dict, bool)):
+        raise invalid(f"'{param}' must be a JSON schema object", param=param,
+                      code="invalid_type")
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise invalid(f"'{param}' is larger than {MAX_SCHEMA_BYTES} bytes", param=param,
+                      code="invalid_value")
+    return text
+
+
+def json_schema(schema: Any, param: str) -> Constraint:
+    text = _schema_text(schema, param)
+    try:
+        grammar = _llg().LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+    except ValueError as exc:
+        raise invalid(f"Invalid '{param}': {exc}", param=param, code="invalid_grammar") from None
+    return checked(grammar, param)
+
+
+def regex(pattern: Any, param: str) -> Constraint:
+    if not isinstance(pattern, str) or not pattern:
+        raise invalid(f"'{param}' must be a non-empty string", param=param, code="invalid_type")
+    return checked(_llg().LLMatcher.grammar_from_regex(pattern), param)
+
+
+def lark(text: Any, param: str, trigger: str = "") -> Constraint:
+    """A Lark grammar (llguidance's dialect), or GBNF as llama.cpp writes it."""
+    if not isinstance(text, str) or not text.strip():
+        raise invalid(f"'{param}' must be a non-empty string", param=param, code="invalid_type")
+    if "::=" in text:
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+
+        try:
+            text = gbnf_to_lark(text)
+        except Exception as exc:  # the converter raises plain exceptions on bad GBNF
+            raise invalid(f"Invalid GBNF in '{param}': {exc}", param=param,
+                          code="invalid_grammar") from None
+    return checked(_llg().LLMatcher.grammar_from_lark(text), param, trigger)
+
+
+def choice(options: Any, param: str) -> Constraint:
+    if (not isinstance(options, list) or not options
+            or not all(isinstance(o, str) and o for o in options)):
+        raise invalid(f"'{param}' must be a non-empty array of non-empty strings", param=param,
+                      code="invalid_type")
+    alternatives = " | ".join(json.dumps(o) for o in options)
+    return checked(_llg().LLMatcher.grammar_from_lark(f"start: {alternatives}\n"), param)
+
+
+def openai_response_format(value: Any, param: str = "response_format") -> Constraint | None:
+    """Chat Completions' `response_format`."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid(f"'{param}' must be an object", param=param, code="invalid_type")
+    kind = value.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return json_schema({"type": "object"}, param)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise invalid(f"'{param}.json_schema.schema' is required", param=param,
+                          code="missing_required_parameter")
+        return json_schema(spec["schema"], f"{param}.json_schema.schema")
+    raise invalid(f"'{param}.type' must be 'text', 'json_object' or 'json_schema'",
+                  param=param, code="invalid_value")
+
+
+def responses_text_format(value: Any, param: str = "text.format") -> Constraint | None:
+    """Responses' `text.format`: the json_schema fields sit on the format itself."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid(f"'{param}' must be an object", param=param, code="invalid_type")
+    if value.get("type") == "json_schema":
+        if "schema" not in value:
+            raise invalid(f"'{param}.schema' is required", param=param,
+                          code="missing_required_parameter")
+        return json_schema(value["schema"], f"{param}.schema")
+    return openai_response_format(value, param)
+
+
+_GUIDED = {"json": json_schema, "regex": regex, "grammar": lark, "choice": choice}
+
+
+def guided(body: dict[str, Any]) -> Constraint | None:
+    """vLLM's extra-body fields: `guided_json|regex|grammar|choice`, or `structured_outputs`."""
+    found = [(f"guided_{k}", body[f"guided_{k}"], fn) for k, fn in _GUIDED.items()
+             if body.get(f"guided_{k}") is not None]
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            raise invalid("'structured_outputs' must be an object", param="structured_outputs",
+                          code="invalid_type")
+        found += [(f"structured_outputs.{k}", outputs[k], fn) for k, fn in _GUIDED.items()
+                  if outputs.get(k) is not None]
+    if len(found) > 1:
+        names = ", ".join(name for name, _, _ in found)
+        raise invalid(f"Give one structured-output constraint, not several ({names})",
+                      param=found[1][0], code="invalid_value")
+    if not found:
+        return None
+    name, value, compile_fn = found[0]
+    if compile_fn is json_schema and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise invalid(f"'{name}' is not valid JSON", param=name,
+                          code="invalid_value") from None
+    return compile_fn(value, name)
+
+
+def one_of(*constraints: Constraint | None, param: str) -> Constraint | None:
+    given = [c for c in constraints if c is not None]
+    if len(given) > 1:
+        raise invalid("Give either a response format or a guided constraint, not both",
+                      param=param, code="invalid_value")
+    return given[0] if given else None

@@ -1,0 +1,155 @@
+"""Grammar-constrained sampling (structured outputs): one llguidance matcher per constrained slot.
+
+A request's constraint travels in its `SamplingParams` (`grammar`, an llguidance grammar the
+gateway compiled and checked; `grammar_trigger`, token ids after which it applies). The worker
+keeps a matcher per slot and computes each row's allowed-token mask on the CPU while the forward
+pass runs on MLX's stream, then masks the logits before sampling (docs/design.md "Structured
+outputs"). Nothing here is stored: a matcher is rebuilt from the tokens the slot's request
+generated so far, so constraints survive preemption, restores and worker restarts.
+
+With a trigger (a tool-call marker, or the end of a reasoning block) the output is free until
+the trigger's tokens appear; from the token after it the grammar is in force to the end. Once
+the grammar is complete the matcher allows only end-of-sequence tokens, so the turn ends.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from proto.grammar_limits import parser_limits
+from proto.messages import SamplingParams
+
+MAX_COMPILED_GRAMMARS = 64  # matcher templates kept, most recently used first
+
+
+@dataclass
+class SlotConstraint:
+    grammar: str
+    trigger: tuple[int, ...]
+    generated: list[int] = field(default_factory=list)  # every token the request generated
+    matcher: object | None = None  # None while waiting for the trigger
+
+
+class ConstraintEngine:
+    """Matchers for the constrained rows of a decode step. `tokenizer_loader` returns the
+    llguidance tokenizer; it is called once, on the first constrained request."""
+
+    def __init__(self, tokenizer_loader: Callable[[], tuple[object, list[int]]]):
+        self._load_tokenizer = tokenizer_loader
+        self._tokenizer = None
+        self._eos: list[int] = []
+        self._slots: dict[int, SlotConstraint] = {}
+        self._compiled: OrderedDict[str, object] = OrderedDict()  # grammar -> fresh matcher
+        self.num_errors = 0
+
+    # --- state -----------------------------------------------------------------------------
+
+    def sync(self, slot: int, params: SamplingParams, num_generated: int, last_token: int,
+             history: Callable[[], list[int]]) -> bool:
+        """Bring the slot's matcher to the request's generated tokens: `num_generated` of them,
+        the last being `last_token`; `history()` lists them all (called only when the matcher
+        must be rebuilt: a new request, a preemption, a restore or a worker restart).
+        Returns whether the row is constrained at all."""
+        if not params.grammar:
+            self._slots.pop(slot, None)
+            return False
+        state = self._slots.get(slot)
+        current = (state is not None and state.grammar == params.grammar
+                   and state.trigger == params.grammar_trigger
+                   and len(state.generated) == num_generated
+                   and (num_generated == 0 or state.generated[-1] == last_token))
+        if not current:
+            state = SlotConstraint(params.grammar, params.grammar_trigger)
+            if not state.trigger:
+                state.matcher = self._new_matcher(state.grammar)
+            self._slots[slot] = state
+            for token in history():
+                self._advance(state, token)
+        return True
+
+    def accept(self, slot: int, token: int) -> None:
+        state = self._slots.get(slot)
+        if state is not None:
+            self._advance(state, token)
+
+    def _advance(self, state: SlotConstraint, token: int) -> None:
+        state.generated.append(token)
+        if state.matcher is not None:
+            if not state.matcher.consume_token(token):
+                self.num_errors += 1
+            return
+        trigger = state.trigger
+        if state.generated[-len(trigger):] == list(trigger):
+            state.matcher = self._new_matcher(state.grammar)
+
+    def _new_matcher(self, grammar: str):
+        import llguidance
+
+        if self._tokenizer is None:
+            self._tokenizer, self._eos = self._load_tokenizer()
+        template = self._compiled.get(grammar)
+        if template is None:
+            template = llguidance.LLMatcher(self._tokenizer, grammar, limits=parser_limits(),
+                                            log_level=0)
+            self._compiled[grammar] = template
+            while len(self._compiled) > MAX_COMPILED_GRAMMARS:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(grammar)
+        return template.deep_copy()
+
+    # --- masks -----------------------------------------------------------------------------
+
+    def masks(self, slots: list[int], vocab_size: int) -> np.ndarray | None:
+        """[len(slots), vocab_size] booleans: True where a token is allowed; None when no
+        row is constrained right now (the logits are used as they are)."""
+        rows = []
+        any_constrained = False
+        for slot in slots:
+            state = self._slots.get(slot)
+            matcher = state.matcher if state is not None else None
+            if matcher is None:
+                rows.append(None)
+                continue
+            any_constrained = True
+            rows.append(self._allowed(matcher, vocab_size))
+        if not any_constrained:
+            return None
+        out = np.ones((len(slots), vocab_size), dtype=bool)
+        for i, row in enumerate(rows):
+            if row is not None:
+                out[i] = row
+        return out
+
+    def _allowed(self, matcher, vocab_size: int) -> np.ndarray:
+        if matcher.is_error():
+            self.num_errors += 1
+            allowed = np.zeros(vocab_size, dtype=bool)
+            allowed[self._eos] = True  # a matcher in error ends the turn rather than run free
+            return allowed
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little").astype(bool)
+        if allowed.size >= vocab_size:
+            return allowed[:vocab_size]
+        # The model's embedding may be padded past the tokenizer's vocabulary: never allowed.
+        return np.concatenate([allowed, np.zeros(vocab_size - allowed.size, dtype=bool)])
+
+    def forget(self, slot: int) -> None:
+        self._slots.pop(slot, None)
+
+
+def llguidance_tokenizer(model_ref: str) -> tuple[object, list[int]]:
+    """The llguidance vocabulary of the model's tokenizer and its end-of-sequence ids (about a
+    second; done once, on the first constrained request)."""
+    import llguidance.hf
+
+    from proto.tokenizer_loading import load_tokenizer
+
+    wrapper = load_tokenizer(model_ref)
+    eos = sorted(getattr(wrapper, "eos_token_ids", None) or [wrapper.eos_token_id])
+    return llguidance.hf.from_tokenizer(wrapper._tokenizer, eos_token=eos), eos
+
