@@ -178,3 +178,32 @@ def test_stale_shared_memory_of_this_group_is_removed_and_others_kept(tmp_path):
                 _posixshmem.shm_unlink("/" + name)
             except FileNotFoundError:
                 pass
+
+
+# -- 11. library (uvicorn) logs go through structlog, without tracebacks by default -------------
+
+def test_uvicorn_logs_through_structlog(capsys):
+    import json
+    import logging
+
+    import structlog
+
+    from proto.logs import configure_logging
+
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    try:
+        configure_logging("gateway", "boot-x", fmt="json")
+        try:
+            raise ValueError("secret prompt text")
+        except ValueError:
+            logging.getLogger("uvicorn.error").error("Exception in ASGI application",
+                                                     exc_info=True)
+        (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    finally:  # later tests must not write to this test's captured stderr
+        structlog.configure(**saved)
+        root.handlers[:], root.level = saved_handlers, saved_level
+    record = json.loads(line)
+    assert record["event"] == "library.log" and record["role"] == "gateway"
+    assert record["error_type"] == "ValueError" and "secret" not in line
