@@ -60,6 +60,13 @@ def _sampling(**extra: Any) -> dict[str, Any]:
                 stream=_BOOL, priority=_PRIORITY, **extra)
 
 
+_RESPONSE_FORMAT = {
+    **_schema(["type"], type={"enum": ["text", "json_object"]}),
+    "description": "also {\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}} "
+                   "and the guided_json / guided_choice / guided_regex fields (structured "
+                   "outputs: the schema must be one the grammar compiler supports)"}
+
+
 def _logit_bias(vocab_size: int) -> dict[str, Any]:
     # Keys are token ids; with fewer digits than the vocabulary's size, every id is in it.
     digits = max(1, len(str(vocab_size)) - 1)
@@ -111,7 +118,7 @@ def chat_request(vocab_size: int) -> dict[str, Any]:
         tool_choice={**_CHAT_TOOL_CHOICE, "description": _TOOL_CHOICE_RULE},
         parallel_tool_calls=_BOOL, chat_template_kwargs=_OBJ, user=_STR,
         logprobs={"const": False}, top_logprobs={"const": 0},
-        response_format=_schema([], type={"const": "text"}),
+        response_format=_RESPONSE_FORMAT,
         logit_bias=_logit_bias(vocab_size), **_sampling()) | _NEEDS_TOOLS
 
 
@@ -121,7 +128,8 @@ def completion_request(vocab_size: int) -> dict[str, Any]:
         ["prompt"], model=_STR, prompt=_any(_NONEMPTY, token_ids), max_tokens=_MAX_TOKENS,
         n={"const": 1}, stop=_STOP, stream_options=_schema([], include_usage=_BOOL), user=_STR,
         logprobs={"const": 0}, echo={"const": False}, suffix={"const": ""},
-        best_of={"const": 1}, logit_bias=_logit_bias(vocab_size), **_sampling())
+        best_of={"const": 1}, response_format=_RESPONSE_FORMAT,
+        logit_bias=_logit_bias(vocab_size), **_sampling())
 
 
 # -- Anthropic Messages -----------------------------------------------------------------------
