@@ -12,7 +12,8 @@ eviction runs all the time; its use is sampled. Reported (targets in parentheses
 
 - responses other than 2xx, 4xx for malformed bodies, 503/429 with Retry-After (0);
   connection errors while the gateway restarts are counted apart (clients retry them);
-- wrong outputs: replies that differ from the fault-free run of the same request bodies (0);
+- wrong outputs: replies that differ from the fault-free run of the same request bodies (0;
+  served with --no-prefix-stable unless `--prefix-stable`, so a body alone fixes the prompt);
 - turns whose cached tokens < prompt - new tokens - one page, after a fault and overall;
 - disk use above the budget in any sample (0);
 - gateway and scheduler RSS growth over the second half, same process (< 5%);
@@ -222,8 +223,10 @@ def sampler(group: ServerGroup, budget: int, samples: list, stop: threading.Even
 
 def run_group(args, model: Path, faults_on: bool, replay: list[Turn] | None):
     budget = args.kv_disk_budget
-    group = ServerGroup(model, slots=args.slots, ctx=8192,
-                        extra=["--kv-disk-budget", str(budget), "--max-queue", "64"])
+    extra = ["--kv-disk-budget", str(budget), "--max-queue", "64"]
+    if not args.prefix_stable:
+        extra.append("--no-prefix-stable")
+    group = ServerGroup(model, slots=args.slots, ctx=8192, extra=extra)
     tally, turns, faults, samples = Tally(), [], [], []
     stop = threading.Event()
     with group:
@@ -332,6 +335,10 @@ def main() -> int:
     parser.add_argument("--fault-max", type=float, default=90.0)
     parser.add_argument("--kv-disk-budget", type=int, default=400 * 2**20)
     parser.add_argument("--model-size", default="tiny")
+    parser.add_argument("--prefix-stable", action=argparse.BooleanOptionalAction, default=False,
+                        help="serve with prefix-stable rendering: a body's prompt then also "
+                             "depends on what the gateway remembers (lost when it is killed), "
+                             "so replies are not comparable by body; off by default here")
     args = parser.parse_args()
     model = model_dir(args.model_size)
     print("faulty run ...", flush=True)

@@ -16,6 +16,7 @@ _INT = {"type": "integer"}
 _NUM = {"type": "number"}
 _BOOL = {"type": "boolean"}
 _NULL = {"type": "null"}
+_MODEL = {"type": ["string", "null"]}  # null: the served model
 INT64_MIN, UINT64_MAX, INT32_MAX = -2**63, 2**64 - 1, 2**31 - 1
 MAX_STOP = 16  # gateway.api.validation.MAX_STOP_STRINGS, anthropic_api.MAX_STOP_SEQUENCES
 MAX_TOOLS = 512  # gateway.output.tools.MAX_TOOLS
@@ -111,7 +112,7 @@ _TOOL_CHOICE_RULE = ("'required' or a named function needs 'tools', and the name
 
 def chat_request(vocab_size: int) -> dict[str, Any]:
     return _schema(
-        ["messages"], model=_STR, messages=_arr(_CHAT_MESSAGE, minItems=1),
+        ["messages"], model=_MODEL, messages=_arr(_CHAT_MESSAGE, minItems=1),
         max_tokens=_MAX_TOKENS, max_completion_tokens=_MAX_TOKENS, n={"const": 1},
         stop=_STOP, stream_options=_schema([], include_usage=_BOOL),
         tools=_arr(_CHAT_TOOL, maxItems=MAX_TOOLS),
@@ -125,7 +126,7 @@ def chat_request(vocab_size: int) -> dict[str, Any]:
 def completion_request(vocab_size: int) -> dict[str, Any]:
     token_ids = _arr({"type": "integer", "minimum": 0, "maximum": vocab_size - 1}, minItems=1)
     return _schema(
-        ["prompt"], model=_STR, prompt=_any(_NONEMPTY, token_ids), max_tokens=_MAX_TOKENS,
+        ["prompt"], model=_MODEL, prompt=_any(_NONEMPTY, token_ids), max_tokens=_MAX_TOKENS,
         n={"const": 1}, stop=_STOP, stream_options=_schema([], include_usage=_BOOL), user=_STR,
         logprobs={"const": 0}, echo={"const": False}, suffix={"const": ""},
         best_of={"const": 1}, response_format=_RESPONSE_FORMAT,
@@ -161,9 +162,8 @@ _A_TOOL_CHOICE = {"oneOf": [
     _schema(["type", "name"], type={"const": "tool"}, name=_NONEMPTY,
             disable_parallel_tool_use=_BOOL),
 ], "description": "'any' or 'tool' needs 'tools', and a tool's name must be one of them"}
-_A_THINKING = _schema(["type"], type={"enum": ["enabled", "disabled", "adaptive"]},
-                      budget_tokens=_INT)
-_A_COMMON = dict(model=_STR, messages=_arr(_A_MESSAGE, minItems=1),
+_A_THINKING = _schema(["type"], type={"enum": ["enabled", "disabled", "adaptive"]})
+_A_COMMON = dict(model=_MODEL, messages=_arr(_A_MESSAGE, minItems=1),
                  system=_any(_STR, _arr(_A_TEXT)), tools=_arr(_A_TOOL),
                  tool_choice=_A_TOOL_CHOICE, thinking=_A_THINKING)
 MESSAGES_REQUEST = _schema(
@@ -194,7 +194,7 @@ _R_TOOL_CHOICE = _any(
     {"enum": ["auto", "none", "required"]},
     _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY))
 RESPONSES_REQUEST = _schema(
-    ["input"], model=_STR, input=_any(_STR, _arr(_R_ITEM, minItems=1)), instructions=_STR,
+    ["input"], model=_MODEL, input=_any(_STR, _arr(_R_ITEM, minItems=1)), instructions=_STR,
     previous_response_id={**_STR, "description": "a response this server still keeps "
                                                  "(recent ones, in memory); else a 400"},
     max_output_tokens=_MAX_TOKENS, tools=_arr(_R_TOOL),

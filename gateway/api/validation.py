@@ -397,7 +397,7 @@ def join_text_parts(parts: list, param: str, text_keys: dict[str, str], what: st
         if not isinstance(part, dict):
             raise invalid_type(part_param, "an object")
         kind = part.get("type")
-        if kind not in text_keys:
+        if not isinstance(kind, str) or kind not in text_keys:  # {} is not hashable
             raise invalid(f"'{part_param}.type' {kind!r} is not supported; only {what} are",
                           param=f"{part_param}.type", code="unsupported_content")
         text = part.get(text_keys[kind])

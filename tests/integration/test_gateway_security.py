@@ -288,3 +288,11 @@ def test_logit_bias_is_passed_on_and_checked(http, fake, tokenizer):
     for bad in ({"x": 1}, {"5": 101}, {"5": "1"}, {str(len(tokenizer)): 1}, [1]):
         assert_error(http.post("/v1/chat/completions", json={**CHAT, "logit_bias": bad}),
                      400, param="logit_bias")
+
+
+def test_a_content_part_type_that_is_not_a_string_is_a_400(http, fake):
+    """Found by schemathesis: {"type": {}} in a content part was a 500 (unhashable)."""
+    body = {"messages": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]}
+    assert_error(http.post("/v1/chat/completions", json=body), 400)
+    body = {"input": [{"type": "reasoning", "summary": [{"type": {}, "text": ""}]}]}
+    assert_error(http.post("/v1/responses", json=body), 400)
