@@ -151,8 +151,7 @@ def agent(index: int, url: str, deadline: float, tally: Tally, turns: list[Turn]
             data = response.json()
             message = data["choices"][0]["message"]
             usage = data["usage"]
-            turns.append(Turn(index, json.loads(json.dumps(body)), 200,
-                              json.dumps([message.get("content"), message.get("tool_calls")]),
+            turns.append(Turn(index, json.loads(json.dumps(body)), 200, reply_of(message),
                               usage["prompt_tokens"],
                               (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
                               usage["completion_tokens"], time.monotonic()))
@@ -168,6 +167,13 @@ def agent(index: int, url: str, deadline: float, tally: Tally, turns: list[Turn]
             if usage["prompt_tokens"] > 3000:
                 conversation += 1
                 messages = fresh()
+
+
+def reply_of(message: dict) -> str:
+    """What the model said: text and calls (name, arguments), not the random call ids."""
+    calls = [(c["function"]["name"], c["function"]["arguments"])
+             for c in message.get("tool_calls") or ()]
+    return json.dumps([message.get("content"), calls])
 
 
 def rss_kib(pid: int) -> int | None:
@@ -268,8 +274,7 @@ def replay_agent(index: int, url: str, replay: list[Turn], tally: Tally, turns: 
             if response is None or response.status_code != 200:
                 continue
             message = response.json()["choices"][0]["message"]
-            turns.append(Turn(index, turn.body, 200, json.dumps(
-                [message.get("content"), message.get("tool_calls")])))
+            turns.append(Turn(index, turn.body, 200, reply_of(message)))
 
 
 def report(faulty: dict, reference: dict, args) -> int:
@@ -335,6 +340,9 @@ def main() -> int:
     parser.add_argument("--fault-max", type=float, default=90.0)
     parser.add_argument("--kv-disk-budget", type=int, default=400 * 2**20)
     parser.add_argument("--model-size", default="tiny")
+    parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True,
+                        help="--no-faults: a control run; its 'wrong outputs' are what "
+                             "concurrency alone changes (batch composition, chunk splits)")
     parser.add_argument("--prefix-stable", action=argparse.BooleanOptionalAction, default=False,
                         help="serve with prefix-stable rendering: a body's prompt then also "
                              "depends on what the gateway remembers (lost when it is killed), "
@@ -342,7 +350,7 @@ def main() -> int:
     args = parser.parse_args()
     model = model_dir(args.model_size)
     print("faulty run ...", flush=True)
-    faulty = run_group(args, model, faults_on=True, replay=None)
+    faulty = run_group(args, model, faults_on=args.faults, replay=None)
     print(f"fault-free replay of {len(faulty['turns'])} turns ...", flush=True)
     reference = run_group(args, model, faults_on=False, replay=faulty["turns"])
     return report(faulty, reference, args)
