@@ -168,8 +168,10 @@ def now_stamp() -> str:
 
 def run_chunk(model: Path, chunk: int, share: str | None, args, x_prompts, main_config: bool,
               log):
+    # Rates count streamed chunks, one per token only without decode bursts (a burst of 8
+    # tokens arrives as one chunk): --decode-burst 1 keeps solo and shared rates comparable.
     extra = ["--prefill-chunk", str(chunk), "--page-size", "256", "--kv-disk-budget", "2GiB",
-             "--log-level", "debug"]
+             "--log-level", "debug", "--decode-burst", "1"]
     if share is not None:
         extra += ["--decode-share", share]
     row: dict = {"chunk": chunk, "share": share if share is not None else "default"}

@@ -281,11 +281,22 @@ def report(faulty: dict, reference: dict, args) -> int:
     tally = faulty["tally"]
     ref = {json.dumps(t.body, sort_keys=True): t.reply for t in reference["turns"]}
     compared = wrong = 0
+    first_fault = min((at for at, _ in faulty["faults"]), default=float("inf"))
+    wrong_before = compared_before = 0
+    rows = []
     for turn in faulty["turns"]:
         key = json.dumps(turn.body, sort_keys=True)
         if key in ref:
             compared += 1
-            wrong += ref[key] != turn.reply
+            differs = ref[key] != turn.reply
+            wrong += differs
+            if turn.at < first_fault:
+                compared_before += 1
+                wrong_before += differs
+            rows.append({"agent": turn.agent, "at": turn.at, "differs": differs,
+                         "prompt_tokens": turn.prompt_tokens, "cached": turn.cached_tokens})
+    if args.dump:
+        Path(args.dump).write_text(json.dumps({"faults": faulty["faults"], "turns": rows}))
     by_agent: dict[int, list[Turn]] = {}
     for turn in faulty["turns"]:
         by_agent.setdefault(turn.agent, []).append(turn)
@@ -319,7 +330,8 @@ def report(faulty: dict, reference: dict, args) -> int:
           f"{tally.retries}; connection errors (retried): {tally.connection_errors}")
     print(f"responses outside 2xx / 4xx-for-malformed / 503-429-with-Retry-After: "
           f"{len(tally.bad)} {tally.bad[:3]}")
-    print(f"wrong outputs: {wrong} of {compared} turns compared with the fault-free run")
+    print(f"wrong outputs: {wrong} of {compared} turns compared with the fault-free run "
+          f"({wrong_before} of {compared_before} before the first fault)")
     print(f"turns with cached < prompt - new - one page: {short} of "
           f"{sum(len(t) - 1 for t in by_agent.values())}; right after a fault: "
           f"{short_after_fault} of {after_fault}")
@@ -340,6 +352,7 @@ def main() -> int:
     parser.add_argument("--fault-max", type=float, default=90.0)
     parser.add_argument("--kv-disk-budget", type=int, default=400 * 2**20)
     parser.add_argument("--model-size", default="tiny")
+    parser.add_argument("--dump", help="write per-turn results (JSON) here")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True,
                         help="--no-faults: a control run; its 'wrong outputs' are what "
                              "concurrency alone changes (batch composition, chunk splits)")

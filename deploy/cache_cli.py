@@ -1,6 +1,6 @@
 """`switchyard cache plan` and `switchyard cache stats`: size the disk budget, see what is on disk.
 
-    switchyard cache plan --model M --conversations 6 --tokens 100000
+    switchyard cache plan --model M --conversations 6 --tokens 100000 [--kv-bits 8]
     switchyard cache stats [--kv-dir DIR] [--json]
 """
 
@@ -27,6 +27,10 @@ def add_cache_parser(sub) -> None:
     plan.add_argument("--tokens", type=int, required=True, help="tokens per conversation")
     plan.add_argument("--page-size", type=int, default=Settings.page_size)
     plan.add_argument("--state-interval", type=int, default=Settings.state_interval)
+    plan.add_argument("--kv-bits", type=int, default=Settings.kv_bits, choices=(0, 4, 8),
+                      help="size for quantized KV pages, as `serve --kv-bits` (0: none)")
+    plan.add_argument("--kv-group-size", type=int, default=Settings.kv_group_size,
+                      choices=(32, 64, 128))
     stats = actions.add_parser("stats", help="pages, bytes, namespaces and use on disk")
     stats.add_argument("--kv-dir", default="", help="page directory (default: the user cache)")
     stats.add_argument("--json", action="store_true")
@@ -45,13 +49,14 @@ def _plan(args: argparse.Namespace) -> int:
     from scheduler.eviction import plan_budget, round_up_gib
     from worker.model_loading import ModelLoadError, load_model
     from fixtures.tiny_models import default_model_path
+    from worker.kv_layout import kv_quant
 
     if args.conversations < 1 or args.tokens < 1:
         print("switchyard cache plan: --conversations and --tokens must be at least 1")
         return 2
     ref = args.model or str(default_model_path())
     try:
-        loaded = load_model(ref)
+        loaded = load_model(ref, kv_quant(args.kv_bits, args.kv_group_size))
     except ModelLoadError as exc:
         print(f"switchyard cache plan: {exc}")
         return 2
@@ -65,8 +70,9 @@ def _plan(args: argparse.Namespace) -> int:
         overhead += state * snapshots / math.ceil(args.tokens / args.page_size)
     need = plan_budget(bpt, args.conversations, args.tokens, int(overhead), args.page_size)
     print(f"model            {ref} ({loaded.model_type})")
-    print(f"KV per token     {bpt:,} bytes" + (f" + {snapshots} state snapshots per conversation"
-                                               if snapshots else ""))
+    bits = f" ({args.kv_bits}-bit, groups of {args.kv_group_size})" if args.kv_bits else ""
+    print(f"KV per token     {bpt:,} bytes{bits}" + (
+        f" + {snapshots} state snapshots per conversation" if snapshots else ""))
     print(f"one conversation {format_size(need / args.conversations)} "
           f"({args.tokens:,} tokens in pages of {args.page_size})")
     print(f"budget needed    {format_size(need)} for {args.conversations} conversations")

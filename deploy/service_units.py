@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.supervisor import ROLES  # noqa: F401  (start order; re-exported)
-from proto.settings import GATEWAY_ONLY, SECRET_FIELDS, Settings
+from proto.settings import GATEWAY_ONLY, SECRET_FIELDS, Settings, flag_args
 
 _SUFFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 
@@ -72,13 +72,8 @@ def settings_flags(settings: Settings, role: str = "gateway") -> list[str]:
         if f.name in SECRET_FIELDS or (role != "gateway" and f.name in GATEWAY_ONLY):
             continue
         value = getattr(settings, f.name)
-        if value == getattr(defaults, f.name):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(flag if value else f"--no-{flag[2:]}")
-        else:
-            args += [flag, str(value)]
+        if value != getattr(defaults, f.name):
+            args += flag_args(f.name, value)
     return args
 
 

@@ -144,12 +144,14 @@ def format_slots(snapshot: dict, now: float) -> list[str]:
 
 def format_queue(snapshot: dict) -> list[str]:
     queue = snapshot.get("queue", [])
+    oldest = (f"oldest request without its first token: "
+              f"{snapshot.get('oldest_waiting_s', 0.0):.1f}s")
     if not queue:
-        return ["queue: empty"]
+        return ["queue: empty", oldest]
     rows = [[q["rid"], q.get("priority", "?"), f"{q.get('prompt_tokens', 0):,}",
              f"{q.get('waiting_s', 0.0):.1f}s"] for q in queue]
     return [f"queue: {len(queue)} waiting"] + _table(
-        ["request", "priority", "prompt tokens", "waiting"], rows)
+        ["request", "priority", "prompt tokens", "waiting"], rows) + [oldest]
 
 
 def format_disk(snapshot: dict) -> list[str]:

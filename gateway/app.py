@@ -31,10 +31,9 @@ from gateway.guard import GuardPolicy
 from gateway.prompting.history import TurnMemory
 from gateway.api.openapi import openapi_spec
 from gateway.prompting.prompts import served_model_id
-from gateway.output.reasoning import think_syntax
 from gateway.api.response_store import ResponseStore
 from gateway.scheduler_client import SchedulerClient
-from gateway.output.tools import tool_syntax
+from gateway.output.formats import detect_format, hidden_special_ids, token_texts
 from proto.endpoints import Endpoints
 from proto.settings import Settings
 
@@ -158,13 +157,20 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     client = SchedulerClient(Endpoints(settings.runtime_path).scheduler, boot_id=boot_id,
                              heartbeat_s=settings.heartbeat_s,
                              peer_timeout_s=settings.peer_timeout_s)
-    model_id = served_model_id(settings.model)
-    aliases = tuple({settings.model} - {"", model_id})
+    if settings.served_model_name:  # as vLLM: exactly these names, the first one in replies
+        model_id, *names = settings.served_model_name
+        aliases = tuple(dict.fromkeys(names))
+    else:
+        model_id = served_model_id(settings.model)
+        aliases = tuple({settings.model} - {"", model_id})
+    chat_format = detect_format(tokenizer, settings.chat_format)
     gateway = Gateway(settings=settings, tokenizer=tokenizer, client=client, model_id=model_id,
                       model_aliases=aliases,
                       stop_token_ids=eos_ids(tokenizer),
                       keepalive_s=keepalive_s,
-                      tool_syntax=tool_syntax(tokenizer), think=think_syntax(tokenizer),
+                      tool_syntax=chat_format.tools, think=chat_format.think,
+                      hidden_ids=hidden_special_ids(tokenizer, chat_format),
+                      turn_ends=token_texts(tokenizer, eos_ids(tokenizer)),
                       prefix_stable=settings.prefix_stable,
                       keep_reasoning=settings.keep_reasoning,
                       memory=TurnMemory(settings.history_turns),

@@ -39,6 +39,10 @@ class Gateway:
     created: int = field(default_factory=lambda: int(time.time()))
     tool_syntax: ToolSyntax = HERMES
     think: ThinkSyntax | None = None
+    # Special tokens hidden from the output text; the others (the chat format's markers) are
+    # decoded as text (formats.hidden_special_ids). Empty: decode with skip_special_tokens.
+    hidden_ids: tuple[int, ...] | None = None
+    turn_ends: tuple[str, ...] = ()  # the stop tokens as text (history.py)
     # Prefix-stable rendering (history.py) and whether earlier reasoning is rendered.
     prefix_stable: bool = True
     keep_reasoning: bool = DEFAULT_KEEP_REASONING

@@ -89,7 +89,8 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
     prefix_stable = header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable)
     options = RenderOptions(memory=gw.memory, prefix_stable=prefix_stable,
                             keep_reasoning=gw.keep_reasoning,
-                            think_start=gw.think.start if gw.think else None)
+                            think_start=gw.think.start if gw.think else None,
+                            turn_ends=gw.turn_ends)
     num_chars = chat_chars(chat)
     gw.check_prompt_chars(num_chars, param)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
@@ -103,7 +104,8 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                           priority=header_priority(request.headers), param=param,
                           grammar=plan.constraint.grammar if plan.constraint else "",
                           grammar_trigger=plan.trigger_ids, vocab_size=len(gw.tokenizer))
-    turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids, think=gw.think,
+    turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids + (gw.hidden_ids or ()),
+                    show_special=gw.hidden_ids is not None, think=gw.think,
                     memory=gw.memory, id_prefix=id_prefix)
     return turn, submit
 

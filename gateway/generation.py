@@ -51,11 +51,12 @@ class Update:
 
 class Generation:
     def __init__(self, tokenizer: Any, *, prompt_ids: Sequence[int], stop: Iterable[str] = (),
-                 skip_ids: Iterable[int] = ()) -> None:
+                 skip_ids: Iterable[int] = (), show_special: bool = False) -> None:
         self.num_prompt_tokens = len(prompt_ids)
         self.num_tokens = 0  # generated tokens received so far
         self.token_ids: list[int] = []  # every generated token, as the scheduler sent them
-        self._detok = IncrementalDetokenizer(tokenizer, skip_ids, context_ids=prompt_ids)
+        self._detok = IncrementalDetokenizer(tokenizer, skip_ids, context_ids=prompt_ids,
+                                             show_special=show_special)
         self._stops = StopMatcher(stop)
 
     @property

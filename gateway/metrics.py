@@ -118,6 +118,9 @@ def _slot_families(status: dict) -> list[Metric]:
                   "requests waiting for a slot, by priority", "priority", by_priority.items()),
         _gauge("switchyard_queue_oldest_wait_seconds", "how long the oldest waiting request "
                "has waited", max((q.get("waiting_s", 0.0) for q in queue), default=0.0)),
+        _gauge("switchyard_oldest_waiting_seconds", "age of the oldest request without its "
+               "first token yet (queued, restoring or prefilling)",
+               status.get("oldest_waiting_s", 0.0)),
     ]
 
 

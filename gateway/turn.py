@@ -17,14 +17,19 @@ from typing import Any
 from gateway.errors import APIError
 from gateway.generation import Generation, Usage
 from gateway.prompting.history import Rendered, RenderOptions, TurnMemory, render_prompt
+from gateway.output.harmony import HarmonyParser
 from gateway.output.parser import Event, Forced, OutputParser, TextDelta
 from gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
 from gateway.api import structured
 from gateway.api.structured import Constraint
 from gateway.api.validation import ChatRequest
-from gateway.output.call_grammar import UnsupportedCallFormat, call_grammar
-from gateway.output.tools import ToolCall, ToolSyntax, new_call_id, tool_names
+from gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
+from gateway.output.tools import HARMONY_FAMILY, ToolCall, ToolSyntax, new_call_id, tool_names
 
+
+
+HARMONY_FINAL = "<|channel|>final<|message|>"
+PROMPT_TAIL = 24  # characters of the prompt's end that locate a turn without an opening
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class TurnPlan:
     extra_stop_ids: tuple[int, ...] = ()
     start_in_reasoning: bool = False
     syntax: ToolSyntax | None = None  # None: the output is not searched for tool calls
+    channels: bool = False  # harmony output (gpt-oss): parsed by channel (harmony.py)
     # Structured outputs: the grammar the output must match and the tokens after which it
     # applies (docs/design.md "Structured outputs").
     constraint: Constraint | None = None
@@ -49,16 +55,6 @@ def _single_token(tokenizer: Any, text: str) -> tuple[int, ...]:
     return ids if len(ids) == 1 else ()
 
 
-def _marker(tokenizer: Any):
-    """A grammar literal for a chat marker: a token reference when the marker is one added
-    token (llguidance never matches those as text), else the text itself."""
-    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
-
-    def marker(text: str) -> str:
-        return f"<[{added[text]}]>" if text in added else json.dumps(text)
-    return marker
-
-
 def _with_trigger(tokenizer: Any, plan: TurnPlan, constraint: Constraint | None) -> TurnPlan:
     if constraint is None:
         return plan
@@ -70,8 +66,9 @@ def _with_trigger(tokenizer: Any, plan: TurnPlan, constraint: Constraint | None)
 def _call_constraint(tokenizer: Any, chat: ChatRequest, syntax: ToolSyntax, mode: str,
                      name: str | None) -> Constraint | None:
     try:
+        added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
         grammar = call_grammar(syntax, chat.tools, chat.strict_tools, mode, name,
-                               chat.parallel_tool_calls, _marker(tokenizer))
+                               chat.parallel_tool_calls, token_literals(added))
     except UnsupportedCallFormat:
         return None  # a format without a grammar: calls are parsed, not constrained
     return structured.lark(grammar.lark, "tools", trigger=grammar.trigger)
@@ -82,12 +79,16 @@ def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,
     """Render the prompt and decide how tool calls are made (runs in the tokenizer thread)."""
     rendered = render_prompt(tokenizer, chat.messages, chat.tools, chat.template_kwargs, options)
     start_in_reasoning = prompt_opens_reasoning(rendered.text_tail, think)
+    channels = syntax.family == HARMONY_FAMILY
     choice = chat.tool_choice
     answer = chat.constraint
     if answer is not None and start_in_reasoning:  # reasoning stays free until it closes
         answer = dataclasses.replace(answer, trigger=think.end)
+    elif answer is not None and channels:  # harmony: the final channel holds the answer
+        answer = dataclasses.replace(answer, trigger=HARMONY_FINAL)
     if not chat.tools or choice.mode == "none":
-        plan = TurnPlan(rendered.ids, rendered, start_in_reasoning=start_in_reasoning)
+        plan = TurnPlan(rendered.ids, rendered, start_in_reasoning=start_in_reasoning,
+                        channels=channels)
         return _with_trigger(tokenizer, plan, answer)
     name = choice.name
     if choice.mode == "required" and len(chat.tools) == 1:
@@ -96,7 +97,8 @@ def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,
     if choice.mode == "auto":
         stops = end_ids if not chat.parallel_tool_calls else ()
         plan = TurnPlan(rendered.ids, rendered, extra_stop_ids=stops,
-                        start_in_reasoning=start_in_reasoning, syntax=syntax)
+                        start_in_reasoning=start_in_reasoning, syntax=syntax,
+                        channels=channels)
         # A response format governs the answer; without one, a call the model starts is
         # completed under its schema.
         return _with_trigger(tokenizer, plan, answer or _call_constraint(
@@ -106,9 +108,9 @@ def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,
     if start_in_reasoning:  # close the open think block before the call
         text = think.end + "\n\n" + opening
     forced_ids = tuple(tokenizer.encode(text, add_special_tokens=False))
-    forced = Forced(opening[len(syntax.start):], name)
+    forced = Forced(syntax.forced_call_text(opening), name)
     plan = TurnPlan(rendered.ids + list(forced_ids), rendered, forced, forced_ids,
-                    extra_stop_ids=end_ids, syntax=syntax)
+                    extra_stop_ids=end_ids, syntax=syntax, channels=channels)
     return _with_trigger(tokenizer, plan,
                          _call_constraint(tokenizer, chat, syntax, "forced", name))
 
@@ -136,18 +138,25 @@ class ChatTurn:
     def __init__(self, tokenizer: Any, plan: TurnPlan, chat: ChatRequest, *,
                  skip_ids: tuple[int, ...], think: ThinkSyntax | None,
                  memory: TurnMemory | None, id_prefix: str = "call_",
-                 on_result: Callable[["ChatTurn", TurnResult], None] | None = None) -> None:
+                 on_result: Callable[["ChatTurn", TurnResult], None] | None = None,
+                 show_special: bool = False) -> None:
         self.plan = plan
         self.memory = memory
         self.generation = Generation(tokenizer, prompt_ids=plan.prompt_ids,
-                                     stop=chat.options.stop, skip_ids=skip_ids)
-        self.parser = OutputParser(
+                                     stop=chat.options.stop, skip_ids=skip_ids,
+                                     show_special=show_special)
+        parser_class = HarmonyParser if plan.channels else OutputParser
+        self.parser = parser_class(
             think=think, syntax=plan.syntax, tools=chat.tools,
             start_in_reasoning=plan.start_in_reasoning, forced=plan.forced,
             parallel=chat.parallel_tool_calls and plan.forced is None,
             new_id=lambda: new_call_id(id_prefix))
+        # The call's end marker, added to the remembered body when it stopped the output; not
+        # when it is an end-of-turn token (harmony's <|call|>): the template writes that one.
         self._end_ids = tokenizer.encode(plan.syntax.end, add_special_tokens=False) \
             if plan.syntax is not None and plan.syntax.end else []
+        if set(self._end_ids) & set(skip_ids):
+            self._end_ids = []
         self.on_result = on_result
         self.result: TurnResult | None = None
         self._start_events = self.parser.start_events()  # before any output is parsed
@@ -166,8 +175,9 @@ class ChatTurn:
                 out.cancel = self._cut = True
         if update.finish is not None:
             reason = update.finish.reason
-            closed = bool(self.plan.extra_stop_ids) and reason == "stop" \
-                and self.parser.in_open_call
+            # A call still open at a stop token was closed by it (harmony's <|call|> always).
+            closed = (bool(self.plan.extra_stop_ids) or self.plan.channels) \
+                and reason == "stop" and self.parser.in_open_call
             out.events += self.parser.finish(closed_by_stop=closed)
             if self.parser.calls:
                 reason = "tool_calls"
@@ -191,7 +201,11 @@ class ChatTurn:
         body = list(self.plan.forced_ids) + self.generation.token_ids
         if closed_by_stop:
             body += self._end_ids
-        self.memory.remember(assistant_message(self.result), body, self.plan.rendered.opening,
+        rendered = self.plan.rendered
+        # Where the turn starts: after the generation prompt, or (a template without one, such
+        # as Mistral's) after the end of the prompt the model saw.
+        opening = rendered.opening if rendered.opening else rendered.text_tail[-PROMPT_TAIL:]
+        self.memory.remember(assistant_message(self.result), body, opening or None,
                              bool(self.result.reasoning))
 
     @property
@@ -224,9 +238,9 @@ class TextTurn:
     """A /v1/completions generation: text only, nothing remembered."""
 
     def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: tuple[str, ...],
-                 skip_ids: tuple[int, ...]) -> None:
+                 skip_ids: tuple[int, ...], show_special: bool = False) -> None:
         self.generation = Generation(tokenizer, prompt_ids=prompt_ids, stop=stop,
-                                     skip_ids=skip_ids)
+                                     skip_ids=skip_ids, show_special=show_special)
         self.result: TurnResult | None = None
         self.num_malformed = self.num_repaired = 0
         self.malformed_texts: list[str] = []

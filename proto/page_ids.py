@@ -2,7 +2,8 @@
 
 `page_id = blake2b-128(namespace, parent_id, token ids)`: through the parent, a page id names
 its whole prefix, so matching a request is walking its chain (F4: nothing else is a key).
-The namespace names the model, KV layout and page format (F12): foreign pages never match.
+The namespace names the model, KV layout and quantization, and page format (F12): foreign pages
+never match.
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ def make_namespace(*parts: str | bytes) -> bytes:
         h.update(struct.pack("<Q", len(data)))  # length-prefixed: ("ab","c") != ("a","bc")
         h.update(data)
     return h.digest()
+
+
+def kv_namespace(fingerprint: str, model_type: str, kv_dtype: str, layout_version: int,
+                 page_size: int, kv_quant: str = "") -> bytes:
+    """The namespace of a worker's pages: weights, KV dtype and layout, page size and, with
+    quantized KV, bits and group size (`kv_quant`, e.g. "q8g64"), so that pages of another
+    setting never match. Full-precision KV adds no part: its page ids are unchanged."""
+    parts = [fingerprint, model_type, kv_dtype, f"layout{layout_version}", f"page{page_size}"]
+    if kv_quant:
+        parts.append(f"kv-{kv_quant}")
+    return make_namespace(*parts)
 
 
 def token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:

@@ -63,6 +63,11 @@ def _user_runtime_dir() -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-{os.getuid()}"
 
 
+# The model families' output formats (gateway/output/formats.py has their syntax).
+CHAT_FORMATS = ("auto", "hermes", "qwen3_coder", "harmony", "glm", "deepseek_v31", "minimax_m2",
+                "mistral", "mistral_args", "llama3_json", "gemma3", "gemma4")
+
+
 def _opt(help: str, **kw):
     return field(metadata={"help": help}, **kw)
 
@@ -71,6 +76,9 @@ def _opt(help: str, **kw):
 class Settings:
     model: str = _opt("MLX/HF model directory, Hugging Face repo id or .gguf file "
                       "(default: the embedded tiny model)", default="")
+    served_model_name: tuple[str, ...] = _opt(
+        "model names clients may use (repeatable; the first is the one replies carry; default: "
+        "the model directory's or file's name)", default=())
     host: str = _opt("address the HTTP gateway binds", default="127.0.0.1")
     port: int = _opt("HTTP port", default=8000)
     slots: int = _opt("resident sequences kept in memory and decoded in one batch", default=4)
@@ -82,6 +90,10 @@ class Settings:
     kv_disk_budget: str = _opt("disk budget for KV pages, with units", default="32GiB")
     kv_buffer_memory: str = _opt("shared memory for page buffers between worker and kvstore",
                                  default="256MiB")
+    kv_bits: int = _opt("quantize attention KV in slots and pages to 8 or 4 bits (0: the "
+                        "model's dtype); pages of another setting are never matched", default=0)
+    kv_group_size: int = _opt("elements per quantization scale and bias with --kv-bits "
+                              "(32, 64 or 128; must divide the head dimension)", default=64)
     state_interval: int = _opt("hybrid models: tokens between recurrent-state snapshots of a "
                                "long prefill", default=4096)
     kv_protect_hours: float = _opt("pages of conversations active this recently are evicted "
@@ -93,6 +105,11 @@ class Settings:
                              "many tokens)", default=8)
     decode_share: float = _opt("while others prefill, decoding streams keep at least this "
                                "share of their solo speed (0 disables the limit)", default=0.5)
+    overtake_limit: float = _opt("shorter newcomers may prefill ahead of a waiting request "
+                                 "until others got this many times its remaining prompt "
+                                 "tokens (0: first come, first served)", default=1.0)
+    background_wait: float = _opt("seconds a background request waits before it is "
+                                  "scheduled as interactive (0: no bound)", default=30.0)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
     max_body_bytes: int = _opt("largest accepted HTTP body", default=32 * 2**20)
     max_connections: int = _opt("HTTP connections and requests served at once; beyond, 503",
@@ -106,6 +123,8 @@ class Settings:
                                default=True)
     keep_reasoning: bool = _opt("keep earlier <think> blocks in the rendered history",
                                 default=True)
+    chat_format: str = _opt("tool-call and reasoning format: " + ", ".join(CHAT_FORMATS)
+                            + " (auto: from the model's chat template)", default="auto")
     history_turns: int = _opt("assistant turns remembered for prefix-stable rendering",
                               default=1024)
     max_stored_responses: int = _opt("Responses API conversations kept for "
@@ -151,14 +170,22 @@ class Settings:
             problems.append("--page-size must be at least 16")
         if self.prefill_chunk < 1:
             problems.append("--prefill-chunk must be at least 1")
+        if self.kv_bits not in (0, 4, 8):
+            problems.append("--kv-bits must be 8 or 4 (0 keeps the model's dtype)")
+        if self.kv_group_size not in (32, 64, 128):
+            problems.append("--kv-group-size must be 32, 64 or 128")
         if self.decode_burst < 1:
             problems.append("--decode-burst must be at least 1")
+        if self.overtake_limit < 0 or self.background_wait < 0:
+            problems.append("--overtake-limit and --background-wait must not be negative")
         if not 0 <= self.decode_share < 1:
             problems.append("--decode-share must be in [0, 1)")
         if self.max_connections < 1 or self.read_timeout_s <= 0:
             problems.append("--max-connections and --read-timeout-s must be positive")
         if not 0 < self.port < 65536:
             problems.append("--port must be 1..65535")
+        if self.chat_format not in CHAT_FORMATS:
+            problems.append(f"--chat-format must be one of {', '.join(CHAT_FORMATS)}")
         if self.log_format not in ("json", "console", "auto"):
             problems.append("--log-format must be json, console or auto")
         try:
@@ -169,6 +196,8 @@ class Settings:
             problems.append(str(exc))
         if self.host not in LOOPBACK_HOSTS and not (self.api_key or self.api_key_file):
             problems.append(f"--api-key is required when binding to {self.host} (not loopback)")
+        if any(not name.strip() for name in self.served_model_name):
+            problems.append("--served-model-name must not be empty")
         if problems:
             raise SettingsError("; ".join(problems))
         return self
@@ -177,17 +206,19 @@ class Settings:
         """Flags that reproduce these settings for a child of `role`: never the API key (the
         supervisor hands it to the gateway alone, by environment or file), and the HTTP
         address only to the gateway, the one process that binds it."""
-        args: list[str] = []
-        for f in dataclasses.fields(self):
-            if f.name in SECRET_FIELDS or (role != "gateway" and f.name in GATEWAY_ONLY):
-                continue
-            value = getattr(self, f.name)
-            flag = "--" + f.name.replace("_", "-")
-            if isinstance(value, bool):
-                args.append(flag if value else f"--no-{flag[2:]}")
-            else:
-                args += [flag, str(value)]
-        return args
+        return [a for f in dataclasses.fields(self)
+                if f.name not in SECRET_FIELDS and (role == "gateway" or f.name not in GATEWAY_ONLY)
+                for a in flag_args(f.name, getattr(self, f.name))]
+
+
+def flag_args(name: str, value) -> list[str]:
+    """The command-line flags that set setting `name` to `value`."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else f"--no-{flag[2:]}"]
+    if isinstance(value, tuple):  # repeatable
+        return [a for item in value for a in (flag, str(item))]
+    return [flag, str(value)]
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -239,6 +270,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if f.type in (bool, "bool"):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=f.metadata["help"])
+        elif str(f.type).startswith("tuple"):  # `--x a b` and `--x a --x b`, as vLLM takes them
+            parser.add_argument(flag, dest=f.name, action="extend", nargs="+", default=None,
+                                metavar="NAME", help=f.metadata["help"])
         else:
             kind = {"int": int, "float": float}.get(str(f.type), str)
             parser.add_argument(flag, dest=f.name, type=kind, default=None,
@@ -253,6 +287,10 @@ def from_namespace(ns: argparse.Namespace) -> Settings:
         given = getattr(ns, f.name, None)
         if given is not None:
             values[f.name] = given
+    for f in dataclasses.fields(Settings):  # lists (flags, TOML arrays or a TOML string)
+        if str(f.type).startswith("tuple") and f.name in values:
+            given = values[f.name]
+            values[f.name] = (given,) if isinstance(given, str) else tuple(given)
     return Settings(**resolve_api_key(values)).validate()
 
 

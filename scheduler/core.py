@@ -30,6 +30,7 @@ from proto.messages import (
     SubmitRequest,
     TokensGenerated,
 )
+from scheduler.fairness import admission_key, interactive_now, prefill_key
 from scheduler.page_cache import PageCache
 from scheduler.placement import Placement, Sources, choose_slot, reusable
 from scheduler.requests import Request, Slot, common_prefix_len
@@ -52,6 +53,12 @@ class CoreConfig:
     state_interval: int = 4096
     decode_share: float = 0.5
     decode_burst: int = 8
+    # Prefill order and background bound (scheduler.fairness, docs/design.md "Scheduling").
+    overtake_limit: float = 1.0
+    background_wait_s: float = 30.0
+    # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
+    # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
+    wait_for_index: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,11 @@ class FinishedRecord:
     restore_s: float
     ttft_s: float | None
     duration_s: float
+    # From the prefix in the slot to the first prefill chunk, and from there to the last
+    # prompt token in; the tokens prefilled for other requests while it waited for chunks.
+    prefill_wait_s: float = 0.0
+    prefill_s: float = 0.0
+    num_waited_tokens: int = 0
 
 
 class SchedulerCore:
@@ -93,9 +105,13 @@ class SchedulerCore:
         self._planned_at = 0.0
         self._done_at = 0.0
         self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
+        # kvstore (its index, its writes) is long overdue: place and displace without it
+        self.index_overdue = False
 
     def take_outbox(self) -> list:
-        out = self.outbox + self.pages.outbox
+        # Page commands first: a worker that became ready queues AttachBuffers there, and a
+        # read sent before it would find no buffers and miss every page (issue 12).
+        out = self.pages.outbox + self.outbox
         self.outbox, self.pages.outbox = [], []
         return out
 
@@ -240,9 +256,11 @@ class SchedulerCore:
             self._recheck_persisted()
 
     def _recheck_persisted(self) -> None:
-        """Pages a slot counted as on their way to disk may not have arrived: stage again."""
+        """Pages a slot counted as on their way to disk may not have arrived: stage again,
+        with the tail where an idle slot's turn ended."""
         for slot in self.slots:
             slot.num_persisted = 0
+            slot.tail_wanted = slot.tail_wanted or slot.rid is None
 
     # --- planning --------------------------------------------------------------------------
 
@@ -268,7 +286,7 @@ class SchedulerCore:
                 decodes.append(self._decode_item(req))
             else:
                 prefilling.append((req, remaining))
-        prefills = self._plan_prefills(prefilling, decodes)
+        prefills = self._plan_prefills(prefilling, decodes, now)
         copies, self._copies = self._copies, []
         if not (stages or copies or loads or decodes or prefills):
             return None
@@ -287,18 +305,20 @@ class SchedulerCore:
         return self.inflight
 
     def _plan_prefills(self, prefilling: list[tuple[Request, int]],
-                       decodes: list[DecodeItem]) -> list[PrefillChunk]:
-        """Interactive before background, then the fewest remaining tokens first (a nearly
-        resident request never waits behind a cold one). An interactive prefill must keep
+                       decodes: list[DecodeItem], now: float) -> list[PrefillChunk]:
+        """Interactive before background, then the fewest remaining tokens first, aged by
+        what the request has waited (scheduler.fairness). An interactive prefill must keep
         interactive streams at pace; a background prefill must keep every stream at pace."""
         if not prefilling:
             return []
-        prefilling.sort(key=lambda rr: (not rr[0].interactive, rr[1], rr[0].arrived_at))
+        cfg = self.config
+        prefilling.sort(key=lambda rr: prefill_key(rr[0], rr[1], now, cfg.overtake_limit,
+                                                   cfg.background_wait_s))
         decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
         # Whom this step's prefill must not slow: interactive streams always; background
         # streams only when no interactive request is waiting for its prefix.
-        head_interactive = prefilling[0][0].interactive
-        protected = sum(1 for r in decoding if r.interactive or not head_interactive)
+        head_interactive = self._interactive(prefilling[0][0], now)
+        protected = sum(1 for r in decoding if self._interactive(r, now) or not head_interactive)
         grant = self.budget.grant(protected)
         prefills, used = [], 0
         for req, remaining in prefilling:
@@ -312,8 +332,15 @@ class SchedulerCore:
                 end = self._cut_at_state_point(req, start, end)
             prefills.append(PrefillChunk(req.slot, start, req.feed[start:end]))
             used += end - start
+            if req.first_chunk_at is None:
+                req.first_chunk_at = now
         self.budget.spend(used)
+        for req, _ in prefilling[len(prefills):]:
+            req.num_waited_tokens += used  # ages it (scheduler.fairness)
         return prefills
+
+    def _interactive(self, req: Request, now: float) -> bool:
+        return interactive_now(req, now, self.config.background_wait_s)
 
     def _state_points(self, slot: Slot) -> set[int]:
         """Page ends where a hybrid model snapshots its recurrent state for this slot."""
@@ -341,16 +368,28 @@ class SchedulerCore:
     # --- admission -------------------------------------------------------------------------
 
     def _admit(self, now: float) -> None:
-        order = sorted(self.waiting, key=lambda rid: not self.requests[rid].interactive)
+        if self.config.wait_for_index and not (self.pages.kvstore_attached
+                                               or self.index_overdue):
+            return  # placed now, a request would miss every page on disk (issue 12)
+        order = sorted(self.waiting, key=lambda rid: admission_key(
+            self.requests[rid], now, self.config.background_wait_s))
         for rid in order:
             req = self.requests[rid]
             placement = self._place(req)
-            if placement is None and req.interactive and self._preempt_background(now):
+            if placement is None and self._interactive(req, now) and \
+                    self._preempt_background(now):
                 placement = self._place(req)
-            if placement is None:
+            if placement is None or self._would_lose_pages(placement):
                 break
             self._apply(req, placement, now)
             self.waiting.remove(rid)
+
+    def _would_lose_pages(self, p: Placement) -> bool:
+        """Displacing a slot whose pages are still on their way to disk waits for them (a
+        kvstore killed meanwhile would lose them; its successor gets them again)."""
+        keep = p.reused if p.copy_from is None else 0
+        return (p.displaced > 0 and not self.index_overdue
+                and self.pages.unsaved(self.slots[p.slot], keep))
 
     def _preempt_background(self, now: float) -> bool:
         """Give an interactive request the slot of a background one (the newest to arrive).
@@ -359,7 +398,7 @@ class SchedulerCore:
         resumes from disk when a slot frees, continuing its reply where it stopped.
         """
         victims = [self.requests[s.rid] for s in self.slots
-                   if s.rid is not None and not self.requests[s.rid].interactive]
+                   if s.rid is not None and not self._interactive(self.requests[s.rid], now)]
         if not victims:
             return False
         victim = max(victims, key=lambda r: r.arrived_at)
@@ -437,6 +476,10 @@ class SchedulerCore:
                     self.outbox.append(read)
 
     def _note_restore_done(self, req: Request, now: float) -> None:
+        if req.ready_at is None:
+            req.ready_at = now
+        if req.prefilled_at is None and self._remaining_prefill(req) == 0:
+            req.prefilled_at = now
         if req.restore_started_at is not None:
             req.restore_s = now - req.restore_started_at
             req.restore_started_at = None
@@ -505,7 +548,7 @@ class SchedulerCore:
             num_generated_tokens=len(req.generated), queue_s=started - req.arrived_at,
             restore_s=req.restore_s,
             ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrived_at,
-            duration_s=now - req.arrived_at))
+            duration_s=now - req.arrived_at, **_prefill_times(req)))
         unsent = self._unsent.pop(req.rid, None)
         if notify:
             if unsent:
@@ -522,3 +565,13 @@ class SchedulerCore:
     @property
     def num_running(self) -> int:
         return sum(1 for s in self.slots if s.rid is not None)
+
+
+def _prefill_times(req: Request) -> dict:
+    """Prefill wait and prefill time of a finished request (0 for a phase it never had)."""
+    started = req.first_chunk_at or req.prefilled_at
+    wait = started - req.ready_at if started is not None and req.ready_at is not None else 0.0
+    took = (req.prefilled_at - req.first_chunk_at
+            if req.prefilled_at is not None and req.first_chunk_at is not None else 0.0)
+    return {"prefill_wait_s": wait, "prefill_s": took,
+            "num_waited_tokens": req.num_waited_tokens}

@@ -69,6 +69,7 @@ class PageCache:
         self.pool: AttachBuffers | None = None
         self.state_bytes = 0
         self.kvstore_attached = False
+        self.pool_sent = False  # the current kvstore was told of the current pool
         self.writes_paused_until = 0.0
         self.outbox: list = []
         self.events: list[tuple[str, dict]] = []
@@ -89,11 +90,13 @@ class PageCache:
             return
         self.allocator = BufferAllocator(num_buffers)
         self.pool = AttachBuffers(shm_name, num_buffers, buffer_bytes, namespace)
+        self.pool_sent = False
         if self.kvstore_attached:
-            self.outbox.append(self.pool)
+            self._send_pool()
 
     def kvstore_restarted(self) -> None:
         self.kvstore_attached = False
+        self.pool_sent = False
         for pending in self.writing.values():
             self._release([pending.write.buffer])
         self.writing.clear()
@@ -105,11 +108,20 @@ class PageCache:
         for info in pages:
             self._add(info)
         self.kvstore_attached = True
+        # A worker that became ready after kvstore greeted but before its inventory came
+        # found no kvstore to tell: tell it now, ahead of any read or write.
+        self._send_pool()
         if not writable:
             self.writes_paused_until = now + _RETRY_WRITES_S
 
     def attach_message(self) -> AttachBuffers | None:
+        self.pool_sent = self.pool is not None
         return self.pool
+
+    def _send_pool(self) -> None:
+        if self.pool is not None and not self.pool_sent:
+            self.pool_sent = True
+            self.outbox.append(self.pool)
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -129,6 +141,21 @@ class PageCache:
             slot.page_ids += chain_page_ids(
                 self.namespace, slot.tokens[have * self.page_size:full * self.page_size],
                 self.page_size, parent)
+
+    def unsaved(self, slot: Slot, keep: int) -> bool:
+        """Whether pages of the slot past its first `keep` tokens are staged or being written
+        and not yet on disk: until kvstore says so, the slot holds their only copy."""
+        inflight = self.staged.keys() | self.writing.keys()
+        if not inflight:
+            return False
+        P = self.page_size
+        if any(pid in inflight for pid in slot.page_ids[keep // P:]):
+            return True
+        start = len(slot.tokens) // P * P
+        if start == len(slot.tokens) or start < keep // P * P or not self.namespace:
+            return False
+        parent = slot.page_ids[start // P - 1] if start else ROOT_ID
+        return page_id(self.namespace, parent, tuple(slot.tokens[start:])) in inflight
 
     def disk_prefix(self, chain: list[bytes], context, trimmable: bool) -> list[DiskPage]:
         """The pages of `context` (whose full pages are `chain`) restorable from disk, from

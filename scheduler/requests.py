@@ -38,6 +38,12 @@ class Request:
     restore_started_at: float | None = None
     # Hybrid models: where the request's context leaves the pages on disk (snapshot there).
     branch_point: int = 0
+    # Prefill fairness (scheduler.fairness): when its prefix was in the slot, when it got its
+    # first prefill chunk and its last, and the tokens prefilled for others while it waited.
+    ready_at: float | None = None
+    first_chunk_at: float | None = None
+    prefilled_at: float | None = None
+    num_waited_tokens: int = 0
 
     @property
     def restoring(self) -> bool:

@@ -80,7 +80,8 @@ class SchedulerService:
             disk_budget_bytes=settings.kv_disk_budget_bytes,
             protect_window_s=settings.kv_protect_hours * 3600,
             state_interval=settings.state_interval, decode_share=settings.decode_share,
-            decode_burst=settings.decode_burst))
+            decode_burst=settings.decode_burst, overtake_limit=settings.overtake_limit,
+            background_wait_s=settings.background_wait, wait_for_index=True))
         self.started_at = time.time()
         self.stats = SchedulerStats()
         self.peer_boot: dict[str, str] = {}
@@ -89,6 +90,7 @@ class SchedulerService:
         self.worker_boot_synced: str | None = None
         self.worker_down_since: float | None = time.time()
         self.kvstore_ready = False
+        self.kvstore_down_since: float | None = time.time()  # no page index yet
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
         self.ctx = zmq.Context()
         self.sock = bind_router(self.ctx, self.endpoints.scheduler)
@@ -189,6 +191,7 @@ class SchedulerService:
             self.core.inflight = None
         elif role == ROLE_KVSTORE:
             self.kvstore_ready = False
+            self.kvstore_down_since = self.kvstore_down_since or now
             self.core.kvstore_restarted()
             attach = self.core.pages.attach_message()
             if attach is not None:
@@ -198,6 +201,8 @@ class SchedulerService:
     def _on_inventory(self, msg: InventoryDescribed, now: float) -> None:
         self.core.pages.kvstore_inventory(msg.pages, msg.writable, now)
         self.kvstore_ready = True
+        self.kvstore_down_since = None
+        self.core.index_overdue = False
         tree = self.core.pages.tree
         self.log.info("kvstore.inventory", num_pages=len(msg.pages), disk_bytes=tree.total_bytes,
                       scan_s=round(msg.scan_s, 3), writable=msg.writable, error=msg.error)
@@ -217,11 +222,12 @@ class SchedulerService:
                       resident_tokens=sum(len(s.token_ids) for s in msg.slots),
                       num_page_buffers=msg.num_buffers, page_buffer_bytes=msg.buffer_bytes)
         report = budget_report(msg.kv_bytes_per_token, self.settings.kv_disk_budget_bytes)
-        self.log.info("kv.budget", **report)
+        self.log.info("kv.budget", kv_bits=self.settings.kv_bits, **report)
+        bits = f", {self.settings.kv_bits}-bit KV" if self.settings.kv_bits else ""
         print(f"switchyard: KV disk budget {format_size(report['budget_bytes'])} = "
               f"{report['budget_tokens']:,} tokens = {report['budget_conversations']} "
               f"conversations of {report['conversation_tokens']:,} tokens "
-              f"({msg.kv_bytes_per_token:,} bytes/token); size it with "
+              f"({msg.kv_bytes_per_token:,} bytes/token{bits}); size it with "
               f"`switchyard cache plan`", flush=True)
 
     # --- time ------------------------------------------------------------------------------
@@ -240,6 +246,16 @@ class SchedulerService:
         if self.kvstore_ready and now - self.last_seen.get(ROLE_KVSTORE, 0.0) > timeout:
             self.log.warning("kvstore.lost")
             self.kvstore_ready = False
+            # A slot waiting for its pages to reach disk waits for it at most the grace below.
+            self.kvstore_down_since = self.kvstore_down_since or now
+        # Requests wait for the page index while kvstore starts (docs/design.md "Processes");
+        # one that stays away this long is not waited for: serve without disk pages.
+        overdue = (self.kvstore_down_since is not None
+                   and now - self.kvstore_down_since > timeout * _WORKER_GRACE_FACTOR)
+        if overdue and not self.core.index_overdue:
+            self.log.warning("kvstore.index_overdue",
+                             waited_s=round(now - self.kvstore_down_since, 1))
+        self.core.index_overdue = overdue
 
     def _fail_everything(self, reason: str, now: float) -> None:
         rids = list(self.core.requests)

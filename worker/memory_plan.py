@@ -2,6 +2,8 @@
 
 The plan counts weights, slot KV at full context, the batch copy used while several slots
 decode together, recurrent state, the largest step's activations, and shared page buffers.
+KV is counted in the form the slots hold it: with --kv-bits, packed values plus scales and
+biases (kv_bytes_per_token is measured on the quantized cache; docs/design.md "Memory plan").
 If it does not fit in the device limit minus headroom, the worker refuses to start and says
 which setting to lower.
 """
@@ -83,7 +85,7 @@ def make_plan(*, runtime: int, weights: int, kv_bytes_per_token: int,
                       page_buffers=page_buffers, limit=limit, headroom=headroom)
 
 
-def check_plan(plan: MemoryPlan, num_slots: int, ctx: int) -> None:
+def check_plan(plan: MemoryPlan, num_slots: int, ctx: int, kv_bits: int = 0) -> None:
     available = plan.limit - plan.headroom
     if plan.total <= available:
         return
@@ -92,5 +94,7 @@ def check_plan(plan: MemoryPlan, num_slots: int, ctx: int) -> None:
         f"the memory plan needs {format_size(plan.total)} but {format_size(available)} is "
         f"available ({format_size(plan.limit)} device limit minus "
         f"{format_size(plan.headroom)} headroom); {format_size(over)} too much. "
-        f"Lower --slots (now {num_slots}) or --ctx (now {ctx}), or --prefill-chunk. "
-        f"{plan.describe()}")
+        f"Lower --slots (now {num_slots}) or --ctx (now {ctx}), or --prefill-chunk"
+        + (f", or --kv-bits (now {kv_bits}). " if kv_bits == 8 else
+           ". " if kv_bits else "; or quantize KV with --kv-bits 8. ")
+        + plan.describe())

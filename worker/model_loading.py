@@ -17,6 +17,15 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.kv_layout import (
+    KVQuant,
+    KVQuantError,
+    apply_quant,
+    check_quantizable,
+    is_attention_kv,
+    kv_bytes_per_token,
+)
+
 FINGERPRINT_VERSION = b"switchyard-fingerprint-v1"
 _SAMPLE_BYTES = 4096
 _NUM_SAMPLES = 16
@@ -34,11 +43,12 @@ class LoadedModel:
     model_type: str
     fingerprint: str
     path: Path = field(repr=True)
+    kv_quant: KVQuant | None = None  # --kv-bits / --kv-group-size (worker/kv_layout.py)
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
 
-        return make_prompt_cache(self.model)
+        return apply_quant(make_prompt_cache(self.model), self.kv_quant)
 
     @property
     def num_layers(self) -> int:
@@ -48,31 +58,24 @@ class LoadedModel:
     def has_recurrent_state(self) -> bool:
         """True when some layer keeps a state that cannot be split per token (ArraysCache,
         rotating windows, ...): such a model cannot be restored from KV pages alone."""
-        from mlx_lm.models.cache import KVCache
-
-        return any(type(c) is not KVCache for c in self.make_cache())
+        return not all(is_attention_kv(c) for c in self.make_cache())
 
     @cached_property
     def kv_bytes_per_token(self) -> int:
         """Bytes of keys + values one token adds, over the attention (KVCache) layers only.
 
         Measured with a one-token forward pass rather than derived from the config, so it is right
-        for any architecture (head_dim overrides, MLA, partial attention layers) and any KV dtype.
+        for any architecture (head_dim overrides, MLA, partial attention layers) and any KV dtype
+        or quantization.
         """
-        from mlx_lm.models.cache import KVCache
-
         cache = self.make_cache()
         self.model(mx.array([[0]]), cache=cache)
-        total = 0
-        for c in cache:
-            if type(c) is KVCache:
-                for a in (c.keys, c.values):  # [B, heads, capacity, dim]
-                    total += a.shape[1] * a.shape[3] * a.dtype.size
-        return total
+        return kv_bytes_per_token(cache)
 
 
-def load_model(ref: str) -> LoadedModel:
-    """Load `ref`: a local directory, a local .gguf file, or a Hugging Face repo id."""
+def load_model(ref: str, kv_quant: KVQuant | None = None) -> LoadedModel:
+    """Load `ref`: a local directory, a local .gguf file, or a Hugging Face repo id; its
+    attention KV quantized as `kv_quant` says (None: the model's dtype)."""
     path = _resolve(ref)
     if path.is_file():
         if path.suffix != ".gguf":
@@ -86,13 +89,22 @@ def load_model(ref: str) -> LoadedModel:
         files = [path / "config.json", *sorted(path.glob("model*.safetensors"))]
     _force_float32_on_cpu(model)
     mx.eval(model.parameters())
-    return LoadedModel(
+    loaded = LoadedModel(
         model=model,
         config=config,
         model_type=config["model_type"],
         fingerprint=fingerprint(files),
         path=path,
     )
+    if kv_quant is not None:
+        probe = loaded.make_cache()
+        model(mx.array([[0]]), cache=probe)
+        try:
+            check_quantizable(probe, kv_quant)
+        except KVQuantError as exc:
+            raise ModelLoadError(f"{path}: {exc}") from None
+        loaded.kv_quant = kv_quant
+    return loaded
 
 
 def _resolve(ref: str) -> Path:

@@ -1,7 +1,8 @@
 """Moving KV between slot caches and page buffers: the payload layout of a page.
 
 A page payload is, for every attention layer (mlx-lm `KVCache`) in cache order, its keys then
-its values for the page's tokens, `[n_kv_heads, page_size, head_dim]` each, in the cache dtype.
+its values for the page's tokens, `[n_kv_heads, page_size, head_dim]` each, in the cache dtype;
+with quantized KV each is its packed values, scales and biases (worker/kv_layout.py).
 A restore point (hybrid models) appends every recurrent layer's state arrays (`ArraysCache`).
 Only this module knows the layout; kvstore stores the bytes opaquely.
 """
@@ -14,7 +15,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-_NP_DTYPES = {mx.float32: np.float32, mx.float16: np.float16}
+from worker.kv_layout import copy_tokens, is_attention_kv, set_token_arrays, token_arrays
+
+_NP_DTYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.uint32: np.uint32}
 
 
 class PageLayoutError(RuntimeError):
@@ -37,21 +40,22 @@ class PageLayout:
         self.page_size = page_size
         self.kv_layers: list[int] = []
         self.state_layers: list[int] = []
-        self._kv: list[tuple[_Array, _Array]] = []
+        self._kv: list[tuple[_Array, ...]] = []  # per layer, as kv_layout.token_arrays
         self._state: list[list[_Array]] = []
         for i, c in enumerate(cache):
-            if type(c) is KVCache:
+            if is_attention_kv(c):
                 self.kv_layers.append(i)
                 self._kv.append(tuple(
                     _Array((a.shape[1], page_size, a.shape[3]), _np_dtype(a))
-                    for a in (c.keys, c.values)))
+                    for a in token_arrays(c)))
             elif type(c) is ArraysCache:
                 self.state_layers.append(i)
                 self._state.append([_Array(tuple(a.shape[1:]), _np_dtype(a)) for a in c.cache])
             else:
                 raise PageLayoutError(f"{type(c).__name__} layers cannot be stored as pages")
-        self.dtype_name = "+".join(sorted({np.dtype(k.dtype).name for k, _ in self._kv}))
-        self.kv_bytes = sum(k.nbytes + v.nbytes for k, v in self._kv)
+        self.dtype_name = "+".join(sorted({np.dtype(a.dtype).name
+                                           for arrays in self._kv for a in arrays}))
+        self.kv_bytes = sum(a.nbytes for arrays in self._kv for a in arrays)
         self.state_bytes = sum(a.nbytes for arrays in self._state for a in arrays)
 
     @property
@@ -71,7 +75,7 @@ class PageLayout:
         end = start + (num_tokens or self.page_size)
         arrays = []
         for i in self.kv_layers:
-            arrays += [cache[i].keys[0, :, start:end, :], cache[i].values[0, :, start:end, :]]
+            arrays += [a[0, :, start:end, :] for a in token_arrays(cache[i])]
         if with_state:
             arrays += [a[0] for i in self.state_layers for a in cache[i].cache]
         mx.eval(arrays)
@@ -91,17 +95,18 @@ class PageLayout:
         last = num_tokens - (len(pages) - 1) * self.page_size
         counts = [self.page_size] * (len(pages) - 1) + [last]
         capacity = _round_up(start + num_tokens + 1, KVCache.step)
-        for index, (k_spec, v_spec) in enumerate(self._kv):
-            layer = self.kv_layers[index]
-            parts_k, parts_v = [], []
+        for index, specs in enumerate(self._kv):
+            layer = cache[self.kv_layers[index]]
+            parts: list[list[np.ndarray]] = [[] for _ in specs]
             for buf, n in zip(pages, counts):
                 offset = self._kv_offset(index, n)
-                k, v = _resized(k_spec, n), _resized(v_spec, n)
-                parts_k.append(_view(buf, offset, k))
-                parts_v.append(_view(buf, offset + k.nbytes, v))
-            cache[layer].keys = _assemble(cache[layer].keys, start, parts_k, capacity)
-            cache[layer].values = _assemble(cache[layer].values, start, parts_v, capacity)
-            cache[layer].offset = start + num_tokens
+                for spec, part in zip(specs, parts):
+                    sized = _resized(spec, n)
+                    part.append(_view(buf, offset, sized))
+                    offset += sized.nbytes
+            existing = token_arrays(layer) if start else [None] * len(specs)
+            set_token_arrays(layer, [_assemble(e, start, p, capacity)
+                                     for e, p in zip(existing, parts)], start + num_tokens)
         if with_state:
             offset = self.payload_len(last, with_state=False)
             for layer, specs in zip(self.state_layers, self._state):
@@ -114,18 +119,14 @@ class PageLayout:
 
     def _kv_offset(self, index: int, num_tokens: int) -> int:
         """Byte offset of the index-th attention layer in a page of `num_tokens` tokens."""
-        return sum(_resized(k, num_tokens).nbytes + _resized(v, num_tokens).nbytes
-                   for k, v in self._kv[:index])
+        return sum(_resized(a, num_tokens).nbytes for arrays in self._kv[:index] for a in arrays)
 
 
 def copy_prefix(cache: list, num_tokens: int, fresh: list) -> list:
     """A new cache list holding the first `num_tokens` of `cache` (state only at its end)."""
     for src, dst in zip(cache, fresh):
-        if type(src) is KVCache:
-            if num_tokens:
-                dst.keys = mx.contiguous(src.keys[..., :num_tokens, :])
-                dst.values = mx.contiguous(src.values[..., :num_tokens, :])
-            dst.offset = num_tokens
+        if is_attention_kv(src):
+            copy_tokens(src, dst, num_tokens)
         else:
             # mlx arrays are immutable, so sharing them is a copy; the list itself is not.
             dst.cache = list(src.cache)

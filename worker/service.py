@@ -17,12 +17,13 @@ from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
 from proto.messages import ROLE_WORKER, RunStep, SlotContents, WorkerReady
-from proto.page_ids import make_namespace
+from proto.page_ids import kv_namespace as page_namespace
 from proto.service_loop import SchedulerLink, StopFlag
 from proto.settings import Settings, parse_size
 from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
 from worker.constraints import ConstraintEngine, llguidance_tokenizer
 from worker.executor import StepExecutor
+from worker.kv_layout import kv_quant
 from worker.page_io import PageLayout, PageLayoutError
 from worker.memory_plan import (
     MemoryPlanError,
@@ -39,10 +40,16 @@ KV_LAYOUT_VERSION = 1
 
 
 def kv_namespace(loaded: LoadedModel, layout: PageLayout | None, page_size: int) -> bytes:
-    """Pages are only ever matched within one namespace: same weights, layout and format."""
+    """Pages are only ever matched within one namespace: same weights, layout, quantization
+    and format."""
     dtype = layout.dtype_name if layout else "none"
-    return make_namespace(loaded.fingerprint, loaded.model_type, dtype,
-                          f"layout{KV_LAYOUT_VERSION}", f"page{page_size}")
+    return page_namespace(loaded.fingerprint, loaded.model_type, dtype, KV_LAYOUT_VERSION,
+                          page_size, loaded.kv_quant.tag if loaded.kv_quant else "")
+
+
+def kv_form(loaded: LoadedModel) -> str:
+    """How slots hold attention KV, for logs: "none" (the model's dtype) or e.g. "q8g64"."""
+    return loaded.kv_quant.tag if loaded.kv_quant else "none"
 
 
 def probe_cache(loaded: LoadedModel) -> list:
@@ -93,11 +100,12 @@ def run(settings: Settings) -> None:
     started = time.perf_counter()
     endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
     try:
-        loaded = load_model(settings.model)
+        loaded = load_model(settings.model, kv_quant(settings.kv_bits, settings.kv_group_size))
         layout = page_layout(loaded, settings, log)
         plan = plan_memory(loaded, settings, layout)
-        log.info("worker.memory_plan", **plan.as_fields())
-        check_plan(plan, settings.slots, settings.ctx)
+        log.info("worker.memory_plan", kv_quant=kv_form(loaded),
+                 kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
+        check_plan(plan, settings.slots, settings.ctx, settings.kv_bits)
         pool = None
         if layout is not None:
             stale = remove_stale_segments(endpoints.shm_prefix, endpoints.shm_record)
@@ -115,7 +123,8 @@ def run(settings: Settings) -> None:
     executor = StepExecutor(store, layout, pool, constraints)
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
-             kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable)
+             kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
+             kv_quant=kv_form(loaded))
 
     def ready() -> WorkerReady:
         return WorkerReady(

@@ -1,7 +1,8 @@
 """Slot KV memory: one mlx-lm prompt cache per slot, batched for decode on demand.
 
 A slot's KV lives either in its own cache list ("parked") or, while several slots decode
-together, as a row of one merged batch cache (mlx-lm's BatchKVCache / ArraysCache merge).
+together, as a row of one merged batch cache (mlx-lm's BatchKVCache / ArraysCache merge;
+quantized KV: worker/kv_layout.py's BatchQuantizedKVCache, which mlx-lm lacks).
 The batch is kept while its membership is unchanged and split back into parked caches when
 it changes, so the copy cost is paid per join/leave, not per step. A lone decoding slot runs
 on its parked cache directly: the same code path as mlx_lm.generate, hence the same tokens.

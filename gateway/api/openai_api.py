@@ -46,14 +46,16 @@ async def completions(request: Request) -> Response:
                           stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
                           grammar=completion.constraint.grammar if completion.constraint else "",
                           vocab_size=len(gw.tokenizer))
-    turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop, gw.stop_token_ids)
+    turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop,
+                    gw.stop_token_ids + (gw.hidden_ids or ()), gw.hidden_ids is not None)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)
     return await respond(request, turn, submit, fmt, stream=completion.options.stream)
 
 
 async def list_models(request: Request) -> Response:
     gw = gateway_of(request)
-    return JSONResponse(models_body(gw.model_id, gw.created))
+    listed = (gw.model_id, *gw.model_aliases) if gw.settings.served_model_name else (gw.model_id,)
+    return JSONResponse(models_body(listed, gw.created))
 
 
 async def get_model(request: Request) -> Response:
@@ -61,13 +63,16 @@ async def get_model(request: Request) -> Response:
     model = request.path_params["model"]
     if model not in (gw.model_id, *gw.model_aliases):
         raise model_not_found(model)
-    return JSONResponse(model_card(gw.model_id, gw.created))
+    named = model if gw.settings.served_model_name else gw.model_id
+    return JSONResponse(model_card(named, gw.created))
 
 
 async def health(request: Request) -> Response:
     gw = gateway_of(request)
     status = gw.client.status()
-    if status.connected and status.worker_ready:
+    # "ok" only once the worker and the page index are both ready: a turn placed before the
+    # index is known would re-read its whole conversation (docs/design.md "Processes").
+    if status.connected and status.worker_ready and status.kvstore_ready:
         word, code = "ok", 200
     elif status.connected or not status.ever_connected:
         word, code = "starting", 503

@@ -16,10 +16,11 @@ otherwise: either way a call always parses (docs/design.md "Structured outputs")
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.output.tools import JSON_FAMILY, ToolSyntax
+from gateway.output.tools import ToolSyntax
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 # Compact JSON inside calls too: no whitespace runs for a model to fill.
@@ -29,6 +30,26 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator
 def _json(schema: dict[str, Any]) -> str:
     """`%json` of a schema, with llguidance's compact-JSON options attached."""
     return "%json " + json.dumps({**schema, "x-guidance": _COMPACT})
+
+
+def token_literals(added_vocab: dict[str, int]):
+    """`literal(text)`: `text` as grammar items, each added token in it (a chat marker such as
+    `</tool_call>` or `<|call|>`) as a token reference: llguidance never matches those as
+    text. The empty text is no items."""
+    markers = sorted(added_vocab, key=len, reverse=True)
+    pattern = re.compile("|".join(re.escape(m) for m in markers)) if markers else None
+
+    def literal(text: str) -> str:
+        items, pos = [], 0
+        for match in pattern.finditer(text) if pattern else ():
+            if match.start() > pos:
+                items.append(json.dumps(text[pos:match.start()]))
+            items.append(f"<[{added_vocab[match.group()]}]>")
+            pos = match.end()
+        if pos < len(text):
+            items.append(json.dumps(text[pos:]))
+        return " ".join(items)
+    return literal
 
 
 class UnsupportedCallFormat(Exception):
@@ -42,39 +63,42 @@ class CallGrammar:
 
 
 def call_grammar(syntax: ToolSyntax, tools: list[dict[str, Any]], strict: frozenset[str],
-                 mode: str, name: str | None, parallel: bool, marker) -> CallGrammar:
-    """`mode` is "forced" (the prompt holds the opening) or "auto"; `marker(text)` writes a
-    literal for `text` (a token reference when it is one added token)."""
+                 mode: str, name: str | None, parallel: bool, literal) -> CallGrammar:
+    """`mode` is "forced" (the prompt holds the opening) or "auto"; `literal(text)` writes
+    `text` as grammar items (added tokens such as `</tool_call>` as token references)."""
     functions = {t["function"]["name"]: (t["function"].get("parameters") or ANY_OBJECT)
                  if t["function"]["name"] in strict else ANY_OBJECT for t in tools}
-    if syntax.family == JSON_FAMILY:
-        return _json_family(syntax, functions, mode, name, parallel, marker)
     if syntax.family == "qwen3_coder":
-        return _qwen3_coder(syntax, functions, mode, name, parallel, marker)
+        return _qwen3_coder(syntax, functions, mode, name, parallel, literal)
+    if syntax.arguments == "json" and syntax.render is not None:
+        return _json_arguments(syntax, functions, mode, name, parallel, literal)
     raise UnsupportedCallFormat(syntax.family)
 
 
-def _json_family(syntax, functions, mode, name, parallel, marker) -> CallGrammar:
-    end = marker(syntax.end)
-    if mode == "forced" and name is not None:
-        schema = functions[name]
-        return CallGrammar(f'start: args "}}\\n" {end}\nargs: {_json(schema)}\n')
+def _json_arguments(syntax, functions, mode, name, parallel, literal) -> CallGrammar:
+    """Formats whose call is `opening(name)`, a JSON object of arguments, `closing(name)`
+    (Hermes/Qwen, harmony, DeepSeek, Mistral, Llama 3): derived from the format itself."""
     if mode == "forced":
-        # The opening ends with `{"name": "`: each alternative is a name and its arguments.
-        rules = [f'start: {" | ".join(f"call{i}" for i in range(len(functions)))}']
-        for i, (fname, schema) in enumerate(functions.items()):
-            head = json.dumps(json.dumps(fname)[1:] + ', "arguments": ')
-            rules.append(f'call{i}: {head} args{i} "}}\\n" {end}')
-            rules.append(f"args{i}: {_json(schema)}")
-        return CallGrammar("\n".join(rules) + "\n")
-    calls = [{"type": "object",
-              "properties": {"name": {"const": fname}, "arguments": schema},
-              "required": ["name", "arguments"], "additionalProperties": False}
-             for fname, schema in functions.items()]
-    body = f'"\\n" call "\\n" {end}'
-    more = f' ("\\n" {marker(syntax.start)} {body})*' if parallel else ""
-    lark = f"start: {body}{more}\ncall: {_json({'anyOf': calls})}\n"
-    return CallGrammar(lark, trigger=syntax.start)
+        prefix = syntax.forced_opening(name)  # what the prompt already holds
+    else:
+        if syntax.keep_start or syntax.only_at_start:
+            raise UnsupportedCallFormat(syntax.family)  # no marker to wait for
+        prefix = syntax.start
+    names = [name] if name is not None else list(functions)
+    rules, alternatives = [], []
+    for i, fname in enumerate(names):
+        head = syntax.forced_opening(fname)
+        if not head.startswith(prefix):
+            raise UnsupportedCallFormat(syntax.family)
+        rules.append(f"args{i}: {_json(functions[fname])}")
+        rules.append(f"call{i}: {literal(head[len(prefix):])} args{i} "
+                     f"{literal(syntax.closing(fname))}")
+        alternatives.append(f"call{i}")
+    body = f'({" | ".join(alternatives)})'
+    if mode == "auto" and parallel:
+        body += f' (/\\s*/ {literal(syntax.start)} ({" | ".join(alternatives)}))*'
+    return CallGrammar("\n".join([f"start: {body}", *rules]) + "\n",
+                       trigger=syntax.start if mode == "auto" else "")
 
 
 def _raw_string_rule(rule: str, schema: dict[str, Any]) -> str:
@@ -87,18 +111,20 @@ def _raw_string_rule(rule: str, schema: dict[str, Any]) -> str:
     return f"{rule}[lazy]: /(.|\\n){count}\\n<\\/parameter>/"
 
 
-def _qwen3_coder(syntax, functions, mode, name, parallel, marker) -> CallGrammar:
+def _qwen3_coder(syntax, functions, mode, name, parallel, literal) -> CallGrammar:
     """`<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n...</function>\\n`: a string
     value is raw text up to its closing tag, any other value is JSON."""
-    end = marker(syntax.end)
+    end = literal(syntax.end)
     rules, alternatives = [], []
+    any_param_rules = False
     for i, (fname, schema) in enumerate(functions.items()):
         if name is not None and fname != name:
             continue
         params = schema.get("properties") or {}
         required = set(schema.get("required") or ())
         parts = [] if params else ["any_param*"]
-        if not params:  # not strict: any parameters, each a raw value
+        if not params and not any_param_rules:  # not strict: any parameters (rules once)
+            any_param_rules = True
             rules.append('any_param: "<parameter=" /[A-Za-z0-9_.-]+/ ">\\n" any_value "\\n"')
             rules.append("any_value[lazy]: /(.|\\n)*\\n<\\/parameter>/")
         for j, (key, param) in enumerate(params.items()):
@@ -121,6 +147,6 @@ def _qwen3_coder(syntax, functions, mode, name, parallel, marker) -> CallGrammar
     if mode == "forced":
         return CallGrammar("\n".join([f"start: {alternatives[0]}", *rules]) + "\n")
     body = f'"\\n<function=" ({" | ".join(alternatives)})'
-    more = f' ("\\n" {marker(syntax.start)} {body})*' if parallel else ""
+    more = f' ("\\n" {literal(syntax.start)} {body})*' if parallel else ""
     return CallGrammar("\n".join([f"start: {body}{more}", *rules]) + "\n",
                        trigger=syntax.start)

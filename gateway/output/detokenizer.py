@@ -23,9 +23,12 @@ _CONTEXT_TOKENS = 4
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, skip_ids: Iterable[int] = (),
-                 context_ids: Sequence[int] = ()) -> None:
+                 context_ids: Sequence[int] = (), show_special: bool = False) -> None:
+        """`show_special`: special tokens are decoded as text (a chat format's markers, such as
+        harmony's `<|channel|>`); the caller lists the other special tokens in `skip_ids`."""
         self._tokenizer = tokenizer
         self._skip = frozenset(skip_ids)
+        self._skip_special = not show_special
         self._tokens: list[int] = []
         self._prefix_offset = 0  # start of the decoding window
         self._read_offset = 0  # tokens before this are already emitted
@@ -39,7 +42,7 @@ class IncrementalDetokenizer:
             self._read_offset = len(context)
 
     def _decode(self, token_ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=self._skip_special)
 
     def add(self, token_ids: Iterable[int]) -> str:
         """Append generated tokens; return the text that became final."""

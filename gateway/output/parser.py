@@ -93,6 +93,7 @@ class OutputParser:
         self._at_start = True  # nothing but whitespace seen yet
         self._strip_leading = False  # drop whitespace before the answer (after reasoning)
         self._call_text = ""  # text of the open tool call (after its start marker)
+        self._call_marker = self.syntax.start if self.syntax is not None else ""
         self._space_before_call = ""  # whitespace before the open call: dropped if it parses
         self._forced_pending = self.forced
         self._early_start: ToolCallStart | None = None
@@ -153,8 +154,8 @@ class OutputParser:
         if self._state == _TOOL:
             return (self.syntax.end,) if self.syntax.end else ()
         markers = []
-        if self.syntax is not None:
-            markers.append(self.syntax.start)
+        if self.syntax is not None and (self._at_start or not self.syntax.only_at_start):
+            markers += [self.syntax.start, *self.syntax.alt_starts]
         if self._at_start and self.think is not None:
             markers.append(self.think.start)
         return tuple(markers)
@@ -183,14 +184,15 @@ class OutputParser:
                 self._held = ""
                 return
             self._strip_leading = False
-        start = self.syntax.start if self.syntax is not None else None
-        at = held.find(start) if start else -1
+        at, start = self._find_start(held)
         if at >= 0:
             before = held[:at]
             text = before.rstrip()  # the whitespace before a call is the template's separator
             self._emit_text(events, text)
             self._space_before_call = before[len(text):]
-            self._held = held[at + len(start):]
+            keep = self.syntax.keep_start and start == self.syntax.start
+            self._call_marker = "" if keep else start
+            self._held = held[at + (0 if keep else len(start)):]
             self._state, self._call_text = _TOOL, ""
             return
         if final:
@@ -202,6 +204,20 @@ class OutputParser:
         ready = body.rstrip() if self.syntax is not None else body
         self._emit_text(events, ready)
         self._held = held[len(ready):]
+
+    def _find_start(self, held: str) -> tuple[int, str]:
+        """Where the first call starts in `held` and with which marker; (-1, "") if none."""
+        if self.syntax is None:
+            return -1, ""
+        found = (-1, "")
+        for marker in (self.syntax.start, *self.syntax.alt_starts):
+            at = held.find(marker) if marker else -1
+            if at >= 0 and (found[0] < 0 or at < found[0]):
+                found = (at, marker)
+        if self.syntax.only_at_start and found[0] >= 0 and (
+                not self._at_start or held[:found[0]].strip()):
+            return -1, ""  # Llama 3: a call is the whole output, not a `{` in the text
+        return found
 
     def _step_reasoning(self, events: list[Event], final: bool) -> None:
         held, end = self._held, self.think.end
@@ -265,7 +281,7 @@ class OutputParser:
             parsed = parse_calls(self.syntax, text, self.tools) if closed else None
             if parsed is None:
                 self.num_malformed += 1
-                raw = self.syntax.start + text + (self.syntax.end if closed else "")
+                raw = self._call_marker + text + (self.syntax.end if closed else "")
                 self.malformed.append(raw)
                 self._emit_text(events, self._space_before_call + raw)
                 self._space_before_call = ""

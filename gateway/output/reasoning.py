@@ -1,10 +1,10 @@
 """Reasoning (`<think>` ... `</think>`) markers and how earlier reasoning is rendered.
 
-Markers come from mlx-lm's TokenizerWrapper (`think_start`/`think_end`, inferred from the
-vocabulary). Reasoning is recognised only where a reasoning model writes it: at the very start
-of the output, or from the start when the prompt itself opened a think block (templates of
-thinking-only models end their generation prompt with `<think>\n`). Elsewhere the markers are
-plain text.
+Markers come from the model's chat format (formats.py: `<think>`, Mistral's `[THINK]`, Gemma
+4's thought channel; gpt-oss's analysis channel is parsed in harmony.py). Reasoning is
+recognised only where a reasoning model writes it: at the very start of the output, or from the
+start when the prompt itself opened a think block (templates of thinking-only models end their
+generation prompt with `<think>\n`). Elsewhere the markers are plain text.
 
 Earlier reasoning in the history: with `keep_reasoning` (the default) an assistant turn the
 gateway remembers is rendered with its reasoning exactly as generated (prefix-stable, see
@@ -25,14 +25,6 @@ DEFAULT_KEEP_REASONING = True
 class ThinkSyntax:
     start: str
     end: str
-
-
-def think_syntax(tokenizer: Any) -> ThinkSyntax | None:
-    start = getattr(tokenizer, "think_start", None)
-    end = getattr(tokenizer, "think_end", None)
-    if isinstance(start, str) and isinstance(end, str) and start and end:
-        return ThinkSyntax(start, end)
-    return None
 
 
 def prompt_opens_reasoning(prompt_tail: str, syntax: ThinkSyntax | None) -> bool:

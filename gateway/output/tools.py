@@ -2,10 +2,9 @@
 and parsing (with repair for forced calls) of the calls a model writes.
 
 Definitions from every API become OpenAI function tools, `{"type": "function", "function":
-{"name", "description", "parameters"}}`, the shape chat templates expect. The call syntax comes
-from the tokenizer: mlx-lm infers a parser module from the chat template (`json_tools` for
-Qwen/Hermes `<tool_call>{json}</tool_call>`, `qwen3_coder`, `mistral`, ...) and we reuse its
-markers and `parse_tool_call`. A tokenizer without one gets the Hermes JSON syntax.
+{"name", "description", "parameters"}}`, the shape chat templates expect. How a model writes a
+call is its family's `ToolSyntax`; formats.py holds one per family and picks it from the chat
+template (Hermes `<tool_call>{json}</tool_call>` when nothing else matches).
 
 Forcing a call (`tool_choice` naming a function, or `required`) is done by writing the opening
 of the call into the prompt (`forced_opening`) and parsing opening + continuation. Forced calls
@@ -26,6 +25,7 @@ from gateway.errors import invalid, invalid_type
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 JSON_FAMILY = "json_tools"
+HARMONY_FAMILY = "harmony"
 MAX_TOOLS = 512
 
 
@@ -163,6 +163,7 @@ def check_tool_choice(choice: ToolChoice, tools: list[dict[str, Any]] | None,
 
 
 ParseFn = Callable[[str, Any], Any]
+RenderFn = Callable[[str, dict], str]
 
 
 def _parse_json(text: str, tools: Any = None) -> Any:
@@ -171,34 +172,80 @@ def _parse_json(text: str, tools: Any = None) -> Any:
 
 @dataclass(frozen=True)
 class ToolSyntax:
+    """How one family writes a call (formats.py has them all).
+
+    `start`/`end` delimit a call in the output (`end` "" when a call runs to the end of the
+    output); `parse(text between them, tools)` gives `{"name", "arguments"}` or a list of them;
+    `render(name, arguments)` writes a call exactly as the model is taught to; `opening(name)`
+    is the text a forced call starts from (name None: the model picks the name), which the
+    model completes. `name_after`/`name_before` bracket the name in a call's text (to repair a
+    forced call). `keep_start`: the start marker is part of the call (Llama 3's `{`);
+    `only_at_start`: a call is the whole output; `alt_starts`: other markers that start one.
+    `arguments`: how the arguments are written, for a grammar: "json" (one JSON object right
+    after `opening(name)`, then `closing(name)`), "xml" (a tag per argument, values as text or
+    JSON), "python" (keyword arguments) or "gemma4" (Gemma 4's object syntax).
+    """
+
     family: str
     start: str
-    end: str  # "" when a call runs to the end of the output (mistral)
+    end: str
     parse: ParseFn
+    opening: Callable[[str | None], str] | None = None
+    render: RenderFn | None = None
+    name_after: str = '"name": "'
+    name_before: str = '"'
+    keep_start: bool = False
+    only_at_start: bool = False
+    alt_starts: tuple[str, ...] = ()
+    arguments: str = "json"
+
+    def closing(self, name: str) -> str:
+        """What follows the JSON arguments of a "json" call up to its end."""
+        if self.render is None or self.arguments != "json":
+            return self.end
+        return self.render(name, {})[len(self.forced_opening(name)) + len("{}"):]
 
     def forced_opening(self, name: str | None) -> str:
         """Text that starts a call the model must finish (name None: the model picks)."""
-        if self.family == JSON_FAMILY:
-            if name is None:
-                return f'{self.start}\n{{"name": "'
-            return f'{self.start}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
-        if self.family == "qwen3_coder":
-            return f"{self.start}\n<function={name}>\n" if name else f"{self.start}\n<function="
+        if self.opening is not None:
+            return self.opening(name)
         return self.start
 
+    def forced_call_text(self, opening: str) -> str:
+        """What of a forced opening belongs to the call's text (after the start marker)."""
+        if self.keep_start or not opening.startswith(self.start):
+            return opening
+        return opening[len(self.start):]
 
-HERMES = ToolSyntax(JSON_FAMILY, HERMES_START, HERMES_END, _parse_json)
+    def guess_name(self, text: str) -> str:
+        """The name in a call's text that does not parse (a forced call cut short)."""
+        at = text.find(self.name_after) if self.name_after else 0
+        rest = text[at + len(self.name_after):] if at >= 0 else text
+        rest = rest.lstrip(" \n{[\"")
+        cut = rest.find(self.name_before) if self.name_before else -1
+        return (rest[:cut] if cut >= 0 else rest).split("\n", 1)[0].strip()
+
+
+def _render_hermes(name: str, arguments: dict) -> str:
+    return (f'{HERMES_START}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+            f'{json.dumps(arguments, ensure_ascii=False)}}}\n{HERMES_END}')
+
+
+def _hermes_opening(name: str | None) -> str:
+    if name is None:
+        return f'{HERMES_START}\n{{"name": "'
+    return f'{HERMES_START}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+
+
+HERMES = ToolSyntax(JSON_FAMILY, HERMES_START, HERMES_END, _parse_json, opening=_hermes_opening,
+                    render=_render_hermes)
 
 
 def tool_syntax(tokenizer: Any) -> ToolSyntax:
-    """The syntax mlx-lm inferred for this tokenizer; Hermes JSON when it found none."""
-    parse = getattr(tokenizer, "tool_parser", None)
-    start = getattr(tokenizer, "tool_call_start", None)
-    end = getattr(tokenizer, "tool_call_end", None)
-    if parse is None or not start or end is None:
-        return HERMES
-    family = getattr(parse, "__module__", "").rsplit(".", 1)[-1] or "custom"
-    return ToolSyntax(family, start, end, parse)
+    """The call syntax of the tokenizer's chat format (formats.detect_format)."""
+    from gateway.output.formats import detect_format
+
+    return detect_format(tokenizer).tools
 
 
 # --- parsing ---------------------------------------------------------------------------------
@@ -280,15 +327,10 @@ def repair_forced(syntax: ToolSyntax, text: str, name: str | None,
         if (name is None and got_name in names) or got_name == name:
             return (got_name, arguments), False
     if name is None:
-        guess = text
-        if syntax.family == JSON_FAMILY:
-            at = text.find('"name"')
-            guess = text[at + 6:].lstrip(' :"') if at >= 0 else text.lstrip(' \n{"')
-            guess = guess.split('"', 1)[0]
-        elif syntax.family == "qwen3_coder":
-            guess = text.split("<function=", 1)[-1].split(">", 1)[0]
-        name = best_tool(guess.strip(), names)
+        name = best_tool(syntax.guess_name(text), names)
     arguments = None
     if syntax.family == JSON_FAMILY:
         arguments = _json_arguments_after(text)
+    elif syntax.family == "llama3_json":
+        arguments = _json_arguments_after(text, '"parameters"')
     return (name, arguments or "{}"), True

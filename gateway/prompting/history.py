@@ -9,13 +9,20 @@ does not survive decode + encode. Every such difference cuts the reusable prefix
 
 `TurnMemory` remembers, for a bounded number of recent assistant turns, the generated token ids
 (the "body": forced opening + generated tokens, excluding the end-of-turn token) and the
-generation prompt text they followed, keyed by each tool-call id and by a hash of the message as
-returned (text + calls). `render_prompt` renders the conversation with each remembered assistant
-message replaced by a sentinel, tokenizes the text between sentinels on its own, and puts the
-remembered body where the sentinel was, cutting the template's own opening of that turn back to
-the generation prompt the model actually saw. Anything that does not fit (sentinel missing or
-mangled by the template, opening not found) falls back to the plain template rendering of that
-message.
+generation prompt text they followed (or, for a template without one, the end of the prompt),
+keyed by each tool-call id and by a hash of the message as returned (text + calls).
+`render_prompt` renders the conversation with each remembered assistant message replaced by a
+sentinel, tokenizes the text between sentinels on its own, and puts the remembered body where the
+sentinel was, cutting the template's own opening of that turn back to the generation prompt the
+model actually saw.
+
+A turn with tool calls keeps its calls in the sentinel message, with the sentinel as the first
+call's only argument: templates need the calls to render what follows (gpt-oss names the tool
+in the result's header and refuses a result without a call before it). The template's rendering
+of the calls is then cut at the first end-of-turn token after the sentinel (`turn_ends`, the
+model's stop tokens as text: `<|im_end|>`, `<|call|>`, `</s>`), which the template writes
+where the model stopped. Anything that does not fit (sentinel missing or mangled by the
+template, opening or end not found) falls back to the plain template rendering of that message.
 """
 
 from __future__ import annotations
@@ -164,6 +171,7 @@ class RenderOptions:
     prefix_stable: bool = True
     keep_reasoning: bool = True
     think_start: str | None = None
+    turn_ends: tuple[str, ...] = ()  # end-of-generation tokens as text (see the module doc)
 
 
 class TemplateError(Exception):
@@ -218,12 +226,15 @@ def generation_opening(tokenizer: Any, kwargs: dict[str, Any]) -> str | None:
 
 def template_messages(messages: list[dict[str, Any]], keep_reasoning: bool) -> list[dict]:
     """Messages as chat templates expect them: content never None, tool-call arguments as
-    objects (as mlx-lm passes them), reasoning dropped unless kept."""
+    objects (as mlx-lm passes them), reasoning dropped unless kept. Reasoning goes to the
+    template as `reasoning_content` and as `thinking` (gpt-oss's template reads that one)."""
     out = []
     for message in messages if keep_reasoning else without_reasoning(messages):
         message = dict(message)
         if message.get("content") is None:
             message["content"] = ""
+        if message.get("reasoning_content") and "thinking" not in message:
+            message["thinking"] = message["reasoning_content"]
         if message.get("tool_calls"):
             calls = []
             for call in message["tool_calls"]:
@@ -272,20 +283,24 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                 if turn is not None and (options.keep_reasoning or not turn.has_reasoning):
                     spliced[i] = turn
     opening = generation_opening(tokenizer, kwargs)
+    turn_ends = options.turn_ends
     while True:
         nonce = secrets.token_hex(6)
         sentinels = {i: f"<<switchyard-turn-{nonce}-{i}>>" for i in spliced}
-        shown = [{"role": "assistant", "content": sentinels[i]} if i in spliced else m
+        shown = [_sentinel_message(m, sentinels[i], turn_ends) if i in spliced else m
                  for i, m in enumerate(messages)]
         try:
             text = apply_template(tokenizer, shown, tools, kwargs)
         except TemplateError as exc:
+            if spliced and turn_ends:  # a template that rejects the calls' sentinel: plain one
+                turn_ends = ()
+                continue
             if spliced:
                 spliced = {}
                 continue
             raise invalid(f"The chat template rejected the messages: {exc}", param="messages",
                           code="invalid_messages") from None
-        result = _splice(tokenizer, text, spliced, sentinels, options.think_start)
+        result = _splice(tokenizer, text, spliced, sentinels, options.think_start, turn_ends)
         if isinstance(result, Rendered):
             tail = text[-256:]
             ends_with_opening = opening is not None and text.endswith(opening)
@@ -295,13 +310,30 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
         spliced.pop(result)
 
 
+SENTINEL_ARGUMENT = "__switchyard_turn"
+
+
+def _sentinel_message(message: dict[str, Any], sentinel: str,
+                      turn_ends: tuple[str, ...]) -> dict[str, Any]:
+    """What the template renders in place of a remembered turn (see the module doc)."""
+    calls = message.get("tool_calls")
+    if not calls or not turn_ends:
+        return {"role": "assistant", "content": sentinel}
+    first = dict(calls[0])
+    first["function"] = {**(first.get("function") or {}), "arguments": {
+        SENTINEL_ARGUMENT: sentinel}}
+    return {"role": "assistant", "content": "", "tool_calls": [first, *calls[1:]]}
+
+
 def _splice(tokenizer: Any, text: str, spliced: dict[int, Remembered],
-            sentinels: dict[int, str], think_start: str | None) -> Rendered | int:
+            sentinels: dict[int, str], think_start: str | None,
+            turn_ends: tuple[str, ...] = ()) -> Rendered | int:
     """The spliced ids, or the index of a message that cannot be spliced."""
     ids: list[int] = []
     pos = 0
     num_tokens = 0
-    for i in sorted(spliced):
+    order = sorted(spliced)
+    for n, i in enumerate(order):
         at = text.find(sentinels[i], pos)
         if at < 0 or text.count(sentinels[i]) != 1:
             return i
@@ -314,6 +346,13 @@ def _splice(tokenizer: Any, text: str, spliced: dict[int, Remembered],
         ids += turn.body
         num_tokens += len(turn.body)
         pos = at + len(sentinels[i])
+        if turn.calls and turn_ends:  # skip the template's calls, up to where the model stopped
+            bound = text.find(sentinels[order[n + 1]], pos) if n + 1 < len(order) else -1
+            ends = [e for e in (text.find(end, pos, bound if bound >= 0 else len(text))
+                                for end in turn_ends) if e >= 0]
+            if not ends:
+                return i
+            pos = min(ends)
     ids += _encode(tokenizer, text[pos:])
     return Rendered(ids, "", None, len(spliced), num_tokens)
 

@@ -20,6 +20,14 @@ def test_cache_plan_sizes_linearly(tiny_model_dir, capsys):
     assert "--kv-disk-budget 4GiB" in ten
 
 
+def test_cache_plan_counts_quantized_kv(tiny_model_dir, capsys):
+    model = str(tiny_model_dir("qwen3"))
+    for bits, per_token in ((8, "1,152"), (4, "640")):  # packed + float32 scale and bias / 64
+        assert main(["cache", "plan", "--model", model, "--conversations", "10",
+                     "--tokens", "100000", "--kv-bits", str(bits)]) == 0
+        assert f"{per_token} bytes ({bits}-bit, groups of 64)" in capsys.readouterr().out
+
+
 def test_cache_plan_rejects_bad_numbers(capsys):
     assert main(["cache", "plan", "--conversations", "0", "--tokens", "5"]) == 2
 

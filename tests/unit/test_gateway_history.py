@@ -205,3 +205,25 @@ def test_template_errors_are_a_400(tokenizer):
     with pytest.raises(APIError) as info:
         render(tokenizer, [SYSTEM, USER], TurnMemory(), template=failing)
     assert info.value.status == 400 and info.value.code == "invalid_messages"
+
+
+def test_template_that_rejects_the_call_sentinel_gets_the_plain_one(tokenizer):
+    """Calls are kept in the sentinel message (with the sentinel as their argument) when the
+    stop tokens are known; a template that refuses that argument gets the content sentinel."""
+    picky = QWEN3_LIKE.replace(
+        "{%- for tc in message.tool_calls or [] %}",
+        "{%- for tc in message.tool_calls or [] %}{%- if tc.function.arguments.city is not "
+        "defined %}{{ raise_exception('city required') }}{%- endif %}")
+    memory = TurnMemory()
+    body = odd_body(tokenizer, 'Let me check.\n<tool_call>\n{"name": "get_weather", '
+                               '"arguments": {"city": "Paris"}}\n</tool_call>')
+    returned = {"role": "assistant", "content": "Let me check.\n", "tool_calls": [CALL]}
+    first = render(tokenizer, [SYSTEM, USER], memory, tools=TOOLS, template=picky,
+                   turn_ends=("<|im_end|>",))
+    memory.remember(returned, body, first.opening, False)
+    history = [SYSTEM, USER, returned, {"role": "tool", "tool_call_id": "call_1",
+                                        "content": "18C"}]
+    second = render(tokenizer, history, memory, tools=TOOLS, template=picky,
+                    turn_ends=("<|im_end|>",))
+    assert second.num_spliced == 1
+    assert second.ids[:len(first.ids) + len(body)] == first.ids + body

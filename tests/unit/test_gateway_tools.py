@@ -86,12 +86,14 @@ def test_no_tools_means_none():
 
 def test_syntax_comes_from_the_tokenizer_or_defaults_to_hermes():
     assert tool_syntax(SimpleNamespace()) is HERMES
-    assert mlx_syntax("json_tools").family == "json_tools"
+    assert mlx_syntax("json_tools") is HERMES
     qwen_coder = mlx_syntax("qwen3_coder")
     assert (qwen_coder.family, qwen_coder.start, qwen_coder.end) == (
         "qwen3_coder", "<tool_call>", "</tool_call>")
     mistral = mlx_syntax("mistral")
     assert (mistral.start, mistral.end) == ("[TOOL_CALLS]", "")
+    kimi = mlx_syntax("kimi_k2")  # a family formats.py does not describe: mlx-lm's markers
+    assert (kimi.family, kimi.start) == ("kimi_k2", "<|tool_calls_section_begin|>")
 
 
 def test_forced_openings():
@@ -99,7 +101,8 @@ def test_forced_openings():
         '<tool_call>\n{"name": "get_weather", "arguments": '
     assert HERMES.forced_opening(None) == '<tool_call>\n{"name": "'
     assert mlx_syntax("qwen3_coder").forced_opening("f") == "<tool_call>\n<function=f>\n"
-    assert mlx_syntax("mistral").forced_opening("f") == "[TOOL_CALLS]"
+    assert mlx_syntax("mistral").forced_opening("f") == '[TOOL_CALLS][{"name": "f", "arguments": '
+    assert mlx_syntax("kimi_k2").forced_opening("f") == "<|tool_calls_section_begin|>"
 
 
 # --- parsing recorded model outputs (the text between the markers) -----------------------------

@@ -16,6 +16,7 @@ from kvstore.pages import (
     make_namespace,
     page_id,
 )
+from proto.page_ids import kv_namespace
 
 NS = make_namespace("model-a", "float32", "layout-1")
 P = 256
@@ -110,3 +111,14 @@ def test_bad_inputs_are_rejected():
         page_id(NS, ROOT_ID, [2**32])
     with pytest.raises(ValueError):
         encode_header(_header(flags=0x80))
+
+
+def test_kv_namespace_names_bits_and_group_size():
+    """Pages of another --kv-bits / --kv-group-size never match (F12); full-precision KV keeps
+    the namespace it had before quantized KV existed."""
+    base = ("fp", "qwen3", "float32", 1, 256)
+    spaces = {tag: kv_namespace(*base, kv_quant=tag) for tag in ("", "q8g64", "q4g64", "q8g32")}
+    assert len(set(spaces.values())) == 4
+    assert spaces[""] == make_namespace("fp", "qwen3", "float32", "layout1", "page256")
+    tokens = list(range(256))
+    assert len({page_id(ns, ROOT_ID, tokens) for ns in spaces.values()}) == 4

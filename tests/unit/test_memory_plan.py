@@ -32,3 +32,15 @@ def test_a_plan_that_does_not_fit_refuses_and_names_the_settings():
     message = str(err.value)
     assert "--slots (now 8)" in message and "--ctx (now 131072)" in message
     assert "memory plan:" in message and "slot_kv" in message
+
+
+def test_refusal_suggests_quantized_kv_until_4_bits():
+    too_big = plan(slots=8, ctx=131072)
+    hints = []
+    for bits in (0, 8, 4):
+        with pytest.raises(MemoryPlanError) as err:
+            check_plan(too_big, 8, 131072, kv_bits=bits)
+        hints.append(str(err.value))
+    assert "quantize KV with --kv-bits 8" in hints[0]
+    assert "--kv-bits (now 8)" in hints[1]
+    assert "--kv-bits" not in hints[2]

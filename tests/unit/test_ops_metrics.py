@@ -51,6 +51,7 @@ def snapshot(now: float) -> dict:
                   {"slot": 2, "num_tokens": 50, "conversation": "def", "last_used": now,
                    "rid": "r2", "priority": "background", "state": "prefilling"}],
         "queue": [{"rid": "r3", "priority": "background", "waiting_s": 4.5, "prompt_tokens": 9}],
+        "oldest_waiting_s": 7.5,  # a request prefilling in its slot
         "disk": {"bytes": 1000, "budget_bytes": 5000, "num_pages": 3, "writable": True,
                  "num_evicted": 4, "num_thrash": 1, "num_writing": 0},
         "stats": stats.snapshot(),
@@ -100,6 +101,7 @@ def test_families_from_a_snapshot():
     assert got[("switchyard_queue_depth", (("priority", "background"),))] == 1
     assert got[("switchyard_queue_depth", (("priority", "interactive"),))] == 0
     assert got[("switchyard_queue_oldest_wait_seconds", ())] == 4.5
+    assert got[("switchyard_oldest_waiting_seconds", ())] == 7.5
     assert got[("switchyard_kv_disk_bytes", ())] == 1000
     assert got[("switchyard_kv_disk_budget_bytes", ())] == 5000
     assert got[("switchyard_kv_evicted_pages_total", ())] == 4

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.api import structured
 from gateway.errors import APIError
-from gateway.output.call_grammar import call_grammar
+from gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
 from gateway.output.tools import HERMES, ToolSyntax, _parse_json
 from tests.helpers.schemas import random_object_schema, random_schema
 
@@ -42,6 +42,8 @@ def sample_under(tokenizer, grammar: str, rng: random.Random, max_tokens: int = 
     assert not matcher.is_error(), matcher.get_error()
     out = []
     for _ in range(max_tokens):
+        if matcher.is_stopped():
+            return out, True
         bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8),
                              bitorder="little")
         allowed = np.nonzero(bits)[0]
@@ -103,15 +105,23 @@ def test_guided_fields_compile_and_only_one_is_allowed():
     assert error_of(structured.guided, {"guided_regex": "(unclosed"}).status == 400
 
 
-def test_a_hostile_schema_is_refused_within_limits():
-    # Deeply nested alternatives: a lexer blow-up bounded by the parser limits, not a stall.
-    schema: dict = {"type": "string", "pattern": "^(a|b|c|d){1,50}(e|f){1,50}(g|h){1,50}$"}
-    for _ in range(6):
-        schema = {"anyOf": [schema, {"type": "array", "items": schema, "maxItems": 30}]}
-    try:
-        structured.json_schema(schema, "p")
-    except APIError as error:
-        assert error.status == 400
+def test_oversized_constraints_are_refused_before_compiling():
+    huge = {"enum": [f"value-{i}" for i in range(20_000)]}
+    assert "larger than" in error_of(structured.json_schema, huge, "p").message
+    assert "larger than" in error_of(structured.lark, "start: " + '"a" | ' * 20_000 + '"b"',
+                                     "g").message
+    assert "larger than" in error_of(structured.regex, "a" * 100_000, "r").message
+
+
+def test_a_deep_reference_chain_compiles_to_a_shared_grammar():
+    """$refs become shared rules, not copies: 60 levels of three-way references compile."""
+    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"},
+                                {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}},
+                                {"type": "object", "properties": {
+                                    "x": {"$ref": f"#/$defs/d{i + 1}"}}}]}
+            for i in range(60)}
+    defs["d60"] = {"type": "integer"}
+    assert structured.json_schema({"$defs": defs, "$ref": "#/$defs/d0"}, "p").grammar
 
 
 # --- what a sampler can produce under the masks -------------------------------------------
@@ -143,8 +153,7 @@ def test_choice_and_regex_outputs_match(vocab):
 
 
 def _marker(hf):
-    added = hf.get_added_vocab()
-    return lambda text: f"<[{added[text]}]>" if text in added else json.dumps(text)
+    return token_literals(hf.get_added_vocab())
 
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -195,3 +204,67 @@ def test_qwen3_coder_calls_carry_their_required_parameters(vocab):
         days = text.split("<parameter=days>\n", 1)[1].split("\n</parameter>", 1)[0]
         assert 1 <= int(days) <= 14
         assert text.endswith("</function>\n</tool_call>")
+
+
+FAMILY_OF_FORMAT = {"hermes": "qwen3", "harmony": "gpt_oss", "deepseek_v31": "deepseek_v31",
+                    "mistral": "mistral", "mistral_args": "mistral_args",
+                    "llama3_json": "llama3"}
+
+
+@pytest.fixture(scope="module")
+def family_vocabs(tmp_path_factory):
+    """Each family's tokenizer (its chat markers are tokens, as in the published ones)."""
+    import llguidance.hf
+
+    from fixtures.chat_formats import write_tokenizer
+    from proto.tokenizer_loading import load_tokenizer
+
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for family in set(FAMILY_OF_FORMAT.values()):
+        wrapper = load_tokenizer(str(write_tokenizer(root / family, family)))
+        hf = wrapper._tokenizer
+        eos = sorted(wrapper.eos_token_ids)
+        out[family] = (llguidance.hf.from_tokenizer(hf, eos_token=eos), hf)
+    return out
+
+
+@pytest.mark.parametrize("fmt", sorted(FAMILY_OF_FORMAT))
+@pytest.mark.parametrize("mode,name", [("forced", "get_weather"), ("forced", None),
+                                       ("auto", None)])
+def test_json_argument_formats_force_calls_that_parse(family_vocabs, fmt, mode, name):
+    """Forced and auto calls in each JSON-argument format (Hermes, harmony, DeepSeek, Mistral,
+    Llama 3): whatever allowed tokens are picked, the call parses and its arguments validate."""
+    from gateway.output.formats import FORMATS
+    from gateway.output.tools import parse_calls, parse_openai_tools
+
+    syntax = FORMATS[fmt].tools
+    tokenizer, hf = family_vocabs[FAMILY_OF_FORMAT[fmt]]
+    raw = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER,
+                                             "strict": True}},
+           {"type": "function", "function": {"name": "get_time", "strict": True, "parameters": {
+               "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+               "required": ["zone"], "additionalProperties": False}}}]
+    tools = parse_openai_tools(raw)
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in raw}
+    try:
+        grammar = call_grammar(syntax, tools, frozenset(schemas), mode, name, False,
+                               token_literals(hf.get_added_vocab()))
+    except UnsupportedCallFormat:
+        assert mode == "auto" and (syntax.keep_start or syntax.only_at_start)
+        return
+    constraint = structured.lark(grammar.lark, "tools", grammar.trigger)
+    rng = random.Random(hash(fmt) % 1000)
+    for _ in range(8):
+        tokens, ended = sample_under(tokenizer, constraint.grammar, rng)
+        assert ended
+        opening = syntax.forced_opening(name) if mode == "forced" else syntax.start
+        text = opening + hf.decode(tokens)
+        inner = text if syntax.keep_start else text[len(syntax.start):]
+        if syntax.end and inner.endswith(syntax.end):
+            inner = inner[:-len(syntax.end)]
+        calls = parse_calls(syntax, inner, tools)
+        assert calls, text
+        for call_name, arguments in calls:
+            assert name is None or call_name == name
+            jsonschema.validate(json.loads(arguments), schemas[call_name])

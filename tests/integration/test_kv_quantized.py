@@ -1,0 +1,118 @@
+"""Quantized KV (--kv-bits): pages carry the packed form and restore bit-identically; copies
+and batch rows keep it exactly; a group size that does not fit is refused."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from proto.messages import SamplingParams
+from worker.kv_layout import BatchQuantizedKVCache, kv_quant, token_arrays
+from worker.model_loading import ModelLoadError, load_model
+from worker.page_io import PageLayout
+from worker.sampling import sample_rows
+from worker.slots import SlotStore
+
+P = 32
+
+
+def _setup(model_dir, bits, num_slots=2):
+    loaded = load_model(str(model_dir), kv_quant(bits, 64))
+    store = SlotStore(loaded.model, loaded.make_cache, num_slots, 2048)
+    probe = loaded.make_cache()
+    loaded.model(mx.array([[1]]), cache=probe)
+    return loaded, store, PageLayout(probe, P)
+
+
+def _prefill(store, slot, tokens, start=0):
+    for s in range(0, len(tokens), P):
+        store.prefill(slot, start + s, tokens[s:s + P])
+
+
+def _greedy(store, slots, first, n=10):
+    """n greedy tokens per slot, decoded together; and the logits of the first step."""
+    out, toks, first_logits = [[] for _ in slots], [first] * len(slots), None
+    for i in range(n):
+        logits = store.decode(slots, [len(store.tokens[s]) for s in slots], toks)
+        if first_logits is None:
+            first_logits = np.array(logits)
+        toks = sample_rows(logits, [SamplingParams()] * len(slots), [i] * len(slots))
+        for row, tok in zip(out, toks):
+            row.append(tok)
+    return out, first_logits
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_next"])
+def test_restored_quantized_pages_continue_bit_identically(tiny_model_dir, arch, bits):
+    loaded, store, layout = _setup(tiny_model_dir(arch), bits)
+    prompt = [int(t) for t in np.random.default_rng(2).integers(5, 3000, 3 * P + 9)]
+    _prefill(store, 0, prompt[:-1])  # three full pages and a tail of 8
+    buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(4)]
+    for k in range(3):
+        layout.stage(store.parked(0), k * P, buffers[k], with_state=False)
+    layout.stage(store.parked(0), 3 * P, buffers[3], with_state=True, num_tokens=8)
+    ref_tokens, ref_logits = _greedy(store, [0], prompt[-1])
+
+    cache = store.loaded(1, 0, prompt[:-1])
+    layout.load(cache, 0, buffers, with_state=True, num_tokens=3 * P + 8)
+    got_tokens, got_logits = _greedy(store, [1], prompt[-1])
+    assert got_tokens == ref_tokens
+    assert np.array_equal(got_logits, ref_logits)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_payload_is_the_packed_form(tiny_model_dir, bits):
+    """A page holds packed values, scales and biases as the slot holds them, never
+    dequantized, and is sized by the quantized bytes per token."""
+    loaded, store, layout = _setup(tiny_model_dir("qwen3"), bits)
+    assert layout.payload_len(P, with_state=False) == P * loaded.kv_bytes_per_token
+    assert loaded.kv_bytes_per_token == 4 * 2 * 2 * (64 * bits // 8 + 4 + 4)  # f32 scale+bias
+    _prefill(store, 0, list(range(1, 2 * P + 1)))
+    buf = np.zeros(layout.buffer_bytes, np.uint8)
+    layout.stage(store.parked(0), P, buf, with_state=False)
+    offset = 0
+    for a in token_arrays(store.parked(0)[0]):  # layer 0: K packed, scales, biases, then V
+        held = np.array(a[0, :, P:2 * P, :])
+        assert np.array_equal(buf[offset:offset + held.nbytes].view(held.dtype)
+                              .reshape(held.shape), held)
+        offset += held.nbytes
+    assert np.array(token_arrays(store.parked(0)[0])[0]).dtype == np.uint32
+
+
+def test_batch_rows_are_the_slots_exactly(tiny_model_dir):
+    """Decoding slots together (their quantized KV merged into one batch) gives each slot the
+    tokens it gets alone, and splitting the batch gives back each slot's arrays."""
+    _, store, _ = _setup(tiny_model_dir("qwen3"), 8, num_slots=4)
+    prompts = [list(range(10, 10 + 2 * P + 5)), list(range(500, 500 + P + 3))]
+    for slot, prompt in enumerate(prompts):
+        _prefill(store, slot, prompt)
+        _prefill(store, slot + 2, prompt)
+    together, _ = _greedy(store, [0, 1], 7)
+    alone = [_greedy(store, [2], 7)[0][0], _greedy(store, [3], 7)[0][0]]
+    assert together == alone
+    parked = [store.parked(s)[0] for s in (0, 1)]
+    batch = BatchQuantizedKVCache.merge(parked)
+    for row, cache in enumerate(parked):
+        back = batch.extract(row)
+        assert back.offset == cache.offset
+        for a, b in zip(token_arrays(back), token_arrays(cache)):
+            assert np.array_equal(np.array(a), np.array(b[..., :cache.offset, :]))
+
+
+def test_copied_quantized_prefix_continues_like_a_fresh_prefill(tiny_model_dir):
+    _, store, _ = _setup(tiny_model_dir("qwen3"), 8, num_slots=3)
+    shared = list(range(10, 10 + 3 * P))
+    _prefill(store, 0, shared + [7, 8, 9])
+    store.copy_prefix(0, 1, len(shared))
+    store.prefill(1, len(shared), [4, 5])
+    _prefill(store, 2, shared)
+    store.prefill(2, len(shared), [4, 5])
+    a, la = _greedy(store, [1], 6)
+    b, lb = _greedy(store, [2], 6)
+    assert a == b and np.array_equal(la, lb)
+
+
+def test_group_size_that_does_not_divide_the_heads_is_refused(tiny_model_dir):
+    with pytest.raises(ModelLoadError, match="--kv-group-size 128 does not divide the "
+                                             "attention head dimension 64; use 32 or 64"):
+        load_model(str(tiny_model_dir("qwen3")), kv_quant(8, 128))
