@@ -10,9 +10,12 @@ read-only) makes persistence pause with a warning; serving goes on.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections import deque
 
+from kvstore.dir_lock import KvDirLocked, lock_kv_dir
 from kvstore.store import CorruptEvent, PageStore, StoreUnavailable
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
@@ -49,8 +52,9 @@ class KvStoreDaemon:
         self.error_since = 0.0
         self.store = PageStore(settings.kv_path, on_corrupt=self._on_corrupt)
         started = time.perf_counter()
+        self.lock_fd = -1
         try:
-            settings.kv_path.mkdir(parents=True, exist_ok=True)
+            self.lock_fd = lock_kv_dir(settings.kv_path)  # KvDirLocked: the caller refuses
             self.inventory = self.store.scan()
         except OSError as exc:
             self.error = f"page directory {settings.kv_path} is unusable: {exc.strerror}"
@@ -153,6 +157,9 @@ class KvStoreDaemon:
         self.store.close()
         if self.pool is not None:
             self.pool.close()
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
 
 def run(settings: Settings) -> None:
@@ -160,7 +167,12 @@ def run(settings: Settings) -> None:
     log = configure_logging(ROLE_KVSTORE, boot_id, settings.log_level, settings.log_format,
                             settings.log_content)
     stop = StopFlag()
-    daemon = KvStoreDaemon(settings, log, boot_id)
+    try:
+        daemon = KvStoreDaemon(settings, log, boot_id)
+    except KvDirLocked as exc:  # refuse to start: exit 2 ends the group with a message
+        log.error("kvstore.refused_to_start", reason=str(exc))
+        print(f"switchyard kvstore: {exc}", file=sys.stderr)
+        sys.exit(2)
     link = SchedulerLink(settings, ROLE_KVSTORE, boot_id, log)
     daemon.send = link.send
     log.info("kvstore.started", kv_dir=str(settings.kv_path))

@@ -18,6 +18,7 @@ import dataclasses
 import errno
 import os
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,10 @@ _FIRST_READ = 4096
 # Threads reading the pages of one restore batch: enough to keep an SSD's queue busy and to
 # verify checksums on several cores; reads release the GIL.
 READ_THREADS = max(4, min(8, os.cpu_count() or 1))
+# Page files are opened without following a symlink and without blocking on a FIFO planted
+# in the directory; files are created 0600 in 0700 directories (their headers hold prompt
+# token ids): docs/design.md "Security".
+_OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Errors that mean "this disk cannot take our pages now", as opposed to a bug.
 _UNAVAILABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO,
                 errno.ENOTDIR, errno.ENAMETOOLONG}
@@ -110,6 +115,8 @@ def _fsync_dir(path: Path) -> None:
 def _read_header_fd(fd: int) -> tuple[PageHeader, os.stat_result]:
     """Header of an open page file, checked against the file size (catches truncation)."""
     st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptPage("not a regular file")
     buf = os.pread(fd, _FIRST_READ, 0)
     header_len = header_length(buf[:PREFIX_SIZE])
     if header_len > len(buf):
@@ -216,8 +223,8 @@ class PageStore:
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
         fd = -1
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            _make_private_dirs(self.root, path.parent)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             _write_all(fd, memoryview(head))
             _write_all(fd, payload)
             if self.sync:
@@ -247,8 +254,8 @@ class PageStore:
             if entry is not None:
                 return (entry.flags, entry.nbytes) == (flags, nbytes) \
                     and os.stat(path).st_size == nbytes
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+            fd = os.open(path, _OPEN_READ)
+        except OSError:  # missing, or a symlink (ELOOP): the rename replaces it
             return False
         try:
             header, st = _read_header_fd(fd)
@@ -335,6 +342,9 @@ class PageStore:
         return self.pages()
 
     def _remove_temp(self, path: Path) -> None:
+        """A crash leftover: ours, or a writer that is gone (`.<stem>.<pid>.<rand>.tmp`)."""
+        if not _writer_gone(path.name):
+            return
         try:
             os.unlink(path)
             self.num_temp_removed += 1
@@ -344,8 +354,9 @@ class PageStore:
     def _scan_page(self, shard: Path, name: str) -> None:
         path = shard / name
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+            fd = os.open(path, _OPEN_READ)
+        except OSError as exc:  # a symlink (ELOOP) is never followed
+            self._report(path, f"unreadable: {exc.strerror}")
             return
         try:
             header, st = _read_header_fd(fd)
@@ -436,7 +447,7 @@ def read_entries(root: Path) -> tuple[list[IndexEntry], int]:
         for shard in _subdirs(ns_dir):
             for path in shard.glob(f"*{PAGE_SUFFIX}"):
                 try:
-                    fd = os.open(path, os.O_RDONLY)
+                    fd = os.open(path, _OPEN_READ)
                 except OSError:
                     num_bad += 1
                     continue
@@ -472,7 +483,7 @@ def _read_page(path: Path, namespace: bytes, page_id: bytes, expected_token_ids:
     """Open, verify and read one page file into `out`, touching no shared state (threads)."""
     out = memoryview(out).cast("B")
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, _OPEN_READ)
     except FileNotFoundError:
         return _PageRead()
     except OSError as exc:
@@ -493,19 +504,19 @@ def _read_page(path: Path, namespace: bytes, page_id: bytes, expected_token_ids:
                 if not step:
                     raise CorruptPage("payload shorter than its header says")
                 got += step
-        if payload_checksum(out[:n]) != header.payload_checksum:
-            raise CorruptPage("payload checksum mismatch")
+            if payload_checksum(out[:n]) != header.payload_checksum:
+                raise CorruptPage("payload checksum mismatch")
+            now = time.time()
+            try:
+                os.utime(fd, (now, now))  # recency survives a restart (the file we read)
+            except OSError:
+                pass  # a read-only disk: recency is only kept in memory
     except _BufferTooSmall as exc:
         raise ValueError(str(exc)) from None  # a sizing bug, not bad data
     except CorruptPage as exc:
         return _PageRead(corrupt=str(exc))
     except OSError as exc:  # EIO mid-read: a miss; the file may be fine next time
         return _PageRead(unreadable=f"unreadable: {exc.strerror}")
-    now = time.time()
-    try:
-        os.utime(path, (now, now))  # recency survives a restart
-    except OSError:
-        pass  # removed meanwhile, or a read-only disk: recency is only kept in memory
     return _PageRead(header, st.st_size, now)
 
 
@@ -526,3 +537,29 @@ def _subdirs(path: Path) -> list[Path]:
             return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
     except OSError:
         return []
+
+
+def _make_private_dirs(root: Path, leaf: Path) -> None:
+    """root/ns/shard, each created 0700 (mkdir's mode for every level, not only the last)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    for directory in (root, leaf.parent, leaf):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+
+
+def _writer_gone(name: str) -> bool:
+    parts = name.split(".")
+    if len(parts) < 4 or not parts[-3].isdigit():
+        return True
+    pid = int(parts[-3])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

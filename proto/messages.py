@@ -62,6 +62,8 @@ class SamplingParams(Value):
     # in force from the first token, or from the token after `grammar_trigger` appears.
     grammar: str = ""
     grammar_trigger: tuple[int, ...] = ()
+    # (token id, bias) pairs added to the logits before sampling (OpenAI's logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 class PrefillChunk(Value):

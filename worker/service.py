@@ -21,7 +21,7 @@ from proto.messages import ROLE_WORKER, RunStep, SlotContents, WorkerReady
 from proto.page_ids import kv_namespace as page_namespace
 from proto.service_loop import SchedulerLink, StopFlag
 from proto.settings import Settings, parse_size
-from proto.shm import PageBufferPool, ShmError
+from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
 from worker.cache_kinds import leaves, window_bytes
 from worker.constraints import ConstraintEngine, llguidance_tokenizer
 from worker.executor import StepExecutor
@@ -147,8 +147,12 @@ def run(settings: Settings) -> None:
         check_plan(plan, settings.slots, settings.ctx, settings.kv_bits)
         pool = None
         if layout is not None:
+            stale = remove_stale_segments(endpoints.shm_prefix, endpoints.shm_record)
+            if stale:
+                log.warning("worker.stale_shm_removed", names=stale)
             pool = PageBufferPool.create(f"{endpoints.shm_prefix}w{boot_id[:8]}",
                                          buffer_count(layout, settings), layout.buffer_bytes)
+            record_segment(endpoints.shm_record, pool.name)
     except (ModelLoadError, MemoryPlanError, ShmError) as exc:
         log.error("worker.refused_to_start", reason=str(exc))
         print(f"switchyard worker: {exc}", file=sys.stderr)

@@ -36,12 +36,16 @@ async def completions(request: Request) -> Response:
     completion = parse_completion_request(parse_json(await gw.read_body(request)))
     check_model(completion.options.model, gw.model_id, gw.model_aliases)
     priority = header_priority(request.headers)
-    prompt_ids = await gw.run_tokenizer(encode_prompt, gw.tokenizer, completion)
+    if isinstance(completion.prompt, str):
+        gw.check_prompt_chars(len(completion.prompt), "prompt")
+    prompt_ids = await gw.run_tokenizer(encode_prompt, gw.tokenizer, completion,
+                                        size=len(completion.prompt))
     rid = new_rid("cmpl")
     submit = build_submit(rid, prompt_ids, completion.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
-                          grammar=completion.constraint.grammar if completion.constraint else "")
+                          grammar=completion.constraint.grammar if completion.constraint else "",
+                          vocab_size=len(gw.tokenizer))
     turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop,
                     gw.stop_token_ids + (gw.hidden_ids or ()), gw.hidden_ids is not None)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)

@@ -102,10 +102,12 @@ def test_restart_rebuilds_the_index_from_files(store):
 def test_scan_removes_leftover_temp_files(store):
     (pid,) = _write_chain(store, 1)
     path = store.path_for(NS, pid)
-    (path.parent / f".{pid.hex()}.999.abcd.tmp").write_bytes(b"half a page")
+    (path.parent / f".{pid.hex()}.99999999.abcd.tmp").write_bytes(b"half a page")  # gone
+    alive = path.parent / f".{pid.hex()}.{os.getppid()}.abcd.tmp"  # a live writer's
+    alive.write_bytes(b"being written")
     again = PageStore(store.root)
     assert len(again.scan()) == 1
-    assert again.num_temp_removed == 1 and not list(path.parent.glob("*.tmp"))
+    assert again.num_temp_removed == 1 and list(path.parent.glob("*.tmp")) == [alive]
 
 
 def test_miss_is_not_corruption(store):
