@@ -34,16 +34,18 @@ MODELS = {
 }
 
 
-def model_dir(kind: str, path: str | None = None) -> Path:
-    """`path` if given, else the generated model `kind`, kept under the temp dir for reuse."""
+def model_dir(kind: str, path: str | None = None, arch: str = "qwen3") -> Path:
+    """`path` if given, else the generated model `kind` of family `arch`, kept under the temp
+    dir for reuse."""
     if path:
         return Path(path)
     from fixtures.tiny_models import generate_tiny_model
 
-    out = Path(tempfile.gettempdir()) / f"sybench-models-{os.getuid()}" / kind
+    name = kind if arch == "qwen3" else f"{kind}-{arch}"
+    out = Path(tempfile.gettempdir()) / f"sybench-models-{os.getuid()}" / name
     if not out.exists():
         try:
-            generate_tiny_model(out, "qwen3", **MODELS[kind])
+            generate_tiny_model(out, arch, **MODELS[kind])
         except FileExistsError:
             pass  # another run generated it meanwhile (the write is atomic)
     return out

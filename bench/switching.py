@@ -2,6 +2,7 @@
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/switching.py [--model-size tiny|h512] [--slots 1,2] [--rounds 4]
+        [--arch gpt_oss gemma3_text ...]   # one summary line per family at the end
 
 Workload (chat completions, streamed, temperature 0, 8-token replies): three conversations
 A, B, C, each a system prompt + task of about `--initial` tokens, take turns A, B, C, A, ...
@@ -26,7 +27,9 @@ sequential Python read of every `.page` file in the KV dir (page cache warm) and
 The summary also gives, per Switchyard configuration, two figures that explain the ratio and
 are free of machine noise: prefilled tokens of the switching turn / of its twin (the switching
 turn re-reads the conversation's last, partial page: docs/design.md "KV pages"), and restore_s as a
-share of the switching turn's TTFT.
+share of the switching turn's TTFT. For families whose slot cannot be cut back (sliding-window
+rings, recurrent states) the twin is restored too; the last column divides by the twin's TTFT
+minus its restore_s, standing for a resident twin.
 
 TTFT is the time from sending to the first streamed chunk with content (or the finish chunk
 if the reply is empty). Every figure is a ratio within one run; the machine is shared.
@@ -199,16 +202,20 @@ def summarize_switchyard(group: ServerGroup, turns: list[Turn], label: str,
                      e["num_reused_tokens"], e["num_copied_tokens"], restored,
                      e["num_prefilled_tokens"], fmt(restore_s, 3), fmt(rate, 0),
                      fmt(e["ttft_s"] or float("nan"), 3), fmt(t.res.ttft, 3)])
-    token_ratios, restore_shares = [], []
+    token_ratios, restore_shares, unrestored = [], [], []
     for (conv, rnd, kind), e in by_key.items():
         twin = by_key.get((conv, rnd, "twin"))
         if kind == "switch" and twin is not None:
             token_ratios.append(e["num_prefilled_tokens"] / twin["num_prefilled_tokens"])
             restore_shares.append(e["restore_s"] / e["ttft_s"])
+            # A ring or recurrent state cannot be cut back, so there the twin is restored
+            # too: its TTFT without its restore stands for a resident twin.
+            unrestored.append(e["ttft_s"] / (twin["ttft_s"] - twin["restore_s"]))
     reads = [r for r in log_events(group.log_path, "kv.read") if r.get("read_s")]
     read_mbs = [r["num_pages"] * page_size * bpt / r["read_s"] / 1e6 for r in reads]
     total, py_s, cat_s = seq_read(group.kv_dir)
     figures = dict(token_ratio=median(token_ratios), restore_share=median(restore_shares),
+                   unrestored_ratio=median(unrestored),
                    restore_mbs=median(rates), kv_read_mbs=median(read_mbs),
                    py_mbs=total / py_s / 1e6, cat_mbs=total / cat_s / 1e6)
     out = [f"\n[{label}] per turn, from the scheduler's request.finished lines "
@@ -227,6 +234,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-size", choices=("tiny", "h512"), default="tiny")
     ap.add_argument("--model", help="model directory (overrides --model-size)")
+    ap.add_argument("--arch", nargs="+", default=["qwen3"],
+                    help="families to generate tiny twins of (with --model-size)")
     ap.add_argument("--slots", default="1,2", help="comma-separated --slots values to run")
     ap.add_argument("--conversations", type=int, default=3)
     ap.add_argument("--initial", type=int, default=3000, help="system+task tokens")
@@ -243,7 +252,21 @@ def main() -> int:
     args = ap.parse_args()
     if preload_note():
         print(preload_note())
-    model = model_dir(args.model_size, args.model)
+    families = []
+    for arch in ([None] if args.model else args.arch):
+        model = model_dir(args.model_size, args.model, arch or "qwen3")
+        rows = bench_model(model, args)
+        families += [[arch or str(model), *row] for row in rows]
+    if len(families) > 1:
+        print("\nper family: switching turn TTFT / resident twin")
+        print(table(["family", "server", "turns", "switch ttft s", "twin ttft s", "median ratio",
+                     "min", "max", "target <= 1.3", "prefilled sw/twin", "restore_s/ttft",
+                     "sw/(twin-restore)"], families))
+    return 0
+
+
+def bench_model(model: Path, args) -> list[list]:
+    """Run the workload on one model for each --slots value; returns the summary rows."""
     convs = build(args.conversations, args.initial, args.new, args.rounds, model, args.seed)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     slot_values = [int(s) for s in args.slots.split(",")]
@@ -287,7 +310,8 @@ def main() -> int:
                                  fmt(max(ratios), 2),
                                  "met" if median(ratios) <= 1.3 else "MISSED",
                                  fmt(figures["token_ratio"], 2) if ours else "",
-                                 fmt(figures["restore_share"], 3) if ours else ""])
+                                 fmt(figures["restore_share"], 3) if ours else "",
+                                 fmt(figures["unrestored_ratio"], 2) if ours else ""])
         if with_peer:
             ours = median(ttfts(turns, "switchyard", "switch"))
             theirs = median(ttfts(turns, "mlx_lm", "switch"))
@@ -297,11 +321,11 @@ def main() -> int:
     print("\n".join(details))
     print("\nswitching turn TTFT vs its resident twin (same context, same number of new tokens)")
     print(table(["server", "turns", "switch ttft s", "twin ttft s", "median ratio", "min",
-                 "max", "target <= 1.3", "prefilled sw/twin", "restore_s/ttft"],
-                summary_rows))
+                 "max", "target <= 1.3", "prefilled sw/twin", "restore_s/ttft",
+                 "sw/(twin-restore)"], summary_rows))
     if peer_line:
         print(peer_line)
-    return 0
+    return summary_rows
 
 
 if __name__ == "__main__":

@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command == "cache":
         return run_cache(args)
+    if getattr(args, "api_key", None):
+        print("switchyard: warning: --api-key on a command line is visible to every local user "
+              "(ps); use --api-key-file (mode 0600) or $SWITCHYARD_API_KEY", file=sys.stderr)
     try:
         settings = from_namespace(args)
     except SettingsError as exc:
@@ -209,7 +212,7 @@ def _reexec_with_openblas(settings: Settings) -> None:
     log = configure_logging("worker", new_boot_id(), settings.log_level, settings.log_format,
                             settings.log_content)
     log.info("worker.blas_preloaded", library=str(lib), action="re-exec with LD_PRELOAD")
-    argv = [sys.executable, "-m", "deploy.cli", "run", "worker", *settings.to_args()]
+    argv = [sys.executable, "-m", "deploy.cli", "run", "worker", *settings.to_args("worker")]
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)
 

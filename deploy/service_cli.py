@@ -29,7 +29,7 @@ from typing import Callable
 
 from deploy import launchd, systemd
 from deploy.service_units import (ROLES, UnitError, UnitPlan, check_second_group, parse_env,
-                                  unit_plan, write_files)
+                                  unit_plan, write_files, write_key_file)
 from proto.settings import Settings, add_arguments
 
 EXIT_FAILED = 1
@@ -172,10 +172,14 @@ def install(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int:
     commands = manager.install(paths, plan.label_suffix)
     if args.dry_run:
         _print_files(files, directory)
+        if plan.api_key:
+            print(f"would write the API key to {plan.api_key_file} (mode 0600)")
         _print_commands(commands)
         return 0
     if not _have(manager):
         return EXIT_USAGE
+    if plan.api_key:  # given inline: the units name this file, never the key
+        write_key_file(Path(plan.api_key_file), plan.api_key)
     if manager is LAUNCHD:
         launchd.log_dir(plan).mkdir(parents=True, exist_ok=True)
         for role in ROLES:  # reload: an agent already loaded would make bootstrap fail

@@ -10,6 +10,10 @@ checkout that is not installed). The flags are the settings that differ from the
 with the runtime, KV and cache directories made absolute, so all four components agree on them
 whatever environment the service manager gives them. `--config` files are read at render time:
 re-render (install again) after changing one.
+
+The API key is never in a unit: the gateway alone reads it from a file (`--api-key-file`, mode
+0600; under systemd through `LoadCredential=`). A key given inline when installing is written
+to `key_file_path(home, suffix)` first (docs/design.md "Security").
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.supervisor import ROLES  # noqa: F401  (start order; re-exported)
-from proto.settings import Settings
+from proto.settings import GATEWAY_ONLY, SECRET_FIELDS, Settings, flag_args
 
 _SUFFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 
@@ -42,6 +46,8 @@ class UnitPlan:
     label_suffix: str = ""
     env: tuple[tuple[str, str], ...] = ()  # every component
     worker_env: tuple[tuple[str, str], ...] = ()  # the worker only (LD_PRELOAD of OpenBLAS)
+    api_key_file: str = ""  # absolute; the gateway reads its key here ("" : no key)
+    api_key: str = ""  # a key given inline, written to api_key_file at install ("" : none)
 
 
 def check_suffix(suffix: str) -> str:
@@ -57,24 +63,42 @@ def check_second_group(settings: Settings, suffix: str) -> None:
                         "usually its own --port and --kv-dir")
 
 
-def settings_flags(settings: Settings) -> list[str]:
-    """Flags for the settings that differ from the defaults, in schema order."""
+def settings_flags(settings: Settings, role: str = "gateway") -> list[str]:
+    """Flags for the settings that differ from the defaults, in schema order; never the API
+    key, and the HTTP address only for the gateway."""
     defaults = Settings()
     args: list[str] = []
     for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
-        if value == getattr(defaults, f.name):
+        if f.name in SECRET_FIELDS or (role != "gateway" and f.name in GATEWAY_ONLY):
             continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(flag if value else f"--no-{flag[2:]}")
-        else:
-            args += [flag, str(value)]
+        value = getattr(settings, f.name)
+        if value != getattr(defaults, f.name):
+            args += flag_args(f.name, value)
     return args
 
 
-def program_arguments(plan: UnitPlan, role: str) -> list[str]:
-    return [*plan.command, "run", role, *settings_flags(plan.settings)]
+def program_arguments(plan: UnitPlan, role: str, key_file: str | None = None) -> list[str]:
+    """The component's argv; the gateway's names its key file (`key_file`, by default the
+    plan's: systemd passes its credentials directory instead)."""
+    argv = [*plan.command, "run", role, *settings_flags(plan.settings, role)]
+    if role == "gateway" and plan.api_key_file:
+        argv += ["--api-key-file", key_file or plan.api_key_file]
+    return argv
+
+
+def key_file_path(home: str, suffix: str = "") -> Path:
+    """Where an inline --api-key is kept for the units: ~/.config/switchyard/api-key[-S]."""
+    return Path(home) / ".config" / "switchyard" / ("api-key" + (f"-{suffix}" if suffix else ""))
+
+
+def write_key_file(path: Path, key: str) -> None:
+    """The key, mode 0600, in a directory only we can enter (created 0700)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(key + "\n")
+    os.replace(tmp, path)
 
 
 def environment(plan: UnitPlan, role: str) -> dict[str, str]:
@@ -136,10 +160,17 @@ def unit_plan(settings: Settings, *, label_suffix: str = "", extra_env: dict[str
         worker_env["LD_PRELOAD"] = str(lib)
     home = home or str(Path.home())
     root = project_root()
+    suffix = check_suffix(label_suffix)
+    key_file, inline_key = "", ""
+    if settings.api_key_file:
+        key_file = str(Path(settings.api_key_file).expanduser().absolute())
+    elif settings.api_key:
+        key_file, inline_key = str(key_file_path(home, suffix)), settings.api_key
     return UnitPlan(settings=concrete(settings), command=command,
                     working_dir=str(root) if root else home, home=home,
-                    label_suffix=check_suffix(label_suffix), env=tuple(env.items()),
-                    worker_env=tuple(worker_env.items()))
+                    label_suffix=suffix, env=tuple(env.items()),
+                    worker_env=tuple(worker_env.items()), api_key_file=key_file,
+                    api_key=inline_key)
 
 
 def parse_env(pairs: list[str] | None) -> dict[str, str]:

@@ -10,7 +10,8 @@ that exits on its own is restarted after a backoff (`RestartPolicy`); one that c
 ends the group with exit code 1, one that refuses to start (exit code 2) with exit code 2. On a
 stop signal the children get SIGTERM in reverse order, SIGKILL after `stop_timeout_s`, and the pid files are removed. Children know their supervisor by
 SWITCHYARD_PARENT_PID and exit if it dies (deploy.lifeline). Only the supervisor's own child pids
-are ever signalled.
+are ever signalled. The API key reaches the gateway alone, in its environment
+($SWITCHYARD_API_KEY), never on a command line (docs/design.md "Security").
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from deploy.lifeline import PARENT_ENV
 from deploy.restart_policy import GiveUp, RestartPolicy, RestartTracker
 from deploy.runtime import RuntimeDirClaim, remove_pid_file, write_pid_file
 from proto.endpoints import Endpoints
-from proto.settings import Settings
+from proto.settings import API_KEY_ENV, Settings
 
 ROLES = ("scheduler", "kvstore", "worker", "gateway")  # start order; stop order is reversed
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -39,7 +40,15 @@ CommandFor = Callable[[str, Settings], list[str]]
 
 
 def component_command(role: str, settings: Settings) -> list[str]:
-    return [sys.executable, "-m", "deploy.cli", "run", role, *settings.to_args()]
+    return [sys.executable, "-m", "deploy.cli", "run", role, *settings.to_args(role)]
+
+
+def child_env(base: dict[str, str], role: str, settings: Settings) -> dict[str, str]:
+    """`base` with the API key for the gateway and without it for everyone else."""
+    env = {k: v for k, v in base.items() if k != API_KEY_ENV}
+    if role == "gateway" and settings.api_key:
+        env[API_KEY_ENV] = settings.api_key
+    return env
 
 
 def python_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -125,7 +134,8 @@ class Supervisor:
 
     def _start(self, child: _Child) -> None:
         cmd = self.command_for(child.role, self.settings)
-        child.proc = subprocess.Popen(cmd, env=self._env, stdin=subprocess.DEVNULL)
+        child.proc = subprocess.Popen(cmd, env=child_env(self._env, child.role, self.settings),
+                                      stdin=subprocess.DEVNULL)
         child.started_at = time.monotonic()
         child.restart_at = None
         child.past_pids.append(child.proc.pid)

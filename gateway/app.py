@@ -16,6 +16,7 @@ import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -26,6 +27,7 @@ from gateway.api import anthropic_api, openai_api, responses_api
 from gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord, gateway_of
 from gateway.driver import STATUS_CLIENT_CLOSED
 from gateway.errors import APIError, api_style
+from gateway.guard import GuardPolicy
 from gateway.prompting.history import TurnMemory
 from gateway.api.openapi import openapi_spec
 from gateway.prompting.prompts import served_model_id
@@ -41,11 +43,14 @@ KEEPALIVE_S = 5.0
 
 
 class RequestLogMiddleware:
-    """Checks the API key on /v1 routes and logs `request.finished` for every HTTP request."""
+    """Refuses what a web page must not do (gateway.guard), checks the API key on /v1 routes
+    and logs `request.finished` for every HTTP request."""
 
-    def __init__(self, app: ASGIApp, api_key: str = "") -> None:
+    def __init__(self, app: ASGIApp, api_key: str = "",
+                 guard: GuardPolicy | None = None) -> None:
         self.app = app
         self.api_key = api_key
+        self.guard = guard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -60,11 +65,13 @@ class RequestLogMiddleware:
             await send(message)
 
         try:
-            if self._authorized(scope):
-                await self.app(scope, receive, send_and_note)
-            else:
+            error = self.guard.check(scope) if self.guard is not None else None
+            if error is None and not self._authorized(scope):
                 error = APIError(401, "Incorrect or missing API key", type="authentication_error",
                                  code="invalid_api_key")
+            if error is None:
+                await self.app(scope, receive, send_and_note)
+            else:
                 record.fail(error)
                 await error.response(api_style(scope["path"]))(scope, receive, send_and_note)
         finally:
@@ -119,7 +126,9 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 async def _openapi(request: Request) -> Response:
-    return JSONResponse(openapi_spec(gateway_of(request).model_id))
+    gateway = gateway_of(request)
+    return JSONResponse(openapi_spec(gateway.model_id, vocab_size=len(gateway.tokenizer),
+                                     api_key=bool(gateway.settings.api_key)))
 
 
 ROUTES = [
@@ -148,9 +157,13 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     client = SchedulerClient(Endpoints(settings.runtime_path).scheduler, boot_id=boot_id,
                              heartbeat_s=settings.heartbeat_s,
                              peer_timeout_s=settings.peer_timeout_s)
-    model_id = served_model_id(settings.model)
+    if settings.served_model_name:  # as vLLM: exactly these names, the first one in replies
+        model_id, *names = settings.served_model_name
+        aliases = tuple(dict.fromkeys(names))
+    else:
+        model_id = served_model_id(settings.model)
+        aliases = tuple({settings.model} - {"", model_id})
     chat_format = detect_format(tokenizer, settings.chat_format)
-    aliases = tuple({settings.model} - {"", model_id})
     gateway = Gateway(settings=settings, tokenizer=tokenizer, client=client, model_id=model_id,
                       model_aliases=aliases,
                       stop_token_ids=eos_ids(tokenizer),
@@ -170,11 +183,17 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
             yield
         finally:
             await client.close()
-            gateway.executor.shutdown(wait=False, cancel_futures=True)
+            gateway.shutdown()
 
+    middleware = [Middleware(RequestLogMiddleware, api_key=settings.api_key,
+                             guard=GuardPolicy.from_settings(settings))]
+    if settings.allowed_origins:  # answers preflights before the guard sees them
+        middleware.insert(0, Middleware(
+            CORSMiddleware, allow_origins=sorted(GuardPolicy.from_settings(settings).origins),
+            allow_methods=["GET", "POST"], allow_headers=["*"]))
     app = Starlette(
         routes=ROUTES,
-        middleware=[Middleware(RequestLogMiddleware, api_key=settings.api_key)],
+        middleware=middleware,
         exception_handlers={APIError: _api_error, HTTPException: _http_error,
                             ClientDisconnect: _client_gone, Exception: _server_error},
         lifespan=lifespan,

@@ -4,6 +4,7 @@ request, a `RequestRecord` that becomes its one `request.finished` log line."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any, Callable, TypeVar
 
 from starlette.requests import Request
 
-from gateway.errors import APIError
+from gateway.errors import APIError, invalid
 from gateway.generation import Usage
 from gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
 from gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
@@ -47,13 +48,50 @@ class Gateway:
     keep_reasoning: bool = DEFAULT_KEEP_REASONING
     memory: TurnMemory = field(default_factory=lambda: TurnMemory(DEFAULT_MAX_TURNS))
     responses: ResponseStore = field(default_factory=ResponseStore)
-    # Hugging Face fast tokenizers are not safe to call from several threads at once.
+    # Hugging Face fast tokenizers are not safe to call from several threads at once: each
+    # lane (thread) has its own tokenizer. Prompts of LARGE_PROMPT_CHARS or more take the
+    # large lane, so one huge prompt never delays everyone else's turn (issue 12, finding 9).
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer"))
+    large_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer-large"))
+    _large_tokenizer: Any = None
+    _max_token_chars: int | None = None
 
-    async def run_tokenizer(self, fn: Callable[..., T], *args: Any) -> T:
-        """Tokenizing a 100K-token conversation takes a while: keep it off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+    async def run_tokenizer(self, fn: Callable[..., T], tokenizer: Any, *args: Any,
+                            size: int = 0) -> T:
+        """`fn(tokenizer, *args)` off the event loop (tokenizing a 100K-token conversation
+        takes a while), on the large lane when the prompt has `size` >= LARGE_PROMPT_CHARS
+        characters (there with that lane's own copy of `tokenizer`)."""
+        loop = asyncio.get_running_loop()
+        if size < LARGE_PROMPT_CHARS or tokenizer is not self.tokenizer:
+            return await loop.run_in_executor(self.executor, fn, tokenizer, *args)
+        return await loop.run_in_executor(self.large_executor,
+                                          lambda: fn(self._large_lane_tokenizer(), *args))
+
+    def _large_lane_tokenizer(self) -> Any:
+        if self._large_tokenizer is None:  # made in the lane's own thread, on first use
+            self._large_tokenizer = copy.deepcopy(self.tokenizer)
+        return self._large_tokenizer
+
+    def check_prompt_chars(self, num_chars: int, param: str) -> None:
+        """Refuse, before tokenizing, a prompt that cannot fit the context: no token of this
+        vocabulary is longer than `max_token_chars` characters."""
+        limit = self.settings.ctx * self.max_token_chars()
+        if num_chars > limit:
+            raise invalid(
+                f"This model's maximum context length is {self.settings.ctx} tokens; the "
+                f"prompt has {num_chars} characters, more than {limit}, the most that many "
+                f"tokens can hold.", param=param, code="context_length_exceeded")
+
+    def max_token_chars(self) -> int:
+        if self._max_token_chars is None:
+            self._max_token_chars = longest_token_chars(self.tokenizer)
+        return self._max_token_chars
+
+    def shutdown(self) -> None:
+        for executor in (self.executor, self.large_executor):
+            executor.shutdown(wait=False, cancel_futures=True)
 
     async def read_body(self, request: Request) -> bytes:
         """The whole body, or a 413 as soon as it is known to be too large."""
@@ -62,12 +100,33 @@ class Gateway:
         if length.isdigit() and int(length) > limit:
             raise body_too_large(limit)
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise body_too_large(limit)
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self.settings.read_timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise body_too_large(limit)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise APIError(408, f"The request body did not arrive within "
+                                f"{self.settings.read_timeout_s:g} s",
+                           code="request_timeout", headers={"Connection": "close"}) from None
         return b"".join(chunks)
+
+
+LARGE_PROMPT_CHARS = 100_000
+_FALLBACK_TOKEN_CHARS = 256
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """An upper bound on the characters one token stands for: the longest vocabulary entry
+    (byte-level BPE spells each byte as one character, so entries are never shorter than the
+    text they decode to)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary listing: a generous bound
+        return _FALLBACK_TOKEN_CHARS
+    return max((len(token) for token in vocab), default=_FALLBACK_TOKEN_CHARS) or 1
 
 
 def body_too_large(limit: int) -> APIError:

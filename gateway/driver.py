@@ -74,6 +74,11 @@ def header_flag(headers: Any, name: str, default: bool) -> bool:
     raise invalid(f"Header '{name}' must be 0/off or 1/on", param=name, code="invalid_value")
 
 
+def chat_chars(chat: ChatRequest) -> int:
+    """Characters of the messages' text: a lower bound of what the template renders."""
+    return sum(len(m["content"]) for m in chat.messages if isinstance(m.get("content"), str))
+
+
 async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                      id_prefix: str = "call_", param: str = "messages"
                      ) -> tuple[ChatTurn, SubmitRequest]:
@@ -86,8 +91,10 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                             keep_reasoning=gw.keep_reasoning,
                             think_start=gw.think.start if gw.think else None,
                             turn_ends=gw.turn_ends)
+    num_chars = chat_chars(chat)
+    gw.check_prompt_chars(num_chars, param)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
-                                  gw.think)
+                                  gw.think, size=num_chars)
     record.num_spliced_turns = plan.rendered.num_spliced or None
     record.num_spliced_tokens = plan.rendered.num_spliced_tokens or None
     submit = build_submit(rid, plan.prompt_ids, chat.options, ctx=gw.settings.ctx,
@@ -96,7 +103,7 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                                                              + plan.extra_stop_ids)),
                           priority=header_priority(request.headers), param=param,
                           grammar=plan.constraint.grammar if plan.constraint else "",
-                          grammar_trigger=plan.trigger_ids)
+                          grammar_trigger=plan.trigger_ids, vocab_size=len(gw.tokenizer))
     turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids + (gw.hidden_ids or ()),
                     show_special=gw.hidden_ids is not None, think=gw.think,
                     memory=gw.memory, id_prefix=id_prefix)

@@ -44,6 +44,9 @@ TOKEN_KINDS = ("prompt", "reused", "copied", "restored", "prefilled", "generated
 PEER_ROLES = ("gateway", "worker", "kvstore")
 HTTP_BUCKETS_S = (0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 10.0, 30.0, 120.0, 600.0)
 OTHER_ENDPOINT = "other"
+# Methods outside this set count as "other": the label set stays bounded whatever a client
+# sends (the method is counted before authentication).
+KNOWN_METHODS = ("GET", "POST", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE")
 
 
 # -- status.json -> metric families (pure) -------------------------------------------------------
@@ -203,6 +206,7 @@ class GatewayMetrics:
         self.registry.register(StatusCollector(read_status))
 
     def observe(self, method: str, endpoint: str, status: int, duration_s: float) -> None:
+        method = method if method in KNOWN_METHODS else OTHER_ENDPOINT
         self.requests.labels(method, endpoint, str(status)).inc()
         self.duration.labels(endpoint).observe(duration_s)
 

@@ -19,6 +19,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway.app import build_app
+from gateway.http_limits import server_limits
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
 from proto.settings import Settings, SettingsError, add_arguments, from_namespace
@@ -66,10 +67,13 @@ class _Server(uvicorn.Server):
 
 
 def make_server(app: Starlette, host: str, port: int) -> uvicorn.Server:
-    client = app.state.gateway.client
+    gateway = app.state.gateway
     config = uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None,
-                            lifespan="on", loop="asyncio", http="h11",
-                            timeout_graceful_shutdown=GRACE_S + 2.0)
+                            lifespan="on", loop="asyncio",
+                            timeout_graceful_shutdown=GRACE_S + 2.0,
+                            **server_limits(gateway.settings.max_connections,
+                                            gateway.settings.read_timeout_s))
+    client = gateway.client
     return _Server(config, on_grace_expired=client.fail_in_flight)
 
 

@@ -10,9 +10,12 @@ read-only) makes persistence pause with a warning; serving goes on.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections import deque
 
+from kvstore.dir_lock import KvDirLocked, lock_kv_dir
 from kvstore.store import CorruptEvent, PageStore, StoreUnavailable
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
@@ -49,8 +52,9 @@ class KvStoreDaemon:
         self.error_since = 0.0
         self.store = PageStore(settings.kv_path, on_corrupt=self._on_corrupt)
         started = time.perf_counter()
+        self.lock_fd = -1
         try:
-            settings.kv_path.mkdir(parents=True, exist_ok=True)
+            self.lock_fd = lock_kv_dir(settings.kv_path)  # KvDirLocked: the caller refuses
             self.inventory = self.store.scan()
         except OSError as exc:
             self.error = f"page directory {settings.kv_path} is unusable: {exc.strerror}"
@@ -101,16 +105,18 @@ class KvStoreDaemon:
 
     def read(self, msg: ReadPages) -> None:
         ok, missing = [], []
+        num_bytes = 0
         started = time.perf_counter()
-        for r in msg.reads:
-            header = None
-            if self.pool is not None:
-                header = self.store.read_into(self.namespace, r.page_id, r.token_ids,
-                                              self.pool.buffer(r.buffer))
+        headers = [None] * len(msg.reads)
+        if self.pool is not None:
+            headers = self.store.read_many(self.namespace, [
+                (r.page_id, r.token_ids, self.pool.buffer(r.buffer)) for r in msg.reads])
+        for r, header in zip(msg.reads, headers):
             (ok if header is not None else missing).append(r.page_id)
+            num_bytes += header.payload_len if header is not None else 0
         self.send(PagesRead(tuple(ok), tuple(missing)))
         self.log.debug("kv.read", num_pages=len(ok), num_missing=len(missing),
-                       read_s=round(time.perf_counter() - started, 4))
+                       num_bytes=num_bytes, read_s=round(time.perf_counter() - started, 4))
 
     def write_one_batch(self) -> None:
         msg = self.writes.popleft()
@@ -148,8 +154,12 @@ class KvStoreDaemon:
             self.error = ""
 
     def close(self) -> None:
+        self.store.close()
         if self.pool is not None:
             self.pool.close()
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
 
 def run(settings: Settings) -> None:
@@ -157,7 +167,12 @@ def run(settings: Settings) -> None:
     log = configure_logging(ROLE_KVSTORE, boot_id, settings.log_level, settings.log_format,
                             settings.log_content)
     stop = StopFlag()
-    daemon = KvStoreDaemon(settings, log, boot_id)
+    try:
+        daemon = KvStoreDaemon(settings, log, boot_id)
+    except KvDirLocked as exc:  # refuse to start: exit 2 ends the group with a message
+        log.error("kvstore.refused_to_start", reason=str(exc))
+        print(f"switchyard kvstore: {exc}", file=sys.stderr)
+        sys.exit(2)
     link = SchedulerLink(settings, ROLE_KVSTORE, boot_id, log)
     daemon.send = link.send
     log.info("kvstore.started", kv_dir=str(settings.kv_path))

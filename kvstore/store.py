@@ -18,8 +18,10 @@ import dataclasses
 import errno
 import os
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +42,13 @@ PAGE_SUFFIX = ".page"
 TEMP_SUFFIX = ".tmp"
 # One read covers the header of a page of up to ~990 tokens (P=256 needs 1152 bytes).
 _FIRST_READ = 4096
+# Threads reading the pages of one restore batch: enough to keep an SSD's queue busy and to
+# verify checksums on several cores; reads release the GIL.
+READ_THREADS = max(4, min(8, os.cpu_count() or 1))
+# Page files are opened without following a symlink and without blocking on a FIFO planted
+# in the directory; files are created 0600 in 0700 directories (their headers hold prompt
+# token ids): docs/design.md "Security".
+_OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Errors that mean "this disk cannot take our pages now", as opposed to a bug.
 _UNAVAILABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO,
                 errno.ENOTDIR, errno.ENAMETOOLONG}
@@ -106,6 +115,8 @@ def _fsync_dir(path: Path) -> None:
 def _read_header_fd(fd: int) -> tuple[PageHeader, os.stat_result]:
     """Header of an open page file, checked against the file size (catches truncation)."""
     st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptPage("not a regular file")
     buf = os.pread(fd, _FIRST_READ, 0)
     header_len = header_length(buf[:PREFIX_SIZE])
     if header_len > len(buf):
@@ -129,6 +140,7 @@ class PageStore:
         self.corrupt_events: collections.deque[CorruptEvent] = collections.deque(maxlen=64)
         self._index: dict[bytes, IndexEntry] = {}
         self._num_bytes = 0
+        self._pool: ThreadPoolExecutor | None = None  # page readers, started on first use
         # The directory is created by the first write: a store over a path that cannot be a
         # directory still answers (every lookup a miss) and reports StoreUnavailable on write.
 
@@ -211,8 +223,8 @@ class PageStore:
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
         fd = -1
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            _make_private_dirs(self.root, path.parent)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             _write_all(fd, memoryview(head))
             _write_all(fd, payload)
             if self.sync:
@@ -242,8 +254,8 @@ class PageStore:
             if entry is not None:
                 return (entry.flags, entry.nbytes) == (flags, nbytes) \
                     and os.stat(path).st_size == nbytes
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+            fd = os.open(path, _OPEN_READ)
+        except OSError:  # missing, or a symlink (ELOOP): the rename replaces it
             return False
         try:
             header, st = _read_header_fd(fd)
@@ -265,47 +277,46 @@ class PageStore:
         Verifies namespace, page id, token ids and the payload checksum. A successful read
         marks the page used (mtime), so recency survives a restart.
         """
-        out = memoryview(out).cast("B")
-        path = self.path_for(namespace, page_id)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            self._drop(page_id)
-            return None
-        except OSError as exc:
-            self._report(path, f"unreadable: {exc.strerror}")
-            return None
-        try:
-            with open(fd, "rb", buffering=0, closefd=True) as f:
-                header, st = _read_header_fd(fd)
-                problem = _mismatch(header, namespace, page_id, expected_token_ids)
-                if problem:
-                    raise CorruptPage(problem)
-                n = header.payload_len
-                if n > out.nbytes:
-                    raise _BufferTooSmall(f"page payload is {n} bytes, buffer {out.nbytes}")
-                f.seek(header.header_len)
-                got = 0
-                while got < n:
-                    step = f.readinto(out[got:n])
-                    if not step:
-                        raise CorruptPage("payload shorter than its header says")
-                    got += step
-            if payload_checksum(out[:n]) != header.payload_checksum:
-                raise CorruptPage("payload checksum mismatch")
-        except _BufferTooSmall as exc:
-            raise ValueError(str(exc)) from None  # a sizing bug, not bad data
-        except CorruptPage as exc:
-            self._discard(path, page_id, str(exc))
-            return None
-        except OSError as exc:  # EIO mid-read: a miss; the file may be fine next time
-            self._report(path, f"unreadable: {exc.strerror}")
-            return None
-        now = time.time()
-        self._touch_path(path, now)
-        self._add(page_id, IndexEntry(namespace, header.parent_id, header.num_tokens,
-                                      st.st_size, now, path, header.flags))
-        return header
+        return self.read_many(namespace, [(page_id, expected_token_ids, out)])[0]
+
+    def read_many(self, namespace: bytes,
+                  reads: Sequence[tuple[bytes, Sequence[int], memoryview]]
+                  ) -> list[PageHeader | None]:
+        """`read_into` for each (page_id, token ids, buffer), on several threads.
+
+        A restore reads a batch of pages: read and verified in parallel they keep the disk's
+        queue full and the checksums off one core (docs/design.md "Restores"). The index is
+        updated afterwards, here, in order.
+        """
+        jobs = [(self.path_for(namespace, pid), namespace, pid, tokens, out)
+                for pid, tokens, out in reads]
+        if len(jobs) > 1:
+            results = list(self._readers().map(lambda job: _read_page(*job), jobs))
+        else:
+            results = [_read_page(*job) for job in jobs]
+        headers = []
+        for (path, _, pid, _, _), r in zip(jobs, results):
+            if r.header is not None:
+                self._add(pid, IndexEntry(namespace, r.header.parent_id, r.header.num_tokens,
+                                          r.size, r.used_at, path, r.header.flags))
+            elif r.corrupt:
+                self._discard(path, pid, r.corrupt)
+            elif r.unreadable:
+                self._report(path, r.unreadable)  # an EIO may pass: the file stays
+            else:
+                self._drop(pid)  # gone
+            headers.append(r.header)
+        return headers
+
+    def _readers(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kv-read")
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def _report(self, path: Path, reason: str) -> None:
         event = CorruptEvent(time.time(), str(path), reason)
@@ -331,6 +342,9 @@ class PageStore:
         return self.pages()
 
     def _remove_temp(self, path: Path) -> None:
+        """A crash leftover: ours, or a writer that is gone (`.<stem>.<pid>.<rand>.tmp`)."""
+        if not _writer_gone(path.name):
+            return
         try:
             os.unlink(path)
             self.num_temp_removed += 1
@@ -340,8 +354,9 @@ class PageStore:
     def _scan_page(self, shard: Path, name: str) -> None:
         path = shard / name
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+            fd = os.open(path, _OPEN_READ)
+        except OSError as exc:  # a symlink (ELOOP) is never followed
+            self._report(path, f"unreadable: {exc.strerror}")
             return
         try:
             header, st = _read_header_fd(fd)
@@ -432,7 +447,7 @@ def read_entries(root: Path) -> tuple[list[IndexEntry], int]:
         for shard in _subdirs(ns_dir):
             for path in shard.glob(f"*{PAGE_SUFFIX}"):
                 try:
-                    fd = os.open(path, os.O_RDONLY)
+                    fd = os.open(path, _OPEN_READ)
                 except OSError:
                     num_bad += 1
                     continue
@@ -452,13 +467,66 @@ class _BufferTooSmall(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class _PageRead:
+    """What one thread found reading one page: the header when it was read and verified."""
+
+    header: PageHeader | None = None
+    size: int = 0
+    used_at: float = 0.0
+    corrupt: str = ""  # a bad page: removed by the caller
+    unreadable: str = ""  # an I/O error: reported, kept
+
+
+def _read_page(path: Path, namespace: bytes, page_id: bytes, expected_token_ids: Sequence[int],
+               out) -> _PageRead:
+    """Open, verify and read one page file into `out`, touching no shared state (threads)."""
+    out = memoryview(out).cast("B")
+    try:
+        fd = os.open(path, _OPEN_READ)
+    except FileNotFoundError:
+        return _PageRead()
+    except OSError as exc:
+        return _PageRead(unreadable=f"unreadable: {exc.strerror}")
+    try:
+        with open(fd, "rb", buffering=0, closefd=True) as f:
+            header, st = _read_header_fd(fd)
+            problem = _mismatch(header, namespace, page_id, expected_token_ids)
+            if problem:
+                raise CorruptPage(problem)
+            n = header.payload_len
+            if n > out.nbytes:
+                raise _BufferTooSmall(f"page payload is {n} bytes, buffer {out.nbytes}")
+            f.seek(header.header_len)
+            got = 0
+            while got < n:  # one read of the whole payload, straight into the buffer
+                step = f.readinto(out[got:n])
+                if not step:
+                    raise CorruptPage("payload shorter than its header says")
+                got += step
+            if payload_checksum(out[:n]) != header.payload_checksum:
+                raise CorruptPage("payload checksum mismatch")
+            now = time.time()
+            try:
+                os.utime(fd, (now, now))  # recency survives a restart (the file we read)
+            except OSError:
+                pass  # a read-only disk: recency is only kept in memory
+    except _BufferTooSmall as exc:
+        raise ValueError(str(exc)) from None  # a sizing bug, not bad data
+    except CorruptPage as exc:
+        return _PageRead(corrupt=str(exc))
+    except OSError as exc:  # EIO mid-read: a miss; the file may be fine next time
+        return _PageRead(unreadable=f"unreadable: {exc.strerror}")
+    return _PageRead(header, st.st_size, now)
+
+
 def _mismatch(header: PageHeader, namespace: bytes, page_id: bytes,
               expected_token_ids: Sequence[int]) -> str | None:
     if header.namespace != namespace:
         return "namespace does not match"
     if header.page_id != page_id:
         return "page id does not match"
-    if header.token_ids != tuple(int(t) for t in expected_token_ids):
+    if header.token_ids != tuple(expected_token_ids):
         return "token ids do not match"
     return None
 
@@ -469,3 +537,29 @@ def _subdirs(path: Path) -> list[Path]:
             return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
     except OSError:
         return []
+
+
+def _make_private_dirs(root: Path, leaf: Path) -> None:
+    """root/ns/shard, each created 0700 (mkdir's mode for every level, not only the last)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    for directory in (root, leaf.parent, leaf):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+
+
+def _writer_gone(name: str) -> bool:
+    parts = name.split(".")
+    if len(parts) < 4 or not parts[-3].isdigit():
+        return True
+    pid = int(parts[-3])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

@@ -1,90 +1,73 @@
-"""msgpack codec for `proto.messages`: explicit tags in, frozen dataclasses out.
+"""msgpack codec for `proto.messages`, compiled by msgspec: tagged structs in and out.
 
-A message is packed as a map `{"kind": tag, field: value, ...}`. Nested value types
-(`SamplingParams`, `PrefillChunk`, ...) are packed as plain maps and rebuilt from the field's
-type annotation. No pickle and no class-name lookup: only the types in `MESSAGE_TYPES` decode.
+A message is a msgpack map `{"kind": tag, field: value, ...}`, decoded against the union of
+`MESSAGE_TYPES` only: an unknown kind, an unknown or missing field, or a value of the wrong
+type is a `ProtocolError`. No pickle and no class-name lookup. `TokenIds` travel as one msgpack
+`ext` value (type `TOKEN_IDS_EXT`) of packed uint32s: sent from the array without a copy and
+copied once out of the frame (docs/design.md "Protocol").
 """
 
 from __future__ import annotations
 
-import dataclasses
-import typing
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Union
 
-import msgpack
+import msgspec
 
-from proto.messages import MESSAGE_TYPES
+from proto.messages import MESSAGE_TYPES, Message
+from proto.tokens import TokenIds
 
 
 class ProtocolError(ValueError):
     """A frame that is not a valid message of this protocol version."""
 
 
-def _to_wire(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (tuple, list)):
-        return [_to_wire(v) for v in value]
-    return value
+# msgpack ext type of a `TokenIds`: its ids as native uint32 (the wire never leaves the machine).
+TOKEN_IDS_EXT = 1
 
 
-def _decoder_for(annotation: Any) -> Callable[[Any], Any]:
-    """Build a function that turns the wire form of `annotation` back into its Python type."""
-    origin = typing.get_origin(annotation)
-    if dataclasses.is_dataclass(annotation):
-        return _dataclass_decoder(annotation)
-    if origin is tuple:
-        args = typing.get_args(annotation)
-        inner = _decoder_for(args[0]) if args else (lambda v: v)
-        return lambda v: tuple(inner(x) for x in v)
-    return lambda v: v
+def _enc_hook(value: Any) -> Any:
+    if isinstance(value, TokenIds):
+        return msgspec.msgpack.Ext(TOKEN_IDS_EXT, value.view())
+    raise NotImplementedError(f"{type(value).__name__} cannot travel in a message")
 
 
-def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
-    hints = typing.get_type_hints(cls)
-    field_decoders = {
-        f.name: _decoder_for(hints[f.name]) for f in dataclasses.fields(cls) if f.init
-    }
-
-    def decode(raw: Any) -> Any:
-        if not isinstance(raw, dict):
-            raise ProtocolError(f"{cls.__name__}: expected a map, got {type(raw).__name__}")
-        unknown = set(raw) - set(field_decoders) - {"kind"}
-        if unknown:
-            raise ProtocolError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
-        try:
-            return cls(**{k: field_decoders[k](v) for k, v in raw.items() if k != "kind"})
-        except TypeError as exc:  # missing required fields
-            raise ProtocolError(f"{cls.__name__}: {exc}") from None
-
-    return decode
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code != TOKEN_IDS_EXT:
+        raise ValueError(f"unknown msgpack ext type {code}")
+    return TokenIds.frombytes(data)  # a copy: `data` points into the frame
 
 
-_DECODERS: dict[str, Callable[[Any], Any]] = {}
-for _cls in MESSAGE_TYPES:
-    if _cls.kind in _DECODERS:
-        raise RuntimeError(f"duplicate message kind {_cls.kind!r}")
-    _DECODERS[_cls.kind] = _dataclass_decoder(_cls)
+def _dec_hook(kind: type, value: Any) -> Any:
+    if kind is TokenIds:
+        if not isinstance(value, TokenIds):
+            raise TypeError(f"token ids must be packed (ext {TOKEN_IDS_EXT}), "
+                            f"got {type(value).__name__}")
+        return value
+    raise NotImplementedError(f"{kind.__name__} is not a protocol type")
 
 
-def encode(message: Any) -> bytes:
-    kind = getattr(type(message), "kind", None)
-    if kind not in _DECODERS:
+_kinds = [cls.kind for cls in MESSAGE_TYPES]
+if len(_kinds) != len(set(_kinds)):
+    raise RuntimeError("duplicate message kinds")
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_decoder = msgspec.msgpack.Decoder(Union[MESSAGE_TYPES], dec_hook=_dec_hook,  # noqa: UP007
+                                   ext_hook=_ext_hook)
+
+
+def encode(message: Message) -> bytes:
+    if type(message) not in MESSAGE_TYPES:
         raise ProtocolError(f"not a protocol message: {type(message).__name__}")
-    wire = _to_wire(message)
-    wire["kind"] = kind
-    return msgpack.packb(wire, use_bin_type=True)
-
-
-def decode(frame: bytes) -> Any:
     try:
-        raw = msgpack.unpackb(frame, raw=False)
-    except Exception as exc:  # msgpack raises several unrelated types
+        return _encoder.encode(message)
+    except (TypeError, NotImplementedError, OverflowError) as exc:
+        raise ProtocolError(f"{message.kind}: cannot encode: {exc}") from None
+
+
+def decode(frame: bytes) -> Message:
+    try:
+        return _decoder.decode(frame)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"invalid message: {exc}") from None
+    except (msgspec.DecodeError, ValueError) as exc:  # ValueError: from `_ext_hook`
         raise ProtocolError(f"undecodable frame: {exc}") from None
-    if not isinstance(raw, dict) or "kind" not in raw:
-        raise ProtocolError("frame is not a tagged message")
-    decoder = _DECODERS.get(raw["kind"])
-    if decoder is None:
-        raise ProtocolError(f"unknown message kind {raw['kind']!r}")
-    return decoder(raw)

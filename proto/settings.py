@@ -3,6 +3,11 @@
 One dataclass, one argparse parser built from it. The supervisor passes the resolved settings to
 its children as explicit flags (`Settings.to_args`), so `switchyard run worker ...` under launchd
 and a child of `switchyard serve` see exactly the same values.
+
+The API key never goes on a command line (any local user reads those with `ps`): it is read
+from `--api-key-file` (mode 0600, as llama.cpp's `--api-key-file` and systemd's
+`LoadCredential=`) or from `$SWITCHYARD_API_KEY` (as vLLM's `VLLM_API_KEY`), and only the
+gateway is given it (docs/design.md "Security").
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import dataclasses
 import os
 import re
 import sys
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +76,9 @@ def _opt(help: str, **kw):
 class Settings:
     model: str = _opt("MLX/HF model directory, Hugging Face repo id or .gguf file "
                       "(default: the embedded tiny model)", default="")
+    served_model_name: tuple[str, ...] = _opt(
+        "model names clients may use (repeatable; the first is the one replies carry; default: "
+        "the model directory's or file's name)", default=())
     host: str = _opt("address the HTTP gateway binds", default="127.0.0.1")
     port: int = _opt("HTTP port", default=8000)
     slots: int = _opt("resident sequences kept in memory and decoded in one batch", default=4)
@@ -103,6 +112,11 @@ class Settings:
                                   "scheduled as interactive (0: no bound)", default=30.0)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
     max_body_bytes: int = _opt("largest accepted HTTP body", default=32 * 2**20)
+    max_connections: int = _opt("HTTP connections and requests served at once; beyond, 503",
+                                default=256)
+    read_timeout_s: float = _opt("seconds a client has to send a request's headers, and "
+                                 "again its body; slower connections are closed (408)",
+                                 default=30.0)
     default_max_tokens: int = _opt("max_tokens when a request gives none", default=2048)
     prefix_stable: bool = _opt("render remembered assistant turns with the exact tokens the "
                                "model generated, so resent histories reuse their KV",
@@ -115,7 +129,14 @@ class Settings:
                               default=1024)
     max_stored_responses: int = _opt("Responses API conversations kept for "
                                      "previous_response_id", default=256)
-    api_key: str = _opt("require this key (Bearer / x-api-key); needed off loopback", default="")
+    api_key: str = _opt("require this key (Bearer / x-api-key); needed off loopback. Visible "
+                        "in `ps`: prefer --api-key-file or $SWITCHYARD_API_KEY", default="")
+    api_key_file: str = _opt("read the API key from this file (its first line; mode 0600)",
+                             default="")
+    allowed_hosts: str = _opt("comma-separated extra Host names the gateway answers besides "
+                              "loopback names and --host ('*': any)", default="")
+    allowed_origins: str = _opt("comma-separated browser origins allowed to call the API "
+                                "(scheme://host[:port]; '*': any)", default="")
     log_level: str = _opt("debug, info, warning or error", default="info")
     log_format: str = _opt("json, console or auto (console on a TTY)", default="auto")
     log_content: bool = _opt("allow prompt and output text in logs", default=False)
@@ -159,6 +180,8 @@ class Settings:
             problems.append("--overtake-limit and --background-wait must not be negative")
         if not 0 <= self.decode_share < 1:
             problems.append("--decode-share must be in [0, 1)")
+        if self.max_connections < 1 or self.read_timeout_s <= 0:
+            problems.append("--max-connections and --read-timeout-s must be positive")
         if not 0 < self.port < 65536:
             problems.append("--port must be 1..65535")
         if self.chat_format not in CHAT_FORMATS:
@@ -171,27 +194,73 @@ class Settings:
             parse_size(self.kv_buffer_memory)
         except ValueError as exc:
             problems.append(str(exc))
-        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.api_key:
+        if self.host not in LOOPBACK_HOSTS and not (self.api_key or self.api_key_file):
             problems.append(f"--api-key is required when binding to {self.host} (not loopback)")
+        if any(not name.strip() for name in self.served_model_name):
+            problems.append("--served-model-name must not be empty")
         if problems:
             raise SettingsError("; ".join(problems))
         return self
 
-    def to_args(self) -> list[str]:
-        """Flags that reproduce these settings exactly (for child processes)."""
-        args: list[str] = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            flag = "--" + f.name.replace("_", "-")
-            if isinstance(value, bool):
-                args.append(flag if value else f"--no-{flag[2:]}")
-            else:
-                args += [flag, str(value)]
-        return args
+    def to_args(self, role: str = "gateway") -> list[str]:
+        """Flags that reproduce these settings for a child of `role`: never the API key (the
+        supervisor hands it to the gateway alone, by environment or file), and the HTTP
+        address only to the gateway, the one process that binds it."""
+        return [a for f in dataclasses.fields(self)
+                if f.name not in SECRET_FIELDS and (role == "gateway" or f.name not in GATEWAY_ONLY)
+                for a in flag_args(f.name, getattr(self, f.name))]
+
+
+def flag_args(name: str, value) -> list[str]:
+    """The command-line flags that set setting `name` to `value`."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else f"--no-{flag[2:]}"]
+    if isinstance(value, tuple):  # repeatable
+        return [a for item in value for a in (flag, str(item))]
+    return [flag, str(value)]
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+API_KEY_ENV = "SWITCHYARD_API_KEY"
+SECRET_FIELDS = ("api_key", "api_key_file")
+GATEWAY_ONLY = ("host", "port", "allowed_hosts", "allowed_origins")
 
 
 class SettingsError(ValueError):
     pass
+
+
+def read_api_key_file(path: str) -> str:
+    """The key in `path` (its first line), refusing a file other users can read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SettingsError(f"--api-key-file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SettingsError(f"--api-key-file {path} is not a regular file")
+        if info.st_mode & stat.S_IROTH:
+            raise SettingsError(f"--api-key-file {path} is readable by other users: "
+                                f"chmod 600 {path}")
+        text = f.read(4096).decode("utf-8", "replace")
+    key = text.splitlines()[0].strip() if text.strip() else ""
+    if not key:
+        raise SettingsError(f"--api-key-file {path} is empty")
+    return key
+
+
+def resolve_api_key(values: dict, env: dict | None = None) -> dict:
+    """--api-key, else --api-key-file, else $SWITCHYARD_API_KEY, into `values["api_key"]`."""
+    env = os.environ if env is None else env
+    if values.get("api_key"):
+        return values
+    if values.get("api_key_file"):
+        return {**values, "api_key": read_api_key_file(values["api_key_file"])}
+    if env.get(API_KEY_ENV):
+        return {**values, "api_key": env[API_KEY_ENV].strip()}
+    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,6 +270,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if f.type in (bool, "bool"):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=f.metadata["help"])
+        elif str(f.type).startswith("tuple"):  # `--x a b` and `--x a --x b`, as vLLM takes them
+            parser.add_argument(flag, dest=f.name, action="extend", nargs="+", default=None,
+                                metavar="NAME", help=f.metadata["help"])
         else:
             kind = {"int": int, "float": float}.get(str(f.type), str)
             parser.add_argument(flag, dest=f.name, type=kind, default=None,
@@ -215,7 +287,11 @@ def from_namespace(ns: argparse.Namespace) -> Settings:
         given = getattr(ns, f.name, None)
         if given is not None:
             values[f.name] = given
-    return Settings(**values).validate()
+    for f in dataclasses.fields(Settings):  # lists (flags, TOML arrays or a TOML string)
+        if str(f.type).startswith("tuple") and f.name in values:
+            given = values[f.name]
+            values[f.name] = (given,) if isinstance(given, str) else tuple(given)
+    return Settings(**resolve_api_key(values)).validate()
 
 
 def load_toml(path: Path) -> dict:

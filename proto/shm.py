@@ -13,10 +13,14 @@ would also drop the owner's registration, so a crashed owner would leak the segm
 
 from __future__ import annotations
 
+import glob
 import mmap
 import os
 import sys
 from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+
+import _posixshmem
 
 import numpy as np
 
@@ -142,6 +146,35 @@ def _attach_untracked(name: str) -> shared_memory.SharedMemory:
         return shared_memory.SharedMemory(name=name)
     finally:
         resource_tracker.register = register
+
+
+def remove_stale_segments(prefix: str, record: Path) -> list[str]:
+    """Unlink the segments an earlier owner of this group left behind (a SIGKILL of the whole
+    group takes the resource tracker with it, so nothing else would): the one named in
+    `record`, and on Linux any `/dev/shm/<prefix>*`. Names are per group (the runtime dir's
+    hash), so another group's segments are never touched. Returns the names removed."""
+    names = set()
+    try:
+        names.update(record.read_text().split())
+    except OSError:
+        pass
+    if os.path.isdir("/dev/shm"):
+        names.update(os.path.basename(p) for p in glob.glob(f"/dev/shm/{glob.escape(prefix)}*"))
+    removed = []
+    for name in sorted(n for n in names if n.startswith(prefix) and "/" not in n):
+        try:
+            _posixshmem.shm_unlink("/" + name)
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def record_segment(record: Path, name: str) -> None:
+    """Note the live segment's name, for the next owner's `remove_stale_segments`."""
+    tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+    tmp.write_text(name + "\n")
+    os.replace(tmp, record)
 
 
 class BufferAllocator:

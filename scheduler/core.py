@@ -1,8 +1,10 @@
 """The scheduler core: admission, placement, step plans, finishing. No I/O, no clocks.
 
-The shell feeds it events (submit, cancel, step done, kvstore replies, peer restarts) with the
-current wall-clock time; every event appends the messages to send to `outbox`, which the shell
-drains and routes by type. One step is in flight at a time.
+The core is closed (docs/design.md "Scheduling"): the shell hands it typed events with the
+current wall-clock time through `handle` (peer messages as they arrived, and the events of
+`scheduler.events`) and gets one `Effects` back: the messages to send, routed by type, the log
+lines and the finished requests. The shell never writes the core's state; status reads
+`snapshot`. One step is in flight at a time.
 
 Steps are decode-first: every decoding request gets its token each step, and prefill chunks
 fill what is left of the per-step token budget, interactive before background and warm
@@ -16,9 +18,14 @@ import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
+import msgspec
+
 from proto.messages import (
+    CancelRequest,
     CopyPrefix,
     DecodeItem,
+    DescribeInventory,
+    InventoryDescribed,
     PagesRead,
     PagesWritten,
     PrefillChunk,
@@ -29,11 +36,22 @@ from proto.messages import (
     StepDone,
     SubmitRequest,
     TokensGenerated,
+    WorkerReady,
 )
-from scheduler.fairness import admission_key, interactive_now, prefill_key
+from scheduler.events import (
+    Effects,
+    Event,
+    FailAll,
+    GatewayRestarted,
+    IndexOverdue,
+    KvstoreRestarted,
+    PlanStep,
+    WorkerLost,
+)
+from scheduler.fairness import admission_key, interactive_now, oldest_waiting_s, prefill_key
 from scheduler.page_cache import PageCache
-from scheduler.placement import Placement, Sources, choose_slot, reusable
-from scheduler.requests import Request, Slot, common_prefix_len
+from scheduler.placement import Placement, Sources, choose_slot, usable_match
+from scheduler.requests import Request, Slot
 from scheduler.restore import DiskReads, load_of
 from scheduler.step_budget import PrefillBudget
 
@@ -105,19 +123,89 @@ class SchedulerCore:
         self._planned_at = 0.0
         self._done_at = 0.0
         self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
-        # kvstore (its index, its writes) is long overdue: place and displace without it
-        self.index_overdue = False
+        self.index_overdue = False  # kvstore's index is long overdue: place without it
 
-    def take_outbox(self) -> list:
+    def handle(self, event: Event, now: float) -> Effects:
+        """Apply one event; what it produced comes back as one `Effects`."""
+        step = None
+        match event:
+            case PlanStep():
+                step = self._plan_step(now)
+            case SubmitRequest():
+                self._submit(event, now)
+            case CancelRequest():
+                self._cancel(event.rid, now)
+            case StepDone():
+                self._step_done(event, now)
+            case PagesRead():
+                self._pages_read(event, now)
+            case PagesWritten():
+                self._pages_written(event, now)
+            case WorkerReady():
+                self._worker_ready(event)
+            case InventoryDescribed():
+                self._inventory(event, now)
+            case KvstoreRestarted():
+                self._kvstore_restarted()
+            case WorkerLost():
+                self.inflight = None
+            case GatewayRestarted():
+                self._abort_all(now)
+            case FailAll():
+                self._fail_all(event, now)
+            case IndexOverdue():
+                self.index_overdue = event.overdue
+            case _:
+                raise TypeError(f"not a scheduler event: {type(event).__name__}")
         # Page commands first: a worker that became ready queues AttachBuffers there, and a
         # read sent before it would find no buffers and miss every page (issue 12).
-        out = self.pages.outbox + self.outbox
-        self.outbox, self.pages.outbox = [], []
-        return out
+        effects = Effects(self.pages.outbox + self.outbox, list(self.events),
+                          self.finished, step)
+        self.outbox, self.pages.outbox, self.finished = [], [], []
+        self.events.clear()  # shared with the page cache: cleared in place
+        return effects
+
+    # --- views (read-only) -----------------------------------------------------------------
+
+    @property
+    def step_in_flight(self) -> bool:
+        return self.inflight is not None
+
+    def snapshot(self, now: float) -> dict:
+        """Plain data for the status file: slots, queue, disk. No prompt or output text."""
+        slots = []
+        for slot in self.slots:
+            req = self.requests.get(slot.rid) if slot.rid else None
+            slots.append({
+                "slot": slot.index, "num_tokens": len(slot.tokens),
+                "conversation": slot.page_ids[0].hex()[:12] if slot.page_ids else None,
+                "last_used": slot.last_used or None, "rid": slot.rid,
+                "priority": req.priority if req else None,
+                "state": self._state(req) if req else "idle",
+                "waiting_s": now - req.arrived_at if req and req.first_token_at is None
+                else None})
+        queue = [{"rid": rid, "priority": self.requests[rid].priority,
+                  "waiting_s": now - self.requests[rid].arrived_at,
+                  "prompt_tokens": len(self.requests[rid].prompt)} for rid in self.waiting]
+        pages = self.pages
+        disk = {"bytes": pages.tree.total_bytes, "budget_bytes": pages.budget_bytes,
+                "num_pages": len(pages.tree), "writable": now >= pages.writes_paused_until,
+                "num_evicted": pages.num_evicted, "num_thrash": pages.num_thrash,
+                "num_writing": len(pages.writing)}
+        # Queued, restoring or prefilling: what a starving request shows as (issue 14).
+        return {"slots": slots, "queue": queue,
+                "oldest_waiting_s": oldest_waiting_s(self.requests.values(), now), "disk": disk}
+
+    def _state(self, req: Request) -> str:
+        if req.restoring:
+            return "restoring"
+        if self._remaining_prefill(req) > 0:
+            return "prefilling"
+        return "decoding"
 
     # --- events: gateway -------------------------------------------------------------------
 
-    def submit(self, msg: SubmitRequest, now: float) -> None:
+    def _submit(self, msg: SubmitRequest, now: float) -> None:
         cfg = self.config
         if len(msg.prompt_token_ids) == 0:
             return self._reject(msg.rid, "invalid_request", "prompt is empty")
@@ -133,7 +221,7 @@ class SchedulerCore:
                 "shortly", True, cfg.retry_after_s))
             return
         self.requests[msg.rid] = Request(
-            rid=msg.rid, prompt=tuple(msg.prompt_token_ids), max_tokens=max(1, msg.max_tokens),
+            rid=msg.rid, prompt=msg.prompt_token_ids, max_tokens=max(1, msg.max_tokens),
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority, arrived_at=now)
         self.waiting.append(msg.rid)
@@ -141,7 +229,7 @@ class SchedulerCore:
     def _reject(self, rid: str, code: str, message: str) -> None:
         self.outbox.append(RequestFailed(rid, code, message, False))
 
-    def cancel(self, rid: str, now: float) -> None:
+    def _cancel(self, rid: str, now: float) -> None:
         req = self.requests.get(rid)
         if req is None:
             return
@@ -154,14 +242,21 @@ class SchedulerCore:
         in_step = self.inflight is not None and req.slot is not None
         return in_step or bool(req.reading)
 
-    def abort_all(self, now: float) -> None:
+    def _abort_all(self, now: float) -> None:
         """The gateway restarted: its requests have no one to answer to."""
         for req in list(self.requests.values()):
             self._finish(req, "cancelled", now, notify=False)
 
+    def _fail_all(self, event: FailAll, now: float) -> None:
+        rids = list(self.requests)
+        self._abort_all(now)
+        for rid in rids:
+            self.outbox.append(RequestFailed(rid, event.code, event.message, True,
+                                             event.retry_after_s))
+
     # --- events: worker --------------------------------------------------------------------
 
-    def step_done(self, done: StepDone, now: float) -> None:
+    def _step_done(self, done: StepDone, now: float) -> None:
         plan, self.inflight = self.inflight, None
         if plan is None or done.step != plan.step:
             return  # a stale reply from before a restart
@@ -187,7 +282,8 @@ class SchedulerCore:
                 self._accept_token(self.requests[slot.rid], token, now)
         for slot in self.slots:
             self.pages.sync_slot(slot)
-        self.pages.staged_done(now, self._pinned())
+        if self.pages.staged:  # pinned pages: O(pages being restored), only when needed
+            self.pages.staged_done(now, self._pinned())
         for req in [r for r in self.requests.values() if r.cancelled and not r.reading]:
             self._finish(req, "cancelled", now)
         # One message per request per step, however many tokens a burst produced.
@@ -208,7 +304,16 @@ class SchedulerCore:
         self.budget.observe(done.num_decode_tokens, decode_cycle, done.num_prefill_tokens,
                             done.prefill_s)
 
-    def worker_restarted(self, slots: tuple[SlotContents, ...], namespace: bytes = b"",
+    def _worker_ready(self, msg: WorkerReady) -> None:
+        """A worker (re)started, or greets a restarted scheduler: its shape and slots."""
+        self.config = dataclasses.replace(self.config, trimmable=msg.trimmable,
+                                          num_slots=msg.num_slots, ctx=msg.ctx,
+                                          page_size=msg.page_size)
+        self.pages.page_size = msg.page_size
+        self._worker_restarted(msg.slots, msg.namespace, msg.shm_name, msg.num_buffers,
+                               msg.buffer_bytes, msg.state_bytes)
+
+    def _worker_restarted(self, slots: tuple[SlotContents, ...], namespace: bytes = b"",
                          shm_name: str = "", num_buffers: int = 0, buffer_bytes: int = 0,
                          state_bytes: int = 0) -> None:
         """The worker's slot memory is what it reports; requests in slots start over there."""
@@ -219,23 +324,36 @@ class SchedulerCore:
         contents = {s.slot: s.token_ids for s in slots}
         requeue = []
         for slot in self.slots:
-            slot.replace(contents.get(slot.index, ()))
             if slot.rid is not None:
                 requeue.append(slot.rid)
                 self._unplace(self.requests[slot.rid], release=False)  # a new pool
                 slot.rid = None
         self.waiting.extendleft(reversed(requeue))
+        if len(self.slots) != self.config.num_slots:
+            self.slots = [Slot(i) for i in range(self.config.num_slots)]
+        for slot in self.slots:
+            slot.replace(contents.get(slot.index, ()))
 
     # --- events: kvstore -------------------------------------------------------------------
 
-    def kvstore_restarted(self) -> None:
+    def _kvstore_restarted(self) -> None:
         """Reads sent to the old kvstore are lost: ask the new one again once it is attached.
         Writes are lost too: every slot's pages are checked against the new inventory again."""
-        self.pages.kvstore_restarted()
+        self.pages.kvstore_restarted()  # may send the writes in flight again...
         self._recheck_persisted()
         self.reads.lost(self.requests)
+        attach = self.pages.attach_message()
+        # ...after the new kvstore has the buffers they are in (messages of this event only).
+        self.pages.outbox[:0] = ([attach] if attach is not None else []) + [DescribeInventory()]
 
-    def pages_read(self, msg: PagesRead, now: float) -> None:
+    def _inventory(self, msg: InventoryDescribed, now: float) -> None:
+        self.pages.kvstore_inventory(msg.pages, msg.writable, now)
+        self.index_overdue = False
+        self.events.append(("kvstore.inventory", {
+            "num_pages": len(msg.pages), "disk_bytes": self.pages.tree.total_bytes,
+            "scan_s": round(msg.scan_s, 3), "writable": msg.writable, "error": msg.error}))
+
+    def _pages_read(self, msg: PagesRead, now: float) -> None:
         answer = self.reads.answered(msg, self.requests)
         if answer is None:
             return
@@ -246,11 +364,12 @@ class SchedulerCore:
             self.pages.release([b for _, b in good])
             good = []
             self.slots[req.slot].truncate(0, self.config.page_size)
-        req.loading = good
+        req.loading = req.loading + good  # a batch not yet loaded stays first
         if req.cancelled and not self._busy(req):
             self._finish(req, "cancelled", now)
+        self._issue_reads()  # the next batch is read while this one loads
 
-    def pages_written(self, msg: PagesWritten, now: float) -> None:
+    def _pages_written(self, msg: PagesWritten, now: float) -> None:
         self.pages.pages_written(msg, now)
         if msg.failed:
             self._recheck_persisted()
@@ -264,7 +383,7 @@ class SchedulerCore:
 
     # --- planning --------------------------------------------------------------------------
 
-    def plan_step(self, now: float) -> RunStep | None:
+    def _plan_step(self, now: float) -> RunStep | None:
         if self.inflight is not None:
             return None
         # Stage before admitting: staging reads a slot as the last step left it, before a new
@@ -330,7 +449,7 @@ class SchedulerCore:
             end = start + min(remaining, room)
             if not self.config.trimmable:
                 end = self._cut_at_state_point(req, start, end)
-            prefills.append(PrefillChunk(req.slot, start, req.feed[start:end]))
+            prefills.append(PrefillChunk(req.slot, start, tuple(req.feed[start:end])))
             used += end - start
             if req.first_chunk_at is None:
                 req.first_chunk_at = now
@@ -351,14 +470,14 @@ class SchedulerCore:
         if req is None or not self._remaining_prefill(req):
             points.add(end)  # decoding or idle: the newest state is where the next turn resumes
         else:
-            points.add((len(req.feed) - 1) // P * P)  # the last page end of the context
+            points.add(req.num_context // P * P)  # the last page end of the context
             points.add(req.branch_point)
         return points
 
     def _cut_at_state_point(self, req: Request, start: int, end: int) -> int:
         """End a hybrid prefill chunk exactly at the next snapshot point, if it is inside."""
         P, interval = self.config.page_size, self.config.state_interval
-        last_page_end = (len(req.feed) - 1) // P * P
+        last_page_end = req.num_context // P * P
         next_interval = (start // interval + 1) * interval
         for point in sorted({last_page_end, next_interval, req.branch_point}):
             if start < point < end:
@@ -379,17 +498,10 @@ class SchedulerCore:
             if placement is None and self._interactive(req, now) and \
                     self._preempt_background(now):
                 placement = self._place(req)
-            if placement is None or self._would_lose_pages(placement):
+            if placement is None:
                 break
             self._apply(req, placement, now)
             self.waiting.remove(rid)
-
-    def _would_lose_pages(self, p: Placement) -> bool:
-        """Displacing a slot whose pages are still on their way to disk waits for them (a
-        kvstore killed meanwhile would lose them; its successor gets them again)."""
-        keep = p.reused if p.copy_from is None else 0
-        return (p.displaced > 0 and not self.index_overdue
-                and self.pages.unsaved(self.slots[p.slot], keep))
 
     def _preempt_background(self, now: float) -> bool:
         """Give an interactive request the slot of a background one (the newest to arrive).
@@ -410,19 +522,25 @@ class SchedulerCore:
         return True
 
     def _place(self, req: Request) -> Placement | None:
-        context = req.feed[:-1]
+        """Where the request runs and where its prefix comes from; None: no slot is free.
+
+        Costs O(pages) of the context, not O(tokens): the request's page chain grows as its
+        pages fill, and slots are matched by page ids (docs/design.md "Scheduling")."""
+        if not any(s.free for s in self.slots):
+            return None  # nothing to choose from: decided again when a slot frees
         cfg = self.config
-        chain = self.pages.chain(context)
-        on_disk = self.pages.disk_prefix(chain, context, cfg.trimmable)
+        feed, n, P = req.feed, req.num_context, cfg.page_size
+        chain = req.context_chain(self.pages.chain_namespace, P)
+        on_disk = self.pages.disk_prefix(chain, feed, n, cfg.trimmable)
         disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
         matches = {}
         for slot in self.slots:
-            m = common_prefix_len(slot.tokens, context)
-            if cfg.trimmable or m == len(slot.tokens):
+            self.pages.sync_slot(slot)
+            m = usable_match(slot, slot.shared_prefix(chain, feed, n, P), cfg.trimmable)
+            if m:
                 matches[slot.index] = m
-        sources = Sources(context, disk_tokens, matches, cfg.page_size, cfg.trimmable)
-        persisted = {s.index: self.pages.persisted_tokens(s, reusable(s, context,
-                                                                      cfg.trimmable))
+        sources = Sources(n, disk_tokens, matches, P, cfg.trimmable)
+        persisted = {s.index: self.pages.persisted_tokens(s, matches.get(s.index, 0))
                      for s in self.slots if s.free}
         placement = choose_slot(self.slots, sources, persisted)
         if not cfg.trimmable and self.pages.enabled:
@@ -440,7 +558,8 @@ class SchedulerCore:
         slot = self.slots[p.slot]
         P = self.config.page_size
         if p.copy_from is not None:
-            slot.replace(self.slots[p.copy_from].tokens[:p.copied])
+            src = self.slots[p.copy_from]
+            slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // P])
             self._copies.append(CopyPrefix(p.copy_from, p.slot, p.copied))
         else:
             slot.truncate(p.reused, P)  # the worker trims to the first command's start
@@ -470,7 +589,10 @@ class SchedulerCore:
             return  # kvstore (re)starting: reads wait until it has attached the buffers
         for slot in self.slots:
             req = self.requests.get(slot.rid) if slot.rid else None
-            if req is not None and req.restore_pages and not (req.reading or req.loading):
+            # Read ahead while a batch loads; a hybrid slot takes its batches one at a time
+            # (a miss may make the slot unusable below a page that carries its state).
+            if req is not None and req.restore_pages and not req.reading \
+                    and (self.config.trimmable or not req.loading):
                 read = self.reads.issue(req)
                 if read is not None:
                     self.outbox.append(read)
@@ -498,7 +620,7 @@ class SchedulerCore:
         return pinned
 
     def _remaining_prefill(self, req: Request) -> int:
-        return len(req.feed) - 1 - len(self.slots[req.slot].tokens)
+        return req.num_context - len(self.slots[req.slot].tokens)
 
     def _decode_item(self, req: Request) -> DecodeItem:
         slot = self.slots[req.slot]
@@ -510,7 +632,7 @@ class SchedulerCore:
         req = self.requests[self.slots[item.slot].rid]
         room = self.config.ctx - (item.position + 1)  # tokens the slot can still take
         limit = min(burst, req.max_tokens - len(req.generated), room)
-        return dataclasses.replace(item, max_tokens=max(1, limit))
+        return msgspec.structs.replace(item, max_tokens=max(1, limit))
 
     # --- finishing -------------------------------------------------------------------------
 
@@ -521,7 +643,7 @@ class SchedulerCore:
             req.first_token_at = now
         if token in req.stop_token_ids:
             return self._finish(req, "stop", now)
-        req.generated.append(token)
+        req.add_token(token)
         self._unsent.setdefault(req.rid, []).append(token)
         context_full = len(req.feed) + 1 > self.config.ctx
         if len(req.generated) >= req.max_tokens or context_full:
@@ -555,8 +677,6 @@ class SchedulerCore:
                 self.outbox.append(TokensGenerated(req.rid, tuple(unsent)))
             self.outbox.append(RequestFinished(req.rid, reason, len(req.prompt), req.num_cached,
                                                len(req.generated)))
-
-    # --- views -----------------------------------------------------------------------------
 
     @property
     def num_waiting(self) -> int:

@@ -30,6 +30,8 @@ from scheduler.page_tree import DiskPageTree
 from scheduler.requests import Slot
 
 FLAG_RECURRENT_STATE = 1
+# Page ids match slots to requests even with no page store (no worker namespace yet).
+_LOCAL_NAMESPACE = b"switchyard-local"
 # Header bytes per page file, an upper bound for budget arithmetic (P=256 needs 1152).
 _HEADER_ALLOWANCE = 4096
 # After the disk refused pages (full, read-only), try persisting again this much later.
@@ -95,11 +97,12 @@ class PageCache:
             self._send_pool()
 
     def kvstore_restarted(self) -> None:
+        """Writes sent to the old kvstore may be lost; their buffers still hold the pages (the
+        slot that computed them may hold other tokens by now): send them to the new one."""
         self.kvstore_attached = False
         self.pool_sent = False
-        for pending in self.writing.values():
-            self._release([pending.write.buffer])
-        self.writing.clear()
+        if self.writing:
+            self.outbox.append(WritePages(tuple(p.write for p in self.writing.values())))
 
     def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float) -> None:
         # Foreign pages join the tree too: they never match, and age out like any other.
@@ -129,6 +132,11 @@ class PageCache:
     def enabled(self) -> bool:
         return bool(self.namespace) and self.allocator is not None and self.kvstore_attached
 
+    @property
+    def chain_namespace(self) -> bytes:
+        """The namespace slot and request page ids are computed in."""
+        return self.namespace or _LOCAL_NAMESPACE
+
     def chain(self, tokens) -> list[bytes]:
         return chain_page_ids(self.namespace, tokens, self.page_size) if self.namespace else []
 
@@ -136,37 +144,24 @@ class PageCache:
         """Extend the slot's page ids to cover its full pages (truncation already cut them)."""
         full = len(slot.tokens) // self.page_size
         have = len(slot.page_ids)
-        if self.namespace and have < full:
+        if have < full:
             parent = slot.page_ids[-1] if have else ROOT_ID
             slot.page_ids += chain_page_ids(
-                self.namespace, slot.tokens[have * self.page_size:full * self.page_size],
+                self.chain_namespace, slot.tokens[have * self.page_size:full * self.page_size],
                 self.page_size, parent)
 
-    def unsaved(self, slot: Slot, keep: int) -> bool:
-        """Whether pages of the slot past its first `keep` tokens are staged or being written
-        and not yet on disk: until kvstore says so, the slot holds their only copy."""
-        inflight = self.staged.keys() | self.writing.keys()
-        if not inflight:
-            return False
-        P = self.page_size
-        if any(pid in inflight for pid in slot.page_ids[keep // P:]):
-            return True
-        start = len(slot.tokens) // P * P
-        if start == len(slot.tokens) or start < keep // P * P or not self.namespace:
-            return False
-        parent = slot.page_ids[start // P - 1] if start else ROOT_ID
-        return page_id(self.namespace, parent, tuple(slot.tokens[start:])) in inflight
-
-    def disk_prefix(self, chain: list[bytes], context, trimmable: bool) -> list[DiskPage]:
-        """The pages of `context` (whose full pages are `chain`) restorable from disk, from
-        its start: full pages, then the tail stored where a conversation's turn ended.
-        A hybrid model restores to a page carrying the recurrent state."""
+    def disk_prefix(self, chain: list[bytes], tokens, n: int, trimmable: bool
+                    ) -> list[DiskPage]:
+        """The pages of the context `tokens[:n]` (whose full pages are `chain`) restorable
+        from disk, from its start: full pages, then the tail stored where a conversation's
+        turn ended. A hybrid model restores to a page carrying the recurrent state."""
         if not self.enabled:
             return []
         P = self.page_size
-        n = self.tree.longest_prefix(chain)
-        pages = [DiskPage(k * P, P, chain[k]) for k in range(n)]
-        tail = self._tail_after(chain[n - 1] if n else ROOT_ID, context, n * P)
+        n_pages = self.tree.longest_prefix(chain)
+        pages = [DiskPage(k * P, P, chain[k]) for k in range(n_pages)]
+        tail = self._tail_after(chain[n_pages - 1] if n_pages else ROOT_ID, tokens, n,
+                                n_pages * P)
         if tail is not None and (trimmable or tail.page_id in self.state_pages):
             return pages + [tail]
         if not trimmable:
@@ -174,11 +169,11 @@ class PageCache:
                 pages.pop()
         return pages
 
-    def _tail_after(self, parent: bytes, context, start: int) -> DiskPage | None:
+    def _tail_after(self, parent: bytes, tokens, end: int, start: int) -> DiskPage | None:
         best = None
         for tail_id, n in self.tails.get(parent, {}).items():
-            if start + n <= len(context) and (best is None or n > best.num_tokens):
-                if page_id(self.namespace, parent, context[start:start + n]) == tail_id:
+            if start + n <= end and (best is None or n > best.num_tokens):
+                if page_id(self.namespace, parent, tokens[start:start + n]) == tail_id:
                     best = DiskPage(start, n, tail_id)
         return best
 

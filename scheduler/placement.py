@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.requests import Slot, common_prefix_len
+from scheduler.requests import Slot
 
 # Cost of a token relative to prefilling it. Restoring reads and verifies a page from disk
 # (~1 GB/s) and copies it into the slot; copying is a memory copy inside the worker.
@@ -42,25 +42,27 @@ class Placement:
 
 @dataclass(frozen=True)
 class Sources:
-    """Where a request's prefix exists outside the candidate slot."""
+    """Where a request's prefix exists: in slots (reuse, copy) and on disk."""
 
-    context: tuple[int, ...]
+    num_tokens: int  # the request's context (what must be in the slot before it decodes)
     disk_tokens: int  # tokens restorable from disk from the start (whole pages)
-    slot_matches: dict[int, int]  # slot index -> tokens it can provide by copy
+    # Slot index -> tokens of the context it holds and can give (see `usable_match`).
+    slot_matches: dict[int, int]
     page_size: int
     trimmable: bool
 
 
-def reusable(slot: Slot, context: tuple[int, ...], trimmable: bool) -> int:
-    match = common_prefix_len(slot.tokens, context)
-    if not trimmable and match < len(slot.tokens):
+def usable_match(slot: Slot, shared: int, trimmable: bool) -> int:
+    """Of the `shared` leading tokens a slot has in common with a context, those it can give
+    (keep, or copy to another slot)."""
+    if not trimmable and shared < len(slot.tokens):
         return 0  # recurrent state cannot be rewound: only a pure extension reuses a slot
-    return match
+    return shared
 
 
 def options_for(slot: Slot, src: Sources, persisted_beyond: int) -> list[Placement]:
-    n = len(src.context)
-    r = reusable(slot, src.context, src.trimmable)
+    n = src.num_tokens
+    r = src.slot_matches.get(slot.index, 0)
     displaced = len(slot.tokens) - r
     lost = (displaced - persisted_beyond) + RESTORE_COST * persisted_beyond
     base = dict(slot=slot.index, displaced=displaced, displaced_cost=lost)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proto.messages import PRIORITY_INTERACTIVE, SamplingParams
+from proto.page_ids import ROOT_ID, chain_page_ids
 
 
 @dataclass
@@ -44,20 +46,45 @@ class Request:
     first_chunk_at: float | None = None
     prefilled_at: float | None = None
     num_waited_tokens: int = 0
+    # Every token the model must see: the prompt, then what it generated so far. All but the
+    # last are prefilled into the slot; the last is the next decode input, so there is always
+    # at least one token to run (F11) and the first output token comes from a one-token
+    # forward pass, exactly as mlx_lm.generate does. Grown in place (`add_token`), never
+    # rebuilt: per-step work must not depend on the context's length (docs/design.md
+    # "Scheduling").
+    feed: list[int] = field(init=False)
+    # Ids of the full pages of the context (`feed[:-1]`) under `chain_namespace`, extended as
+    # pages fill: each page is hashed once.
+    page_ids: list[bytes] = field(init=False, default_factory=list)
+    chain_namespace: bytes = field(init=False, default=b"")
+
+    def __post_init__(self) -> None:
+        self.feed = [*self.prompt, *self.generated]
 
     @property
     def restoring(self) -> bool:
         return bool(self.restore_pages or self.reading or self.loading)
 
     @property
-    def feed(self) -> tuple[int, ...]:
-        """Every token the model must see: the prompt, then what it generated so far.
+    def num_context(self) -> int:
+        """Tokens whose KV the slot must hold before the next decode: all but the last."""
+        return len(self.feed) - 1
 
-        All but the last are prefilled into the slot; the last is the next decode input, so
-        there is always at least one token to run (F11) and the first output token comes from a
-        one-token forward pass, exactly as mlx_lm.generate does.
-        """
-        return self.prompt + tuple(self.generated)
+    def add_token(self, token: int) -> None:
+        self.generated.append(token)
+        self.feed.append(token)
+
+    def context_chain(self, namespace: bytes, page_size: int) -> list[bytes]:
+        """The page ids of the context's full pages, hashing only pages filled since the
+        last call (the way vLLM's block hashes and nano-vllm's Sequence do it)."""
+        if namespace != self.chain_namespace:
+            self.page_ids, self.chain_namespace = [], namespace
+        full, have = self.num_context // page_size, len(self.page_ids)
+        if have < full:
+            parent = self.page_ids[-1] if have else ROOT_ID
+            self.page_ids += chain_page_ids(
+                namespace, self.feed[have * page_size:full * page_size], page_size, parent)
+        return self.page_ids
 
     @property
     def interactive(self) -> bool:
@@ -88,15 +115,37 @@ class Slot:
         del self.page_ids[length // page_size:]
         self.num_persisted = min(self.num_persisted, len(self.page_ids))
 
-    def replace(self, tokens) -> None:
+    def replace(self, tokens, page_ids=()) -> None:
+        """New contents; `page_ids`: ids of its leading full pages, when known."""
         self.tokens = list(tokens)
-        self.page_ids = []
+        self.page_ids = list(page_ids)
         self.num_persisted = 0
 
+    def shared_prefix(self, chain: list[bytes], tokens: list[int], n: int,
+                      page_size: int) -> int:
+        """Tokens this slot shares with `tokens[:n]`, whose full pages are `chain`.
 
-def common_prefix_len(a: list[int] | tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = min(len(a), len(b))
+        Page ids name their whole prefix (docs/design.md "KV pages"): if page k matches, so
+        does every page before it. So a binary search finds the first differing page, and at
+        most one page of tokens is compared. `page_ids` must cover every full page (synced).
+        """
+        ids = self.page_ids
+        lo, hi = 0, min(len(ids), len(chain))
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ids[mid] == chain[mid]:
+                lo = mid + 1
+            else:
+                hi = mid
+        start = lo * page_size
+        end = min(len(self.tokens), n, start + page_size)
+        return start + common_prefix_len(self.tokens[start:end], tokens[start:end])
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     i = 0
-    while i < n and a[i] == b[i]:
+    for x, y in zip(a, b):  # iterating beats indexing, for a TokenIds above all
+        if x != y:
+            break
         i += 1
     return i

@@ -1,9 +1,10 @@
 """Disk reads for requests being restored: batches of pages read into shared buffers.
 
 kvstore answers reads in the order they were sent, so the batches in flight are a queue. A
-request keeps the batch it waits for in `req.reading`; a batch whose request finished or
-moved meanwhile only gives its buffers back. Pure bookkeeping: the core sends what
-`issue` returns.
+request keeps the batch it waits for in `req.reading` and the pages read but not yet loaded
+in `req.loading`: the next batch is read while the worker loads the last one. A batch whose
+request finished or moved meanwhile only gives its buffers back. Pure bookkeeping: the core
+sends what `issue` returns.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from proto.messages import LoadPages, PageRead, PagesRead, ReadPages
 from scheduler.page_cache import PageCache
 from scheduler.requests import Request
 
-# Pages read per batch: bounds the buffers one restore holds at a time.
+# Pages read per batch: bounds the buffers one restore holds at a time. A batch takes at most
+# half the buffer pool, so the next one can be read while it loads (docs/design.md "Restores").
 RESTORE_BATCH = 64
+# The first batch is smaller: the worker starts loading while the rest is read.
+RESTORE_FIRST_BATCH = 16
 
 
 class DiskReads:
@@ -32,7 +36,10 @@ class DiskReads:
 
     def issue(self, req: Request) -> ReadPages | None:
         """Read the request's next pages, as many as free buffers allow (None: wait)."""
-        n = min(len(req.restore_pages), RESTORE_BATCH)
+        pool = self.pages.allocator.num_buffers if self.pages.allocator else 0
+        first = req.num_restored == 0 and not req.loading
+        n = min(len(req.restore_pages), RESTORE_FIRST_BATCH if first else RESTORE_BATCH,
+                max(1, pool // 2))
         buffers = None
         while n and buffers is None:
             buffers = self.pages.acquire(n)
@@ -43,10 +50,9 @@ class DiskReads:
         del req.restore_pages[:len(batch)]
         req.reading = batch
         self.in_flight.append((req.rid, batch))
-        context = req.feed[:-1]
+        feed = req.feed  # pages lie within the context: slices of it, no copy of the whole
         return ReadPages(tuple(
-            PageRead(p.page_id, tuple(context[p.start:p.start + p.num_tokens]), b)
-            for p, b in batch))
+            PageRead(p.page_id, feed[p.start:p.start + p.num_tokens], b) for p, b in batch))
 
     def answered(self, msg: PagesRead, requests: dict[str, Request]):
         """The oldest batch came back: (request, pages read in order up to the first miss,
@@ -86,7 +92,11 @@ def load_of(req: Request, trimmable: bool) -> LoadPages:
     """The step command that loads the request's batch that was read."""
     batch, req.loading = req.loading, []
     first, last = batch[0][0], batch[-1][0]
-    tokens = tuple(req.feed[first.start:last.start + last.num_tokens])
+    tokens = req.feed[first.start:last.start + last.num_tokens]
     req.num_restored += len(tokens)
     with_state = not trimmable and not req.restore_pages
-    return LoadPages(req.slot, first.start, tuple(b for _, b in batch), tokens, with_state)
+    # The slot makes room for the whole context at the restore's first load: later batches
+    # and the prefill after them write in place instead of growing (copying) the slot.
+    reserve = max(0, len(req.feed) - 1 - (first.start + len(tokens)))
+    return LoadPages(req.slot, first.start, tuple(b for _, b in batch), tokens, with_state,
+                     reserve)

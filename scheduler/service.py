@@ -50,6 +50,15 @@ from proto.service_loop import StopFlag
 from proto.settings import Settings, format_size
 from proto.sockets import bind_router, send_to
 from scheduler.core import CoreConfig, SchedulerCore
+from scheduler.events import (
+    Effects,
+    FailAll,
+    GatewayRestarted,
+    IndexOverdue,
+    KvstoreRestarted,
+    PlanStep,
+    WorkerLost,
+)
 from scheduler.eviction import budget_report
 from scheduler.stats import SchedulerStats
 from scheduler.status import build_status, write_status
@@ -90,7 +99,9 @@ class SchedulerService:
         self.worker_boot_synced: str | None = None
         self.worker_down_since: float | None = time.time()
         self.kvstore_ready = False
+        self._plan_s = 0.0  # planning time of the step in flight (logged when it is done)
         self.kvstore_down_since: float | None = time.time()  # no page index yet
+        self.index_overdue = False  # told to the core (IndexOverdue) when it changes
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
         self.ctx = zmq.Context()
         self.sock = bind_router(self.ctx, self.endpoints.scheduler)
@@ -110,26 +121,24 @@ class SchedulerService:
                 return False  # that peer is not connected (now); heartbeats will find it
             raise
 
-    def flush(self) -> None:
-        """Send what the core queued, each message to its peer; log what it recorded."""
-        for msg in self.core.take_outbox():
+    def apply(self, effects: Effects) -> None:
+        """Carry out what the core decided: each message to its peer, logs, finished records."""
+        for msg in effects.messages:
             if isinstance(msg, RequestFailed):
                 self.stats.request_failed(msg.code)
             if not self._send(_DESTINATION[type(msg)], msg) and isinstance(msg, RunStep):
                 # The worker is not connected: wait for it to greet us again (a restarted
                 # worker resets the slots and buffers this plan referred to).
-                self.core.inflight = None
                 self.worker_down_since = self.worker_down_since or time.time()
-        for event, fields in self.core.events:
+                self.apply(self.core.handle(WorkerLost(), time.time()))
+        for event, fields in effects.logs:
             level = "warning" if event in ("kv.thrash", "kv.persistence_off",
                                            "kv.budget_exhausted") else "info"
             getattr(self.log, level)(event, **fields)
-        self.core.events.clear()
         now = time.time()
-        for rec in self.core.finished:
+        for rec in effects.finished:
             self.stats.request_finished(rec, now)
             self.log.info("request.finished", **dataclasses.asdict(rec))
-        self.core.finished.clear()
 
     def _heartbeat(self) -> None:
         self._send(ROLE_GATEWAY, GroupState(self.boot_id, self.worker_ready, self.kvstore_ready,
@@ -146,26 +155,25 @@ class SchedulerService:
         elif role not in self.peer_boot:
             # A peer from before our start: make it greet us first.
             self._send(role, Hello(PROTOCOL_VERSION, self.boot_id, ROLE_SCHEDULER, os.getpid()))
-        elif isinstance(msg, SubmitRequest):
-            self.core.submit(msg, now)
-        elif isinstance(msg, CancelRequest):
-            self.core.cancel(msg.rid, now)
+        elif isinstance(msg, (SubmitRequest, CancelRequest, PagesWritten, PagesRead)):
+            self.apply(self.core.handle(msg, now))
         elif isinstance(msg, StepDone):
-            self.core.step_done(msg, now)
+            t0 = time.perf_counter()
+            effects = self.core.handle(msg, now)
+            done_s = time.perf_counter() - t0
+            self.apply(effects)
             self.stats.step_done(msg.duration_s)
+            # plan_ms + done_ms: the scheduler's own time per step (docs/design.md "Scheduling").
             self.log.debug("step.finished", step=msg.step, batch=msg.num_decode_tokens,
                            num_prefill_tokens=msg.num_prefill_tokens,
                            step_ms=round(msg.duration_s * 1e3, 2),
                            decode_ms=round(msg.decode_s * 1e3, 2),
-                           prefill_ms=round(msg.prefill_s * 1e3, 2))
+                           prefill_ms=round(msg.prefill_s * 1e3, 2),
+                           plan_ms=round(self._plan_s * 1e3, 3), done_ms=round(done_s * 1e3, 3))
         elif isinstance(msg, WorkerReady):
             self._on_worker_ready(msg)
         elif isinstance(msg, InventoryDescribed):
             self._on_inventory(msg, now)
-        elif isinstance(msg, PagesWritten):
-            self.core.pages_written(msg, now)
-        elif isinstance(msg, PagesRead):
-            self.core.pages_read(msg, now)
         elif isinstance(msg, PagesDeleted):
             self.log.debug("kv.deleted", num_pages=len(msg.page_ids),
                            freed_bytes=msg.freed_bytes)
@@ -185,42 +193,35 @@ class SchedulerService:
         self.log.info("peer.connected", peer=role, peer_boot_id=msg.boot_id, peer_pid=msg.pid,
                       restarted=previous is not None)
         if role == ROLE_GATEWAY and previous is not None:
-            self.core.abort_all(now)  # its HTTP requests are gone with it
+            self.apply(self.core.handle(GatewayRestarted(), now))  # its requests are gone
         elif role == ROLE_WORKER and previous is not None:
             self.worker_down_since = self.worker_down_since or now
-            self.core.inflight = None
+            self.apply(self.core.handle(WorkerLost(), now))
         elif role == ROLE_KVSTORE:
             self.kvstore_ready = False
             self.kvstore_down_since = self.kvstore_down_since or now
-            self.core.kvstore_restarted()
-            attach = self.core.pages.attach_message()
-            if attach is not None:
-                self._send(ROLE_KVSTORE, attach)
-            self._send(ROLE_KVSTORE, DescribeInventory())
+            self.apply(self.core.handle(KvstoreRestarted(), now))  # attach, ask inventory
 
     def _on_inventory(self, msg: InventoryDescribed, now: float) -> None:
-        self.core.pages.kvstore_inventory(msg.pages, msg.writable, now)
         self.kvstore_ready = True
         self.kvstore_down_since = None
-        self.core.index_overdue = False
-        tree = self.core.pages.tree
-        self.log.info("kvstore.inventory", num_pages=len(msg.pages), disk_bytes=tree.total_bytes,
-                      scan_s=round(msg.scan_s, 3), writable=msg.writable, error=msg.error)
+        self.index_overdue = False  # the core drops it with the inventory
+        self.apply(self.core.handle(msg, now))
 
     def _on_worker_ready(self, msg: WorkerReady) -> None:
         if msg.boot_id == self.worker_boot_synced and self.worker_down_since is None:
             return
-        self.core.config = dataclasses.replace(self.core.config, trimmable=msg.trimmable,
-                                               num_slots=msg.num_slots, ctx=msg.ctx,
-                                               page_size=msg.page_size)
-        self.core.worker_restarted(msg.slots, msg.namespace, msg.shm_name, msg.num_buffers,
-                                   msg.buffer_bytes, msg.state_bytes)
+        self.apply(self.core.handle(msg, time.time()))
         self.worker_boot_synced = msg.boot_id
         self.worker_down_since = None
         self.log.info("worker.ready", worker_boot_id=msg.boot_id, model_type=msg.model_type,
                       slots=msg.num_slots, ctx=msg.ctx, trimmable=msg.trimmable,
                       resident_tokens=sum(len(s.token_ids) for s in msg.slots),
                       num_page_buffers=msg.num_buffers, page_buffer_bytes=msg.buffer_bytes)
+        if not msg.num_buffers:  # the model's cache cannot be paged: nothing goes to disk
+            print("switchyard: KV pages off for this model (see the worker's start-up line); "
+                  "the disk budget is unused", flush=True)
+            return
         report = budget_report(msg.kv_bytes_per_token, self.settings.kv_disk_budget_bytes)
         self.log.info("kv.budget", kv_bits=self.settings.kv_bits, **report)
         bits = f", {self.settings.kv_bits}-bit KV" if self.settings.kv_bits else ""
@@ -235,35 +236,31 @@ class SchedulerService:
     def check_peers(self, now: float) -> None:
         timeout = self.settings.peer_timeout_s
         silent = now - self.last_seen.get(ROLE_WORKER, 0.0)
-        limit = _STEP_SILENCE_LIMIT_S if self.core.inflight is not None else timeout
+        limit = _STEP_SILENCE_LIMIT_S if self.core.step_in_flight else timeout
         if self.worker_down_since is None and silent > limit:
             self.log.warning("worker.lost", silent_s=round(silent, 1))
             self.worker_down_since = now
-            self.core.inflight = None
+            self.apply(self.core.handle(WorkerLost(), now))
         if (self.worker_down_since is not None
                 and now - self.worker_down_since > timeout * _WORKER_GRACE_FACTOR):
             self._fail_everything("the model worker is unavailable", now)
         if self.kvstore_ready and now - self.last_seen.get(ROLE_KVSTORE, 0.0) > timeout:
             self.log.warning("kvstore.lost")
             self.kvstore_ready = False
-            # A slot waiting for its pages to reach disk waits for it at most the grace below.
-            self.kvstore_down_since = self.kvstore_down_since or now
         # Requests wait for the page index while kvstore starts (docs/design.md "Processes");
         # one that stays away this long is not waited for: serve without disk pages.
         overdue = (self.kvstore_down_since is not None
                    and now - self.kvstore_down_since > timeout * _WORKER_GRACE_FACTOR)
-        if overdue and not self.core.index_overdue:
-            self.log.warning("kvstore.index_overdue",
-                             waited_s=round(now - self.kvstore_down_since, 1))
-        self.core.index_overdue = overdue
+        if overdue != self.index_overdue:
+            if overdue:
+                self.log.warning("kvstore.index_overdue",
+                                 waited_s=round(now - self.kvstore_down_since, 1))
+            self.index_overdue = overdue
+            self.apply(self.core.handle(IndexOverdue(overdue), now))
 
     def _fail_everything(self, reason: str, now: float) -> None:
-        rids = list(self.core.requests)
-        self.core.abort_all(now)
-        for rid in rids:
-            self.stats.request_failed("component_restarted")
-            self._send(ROLE_GATEWAY, RequestFailed(rid, "component_restarted", reason, True,
-                                                   self.settings.heartbeat_s * 2))
+        self.apply(self.core.handle(FailAll("component_restarted", reason,
+                                            self.settings.heartbeat_s * 2), now))
 
     def write_status(self) -> None:
         write_status(self.endpoints.status_file, build_status(self, time.time()))
@@ -296,8 +293,11 @@ class SchedulerService:
                         continue
                     self.handle(identity.decode(), msg, time.time())
             if self.worker_ready:
-                self.core.plan_step(time.time())
-            self.flush()
+                t0 = time.perf_counter()
+                effects = self.core.handle(PlanStep(), time.time())
+                if effects.step is not None:
+                    self._plan_s = time.perf_counter() - t0
+                self.apply(effects)
 
     def close(self) -> None:
         self.endpoints.status_file.unlink(missing_ok=True)

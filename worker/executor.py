@@ -38,10 +38,15 @@ class StepExecutor:
                               stage.with_state, stage.num_tokens)
         for copy in step.copies:
             store.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens)
+        load_started = time.perf_counter()
         for load in step.loads:
             cache = store.loaded(load.slot, load.start, list(load.token_ids))
+            # Room for the context and an eighth more, within --ctx: a conversation that
+            # grows turn by turn re-allocates its slot rarely (docs/design.md "Restores").
+            end = load.start + len(load.token_ids)
+            reserve = min(store.ctx - end, load.reserve + (end + load.reserve) // 8)
             self.layout.load(cache, load.start, [self._buffer(b) for b in load.buffers],
-                             load.with_state, len(load.token_ids))
+                             load.with_state, len(load.token_ids), max(0, reserve))
         decode_started = time.perf_counter()
         sampled = self._decode(step) if step.decodes else ()
         prefill_started = time.perf_counter()
@@ -52,12 +57,13 @@ class StepExecutor:
             step=step.step, sampled=sampled,
             num_prefill_tokens=sum(len(c.token_ids) for c in step.prefills),
             num_decode_tokens=len(step.decodes), duration_s=done - started,
-            decode_s=prefill_started - decode_started, prefill_s=done - prefill_started)
+            decode_s=prefill_started - decode_started, prefill_s=done - prefill_started,
+            load_s=decode_started - load_started)
 
     def _decode(self, step: RunStep) -> tuple[SampledToken, ...]:
         """Batched decode iterations; a sequence drops out at a stop token or its limit."""
         constrained = self._sync_constraints(step.decodes)
-        if (len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.trimmable
+        if (len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.drops_last_token
                 and not constrained):
             return self._decode_pipelined(step.decodes[0], step.num_decode_steps)
         active = [[d, d.position, d.token_id, 0] for d in step.decodes]  # item, pos, input, n

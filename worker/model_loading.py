@@ -58,19 +58,24 @@ class LoadedModel:
     def has_recurrent_state(self) -> bool:
         """True when some layer keeps a state that cannot be split per token (ArraysCache,
         rotating windows, ...): such a model cannot be restored from KV pages alone."""
-        return not all(is_attention_kv(c) for c in self.make_cache())
+        from worker.cache_kinds import rewindable
+
+        return not rewindable(self.make_cache())
 
     @cached_property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of keys + values one token adds, over the attention (KVCache) layers only.
+        """Bytes of keys + values one token adds, over the attention (KVCache) layers only
+        (members of a CacheList included; sliding-window rings do not grow per token).
 
         Measured with a one-token forward pass rather than derived from the config, so it is right
         for any architecture (head_dim overrides, MLA, partial attention layers) and any KV dtype
         or quantization.
         """
+        from worker.cache_kinds import leaves
+
         cache = self.make_cache()
         self.model(mx.array([[0]]), cache=cache)
-        return kv_bytes_per_token(cache)
+        return kv_bytes_per_token(leaves(cache))
 
 
 def load_model(ref: str, kv_quant: KVQuant | None = None) -> LoadedModel:

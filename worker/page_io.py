@@ -3,8 +3,10 @@
 A page payload is, for every attention layer (mlx-lm `KVCache`) in cache order, its keys then
 its values for the page's tokens, `[n_kv_heads, page_size, head_dim]` each, in the cache dtype;
 with quantized KV each is its packed values, scales and biases (worker/kv_layout.py).
-A restore point (hybrid models) appends every recurrent layer's state arrays (`ArraysCache`).
-Only this module knows the layout; kvstore stores the bytes opaquely.
+A restore point (hybrid models) appends every recurrent layer's state arrays (`ArraysCache`)
+and every sliding-window layer's ring snapshot (`RotatingKVCache`, worker/cache_kinds.py).
+Members of a `CacheList` count as layers of their own. Only this module knows the layout;
+kvstore stores the bytes opaquely.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx.utils import tree_map
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
+from worker.cache_kinds import leaves, window_copy, window_restore, window_shapes, window_snapshot
 from worker.kv_layout import copy_tokens, is_attention_kv, set_token_arrays, token_arrays
 
-_NP_DTYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.uint32: np.uint32}
+_NP_DTYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.uint32: np.uint32,
+              mx.int32: np.int32}
 
 
 class PageLayoutError(RuntimeError):
@@ -37,6 +42,7 @@ class _Array:
 class PageLayout:
     def __init__(self, cache: list, page_size: int):
         """`cache` must have seen at least one token, so every array exists."""
+        cache = leaves(cache)
         self.page_size = page_size
         self.kv_layers: list[int] = []
         self.state_layers: list[int] = []
@@ -51,6 +57,10 @@ class PageLayout:
             elif type(c) is ArraysCache:
                 self.state_layers.append(i)
                 self._state.append([_Array(tuple(a.shape[1:]), _np_dtype(a)) for a in c.cache])
+            elif type(c) is RotatingKVCache:
+                self.state_layers.append(i)
+                self._state.append([_Array(shape, _NP_DTYPES[_checked(dtype)])
+                                    for shape, dtype in window_shapes(c)])
             else:
                 raise PageLayoutError(f"{type(c).__name__} layers cannot be stored as pages")
         self.dtype_name = "+".join(sorted({np.dtype(a.dtype).name
@@ -73,11 +83,12 @@ class PageLayout:
         """Copy tokens [start, start + num_tokens) (a full page when 0), and the state when
         asked, into `out` (uint8)."""
         end = start + (num_tokens or self.page_size)
+        cache = leaves(cache)
         arrays = []
         for i in self.kv_layers:
             arrays += [a[0, :, start:end, :] for a in token_arrays(cache[i])]
         if with_state:
-            arrays += [a[0] for i in self.state_layers for a in cache[i].cache]
+            arrays += [a for i in self.state_layers for a in _state_arrays(cache[i])]
         mx.eval(arrays)
         offset = 0
         for a in arrays:
@@ -89,12 +100,14 @@ class PageLayout:
     # --- buffers -> slot -------------------------------------------------------------------
 
     def load(self, cache: list, start: int, pages: list[np.ndarray], with_state: bool,
-             num_tokens: int) -> None:
+             num_tokens: int, reserve: int = 0) -> None:
         """Append `pages` (uint8 buffers) holding `num_tokens` tokens after the first `start`
-        tokens of `cache`. All pages are full but the last, which may be a tail."""
+        tokens of `cache`. All pages are full but the last, which may be a tail. `reserve`:
+        tokens that will follow (later loads, the prefill after them), given room now."""
+        cache = leaves(cache)
         last = num_tokens - (len(pages) - 1) * self.page_size
         counts = [self.page_size] * (len(pages) - 1) + [last]
-        capacity = _round_up(start + num_tokens + 1, KVCache.step)
+        capacity = _round_up(start + num_tokens + reserve + 1, KVCache.step)
         for index, specs in enumerate(self._kv):
             layer = cache[self.kv_layers[index]]
             parts: list[list[np.ndarray]] = [[] for _ in specs]
@@ -104,7 +117,8 @@ class PageLayout:
                     sized = _resized(spec, n)
                     part.append(_view(buf, offset, sized))
                     offset += sized.nbytes
-            existing = token_arrays(layer) if start else [None] * len(specs)
+            # Even at start 0: a slot's kept buffers are written in place (worker/slots.py).
+            existing = token_arrays(layer) if layer.keys is not None else [None] * len(specs)
             set_token_arrays(layer, [_assemble(e, start, p, capacity)
                                      for e, p in zip(existing, parts)], start + num_tokens)
         if with_state:
@@ -112,9 +126,12 @@ class PageLayout:
             for layer, specs in zip(self.state_layers, self._state):
                 arrays = []
                 for spec in specs:
-                    arrays.append(mx.array(_view(pages[-1], offset, spec))[None])
+                    arrays.append(mx.array(_view(pages[-1], offset, spec)))
                     offset += spec.nbytes
-                cache[layer].cache = arrays
+                if type(cache[layer]) is RotatingKVCache:
+                    window_restore(cache[layer], arrays, start + num_tokens)
+                else:
+                    cache[layer].cache = [a[None] for a in arrays]
         mx.eval([c.state for c in cache])
 
     def _kv_offset(self, index: int, num_tokens: int) -> int:
@@ -124,24 +141,45 @@ class PageLayout:
 
 def copy_prefix(cache: list, num_tokens: int, fresh: list) -> list:
     """A new cache list holding the first `num_tokens` of `cache` (state only at its end)."""
-    for src, dst in zip(cache, fresh):
+    for src, dst in zip(leaves(cache), leaves(fresh)):
         if is_attention_kv(src):
             copy_tokens(src, dst, num_tokens)
-        else:
+        elif type(src) is RotatingKVCache:
+            window_copy(src, dst)
+        elif type(src) is ArraysCache:
             # mlx arrays are immutable, so sharing them is a copy; the list itself is not.
             dst.cache = list(src.cache)
+        else:  # a kind without pages: a whole copy, every array a new object (some caches
+            # write into their arrays in place)
+            dst.__dict__.update(tree_map(
+                lambda a: mx.contiguous(a) if isinstance(a, mx.array) else a, vars(src)))
     return fresh
+
+
+def _state_arrays(c) -> list[mx.array]:
+    """A snapshot layer's arrays without the batch axis."""
+    if type(c) is RotatingKVCache:
+        return window_snapshot(c)
+    return [a[0] for a in c.cache]
 
 
 def _assemble(existing: mx.array | None, start: int, parts: list[np.ndarray],
               capacity: int) -> mx.array:
-    """[1, heads, capacity, dim]: existing[:start], then the pages, then zero room to grow."""
-    new = mx.array(np.concatenate(parts, axis=1))[None]
-    pieces = [existing[..., :start, :]] if start else []
-    pieces.append(new)
-    used = start + new.shape[2]
-    pieces.append(mx.zeros((1, new.shape[1], capacity - used, new.shape[3]), new.dtype))
-    return mx.concatenate(pieces, axis=2)
+    """[1, heads, >= capacity, dim]: existing[:start], then the pages, then room to grow.
+
+    Written into `existing` when it has the room (mlx updates a buffer nobody else holds in
+    place), so each page is copied once, not the whole slot again for every batch of a
+    restore (docs/design.md "Restores")."""
+    new = [mx.array(part)[None] for part in parts]  # the one copy out of shared memory
+    out = existing
+    if existing is None or existing.shape[2] < capacity:
+        out = mx.zeros((1, new[0].shape[1], capacity, new[0].shape[3]), new[0].dtype)
+        if start:
+            out[..., :start, :] = existing[..., :start, :]
+    for part in new:
+        out[..., start:start + part.shape[2], :] = part
+        start += part.shape[2]
+    return out
 
 
 def _resized(spec: _Array, num_tokens: int) -> _Array:
@@ -155,9 +193,13 @@ def _view(buf: np.ndarray, offset: int, spec: _Array) -> np.ndarray:
 
 
 def _np_dtype(a: mx.array) -> type:
-    if a.dtype not in _NP_DTYPES:
-        raise PageLayoutError(f"KV dtype {a.dtype} cannot be stored as pages")
-    return _NP_DTYPES[a.dtype]
+    return _NP_DTYPES[_checked(a.dtype)]
+
+
+def _checked(dtype: mx.Dtype) -> mx.Dtype:
+    if dtype not in _NP_DTYPES:
+        raise PageLayoutError(f"KV dtype {dtype} cannot be stored as pages")
+    return dtype
 
 
 def _round_up(n: int, step: int) -> int:

@@ -23,12 +23,25 @@ def sample_rows(logits: mx.array, params: list[SamplingParams],
 def sample_lazy(logits: mx.array, params: list[SamplingParams],
                 sample_indexes: list[int]) -> mx.array:
     """Like `sample_rows`, but returns the unevaluated [B] token array (for pipelining)."""
+    if any(p.logit_bias for p in params):
+        logits = mx.stack([_biased(logits[i], p.logit_bias) if p.logit_bias else logits[i]
+                           for i, p in enumerate(params)])
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     if all(p.temperature == 0 for p in params):
         return mx.argmax(logprobs, axis=-1)
     tokens = [_sample_one(logprobs[i], p, idx)
               for i, (p, idx) in enumerate(zip(params, sample_indexes))]
     return mx.stack(tokens)
+
+
+def _biased(row: mx.array, bias: tuple[tuple[int, float], ...]) -> mx.array:
+    """OpenAI's logit_bias, as mlx-lm's logits processor applies it: added to the logits."""
+    vocab = row.shape[-1]
+    pairs = [(t, b) for t, b in bias if 0 <= t < vocab]  # ids past the model's head: no logit
+    if not pairs:
+        return row
+    ids = mx.array([t for t, _ in pairs])
+    return row.at[ids].add(mx.array([b for _, b in pairs], dtype=row.dtype))
 
 
 def _sample_one(logprobs: mx.array, p: SamplingParams, sample_index: int) -> mx.array:

@@ -12,6 +12,7 @@ import time
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.ids import new_boot_id
@@ -20,10 +21,11 @@ from proto.messages import ROLE_WORKER, RunStep, SlotContents, WorkerReady
 from proto.page_ids import kv_namespace as page_namespace
 from proto.service_loop import SchedulerLink, StopFlag
 from proto.settings import Settings, parse_size
-from proto.shm import PageBufferPool, ShmError
+from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
+from worker.cache_kinds import leaves, window_bytes
 from worker.constraints import ConstraintEngine, llguidance_tokenizer
 from worker.executor import StepExecutor
-from worker.kv_layout import kv_quant
+from worker.kv_layout import is_attention_kv, kv_quant
 from worker.page_io import PageLayout, PageLayoutError
 from worker.memory_plan import (
     MemoryPlanError,
@@ -60,12 +62,45 @@ def probe_cache(loaded: LoadedModel) -> list:
     return cache
 
 
-def page_layout(loaded: LoadedModel, settings: Settings, log) -> PageLayout | None:
+def check_kv_quant_runs(loaded: LoadedModel, settings: Settings) -> None:
+    """Refuse --kv-bits for a model whose attention mlx-lm cannot run on quantized KV (gpt-oss:
+    its attention sinks), with one clear line instead of a crash on the first request."""
+    if not settings.kv_bits:
+        return
     try:
-        return PageLayout(probe_cache(loaded), settings.page_size)
+        probe_cache(loaded)
+    except ValueError as exc:
+        raise ModelLoadError(f"--kv-bits {settings.kv_bits} cannot be used with this model "
+                             f"({loaded.model_type}): {exc} Serve it without --kv-bits.") from exc
+
+
+def page_layout(loaded: LoadedModel, settings: Settings, log) -> tuple[PageLayout | None, str]:
+    """The page layout and the start-up line's word on paging ("on", or what is off and why:
+    without pages a slot still reuses and copies its resident prefix)."""
+    try:
+        return PageLayout(probe_cache(loaded), settings.page_size), "on"
     except PageLayoutError as exc:
         log.warning("kv.paging_unsupported", reason=str(exc))
-        return None
+        return None, f"off: {exc}; resident prefixes are still reused"
+
+
+def unpaged_bytes_per_token(loaded: LoadedModel, num_tokens: int = 256) -> int:
+    """How much the cache kinds paging does not know grow per token (DeepSeek-V4.1's compressed
+    groups, for one), measured between a 1-token and a (1 + num_tokens)-token forward pass."""
+    sizes = []
+    for n in (1, 1 + num_tokens):
+        cache = loaded.make_cache()
+        loaded.model(mx.array([[0] * n]), cache=cache)
+        mx.eval([c.state for c in leaves(cache)])
+        sizes.append(sum(getattr(c, "nbytes", 0) for c in leaves(cache) if not (
+            is_attention_kv(c) or type(c) in (RotatingKVCache, ArraysCache))))
+    return max(0, -(-(sizes[1] - sizes[0]) // num_tokens))
+
+
+def cache_kinds(loaded: LoadedModel) -> str:
+    """Layer cache kinds and counts, e.g. "KVCache x2, RotatingKVCache x2"."""
+    names = [type(c).__name__ for c in leaves(loaded.make_cache())]
+    return ", ".join(f"{n} x{names.count(n)}" for n in sorted(set(names)))
 
 
 def buffer_count(layout: PageLayout | None, settings: Settings) -> int:
@@ -78,11 +113,14 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
-    recurrent = sum(c.nbytes for c in probe_cache(loaded) if not c.is_trimmable())
+    # Recurrent states and sliding-window rings: fixed per slot, whatever --ctx is.
+    recurrent = sum(window_bytes(c, settings.prefill_chunk) if type(c) is RotatingKVCache
+                    else c.nbytes for c in leaves(probe_cache(loaded)) if not is_attention_kv(c))
     page_buffers = buffer_count(layout, settings) * (layout.buffer_bytes if layout else 0)
+    per_token = loaded.kv_bytes_per_token + (0 if layout else unpaged_bytes_per_token(loaded))
     plan = make_plan(
         # Measured after the model ran once, so the weights are resident: count them once.
-        runtime=max(0, resident_bytes() - weights), weights=weights, kv_bytes_per_token=loaded.kv_bytes_per_token,
+        runtime=max(0, resident_bytes() - weights), weights=weights, kv_bytes_per_token=per_token,
         recurrent_bytes_per_slot=recurrent, num_slots=settings.slots, ctx=settings.ctx,
         prefill_chunk=settings.prefill_chunk,
         num_heads=int(text_cfg.get("num_attention_heads", 1)),
@@ -101,15 +139,20 @@ def run(settings: Settings) -> None:
     endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
     try:
         loaded = load_model(settings.model, kv_quant(settings.kv_bits, settings.kv_group_size))
-        layout = page_layout(loaded, settings, log)
+        check_kv_quant_runs(loaded, settings)
+        layout, paging = page_layout(loaded, settings, log)
         plan = plan_memory(loaded, settings, layout)
         log.info("worker.memory_plan", kv_quant=kv_form(loaded),
                  kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
         check_plan(plan, settings.slots, settings.ctx, settings.kv_bits)
         pool = None
         if layout is not None:
+            stale = remove_stale_segments(endpoints.shm_prefix, endpoints.shm_record)
+            if stale:
+                log.warning("worker.stale_shm_removed", names=stale)
             pool = PageBufferPool.create(f"{endpoints.shm_prefix}w{boot_id[:8]}",
                                          buffer_count(layout, settings), layout.buffer_bytes)
+            record_segment(endpoints.shm_record, pool.name)
     except (ModelLoadError, MemoryPlanError, ShmError) as exc:
         log.error("worker.refused_to_start", reason=str(exc))
         print(f"switchyard worker: {exc}", file=sys.stderr)
@@ -120,7 +163,7 @@ def run(settings: Settings) -> None:
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
-             kv_quant=kv_form(loaded))
+             kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging)
 
     def ready() -> WorkerReady:
         return WorkerReady(
@@ -143,6 +186,8 @@ def run(settings: Settings) -> None:
                 link.send(done)
                 log.debug("step.done", step=message.step, num_decode=done.num_decode_tokens,
                           num_prefill=done.num_prefill_tokens,
+                          num_loaded=sum(len(load.buffers) for load in message.loads),
+                          load_ms=round(done.load_s * 1e3, 2),
                           step_ms=round(done.duration_s * 1e3, 2))
     finally:
         link.close()

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.cache_kinds import drops_last_token, rewindable
+from worker.kv_layout import is_attention_kv
 from worker.page_io import copy_prefix
 
 
@@ -32,7 +34,10 @@ class SlotStore:
         self._batch_slots: tuple[int, ...] = ()
         self._batch: list | None = None
         self.tokens: list[list[int]] = [[] for _ in range(num_slots)]
-        self.trimmable = all(c.is_trimmable() for c in self._parked[0])
+        # Recurrent states and sliding-window rings exist only at the slot's end: such a slot
+        # is never cut back (mlx-lm's is_trimmable() is True for a ring that has not wrapped).
+        self.trimmable = rewindable(self._parked[0])
+        self.drops_last_token = drops_last_token(self._parked[0])
 
     @property
     def num_slots(self) -> int:
@@ -49,12 +54,12 @@ class SlotStore:
             return
         self._unbatch()
         if length == 0:
-            self._parked[slot] = self._make_cache()
+            self._parked[slot] = _emptied(self._parked[slot], self._make_cache())
         elif self.trimmable:
             for c in self._parked[slot]:
                 c.trim(held - length)
         else:
-            raise SlotError(f"slot {slot}: recurrent state cannot be rewound to {length}")
+            raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         del self.tokens[slot][length:]
 
     def prefill(self, slot: int, start: int, token_ids: list[int]) -> None:
@@ -136,6 +141,16 @@ class SlotStore:
 
     def contents(self) -> list[tuple[int, ...]]:
         return [tuple(t) for t in self.tokens]
+
+
+def _emptied(old: list, fresh: list) -> list:
+    """A cache list holding no tokens. Attention KV layers keep their buffers: the slot's next
+    conversation, or a restore, writes into memory the slot already has instead of faulting
+    in new memory (docs/design.md "Restores"); every other kind starts fresh."""
+    for c in old:
+        if is_attention_kv(c):
+            c.offset = 0
+    return [o if is_attention_kv(o) else f for o, f in zip(old, fresh)]
 
 
 def _not_batchable(cache) -> None:

@@ -7,7 +7,8 @@ One service per component (`switchyard-<role>.service`, `switchyard-<suffix>-<ro
 with a label suffix) and `switchyard[-<suffix>].target` that wants them all; each service is
 `PartOf=` the target, so stopping or restarting the target stops or restarts the group.
 Services restart on failure (`Restart=on-failure`, `RestartSec`), log to the journal, and the
-worker gets Debian's OpenBLAS in `LD_PRELOAD`. Rendering is pure: templates + plan.
+worker gets Debian's OpenBLAS in `LD_PRELOAD`. The gateway's API key comes through
+`LoadCredential=` (systemd copies the 0600 key file to a private directory, `%d`). Rendering is pure: templates + plan.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from deploy.service_units import (ROLES, UnitPlan, describe, environment,
                                   program_arguments)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
+# The gateway reads its key from systemd's credentials directory (%d), never from ExecStart.
+CREDENTIAL = "api-key"
+CREDENTIAL_PATH = f"%d/{CREDENTIAL}"
 _PLACEHOLDER = re.compile(r"@[A-Z_]+@")
 _SAFE = re.compile(r"[A-Za-z0-9_./:=,+@%-]+")
 
@@ -90,7 +94,10 @@ def _common_words(plan: UnitPlan) -> dict[str, str]:
 def render_service(plan: UnitPlan, role: str, text: str | None = None) -> str:
     words = _common_words(plan) | {
         "@DESCRIPTION@": describe(role) + (f" [{plan.label_suffix}]" if plan.label_suffix else ""),
-        "@EXEC_START@": exec_line(program_arguments(plan, role)),
+        "@EXEC_START@": exec_line(program_arguments(plan, role, CREDENTIAL_PATH))
+                        .replace(quote(CREDENTIAL_PATH), CREDENTIAL_PATH),
+        "@CREDENTIALS@": (f"LoadCredential={CREDENTIAL}:{quote(plan.api_key_file)}"
+                          if role == "gateway" and plan.api_key_file else ""),
         "@WORKING_DIRECTORY@": plan.working_dir.replace("%", "%%"),  # taken as it is
         "@ENVIRONMENT@": environment_lines(environment(plan, role)),
         "@UNIT_STEM@": unit_name(role, plan.label_suffix).removesuffix(".service"),

@@ -25,7 +25,8 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.api import structured
 from gateway.context import gateway_of
-from gateway.driver import PREFIX_STABLE_HEADER, header_flag, respond, start_chat
+from gateway.driver import (PREFIX_STABLE_HEADER, chat_chars, header_flag, respond,
+                            start_chat)
 from gateway.errors import APIError, invalid, invalid_type
 from gateway.generation import Usage
 from gateway.prompting.history import RenderOptions
@@ -440,5 +441,5 @@ async def count_tokens(request: Request) -> Response:
         prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
         think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, parsed.chat, options,
-                                  gw.tool_syntax, gw.think)
+                                  gw.tool_syntax, gw.think, size=chat_chars(parsed.chat))
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

@@ -36,12 +36,16 @@ async def completions(request: Request) -> Response:
     completion = parse_completion_request(parse_json(await gw.read_body(request)))
     check_model(completion.options.model, gw.model_id, gw.model_aliases)
     priority = header_priority(request.headers)
-    prompt_ids = await gw.run_tokenizer(encode_prompt, gw.tokenizer, completion)
+    if isinstance(completion.prompt, str):
+        gw.check_prompt_chars(len(completion.prompt), "prompt")
+    prompt_ids = await gw.run_tokenizer(encode_prompt, gw.tokenizer, completion,
+                                        size=len(completion.prompt))
     rid = new_rid("cmpl")
     submit = build_submit(rid, prompt_ids, completion.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
-                          grammar=completion.constraint.grammar if completion.constraint else "")
+                          grammar=completion.constraint.grammar if completion.constraint else "",
+                          vocab_size=len(gw.tokenizer))
     turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop,
                     gw.stop_token_ids + (gw.hidden_ids or ()), gw.hidden_ids is not None)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)
@@ -50,7 +54,8 @@ async def completions(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     gw = gateway_of(request)
-    return JSONResponse(models_body(gw.model_id, gw.created))
+    listed = (gw.model_id, *gw.model_aliases) if gw.settings.served_model_name else (gw.model_id,)
+    return JSONResponse(models_body(listed, gw.created))
 
 
 async def get_model(request: Request) -> Response:
@@ -58,7 +63,8 @@ async def get_model(request: Request) -> Response:
     model = request.path_params["model"]
     if model not in (gw.model_id, *gw.model_aliases):
         raise model_not_found(model)
-    return JSONResponse(model_card(gw.model_id, gw.created))
+    named = model if gw.settings.served_model_name else gw.model_id
+    return JSONResponse(model_card(named, gw.created))
 
 
 async def health(request: Request) -> Response:

@@ -11,18 +11,28 @@ from typing import Any
 
 _OBJ = {"type": "object"}
 _STR = {"type": "string"}
+_NONEMPTY = {"type": "string", "minLength": 1}
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
 _BOOL = {"type": "boolean"}
+_NULL = {"type": "null"}
+_MODEL = {"type": ["string", "null"]}  # null: the served model
+INT64_MIN, UINT64_MAX, INT32_MAX = -2**63, 2**64 - 1, 2**31 - 1
+MAX_STOP = 16  # gateway.api.validation.MAX_STOP_STRINGS, anthropic_api.MAX_STOP_SEQUENCES
+MAX_TOOLS = 512  # gateway.output.tools.MAX_TOOLS
 
 
-def _arr(items: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "array", "items": items}
+def _arr(items: dict[str, Any], **constraints: Any) -> dict[str, Any]:
+    return {"type": "array", "items": items, **constraints}
 
 
 def _schema(required: list[str], **properties: Any) -> dict[str, Any]:
     return {"type": "object", "required": required, "properties": properties,
             "additionalProperties": True}
+
+
+def _any(*options: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": list(options)}
 
 
 OPENAI_ERROR = _schema(["error"], error=_schema(
@@ -31,30 +41,168 @@ OPENAI_ERROR = _schema(["error"], error=_schema(
 ANTHROPIC_ERROR = _schema(["type", "error"], type={"const": "error"},
                           error=_schema(["type", "message"], type=_STR, message=_STR))
 
-_SAMPLING = dict(temperature=_NUM, top_p=_NUM, top_k=_INT, min_p=_NUM, seed=_INT,
-                 stream=_BOOL, priority={"enum": ["interactive", "background"]})
-_TOOL_CHOICE = {"oneOf": [{"enum": ["auto", "none", "required"]}, _OBJ]}
+# What the validators enforce (gateway/api/validation.py and each API's parser), so that every
+# request this schema allows is accepted. Rules a JSON schema cannot state are in descriptions:
+# a named tool_choice must name one of `tools`; "required" needs `tools`; a
+# previous_response_id must be one this server still keeps; the prompt must fit the context.
+_TEMPERATURE = {"type": "number", "minimum": 0, "maximum": 2}
+_TOP_P = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+_TOP_K = {"type": "integer", "minimum": 0, "maximum": INT32_MAX}
+_PRIORITY = {"enum": ["interactive", "background"]}
+_MAX_TOKENS = {"type": "integer", "minimum": 1}
+_STOP = _any(_STR, _arr(_STR, maxItems=MAX_STOP))
+_NO_CALLS = _arr(_OBJ, maxItems=0)
 
-CHAT_REQUEST = _schema(
-    ["messages"], model=_STR, messages=_arr(_OBJ), max_tokens=_INT, max_completion_tokens=_INT,
-    stop={"oneOf": [_STR, _arr(_STR)]}, stream_options=_OBJ, tools=_arr(_OBJ),
-    tool_choice=_TOOL_CHOICE, parallel_tool_calls=_BOOL, chat_template_kwargs=_OBJ,
-    user=_STR, **_SAMPLING)
-COMPLETION_REQUEST = _schema(
-    ["prompt"], model=_STR, prompt={"oneOf": [_STR, _arr(_INT)]}, max_tokens=_INT,
-    stop={"oneOf": [_STR, _arr(_STR)]}, stream_options=_OBJ, **_SAMPLING)
+
+def _sampling(**extra: Any) -> dict[str, Any]:
+    return dict(temperature=_TEMPERATURE, top_p=_TOP_P, top_k=_TOP_K,
+                min_p={"type": "number", "minimum": 0, "maximum": 1},
+                seed={"type": "integer", "minimum": INT64_MIN, "maximum": UINT64_MAX},
+                stream=_BOOL, priority=_PRIORITY, **extra)
+
+
+_RESPONSE_FORMAT = {
+    **_schema(["type"], type={"enum": ["text", "json_object"]}),
+    "description": "also {\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}} "
+                   "and the guided_json / guided_choice / guided_regex fields (structured "
+                   "outputs: the schema must be one the grammar compiler supports)"}
+
+
+def _logit_bias(vocab_size: int) -> dict[str, Any]:
+    # Keys are token ids; with fewer digits than the vocabulary's size, every id is in it.
+    digits = max(1, len(str(vocab_size)) - 1)
+    return {"type": "object", "maxProperties": 1024,
+            "propertyNames": {"pattern": f"^[0-9]{{1,{digits}}}$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            "description": "token id -> bias added to its logit, as in OpenAI's API"}
+
+
+# -- OpenAI Chat Completions ------------------------------------------------------------------
+
+_TEXT_PART = _schema(["type", "text"], type={"const": "text"}, text=_STR)
+_CHAT_CONTENT = _any(_STR, _arr(_TEXT_PART))
+_CHAT_TOOL_CALL = _schema(
+    ["function"], id=_STR, type={"const": "function"},
+    function=_schema(["name"], name=_NONEMPTY, arguments=_any(_STR, _OBJ)))
+_CHAT_MESSAGE = {"oneOf": [
+    _schema(["role", "content"], role={"enum": ["system", "developer", "user", "tool",
+                                                "function"]},
+            content=_CHAT_CONTENT, name=_STR, tool_call_id=_STR, reasoning_content=_STR,
+            reasoning=_STR, tool_calls=_NO_CALLS),
+    _schema(["role"], role={"const": "assistant"}, content=_any(_CHAT_CONTENT, _NULL),
+            name=_STR, tool_call_id=_STR, reasoning_content=_STR, reasoning=_STR,
+            tool_calls=_arr(_CHAT_TOOL_CALL)),
+]}
+_FUNCTION = _schema(["name"], name=_NONEMPTY, description=_STR, parameters=_OBJ)
+_CHAT_TOOL = _schema(["function"], type={"const": "function"}, function=_FUNCTION)
+_CHAT_TOOL_CHOICE = _any(
+    {"enum": ["auto", "none", "required"]},
+    _schema(["type", "function"], type={"const": "function"},
+            function=_schema(["name"], name=_NONEMPTY)))
+# "required" or a named choice needs tools (the name must be one of them: not stateable).
+_NEEDS_TOOLS = {"if": {"required": ["tool_choice"],
+                       "properties": {"tool_choice": {"not": {"enum": ["auto", "none"]}}}},
+                "then": {"required": ["tools"], "properties": {"tools": {"minItems": 1}}}}
+_A_NEEDS_TOOLS = {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {
+                      "properties": {"type": {"enum": ["any", "tool"]}}}}},
+                  "then": {"required": ["tools"], "properties": {"tools": {"minItems": 1}}}}
+_TOOL_CHOICE_RULE = ("'required' or a named function needs 'tools', and the name must be one "
+                     "of them")
+
+
+def chat_request(vocab_size: int) -> dict[str, Any]:
+    return _schema(
+        ["messages"], model=_MODEL, messages=_arr(_CHAT_MESSAGE, minItems=1),
+        max_tokens=_MAX_TOKENS, max_completion_tokens=_MAX_TOKENS, n={"const": 1},
+        stop=_STOP, stream_options=_schema([], include_usage=_BOOL),
+        tools=_arr(_CHAT_TOOL, maxItems=MAX_TOOLS),
+        tool_choice={**_CHAT_TOOL_CHOICE, "description": _TOOL_CHOICE_RULE},
+        parallel_tool_calls=_BOOL, chat_template_kwargs=_OBJ, user=_STR,
+        logprobs={"const": False}, top_logprobs={"const": 0},
+        response_format=_RESPONSE_FORMAT,
+        logit_bias=_logit_bias(vocab_size), **_sampling()) | _NEEDS_TOOLS
+
+
+def completion_request(vocab_size: int) -> dict[str, Any]:
+    token_ids = _arr({"type": "integer", "minimum": 0, "maximum": vocab_size - 1}, minItems=1)
+    return _schema(
+        ["prompt"], model=_MODEL, prompt=_any(_NONEMPTY, token_ids), max_tokens=_MAX_TOKENS,
+        n={"const": 1}, stop=_STOP, stream_options=_schema([], include_usage=_BOOL), user=_STR,
+        logprobs={"const": 0}, echo={"const": False}, suffix={"const": ""},
+        best_of={"const": 1}, response_format=_RESPONSE_FORMAT,
+        logit_bias=_logit_bias(vocab_size), **_sampling())
+
+
+# -- Anthropic Messages -----------------------------------------------------------------------
+
+_A_TEXT = _schema(["type", "text"], type={"const": "text"}, text=_STR)
+_A_USER_BLOCK = {"oneOf": [
+    _A_TEXT,
+    _schema(["type", "tool_use_id"], type={"const": "tool_result"}, tool_use_id=_NONEMPTY,
+            content=_any(_STR, _arr(_A_TEXT))),
+]}
+_A_ASSISTANT_BLOCK = {"oneOf": [
+    _A_TEXT,
+    _schema(["type", "thinking"], type={"const": "thinking"}, thinking=_STR),
+    _schema(["type"], type={"const": "redacted_thinking"}),
+    _schema(["type", "id", "name"], type={"const": "tool_use"}, id=_NONEMPTY, name=_NONEMPTY,
+            input=_OBJ),
+]}
+_A_MESSAGE = {"oneOf": [
+    _schema(["role", "content"], role={"const": "user"},
+            content=_any(_STR, _arr(_A_USER_BLOCK))),
+    _schema(["role", "content"], role={"const": "assistant"},
+            content=_any(_STR, _arr(_A_ASSISTANT_BLOCK))),
+]}
+_A_TOOL = _schema(["name"], name=_NONEMPTY, description=_STR, input_schema=_OBJ,
+                  type={"const": "custom"})
+_A_TOOL_CHOICE = {"oneOf": [
+    _schema(["type"], type={"enum": ["auto", "none", "any"]},
+            disable_parallel_tool_use=_BOOL),
+    _schema(["type", "name"], type={"const": "tool"}, name=_NONEMPTY,
+            disable_parallel_tool_use=_BOOL),
+], "description": "'any' or 'tool' needs 'tools', and a tool's name must be one of them"}
+_A_THINKING = _schema(["type"], type={"enum": ["enabled", "disabled", "adaptive"]})
+_A_COMMON = dict(model=_MODEL, messages=_arr(_A_MESSAGE, minItems=1),
+                 system=_any(_STR, _arr(_A_TEXT)), tools=_arr(_A_TOOL),
+                 tool_choice=_A_TOOL_CHOICE, thinking=_A_THINKING)
 MESSAGES_REQUEST = _schema(
-    ["model", "max_tokens", "messages"], model=_STR, max_tokens=_INT, messages=_arr(_OBJ),
-    system={"oneOf": [_STR, _arr(_OBJ)]}, stop_sequences=_arr(_STR), tools=_arr(_OBJ),
-    tool_choice=_OBJ, thinking=_OBJ, metadata=_OBJ, **_SAMPLING)
-COUNT_TOKENS_REQUEST = _schema(
-    ["messages"], model=_STR, messages=_arr(_OBJ), system={"oneOf": [_STR, _arr(_OBJ)]},
-    tools=_arr(_OBJ), tool_choice=_OBJ, thinking=_OBJ)
+    ["max_tokens", "messages"], max_tokens=_MAX_TOKENS,
+    stop_sequences=_arr(_STR, maxItems=MAX_STOP), metadata=_OBJ, temperature=_TEMPERATURE,
+    top_p=_TOP_P, top_k=_TOP_K, stream=_BOOL, priority=_PRIORITY, **_A_COMMON) | _A_NEEDS_TOOLS
+COUNT_TOKENS_REQUEST = _schema(["messages"], **_A_COMMON) | _A_NEEDS_TOOLS
+
+
+# -- OpenAI Responses -------------------------------------------------------------------------
+
+_R_PART = _schema(["type", "text"], type={"enum": ["input_text", "output_text", "text",
+                                                   "summary_text", "reasoning_text"]},
+                  text=_STR)
+_R_TEXT = _any(_STR, _arr(_R_PART))
+_R_ITEM = {"oneOf": [
+    _schema(["type", "role", "content"], type={"const": "message"},
+            role={"enum": ["user", "system", "developer", "assistant"]}, content=_R_TEXT),
+    _schema(["type", "call_id", "name"], type={"const": "function_call"}, call_id=_NONEMPTY,
+            name=_NONEMPTY, arguments=_STR),
+    _schema(["type", "call_id"], type={"const": "function_call_output"}, call_id=_NONEMPTY,
+            output=_R_TEXT),
+    _schema(["type"], type={"const": "reasoning"}, content=_R_TEXT, summary=_R_TEXT),
+]}
+_R_TOOL = _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY,
+                  description=_STR, parameters=_OBJ)
+_R_TOOL_CHOICE = _any(
+    {"enum": ["auto", "none", "required"]},
+    _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY))
 RESPONSES_REQUEST = _schema(
-    ["input"], model=_STR, input={"oneOf": [_STR, _arr(_OBJ)]}, instructions=_STR,
-    previous_response_id=_STR, max_output_tokens=_INT, tools=_arr(_OBJ),
-    tool_choice=_TOOL_CHOICE, parallel_tool_calls=_BOOL, store=_BOOL, text=_OBJ,
-    reasoning=_OBJ, user=_STR, **_SAMPLING)
+    ["input"], model=_MODEL, input=_any(_STR, _arr(_R_ITEM, minItems=1)), instructions=_STR,
+    previous_response_id={**_STR, "description": "a response this server still keeps "
+                                                 "(recent ones, in memory); else a 400"},
+    max_output_tokens=_MAX_TOKENS, tools=_arr(_R_TOOL),
+    tool_choice={**_R_TOOL_CHOICE, "description": _TOOL_CHOICE_RULE},
+    parallel_tool_calls=_BOOL, store=_BOOL,
+    text=_schema([], format=_schema([], type={"const": "text"})), reasoning=_OBJ,
+    metadata=_OBJ, user=_STR, temperature=_TEMPERATURE, top_p=_TOP_P, stream=_BOOL,
+    priority=_PRIORITY) | _NEEDS_TOOLS
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +213,7 @@ def _post(summary: str, description: str, request: dict[str, Any], ok: dict[str,
           error: dict[str, Any], streams: bool = True) -> dict[str, Any]:
     content = {"application/json": {"schema": ok}}
     if streams:
-        content["text/event-stream"] = {"schema": _STR}
+        content["text/event-stream"] = {"schema": _schema([], data=_STR, event=_STR, id=_STR)}
     return {"post": {
         "summary": summary, "description": description,
         "requestBody": {"required": True, **_json(request)},
@@ -75,28 +223,26 @@ def _post(summary: str, description: str, request: dict[str, Any], ok: dict[str,
                               **_json(error)}}}}
 
 
-def openapi_spec(model_id: str, version: str = "1") -> dict[str, Any]:
-    return {
+def openapi_spec(model_id: str, version: str = "1", *, vocab_size: int = 2**31,
+                 api_key: bool = False) -> dict[str, Any]:
+    """The description; security is declared only when the server requires a key."""
+    spec = {
         "openapi": "3.1.0",
         "info": {"title": "Switchyard", "version": version,
                  "description": "Local LLM server for agents. OpenAI (Chat Completions, "
                                 "Completions, Responses) and Anthropic (Messages) APIs for "
                                 f"the model '{model_id}'. Usage reports cached prompt "
                                 "tokens in each API's own fields."},
-        "components": {"securitySchemes": {
-            "bearer": {"type": "http", "scheme": "bearer"},
-            "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
-        "security": [{"bearer": []}, {"apiKey": []}],
         "paths": {
             "/v1/chat/completions": _post(
                 "Chat completion (OpenAI)",
                 "Tools with tool_choice auto/none/required/named and parallel_tool_calls; "
                 "reasoning returned as reasoning_content; n must be 1.",
-                CHAT_REQUEST, _schema(["id", "choices", "usage"], choices=_arr(_OBJ),
+                chat_request(vocab_size), _schema(["id", "choices", "usage"], choices=_arr(_OBJ),
                                       usage=_OBJ), OPENAI_ERROR),
             "/v1/completions": _post(
                 "Text completion (OpenAI)", "One prompt (text or token ids) per request.",
-                COMPLETION_REQUEST, _schema(["id", "choices", "usage"], choices=_arr(_OBJ)),
+                completion_request(vocab_size), _schema(["id", "choices", "usage"], choices=_arr(_OBJ)),
                 OPENAI_ERROR),
             "/v1/responses": _post(
                 "Response (OpenAI Responses API)",
@@ -133,3 +279,9 @@ def openapi_spec(model_id: str, version: str = "1") -> dict[str, Any]:
                                       "responses": {"200": {"description": "OK"}}}},
         },
     }
+    if api_key:
+        spec["components"] = {"securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}}
+        spec["security"] = [{"bearer": []}, {"apiKey": []}]
+    return spec

@@ -145,8 +145,8 @@ class CompletionFormat(ResponseFormat):
         return body
 
 
-def models_body(model_id: str, created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(model_id, created)]}
+def models_body(model_ids: tuple[str, ...], created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(m, created) for m in model_ids]}
 
 
 def model_card(model_id: str, created: int) -> dict[str, Any]:

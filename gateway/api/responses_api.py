@@ -40,6 +40,7 @@ from gateway.api.validation import (
     parse_json,
     parse_priority,
 )
+from proto.ids import new_rid
 
 # Content part type -> the key holding its text.
 _TEXT_PARTS = {kind: "text" for kind in ("input_text", "output_text", "text", "summary_text",
@@ -127,8 +128,8 @@ class _InputBuilder:
             texts = [_text(item.get(key) or [], f"{param}.{key}")
                      for key in ("content", "summary")]
             text = texts[0] or texts[1]
+            message = self._open_assistant()  # even empty: the input is never no messages
             if text:
-                message = self._open_assistant()
                 previous = message.get("reasoning_content")
                 message["reasoning_content"] = f"{previous}\n{text}" if previous else text
         else:
@@ -433,7 +434,9 @@ async def create_response(request: Request) -> Response:
     parsed = parse_responses_request(parse_json(await gw.read_body(request)), gw.responses)
     check_model(parsed.chat.options.model, gw.model_id, gw.model_aliases)
     response_id = _new_id("resp_")
-    turn, submit = await start_chat(request, parsed.chat, rid=response_id)
+    # The scheduler's rid is shown in status snapshots: never the response id, which is a
+    # capability (previous_response_id) (issue 12, finding 12).
+    turn, submit = await start_chat(request, parsed.chat, rid=new_rid("resp"))
     if parsed.store:
         instructions = 1 if parsed.instructions else 0
         conversation = parsed.chat.messages[instructions:]

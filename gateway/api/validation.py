@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ class Options:
     include_usage: bool = False
     priority: str | None = None
     user: str | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unchecked here
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,32 @@ def parse_json(raw: bytes) -> dict[str, Any]:
                       code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(raw):  # only a \\uD800-\\uDFFF escape can make one
+        _refuse_lone_surrogates(body)
     return body
+
+
+# JSON may spell a lone UTF-16 surrogate ("\\ud800"), which Python keeps in its str but which is
+# not text: no tokenizer or encoder takes it (issue 12, finding 11).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(body: Any) -> None:
+    stack = [body]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid("The JSON body holds a lone UTF-16 surrogate (an unpaired "
+                              "\\ud800-\\udfff escape), which is not text.",
+                              code="invalid_json") from None
 
 
 class Fields:
@@ -106,7 +133,7 @@ class Fields:
         return self.body.get(key)
 
     def integer(self, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
-        value = self.body.get(key)
+        value = as_integer(self.body.get(key))
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
@@ -166,6 +193,14 @@ class Fields:
                           param=self.name(key), code="unsupported_parameter")
 
 
+def as_integer(value: Any) -> Any:
+    """JSON has one number type: 5.0 is the integer 5 (as JSON Schema and OpenAI's API take
+    it). Anything else is returned as it is, for the caller to judge."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**64:
+        return int(value)
+    return value
+
+
 def _range_text(lo: int | None, hi: int | None) -> str:
     if lo is not None and hi is not None:
         return f"between {lo} and {hi}"
@@ -205,7 +240,32 @@ def parse_options(f: Fields) -> Options:
         include_usage=bool(include_usage),
         priority=parse_priority(f.get("priority"), "priority"),
         user=f.string("user"),
+        logit_bias=parse_logit_bias(f),
     )
+
+
+MAX_LOGIT_BIAS = 1024
+
+
+def parse_logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: {"token id": bias in [-100, 100]}; the worker adds each bias to
+    its token's logit. Token ids are checked against the vocabulary by the caller."""
+    value = f.obj("logit_bias")
+    if not value:
+        return ()
+    if len(value) > MAX_LOGIT_BIAS:
+        raise invalid(f"'logit_bias' may hold at most {MAX_LOGIT_BIAS} tokens",
+                      param="logit_bias", code="invalid_value")
+    pairs = []
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit()):
+            raise invalid(f"'logit_bias' keys must be token ids, got {key[:40]!r}",
+                          param="logit_bias", code="invalid_value")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -100 <= bias <= 100:
+            raise out_of_range("logit_bias", "a map of token ids to numbers from -100 to 100")
+        pairs.append((int(key), float(bias)))
+    return tuple(sorted(pairs))
 
 
 def _default(value: Any, default: Any) -> Any:
@@ -337,7 +397,7 @@ def join_text_parts(parts: list, param: str, text_keys: dict[str, str], what: st
         if not isinstance(part, dict):
             raise invalid_type(part_param, "an object")
         kind = part.get("type")
-        if kind not in text_keys:
+        if not isinstance(kind, str) or kind not in text_keys:  # {} is not hashable
             raise invalid(f"'{part_param}.type' {kind!r} is not supported; only {what} are",
                           param=f"{part_param}.type", code="unsupported_content")
         text = part.get(text_keys[kind])
@@ -367,9 +427,10 @@ def parse_prompt(prompt: Any) -> str | tuple[int, ...]:
         if not prompt:
             raise invalid("'prompt' must not be empty", param="prompt", code="invalid_value")
         return prompt
-    if isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return tuple(prompt)
+    if isinstance(prompt, list) and prompt:
+        ids = [as_integer(t) for t in prompt]
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            return tuple(ids)
     if prompt is None:
         raise invalid("'prompt' is required", param="prompt", code="missing_required_parameter")
     if isinstance(prompt, list) and len(prompt) > 1 and all(

@@ -192,23 +192,36 @@ def apply_template(tokenizer: Any, messages: list[dict[str, Any]],
     return text
 
 
-_openings: dict[tuple[int, str, str], str | None] = {}
+# Keyed by client-supplied chat_template_kwargs: bounded (LRU) and keyed by a digest, so junk
+# kwargs can neither grow memory nor be held (issue 12, finding 6).
+MAX_OPENINGS = 32
+_openings: OrderedDict[bytes, str | None] = OrderedDict()
+_openings_lock = threading.Lock()
 
 
 def generation_opening(tokenizer: Any, kwargs: dict[str, Any]) -> str | None:
     """The text the template appends for `add_generation_prompt` (`<|im_start|>assistant\\n`),
     found by rendering a one-message probe with and without it; cached per template kwargs."""
-    cache_key = (id(tokenizer), str(getattr(tokenizer, "chat_template", None)),
-                 json.dumps(kwargs, sort_keys=True, default=str))
-    if cache_key not in _openings:
-        try:
-            bare = apply_template(tokenizer, _PROBE, None, kwargs, add_generation_prompt=False)
-            full = apply_template(tokenizer, _PROBE, None, kwargs, add_generation_prompt=True)
-            opening = full[len(bare):] if full.startswith(bare) and len(full) > len(bare) else None
-        except TemplateError:
-            opening = None
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(str(id(tokenizer)).encode())
+    digest.update(str(getattr(tokenizer, "chat_template", None)).encode("utf-8", "replace"))
+    digest.update(json.dumps(kwargs, sort_keys=True, default=str).encode("utf-8", "replace"))
+    cache_key = digest.digest()
+    with _openings_lock:
+        if cache_key in _openings:
+            _openings.move_to_end(cache_key)
+            return _openings[cache_key]
+    try:
+        bare = apply_template(tokenizer, _PROBE, None, kwargs, add_generation_prompt=False)
+        full = apply_template(tokenizer, _PROBE, None, kwargs, add_generation_prompt=True)
+        opening = full[len(bare):] if full.startswith(bare) and len(full) > len(bare) else None
+    except TemplateError:
+        opening = None
+    with _openings_lock:
         _openings[cache_key] = opening
-    return _openings[cache_key]
+        while len(_openings) > MAX_OPENINGS:
+            _openings.popitem(last=False)
+    return opening
 
 
 def template_messages(messages: list[dict[str, Any]], keep_reasoning: bool) -> list[dict]:

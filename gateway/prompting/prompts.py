@@ -14,6 +14,7 @@ from typing import Any
 from gateway.errors import context_length_exceeded, invalid, model_not_found
 from gateway.api.validation import ChatRequest, CompletionRequest, Options
 from proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
+from proto.tokens import TokenIds
 
 DEFAULT_MODEL_ID = "switchyard-tiny"
 
@@ -73,8 +74,15 @@ def encode_prompt(tokenizer: Any, request: CompletionRequest) -> list[int]:
 def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
                  default_max_tokens: int, stop_token_ids: tuple[int, ...],
                  priority: str | None, param: str = "messages", grammar: str = "",
-                 grammar_trigger: tuple[int, ...] = ()) -> SubmitRequest:
+                 grammar_trigger: tuple[int, ...] = (),
+                 vocab_size: int | None = None) -> SubmitRequest:
     """Check the context, clamp max_tokens to what is left of it, draw a seed if none given."""
+    if vocab_size is not None:
+        for token, _ in options.logit_bias:
+            if token >= vocab_size:
+                raise invalid(f"'logit_bias' names token {token}, not a token id of this "
+                              f"model (0..{vocab_size - 1})", param="logit_bias",
+                              code="invalid_value")
     num_prompt = len(prompt_ids)
     if num_prompt == 0:
         raise invalid("The prompt is empty after tokenization", param="prompt",
@@ -85,9 +93,10 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
     seed = options.seed if options.seed is not None else secrets.randbits(63)
     sampling = SamplingParams(temperature=options.temperature, top_p=options.top_p,
                               top_k=options.top_k, min_p=options.min_p, seed=seed,
-                              grammar=grammar, grammar_trigger=grammar_trigger)
+                              grammar=grammar, grammar_trigger=grammar_trigger,
+                              logit_bias=options.logit_bias)
     return SubmitRequest(
-        rid=rid, prompt_token_ids=tuple(prompt_ids),
+        rid=rid, prompt_token_ids=TokenIds(prompt_ids),
         max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,
         stop_token_ids=stop_token_ids,
         priority=options.priority or priority or PRIORITY_INTERACTIVE)

@@ -297,6 +297,7 @@ def assert_error(response, status, code=None, param=None):
 
 
 CHAT = {"messages": [{"role": "user", "content": "Say hello"}]}
+JSON_TYPE = {"content-type": "application/json"}
 
 
 # --- happy paths through the openai client ----------------------------------------------------
@@ -409,7 +410,8 @@ def test_health(base_url, fake):
 def bad_requests():
     long_prompt = " ".join(["word"] * 400)
     return [
-        ("malformed json", {"content": b'{"messages": ['}, 400, "invalid_json", None),
+        ("malformed json", {"content": b'{"messages": [', "headers": JSON_TYPE}, 400,
+         "invalid_json", None),
         ("not an object", {"json": [1, 2]}, 400, "invalid_json", None),
         ("wrong type", {"json": {**CHAT, "temperature": "hot"}}, 400, None, "temperature"),
         ("out of range", {"json": {**CHAT, "top_p": 7}}, 400, None, "top_p"),
@@ -419,8 +421,8 @@ def bad_requests():
          "context_length_exceeded", None),
         ("unknown model", {"json": {**CHAT, "model": "gpt-4o"}}, 404, "model_not_found",
          "model"),
-        ("body too large", {"content": b"{" + b" " * 70_000 + b"}"}, 413, "request_too_large",
-         None),
+        ("body too large", {"content": b"{" + b" " * 70_000 + b"}", "headers": JSON_TYPE}, 413,
+         "request_too_large", None),
     ]
 
 

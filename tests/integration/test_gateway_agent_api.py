@@ -217,13 +217,16 @@ def test_malformed_call_is_text_with_a_count_only_log_line(client, fake, tokeniz
     with structlog.testing.capture_logs() as logs:
         reply = client.chat.completions.create(model=MODEL, messages=USER,
                                                tools=[WEATHER_TOOL])
-        wait_until(lambda: any(e["event"] == "request.finished" for e in logs))
+        # A previous test's line may land in the capture too: pick this request's by its id.
+        mine = lambda: [e for e in logs  # noqa: E731
+                        if e["event"] == "request.finished" and e.get("rid") == reply.id]
+        wait_until(lambda: mine())
     assert reply.choices[0].message.content == bad
     assert reply.choices[0].finish_reason == "stop" and not reply.choices[0].message.tool_calls
     (malformed,) = [e for e in logs if e["event"] == "tool_call.malformed"]
     assert malformed["num_malformed"] == 1
     assert "secret" not in json.dumps(logs, default=str)
-    (finished,) = [e for e in logs if e["event"] == "request.finished"]
+    (finished,) = mine()
     assert finished["num_malformed_tool_calls"] == 1
 
 

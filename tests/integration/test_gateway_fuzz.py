@@ -117,7 +117,7 @@ def bodies(path: str, seed: int):
         if i % 25 == 0:
             raw = rng.choice([b"", b"{", b"[]", b"null", b'"x"', b"{\"messages\": [}",
                               bytes(rng.randrange(256) for _ in range(20))])
-            yield i, {"content": raw}
+            yield i, {"content": raw, "headers": {"content-type": "application/json"}}
             continue
         body = VALID[path]
         for _ in range(rng.randint(1, 3)):

@@ -3,18 +3,20 @@
 import mlx.core as mx
 import numpy as np
 import pytest
+import structlog
 
 from proto.messages import SamplingParams
+from worker.kv_layout import kv_quant
 from worker.model_loading import load_model
 from worker.page_io import PageLayout
 from worker.sampling import sample_rows
-from worker.slots import SlotStore
+from worker.slots import SlotError, SlotStore
 
 P = 32
 
 
-def _setup(model_dir, num_slots=2):
-    loaded = load_model(str(model_dir))
+def _setup(model_dir, num_slots=2, quant=None):
+    loaded = load_model(str(model_dir), quant)
     store = SlotStore(loaded.model, loaded.make_cache, num_slots, 2048)
     probe = loaded.make_cache()
     loaded.model(mx.array([[1]]), cache=probe)
@@ -38,7 +40,14 @@ def _continue(store, slot, first, n=12):
     return out, first_logits
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_next"])
+# Every family's twin; sliding-window rings (gpt_oss, gemma: window 128) wrap within the prompt.
+FAMILIES = ["qwen3", "qwen3_next", "qwen2", "llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe",
+            "gpt_oss", "gemma3_text", "gemma4_text", "glm4_moe", "deepseek_v3", "deepseek_v32",
+            "minimax", "mistral3"]
+SNAPSHOT_FAMILIES = ["qwen3_next", "qwen3_5", "gpt_oss", "gemma3_text", "gemma4_text"]
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_restored_pages_continue_bit_identically(tiny_model_dir, arch):
     store, layout = _setup(tiny_model_dir(arch))
     prompt = [int(t) for t in np.random.default_rng(0).integers(5, 3000, 4 * P + 9)]
@@ -82,7 +91,7 @@ def test_stage_reads_slot_as_left_by_previous_step(tiny_model_dir):
     assert np.array_equal(buf[:keys.nbytes].view(np.float32).reshape(shape), keys)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_next"])
+@pytest.mark.parametrize("arch", ["qwen3", *SNAPSHOT_FAMILIES])
 def test_tail_page_restores_exactly_where_the_turn_ended(tiny_model_dir, arch):
     store, layout = _setup(tiny_model_dir(arch))
     prompt = [int(t) for t in np.random.default_rng(1).integers(5, 3000, 2 * P + 11)]
@@ -98,3 +107,127 @@ def test_tail_page_restores_exactly_where_the_turn_ended(tiny_model_dir, arch):
     got_tokens, got_logits = _continue(store, 1, prompt[-1])
     assert got_tokens == ref_tokens
     assert np.array_equal(got_logits, ref_logits)
+
+
+@pytest.mark.parametrize("reserve,stale,bits", [(0, False, 0), (5 * P, True, 0), (5 * P, True, 8)],
+                         ids=["growing", "reserved-over-stale", "reserved-over-stale-q8"])
+def test_restore_in_batches_continues_bit_identically(tiny_model_dir, reserve, stale, bits):
+    """A restore loads batch after batch: into room the first batch reserved (here in a slot
+    whose previous conversation left its buffers), or growing the slot (past KVCache.step)."""
+    store, layout = _setup(tiny_model_dir("qwen3"), quant=kv_quant(bits, 64))
+    rng = np.random.default_rng(2)
+    prompt = [int(t) for t in rng.integers(5, 3000, 10 * P + 9)]
+    _prefill(store, 0, prompt[:10 * P], P)
+    buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(10)]
+    for k in range(10):
+        layout.stage(store.parked(0), k * P, buffers[k], with_state=False)
+    store.prefill(0, 10 * P, prompt[10 * P:-1])
+    ref_tokens, ref_logits = _continue(store, 0, prompt[-1])
+
+    if stale:
+        _prefill(store, 1, [int(t) for t in rng.integers(5, 3000, 12 * P)], P)
+    for start in (0, 5 * P):
+        cache = store.loaded(1, start, prompt[start:start + 5 * P])
+        layout.load(cache, start, buffers[start // P:start // P + 5], with_state=False,
+                    num_tokens=5 * P, reserve=reserve if start == 0 else 0)
+        for b in buffers[start // P:start // P + 5]:
+            b[:] = 0  # back to the pool after its step: the slot must not refer to it
+    store.prefill(1, 10 * P, prompt[10 * P:-1])
+    got_tokens, got_logits = _continue(store, 1, prompt[-1])
+    assert got_tokens == ref_tokens
+    assert np.array_equal(got_logits, ref_logits)
+
+
+@pytest.mark.parametrize("arch, bits", [("gpt_oss", 0), ("gemma3_text", 0), ("gemma3_text", 8)])
+@pytest.mark.parametrize("next_turn", [1, 7])
+def test_window_snapshot_after_decode_restores_exactly(tiny_model_dir, arch, bits, next_turn):
+    """A turn ended after decoding (the ring has wrapped and rotated): restored, the next turn
+    (one token or a chunk) gives the same logits as the slot that stayed in memory; also with
+    the full-attention layers' KV quantized (--kv-bits 8) next to the unquantized rings."""
+    store, layout = _setup(tiny_model_dir(arch), quant=kv_quant(bits, 64))
+    prompt = [int(t) for t in np.random.default_rng(2).integers(5, 3000, 3 * P + 5)]
+    _prefill(store, 0, prompt[:-1], P)
+    _continue(store, 0, prompt[-1], n=2 * P + 3)  # past the window: the ring rotates
+    held = list(store.tokens[0])
+    full = len(held) // P
+    buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(full + 1)]
+    for k in range(full):
+        layout.stage(store.parked(0), k * P, buffers[k], with_state=False)
+    layout.stage(store.parked(0), full * P, buffers[full], with_state=True,
+                 num_tokens=len(held) - full * P)
+    turn = list(range(40, 40 + next_turn))
+    if turn[:-1]:
+        store.prefill(0, len(held), turn[:-1])
+    ref_tokens, ref_logits = _continue(store, 0, turn[-1])
+
+    cache = store.loaded(1, 0, held)
+    layout.load(cache, 0, buffers, with_state=True, num_tokens=len(held))
+    if turn[:-1]:
+        store.prefill(1, len(held), turn[:-1])
+    got_tokens, got_logits = _continue(store, 1, turn[-1])
+    assert got_tokens == ref_tokens
+    assert np.array_equal(got_logits, ref_logits)
+
+
+def test_whole_ring_copies_to_another_slot(tiny_model_dir):
+    """A sliding-window slot cannot be cut back, but it can be copied whole."""
+    store, _ = _setup(tiny_model_dir("gpt_oss"), num_slots=2)
+    _prefill(store, 0, list(range(10, 10 + 5 * P)), P)  # 160 tokens: the 128-ring has wrapped
+    _continue(store, 0, 3, n=5)
+    store.copy_prefix(0, 1, len(store.tokens[0]))
+    a, la = _continue(store, 0, 6)
+    b, lb = _continue(store, 1, 6)
+    assert a == b and np.array_equal(la, lb)
+    with pytest.raises(SlotError):
+        store.copy_prefix(0, 1, P)
+
+
+def test_cache_kind_without_pages_still_serves_and_copies(tiny_model_dir):
+    """A layer cache kind paging does not know (here mlx-lm's ChunkedKVCache): the start-up
+    line says paging is off and why; slots still serve, are reused whole and copied."""
+    from mlx_lm.models.cache import ChunkedKVCache
+    from structlog.testing import capture_logs
+
+    from proto.settings import Settings
+    from worker.service import page_layout
+
+    loaded = load_model(str(tiny_model_dir("qwen3")))
+    loaded.make_cache = lambda: [ChunkedKVCache(4096) for _ in loaded.model.layers]
+    with capture_logs() as logs:
+        layout, paging = page_layout(loaded, Settings(page_size=P), structlog.get_logger())
+    assert layout is None
+    assert paging.startswith("off: ChunkedKVCache layers cannot be stored as pages")
+    assert logs[0]["event"] == "kv.paging_unsupported"
+
+    store = SlotStore(loaded.model, loaded.make_cache, 2, 2048)
+    assert not store.trimmable
+    _prefill(store, 0, list(range(10, 10 + 3 * P)), P)
+    store.copy_prefix(0, 1, 3 * P)
+    a, la = _continue(store, 0, 6)
+    b, lb = _continue(store, 1, 6)
+    assert a == b and np.array_equal(la, lb)
+
+
+def test_ring_slots_decode_batched_as_alone(tiny_model_dir):
+    """Two sliding-window slots decoding in one batch (mlx-lm's BatchRotatingKVCache) give the
+    tokens each gives alone, past the point where their rings wrap."""
+    loaded = load_model(str(tiny_model_dir("gpt_oss")))
+    prompts = [list(range(100, 190)), list(range(300, 420))]
+
+    def run(batched: bool) -> list[list[int]]:
+        store = SlotStore(loaded.model, loaded.make_cache, 2, 2048)
+        out = []
+        for slot, prompt in enumerate(prompts):
+            store.prefill(slot, 0, prompt[:-1])
+            out.append([prompt[-1]])
+        for i in range(48):
+            groups = [[0, 1]] if batched else [[0], [1]]
+            for slots in groups:
+                logits = store.decode(slots, [len(store.tokens[s]) for s in slots],
+                                      [out[s][-1] for s in slots])
+                for s, tok in zip(slots, sample_rows(logits, [SamplingParams()] * len(slots),
+                                                     [i] * len(slots))):
+                    out[s].append(tok)
+        return out
+
+    assert run(batched=True) == run(batched=False)

@@ -36,11 +36,15 @@ def test_usage_errors_exit_2(capsys):
     assert cli.main(["--help"]) == 0
 
 
-def test_component_command_reproduces_settings():
+def test_component_command_reproduces_settings(monkeypatch):
+    monkeypatch.delenv("SWITCHYARD_API_KEY", raising=False)
     settings = Settings(model="/m", port=9123, slots=2, ctx=4096, log_content=True)
-    cmd = component_command("worker", settings)
-    assert cmd[:5] == [sys.executable, "-m", "deploy.cli", "run", "worker"]
+    cmd = component_command("gateway", settings)
+    assert cmd[:5] == [sys.executable, "-m", "deploy.cli", "run", "gateway"]
     assert parse(cmd[3:]) == settings
+    # Only the gateway binds HTTP: the others are not told the address.
+    assert parse(component_command("worker", settings)[3:]) == Settings(
+        model="/m", slots=2, ctx=4096, log_content=True)
 
 
 def test_concrete_paths(tmp_path, monkeypatch):

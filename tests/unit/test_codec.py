@@ -1,19 +1,22 @@
-"""Round-trip every protocol message through msgpack; reject what is not a message."""
+"""Round-trip every protocol message through the codec; reject what is not a message."""
 
-import dataclasses
 import typing
 
 import msgpack
+import msgspec
 import pytest
 
 from proto import codec, messages
 from proto.messages import MESSAGE_TYPES
+from proto.tokens import TokenIds
 
 
 def _sample(annotation):
     """A non-default value of the given annotation, so a round trip proves each field travels."""
-    if dataclasses.is_dataclass(annotation):
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
         return _instance(annotation)
+    if annotation is TokenIds:
+        return TokenIds([7, 0, 2**32 - 1])
     origin = typing.get_origin(annotation)
     if origin is tuple:
         (inner, *_rest) = typing.get_args(annotation)
@@ -23,7 +26,7 @@ def _sample(annotation):
 
 def _instance(cls):
     hints = typing.get_type_hints(cls)
-    return cls(**{f.name: _sample(hints[f.name]) for f in dataclasses.fields(cls)})
+    return cls(**{name: _sample(hints[name]) for name in cls.__struct_fields__})
 
 
 @pytest.mark.parametrize("cls", MESSAGE_TYPES, ids=lambda c: c.kind)
@@ -38,19 +41,54 @@ def test_kinds_are_unique():
 
 
 def test_unknown_kind_is_rejected():
-    with pytest.raises(codec.ProtocolError, match="unknown message kind"):
+    with pytest.raises(codec.ProtocolError, match="kind"):
         codec.decode(msgpack.packb({"kind": "os.system", "cmd": "rm"}))
 
 
 def test_unknown_field_is_rejected():
     frame = msgpack.packb({"kind": "cancel_request", "rid": "a", "extra": 1})
-    with pytest.raises(codec.ProtocolError, match="unknown fields"):
+    with pytest.raises(codec.ProtocolError, match="unknown field"):
+        codec.decode(frame)
+
+
+def test_unknown_field_of_a_nested_value_is_rejected():
+    frame = msgpack.packb({"kind": "submit_request", "rid": "a",
+                           "prompt_token_ids": msgpack.ExtType(codec.TOKEN_IDS_EXT, b""),
+                           "max_tokens": 1, "sampling": {"temperature": 0.0, "typo": 1}})
+    with pytest.raises(codec.ProtocolError, match="unknown field"):
         codec.decode(frame)
 
 
 def test_missing_field_is_rejected():
     with pytest.raises(codec.ProtocolError):
         codec.decode(msgpack.packb({"kind": "cancel_request"}))
+
+
+def test_wrong_type_is_rejected():
+    with pytest.raises(codec.ProtocolError):
+        codec.decode(msgpack.packb({"kind": "cancel_request", "rid": 7}))
+
+
+def test_token_ids_travel_packed_and_nothing_else_passes_for_them():
+    submit = messages.SubmitRequest("r", [1, 2, 70000], 4, messages.SamplingParams())
+    assert isinstance(submit.prompt_token_ids, TokenIds)  # a list is packed when built
+    raw = msgpack.unpackb(codec.encode(submit))
+    packed = raw["prompt_token_ids"]
+    assert isinstance(packed, msgpack.ExtType) and packed.code == codec.TOKEN_IDS_EXT
+    assert len(packed.data) == 12
+    assert codec.decode(codec.encode(submit)).prompt_token_ids == (1, 2, 70000)
+    bad_values = ([1, 2, 3],  # an int array (protocol 1)
+                  packed.data,  # bytes without the ext type
+                  msgpack.ExtType(codec.TOKEN_IDS_EXT, b"\x00\x01\x02"),  # a partial uint32
+                  msgpack.ExtType(9, packed.data))  # an unknown ext type
+    for bad in bad_values:
+        raw["prompt_token_ids"] = bad
+        with pytest.raises(codec.ProtocolError):
+            codec.decode(msgpack.packb(raw))
+    raw["rid"] = packed  # token ids where a string belongs
+    raw["prompt_token_ids"] = packed
+    with pytest.raises(codec.ProtocolError, match="rid"):
+        codec.decode(msgpack.packb(raw))
 
 
 def test_garbage_is_rejected():
@@ -63,3 +101,9 @@ def test_garbage_is_rejected():
 def test_non_message_cannot_be_encoded():
     with pytest.raises(codec.ProtocolError):
         codec.encode(messages.SamplingParams())
+
+
+def test_messages_are_frozen():
+    msg = messages.CancelRequest("a")
+    with pytest.raises(AttributeError):
+        msg.rid = "b"

@@ -42,7 +42,7 @@ def test_unknown_fields_are_ignored():
 @pytest.mark.parametrize("field,value", [
     ("temperature", "hot"), ("temperature", True), ("temperature", -0.1),
     ("temperature", 2.5), ("top_p", 0), ("top_p", 1.5), ("top_k", 1.5), ("top_k", -1), ("top_k", 10**30),
-    ("min_p", 2), ("max_tokens", 0), ("max_tokens", "10"), ("max_tokens", 10.0),
+    ("min_p", 2), ("max_tokens", 0), ("max_tokens", "10"), ("max_tokens", 10.5),
     ("max_completion_tokens", -5), ("seed", "x"), ("seed", 2**70), ("stream", "yes"),
     ("stop", 5), ("stop", ["a", 1]), ("stop", ["s"] * 17), ("user", 7), ("model", 3),
     ("priority", "urgent"), ("tools", {"a": 1}), ("tools", [1]), ("tool_choice", 3),
@@ -232,6 +232,13 @@ def test_random_bodies_give_a_request_or_a_400_never_anything_else():
                 submitted = build_submit("r", [1, 2], request.options, ctx=64,
                                          default_max_tokens=8, stop_token_ids=(0,),
                                          priority=None)
-                codec.encode(submitted)  # everything must fit the wire
+                # everything must fit the wire, with the types the scheduler's decoder checks
+                assert codec.decode(codec.encode(submitted)) == submitted
             except APIError as error:
                 assert error.status == 400 and error.body()["error"]["message"]
+
+
+def test_an_integral_number_is_an_integer():
+    """JSON has one number type: 10.0 is 10 (JSON Schema, and the published spec, agree)."""
+    assert chat(max_tokens=10.0).options.max_tokens == 10
+    assert isinstance(chat(max_tokens=10.0).options.max_tokens, int)

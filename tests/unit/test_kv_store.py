@@ -102,10 +102,12 @@ def test_restart_rebuilds_the_index_from_files(store):
 def test_scan_removes_leftover_temp_files(store):
     (pid,) = _write_chain(store, 1)
     path = store.path_for(NS, pid)
-    (path.parent / f".{pid.hex()}.999.abcd.tmp").write_bytes(b"half a page")
+    (path.parent / f".{pid.hex()}.99999999.abcd.tmp").write_bytes(b"half a page")  # gone
+    alive = path.parent / f".{pid.hex()}.{os.getppid()}.abcd.tmp"  # a live writer's
+    alive.write_bytes(b"being written")
     again = PageStore(store.root)
     assert len(again.scan()) == 1
-    assert again.num_temp_removed == 1 and not list(path.parent.glob("*.tmp"))
+    assert again.num_temp_removed == 1 and list(path.parent.glob("*.tmp")) == [alive]
 
 
 def test_miss_is_not_corruption(store):
@@ -263,3 +265,24 @@ def test_scan_of_2000_pages_is_fast(tmp_path):
     print(f"scan of {len(infos)} pages: {elapsed * 1000:.0f} ms "
           f"({len(infos) / elapsed:.0f} pages/s)")
     assert len(infos) == 2000
+
+
+def test_a_batch_is_read_in_parallel_each_page_judged_on_its_own(store):
+    ids = _write_chain(store, 6)
+    bad = store.path_for(NS, ids[2])
+    bad.write_bytes(_flip_payload(bytearray(bad.read_bytes())))
+    store.path_for(NS, ids[4]).unlink()
+    outs = [bytearray(8192) for _ in ids]
+    tokens = [_tokens(i) for i in range(6)]
+    tokens[3] = _tokens(9)  # the caller expects other tokens: a miss
+    headers = store.read_many(NS, list(zip(ids, tokens, map(memoryview, outs))))
+    good = [i for i, h in enumerate(headers) if h is not None]
+    assert good == [0, 1, 5]
+    for i in good:
+        assert headers[i].page_id == ids[i]
+        assert bytes(outs[i][:headers[i].payload_len]) == _payload(i).tobytes()
+    # Corrupt (bad checksum, wrong tokens) pages are removed; the missing one leaves the index.
+    assert store.num_corrupt_removed == 2
+    assert [pid in store for pid in ids] == [True, True, False, False, False, True]
+    assert not store.path_for(NS, ids[2]).exists() and not store.path_for(NS, ids[3]).exists()
+    store.close()

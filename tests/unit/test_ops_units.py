@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import plistlib
 import shlex
 import shutil
@@ -14,8 +15,8 @@ import pytest
 
 from deploy import cli, launchd, systemd
 from deploy.service_units import (ROLES, UnitError, check_second_group, parse_env,
-                                  program_arguments, settings_flags, unit_plan)
-from proto.settings import Settings
+                                  program_arguments, settings_flags, unit_plan, write_key_file)
+from proto.settings import Settings, read_api_key_file
 
 OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 AWKWARD_KEY = 'k e$y%"\\x'
@@ -37,14 +38,52 @@ def parse_settings(argv: list[str]) -> Settings:
 
 # -- shared ---------------------------------------------------------------------------------------
 
+def key_file(tmp_path, key=AWKWARD_KEY) -> str:
+    path = tmp_path / "key"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def as_child(settings: Settings, role: str) -> Settings:
+    """What a component of `role` is given: the key only for the gateway, which alone binds."""
+    if role == "gateway":
+        return settings
+    return dataclasses.replace(settings, api_key="", api_key_file="", host="127.0.0.1",
+                               port=Settings.port)
+
+
 def test_flags_are_the_non_default_settings_and_round_trip(tmp_path):
-    plan = make_plan(tmp_path, api_key=AWKWARD_KEY, log_content=True)
+    plan = make_plan(tmp_path, api_key_file=key_file(tmp_path), log_content=True, port=8123)
     flags = settings_flags(plan.settings)
     assert "--slots" in flags and "--ctx" not in flags and "--log-content" in flags
     for role in ROLES:
         argv = program_arguments(plan, role)
         assert argv[:5] == ["/venv/bin/python", "-m", "deploy.cli", "run", role]
-        assert parse_settings(argv) == plan.settings
+        child = parse_settings(argv)
+        assert child == as_child(dataclasses.replace(plan.settings, api_key=AWKWARD_KEY), role)
+
+
+def test_units_never_hold_the_api_key(tmp_path):
+    """Finding 1 (issue 12): the key was in every unit's argv; now only a file path is, for
+    the gateway alone (systemd: LoadCredential=), and `install` writes the file 0600."""
+    plan = make_plan(tmp_path, api_key=AWKWARD_KEY)
+    rendered = "\n".join([*launchd.render(plan).values(), *systemd.render(plan).values()])
+    assert AWKWARD_KEY not in rendered and "api-key" in rendered
+    assert plan.api_key_file == "/home/u/.config/switchyard/api-key"
+    gateway = unit_sections(systemd.render(plan)["switchyard-gateway.service"])
+    service = dict(gateway["Service"])
+    assert service["LoadCredential"] == "api-key:/home/u/.config/switchyard/api-key"
+    assert service["ExecStart"].endswith("--api-key-file %d/api-key")
+    for role in ROLES:
+        argv = program_arguments(plan, role)
+        assert ("--api-key-file" in argv) == (role == "gateway")
+        assert "--api-key" not in argv
+    target = tmp_path / "cfg" / "api-key"
+    write_key_file(target, AWKWARD_KEY)
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert target.parent.stat().st_mode & 0o777 == 0o700
+    assert read_api_key_file(str(target)) == AWKWARD_KEY
 
 
 def test_label_suffix_needs_its_own_runtime_dir_and_a_clean_name(tmp_path):
@@ -71,14 +110,15 @@ def test_installed_script_is_used_when_the_venv_has_one(tmp_path):
 # -- launchd --------------------------------------------------------------------------------------
 
 def test_launchd_plists(tmp_path):
-    plan = make_plan(tmp_path, api_key=AWKWARD_KEY)
+    plan = make_plan(tmp_path, api_key_file=key_file(tmp_path))
     files = launchd.render(plan)
     assert list(files) == [f"com.switchyard.{role}.plist" for role in ROLES]
     for role in ROLES:
         agent = plistlib.loads(files[f"com.switchyard.{role}.plist"].encode())
         assert agent["Label"] == f"com.switchyard.{role}"
         assert agent["ProgramArguments"] == program_arguments(plan, role)
-        assert parse_settings(agent["ProgramArguments"]) == plan.settings
+        assert parse_settings(agent["ProgramArguments"]) == as_child(
+            dataclasses.replace(plan.settings, api_key=AWKWARD_KEY), role)
         assert agent["KeepAlive"] == {"SuccessfulExit": False, "Crashed": True}
         assert agent["RunAtLoad"] is True
         assert isinstance(agent["ThrottleInterval"], int) and agent["ThrottleInterval"] >= 5
@@ -153,7 +193,7 @@ def unquote_exec(line: str) -> list[str]:
 
 
 def test_systemd_units(tmp_path):
-    plan = make_plan(tmp_path, api_key=AWKWARD_KEY, model="/models/my model")
+    plan = make_plan(tmp_path, api_key_file=key_file(tmp_path), model="/models/my model")
     files = systemd.render(plan)
     assert list(files) == [*(f"switchyard-{role}.service" for role in ROLES),
                            "switchyard.target"]
@@ -165,8 +205,8 @@ def test_systemd_units(tmp_path):
         assert service["Restart"] == "on-failure" and float(service["RestartSec"]) > 0
         assert service["RestartPreventExitStatus"] == "2 3"
         argv = unquote_exec(service["ExecStart"])
-        assert argv == program_arguments(plan, role)
-        assert parse_settings(argv).api_key == AWKWARD_KEY
+        assert argv == program_arguments(plan, role, "%d/api-key")
+        assert ("LoadCredential" in service) == (role == "gateway")
         env = [v for k, v in unit["Service"] if k == "Environment"]
         assert "HF_HOME=/data/hf" in env
         assert (f"LD_PRELOAD={OPENBLAS}" in env) == (role == "worker")

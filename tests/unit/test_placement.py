@@ -25,7 +25,7 @@ def place(slots, context, disk=0, trimmable=True, persisted=None):
             m += 1
         if trimmable or m == len(s.tokens):
             matches[s.index] = m
-    src = Sources(tuple(context), disk, matches, P, trimmable)
+    src = Sources(len(context), disk, matches, P, trimmable)
     return choose_slot(slots, src, persisted or {})
 
 

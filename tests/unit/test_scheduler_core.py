@@ -1,6 +1,7 @@
 """The scheduler core, driven without sockets or MLX: a scripted worker answers each step."""
 
 from proto.messages import (
+    CancelRequest,
     RequestFailed,
     RequestFinished,
     SampledToken,
@@ -9,8 +10,10 @@ from proto.messages import (
     StepDone,
     SubmitRequest,
     TokensGenerated,
+    WorkerReady,
 )
 from scheduler.core import CoreConfig, SchedulerCore
+from scheduler.events import FailAll, GatewayRestarted, PlanStep
 
 EOS = 0
 
@@ -22,9 +25,15 @@ def make_core(**kw):
 
 
 def submit(core, rid, prompt, max_tokens=3, priority="interactive", now=0.0):
-    core.submit(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (EOS,),
-                              priority), now)
-    return core.take_outbox()
+    return core.handle(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (EOS,),
+                                     priority), now).messages
+
+
+def worker_ready(core, slots=()):
+    """A worker (re)started holding `slots` (SlotContents); no page store."""
+    c = core.config
+    return core.handle(WorkerReady("w", b"", "tiny", c.num_slots, c.ctx, c.page_size, 100,
+                                   c.trimmable, slots), 0.0)
 
 
 class ScriptedWorker:
@@ -33,11 +42,16 @@ class ScriptedWorker:
     def __init__(self, core, next_token=lambda slot, pos: 1000 + pos):
         self.core, self.next_token = core, next_token
         self.steps = []
+        self.logs = []  # (event, fields) the core recorded
+        self.finished = []  # FinishedRecord of every request that ended
 
     def step(self, now=1.0):
-        plan = self.core.plan_step(now)
+        effects = self.core.handle(PlanStep(), now)
+        self.logs += effects.logs
+        self.finished += effects.finished
+        plan = effects.step
         if plan is None:
-            return None, self.core.take_outbox()
+            return None, effects.messages
         self.steps.append(plan)
         sampled = []
         for i in range(plan.num_decode_steps):  # like the worker: burst, stop at stop tokens
@@ -48,8 +62,10 @@ class ScriptedWorker:
                     sampled.append(SampledToken(d.slot, self.next_token(d.slot, d.position + i)))
         done = StepDone(plan.step, tuple(sampled), sum(len(c.token_ids) for c in plan.prefills),
                         len(plan.decodes), 0.001)
-        self.core.step_done(done, now)
-        return plan, self.core.take_outbox()
+        after = self.core.handle(done, now)
+        self.logs += after.logs
+        self.finished += after.finished
+        return plan, effects.messages + after.messages
 
     def run(self, max_steps=1000):
         out = []
@@ -177,15 +193,11 @@ def test_cancel_waiting_and_running():
     submit(core, "run", range(1, 10), max_tokens=100)
     submit(core, "wait", range(20, 30))
     w.step()
-    core.cancel("wait", 1.0)
-    [c] = core.take_outbox()
+    [c] = core.handle(CancelRequest("wait"), 1.0).messages
     assert c.finish_reason == "cancelled"
-    plan = core.plan_step(1.0)
-    core.take_outbox()
-    core.cancel("run", 1.0)
-    assert core.take_outbox() == []  # finishes when the step comes back
-    core.step_done(StepDone(plan.step, (SampledToken(0, 5),), 0, 1, 0.0), 1.0)
-    msgs = core.take_outbox()
+    plan = core.handle(PlanStep(), 1.0).step
+    assert core.handle(CancelRequest("run"), 1.0).messages == []  # ends when the step is back
+    msgs = core.handle(StepDone(plan.step, (SampledToken(0, 5),), 0, 1, 0.0), 1.0).messages
     assert finished(msgs)["run"].finish_reason == "cancelled"
     assert core.slots[0].rid is None and core.slots[0].tokens  # pages stay cached
 
@@ -197,7 +209,7 @@ def test_worker_restart_requeues_and_replays():
     for _ in range(3):
         w.step()
     got = list(core.requests["a"].generated)
-    core.worker_restarted(())
+    worker_ready(core)
     assert core.slots[0].tokens == [] and core.waiting[0] == "a"
     msgs = w.run()
     plan = w.steps[3]
@@ -208,17 +220,17 @@ def test_worker_restart_requeues_and_replays():
 
 def test_scheduler_restart_adopts_worker_slots():
     core = make_core()
-    core.worker_restarted((SlotContents(1, (1, 2, 3, 4)),))
+    worker_ready(core, (SlotContents(1, (1, 2, 3, 4)),))
     submit(core, "a", [1, 2, 3, 4, 5, 6])
-    plan = core.plan_step(0.0)
+    plan = core.handle(PlanStep(), 0.0).step
     assert plan.prefills[0].slot == 1 and plan.prefills[0].start == 4
 
 
 def test_hybrid_slot_is_reused_only_as_pure_extension():
     core = make_core(num_slots=1, trimmable=False)
-    core.worker_restarted((SlotContents(0, (1, 2, 3, 4)),))
+    worker_ready(core, (SlotContents(0, (1, 2, 3, 4)),))
     submit(core, "a", [1, 2, 9, 9, 9])
-    plan = core.plan_step(0.0)
+    plan = core.handle(PlanStep(), 0.0).step
     assert plan.prefills[0].start == 0
 
 
@@ -232,7 +244,7 @@ def test_interactive_request_preempts_background_slot():
     submit(core, "fg", range(100, 120), max_tokens=2)
     plan, _ = w.step()
     assert core.requests["fg"].slot == 0 and "bg" in core.waiting
-    assert ("request.preempted", {"rid": "bg", "num_generated": len(done_before)}) in core.events
+    assert ("request.preempted", {"rid": "bg", "num_generated": len(done_before)}) in w.logs
     msgs = w.run()
     assert finished(msgs)["fg"].finish_reason == "length"
     # The background request resumes where it stopped and still gets all its tokens.
@@ -293,3 +305,41 @@ def test_burst_stops_at_a_stop_token_and_at_max_tokens():
     assert generated(msgs, "a") == [52, 53, 54, 55, 56]
     assert finished(msgs)["a"].finish_reason == "stop"
     assert core.slots[0].tokens == [1, 2, 3, 52, 53, 54, 55, 56]
+
+
+def test_snapshot_reports_slots_and_queue_as_plain_data():
+    core = make_core(num_slots=1, prefill_chunk=8)
+    w = ScriptedWorker(core)
+    submit(core, "a", range(1, 30), max_tokens=50)
+    submit(core, "b", range(100, 110), now=0.5)
+    w.step()
+    snap = core.snapshot(2.0)
+    [slot] = snap["slots"]
+    assert (slot["rid"], slot["state"], slot["num_tokens"]) == ("a", "prefilling", 8)
+    assert snap["queue"] == [{"rid": "b", "priority": "interactive", "waiting_s": 1.5,
+                              "prompt_tokens": 10}]
+    for _ in range(4):
+        w.step()
+    assert core.snapshot(3.0)["slots"][0]["state"] == "decoding"
+
+
+def test_fail_all_fails_every_request_once_with_a_retryable_error():
+    core = make_core(num_slots=1)
+    w = ScriptedWorker(core)
+    submit(core, "a", range(1, 10), max_tokens=50)
+    submit(core, "b", range(20, 30))
+    w.step()
+    effects = core.handle(FailAll("component_restarted", "worker gone", 2.0), 5.0)
+    failed = {m.rid: m for m in effects.messages if isinstance(m, RequestFailed)}
+    assert set(failed) == {"a", "b"} and all(m.retryable for m in failed.values())
+    assert not finished(effects.messages), "a failed request is not also finished"
+    assert {r.rid for r in effects.finished} == {"a", "b"}  # logged once each
+    assert core.num_waiting == core.num_running == 0
+
+
+def test_gateway_restart_ends_requests_without_answers():
+    core = make_core(num_slots=1)
+    submit(core, "a", range(1, 10))
+    effects = core.handle(GatewayRestarted(), 1.0)
+    assert effects.messages == [] and [r.finish_reason for r in effects.finished] == [
+        "cancelled"]

@@ -1,11 +1,12 @@
 """Prefill order, slot admission and the background bound (issue 14), driven without sockets
 or MLX; and admission waiting for the page index after a start (issue 12)."""
 
-from proto.messages import AttachBuffers, RequestFinished
+from proto.messages import AttachBuffers, InventoryDescribed
 from scheduler.core import SchedulerCore
+from scheduler.events import IndexOverdue, KvstoreRestarted
 from scheduler.fairness import oldest_waiting_s
 from tests.unit.test_scheduler_core import ScriptedWorker, make_core, submit
-from tests.unit.test_scheduler_pages import NS, P, Group, conv
+from tests.unit.test_scheduler_pages import P, Group, conv, worker_ready
 
 R = 200  # the waiting request's tokens to prefill
 
@@ -110,7 +111,7 @@ def test_finished_record_tells_queue_prefill_wait_and_prefill_apart():
     submit(core, "c", range(500, 530), max_tokens=1, now=0.0)  # waits for a slot
     for t in range(1, 20):
         w.step(now=float(t))
-    recs = {r.rid: r for r in core.finished}
+    recs = {r.rid: r for r in w.finished}
     a, b, c = recs["a"], recs["b"], recs["c"]
     assert a.queue_s == b.queue_s == 1.0 and c.queue_s > 1.0
     # One 64-token chunk a step, shortest first: a (99 tokens) takes step 1 and 35 of step 2.
@@ -140,14 +141,14 @@ def test_requests_wait_for_the_page_index_after_a_restart():
     # The whole group restarts: the worker is ready before kvstore's inventory arrives.
     fresh = SchedulerCore(g.core.config.__class__(**{**g.core.config.__dict__,
                                                      "wait_for_index": True}))
-    fresh.worker_restarted((), NS, "shm", 64, 100, 0)
     g.core, g.slots = fresh, [[]]
+    g.do(worker_ready(fresh))
     g.submit("a2", a + [4])
     g.run()
     assert fresh.requests["a2"].slot is None, "placed before the page index was known"
-    fresh.kvstore_restarted()
-    fresh.pages.kvstore_inventory(pages, True, g.now)
-    attach = [m for m in fresh.take_outbox() if isinstance(m, AttachBuffers)]
+    g.outbox.clear()  # sent to the kvstore that is gone
+    msgs = g.do(KvstoreRestarted()).messages + g.do(InventoryDescribed("kv", pages)).messages
+    attach = [m for m in msgs if isinstance(m, AttachBuffers)]
     assert attach, "kvstore must learn of the worker's buffers that came before its index"
     g.run()
     assert g.finished("a2").num_cached_tokens == len(a)
@@ -157,17 +158,17 @@ def test_index_overdue_places_without_disk_pages():
     g = Group(num_slots=1)
     fresh = SchedulerCore(g.core.config.__class__(**{**g.core.config.__dict__,
                                                      "wait_for_index": True}))
-    fresh.worker_restarted((), NS, "shm", 64, 100, 0)
     g.core, g.slots = fresh, [[]]
+    g.do(worker_ready(fresh))
     g.submit("a", conv(2, 40))
     g.run()
     assert "a" in fresh.waiting
-    fresh.index_overdue = True  # kvstore stayed away: serve, prefilling
+    g.do(IndexOverdue(True))  # kvstore stayed away: serve, prefilling
     g.run()
     assert g.finished("a").num_cached_tokens == 0
 
 
-def test_slot_is_not_displaced_while_its_pages_are_on_their_way_to_a_dead_kvstore():
+def test_pages_on_their_way_to_a_killed_kvstore_are_written_by_its_successor():
     g = Group(num_slots=1)
     a = conv(1, 4 * P + 5)
     g.submit("a1", a, max_tokens=1)
@@ -176,28 +177,15 @@ def test_slot_is_not_displaced_while_its_pages_are_on_their_way_to_a_dead_kvstor
     g.run()
     assert any(m.__class__.__name__ == "WritePages" for m in dead)
     g.submit("b1", conv(2, 3 * P))
-    g.run()
-    assert g.core.requests["b1"].slot is None, "displaced a slot whose pages were not saved"
-    # The new kvstore greets and describes what reached disk (nothing): the slot's pages and
-    # its tail are staged again, written, and only then is the slot given to b1.
+    g.run()  # b1 takes the slot at once: a1's pages now exist only in the page buffers
+    assert g.slots[0][:len(a)] != a
+    # The new kvstore greets: the writes in flight are sent again from their buffers.
     g._kvstore = real_kvstore
-    g.core.kvstore_restarted()
-    g.core.pages.kvstore_inventory(tuple(g.disk.values()), True, g.now)
+    g.do(KvstoreRestarted())
+    g.do(InventoryDescribed("kv2", tuple(g.disk.values())))
+    g.pump()
     g.run()
     assert g.finished("b1")
     g.submit("a2", a + [3000 + len(a), 7, 8])
     g.run()
     assert g.finished("a2").num_cached_tokens == len(a)  # full pages and the tail
-
-
-def test_a_kvstore_gone_past_its_grace_is_not_waited_for():
-    g = Group(num_slots=1)
-    g.submit("a1", conv(1, 4 * P + 5), max_tokens=1)
-    g._kvstore = lambda msg: None  # never answers
-    g.run()
-    g.submit("b1", conv(2, 3 * P))
-    g.run()
-    assert g.core.requests["b1"].slot is None
-    g.core.index_overdue = True  # the service's grace ran out
-    g.run()
-    assert g.finished("b1")

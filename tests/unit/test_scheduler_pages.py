@@ -4,8 +4,11 @@ A scripted worker applies each step plan to mirrored slot contents and a scripte
 keeps pages in a dict, so every message the core sends is checked against what it claims.
 """
 
+from itertools import accumulate
+
 from proto.messages import (
     DeletePages,
+    InventoryDescribed,
     PageInfo,
     PagesRead,
     PagesWritten,
@@ -19,9 +22,12 @@ from proto.messages import (
     SubmitRequest,
     TokensGenerated,
     TouchPages,
+    WorkerReady,
     WritePages,
 )
 from scheduler.core import CoreConfig, SchedulerCore
+from scheduler.events import KvstoreRestarted, PlanStep
+from scheduler.restore import RESTORE_FIRST_BATCH
 
 P = 16
 NS = b"n" * 16
@@ -37,19 +43,25 @@ class Group:
             num_slots=num_slots, ctx=8192, prefill_chunk=prefill_chunk, max_queue=16,
             trimmable=trimmable, page_size=P, disk_budget_bytes=budget_pages * (100 + 4096),
             state_interval=4 * P))
-        self.core.pages.kvstore_inventory((), True, 0.0)
-        self.core.worker_restarted((), NS, "shm", num_buffers, 100, 10 if not trimmable else 0)
+        self.outbox = []  # messages from the core not yet delivered
+        self.now = 1000.0
+        self.do(InventoryDescribed("kv", ()))
+        self.do(worker_ready(self.core, num_buffers, state_bytes=0 if trimmable else 10))
         self.slots = [[] for _ in range(num_slots)]  # what the worker holds
         self.buffers = {}  # buffer -> (slot tokens staged, with_state)
         self.disk = {}  # page_id -> PageInfo
         self.missing = set(missing)
         self.steps: list[RunStep] = []
         self.msgs = []
-        self.now = 1000.0
+
+    def do(self, event):
+        effects = self.core.handle(event, self.now)
+        self.outbox += effects.messages
+        return effects
 
     def submit(self, rid, prompt, max_tokens=4):
-        self.core.submit(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (EOS,),
-                                       "interactive"), self.now)
+        self.do(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (EOS,),
+                              "interactive"))
 
     def _worker(self, plan: RunStep):
         for st in plan.stages:
@@ -89,8 +101,7 @@ class Group:
                 infos.append(PageInfo(w.page_id, w.parent_id, NS, len(w.token_ids),
                                       4096 + 100, self.now, w.flags))
                 self.disk[w.page_id] = infos[-1]
-            self.core.pages_written(PagesWritten(tuple(infos), (), tuple(
-                w.buffer for w in msg.writes)), self.now)
+            self.do(PagesWritten(tuple(infos), (), tuple(w.buffer for w in msg.writes)))
         elif isinstance(msg, ReadPages):
             ok, missing = [], []
             for r in msg.reads:
@@ -100,7 +111,7 @@ class Group:
                 else:
                     missing.append(r.page_id)
                     self.disk.pop(r.page_id, None)
-            self.core.pages_read(PagesRead(tuple(ok), tuple(missing)), self.now)
+            self.do(PagesRead(tuple(ok), tuple(missing)))
         elif isinstance(msg, DeletePages):
             for pid in msg.page_ids:
                 del self.disk[pid]
@@ -109,7 +120,7 @@ class Group:
         """Deliver queued messages until quiet; returns True if anything was delivered."""
         delivered = False
         while True:
-            out = self.core.take_outbox()
+            out, self.outbox = self.outbox, []
             if not out:
                 return delivered
             delivered = True
@@ -117,14 +128,14 @@ class Group:
                 self.msgs.append(msg)
                 if isinstance(msg, RunStep):
                     self.steps.append(msg)
-                    self.core.step_done(self._worker(msg), self.now)
+                    self.do(self._worker(msg))
                 elif isinstance(msg, (WritePages, ReadPages, DeletePages, TouchPages)):
                     self._kvstore(msg)
 
     def run(self, limit=2000):
         for _ in range(limit):
             self.now += 1.0
-            self.core.plan_step(self.now)
+            self.do(PlanStep())
             if not self.pump():
                 return
         raise AssertionError("did not settle")
@@ -138,6 +149,12 @@ class Group:
 
     def prefilled_in(self, since):
         return sum(len(c.token_ids) for s in self.steps[since:] for c in s.prefills)
+
+
+def worker_ready(core, num_buffers=64, slots=(), state_bytes=0):
+    c = core.config
+    return WorkerReady("w", NS, "tiny", c.num_slots, c.ctx, c.page_size, 100, c.trimmable,
+                       slots, "shm", num_buffers, 100, state_bytes)
 
 
 def conv(seed, n):
@@ -229,6 +246,8 @@ def test_shared_prefix_is_copied_into_the_empty_slot():
     assert step.copies[0].dst_slot != step.copies[0].src_slot
     assert g.prefilled_in(before) == 29
     assert g.finished("b").num_cached_tokens == len(system)
+    for slot in g.core.slots:  # the copy took the source's page ids along: still exact
+        assert slot.page_ids == g.core.pages.chain(slot.tokens)
 
 
 def test_budget_is_never_exceeded_and_lru_tail_goes_first():
@@ -288,10 +307,9 @@ def test_scheduler_restart_rebuilds_from_inventory():
     g.submit("a1", a)
     g.run()
     pages = tuple(g.disk.values())
-    fresh = SchedulerCore(g.core.config)
-    fresh.pages.kvstore_inventory(pages, True, g.now)
-    fresh.worker_restarted((SlotContents(0, ()),), NS, "shm", 64, 100, 0)
-    g.core = fresh
+    g.core = SchedulerCore(g.core.config)
+    g.do(InventoryDescribed("kv", pages))
+    g.do(worker_ready(g.core, slots=(SlotContents(0, ()),)))
     g.slots = [[]]
     g.submit("a2", a + [4])
     g.run()
@@ -321,24 +339,17 @@ def test_pages_lost_with_a_kvstore_restart_are_written_again():
     g = Group(num_slots=1)
     a = conv(1, 4 * P + 2)
     g.submit("a", a)
-    g.core.plan_step(g.now)
     # The prefill step runs; its pages are staged in the next step and handed to kvstore...
-    for msg in g.core.take_outbox():
-        if isinstance(msg, RunStep):
-            g.core.step_done(g._worker(msg), g.now)
-    g.core.plan_step(g.now)
-    [step] = [m for m in g.core.take_outbox() if isinstance(m, RunStep)]
+    g.do(g._worker(g.do(PlanStep()).step))
+    step = g.do(PlanStep()).step
     assert step.stages
-    g.core.step_done(g._worker(step), g.now)
-    writes = [m for m in g.core.take_outbox() if isinstance(m, WritePages)]
+    writes = [m for m in g.do(g._worker(step)).messages if isinstance(m, WritePages)]
     assert writes
-    g.core.plan_step(g.now)  # meanwhile the slot counts those pages as on their way
-    for msg in g.core.take_outbox():
-        if isinstance(msg, RunStep):
-            g.core.step_done(g._worker(msg), g.now)
+    g.do(g._worker(g.do(PlanStep()).step))  # meanwhile the slot counts them as on their way
     # ...but kvstore dies before writing them. The new kvstore gets them again.
-    g.core.kvstore_restarted()
-    g.core.pages.kvstore_inventory((), True, g.now)
+    g.outbox.clear()
+    g.do(KvstoreRestarted())
+    g.do(InventoryDescribed("kv2", ()))
     g.run()
     assert sum(1 for i in g.disk.values() if i.num_tokens == P) == 4
 
@@ -354,3 +365,43 @@ def test_tails_passed_by_a_conversation_are_deleted():
     tails = [i for i in g.disk.values() if i.num_tokens < P]
     assert 1 <= len(tails) <= 2
     assert any(isinstance(m, DeletePages) for m in g.msgs)
+
+
+def test_the_next_batch_is_read_while_the_last_one_loads():
+    g = Group(num_slots=1, num_buffers=8)  # batches of 4 pages: half the pool
+    a = conv(1, 20 * P + 2)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b1", conv(2, 3 * P))
+    g.run()
+    since = len(g.msgs)
+    g.submit("a2", a + g.reply("a1") + [5, 6, 7])
+    g.run()
+    msgs = g.msgs[since:]
+    reads = [i for i, m in enumerate(msgs) if isinstance(m, ReadPages)]
+    loads = [(i, ld) for i, m in enumerate(msgs) if isinstance(m, RunStep) for ld in m.loads]
+    assert all(len(msgs[i].reads) <= 4 for i in reads)
+    assert reads[1] < loads[0][0], "batch 2 is read before batch 1 is loaded"
+    # Loads follow each other; the first makes room for the whole context.
+    restored = sum(len(ld.token_ids) for _, ld in loads)
+    context = len(a) + len(g.reply("a1")) + 3 - 1
+    assert loads[0][1].reserve == context - len(loads[0][1].token_ids)
+    assert [ld.start for _, ld in loads] == [0] + list(
+        accumulate(len(ld.token_ids) for _, ld in loads[:-1]))
+    assert restored == len(a) + 3 and g.finished("a2").num_cached_tokens == len(a) + 3
+    assert g.core.pages.allocator.num_free == 8, "every buffer comes back"
+
+
+def test_a_restore_starts_with_a_small_batch_then_reads_larger_ones():
+    g = Group(num_slots=1, num_buffers=64)
+    a = conv(1, 60 * P + 2)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b1", conv(2, 3 * P))
+    g.run()
+    since = len(g.msgs)
+    g.submit("a2", a + g.reply("a1") + [5])
+    g.run()
+    sizes = [len(m.reads) for m in g.msgs[since:] if isinstance(m, ReadPages)]
+    assert sizes[0] == RESTORE_FIRST_BATCH and max(sizes) == 32  # then half the pool
+    assert sum(sizes) == 61 and g.finished("a2").num_cached_tokens == len(a) + 3

@@ -44,6 +44,20 @@ def test_non_loopback_needs_api_key():
     assert _parse(["--host", "0.0.0.0", "--api-key", "k"]).host == "0.0.0.0"
 
 
+def test_served_model_names_repeat_and_round_trip(tmp_path):
+    assert _parse([]).served_model_name == ()
+    s = _parse(["--served-model-name", "qwen", "--served-model-name", "gpt-4o", "claude"])
+    assert s.served_model_name == ("qwen", "gpt-4o", "claude")
+    assert _parse(s.to_args()) == s
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('served-model-name = ["a", "b"]\n')
+    assert _parse(["--config", str(cfg)]).served_model_name == ("a", "b")
+    cfg.write_text('served-model-name = "solo"\n')
+    assert _parse(["--config", str(cfg)]).served_model_name == ("solo",)
+    with pytest.raises(SettingsError, match="served-model-name must not be empty"):
+        _parse(["--served-model-name", " "])
+
+
 def test_kv_bits_and_group_size_are_checked():
     assert (_parse(["--kv-bits", "8"]).kv_bits, _parse([]).kv_group_size) == (8, 64)
     with pytest.raises(SettingsError, match="--kv-bits must be 8 or 4"):

@@ -105,15 +105,23 @@ def test_guided_fields_compile_and_only_one_is_allowed():
     assert error_of(structured.guided, {"guided_regex": "(unclosed"}).status == 400
 
 
-def test_a_hostile_schema_is_refused_within_limits():
-    # Deeply nested alternatives: a lexer blow-up bounded by the parser limits, not a stall.
-    schema: dict = {"type": "string", "pattern": "^(a|b|c|d){1,50}(e|f){1,50}(g|h){1,50}$"}
-    for _ in range(6):
-        schema = {"anyOf": [schema, {"type": "array", "items": schema, "maxItems": 30}]}
-    try:
-        structured.json_schema(schema, "p")
-    except APIError as error:
-        assert error.status == 400
+def test_oversized_constraints_are_refused_before_compiling():
+    huge = {"enum": [f"value-{i}" for i in range(20_000)]}
+    assert "larger than" in error_of(structured.json_schema, huge, "p").message
+    assert "larger than" in error_of(structured.lark, "start: " + '"a" | ' * 20_000 + '"b"',
+                                     "g").message
+    assert "larger than" in error_of(structured.regex, "a" * 100_000, "r").message
+
+
+def test_a_deep_reference_chain_compiles_to_a_shared_grammar():
+    """$refs become shared rules, not copies: 60 levels of three-way references compile."""
+    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"},
+                                {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}},
+                                {"type": "object", "properties": {
+                                    "x": {"$ref": f"#/$defs/d{i + 1}"}}}]}
+            for i in range(60)}
+    defs["d60"] = {"type": "integer"}
+    assert structured.json_schema({"$defs": defs, "$ref": "#/$defs/d0"}, "p").grammar
 
 
 # --- what a sampler can produce under the masks -------------------------------------------

@@ -1,0 +1,45 @@
+"""One server per KV page directory: an flock on `<kv dir>/lock`, as SQLite and Redis lock
+their files (docs/design.md "Security").
+
+Two servers sharing a page directory would remove each other's temporary files and evict each
+other's pages under their own budgets. The kvstore takes the lock before its scan and holds
+it for its life; the kernel drops it however the process ends, so a restarted kvstore of the
+same group takes it again. The lock file holds the owner's pid, for the refusal message.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+LOCK_NAME = "lock"
+
+
+class KvDirLocked(RuntimeError):
+    """Another process holds the page directory."""
+
+
+def lock_kv_dir(root: Path) -> int:
+    """Create `root` (0700) if needed and lock it; returns the lock's fd (keep it open)."""
+    root = Path(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    path = root / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        who = f"process {owner}" if owner.isdigit() else "another process"
+        raise KvDirLocked(
+            f"KV page directory {root} is in use by {who} (another Switchyard server): give "
+            f"this one its own --kv-dir, or stop the other (kill -TERM {owner or '<pid>'})"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

@@ -1,0 +1,93 @@
+"""The kinds of layer cache mlx-lm models use, and what paging needs to know of each.
+
+- `KVCache` (full attention, MLA latents, indexer keys; or its quantized form, --kv-bits):
+  grows per token; paged per token.
+- `ArraysCache` (gated delta, SSM): a fixed-size state that exists only at the slot's end.
+- `RotatingKVCache` (sliding-window attention, optional `keep` sink tokens): a ring of the
+  last `max_size` tokens. Like a recurrent state it is stored as a snapshot at a restore
+  point, never per token (docs/design.md "Sliding-window layers, MLA and compound caches").
+- `CacheList` (compound: DeepSeek-V3.2's attention + indexer): its members are paged as
+  layers of their own.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import CacheList, RotatingKVCache
+
+from worker.kv_layout import is_attention_kv
+
+
+def leaves(cache: list) -> list:
+    """The layer caches of a cache list, members of a `CacheList` in order."""
+    out = []
+    for c in cache:
+        out.extend(leaves(list(c.caches)) if type(c) is CacheList else [c])
+    return out
+
+
+def rewindable(cache: list) -> bool:
+    """True when every layer can be cut back to any earlier token (all per-token KV)."""
+    return all(is_attention_kv(c) for c in leaves(cache))
+
+
+def drops_last_token(cache: list) -> bool:
+    """True when the token just fed can be undone with `trim(1)` (pipelined decode). A ring
+    can: the slot it wrote is rewritten by the next token, or is the oldest one the next
+    chunk drops."""
+    return all(is_attention_kv(c) or type(c) is RotatingKVCache for c in leaves(cache))
+
+
+# --- sliding windows -------------------------------------------------------------------------
+
+def window_shapes(c: RotatingKVCache) -> list[tuple[tuple[int, ...], mx.Dtype]]:
+    """Snapshot arrays of a ring: keys and values padded to `max_size` tokens, and
+    [write index, stored length] (int32)."""
+    k, v = c.keys, c.values
+    return [((k.shape[1], c.max_size, k.shape[3]), k.dtype),
+            ((v.shape[1], c.max_size, v.shape[3]), v.dtype), ((2,), mx.int32)]
+
+
+def window_snapshot(c: RotatingKVCache) -> list[mx.array]:
+    """The ring as the next update would see it. A ring that grew past `max_size` (a prefill
+    chunk keeps `max_size - 1 + chunk` tokens) is cut to its last `max_size` tokens, exactly
+    as mlx-lm's next update cuts it, so a restored ring continues bit-identically."""
+    keys, values, idx = c.keys, c.values, c._idx
+    if keys.shape[2] > c.max_size:  # temporal order here (_idx == length after a chunk)
+        keys = c._trim(keys.shape[2] - c.max_size, keys)
+        values = c._trim(values.shape[2] - c.max_size, values)
+        idx = c.max_size
+    n = keys.shape[2]
+    return [_padded(keys[0], c.max_size), _padded(values[0], c.max_size),
+            mx.array([idx, n], dtype=mx.int32)]
+
+
+def _padded(a: mx.array, length: int) -> mx.array:
+    """[heads, n, dim] -> [heads, length, dim], zeros after the n stored tokens."""
+    pad = length - a.shape[1]
+    if not pad:
+        return a
+    return mx.concatenate([a, mx.zeros((a.shape[0], pad, a.shape[2]), a.dtype)], axis=1)
+
+
+def window_restore(c: RotatingKVCache, arrays: list[mx.array], offset: int) -> None:
+    """Set a ring from its snapshot; `offset` is the number of tokens it has seen."""
+    keys, values, meta = arrays
+    idx, n = (int(x) for x in meta.tolist())
+    c.keys = mx.contiguous(keys[None, :, :n, :])
+    c.values = mx.contiguous(values[None, :, :n, :])
+    c.offset, c._idx = offset, idx
+
+
+def window_copy(src: RotatingKVCache, dst: RotatingKVCache) -> None:
+    """A copy of the whole ring (a ring cannot be cut back to an earlier token)."""
+    if src.keys is not None:
+        dst.keys, dst.values = mx.contiguous(src.keys), mx.contiguous(src.values)
+    dst.offset, dst._idx, dst.keep, dst.max_size = src.offset, src._idx, src.keep, src.max_size
+
+
+def window_bytes(c: RotatingKVCache, prefill_chunk: int) -> int:
+    """Memory of a ring at its largest: a prefill chunk holds `max_size - 1 + chunk` tokens.
+    It does not grow with the context."""
+    per_token = sum(a.shape[1] * a.shape[3] * a.dtype.size for a in (c.keys, c.values))
+    return per_token * (c.max_size - 1 + prefill_chunk)
