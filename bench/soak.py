@@ -1,23 +1,33 @@
-"""Soak under faults (issue 12): many agents for minutes while components are killed and pages
-corrupted; then the same requests again on a fault-free group, replies compared.
+"""Soak under faults (issue 12): 16 agents for --minutes against --slots 4 while components
+are killed, the page disk fills or stops being writable, and page files are corrupted.
 
-    .venv/bin/python bench/soak.py --agents 16 --minutes 10 --slots 4
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        .venv/bin/python bench/soak.py [--minutes 10] [--seed 12]
 
-Loopback only, bounded in count and time. Agents (threads, httpx) run tool loops that resend
-their whole history (greedy); every 4th streams and disconnects mid-reply every other turn,
-every 4th (offset 1) is `background`, every 8th (offset 2) sends a malformed body every third
-turn. A fault injector, every `--fault-min`..`--fault-max` seconds, kill -9's one component
-or flips a byte in a page file. The KV disk budget is small (`--kv-disk-budget`), so
-eviction runs all the time; its use is sampled. Reported (targets in parentheses):
+Loopback only, bounded in time (--minutes per run) and count (--max-turns per agent); it stops
+by itself. Two runs of the same seeded agents:
 
-- responses other than 2xx, 4xx for malformed bodies, 503/429 with Retry-After (0);
-  connection errors while the gateway restarts are counted apart (clients retry them);
-- wrong outputs: replies that differ from the fault-free run of the same request bodies (0;
-  served with --no-prefix-stable unless `--prefix-stable`, so a body alone fixes the prompt);
-- turns whose cached tokens < prompt - new tokens - one page, after a fault and overall;
-- disk use above the budget in any sample (0);
-- gateway and scheduler RSS growth over the second half, same process (< 5%);
-- shared memory segments and processes left after the group stops (0).
+1. fault-free reference: every agent's replies (greedy) are recorded, per (conversation, turn);
+2. under faults: each agent sends the same requests (at most as many turns as it did in the
+   reference) while an injector, every --fault-min..--fault-max seconds (seeded), does one of:
+   kill -9 of the gateway, scheduler, worker or kvstore (pid files; the supervisor restarts it),
+   fill the page disk (the kv dir is a small tmpfs: a filler file takes all free space for a
+   while), make the page directories unwritable (chattr +i, root only: chmod does not stop
+   root), or flip a byte in a page file.
+
+Agents (index % 16): 0-7 tool loops (the whole history resent each turn, a ~100-word tool
+result added), 8-10 the same as `background` priority, 11-13 streaming, and every third turn
+first a streamed request dropped after two chunks, 14-15 a malformed body before each turn.
+The assistant turns in the history are fixed text, so every request is known in advance.
+
+Checks (exit 1 if one fails): no response other than 2xx, 4xx for the malformed bodies, and
+503/429 with Retry-After (retried, as a client would); 0 replies different from the reference;
+each conversation's first turn after a kill restores (cached >= prompt - new - one page); page
+bytes on disk (sampled every 2 s) never above --kv-disk-budget; gateway and scheduler VmRSS
+growth over the second half < 5% (same pid); no /dev/shm segment of the group and no process
+left after it stops. Corruption and disk faults legitimately lose pages (and after the disk
+refused a page, the scheduler and kvstore pause writes for 60 s): a short restore of a
+conversation under way then is counted as excused, apart.
 """
 
 from __future__ import annotations
@@ -26,157 +36,346 @@ import argparse
 import json
 import os
 import random
+import shutil
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import httpx  # noqa: E402
 
-from bench._common import model_dir  # noqa: E402
+from bench._common import model_dir, preload_note, table  # noqa: E402
 from proto.endpoints import Endpoints  # noqa: E402
-from tests.helpers.group import ServerGroup, group_members  # noqa: E402
-from tests.helpers.workload import text  # noqa: E402
+from tests.helpers.drill_serve import DRILL_SERVE  # noqa: E402
+from tests.helpers.group import ServerGroup, short_tmp_dir  # noqa: E402
+from tests.helpers.workload import text, wait_ready  # noqa: E402
 
-ROLES = ("gateway", "scheduler", "worker", "kvstore")
-TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a word up",
-                                         "parameters": {"type": "object", "properties": {
-                                             "word": {"type": "string"}}}}}
-SYSTEM = "You are a harbor logistics agent. " + text(1, 300)
 PAGE = 256
+NUM_AGENTS = 16
+KILL_ROLES = ("gateway", "scheduler", "worker", "kvstore")
+RETRY_STATUSES = (429, 503)
+
+
+def agent_kind(index: int) -> str:
+    i = index % 16
+    return ("tool" if i < 8 else "background" if i < 11 else "stream" if i < 14
+            else "malformed")
+
+
+# --- requests --------------------------------------------------------------------------------
 
 
 @dataclass
-class Turn:
+class Record:
     agent: int
-    body: dict
-    status: int = 0
-    reply: str = ""
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    at: float = 0.0
-    malformed: bool = False
-    stream_cut: bool = False
+    kind: str  # turn | drop | malformed
+    key: tuple[int, int] | None  # (conversation, turn) of a turn
+    started: float
+    ended: float = 0.0
+    status: int | None = None  # final status; None: no reply at all
+    text: str | None = None
+    prompt: int = 0
+    cached: int = 0
+    retries: int = 0  # 503/429 with Retry-After, connection failures, mid-stream errors
+    problems: list[str] = field(default_factory=list)
+
+
+class Script:
+    """An agent's requests, known in advance: conversations of --turns turns."""
+
+    def __init__(self, index: int, seed: int, turns: int, system: str):
+        self.index, self.seed, self.turns, self.system = index, seed, turns, system
+
+    def messages(self, conv: int, turn: int) -> list[dict]:
+        base = self.seed * 100_000 + self.index * 1000 + conv * 50
+        msgs = [{"role": "system",
+                 "content": f"{self.system} agent {self.index} conversation {conv}"},
+                {"role": "user", "content": text(base, 120)}]
+        for t in range(1, turn + 1):
+            msgs.append({"role": "assistant", "content": f"step {t} done"})
+            msgs.append({"role": "user", "content": "tool result: " + text(base + t, 100)})
+        return msgs
+
+
+def malformed_bodies(model: str) -> list[tuple[bytes, str]]:
+    ok = [{"role": "user", "content": "hi"}]
+    bodies = [b"{not json", json.dumps({"model": model}).encode(),
+              json.dumps({"model": model, "messages": "hello"}).encode(),
+              json.dumps({"model": model, "messages": ok, "max_tokens": -5}).encode(),
+              json.dumps({"model": model, "messages": [{"role": "wizard",
+                                                        "content": "hi"}]}).encode(),
+              json.dumps({"model": model, "messages": ok, "temperature": "hot"}).encode(),
+              json.dumps([1, 2, 3]).encode()]
+    return [(b, "application/json") for b in bodies]
+
+
+def _reply(data: dict) -> dict:
+    details = data["usage"].get("prompt_tokens_details") or {}
+    return {"text": data["choices"][0]["message"]["content"],
+            "prompt": data["usage"]["prompt_tokens"], "cached": details.get("cached_tokens", 0)}
+
+
+class Agent(threading.Thread):
+    def __init__(self, index: int, script: Script, url: str, model: str, deadline: float,
+                 max_turns: int, max_tokens: int, sink: list, lock: threading.Lock):
+        super().__init__(daemon=True, name=f"agent-{index}")
+        self.index, self.script, self.url, self.model = index, script, url, model
+        self.kind = agent_kind(index)
+        self.deadline, self.max_turns, self.max_tokens = deadline, max_turns, max_tokens
+        self.sink, self.lock = sink, lock
+        self.rng = random.Random(script.seed * 7919 + index)
+        self.turns_done = 0
+        self.give_up_at = deadline + 180  # a turn in flight at the deadline may still retry
+
+    def _add(self, rec: Record) -> None:
+        rec.ended = time.monotonic()
+        with self.lock:
+            self.sink.append(rec)
+
+    def run(self) -> None:
+        headers = {"x-switchyard-priority": "background"} if self.kind == "background" else {}
+        with httpx.Client(timeout=httpx.Timeout(300, connect=5), headers=headers) as http:
+            n = 0
+            while n < self.max_turns and time.monotonic() < self.deadline:
+                conv, turn = divmod(n, self.script.turns)
+                body = {"model": self.model, "messages": self.script.messages(conv, turn),
+                        "max_tokens": self.max_tokens, "temperature": 0}
+                if self.kind == "malformed":
+                    self._malformed(http)
+                if self.kind == "stream" and turn % 3 == 2:
+                    self._dropped(http, body)
+                self._add(self._turn(http, body, (conv, turn)))
+                n += 1
+                self.turns_done = n
+
+    def _turn(self, http: httpx.Client, body: dict, key) -> Record:
+        rec = Record(self.index, "turn", key, time.monotonic())
+        stream = self.kind == "stream"
+        while time.monotonic() < self.give_up_at:
+            try:
+                if stream:
+                    status, retry_after, reply = self._post_stream(http, body)
+                else:
+                    resp = http.post(f"{self.url}/v1/chat/completions", json=body)
+                    status, retry_after = resp.status_code, resp.headers.get("retry-after")
+                    reply = _reply(resp.json()) if status == 200 else None
+            except (httpx.TransportError, json.JSONDecodeError) as exc:
+                rec.retries += 1
+                time.sleep(0.5)
+                continue
+            rec.status = status
+            if status in RETRY_STATUSES:
+                if retry_after is None:
+                    rec.problems.append(f"{status} without Retry-After")
+                rec.retries += 1
+                time.sleep(min(2.0, float(retry_after or 1)))
+                continue
+            if status != 200:
+                rec.problems.append(f"HTTP {status} for a valid request")
+                return rec
+            if reply is None:  # an error event mid-stream (a component died): retry
+                rec.retries += 1
+                time.sleep(0.5)
+                continue
+            rec.text = reply["text"]
+            rec.prompt, rec.cached = reply["prompt"], reply["cached"]
+            return rec
+        rec.problems.append("gave up retrying")
+        return rec
+
+    def _post_stream(self, http: httpx.Client, body: dict):
+        body = dict(body, stream=True, stream_options={"include_usage": True})
+        with http.stream("POST", f"{self.url}/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                resp.read()
+                return resp.status_code, resp.headers.get("retry-after"), None
+            parts, usage, failed = [], None, False
+            for line in resp.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    failed = True
+                for choice in obj.get("choices") or []:
+                    parts.append((choice.get("delta") or {}).get("content") or "")
+                if obj.get("usage"):
+                    usage = obj["usage"]
+            if failed or usage is None:
+                return 200, None, None
+            details = usage.get("prompt_tokens_details") or {}
+            return 200, None, {"text": "".join(parts), "prompt": usage["prompt_tokens"],
+                               "cached": details.get("cached_tokens", 0)}
+
+    def _dropped(self, http: httpx.Client, body: dict) -> None:
+        """A streamed request the client abandons after two chunks."""
+        rec = Record(self.index, "drop", None, time.monotonic())
+        body = dict(body, stream=True)
+        try:
+            with http.stream("POST", f"{self.url}/v1/chat/completions", json=body) as resp:
+                rec.status = resp.status_code
+                if resp.status_code == 200:
+                    for i, _ in enumerate(resp.iter_lines()):
+                        if i >= 3:
+                            break  # leaving the block closes the connection mid-reply
+                else:
+                    resp.read()
+                    if (resp.status_code in RETRY_STATUSES
+                            and resp.headers.get("retry-after") is None):
+                        rec.problems.append(f"{resp.status_code} without Retry-After")
+                    elif resp.status_code not in RETRY_STATUSES:
+                        rec.problems.append(f"HTTP {resp.status_code} for a valid request")
+        except httpx.TransportError:
+            rec.retries += 1
+        self._add(rec)
+
+    def _malformed(self, http: httpx.Client) -> None:
+        body, ctype = self.rng.choice(malformed_bodies(self.model))
+        rec = Record(self.index, "malformed", None, time.monotonic())
+        for _ in range(20):
+            try:
+                resp = http.post(f"{self.url}/v1/chat/completions", content=body,
+                                 headers={"content-type": ctype})
+            except httpx.TransportError:
+                rec.retries += 1
+                time.sleep(0.5)
+                continue
+            rec.status = resp.status_code
+            if resp.status_code in RETRY_STATUSES:
+                if resp.headers.get("retry-after") is None:
+                    rec.problems.append(f"{resp.status_code} without Retry-After")
+                rec.retries += 1
+                time.sleep(1.0)
+                continue
+            if not 400 <= resp.status_code < 500:
+                rec.problems.append(f"HTTP {resp.status_code} for a malformed body")
+            break
+        self._add(rec)
+
+
+def run_agents(group: ServerGroup, args, seconds: float, max_turns: dict[int, int] | None):
+    model = httpx.get(f"{group.base_url}/models").json()["data"][0]["id"]
+    system = text(args.seed, 150)
+    records: list[Record] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    agents = [Agent(i, Script(i, args.seed, args.turns, system), group.url, model, deadline,
+                    (max_turns or {}).get(i, args.max_turns), args.max_tokens, records, lock)
+              for i in range(NUM_AGENTS)]
+    for a in agents:
+        a.start()
+    return agents, records
+
+
+# --- faults ----------------------------------------------------------------------------------
 
 
 @dataclass
-class Tally:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    statuses: dict = field(default_factory=dict)
-    bad: list = field(default_factory=list)
-    connection_errors: int = 0
-    retries: int = 0
-
-    def note(self, status: int, ok: bool, what: str) -> None:
-        with self.lock:
-            self.statuses[status] = self.statuses.get(status, 0) + 1
-            if not ok:
-                self.bad.append(what)
+class Fault:
+    kind: str
+    detail: str
+    started: float
+    ended: float = 0.0
 
 
-def post(http: httpx.Client, body: dict, tally: Tally, *, headers=None, malformed=False,
-         deadline: float) -> httpx.Response | None:
-    """POST with the retries a well-behaved client does: Retry-After on 503/429, and a
-    short wait when the gateway is restarting (connection refused)."""
-    while time.monotonic() < deadline + 120:
+class Injector(threading.Thread):
+    def __init__(self, group: ServerGroup, kv_dir: Path, rng: random.Random, args,
+                 deadline: float, tmpfs: bool):
+        super().__init__(daemon=True, name="injector")
+        self.group, self.kv_dir, self.rng, self.args = group, kv_dir, rng, args
+        self.deadline, self.tmpfs = deadline, tmpfs
+        self.t0 = time.monotonic()
+        self.faults: list[Fault] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.kinds = [k for k in ["kill", "kill", "kill", "corrupt", "readonly", "disk_full"]
+                      if k in args.faults.split(",") and (k != "disk_full" or tmpfs)]
+        self.roles = [r for r in KILL_ROLES if r in args.kill_roles.split(",")]
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            wait = self.rng.uniform(self.args.fault_min, self.args.fault_max)
+            if time.monotonic() + wait > self.deadline - 10 or self.stop.wait(wait):
+                return
+            kind = self.rng.choice(self.kinds)
+            fault = Fault(kind, "", time.monotonic())
+            try:
+                getattr(self, f"_{kind}")(fault)
+            except Exception as exc:  # noqa: BLE001 - reported, the soak goes on
+                self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+            fault.ended = time.monotonic()
+            self.faults.append(fault)
+            print(f"  fault {fault.kind} {fault.detail} at {fault.started - self.t0:.0f}s "
+                  f"({fault.ended - fault.started:.1f}s)",
+                  flush=True)
+
+    def _kill(self, fault: Fault) -> None:
+        role = self.rng.choice(self.roles)
+        fault.kind = f"kill {role}"
+        old = self.group.kill(role)
+        new = self.group.wait_restarted(role, old)
+        wait_ready(self.group, role, new)
+        fault.detail = f"pid {old} -> {new}"
+
+    def _corrupt(self, fault: Fault) -> None:
+        pages = sorted(self.kv_dir.rglob("*.page"))
+        if not pages:
+            fault.detail = "no page yet"
+            return
+        path = self.rng.choice(pages)
+        raw = bytearray(path.read_bytes())
+        raw[-100] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        fault.detail = path.name[:12]
+
+    def _hold(self) -> None:
+        self.stop.wait(self.rng.uniform(10, 25))
+
+    def _readonly(self, fault: Fault) -> None:
+        dirs = [str(self.kv_dir)] + [str(p) for p in self.kv_dir.rglob("*") if p.is_dir()]
+        subprocess.run(["chattr", "+i", *dirs], check=True, capture_output=True)
         try:
-            if malformed:
-                response = http.post("/v1/chat/completions", content=b'{"messages": [',
-                                     headers={"content-type": "application/json"})
-            else:
-                response = http.post("/v1/chat/completions", json=body, headers=headers)
-        except httpx.HTTPError:
-            with tally.lock:
-                tally.connection_errors += 1
-            time.sleep(1.0)
-            continue
-        status = response.status_code
-        if status in (429, 503):
-            ok = "retry-after" in response.headers
-            tally.note(status, ok, f"{status} without Retry-After")
-            with tally.lock:
-                tally.retries += 1
-            time.sleep(min(5.0, float(response.headers.get("retry-after", "1"))))
-            continue
-        ok = 200 <= status < 300 or (malformed and 400 <= status < 500)
-        tally.note(status, ok, f"{status}: {response.text[:200]}")
-        return response
-    return None
+            self._hold()
+        finally:
+            subprocess.run(["chattr", "-i", *dirs], check=True, capture_output=True)
+        fault.detail = f"{len(dirs)} dirs"
+
+    def _disk_full(self, fault: Fault) -> None:
+        filler = self.kv_dir / "filler.bin"
+        chunk = b"\0" * (1 << 20)
+        written = 0
+        try:
+            with open(filler, "wb") as f:
+                while True:
+                    try:
+                        f.write(chunk)
+                        f.flush()
+                        written += len(chunk)
+                    except OSError:
+                        break
+            self._hold()
+        finally:
+            filler.unlink(missing_ok=True)
+        fault.detail = f"{written >> 20} MiB filler"
 
 
-def stream_and_cut(http: httpx.Client, body: dict, tally: Tally) -> None:
-    try:
-        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
-            tally.note(r.status_code, r.status_code < 300 or r.status_code in (429, 503),
-                       f"stream {r.status_code}")
-            for i, _ in enumerate(r.iter_lines()):
-                if i >= 2:
-                    break  # disconnect mid-reply
-    except httpx.HTTPError:
-        with tally.lock:
-            tally.connection_errors += 1
+# --- samplers --------------------------------------------------------------------------------
 
 
-def agent(index: int, url: str, deadline: float, tally: Tally, turns: list[Turn],
-          model: str) -> None:
-    rng = random.Random(index)
-    conversation = 0
-
-    def fresh() -> list[dict]:
-        return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"Task {index}.{conversation}: " +
-                 text(index * 1000 + conversation, 150)}]
-
-    messages = fresh()
-    priority = {"X-Switchyard-Priority": "background"} if index % 4 == 1 else None
-    with httpx.Client(base_url=url, timeout=300) as http:
-        turn_no = 0
-        while time.monotonic() < deadline:
-            turn_no += 1
-            body = {"model": model, "messages": messages, "tools": [TOOL],
-                    "max_tokens": 12, "temperature": 0}
-            if index % 8 == 2 and turn_no % 3 == 0:
-                post(http, body, tally, malformed=True, deadline=deadline)
-                continue
-            if index % 4 == 0 and turn_no % 2 == 0:
-                stream_and_cut(http, body, tally)
-            response = post(http, body, tally, headers=priority, deadline=deadline)
-            if response is None or response.status_code != 200:
-                continue
-            data = response.json()
-            message = data["choices"][0]["message"]
-            usage = data["usage"]
-            turns.append(Turn(index, json.loads(json.dumps(body)), 200, reply_of(message),
-                              usage["prompt_tokens"],
-                              (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-                              usage["completion_tokens"], time.monotonic()))
-            assistant = {"role": "assistant", "content": message.get("content") or ""}
-            if message.get("tool_calls"):
-                assistant["tool_calls"] = message["tool_calls"]
-            messages = messages + [assistant]
-            for call in message.get("tool_calls") or ():
-                messages.append({"role": "tool", "tool_call_id": call["id"],
-                                 "content": text(rng.randrange(10**6), rng.randint(30, 80))})
-            if not message.get("tool_calls"):
-                messages.append({"role": "user", "content": text(rng.randrange(10**6), 40)})
-            if usage["prompt_tokens"] > 3000:
-                conversation += 1
-                messages = fresh()
+def page_bytes(kv_dir: Path) -> int:
+    total = 0
+    for path in kv_dir.rglob("*.page"):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
 
 
-def reply_of(message: dict) -> str:
-    """What the model said: text and calls (name, arguments), not the random call ids."""
-    calls = [(c["function"]["name"], c["function"]["arguments"])
-             for c in message.get("tool_calls") or ()]
-    return json.dumps([message.get("content"), calls])
-
-
-def rss_kib(pid: int) -> int | None:
+def vm_rss_kib(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -186,189 +385,259 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
-def disk_bytes(kv_dir: Path) -> int:
-    return sum(p.stat().st_size for p in kv_dir.rglob("*.page") if p.is_file())
+class Sampler(threading.Thread):
+    def __init__(self, group: ServerGroup, kv_dir: Path):
+        super().__init__(daemon=True, name="sampler")
+        self.group, self.kv_dir = group, kv_dir
+        self.disk: list[tuple[float, int]] = []
+        self.rss: dict[str, list[tuple[float, int, int]]] = {"gateway": [], "scheduler": []}
+        self.stop = threading.Event()
 
-
-def injector(group: ServerGroup, deadline: float, args, faults: list, stop: threading.Event):
-    rng = random.Random(99)
-    while not stop.wait(rng.uniform(args.fault_min, args.fault_max)):
-        if time.monotonic() > deadline - 10:
-            return
-        if rng.random() < 0.25:
-            pages = sorted(group.kv_dir.rglob("*.page"))
-            if pages:
-                target = rng.choice(pages)
+    def run(self) -> None:
+        while not self.stop.wait(2.0):
+            now = time.monotonic()
+            self.disk.append((now, page_bytes(self.kv_dir)))
+            for role, samples in self.rss.items():
                 try:
-                    raw = bytearray(target.read_bytes())
-                    raw[-rng.randint(1, 1000)] ^= 0xFF
-                    target.write_bytes(bytes(raw))
-                    faults.append((time.monotonic(), "corrupt page"))
-                except OSError:
-                    pass
-                continue
-        role = rng.choice(ROLES)
-        try:
-            group.kill(role)
-            faults.append((time.monotonic(), f"kill -9 {role}"))
-        except (LookupError, ProcessLookupError):
-            pass
+                    pid = self.group.pid_of(role)
+                except (LookupError, ProcessLookupError, OSError):
+                    continue
+                kib = vm_rss_kib(pid)
+                if kib:
+                    samples.append((now, pid, kib))
 
 
-def sampler(group: ServerGroup, budget: int, samples: list, stop: threading.Event):
-    while not stop.wait(3.0):
-        row = {"at": time.monotonic(), "disk": disk_bytes(group.kv_dir)}
-        for role in ("gateway", "scheduler"):
-            try:
-                pid = group.pid_of(role)
-            except (LookupError, ProcessLookupError):
-                continue
-            row[role] = (pid, rss_kib(pid))
-        samples.append(row)
+def rss_growth(samples: list[tuple[float, int, int]], t0: float, t1: float):
+    """Growth over the second half of [t0, t1], for the pid that lived longest in it."""
+    half = [(t, pid, kib) for t, pid, kib in samples if t >= (t0 + t1) / 2]
+    if not half:
+        return None
+    by_pid: dict[int, list[int]] = {}
+    for _, pid, kib in half:
+        by_pid.setdefault(pid, []).append(kib)
+    pid, series = max(by_pid.items(), key=lambda kv: len(kv[1]))
+    # The median of the first and last few samples (allocator noise is not growth).
+    k = max(1, min(3, len(series) // 4))
+    first, last = sorted(series[:k])[k // 2], sorted(series[-k:])[k // 2]
+    return pid, first, last, (last - first) / first, len(series)
 
 
-def run_group(args, model: Path, faults_on: bool, replay: list[Turn] | None):
-    budget = args.kv_disk_budget
-    extra = ["--kv-disk-budget", str(budget), "--max-queue", "64"]
-    if not args.prefix_stable:
-        extra.append("--no-prefix-stable")
-    group = ServerGroup(model, slots=args.slots, ctx=8192, extra=extra)
-    tally, turns, faults, samples = Tally(), [], [], []
-    stop = threading.Event()
-    with group:
-        model_id = httpx.get(group.base_url + "/models").json()["data"][0]["id"]
-        started = time.monotonic()
-        deadline = started + args.minutes * 60
-        threads = [threading.Thread(target=sampler, args=(group, budget, samples, stop),
-                                    daemon=True)]
-        if faults_on:
-            threads.append(threading.Thread(target=injector,
-                                            args=(group, deadline, args, faults, stop),
-                                            daemon=True))
-        if replay is None:
-            threads += [threading.Thread(target=agent, args=(i, group.url, deadline, tally,
-                                                             turns, model_id), daemon=True)
-                        for i in range(args.agents)]
-        else:
-            threads += [threading.Thread(target=replay_agent,
-                                         args=(i, group.url, replay, tally, turns), daemon=True)
-                        for i in range(args.agents)]
-        for t in threads:
-            t.start()
-        for t in threads[(2 if faults_on else 1):]:
-            t.join()
-        stop.set()
-        prefix = Endpoints(group.runtime_dir).shm_prefix
-        pgid = group.proc.pid
-    leaked_shm = [p.name for p in Path("/dev/shm").glob(prefix + "*")] \
-        if Path("/dev/shm").is_dir() else []
-    return {"tally": tally, "turns": turns, "faults": faults, "samples": samples,
-            "leaked_shm": leaked_shm, "left_processes": group_members(pgid),
-            "seconds": time.monotonic() - started, "budget": budget}
+# --- the runs --------------------------------------------------------------------------------
 
 
-def replay_agent(index: int, url: str, replay: list[Turn], tally: Tally, turns: list[Turn]):
-    with httpx.Client(base_url=url, timeout=300) as http:
-        for turn in [t for t in replay if t.agent == index]:
-            response = post(http, turn.body, tally, deadline=time.monotonic() + 600)
-            if response is None or response.status_code != 200:
-                continue
-            message = response.json()["choices"][0]["message"]
-            turns.append(Turn(index, turn.body, 200, reply_of(message)))
+def group_for(model: Path, args, kv_dir: Path) -> ServerGroup:
+    return ServerGroup(model, slots=args.slots, ctx=args.ctx, kv_dir=kv_dir, entry=DRILL_SERVE,
+                       extra=["--kv-disk-budget", args.kv_disk_budget])
 
 
-def report(faulty: dict, reference: dict, args) -> int:
-    tally = faulty["tally"]
-    ref = {json.dumps(t.body, sort_keys=True): t.reply for t in reference["turns"]}
-    compared = wrong = 0
-    first_fault = min((at for at, _ in faulty["faults"]), default=float("inf"))
-    wrong_before = compared_before = 0
-    rows = []
-    for turn in faulty["turns"]:
-        key = json.dumps(turn.body, sort_keys=True)
-        if key in ref:
-            compared += 1
-            differs = ref[key] != turn.reply
-            wrong += differs
-            if turn.at < first_fault:
-                compared_before += 1
-                wrong_before += differs
-            rows.append({"agent": turn.agent, "at": turn.at, "differs": differs,
-                         "prompt_tokens": turn.prompt_tokens, "cached": turn.cached_tokens})
-    if args.dump:
-        Path(args.dump).write_text(json.dumps({"faults": faulty["faults"], "turns": rows}))
-    by_agent: dict[int, list[Turn]] = {}
-    for turn in faulty["turns"]:
-        by_agent.setdefault(turn.agent, []).append(turn)
-    short = short_after_fault = after_fault = 0
-    fault_times = [at for at, _ in faulty["faults"]]
-    for turns in by_agent.values():
-        for prev, turn in zip(turns, turns[1:]):
-            if turn.body["messages"][:len(prev.body["messages"])] != prev.body["messages"]:
-                continue  # a new conversation
-            new = turn.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens)
-            low = turn.cached_tokens < turn.prompt_tokens - max(new, 0) - PAGE
-            short += low
-            if any(prev.at <= at <= turn.at for at in fault_times):
-                after_fault += 1
-                short_after_fault += low
-    over = [s["disk"] for s in faulty["samples"] if s["disk"] > faulty["budget"]]
-    half = faulty["seconds"] / 2
-    t0 = faulty["samples"][0]["at"] if faulty["samples"] else 0
-    growth = {}
-    for role in ("gateway", "scheduler"):
-        rows = [s[role] for s in faulty["samples"] if role in s and s["at"] - t0 >= half
-                and s[role][1]]
-        if rows and rows[0][0] == rows[-1][0]:
-            growth[role] = f"{(rows[-1][1] / rows[0][1] - 1) * 100:+.1f}%"
-        else:
-            growth[role] = "restarted in the second half"
-    print(f"\nsoak: {args.agents} agents, {faulty['seconds']:.0f} s, --slots {args.slots}, "
-          f"disk budget {faulty['budget']} bytes")
-    print(f"faults: {len(faulty['faults'])}: " + ", ".join(f for _, f in faulty["faults"]))
-    print(f"statuses: {dict(sorted(tally.statuses.items()))}; retried 503/429: "
-          f"{tally.retries}; connection errors (retried): {tally.connection_errors}")
-    print(f"responses outside 2xx / 4xx-for-malformed / 503-429-with-Retry-After: "
-          f"{len(tally.bad)} {tally.bad[:3]}")
-    print(f"wrong outputs: {wrong} of {compared} turns compared with the fault-free run "
-          f"({wrong_before} of {compared_before} before the first fault)")
-    print(f"turns with cached < prompt - new - one page: {short} of "
-          f"{sum(len(t) - 1 for t in by_agent.values())}; right after a fault: "
-          f"{short_after_fault} of {after_fault}")
-    print(f"disk samples over budget: {len(over)} of {len(faulty['samples'])}")
-    print(f"RSS growth over the second half: {growth}")
-    print(f"left after stop: shared memory {faulty['leaked_shm']}, processes "
-          f"{faulty['left_processes']}")
-    return 0 if not tally.bad and not wrong and not over else 1
+def mount_tmpfs(path: Path, size: str) -> bool:
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                        str(path)], check=True, capture_output=True)
+        return True
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
+def shm_segments(prefix: str) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+    except FileNotFoundError:
+        return []
+
+
+def parse_size(s: str) -> int:
+    from proto.settings import parse_size as parse
+
+    return parse(s)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--agents", type=int, default=16)
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--slots", type=int, default=4)
-    parser.add_argument("--fault-min", type=float, default=30.0)
-    parser.add_argument("--fault-max", type=float, default=90.0)
-    parser.add_argument("--kv-disk-budget", type=int, default=400 * 2**20)
-    parser.add_argument("--model-size", default="tiny")
-    parser.add_argument("--dump", help="write per-turn results (JSON) here")
-    parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True,
-                        help="--no-faults: a control run; its 'wrong outputs' are what "
-                             "concurrency alone changes (batch composition, chunk splits)")
-    parser.add_argument("--prefix-stable", action=argparse.BooleanOptionalAction, default=False,
-                        help="serve with prefix-stable rendering: a body's prompt then also "
-                             "depends on what the gateway remembers (lost when it is killed), "
-                             "so replies are not comparable by body; off by default here")
-    args = parser.parse_args()
-    model = model_dir(args.model_size)
-    print("faulty run ...", flush=True)
-    faulty = run_group(args, model, faults_on=args.faults, replay=None)
-    print(f"fault-free replay of {len(faulty['turns'])} turns ...", flush=True)
-    reference = run_group(args, model, faults_on=False, replay=faulty["turns"])
-    return report(faulty, reference, args)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0, help="length of each run")
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--turns", type=int, default=6, help="turns per conversation")
+    ap.add_argument("--max-turns", type=int, default=200, help="turns per agent, at most")
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--kv-disk-budget", default="160MiB")
+    ap.add_argument("--kv-disk-size", default="224m", help="size of the tmpfs kv dir")
+    ap.add_argument("--fault-min", type=float, default=30.0)
+    ap.add_argument("--fault-max", type=float, default=90.0)
+    ap.add_argument("--faults", default="kill,corrupt,readonly,disk_full",
+                    help="fault kinds to draw from (kill is drawn 3x as often as the others)")
+    ap.add_argument("--kill-roles", default=",".join(KILL_ROLES))
+    ap.add_argument("--seed", type=int, default=12)
+    ap.add_argument("--model-size", default="tiny")
+    ap.add_argument("--model")
+    args = ap.parse_args()
+    if note := preload_note():
+        print(note, file=sys.stderr)
+    model = model_dir(args.model_size, args.model)
+    seconds = args.minutes * 60
+    budget = parse_size(args.kv_disk_budget)
+    started = time.monotonic()
+
+    # 1. Fault-free reference.
+    ref_kv = short_tmp_dir("sykvref")
+    try:
+        with group_for(model, args, ref_kv) as group:
+            agents, ref_records = run_agents(group, args, seconds, None)
+            for a in agents:
+                a.join()
+            ref_turns = {a.index: a.turns_done for a in agents}
+    finally:
+        shutil.rmtree(ref_kv, ignore_errors=True)
+    reference = {(r.agent, r.key): r.text for r in ref_records
+                 if r.kind == "turn" and r.text is not None}
+    print(f"reference: {len(reference)} replies, {sum(ref_turns.values())} turns in "
+          f"{time.monotonic() - started:.0f}s", flush=True)
+
+    # 2. The same requests under faults.
+    kv_dir = short_tmp_dir("sykvsoak")
+    tmpfs = mount_tmpfs(kv_dir, args.kv_disk_size)
+    stop_problem = ""
+    leaked_shm: list[str] = []
+    try:
+        group = group_for(model, args, kv_dir)
+        group.start()
+        prefix = Endpoints(group.runtime_dir).shm_prefix
+        try:
+            t0 = time.monotonic()
+            sampler = Sampler(group, kv_dir)
+            sampler.start()
+            agents, records = run_agents(group, args, seconds, ref_turns)
+            injector = Injector(group, kv_dir, random.Random(args.seed), args, t0 + seconds,
+                                tmpfs)
+            injector.start()
+            for a in agents:
+                a.join()
+            injector.stop.set()
+            injector.join()
+            t1 = time.monotonic()
+            sampler.stop.set()
+            sampler.join()
+            corrupt_events = group.log_events("kv.corrupt_page")
+        finally:
+            try:
+                group.stop()
+            except AssertionError as exc:
+                stop_problem = str(exc).splitlines()[0]
+            leaked_shm = shm_segments(prefix)
+    finally:
+        if tmpfs:
+            subprocess.run(["umount", str(kv_dir)], capture_output=True)
+        shutil.rmtree(kv_dir, ignore_errors=True)
+    return report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_events,
+                  stop_problem, leaked_shm, tmpfs, time.monotonic() - started)
+
+
+PAUSE_S = 60.0  # writes stay paused this long after the disk refused a page (see report)
+
+
+def restore_check(records: list[Record], faults: list[Fault]):
+    """Each agent's first turn after each fault: cached >= prompt - new - one page.
+
+    A short one is excused (counted apart) if its conversation was under way while pages
+    could not be written (a disk fault, until PAUSE_S after it ended) or when a page file was
+    corrupted: its pages may legitimately be missing."""
+    turns = sorted((r for r in records if r.kind == "turn" and r.text is not None),
+                   key=lambda r: r.started)
+    prev_prompt: dict[tuple[int, int], int] = {}  # (agent, conv) -> prompt of the turn before
+    previous_of, conv_start = {}, {}
+    for r in turns:
+        conv = (r.agent, r.key[0])
+        previous_of[id(r)] = prev_prompt.get(conv, 0)
+        prev_prompt[conv] = r.prompt
+        conv_start.setdefault(conv, r.started)
+    lossy = [(f.started, f.ended + PAUSE_S) if f.kind in ("disk_full", "readonly")
+             else (f.started, f.started) for f in faults if not f.kind.startswith("kill")]
+    judged, excused, failed = 0, 0, []
+    for fault in faults:
+        seen = set()
+        for r in turns:
+            if r.started < fault.ended or r.agent in seen:
+                continue
+            seen.add(r.agent)
+            new = r.prompt - previous_of[id(r)]
+            judged += 1
+            if r.cached >= r.prompt - new - PAGE:
+                continue
+            start = conv_start[(r.agent, r.key[0])]
+            if any(start <= hi and lo <= r.started for lo, hi in lossy):
+                excused += 1
+            else:
+                failed.append((fault.kind, r.agent, r.key, r.prompt, new, r.cached,
+                               r.started - fault.ended))
+    return judged, excused, failed
+
+
+def report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_events,
+           stop_problem, leaked_shm, tmpfs, wall) -> int:
+    turns = [r for r in records if r.kind == "turn"]
+    bad_status = [p for r in records for p in r.problems]
+    compared = [r for r in turns if (r.agent, r.key) in reference and r.text is not None]
+    wrong = [r for r in compared if r.text != reference[(r.agent, r.key)]]
+    judged, excused, failed = restore_check(records, injector.faults)
+    max_disk = max((b for _, b in sampler.disk), default=0)
+    rss_rows = []
+    rss_ok = True
+    for role, samples in sampler.rss.items():
+        g = rss_growth(samples, t0, t1)
+        if g is None:
+            rss_rows.append([f"{role} RSS growth, second half", "no samples"])
+            rss_ok = False
+            continue
+        pid, first, last, growth, n = g
+        rss_ok &= growth < 0.05
+        rss_rows.append([f"{role} RSS growth, second half (pid {pid}, {n} samples)",
+                         f"{first} -> {last} KiB = {growth * 100:+.1f}%"])
+    fault_counts: dict[str, int] = {}
+    for f in injector.faults:
+        fault_counts[f.kind] = fault_counts.get(f.kind, 0) + 1
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[f"{r.kind} {r.status}"] = statuses.get(f"{r.kind} {r.status}", 0) + 1
+    rows = [
+        ["run length (s) / total wall (s)", f"{t1 - t0:.0f} / {wall:.0f}"],
+        ["page disk", f"tmpfs {args.kv_disk_size}" if tmpfs else "plain dir (no disk-full)"],
+        ["faults", ", ".join(f"{k} x{v}" for k, v in sorted(fault_counts.items())) or "none"],
+        ["fault injector errors", "; ".join(injector.errors) or "0"],
+        ["requests (kind status: count)", ", ".join(f"{k}: {v}"
+                                                    for k, v in sorted(statuses.items()))],
+        ["retries (503/429 + Retry-After, conn errors, stream errors)",
+         sum(r.retries for r in records)],
+        ["responses outside 2xx / 4xx-malformed / 503,429+Retry-After", len(bad_status)],
+        ["replies compared with the reference", f"{len(compared)} of {len(turns)} turns"],
+        ["wrong outputs", len(wrong)],
+        ["first turns after a fault: judged / short / short but excused (pages lost)",
+         f"{judged} / {len(failed)} / {excused}"],
+        ["bad pages met (kv.corrupt_page)", len(corrupt_events)],
+        ["page bytes on disk, max sampled / budget", f"{max_disk} / {budget}"],
+        *rss_rows,
+        ["group stop", stop_problem or "clean (no process, pid file left)"],
+        ["leaked /dev/shm segments", ", ".join(leaked_shm) or "0"],
+    ]
+    print(table(["soak", "value"], rows))
+    for at, nbytes in sampler.disk:
+        if nbytes > budget:
+            last = max((f for f in injector.faults if f.started <= at), default=None,
+                       key=lambda f: f.started)
+            print(f"  over budget at {at - t0:.0f}s: {nbytes} bytes (+{nbytes - budget}); "
+                  + (f"last fault {last.kind} at {last.started - t0:.0f}s" if last else
+                     "no fault before"))
+    for p in sorted(set(bad_status))[:10]:
+        print("  status problem:", p)
+    for r in wrong[:10]:
+        print(f"  wrong: agent {r.agent} {r.key}: {r.text!r} != {reference[(r.agent, r.key)]!r}")
+    for f in failed[:10]:
+        print("  not restored after %s: agent %d %s prompt %d new %d cached %d, sent %.1fs "
+              "after the fault" % f)
+    ok = (not bad_status and not wrong and not failed and max_disk <= budget and rss_ok
+          and not stop_problem and not leaked_shm and not injector.errors)
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main())
