@@ -539,6 +539,12 @@ class SchedulerCore:
             m = usable_match(slot, slot.shared_prefix(chain, feed, n, P), cfg.trimmable)
             if m:
                 matches[slot.index] = m
+        # A conversation that comes back while its own pages are still on their way to disk
+        # (its slot was taken meanwhile) waits for them instead of re-reading them; one that
+        # a slot still holds is served from memory.
+        if max(matches.values(), default=0) <= max(P, disk_tokens) and \
+                self.pages.writing_extends(chain, feed, n, on_disk):
+            return None  # decided again when the writes land (PagesWritten)
         sources = Sources(n, disk_tokens, matches, P, cfg.trimmable)
         persisted = {s.index: self.pages.persisted_tokens(s, matches.get(s.index, 0))
                      for s in self.slots if s.free}

@@ -169,6 +169,30 @@ class PageCache:
                 pages.pop()
         return pages
 
+    def writing_extends(self, chain: list[bytes], tokens, n: int, on_disk: list[DiskPage]
+                        ) -> bool:
+        """Whether a page on its way to disk (staged or sent, not yet written) would extend
+        what `on_disk` restores of the context `tokens[:n]`: its next full page, or a tail
+        that continues it. A request that comes back while its own pages are being written
+        waits for them rather than re-reading them (docs/design.md "Restores")."""
+        if not self.enabled:
+            return False
+        P = self.page_size
+        pending = {**self.staged, **self.writing}
+        if not pending:
+            return False
+        full = sum(1 for p in on_disk if p.num_tokens == P)
+        if full < len(chain) and chain[full] in pending:
+            return True
+        done = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
+        parent = chain[full - 1] if full else ROOT_ID
+        for pid, p in pending.items():
+            k = len(p.write.token_ids)
+            if p.write.parent_id == parent and full * P + k > done and full * P + k <= n \
+                    and page_id(self.namespace, parent, tokens[full * P:full * P + k]) == pid:
+                return True
+        return False
+
     def _tail_after(self, parent: bytes, tokens, end: int, start: int) -> DiskPage | None:
         best = None
         for tail_id, n in self.tails.get(parent, {}).items():

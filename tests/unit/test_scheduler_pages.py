@@ -405,3 +405,37 @@ def test_a_restore_starts_with_a_small_batch_then_reads_larger_ones():
     sizes = [len(m.reads) for m in g.msgs[since:] if isinstance(m, ReadPages)]
     assert sizes[0] == RESTORE_FIRST_BATCH and max(sizes) == 32  # then half the pool
     assert sum(sizes) == 61 and g.finished("a2").num_cached_tokens == len(a) + 3
+
+
+def test_a_conversation_back_before_its_pages_land_waits_for_them():
+    """A's slot is taken by B while A's pages are still being written (a slow disk: kvstore
+    acknowledges nothing yet). A's next turn arrives: it is not placed (and its pages not
+    re-read) until the writes land, then it restores everything it had."""
+    g = Group(num_slots=1)
+    held_back = []
+    deliver = g._kvstore
+
+    def slow_kvstore(msg):
+        if isinstance(msg, WritePages):
+            held_back.append(msg)
+        else:
+            deliver(msg)
+    g._kvstore = slow_kvstore
+    a = conv(1, 5 * P + 3)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b", conv(2, 3 * P + 1))  # takes the only slot
+    g.run()
+    follow = a + g.reply("a1") + conv(3, 5)
+    before = len(g.steps)
+    g.submit("a2", follow)
+    g.run()
+    assert not [m for m in g.msgs if isinstance(m, RequestFinished) and m.rid == "a2"]
+    assert g.prefilled_in(before) == 0  # waiting for its pages, not re-reading them
+    g._kvstore = deliver
+    for msg in held_back:
+        deliver(msg)
+    g.run()
+    held = len(a) + len(g.reply("a1")) - 1
+    assert g.finished("a2").num_cached_tokens == held
+    assert g.prefilled_in(before) <= len(follow) - held  # only the new tokens
