@@ -138,9 +138,6 @@ class ConstraintEngine:
         # The model's embedding may be padded past the tokenizer's vocabulary: never allowed.
         return np.concatenate([allowed, np.zeros(vocab_size - allowed.size, dtype=bool)])
 
-    def forget(self, slot: int) -> None:
-        self._slots.pop(slot, None)
-
 
 def llguidance_tokenizer(model_ref: str) -> tuple[object, list[int]]:
     """The llguidance vocabulary of the model's tokenizer and its end-of-sequence ids (about a
