@@ -63,9 +63,8 @@ class StepExecutor:
     def _decode(self, step: RunStep) -> tuple[SampledToken, ...]:
         """Batched decode iterations; a sequence drops out at a stop token or its limit."""
         constrained = self._sync_constraints(step.decodes)
-        if (len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.drops_last_token
-                and not constrained):
-            return self._decode_pipelined(step.decodes[0], step.num_decode_steps)
+        if len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.drops_last_token:
+            return self._decode_pipelined(step.decodes[0], step.num_decode_steps, constrained)
         active = [[d, d.position, d.token_id, 0] for d in step.decodes]  # item, pos, input, n
         sampled = []
         for _ in range(step.num_decode_steps):
@@ -115,29 +114,41 @@ class StepExecutor:
             return logits
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
-    def _decode_pipelined(self, item, num_steps: int) -> tuple[SampledToken, ...]:
+    def _decode_pipelined(self, item, num_steps: int, constrained: bool = False
+                          ) -> tuple[SampledToken, ...]:
         """One sequence, several tokens: queue token i+1's forward pass before reading token
         i, so graph building overlaps compute (as mlx_lm.generate does). When the sequence
-        stops, the one speculative token fed past the stop is trimmed from the cache."""
+        stops, the one speculative token fed past the stop is trimmed from the cache.
+
+        A constrained sequence queues token i+1's forward pass the same way, but samples it
+        only after token i is read and its matcher advanced: the mask is computed while that
+        forward pass runs."""
         store = self.store
         store.truncate(item.slot, item.position)
         cache = store.parked(item.slot)
 
-        def forward(token: mx.array, index: int) -> mx.array:
-            logits = store.model(token[:, None], cache=cache)[:, -1, :]
+        def logits_of(token: mx.array) -> mx.array:
+            return store.model(token[:, None], cache=cache)[:, -1, :]
+
+        def sample(logits: mx.array, index: int) -> mx.array:
+            if constrained:
+                logits = self._masked(logits, [item.slot])
             return sample_lazy(logits, [item.sampling], [item.sample_index + index])
 
         fed = [item.token_id]
-        y = forward(mx.array([item.token_id]), 0)
+        y = sample(logits_of(mx.array([item.token_id])), 0)
         mx.async_eval(y)
         sampled = []
         for i in range(num_steps):
             last = i + 1 >= min(num_steps, item.max_tokens)
-            following = None if last else forward(y, i + 1)
-            if following is not None:
+            following = None
+            if not last:  # a constrained sequence queues only the logits: sampled below
+                following = logits_of(y) if constrained else sample(logits_of(y), i + 1)
                 mx.async_eval(following)
             token = y.item()
             sampled.append(SampledToken(item.slot, token))
+            if constrained:
+                self.constraints.accept(item.slot, token)
             if token in item.stop_token_ids or last:
                 if following is not None:
                     mx.eval(following)
@@ -145,6 +156,6 @@ class StepExecutor:
                         c.trim(1)  # the speculative input past the stop
                 break
             fed.append(token)
-            y = following
+            y = sample(following, i + 1) if constrained else following
         store.record(item.slot, fed)
         return tuple(sampled)

@@ -93,3 +93,15 @@ def ex_decode(model, tokens) -> str:
 
     path, _ = model
     return load_tokenizer(str(path)).decode(tokens)
+
+
+def test_a_constrained_burst_equals_single_steps(model):
+    """A lone constrained sequence decodes a burst pipelined (its mask computed while the next
+    forward pass runs): the same tokens as one step at a time."""
+    sampling = SamplingParams(grammar=structured.json_schema(SCHEMA, "s").grammar)
+    single, burst = executor(model), executor(model)
+    for ex in (single, burst):
+        ex.run(RunStep(0, prefills=(PrefillChunk(0, 0, tuple(PROMPT[:-1])),)))
+    one_by_one = decode(single, 0, PROMPT, sampling, [], 200)
+    assert decode(burst, 0, PROMPT, sampling, [], 200, burst=8) == one_by_one
+    assert burst.store.tokens[0] == single.store.tokens[0]
