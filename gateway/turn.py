@@ -9,7 +9,6 @@ same interface for /v1/completions (text only).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
