@@ -12,7 +12,6 @@ computed on the CPU while each forward pass runs (docs/design.md "Structured out
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,9 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import httpx  # noqa: E402
-
-from bench._common import model_dir  # noqa: E402
+from bench._common import model_dir, stream  # noqa: E402
 from tests.helpers.group import ServerGroup  # noqa: E402
 
 # About 300 tokens of JSON: long enough that the first token's latency does not count.
@@ -47,24 +44,15 @@ TOOL = {"type": "object", "properties": {
 def stream_tps(url: str, seed: int, max_tokens: int, constrained: bool) -> tuple[float, int]:
     """(decode tokens/s after the first content chunk, completion tokens) of one stream."""
     body = {"messages": [{"role": "user", "content": f"List {seed}."}], "max_tokens": max_tokens,
-            "temperature": 0, "seed": seed, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "temperature": 0, "seed": seed}
     if constrained:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "list", "schema": SCHEMA}}
-    stamps, usage = [], None
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as resp:
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
-            if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
-                stamps.append(time.perf_counter())
-    tokens = usage["completion_tokens"]
-    return (tokens - 1) / (stamps[-1] - stamps[0]), tokens
+    run = stream(url, "/v1/chat/completions", body)
+    if run.error:
+        raise RuntimeError(run.error)
+    tokens = run.usage["completion_tokens"]
+    return (tokens - 1) / (run.stamps[-1] - run.stamps[0]), tokens
 
 
 def concurrent_tps(url: str, n: int, seed: int, max_tokens: int, constrained: bool) -> float:
