@@ -166,6 +166,17 @@ def format_disk(snapshot: dict) -> list[str]:
     return [line]
 
 
+def format_ranks(snapshot: dict) -> list[str]:
+    """A worker group's ranks: host, pool, and each rank's kvstore (state, pages held)."""
+    ranks = snapshot.get("ranks") or []
+    if not ranks:
+        return []
+    rows = [[str(r["rank"]), r["host"], f"{r['num_buffers']} x {format_size(r['buffer_bytes'])}",
+             r["kvstore"], r["kvstore_state"], f"{r['num_pages']:,}"] for r in ranks]
+    return [f"worker group: {len(ranks)} ranks"] + _table(
+        ["rank", "host", "page buffers", "kvstore", "state", "pages"], rows)
+
+
 def format_counters(snapshot: dict) -> list[str]:
     stats = snapshot.get("stats", {})
     finished = stats.get("requests_finished", {})
@@ -203,6 +214,7 @@ def format_report(report: dict) -> str:
              f"kvstore {'ready' if snapshot.get('kvstore_ready') else 'not ready'}")
     stale = " - STALE: is the scheduler running?" if age is not None and age > STALE_AFTER_S else ""
     lines.append(f"status.json {age or 0:.1f}s old; {ready}{stale}")
+    lines += format_ranks(snapshot)
     lines += format_slots(snapshot, report["at"])
     lines += format_queue(snapshot)
     lines += format_disk(snapshot)

@@ -17,6 +17,7 @@ from collections import deque
 
 from kvstore.dir_lock import KvDirLocked, lock_kv_dir
 from kvstore.store import CorruptEvent, PageStore, StoreUnavailable
+from proto.endpoints import rank_role
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
 from proto.messages import (
@@ -50,19 +51,20 @@ class KvStoreDaemon:
         self.writes: deque[WritePages | DeletePages] = deque()
         self.error = ""
         self.error_since = 0.0
-        self.store = PageStore(settings.kv_path, on_corrupt=self._on_corrupt)
+        self.store = PageStore(settings.rank_kv_path, on_corrupt=self._on_corrupt)
         started = time.perf_counter()
         self.lock_fd = -1
         try:
-            self.lock_fd = lock_kv_dir(settings.kv_path)  # KvDirLocked: the caller refuses
+            self.lock_fd = lock_kv_dir(settings.rank_kv_path)  # KvDirLocked: the caller refuses
             self.inventory = self.store.scan()
         except OSError as exc:
-            self.error = f"page directory {settings.kv_path} is unusable: {exc.strerror}"
+            self.error = f"page directory {settings.rank_kv_path} is unusable: {exc.strerror}"
             self.error_since = time.monotonic()
             self.inventory = []
             log.warning("kv.persistence_off", error=self.error)
         self.scan_s = time.perf_counter() - started
-        log.info("kvstore.scanned", kv_dir=str(settings.kv_path), num_pages=len(self.inventory),
+        log.info("kvstore.scanned", kv_dir=str(settings.rank_kv_path),
+                 num_pages=len(self.inventory),
                  disk_bytes=self.store.num_bytes, scan_s=round(self.scan_s, 3))
 
     def _on_corrupt(self, event: CorruptEvent) -> None:
@@ -164,8 +166,8 @@ class KvStoreDaemon:
 
 def run(settings: Settings) -> None:
     boot_id = new_boot_id()
-    log = configure_logging(ROLE_KVSTORE, boot_id, settings.log_level, settings.log_format,
-                            settings.log_content)
+    log = configure_logging(rank_role(ROLE_KVSTORE, settings.rank), boot_id,
+                            settings.log_level, settings.log_format, settings.log_content)
     stop = StopFlag()
     try:
         daemon = KvStoreDaemon(settings, log, boot_id)
@@ -173,9 +175,10 @@ def run(settings: Settings) -> None:
         log.error("kvstore.refused_to_start", reason=str(exc))
         print(f"switchyard kvstore: {exc}", file=sys.stderr)
         sys.exit(2)
-    link = SchedulerLink(settings, ROLE_KVSTORE, boot_id, log)
+    # Rank R of a worker group is `kvstore.R` to the scheduler (docs/design.md "Pages per rank").
+    link = SchedulerLink(settings, rank_role(ROLE_KVSTORE, settings.rank), boot_id, log)
     daemon.send = link.send
-    log.info("kvstore.started", kv_dir=str(settings.kv_path))
+    log.info("kvstore.started", kv_dir=str(settings.rank_kv_path))
     try:
         while not stop.requested:
             daemon.maybe_clear_error()

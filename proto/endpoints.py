@@ -51,6 +51,12 @@ def ensure_runtime_dir(path: Path) -> Path:
     return path
 
 
+def rank_role(role: str, rank: int) -> str:
+    """A worker group's per-rank process name (socket identity, pid file): `kvstore` for rank
+    0, as a single worker's, `kvstore.R` for rank R (docs/design.md "Pages per rank")."""
+    return role if rank == 0 else f"{role}.{rank}"
+
+
 @dataclass(frozen=True)
 class Endpoints:
     runtime_dir: Path

@@ -29,6 +29,17 @@ class StopFlag:
         self.requested = True
 
 
+def scheduler_endpoint(settings: Settings, endpoints: Endpoints) -> str:
+    """The scheduler's ipc socket on its own machine; from another host of a worker group
+    (rank 0, where the scheduler runs, is not this machine) its TCP `--scheduler-address`."""
+    if settings.scheduler_address and settings.hostfile:
+        from proto.hostfile import is_local, read_hostfile
+
+        if not is_local(read_hostfile(settings.hostfile).hosts[0]):
+            return settings.scheduler_address
+    return endpoints.scheduler
+
+
 class SchedulerLink:
     """A DEALER connection to the scheduler for a worker or kvstore process.
 
@@ -47,7 +58,8 @@ class SchedulerLink:
         self.greeting = greeting
         self.ctx = zmq.Context()
         endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
-        self.sock = connect_dealer(self.ctx, endpoints.scheduler, role.encode())
+        self.sock = connect_dealer(self.ctx, scheduler_endpoint(settings, endpoints),
+                                   role.encode())
         self.scheduler_boot: str | None = None
         self.next_heartbeat = 0.0
         self._greet()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import re
 import sys
@@ -21,6 +22,8 @@ import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from proto.hostfile import BACKENDS, PARALLEL_MODES
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -85,6 +88,10 @@ class Settings:
     ctx: int = _opt("context length of every slot, in tokens", default=32768)
     kv_dir: str = _opt("directory of KV page files", default="")
     runtime_dir: str = _opt("directory for sockets and pid files (created 0700)", default="")
+    scheduler_address: str = _opt(
+        "worker group over several machines: tcp://IP:PORT the scheduler also binds for the "
+        "other hosts' kvstores, and they connect to (one IP, e.g. the Thunderbolt bridge's; "
+        "never a wildcard)", default="")
     cache_dir: str = _opt("directory for generated models and other caches", default="")
     page_size: int = _opt("tokens per KV page", default=256)
     kv_disk_budget: str = _opt("disk budget for KV pages, with units", default="32GiB")
@@ -143,6 +150,19 @@ class Settings:
     heartbeat_s: float = _opt("seconds between heartbeats", default=1.0)
     peer_timeout_s: float = _opt("a peer silent this long is considered gone", default=5.0)
     memory_headroom: str = _opt("memory kept free beyond the plan", default="1GiB")
+    hostfile: str = _opt("run the worker as a group of ranks over these hosts (mlx.launch's "
+                         "hostfile JSON; one rank per entry; absent: one worker)", default="")
+    backend: str = _opt("mx.distributed backend of a worker group: ring, jaccl or mpi "
+                        "(default: the hostfile's \"backend\", else ring)", default="")
+    parallel: str = _opt("how a worker group splits the model: tensor (every layer's heads "
+                         "and experts) or pipeline (whole layers per rank)", default="tensor")
+    dist_port: int = _opt("first TCP port of the ring backend (one per rank and ip)",
+                          default=5520)
+    scheduler_address: str = _opt("tcp://IP:PORT where a worker group's ranks on other hosts "
+                                  "reach the scheduler (the scheduler binds it besides its "
+                                  "ipc socket; use the Thunderbolt bridge's address)", default="")
+    rank: int = _opt("this process's rank in the worker group (set by the supervisor or a "
+                     "host's unit on `run worker` and `run kvstore`)", default=0)
 
     @property
     def kv_disk_budget_bytes(self) -> int:
@@ -155,6 +175,12 @@ class Settings:
     @property
     def kv_path(self) -> Path:
         return Path(self.kv_dir) if self.kv_dir else self.cache_path / "kv"
+
+    @property
+    def rank_kv_path(self) -> Path:
+        """This rank's page directory: --kv-dir for rank 0, `<kv-dir>/rank-R` for rank R of a
+        worker group, on every host (docs/design.md "Pages per rank")."""
+        return self.kv_path / f"rank-{self.rank}" if self.rank else self.kv_path
 
     @property
     def cache_path(self) -> Path:
@@ -194,6 +220,15 @@ class Settings:
             parse_size(self.kv_buffer_memory)
         except ValueError as exc:
             problems.append(str(exc))
+        if self.backend not in ("", *BACKENDS):
+            problems.append(f"--backend must be one of {', '.join(BACKENDS)}")
+        if self.parallel not in PARALLEL_MODES:
+            problems.append(f"--parallel must be one of {', '.join(PARALLEL_MODES)}")
+        if not 0 < self.dist_port < 65536 or self.rank < 0:
+            problems.append("--dist-port must be 1..65535 and --rank at least 0")
+        if self.scheduler_address and not _bindable_tcp(self.scheduler_address):
+            problems.append("--scheduler-address must be tcp://IP:PORT with one IP address "
+                            "(not a wildcard or a name), e.g. tcp://10.0.0.1:5510")
         if self.host not in LOOPBACK_HOSTS and not (self.api_key or self.api_key_file):
             problems.append(f"--api-key is required when binding to {self.host} (not loopback)")
         if any(not name.strip() for name in self.served_model_name):
@@ -209,6 +244,20 @@ class Settings:
         return [a for f in dataclasses.fields(self)
                 if f.name not in SECRET_FIELDS and (role == "gateway" or f.name not in GATEWAY_ONLY)
                 for a in flag_args(f.name, getattr(self, f.name))]
+
+
+def _bindable_tcp(address: str) -> bool:
+    """tcp://IP:PORT with a literal, non-wildcard IP: the scheduler's TCP endpoint is bound
+    to one interface only (docs/design.md "Pages per rank")."""
+    if not address.startswith("tcp://"):
+        return False
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return port.isdigit() and 0 < int(port) < 65536 and not ip.is_unspecified
 
 
 def flag_args(name: str, value) -> list[str]:

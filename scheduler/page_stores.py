@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from proto.endpoints import rank_role
 from proto.messages import (
     ROLE_KVSTORE,
     AttachBuffers,
@@ -40,7 +41,7 @@ FLAG_RECURRENT_STATE = 1
 
 def kvstore_identity(rank: int) -> str:
     """The DEALER identity of rank `rank`'s kvstore (rank 0 keeps the single worker's)."""
-    return ROLE_KVSTORE if rank == 0 else f"{ROLE_KVSTORE}.{rank}"
+    return rank_role(ROLE_KVSTORE, rank)
 
 
 def kvstore_rank(identity: str) -> int | None:
@@ -78,6 +79,7 @@ class PageStores:
         self.inventories: dict[int, InventoryDescribed] = {}
         self.outbox: list[tuple[str, object]] = []  # messages this layer sends by itself
         self.num_orphans_deleted = 0
+        self.held: dict[int, set[bytes]] = {}  # per rank: the pages its kvstore holds
 
     # --- who is there ----------------------------------------------------------------------
 
@@ -113,6 +115,27 @@ class PageStores:
         self.owed.pop(rank, None)  # the new process owes nothing the old one was sent
         self.inventory_owed.pop(rank, None)
         self.inventories.pop(rank, None)
+        self.held.pop(rank, None)
+
+    def rank_status(self, now: float, last_seen: dict[str, float], timeout_s: float
+                    ) -> list[dict]:
+        """Per rank, for `switchyard status`: host, pool, its kvstore's state and pages."""
+        out = []
+        for r in self.ranks:
+            identity = kvstore_identity(r.rank)
+            if r.rank not in self.connected:
+                state = "absent"
+            elif now - last_seen.get(identity, 0.0) > timeout_s:
+                state = "silent"
+            elif self.inventory_owed.get(r.rank):
+                state = "scanning"
+            else:
+                state = "ready"
+            out.append({"rank": r.rank, "host": r.host, "namespace": r.namespace.hex()[:8],
+                        "shm_name": r.shm_name, "num_buffers": r.num_buffers,
+                        "buffer_bytes": r.buffer_bytes, "kvstore": identity,
+                        "kvstore_state": state, "num_pages": len(self.held.get(r.rank, ()))})
+        return out
 
     # --- core -> kvstores ------------------------------------------------------------------
 
@@ -126,6 +149,9 @@ class PageStores:
                     for r in self.ranks]
         if isinstance(msg, WritePages):
             return [(kvstore_identity(r.rank), self._write_for(r, msg)) for r in self.ranks]
+        if isinstance(msg, DeletePages):
+            for held in self.held.values():
+                held.difference_update(msg.page_ids)
         if isinstance(msg, DescribeInventory) and not self.ranks:
             # Before the worker group is ready: ask every kvstore that greeted us.
             return [(kvstore_identity(r), msg) for r in sorted(self.connected)]
@@ -186,6 +212,11 @@ class PageStores:
             batch = queue.popleft()
             batch.owed.discard(rank)
             batch.answers[rank] = msg
+            held = self.held.setdefault(rank, set())
+            if isinstance(msg, PagesWritten):
+                held.update(info.page_id for info in msg.written)
+            else:
+                held.difference_update(msg.missing)  # absent, or corrupt and removed
             return self._complete()
         return [msg]
 
@@ -244,6 +275,7 @@ class PageStores:
         if owed:
             self.inventory_owed[rank] = owed - 1
         self.inventories[rank] = msg
+        self.held[rank] = {info.page_id for info in msg.pages}
         return self._inventory_if_complete()
 
     def _inventory_if_complete(self) -> list:
@@ -279,6 +311,7 @@ class PageStores:
     def _delete_orphans(self, per_rank: dict[int, list[bytes]]) -> None:
         for rank, ids in sorted(per_rank.items()):
             if ids:
+                self.held.get(rank, set()).difference_update(ids)
                 self.num_orphans_deleted += len(ids)
                 self.outbox.append((kvstore_identity(rank), DeletePages(tuple(ids))))
 

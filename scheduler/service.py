@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 
 import zmq
@@ -47,7 +48,7 @@ from proto.messages import (
     WorkerReady,
 )
 from proto.service_loop import StopFlag
-from proto.settings import Settings, format_size
+from proto.settings import Settings, SettingsError, format_size
 from proto.sockets import bind_router, send_to
 from scheduler.core import CoreConfig, SchedulerCore
 from scheduler.events import (
@@ -60,6 +61,7 @@ from scheduler.events import (
     WorkerLost,
 )
 from scheduler.eviction import budget_report
+from scheduler.page_stores import PageStores, kvstore_rank
 from scheduler.stats import SchedulerStats
 from scheduler.status import build_status, write_status
 
@@ -102,9 +104,14 @@ class SchedulerService:
         self._plan_s = 0.0  # planning time of the step in flight (logged when it is done)
         self.kvstore_down_since: float | None = time.time()  # no page index yet
         self.index_overdue = False  # told to the core (IndexOverdue) when it changes
+        # A worker group's kvstores (one per rank) are one page store to the core.
+        self.stores = PageStores(group=bool(settings.hostfile))
+        self.tcp_address = remote_kvstore_address(settings)
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
         self.ctx = zmq.Context()
         self.sock = bind_router(self.ctx, self.endpoints.scheduler)
+        if self.tcp_address:  # other hosts' kvstores (docs/design.md "Pages per rank")
+            self.sock.bind(self.tcp_address)
 
     @property
     def worker_ready(self) -> bool:
@@ -126,7 +133,9 @@ class SchedulerService:
         for msg in effects.messages:
             if isinstance(msg, RequestFailed):
                 self.stats.request_failed(msg.code)
-            if not self._send(_DESTINATION[type(msg)], msg) and isinstance(msg, RunStep):
+            if _DESTINATION[type(msg)] == ROLE_KVSTORE:
+                self._send_kvstores(msg)
+            elif not self._send(_DESTINATION[type(msg)], msg) and isinstance(msg, RunStep):
                 # The worker is not connected: wait for it to greet us again (a restarted
                 # worker resets the slots and buffers this plan referred to).
                 self.worker_down_since = self.worker_down_since or time.time()
@@ -140,11 +149,32 @@ class SchedulerService:
             self.stats.request_finished(rec, now)
             self.log.info("request.finished", **dataclasses.asdict(rec))
 
+    def _send_kvstores(self, msg) -> None:
+        """A page command to the kvstore, or cloned to every rank's (scheduler/page_stores.py)."""
+        clones = self.stores.outgoing(msg)
+        sent = [(identity, clone, self._send(identity, clone)) for identity, clone in clones]
+        for reply in self.stores.sent(msg, sent):  # what no kvstore could be sent is answered
+            self._to_core(reply, time.time())
+
+    def _from_kvstore(self, role: str, msg, now: float) -> None:
+        for merged in self.stores.incoming(role, msg):
+            self._to_core(merged, now)
+        outbox, self.stores.outbox = self.stores.outbox, []
+        for identity, extra in outbox:  # shares other ranks lost: orphans on this one
+            self._send(identity, extra)
+
+    def _to_core(self, msg, now: float) -> None:
+        if isinstance(msg, InventoryDescribed):
+            self._on_inventory(msg, now)
+        else:
+            self.apply(self.core.handle(msg, now))
+
     def _heartbeat(self) -> None:
         self._send(ROLE_GATEWAY, GroupState(self.boot_id, self.worker_ready, self.kvstore_ready,
                                             self.core.num_waiting, self.core.num_running))
         self._send(ROLE_WORKER, Heartbeat(self.boot_id))
-        self._send(ROLE_KVSTORE, Heartbeat(self.boot_id))
+        for identity in self.stores.identities():
+            self._send(identity, Heartbeat(self.boot_id))
 
     # --- receiving -------------------------------------------------------------------------
 
@@ -155,8 +185,10 @@ class SchedulerService:
         elif role not in self.peer_boot:
             # A peer from before our start: make it greet us first.
             self._send(role, Hello(PROTOCOL_VERSION, self.boot_id, ROLE_SCHEDULER, os.getpid()))
-        elif isinstance(msg, (SubmitRequest, CancelRequest, PagesWritten, PagesRead)):
+        elif isinstance(msg, (SubmitRequest, CancelRequest)):
             self.apply(self.core.handle(msg, now))
+        elif isinstance(msg, (PagesWritten, PagesRead, InventoryDescribed)):
+            self._from_kvstore(role, msg, now)
         elif isinstance(msg, StepDone):
             t0 = time.perf_counter()
             effects = self.core.handle(msg, now)
@@ -172,8 +204,6 @@ class SchedulerService:
                            plan_ms=round(self._plan_s * 1e3, 3), done_ms=round(done_s * 1e3, 3))
         elif isinstance(msg, WorkerReady):
             self._on_worker_ready(msg)
-        elif isinstance(msg, InventoryDescribed):
-            self._on_inventory(msg, now)
         elif isinstance(msg, PagesDeleted):
             self.log.debug("kv.deleted", num_pages=len(msg.page_ids),
                            freed_bytes=msg.freed_bytes)
@@ -197,7 +227,8 @@ class SchedulerService:
         elif role == ROLE_WORKER and previous is not None:
             self.worker_down_since = self.worker_down_since or now
             self.apply(self.core.handle(WorkerLost(), now))
-        elif role == ROLE_KVSTORE:
+        elif kvstore_rank(role) is not None:  # any rank's kvstore: the group's page store
+            self.stores.restarted(role)
             self.kvstore_ready = False
             self.kvstore_down_since = self.kvstore_down_since or now
             self.apply(self.core.handle(KvstoreRestarted(), now))  # attach, ask inventory
@@ -211,7 +242,10 @@ class SchedulerService:
     def _on_worker_ready(self, msg: WorkerReady) -> None:
         if msg.boot_id == self.worker_boot_synced and self.worker_down_since is None:
             return
+        inventory = self.stores.worker_ready(msg)  # the ranks' pools, before any page command
         self.apply(self.core.handle(msg, time.time()))
+        for merged in inventory:  # every rank's came before the group was ready
+            self._on_inventory(merged, time.time())
         self.worker_boot_synced = msg.boot_id
         self.worker_down_since = None
         self.log.info("worker.ready", worker_boot_id=msg.boot_id, model_type=msg.model_type,
@@ -244,8 +278,10 @@ class SchedulerService:
         if (self.worker_down_since is not None
                 and now - self.worker_down_since > timeout * _WORKER_GRACE_FACTOR):
             self._fail_everything("the model worker is unavailable", now)
-        if self.kvstore_ready and now - self.last_seen.get(ROLE_KVSTORE, 0.0) > timeout:
-            self.log.warning("kvstore.lost")
+        silent = [i for i in self.stores.identities()
+                  if now - self.last_seen.get(i, 0.0) > timeout]
+        if self.kvstore_ready and silent:
+            self.log.warning("kvstore.lost", kvstores=silent)
             self.kvstore_ready = False
         # Requests wait for the page index while kvstore starts (docs/design.md "Processes");
         # one that stays away this long is not waited for: serve without disk pages.
@@ -306,9 +342,33 @@ class SchedulerService:
         self.log.info("scheduler.stopped")
 
 
+def remote_kvstore_address(settings: Settings) -> str:
+    """The TCP address to bind for kvstores of other hosts: --scheduler-address when the
+    hostfile names a machine other than this one (none otherwise: ipc only). A group with
+    another host and no address refuses to start (exit 2)."""
+    if not settings.hostfile:
+        return ""
+    from proto.hostfile import HostfileError, is_local, read_hostfile
+
+    try:
+        remote = [h for h in read_hostfile(settings.hostfile).hosts if not is_local(h)]
+    except HostfileError as exc:
+        raise SettingsError(str(exc)) from None
+    if remote and not settings.scheduler_address:
+        raise SettingsError(
+            f"--hostfile {settings.hostfile}: {remote[0].ssh} (rank {remote[0].rank}) is "
+            f"another machine; give --scheduler-address tcp://IP:PORT with this machine's IP "
+            f"on the link to it (a Thunderbolt bridge)")
+    return settings.scheduler_address if remote else ""
+
+
 def run(settings: Settings) -> None:
     stop = StopFlag()
-    service = SchedulerService(settings)
+    try:
+        service = SchedulerService(settings)
+    except SettingsError as exc:  # refuse to start: exit 2 ends the group with a message
+        print(f"switchyard scheduler: {exc}", file=sys.stderr)
+        sys.exit(2)
     try:
         service.serve(stop)
     finally:

@@ -23,6 +23,9 @@ def build_status(service, now: float) -> dict:
                          "last_seen": service.last_seen.get(role)}
                   for role, boot in service.peer_boot.items()},
         **snapshot,  # slots, queue, oldest_waiting_s, disk
+        # A worker group: every rank, its pool and its kvstore (docs/design.md "Pages per rank").
+        "ranks": service.stores.rank_status(now, service.last_seen,
+                                            service.settings.peer_timeout_s),
         "stats": service.stats.snapshot(),
     }
 
