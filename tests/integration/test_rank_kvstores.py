@@ -1,0 +1,188 @@
+"""Two real kvstore processes (ranks 0 and 1 of a worker group, each with its own page
+directory and its own shared-memory pool) driven through the scheduler's fan-out
+(scheduler/page_stores.py): pages written on both, the inventory after both restarted, and
+every rank's share read back bit-identical (docs/design.md "Pages per rank")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from deploy.lifeline import PARENT_ENV
+from proto import codec
+from proto.endpoints import Endpoints, ensure_runtime_dir
+from proto.messages import (
+    PROTOCOL_VERSION,
+    ROLE_SCHEDULER,
+    AttachBuffers,
+    DescribeInventory,
+    Hello,
+    InventoryDescribed,
+    PageRead,
+    PagesRead,
+    PagesWritten,
+    PageWrite,
+    RankInfo,
+    ReadPages,
+    WorkerReady,
+    WritePages,
+)
+from proto.page_ids import ROOT_ID, chain_page_ids
+from proto.shm import PageBufferPool
+from proto.sockets import bind_router, send_to
+from scheduler.page_stores import PageStores, kvstore_identity
+from tests.helpers.group import REPO_ROOT, short_tmp_dir
+
+P = 16
+NS = bytes(range(16))
+PER_TOKEN = (64, 40)  # rank 1's share of a token is smaller (another head count)
+NUM_BUFFERS = 8
+NUM_PAGES = 3
+
+
+class Scheduler:
+    """The scheduler's side: a ROUTER where the scheduler binds it, and the fan-out."""
+
+    def __init__(self, runtime: Path):
+        self.ctx = zmq.Context()
+        self.sock = bind_router(self.ctx, Endpoints(ensure_runtime_dir(runtime)).scheduler)
+        self.stores = PageStores(group=True)
+        self.boots: dict[str, str] = {}
+
+    def send(self, msg) -> list:
+        clones = self.stores.outgoing(msg)
+        for identity, clone in clones:
+            send_to(self.sock, identity.encode(), clone)
+        return self.stores.sent(msg, [(i, c, True) for i, c in clones])
+
+    def until(self, done, timeout_s: float = 60.0) -> list:
+        """Pump messages (greeting kvstores, merging replies) until `done(merged)`."""
+        merged, deadline = [], time.monotonic() + timeout_s
+        while not done(merged):
+            assert time.monotonic() < deadline, f"timed out; merged so far: {merged}"
+            if not self.sock.poll(200):
+                continue
+            identity, frame = self.sock.recv_multipart()
+            role, msg = identity.decode(), codec.decode(frame)
+            if isinstance(msg, Hello):
+                send_to(self.sock, identity, Hello(PROTOCOL_VERSION, "sched", ROLE_SCHEDULER,
+                                                   os.getpid()))
+                if self.boots.get(role) != msg.boot_id:
+                    self.boots[role] = msg.boot_id
+                    self.stores.restarted(role)
+            elif isinstance(msg, (PagesWritten, PagesRead, InventoryDescribed)):
+                merged += self.stores.incoming(role, msg)
+        return merged
+
+    def close(self):
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def start_kvstore(rank: int, runtime: Path, kv_dir: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, PARENT_ENV: str(os.getpid()), "PYTHONPATH": str(REPO_ROOT)}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "run", "kvstore", "--rank", str(rank),
+             "--model", "unused", "--runtime-dir", str(runtime), "--kv-dir", str(kv_dir),
+             "--heartbeat-s", "0.2", "--log-format", "json"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+
+
+@pytest.fixture
+def setup():
+    tmp = short_tmp_dir("syrk")
+    runtime, kv_dir = tmp / "rt", tmp / "kv"
+    tag = f"syrk{os.getpid() % 100000}"
+    pools = [PageBufferPool.create(f"{tag}r{r}", NUM_BUFFERS, P * PER_TOKEN[r])
+             for r in range(2)]
+    sched = Scheduler(runtime)
+    procs: list[subprocess.Popen] = []
+    try:
+        yield tmp, runtime, kv_dir, pools, sched, procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
+        sched.close()
+        for pool in pools:
+            pool.unlink()
+
+
+def ranks(pools) -> tuple[RankInfo, ...]:
+    return tuple(RankInfo(r, "localhost", bytes([r]) * 16, pool.name, NUM_BUFFERS,
+                          pool.buffer_bytes, PER_TOKEN[r], 0) for r, pool in enumerate(pools))
+
+
+def test_two_rank_kvstores_write_restart_and_read_back_their_shares(setup):
+    tmp, runtime, kv_dir, pools, sched, procs = setup
+    log = tmp / "kvstores.log"
+    procs += [start_kvstore(r, runtime, kv_dir, log) for r in range(2)]
+    group = ranks(pools)
+    sched.stores.worker_ready(WorkerReady("w", NS, "tiny", 1, 4 * P, P, PER_TOKEN[0], True,
+                                          (), pools[0].name, NUM_BUFFERS,
+                                          pools[0].buffer_bytes, 0, ranks=group,
+                                          parallel="tensor"))
+    sched.until(lambda _: len(sched.stores.connected) == 2)
+
+    # Each rank's share of each page: its own bytes, in its own pool (buffers 0..2).
+    rng = np.random.default_rng(7)
+    tokens = [int(t) for t in rng.integers(100, 30000, NUM_PAGES * P)]
+    ids = chain_page_ids(NS, tokens, P)
+    shares = []
+    for r, pool in enumerate(pools):
+        data = rng.integers(0, 256, (NUM_PAGES, P * PER_TOKEN[r]), dtype=np.uint8)
+        for k in range(NUM_PAGES):
+            pool.array(k, np.uint8, pool.buffer_bytes)[:] = data[k]
+        shares.append(data)
+    sched.send(AttachBuffers(pools[0].name, NUM_BUFFERS, pools[0].buffer_bytes, NS))
+    sched.send(DescribeInventory())
+    [inventory] = sched.until(lambda m: len(m) == 1)
+    assert inventory.pages == ()
+    writes = tuple(PageWrite(ids[k], ids[k - 1] if k else ROOT_ID,
+                             tuple(tokens[k * P:(k + 1) * P]), k, P * PER_TOKEN[0])
+                   for k in range(NUM_PAGES))
+    sched.send(WritePages(writes))
+    [written] = sched.until(lambda m: len(m) == 1)
+    assert [i.page_id for i in written.written] == ids and written.failed == ()
+    assert all(i.nbytes > P * PER_TOKEN[0] for i in written.written)  # the largest share
+    # each rank's share went to its own page directory
+    assert len(list(kv_dir.glob("*/*/*.page"))) == NUM_PAGES
+    assert len(list((kv_dir / "rank-1").glob("*/*/*.page"))) == NUM_PAGES
+
+    # Both kvstores restart (kill -9): the group's page store comes back from the files.
+    for proc in procs:
+        proc.kill()
+        proc.wait(30)
+    procs[:] = [start_kvstore(r, runtime, kv_dir, log) for r in range(2)]
+    old = dict(sched.boots)
+    sched.until(lambda _: all(sched.boots.get(kvstore_identity(r)) not in (None, old[
+        kvstore_identity(r)]) for r in range(2)))
+    sched.send(AttachBuffers(pools[0].name, NUM_BUFFERS, pools[0].buffer_bytes, NS))
+    sched.send(DescribeInventory())
+    [inventory] = sched.until(lambda m: len(m) == 1)
+    assert sorted(p.page_id for p in inventory.pages) == sorted(ids)
+    sizes = {p.page_id: p.nbytes for p in inventory.pages}
+    assert all(sizes[i.page_id] == i.nbytes for i in written.written)
+
+    # Read every page into other buffers (3..5) of each pool: every share bit-identical.
+    for pool in pools:
+        for b in range(NUM_PAGES, 2 * NUM_PAGES):
+            pool.array(b, np.uint8, pool.buffer_bytes)[:] = 0
+    sched.send(ReadPages(tuple(PageRead(ids[k], tuple(tokens[k * P:(k + 1) * P]),
+                                        NUM_PAGES + k) for k in range(NUM_PAGES))))
+    [read] = sched.until(lambda m: len(m) == 1)
+    assert read == PagesRead(tuple(ids), ())
+    for r, pool in enumerate(pools):
+        for k in range(NUM_PAGES):
+            got = pool.array(NUM_PAGES + k, np.uint8, pool.buffer_bytes).copy()
+            assert np.array_equal(got, shares[r][k]), f"rank {r} page {k}"
