@@ -179,6 +179,9 @@ class PageStores:
 
     def _write_for(self, rank: RankInfo, msg: WritePages) -> WritePages:
         """Rank `rank`'s share of each page: its own bytes per token and state size."""
+        first = self.ranks[0]
+        if (rank.buffer_bytes, rank.state_bytes) == (first.buffer_bytes, first.state_bytes):
+            return msg  # shares of one size (an even split): the core's lengths are right
         per_token = (rank.buffer_bytes - rank.state_bytes) // self.page_size
         return WritePages(tuple(
             PageWrite(w.page_id, w.parent_id, w.token_ids, w.buffer,
