@@ -6,6 +6,7 @@ every rank's share read back bit-identical (docs/design.md "Pages per rank")."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from proto.page_ids import ROOT_ID, chain_page_ids
 from proto.shm import PageBufferPool
 from proto.sockets import bind_router, send_to
 from scheduler.page_stores import PageStores, kvstore_identity
+from scheduler.status import read_status
 from tests.helpers.group import REPO_ROOT, short_tmp_dir
 
 P = 16
@@ -116,6 +118,7 @@ def setup():
         sched.close()
         for pool in pools:
             pool.unlink()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def ranks(pools) -> tuple[RankInfo, ...]:
@@ -186,3 +189,77 @@ def test_two_rank_kvstores_write_restart_and_read_back_their_shares(setup):
         for k in range(NUM_PAGES):
             got = pool.array(NUM_PAGES + k, np.uint8, pool.buffer_bytes).copy()
             assert np.array_equal(got, shares[r][k]), f"rank {r} page {k}"
+
+
+def start(role: str, runtime: Path, kv_dir: Path, log: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, PARENT_ENV: str(os.getpid()), "PYTHONPATH": str(REPO_ROOT)}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "run", role, "--model", "unused",
+             "--runtime-dir", str(runtime), "--kv-dir", str(kv_dir), "--heartbeat-s", "0.2",
+             "--log-format", "json", *extra],
+            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+
+
+def test_the_scheduler_serves_the_pages_every_rank_holds():
+    """The real scheduler with --hostfile, both rank kvstores and a scripted rank-0 worker:
+    the page index is the pages both ranks hold, the share only rank 0 has is deleted, and
+    status lists both ranks."""
+    from kvstore.store import PageStore
+    from proto.messages import Heartbeat
+
+    tmp = short_tmp_dir("sysk")
+    runtime, kv_dir, log = tmp / "rt", tmp / "kv", tmp / "group.log"
+    hostfile = tmp / "hosts.json"
+    hostfile.write_text('[{"ssh": "a", "ips": ["127.0.0.1"]}, {"ssh": "b", "ips": ["127.0.0.1"]}]')
+    tokens = list(range(1000, 1000 + 3 * P))
+    ids = chain_page_ids(NS, tokens, P)
+    for rank, num_pages in ((0, 3), (1, 2)):  # rank 1 never wrote the third page
+        store = PageStore(kv_dir / "rank-1" if rank else kv_dir, sync=False)
+        for k in range(num_pages):
+            store.write(NS, ids[k - 1] if k else ROOT_ID, tokens[k * P:(k + 1) * P],
+                        bytes([rank]) * (P * PER_TOKEN[rank]))
+    tag = f"sysk{os.getpid() % 100000}"
+    pools = [PageBufferPool.create(f"{tag}r{r}", NUM_BUFFERS, P * PER_TOKEN[r])
+             for r in range(2)]
+    procs = [start("scheduler", runtime, kv_dir, log, "--hostfile", str(hostfile))]
+    procs += [start("kvstore", runtime, kv_dir, log, "--hostfile", str(hostfile), "--rank",
+                    str(r)) for r in range(2)]
+    ctx = zmq.Context()
+    worker = ctx.socket(zmq.DEALER)
+    worker.setsockopt(zmq.IDENTITY, b"worker")
+    worker.setsockopt(zmq.LINGER, 0)
+    try:
+        status_file = Endpoints(ensure_runtime_dir(runtime)).status_file
+        worker.connect(Endpoints(runtime).scheduler)
+        worker.send(codec.encode(Hello(PROTOCOL_VERSION, "w1", "worker", os.getpid())))
+        worker.send(codec.encode(WorkerReady(
+            "w1", NS, "tiny", 1, 4 * P, P, PER_TOKEN[0], True, (), pools[0].name, NUM_BUFFERS,
+            pools[0].buffer_bytes, 0, ranks=ranks(pools), parallel="tensor")))
+        deadline, status = time.monotonic() + 60, {}
+        while True:
+            assert time.monotonic() < deadline, f"not ready: {status}\n{log.read_text()[-3000:]}"
+            worker.send(codec.encode(Heartbeat("w1")))
+            while worker.poll(0):
+                worker.recv()
+            time.sleep(0.2)
+            status = read_status(status_file) or {}
+            states = [r["kvstore_state"] for r in status.get("ranks", [])]
+            if status.get("kvstore_ready") and states == ["ready", "ready"] and \
+                    [r["num_pages"] for r in status["ranks"]] == [2, 2]:
+                break
+        assert status["disk"]["num_pages"] == 2
+        assert [(r["rank"], r["host"], r["kvstore"]) for r in status["ranks"]] == [
+            (0, "localhost", "kvstore"), (1, "localhost", "kvstore.1")]
+        # rank 0's share of the page rank 1 lacks was an orphan: its file is gone
+        assert len(list(kv_dir.glob("*/*/*.page"))) == 2
+        assert len(list((kv_dir / "rank-1").glob("*/*/*.page"))) == 2
+    finally:
+        worker.close()
+        ctx.term()
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+        for pool in pools:
+            pool.unlink()
+        shutil.rmtree(tmp, ignore_errors=True)

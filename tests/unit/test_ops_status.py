@@ -89,6 +89,26 @@ def test_report_text():
     assert "STALE" in status_cli.format_report(report)
 
 
+def test_report_lists_every_rank_of_a_worker_group():
+    now = time.time()
+    snap = snapshot(now) | {"ranks": [
+        {"rank": 0, "host": "mac-a", "namespace": "00112233", "shm_name": "syr0w",
+         "num_buffers": 64, "buffer_bytes": 2**20, "kvstore": "kvstore",
+         "kvstore_state": "ready", "num_pages": 1200},
+        {"rank": 1, "host": "mac-b", "namespace": "44556677", "shm_name": "syr1w",
+         "num_buffers": 64, "buffer_bytes": 2**20, "kvstore": "kvstore.1",
+         "kvstore_state": "silent", "num_pages": 1199}]}
+    report = {"runtime_dir": "/run/sy", "at": now, "running": True, "components": {},
+              "snapshot": snap, "snapshot_age_s": 0.5}
+    lines = status_cli.format_report(report).splitlines()
+    assert "worker group: 2 ranks" in lines
+    rank1 = next(line for line in lines if "mac-b" in line)
+    assert rank1.split() == ["1", "mac-b", "64", "x", "1.0", "MiB", "kvstore.1", "silent",
+                             "1,199"]
+    single = status_cli.format_report(report | {"snapshot": snapshot(now)})
+    assert "worker group" not in single
+
+
 def test_collect_reads_pid_files_and_uptimes(tmp_path):
     (tmp_path / "scheduler.pid").write_text(f"{os.getpid()}\n")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -1,6 +1,8 @@
 """The kvstore fan-out of a worker group (scheduler/page_stores.py): one page store for the
 core over one kvstore per rank. No sockets: replies are scripted per rank."""
 
+from pathlib import Path
+
 from proto.messages import (
     AttachBuffers,
     DeletePages,
@@ -240,3 +242,40 @@ def test_a_rank_kvstore_restart_is_a_restart_of_the_group_store():
     stores.incoming("kvstore", written(info(1)))
     [rewritten] = stores.incoming("kvstore.1", written(info(1)))
     assert [i.page_id for i in rewritten.written] == [pid(1)]
+
+
+def test_rank_page_directories_and_the_scheduler_address(tmp_path):
+    import pytest
+
+    from proto.endpoints import Endpoints
+    from proto.service_loop import scheduler_endpoint
+    from proto.settings import Settings, SettingsError
+    from scheduler.service import remote_kvstore_address
+
+    assert Settings(kv_dir="/kv").rank_kv_path == Path("/kv")
+    assert Settings(kv_dir="/kv", rank=2).rank_kv_path == Path("/kv/rank-2")
+    for bad in ("tcp://0.0.0.0:5510", "tcp://*:5510", "tcp://mac-a:5510", "ipc:///x",
+                "tcp://10.0.0.1"):
+        with pytest.raises(SettingsError, match="--scheduler-address"):
+            Settings(scheduler_address=bad).validate()
+    Settings(scheduler_address="tcp://[fd00::1]:5510").validate()
+
+    local = tmp_path / "local.json"
+    local.write_text('[{"ssh": "a", "ips": ["127.0.0.1"]}, {"ssh": "b", "ips": ["127.0.0.1"]}]')
+    remote = tmp_path / "remote.json"  # 192.0.2.0/24 is documentation space: never ours
+    remote.write_text('[{"ssh": "a", "ips": ["127.0.0.1"]}, {"ssh": "b", "ips": ["192.0.2.7"]}]')
+    address = "tcp://127.0.0.1:5510"
+    assert remote_kvstore_address(Settings()) == ""
+    assert remote_kvstore_address(Settings(hostfile=str(local), scheduler_address=address)) == ""
+    with pytest.raises(SettingsError, match="b \\(rank 1\\) is another machine"):
+        remote_kvstore_address(Settings(hostfile=str(remote)))
+    assert remote_kvstore_address(Settings(hostfile=str(remote),
+                                           scheduler_address=address)) == address
+    # a kvstore connects over TCP only where rank 0 (the scheduler's host) is another machine
+    endpoints = Endpoints(tmp_path)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('[{"ssh": "a", "ips": ["192.0.2.7"]}, {"ssh": "b", "ips": ["127.0.0.1"]}]')
+    assert scheduler_endpoint(Settings(hostfile=str(remote), scheduler_address=address, rank=1),
+                              endpoints) == endpoints.scheduler
+    assert scheduler_endpoint(Settings(hostfile=str(elsewhere), scheduler_address=address,
+                                       rank=1), endpoints) == address
