@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from proto.endpoints import rank_role
 from proto.messages import (
     ROLE_KVSTORE,
@@ -103,6 +105,20 @@ class PageStores:
         self.page_size = msg.page_size
         return self._inventory_if_complete()
 
+    def for_core(self, msg: WorkerReady) -> WorkerReady:
+        """The group as one page store: page sizes of the largest share (per token and per
+        state), which is what the disk budget must allow on the fullest machine."""
+        if not self.group or not msg.ranks:
+            return msg
+        state = max(r.state_bytes for r in msg.ranks)
+        return msgspec.structs.replace(
+            msg, kv_bytes_per_token=max(r.kv_bytes_per_token for r in msg.ranks),
+            buffer_bytes=self._per_token(max(msg.ranks, key=self._per_token)) * msg.page_size
+            + state, state_bytes=state)
+
+    def _per_token(self, rank: RankInfo) -> int:
+        return (rank.buffer_bytes - rank.state_bytes) // self.page_size
+
     def restarted(self, identity: str) -> None:
         """A kvstore greeted us with a new boot id (or for the first time): what was in
         flight anywhere is lost to the core (a KvstoreRestarted for the group follows)."""
@@ -179,10 +195,10 @@ class PageStores:
 
     def _write_for(self, rank: RankInfo, msg: WritePages) -> WritePages:
         """Rank `rank`'s share of each page: its own bytes per token and state size."""
-        first = self.ranks[0]
-        if (rank.buffer_bytes, rank.state_bytes) == (first.buffer_bytes, first.state_bytes):
+        per_token = self._per_token(rank)
+        if all((self._per_token(r), r.state_bytes) == (per_token, rank.state_bytes)
+               for r in self.ranks):
             return msg  # shares of one size (an even split): the core's lengths are right
-        per_token = (rank.buffer_bytes - rank.state_bytes) // self.page_size
         return WritePages(tuple(
             PageWrite(w.page_id, w.parent_id, w.token_ids, w.buffer,
                       len(w.token_ids) * per_token

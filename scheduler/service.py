@@ -243,6 +243,7 @@ class SchedulerService:
         if msg.boot_id == self.worker_boot_synced and self.worker_down_since is None:
             return
         inventory = self.stores.worker_ready(msg)  # the ranks' pools, before any page command
+        msg = self.stores.for_core(msg)  # a group's pages: sized by the largest share
         self.apply(self.core.handle(msg, time.time()))
         for merged in inventory:  # every rank's came before the group was ready
             self._on_inventory(merged, time.time())

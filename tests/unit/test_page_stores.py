@@ -99,6 +99,22 @@ def test_attach_and_write_are_cloned_per_rank_with_its_pool_and_payload():
     assert [w.buffer for w in clones["kvstore.1"].writes] == [0, 1]
 
 
+def test_the_core_sizes_pages_by_the_largest_share():
+    stores = PageStores(group=True)
+    uneven = [rank_info(0, 7, state=9), rank_info(1, 10, state=3)]  # pipeline: uneven layers
+    stores.worker_ready(ready(uneven))
+    core_view = stores.for_core(ready(uneven))
+    assert (core_view.buffer_bytes, core_view.state_bytes, core_view.kv_bytes_per_token) == (
+        P * 10 + 9, 9, 10)
+    assert core_view.shm_name == "shm0" and core_view.ranks == tuple(uneven)
+    single = ready([rank_info(0, 7)])
+    assert PageStores(group=False).for_core(single) is single
+    clones = dict(stores.outgoing(WritePages((
+        PageWrite(pid(1), bytes(16), (1, 2, 3, 4), 0, P * 10 + 9, STATE_FLAG),))))
+    assert clones["kvstore"].writes[0].payload_len == P * 7 + 9
+    assert clones["kvstore.1"].writes[0].payload_len == P * 10 + 3
+
+
 def test_a_page_is_persisted_only_when_every_rank_wrote_its_share():
     stores = group()
     send(stores, write(1, 2))
