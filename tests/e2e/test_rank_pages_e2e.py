@@ -1,0 +1,111 @@
+"""Pages per rank through a whole 2-rank tensor group (qwen3 twin, ring backend on loopback):
+each rank's share of every page goes to its own kvstore; restores read both
+(docs/design.md "Pages per rank"). One group, `--slots 1`, shared by the module's checks."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import openai
+import pytest
+
+from kvstore.store import read_entries
+from tests.helpers.group import ServerGroup, free_port
+from tests.helpers.workload import text, wait_ready
+
+P = 256
+
+
+class Conversation:
+    def __init__(self, client: openai.OpenAI, seed: int):
+        self.client = client
+        self.model = client.models.list().data[0].id
+        self.seed = seed
+        self.messages = [{"role": "system", "content": text(seed, 200)},
+                         {"role": "user", "content": text(seed + 1, 60)}]
+        self.prompt_tokens: list[int] = []
+        self.cached_tokens: list[int] = []
+
+    def turn(self, max_tokens: int = 8) -> str:
+        resp = self.client.chat.completions.create(
+            model=self.model, messages=self.messages, max_tokens=max_tokens, temperature=0)
+        self.prompt_tokens.append(resp.usage.prompt_tokens)
+        self.cached_tokens.append(resp.usage.prompt_tokens_details.cached_tokens)
+        reply = resp.choices[0].message.content or ""
+        self.messages += [{"role": "assistant", "content": reply},
+                          {"role": "user", "content": text(self.seed * 10 + len(self.messages),
+                                                           300)}]
+        return reply
+
+
+@pytest.fixture(scope="module")
+def ranks2(tiny_qwen3, tmp_path_factory):
+    hostfile = tmp_path_factory.mktemp("hosts") / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": "rank0", "ips": ["127.0.0.1"]},
+                                    {"ssh": "rank1", "ips": ["127.0.0.1"]}]))
+    extra = ("--hostfile", str(hostfile), "--parallel", "tensor", "--dist-port",
+             str(free_port()))
+    with ServerGroup(tiny_qwen3, slots=1, ctx=8192, extra=extra, startup_timeout_s=300) as group:
+        wait_ready(group)
+        yield group
+
+
+def test_each_rank_writes_its_share_to_its_own_kvstore(ranks2):
+    client = openai.OpenAI(base_url=ranks2.base_url, api_key="none")
+    Conversation(client, 5).turn()
+    time.sleep(1.5)  # let the write-through land
+    rank0, bad0 = read_entries(ranks2.kv_dir)
+    rank1, bad1 = read_entries(ranks2.kv_dir / "rank-1")
+    assert bad0 == bad1 == 0 and rank0
+    assert {e.path.name for e in rank0} == {e.path.name for e in rank1}  # same page ids
+    status = json.loads((ranks2.runtime_dir / "status.json").read_text())
+    assert [(r["rank"], r["kvstore"], r["kvstore_state"]) for r in status["ranks"]] == [
+        (0, "kvstore", "ready"), (1, "kvstore.1", "ready")]
+
+
+def test_restored_from_disk_continues_as_in_memory(ranks2):
+    client = openai.OpenAI(base_url=ranks2.base_url, api_key="none")
+    a, b = Conversation(client, 31), Conversation(client, 42)
+    a.turn()
+    messages = list(a.messages)
+    in_memory = a.turn(max_tokens=24)  # resident in the one slot
+    a.messages = messages
+    b.turn()  # takes the slot: A is on both ranks' disks only
+    from_disk = a.turn(max_tokens=24)
+    assert a.cached_tokens[-1] >= a.prompt_tokens[-1] - P, a.cached_tokens
+    assert from_disk == in_memory
+
+
+def test_switching_re_reads_only_the_new_tokens(ranks2):
+    """A/B/A on one slot: A's second turn restores all it had (cached = prompt - new)."""
+    client = openai.OpenAI(base_url=ranks2.base_url, api_key="none")
+    a, b = Conversation(client, 51), Conversation(client, 62)
+    a.turn()
+    b.turn()
+    a.turn()
+    new = a.prompt_tokens[1] - a.prompt_tokens[0]
+    assert a.cached_tokens[1] >= a.prompt_tokens[1] - new, (a.prompt_tokens, a.cached_tokens)
+
+
+@pytest.mark.parametrize("role", ["worker.1", "kvstore.1"])
+def test_kill_one_rank_then_next_turn_restores_from_pages(ranks2, role):
+    client = openai.OpenAI(base_url=ranks2.base_url, api_key="none")
+    conv = Conversation(client, 70 + len(role))
+    conv.turn()
+    time.sleep(1.5)
+    worker = ranks2.pid_of("worker")
+    old = ranks2.kill(role)
+    new = ranks2.wait_restarted(role, old, timeout_s=120)
+    if role.startswith("worker"):  # the whole local worker group restarts, rank 0 included
+        role, new = "worker", ranks2.wait_restarted("worker", worker, timeout_s=120)
+    wait_ready(ranks2, role, new)  # the scheduler has seen the new process
+    for _ in range(60):  # 503 until the gateway sees the group ready again
+        try:
+            conv.turn()
+            break
+        except (openai.APIStatusError, openai.APIConnectionError):
+            time.sleep(0.5)
+    assert len(conv.cached_tokens) == 2
+    assert conv.cached_tokens[-1] > 0, (role, conv.cached_tokens)
+    assert conv.cached_tokens[-1] >= conv.prompt_tokens[0] - P
