@@ -161,6 +161,8 @@ class SchedulerService:
             self._to_core(merged, now)
         outbox, self.stores.outbox = self.stores.outbox, []
         for identity, extra in outbox:  # shares other ranks lost: orphans on this one
+            self.log.info("kv.orphan_shares_deleted", kvstore=identity,
+                          num_pages=len(extra.page_ids))
             self._send(identity, extra)
 
     def _to_core(self, msg, now: float) -> None:

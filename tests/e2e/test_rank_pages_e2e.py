@@ -14,6 +14,9 @@ from kvstore.store import read_entries
 from tests.helpers.group import ServerGroup, free_port
 from tests.helpers.workload import text, wait_ready
 
+# The worker group itself (docs/design.md "Worker groups") lands from its own branch.
+pytest.importorskip("worker.group", reason="the worker group is not in this tree yet")
+
 P = 256
 
 
