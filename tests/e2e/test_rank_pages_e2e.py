@@ -11,11 +11,9 @@ import openai
 import pytest
 
 from kvstore.store import read_entries
-from tests.helpers.group import ServerGroup, free_port
+from tests.e2e.test_worker_group import free_port_pair
+from tests.helpers.group import ServerGroup
 from tests.helpers.workload import text, wait_ready
-
-# The worker group itself (docs/design.md "Worker groups") lands from its own branch.
-pytest.importorskip("worker.group", reason="the worker group is not in this tree yet")
 
 P = 256
 
@@ -48,8 +46,9 @@ def ranks2(tiny_qwen3, tmp_path_factory):
     hostfile.write_text(json.dumps([{"ssh": "rank0", "ips": ["127.0.0.1"]},
                                     {"ssh": "rank1", "ips": ["127.0.0.1"]}]))
     extra = ("--hostfile", str(hostfile), "--parallel", "tensor", "--dist-port",
-             str(free_port()))
-    with ServerGroup(tiny_qwen3, slots=1, ctx=8192, extra=extra, startup_timeout_s=300) as group:
+             str(free_port_pair()))
+    with ServerGroup(tiny_qwen3, slots=1, ctx=8192, extra=extra, startup_timeout_s=300,
+                     extra_roles=("worker.1", "kvstore.1")) as group:
         wait_ready(group)
         yield group
 

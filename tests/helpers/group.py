@@ -72,7 +72,7 @@ class ServerGroup:
                  runtime_dir: str | Path | None = None, kv_dir: str | Path | None = None,
                  env: dict[str, str] | None = None, startup_timeout_s: float = 120.0,
                  stop_timeout_s: float = 60.0, entry: tuple[str, ...] = SERVE,
-                 wait_for: str = "health") -> None:
+                 wait_for: str = "health", extra_roles: tuple[str, ...] = ()) -> None:
         """`entry`: the module (and subcommand) run with `python -m`; `wait_for`: "health"
         (GET /health, then every pid file), "pids" (every pid file) or "none"."""
         self.model = str(model)
@@ -88,6 +88,7 @@ class ServerGroup:
                      *extra]
         self.entry = entry
         self.wait_for = wait_for
+        self.roles = (*ROLES, *extra_roles)  # a worker group's "worker.1", ...
         self.env = env or {}
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -185,7 +186,7 @@ class ServerGroup:
         while time.monotonic() < deadline:
             self._check_running()
             try:
-                return {role: self.pid_of(role) for role in ROLES}
+                return {role: self.pid_of(role) for role in self.roles}
             except (LookupError, ProcessLookupError):
                 time.sleep(0.05)
         raise AssertionError(f"components did not all start\n{self.log_tail()}")
@@ -216,7 +217,7 @@ class ServerGroup:
         if self.proc is None:
             return
         problems = []
-        for role in ROLES:
+        for role in self.roles:
             try:
                 self.pid_of(role)
             except (LookupError, ProcessLookupError):

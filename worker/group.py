@@ -1,0 +1,160 @@
+"""A worker group: N ranks of the worker over one `mx.distributed` group (docs/design.md
+"Worker groups").
+
+Rank 0 alone talks to the scheduler. It broadcasts every RunStep's encoded bytes through the
+group itself (a header of kind and length, then the payload; each an all_sum to which the other
+ranks add zeros), a ping at each idle heartbeat (so a lost rank is found while idle: the
+collective raises), and a stop on shutdown. Every rank executes every step on its share. Rank 0
+samples; `share_tokens` puts the tokens through one all_sum inside the lazy graph, so all ranks
+feed the same token and a pipelined burst still overlaps.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from proto.hostfile import Hostfile, HostfileError, rank_environment
+
+# What rank 0 broadcasts (the header's first word).
+STEP, PING, STOP = 1, 2, 3
+KINDS = (STEP, PING, STOP)
+
+
+class GroupError(RuntimeError):
+    """The group cannot be formed or a collective failed (a peer was lost)."""
+
+
+def encode_header(kind: int, length: int) -> np.ndarray:
+    if kind not in KINDS or length < 0 or length >= 2**31:
+        raise ValueError(f"bad frame: kind {kind}, length {length}")
+    return np.array([kind, length], dtype=np.int32)
+
+
+def decode_header(header: np.ndarray) -> tuple[int, int]:
+    kind, length = (int(x) for x in header)
+    if kind not in KINDS or length < 0:
+        raise GroupError(f"corrupt broadcast header {kind, length}: the ranks are out of step")
+    return kind, length
+
+
+def encode_payload(payload: bytes) -> np.ndarray:
+    return np.frombuffer(payload, dtype=np.uint8)
+
+
+def decode_payload(array: np.ndarray) -> bytes:
+    return np.asarray(array, dtype=np.uint8).tobytes()
+
+
+def resolve_backend(setting: str, hostfile: Hostfile) -> str:
+    return setting or hostfile.backend or "ring"
+
+
+@dataclass
+class CommStats:
+    """Time spent in the group's own collectives (broadcasts), for the step log and the bench."""
+    broadcast_s: float = 0.0
+    num_broadcasts: int = 0
+
+    def take(self) -> tuple[float, int]:
+        taken = (self.broadcast_s, self.num_broadcasts)
+        self.broadcast_s, self.num_broadcasts = 0.0, 0
+        return taken
+
+
+class RankGroup:
+    def __init__(self, group, hostfile: Hostfile, parallel: str) -> None:
+        self.group = group
+        self.hostfile = hostfile
+        self.parallel = parallel
+        self.rank = group.rank()
+        self.size = group.size()
+        self.stats = CommStats()
+
+    @classmethod
+    def join(cls, hostfile: Hostfile, rank: int, backend: str, parallel: str,
+             first_port: int, runtime_dir: Path) -> "RankGroup":
+        """Set the environment mlx.launch would and initialize the group (blocks until every
+        rank has joined)."""
+        if not 0 <= rank < hostfile.size:
+            raise HostfileError(f"--rank {rank} is not in the hostfile (ranks 0..{hostfile.size - 1})")
+        os.environ.update(rank_environment(hostfile, backend, rank, first_port, runtime_dir))
+        try:
+            group = mx.distributed.init(backend=backend, strict=True)
+        except RuntimeError as exc:
+            raise GroupError(f"cannot join the {backend} group as rank {rank}: {exc}") from exc
+        if group.size() != hostfile.size or group.rank() != rank:
+            raise GroupError(f"the {backend} group has rank {group.rank()} of {group.size()}; "
+                             f"expected {rank} of {hostfile.size}")
+        return cls(group, hostfile, parallel)
+
+    @property
+    def host(self) -> str:
+        return self.hostfile.hosts[self.rank].ssh
+
+    # -- collectives ---------------------------------------------------------------------------
+
+    def _from(self, source: int, array: mx.array) -> mx.array:
+        """`array` of rank `source` on every rank (the others add zeros of its shape)."""
+        mine = array if self.rank == source else mx.zeros(array.shape, dtype=array.dtype)
+        return mx.distributed.all_sum(mine, group=self.group)
+
+    def _eval(self, array: mx.array) -> np.ndarray:
+        try:
+            return np.array(array)
+        except RuntimeError as exc:  # "[ring] connection to a peer was lost"
+            raise GroupError(f"rank {self.rank}: a collective failed: {exc}") from exc
+
+    def broadcast_bytes(self, source: int, payload: bytes | None, kind: int = STEP
+                        ) -> tuple[int, bytes]:
+        """`source` sends (kind, payload); every rank returns them. Others pass payload None."""
+        started = time.perf_counter()
+        mine = self.rank == source
+        header = encode_header(kind, len(payload)) if mine else np.zeros(2, np.int32)
+        kind, length = decode_header(self._eval(self._from(source, mx.array(header))))
+        data = b""
+        if length:
+            body = encode_payload(payload) if mine else np.zeros(length, np.uint8)
+            data = decode_payload(self._eval(self._from(source, mx.array(body))))
+        self.stats.broadcast_s += time.perf_counter() - started
+        self.stats.num_broadcasts += 1
+        return kind, data
+
+    def send(self, kind: int, payload: bytes = b"") -> None:
+        """Rank 0: a step, ping or stop for every other rank."""
+        self.broadcast_bytes(0, payload, kind)
+
+    def receive(self) -> tuple[int, bytes]:
+        """Ranks > 0: the next thing rank 0 sent (blocks)."""
+        return self.broadcast_bytes(0, None)
+
+    def gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's `payload`, in rank order, on every rank."""
+        return [self.broadcast_bytes(r, payload if r == self.rank else None)[1]
+                for r in range(self.size)]
+
+    def all_max(self, value: int) -> int:
+        values = mx.distributed.all_gather(mx.array([value], dtype=mx.int64), group=self.group)
+        return int(self._eval(values).max())
+
+    def share_tokens(self, tokens: mx.array) -> mx.array:
+        """Rank 0's sampled tokens on every rank, lazily (one all_sum in the graph). The other
+        ranks add `tokens * 0`, not fresh zeros: their all_sum must depend on their own forward
+        pass, or it would run before the forward pass's collectives and the ranks deadlock."""
+        mine = tokens if self.rank == 0 else tokens * 0
+        return mx.distributed.all_sum(mine, group=self.group)
+
+    def time_all_sum(self, width: int, repeats: int = 20) -> float:
+        """Mean seconds of one all_sum of `width` floats (a hidden vector), for the step log
+        and bench/distributed.py. Every rank must call it at the same point."""
+        x = mx.ones((1, width), dtype=mx.float32)
+        self._eval(mx.distributed.all_sum(x, group=self.group))
+        started = time.perf_counter()
+        for _ in range(repeats):
+            self._eval(mx.distributed.all_sum(x, group=self.group))
+        return (time.perf_counter() - started) / repeats
