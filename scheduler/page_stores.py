@@ -8,8 +8,8 @@ wrote its share, read when every rank read it, and on disk when every rank holds
 
 A single worker (no hostfile) passes every message through unchanged: today's path.
 
-Each kvstore answers reads and writes in the order it received them, so the batches each rank
-still owes are a queue per rank. A rank kvstore that restarts is a restart of the group's page
+Each kvstore answers reads in the order it received them, and writes in theirs (a read goes
+ahead of queued writes), so the batches each rank still owes are two queues per rank. A rank kvstore that restarts is a restart of the group's page
 store: the core re-sends what was in flight, and the replies the other ranks still owe for the
 old batches are consumed and dropped.
 """
@@ -75,8 +75,10 @@ class PageStores:
         self.ranks: tuple[RankInfo, ...] = ()  # from the worker group's WorkerReady
         self.page_size = 0
         self.connected: set[int] = set()  # ranks whose kvstore greeted us
-        self.batches: deque[_Batch] = deque()  # reads and writes, in the order sent
-        self.owed: dict[int, deque[_Batch]] = {}  # per rank: batches it has to answer
+        # Per kind (WritePages, ReadPages): the batches in flight, in the order sent, and
+        # per (rank, kind) the batches that rank still has to answer.
+        self.batches: dict[type, deque[_Batch]] = {WritePages: deque(), ReadPages: deque()}
+        self.owed: dict[tuple[int, type], deque[_Batch]] = {}
         self.inventory_owed: dict[int, int] = {}
         self.inventories: dict[int, InventoryDescribed] = {}
         self.outbox: list[tuple[str, object]] = []  # messages this layer sends by itself
@@ -127,8 +129,10 @@ class PageStores:
             return
         self.connected.add(rank)
         # The other ranks still answer the old batches: their answers are consumed, unused.
-        self.batches.clear()
-        self.owed.pop(rank, None)  # the new process owes nothing the old one was sent
+        for batches in self.batches.values():
+            batches.clear()
+        for kind in self.batches:  # the new process owes nothing the old one was sent
+            self.owed.pop((rank, kind), None)
         self.inventory_owed.pop(rank, None)
         self.inventories.pop(rank, None)
         self.held.pop(rank, None)
@@ -188,10 +192,11 @@ class PageStores:
         ids = (original.writes if isinstance(original, WritePages) else original.reads)
         batch = _Batch(original, frozenset(x.page_id for x in ids), set(delivered))
         batch.undelivered = {kvstore_rank(ident) for ident, _, ok in clones if not ok}
-        self.batches.append(batch)
+        kind = type(original)
+        self.batches[kind].append(batch)
         for rank in delivered:
-            self.owed.setdefault(rank, deque()).append(batch)
-        return self._complete()
+            self.owed.setdefault((rank, kind), deque()).append(batch)
+        return self._complete(kind)
 
     def _write_for(self, rank: RankInfo, msg: WritePages) -> WritePages:
         """Rank `rank`'s share of each page: its own bytes per token and state size."""
@@ -217,16 +222,15 @@ class PageStores:
         if isinstance(msg, InventoryDescribed):
             return self._inventory(rank, msg)
         if isinstance(msg, (PagesWritten, PagesRead)):
-            queue = self.owed.get(rank)
+            kind = WritePages if isinstance(msg, PagesWritten) else ReadPages
+            queue = self.owed.get((rank, kind))
             if not queue:
                 return []  # owed by a process that has restarted since
-            answered = frozenset((*msg.written, *msg.failed) if isinstance(msg, PagesWritten)
-                                 else (*msg.ok, *msg.missing))
             if isinstance(msg, PagesWritten):
-                answered = frozenset(p.page_id if isinstance(p, PageInfo) else p
-                                     for p in answered)
-            if queue[0].page_ids != answered or not isinstance(
-                    queue[0].message, WritePages if isinstance(msg, PagesWritten) else ReadPages):
+                answered = frozenset((*(i.page_id for i in msg.written), *msg.failed))
+            else:
+                answered = frozenset((*msg.ok, *msg.missing))
+            if queue[0].page_ids != answered:
                 return []  # not the answer to what this rank owes first: a stray
             batch = queue.popleft()
             batch.owed.discard(rank)
@@ -236,15 +240,15 @@ class PageStores:
                 held.update(info.page_id for info in msg.written)
             else:
                 held.difference_update(msg.missing)  # absent, or corrupt and removed
-            return self._complete()
+            return self._complete(kind)
         return [msg]
 
-    def _complete(self) -> list:
+    def _complete(self, kind: type) -> list:
         """Merged answers of the batches every rank has answered, in the order sent."""
-        out = []
-        while self.batches and not self.batches[0].owed:
-            batch = self.batches.popleft()
-            if isinstance(batch.message, WritePages):
+        out, batches = [], self.batches[kind]
+        while batches and not batches[0].owed:
+            batch = batches.popleft()
+            if kind is WritePages:
                 out.append(self._merge_writes(batch))
             else:
                 out.append(self._merge_reads(batch))
@@ -316,8 +320,7 @@ class PageStores:
                 held.setdefault(info.page_id, []).append(info)
         pages = tuple(_merged_info(infos) for infos in held.values()
                       if len(infos) == self.num_ranks)
-        in_flight = {pid for b in self.batches if isinstance(b.message, WritePages)
-                     for pid in b.page_ids}
+        in_flight = {pid for b in self.batches[WritePages] for pid in b.page_ids}
         complete = {p.page_id for p in pages}
         self._delete_orphans({
             r: [i.page_id for i in part.pages

@@ -199,6 +199,18 @@ def test_batches_are_answered_in_order_and_strays_are_ignored():
     assert first == [PagesRead((pid(1),), ())] and second == [PagesRead((), (pid(1),))]
 
 
+def test_a_read_overtakes_the_writes_queued_before_it():
+    """kvstore answers a read before writes it queued earlier: neither waits for the other."""
+    stores = group()
+    send(stores, write(1))
+    send(stores, ReadPages((PageRead(pid(2), (1,), 5),)))
+    assert stores.incoming("kvstore", PagesRead((pid(2),), ())) == []
+    assert stores.incoming("kvstore.1", PagesRead((pid(2),), ())) == [PagesRead((pid(2),), ())]
+    stores.incoming("kvstore.1", written(info(1)))
+    [merged] = stores.incoming("kvstore", written(info(1)))
+    assert [i.page_id for i in merged.written] == [pid(1)]
+
+
 def test_a_rank_that_cannot_be_reached_fails_writes_and_reads_at_once():
     stores = group()
     _, answered = send(stores, write(1), undelivered={"kvstore.1"})
