@@ -18,6 +18,11 @@ from tests.helpers.workload import text, wait_ready
 P = 256
 
 
+def client_of(group: ServerGroup) -> openai.OpenAI:
+    # A turn that waits this long is a hang (a page that never lands), not a slow machine.
+    return openai.OpenAI(base_url=group.base_url, api_key="none", timeout=180, max_retries=0)
+
+
 class Conversation:
     def __init__(self, client: openai.OpenAI, seed: int):
         self.client = client
@@ -54,7 +59,7 @@ def ranks2(tiny_qwen3, tmp_path_factory):
 
 
 def test_each_rank_writes_its_share_to_its_own_kvstore(ranks2):
-    client = openai.OpenAI(base_url=ranks2.base_url, api_key="none")
+    client = client_of(ranks2)
     Conversation(client, 5).turn()
     time.sleep(1.5)  # let the write-through land
     rank0, bad0 = read_entries(ranks2.kv_dir)
@@ -67,7 +72,7 @@ def test_each_rank_writes_its_share_to_its_own_kvstore(ranks2):
 
 
 def test_restored_from_disk_continues_as_in_memory(ranks2):
-    client = openai.OpenAI(base_url=ranks2.base_url, api_key="none")
+    client = client_of(ranks2)
     a, b = Conversation(client, 31), Conversation(client, 42)
     a.turn()
     messages = list(a.messages)
@@ -81,7 +86,7 @@ def test_restored_from_disk_continues_as_in_memory(ranks2):
 
 def test_switching_re_reads_only_the_new_tokens(ranks2):
     """A/B/A on one slot: A's second turn restores all it had (cached = prompt - new)."""
-    client = openai.OpenAI(base_url=ranks2.base_url, api_key="none")
+    client = client_of(ranks2)
     a, b = Conversation(client, 51), Conversation(client, 62)
     a.turn()
     b.turn()
@@ -92,9 +97,10 @@ def test_switching_re_reads_only_the_new_tokens(ranks2):
 
 @pytest.mark.parametrize("role", ["worker.1", "kvstore.1"])
 def test_kill_one_rank_then_next_turn_restores_from_pages(ranks2, role):
-    client = openai.OpenAI(base_url=ranks2.base_url, api_key="none")
+    client = client_of(ranks2)
     conv = Conversation(client, 70 + len(role))
     conv.turn()
+    Conversation(client, 90 + len(role)).turn()  # takes the one slot: conv is on disk only
     time.sleep(1.5)
     worker = ranks2.pid_of("worker")
     old = ranks2.kill(role)
