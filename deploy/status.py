@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -74,10 +75,17 @@ def read_snapshot(path: Path) -> dict | None:
         return None
 
 
+_RANK_ROLE = re.compile(r"(worker|kvstore)\.[1-9][0-9]*")
+
+
 def collect(runtime_dir: Path, now: float | None = None) -> dict:
     endpoints = Endpoints(runtime_dir)
     components = {}
-    for role in ("supervisor", *ROLES):
+    # A worker group's other local ranks (worker.R, kvstore.R) have pid files of their own.
+    ranks = sorted((p.name[:-len(".pid")] for p in Path(runtime_dir).glob("*.*.pid")
+                    if _RANK_ROLE.fullmatch(p.name[:-len(".pid")])),
+                   key=lambda role: (int(role.rpartition(".")[2]), role))
+    for role in ("supervisor", *ROLES, *ranks):
         pid = read_pid_file(endpoints.pid_file(role))
         alive = pid is not None and pid_alive(pid)
         components[role] = {"pid": pid, "alive": alive,

@@ -124,6 +124,11 @@ def test_collect_reads_pid_files_and_uptimes(tmp_path):
     assert report["components"]["worker"] == {"pid": dead.pid, "alive": False, "uptime_s": None}
     assert report["components"]["gateway"]["pid"] is None
     assert abs(report["snapshot_age_s"] - 0.5) < 1e-6
+    assert "worker.1" not in report["components"]
+    for name in ("kvstore.10", "worker.1", "kvstore.1", "worker.x", "other.1"):
+        (tmp_path / f"{name}.pid").write_text(f"{os.getpid()}\n")
+    ranks = [r for r in status_cli.collect(tmp_path, now)["components"] if "." in r]
+    assert ranks == ["kvstore.1", "worker.1", "kvstore.10"]  # a group's other local ranks
 
 
 @pytest.mark.parametrize("platform", ["this", "ps"])
