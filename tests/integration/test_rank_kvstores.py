@@ -263,3 +263,31 @@ def test_the_scheduler_serves_the_pages_every_rank_holds():
         for pool in pools:
             pool.unlink()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_kvstore_on_another_host_reaches_the_scheduler_over_tcp():
+    """Rank 1's kvstore on a host where rank 0 (the scheduler's) is another machine greets
+    the scheduler at --scheduler-address, not at the ipc socket."""
+    from tests.helpers.group import free_port
+
+    tmp = short_tmp_dir("sytc")
+    hostfile = tmp / "hosts.json"  # 192.0.2.0/24 is documentation space: never this machine
+    hostfile.write_text('[{"ssh": "mac-a", "ips": ["192.0.2.7"]}, '
+                        '{"ssh": "mac-b", "ips": ["127.0.0.1"]}]')
+    address = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    router = bind_router(ctx, address)
+    proc = start("kvstore", tmp / "rt", tmp / "kv", tmp / "kv.log", "--hostfile", str(hostfile),
+                 "--rank", "1", "--scheduler-address", address)
+    try:
+        assert router.poll(60_000), (tmp / "kv.log").read_text()
+        identity, frame = router.recv_multipart()
+        hello = codec.decode(frame)
+        assert identity == b"kvstore.1" and isinstance(hello, Hello)
+        assert (tmp / "kv" / "rank-1" / "lock").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        router.close(0)
+        ctx.term()
+        shutil.rmtree(tmp, ignore_errors=True)
