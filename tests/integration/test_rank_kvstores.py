@@ -266,28 +266,35 @@ def test_the_scheduler_serves_the_pages_every_rank_holds():
 
 
 def test_a_kvstore_on_another_host_reaches_the_scheduler_over_tcp():
-    """Rank 1's kvstore on a host where rank 0 (the scheduler's) is another machine greets
-    the scheduler at --scheduler-address, not at the ipc socket."""
+    """The scheduler, whose hostfile names another machine, binds --scheduler-address; rank
+    1's kvstore, on a host where rank 0 is another machine, greets it there as kvstore.1.
+    (One machine plays both hosts: each gets the hostfile as its host sees it.)"""
     from tests.helpers.group import free_port
 
     tmp = short_tmp_dir("sytc")
-    hostfile = tmp / "hosts.json"  # 192.0.2.0/24 is documentation space: never this machine
-    hostfile.write_text('[{"ssh": "mac-a", "ips": ["192.0.2.7"]}, '
-                        '{"ssh": "mac-b", "ips": ["127.0.0.1"]}]')
+    here_0 = tmp / "host-a.json"  # 192.0.2.0/24 is documentation space: never this machine
+    here_0.write_text('[{"ssh": "mac-a", "ips": ["127.0.0.1"]}, '
+                      '{"ssh": "mac-b", "ips": ["192.0.2.9"]}]')
+    here_1 = tmp / "host-b.json"
+    here_1.write_text('[{"ssh": "mac-a", "ips": ["192.0.2.7"]}, '
+                      '{"ssh": "mac-b", "ips": ["127.0.0.1"]}]')
     address = f"tcp://127.0.0.1:{free_port()}"
-    ctx = zmq.Context()
-    router = bind_router(ctx, address)
-    proc = start("kvstore", tmp / "rt", tmp / "kv", tmp / "kv.log", "--hostfile", str(hostfile),
-                 "--rank", "1", "--scheduler-address", address)
+    log = tmp / "group.log"
+    procs = [start("scheduler", tmp / "rt-a", tmp / "kv-a", log, "--hostfile", str(here_0),
+                   "--scheduler-address", address),
+             start("kvstore", tmp / "rt-b", tmp / "kv-b", log, "--hostfile", str(here_1),
+                   "--rank", "1", "--scheduler-address", address)]
     try:
-        assert router.poll(60_000), (tmp / "kv.log").read_text()
-        identity, frame = router.recv_multipart()
-        hello = codec.decode(frame)
-        assert identity == b"kvstore.1" and isinstance(hello, Hello)
-        assert (tmp / "kv" / "rank-1" / "lock").exists()
+        status_file = Endpoints(ensure_runtime_dir(tmp / "rt-a")).status_file
+        deadline, status = time.monotonic() + 60, {}
+        while "kvstore.1" not in status.get("peers", {}):
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+            status = read_status(status_file) or {}
+        assert status["peers"]["kvstore.1"]["pid"] == procs[1].pid
+        assert (tmp / "kv-b" / "rank-1" / "lock").exists()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        router.close(0)
-        ctx.term()
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
