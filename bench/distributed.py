@@ -1,0 +1,144 @@
+"""Issue 13: a worker group of 2 ranks (ring backend on loopback) against 1 rank.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
+        .venv/bin/python bench/distributed.py [--model-size tiny|h512] [--tokens 48]
+
+Servers, one after another, each on a generated twin: qwen3 with 1 rank and 2 ranks tensor
+parallel; qwen3_moe with 1 rank, 2 ranks tensor and 2 ranks pipeline parallel (qwen3 has no
+pipeline() in mlx-lm). Per server:
+
+- per-stream decode tokens/s: one streamed completion of `--tokens` tokens at a time (so the
+  worker's pipelined burst runs), median of `--repeats`;
+- switching-turn TTFT: two conversations (about `--initial` tokens each) take turns with `--slots
+  2`, every turn adding about `--new` tokens; the median TTFT of the turns after the first of
+  each conversation (each re-uses its resident prefix and prefills only its new tokens);
+- communication, measured inside the ranks: the all_sum of one hidden vector (what tensor
+  parallelism pays twice per layer per token) and of one token id (the token share), from
+  `worker.group_ready`, and the step broadcast per step (header + payload, two all_sums) from
+  the `step.done` lines (`broadcast_ms`), against the step's own time.
+
+Reported: 2 ranks / 1 rank for decode tokens/s and switching TTFT. On one CPU machine the two
+ranks share the same cores (and here the machine is shared with other jobs): a 2-rank group
+cannot be faster than 1 rank; the ratios show the price of the lockstep and the collectives,
+not what two Macs would gain. Every figure is measured within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import (fmt, load_tokenizer, log_events, make_text, median,  # noqa: E402
+                           model_dir, preload_note, stream, table, word_list)
+from tests.helpers.group import ServerGroup  # noqa: E402
+
+CONFIGS = [("qwen3", 1, ""), ("qwen3", 2, "tensor"),
+           ("qwen3_moe", 1, ""), ("qwen3_moe", 2, "tensor"), ("qwen3_moe", 2, "pipeline")]
+
+
+def free_port_pair() -> int:
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two adjacent free ports")
+
+
+def hostfile(num_ranks: int) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="sybh")) / "hosts.json"
+    path.write_text(json.dumps([{"ssh": f"rank{r}", "ips": ["127.0.0.1"]}
+                                for r in range(num_ranks)]))
+    return path
+
+
+def run_config(arch: str, ranks: int, mode: str, args) -> dict:
+    model = model_dir(args.model_size, arch=arch)
+    extra = ["--log-level", "debug", "--slots", "2"]
+    roles: tuple[str, ...] = ()
+    if ranks > 1:
+        extra += ["--hostfile", str(hostfile(ranks)), "--parallel", mode,
+                  "--dist-port", str(free_port_pair())]
+        roles = tuple(f"worker.{r}" for r in range(1, ranks))
+    tokenizer = load_tokenizer(model)
+    rng = random.Random(7)
+    words = word_list()
+    with ServerGroup(model, slots=2, ctx=4096, extra=extra, extra_roles=roles,
+                     startup_timeout_s=300) as group:
+        body = {"temperature": 0, "max_tokens": args.tokens}
+        decode = []
+        for i in range(args.repeats):
+            prompt = make_text(rng, tokenizer, 40, words)
+            out = stream(group.url, "/v1/completions", dict(body, prompt=f"{i} {prompt}"))
+            if out.error:
+                raise RuntimeError(out.error)
+            decode.append(out.decode_tps())
+        histories = {c: [{"role": "system", "content": make_text(rng, tokenizer, args.initial,
+                                                                 words)}] for c in "AB"}
+        ttfts = []
+        for turn in range(args.turns):
+            for conv in "AB":
+                histories[conv].append({"role": "user", "content": make_text(
+                    rng, tokenizer, args.new, words)})
+                out = stream(group.url, "/v1/chat/completions",
+                             {"messages": histories[conv],
+                              "temperature": 0, "max_tokens": 8})
+                if out.error:
+                    raise RuntimeError(out.error)
+                histories[conv].append({"role": "assistant", "content": "noted, next step."})
+                if turn > 0:
+                    ttfts.append(out.ttft)
+        steps = [e for e in log_events(group.log_path, "step.done") if e.get("rank", 0) == 0]
+        ready = log_events(group.log_path, "worker.group_ready")
+    broadcast = [e["broadcast_ms"] for e in steps if "broadcast_ms" in e]
+    return {
+        "arch": arch, "ranks": ranks, "mode": mode or "-",
+        "decode_tps": median(decode), "switch_ttft_s": median(ttfts),
+        "step_ms": median([e["step_ms"] for e in steps]) if steps else float("nan"),
+        "broadcast_ms": median(broadcast) if broadcast else float("nan"),
+        "all_sum_hidden_us": median([e["all_sum_hidden_us"] for e in ready]) if ready
+        else float("nan"),
+        "all_sum_token_us": median([e["all_sum_token_us"] for e in ready]) if ready
+        else float("nan"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-size", default="tiny", choices=("tiny", "h512"))
+    p.add_argument("--tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--initial", type=int, default=400)
+    p.add_argument("--new", type=int, default=32)
+    p.add_argument("--turns", type=int, default=3)
+    args = p.parse_args(argv)
+    print(preload_note())
+    results = [run_config(arch, ranks, mode, args) for arch, ranks, mode in CONFIGS]
+    print(table(["arch", "ranks", "parallel", "decode tok/s", "switch TTFT s", "step ms",
+                 "broadcast ms/step", "all_sum hidden us", "all_sum token us"],
+                [[r["arch"], r["ranks"], r["mode"], fmt(r["decode_tps"], 1),
+                  fmt(r["switch_ttft_s"]), fmt(r["step_ms"], 1), fmt(r["broadcast_ms"]),
+                  fmt(r["all_sum_hidden_us"], 0), fmt(r["all_sum_token_us"], 0)]
+                 for r in results]))
+    base = {r["arch"]: r for r in results if r["ranks"] == 1}
+    print("\n2 ranks / 1 rank (same cores: the ranks compete for this machine's CPUs)")
+    print(table(["arch", "parallel", "decode tok/s ratio", "switch TTFT ratio"],
+                [[r["arch"], r["mode"], fmt(r["decode_tps"] / base[r["arch"]]["decode_tps"], 2),
+                  fmt(r["switch_ttft_s"] / base[r["arch"]]["switch_ttft_s"], 2)]
+                 for r in results if r["ranks"] > 1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
