@@ -88,6 +88,11 @@ def test_rank_environment_for_the_ring_backend(tmp_path):
         ["10.0.0.1:6000"], ["10.0.0.2:6001", "10.0.1.2:6002"]]
 
 
+def test_the_mpi_backend_is_refused_clearly(tmp_path):
+    with pytest.raises(HostfileError, match="mpirun"):
+        rank_environment(parse_hostfile(TWO_MACS), "mpi", 0, 6000, tmp_path)
+
+
 def test_rank_environment_for_jaccl_names_the_coordinator(tmp_path):
     env = rank_environment(parse_hostfile(TWO_MACS), "jaccl", 0, 6000, tmp_path)
     assert env["MLX_JACCL_COORDINATOR"] == "10.0.0.1:6000"
