@@ -123,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new", type=int, default=32)
     p.add_argument("--turns", type=int, default=3)
     args = p.parse_args(argv)
-    print(preload_note())
-    results = [run_config(arch, ranks, mode, args) for arch, ranks, mode in CONFIGS]
+    print(preload_note(), flush=True)
+    results = []
+    for arch, ranks, mode in CONFIGS:
+        results.append(run_config(arch, ranks, mode, args))
+        print(f"done: {results[-1]}", flush=True)
     print(table(["arch", "ranks", "parallel", "decode tok/s", "switch TTFT s", "step ms",
                  "broadcast ms/step", "all_sum hidden us", "all_sum token us"],
                 [[r["arch"], r["ranks"], r["mode"], fmt(r["decode_tps"], 1),
