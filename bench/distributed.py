@@ -14,7 +14,7 @@ pipeline() in mlx-lm). Per server:
   each conversation (each re-uses its resident prefix and prefills only its new tokens);
 - communication, measured inside the ranks: the all_sum of one hidden vector (what tensor
   parallelism pays twice per layer per token) and of one token id (the token share), from
-  `worker.group_ready`, and the step broadcast per step (header + payload, two all_sums) from
+  `worker.group_ready`, and the step broadcast per step (one all_sum of a 4 KiB frame) from
   the `step.done` lines (`broadcast_ms`), against the step's own time.
 
 Reported: 2 ranks / 1 rank for decode tokens/s and switching TTFT. On one CPU machine the two

@@ -30,25 +30,29 @@ class GroupError(RuntimeError):
     """The group cannot be formed or a collective failed (a peer was lost)."""
 
 
-def encode_header(kind: int, length: int) -> np.ndarray:
-    if kind not in KINDS or length < 0 or length >= 2**31:
-        raise ValueError(f"bad frame: kind {kind}, length {length}")
-    return np.array([kind, length], dtype=np.int32)
+# One collective carries the header and up to this many payload bytes (a decode step's
+# RunStep is a few hundred bytes); a longer payload's rest follows in a second one.
+FRAME_BYTES = 4096
+_HEADER = 8  # int32 kind, int32 length
 
 
-def decode_header(header: np.ndarray) -> tuple[int, int]:
-    kind, length = (int(x) for x in header)
+def encode_frame(kind: int, payload: bytes) -> tuple[np.ndarray, bytes]:
+    """The first collective's bytes (header, then the payload's head), and the rest."""
+    if kind not in KINDS or len(payload) >= 2**31:
+        raise ValueError(f"bad frame: kind {kind}, length {len(payload)}")
+    frame = np.zeros(FRAME_BYTES, np.uint8)
+    frame[:_HEADER] = np.array([kind, len(payload)], "<i4").view(np.uint8)
+    head = payload[:FRAME_BYTES - _HEADER]
+    frame[_HEADER:_HEADER + len(head)] = np.frombuffer(head, np.uint8)
+    return frame, payload[len(head):]
+
+
+def decode_frame(frame: np.ndarray) -> tuple[int, int, bytes]:
+    """(kind, payload length, the payload's head) from a received frame."""
+    kind, length = (int(x) for x in np.asarray(frame[:_HEADER], np.uint8).view("<i4"))
     if kind not in KINDS or length < 0:
-        raise GroupError(f"corrupt broadcast header {kind, length}: the ranks are out of step")
-    return kind, length
-
-
-def encode_payload(payload: bytes) -> np.ndarray:
-    return np.frombuffer(payload, dtype=np.uint8)
-
-
-def decode_payload(array: np.ndarray) -> bytes:
-    return np.asarray(array, dtype=np.uint8).tobytes()
+        raise GroupError(f"corrupt broadcast frame {kind, length}: the ranks are out of step")
+    return kind, length, np.asarray(frame, np.uint8)[_HEADER:_HEADER + length].tobytes()
 
 
 def resolve_backend(setting: str, hostfile: Hostfile) -> str:
@@ -112,15 +116,17 @@ class RankGroup:
 
     def broadcast_bytes(self, source: int, payload: bytes | None, kind: int = STEP
                         ) -> tuple[int, bytes]:
-        """`source` sends (kind, payload); every rank returns them. Others pass payload None."""
+        """`source` sends (kind, payload); every rank returns them. Others pass payload None.
+        One all_sum for up to FRAME_BYTES, a second for a longer payload's rest."""
         started = time.perf_counter()
         mine = self.rank == source
-        header = encode_header(kind, len(payload)) if mine else np.zeros(2, np.int32)
-        kind, length = decode_header(self._eval(self._from(source, mx.array(header))))
-        data = b""
-        if length:
-            body = encode_payload(payload) if mine else np.zeros(length, np.uint8)
-            data = decode_payload(self._eval(self._from(source, mx.array(body))))
+        frame, rest = encode_frame(kind, payload) if mine else (np.zeros(FRAME_BYTES, np.uint8),
+                                                                b"")
+        kind, length, data = decode_frame(self._eval(self._from(source, mx.array(frame))))
+        if length > len(data):
+            tail = (np.frombuffer(rest, np.uint8) if mine
+                    else np.zeros(length - len(data), np.uint8))
+            data += self._eval(self._from(source, mx.array(tail))).tobytes()
         self.stats.broadcast_s += time.perf_counter() - started
         self.stats.num_broadcasts += 1
         return kind, data

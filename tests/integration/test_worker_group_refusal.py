@@ -62,8 +62,9 @@ def test_a_group_of_one_broadcasts_and_shares_tokens_without_sockets():
     group = RankGroup(mx.distributed.init(), hostfile, "tensor")
     assert (group.rank, group.size, group.host) == (0, 1, "a")
     assert group.broadcast_bytes(0, b"step bytes", STEP) == (STEP, b"step bytes")
+    assert group.broadcast_bytes(0, b"long" * 3000, STEP) == (STEP, b"long" * 3000)
     assert group.broadcast_bytes(0, b"", PING) == (PING, b"")
     assert group.gather_bytes(b"mine") == [b"mine"]
     assert group.all_max(7) == 7
     assert group.share_tokens(mx.array([5, 9], dtype=mx.uint32)).tolist() == [5, 9]
-    assert group.stats.take()[1] == 3 and group.stats.num_broadcasts == 0
+    assert group.stats.take()[1] == 4 and group.stats.num_broadcasts == 0

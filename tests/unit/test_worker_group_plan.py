@@ -100,26 +100,28 @@ def test_rank_environment_for_jaccl_names_the_coordinator(tmp_path):
 
 
 def test_step_broadcast_framing_round_trips_through_a_sum_with_zeros():
-    """What an all_sum computes when every other rank adds zeros: the sender's bytes."""
-    from worker.group import PING, STEP, decode_header, decode_payload, encode_header, \
-        encode_payload
+    """What an all_sum computes when every other rank adds zeros: the sender's frame. A short
+    payload fits the frame (one collective); a long one's rest follows."""
+    from worker.group import FRAME_BYTES, PING, STEP, decode_frame, encode_frame
 
-    payload = bytes(range(256)) * 3
-    header = encode_header(STEP, len(payload))
-    summed_header = header + np.zeros_like(header)
-    assert decode_header(summed_header) == (STEP, len(payload))
-    summed = encode_payload(payload) + np.zeros(len(payload), np.uint8)
-    assert decode_payload(summed) == payload
-    assert decode_header(encode_header(PING, 0)) == (PING, 0)
+    short = bytes(range(256)) * 3
+    frame, rest = encode_frame(STEP, short)
+    assert frame.shape == (FRAME_BYTES,) and rest == b""
+    assert decode_frame(frame + np.zeros_like(frame)) == (STEP, len(short), short)
+    long = bytes(range(256)) * 40
+    frame, rest = encode_frame(STEP, long)
+    kind, length, head = decode_frame(frame)
+    assert (kind, length) == (STEP, len(long)) and head + rest == long
+    assert decode_frame(encode_frame(PING, b"")[0]) == (PING, 0, b"")
 
 
 def test_step_broadcast_framing_rejects_garbage():
-    from worker.group import GroupError, decode_header, encode_header
+    from worker.group import GroupError, decode_frame, encode_frame
 
     with pytest.raises(ValueError):
-        encode_header(9, 1)
+        encode_frame(9, b"x")
     with pytest.raises(GroupError, match="out of step"):
-        decode_header(np.array([7, 3], np.int32))
+        decode_frame(np.arange(64, dtype=np.uint8))
 
 
 def _settings(tmp_path, **kw) -> Settings:
