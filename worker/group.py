@@ -155,12 +155,15 @@ class RankGroup:
         mine = tokens if self.rank == 0 else tokens * 0
         return mx.distributed.all_sum(mine, group=self.group)
 
-    def time_all_sum(self, width: int, repeats: int = 20) -> float:
-        """Mean seconds of one all_sum of `width` floats (a hidden vector), for the step log
-        and bench/distributed.py. Every rank must call it at the same point."""
+    def time_all_sum(self, width: int, repeats: int = 50) -> float:
+        """Median seconds of one all_sum of `width` floats (a hidden vector), for the start-up
+        log and bench/distributed.py (the median: on a loaded machine a collective waits
+        whenever a peer is not scheduled). Every rank must call it at the same point."""
         x = mx.ones((1, width), dtype=mx.float32)
         self._eval(mx.distributed.all_sum(x, group=self.group))
-        started = time.perf_counter()
+        times = []
         for _ in range(repeats):
+            started = time.perf_counter()
             self._eval(mx.distributed.all_sum(x, group=self.group))
-        return (time.perf_counter() - started) / repeats
+            times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]
