@@ -15,7 +15,8 @@ pipeline() in mlx-lm). Per server:
 - communication, measured inside the ranks: the all_sum of one hidden vector (what tensor
   parallelism pays twice per layer per token) and of one token id (the token share), from
   `worker.group_ready`, and the step broadcast per step (one all_sum of a 4 KiB frame) from
-  the `step.done` lines (`broadcast_ms`), against the step's own time.
+  the `step.done` lines (`broadcast_ms`), against the step's own time. The broadcast waits
+  for every rank to have finished the previous step, so it includes the ranks' skew.
 
 Reported: 2 ranks / 1 rank for decode tokens/s and switching TTFT. On one CPU machine the two
 ranks share the same cores (and here the machine is shared with other jobs): a 2-rank group
