@@ -3,15 +3,18 @@
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/distributed.py [--model-size tiny|h512] [--tokens 48]
 
-Servers, one after another, each on a generated twin: qwen3 with 1 rank and 2 ranks tensor
+Servers on generated twins: qwen3 with 1 rank and 2 ranks tensor
 parallel; qwen3_moe with 1 rank, 2 ranks tensor and 2 ranks pipeline parallel (qwen3 has no
 pipeline() in mlx-lm). Per server:
 
 - per-stream decode tokens/s: one streamed completion of `--tokens` tokens at a time (so the
-  worker's pipelined burst runs), median of `--repeats`;
-- switching-turn TTFT: two conversations (about `--initial` tokens each) take turns with `--slots
+  worker's pipelined burst runs), median over `--rounds`;
+- switching-turn TTFT: two conversations (about `--initial` tokens each) take turns on `--slots
   2`, every turn adding about `--new` tokens; the median TTFT of the turns after the first of
   each conversation (each re-uses its resident prefix and prefills only its new tokens);
+
+The configurations of one model run side by side and every round visits them all (in
+alternating order), so the machine's noise falls on all alike.
 - communication, measured inside the ranks: the all_sum of one hidden vector (what tensor
   parallelism pays twice per layer per token) and of one token id (the token share), from
   `worker.group_ready`, and the step broadcast per step (one all_sum of a 4 KiB frame) from
@@ -64,71 +67,95 @@ def hostfile(num_ranks: int) -> Path:
     return path
 
 
-def run_config(arch: str, ranks: int, mode: str, args) -> dict:
-    model = model_dir(args.model_size, arch=arch)
-    extra = ["--log-level", "debug", "--slots", "2"]
-    roles: tuple[str, ...] = ()
-    if ranks > 1:
-        extra += ["--hostfile", str(hostfile(ranks)), "--parallel", mode,
-                  "--dist-port", str(free_port_pair())]
-        roles = tuple(f"worker.{r}" for r in range(1, ranks))
-    tokenizer = load_tokenizer(model)
+class Server:
+    """One configuration's running group and what was measured on it."""
+
+    def __init__(self, arch: str, ranks: int, mode: str, args) -> None:
+        self.arch, self.ranks, self.mode = arch, ranks, mode or "-"
+        extra = ["--log-level", "debug"]
+        roles: tuple[str, ...] = ()
+        if ranks > 1:
+            extra += ["--hostfile", str(hostfile(ranks)), "--parallel", mode,
+                      "--dist-port", str(free_port_pair())]
+            roles = tuple(f"worker.{r}" for r in range(1, ranks))
+        self.group = ServerGroup(model_dir(args.model_size, arch=arch), slots=2, ctx=4096,
+                                 extra=extra, extra_roles=roles, startup_timeout_s=300)
+        self.decode: list[float] = []
+        self.ttfts: list[float] = []
+        self.histories: dict[str, list[dict]] = {}
+
+    def request(self, path: str, body: dict):
+        out = stream(self.group.url, path, body)
+        if out.error:
+            raise RuntimeError(f"{self.arch} {self.ranks} {self.mode}: {out.error}")
+        return out
+
+    def result(self) -> dict:
+        steps = [e for e in log_events(self.group.log_path, "step.done")
+                 if e.get("rank", 0) == 0]
+        ready = log_events(self.group.log_path, "worker.group_ready")
+        broadcast = [e["broadcast_ms"] for e in steps if "broadcast_ms" in e]
+
+        def med(xs):
+            return median(xs) if xs else float("nan")
+        return {"arch": self.arch, "ranks": self.ranks, "mode": self.mode,
+                "decode_tps": med(self.decode), "switch_ttft_s": med(self.ttfts),
+                "step_ms": med([e["step_ms"] for e in steps]), "broadcast_ms": med(broadcast),
+                "all_sum_hidden_us": med([e["all_sum_hidden_us"] for e in ready]),
+                "all_sum_token_us": med([e["all_sum_token_us"] for e in ready])}
+
+
+def run_arch(arch: str, configs: list[tuple[int, str]], args) -> list[dict]:
+    """Every configuration of `arch` up at once; rounds alternate their order, so the
+    machine's noise falls on all alike. Idle groups cost little (a ping per heartbeat)."""
+    servers = [Server(arch, ranks, mode, args) for ranks, mode in configs]
+    tokenizer = load_tokenizer(model_dir(args.model_size, arch=arch))
     rng = random.Random(7)
     words = word_list()
-    with ServerGroup(model, slots=2, ctx=4096, extra=extra, extra_roles=roles,
-                     startup_timeout_s=300) as group:
-        body = {"temperature": 0, "max_tokens": args.tokens}
-        decode = []
-        for i in range(args.repeats):
-            prompt = make_text(rng, tokenizer, 40, words)
-            out = stream(group.url, "/v1/completions", dict(body, prompt=f"{i} {prompt}"))
-            if out.error:
-                raise RuntimeError(out.error)
-            decode.append(out.decode_tps())
-        histories = {c: [{"role": "system", "content": make_text(rng, tokenizer, args.initial,
-                                                                 words)}] for c in "AB"}
-        ttfts = []
-        for turn in range(args.turns):
-            for conv in "AB":
-                histories[conv].append({"role": "user", "content": make_text(
-                    rng, tokenizer, args.new, words)})
-                out = stream(group.url, "/v1/chat/completions",
-                             {"messages": histories[conv],
-                              "temperature": 0, "max_tokens": 8})
-                if out.error:
-                    raise RuntimeError(out.error)
-                histories[conv].append({"role": "assistant", "content": "noted, next step."})
-                if turn > 0:
-                    ttfts.append(out.ttft)
-        steps = [e for e in log_events(group.log_path, "step.done") if e.get("rank", 0) == 0]
-        ready = log_events(group.log_path, "worker.group_ready")
-    broadcast = [e["broadcast_ms"] for e in steps if "broadcast_ms" in e]
-    return {
-        "arch": arch, "ranks": ranks, "mode": mode or "-",
-        "decode_tps": median(decode), "switch_ttft_s": median(ttfts),
-        "step_ms": median([e["step_ms"] for e in steps]) if steps else float("nan"),
-        "broadcast_ms": median(broadcast) if broadcast else float("nan"),
-        "all_sum_hidden_us": median([e["all_sum_hidden_us"] for e in ready]) if ready
-        else float("nan"),
-        "all_sum_token_us": median([e["all_sum_token_us"] for e in ready]) if ready
-        else float("nan"),
-    }
+    prompts = [make_text(rng, tokenizer, 40, words) for _ in range(args.rounds)]
+    systems = {c: make_text(rng, tokenizer, args.initial, words) for c in "AB"}
+    news = [[make_text(rng, tokenizer, args.new, words) for _ in "AB"]
+            for _ in range(args.rounds + 1)]
+    try:
+        for server in servers:
+            server.group.start()
+            server.histories = {c: [{"role": "system", "content": systems[c]}] for c in "AB"}
+        for rnd in range(args.rounds + 1):
+            order = servers if rnd % 2 == 0 else servers[::-1]
+            for server in order:
+                if rnd < args.rounds:
+                    out = server.request("/v1/completions", {
+                        "prompt": f"{rnd} {prompts[rnd]}", "temperature": 0,
+                        "max_tokens": args.tokens})
+                    server.decode.append(out.decode_tps())
+                for i, conv in enumerate("AB"):
+                    history = server.histories[conv]
+                    history.append({"role": "user", "content": news[rnd][i]})
+                    out = server.request("/v1/chat/completions", {
+                        "messages": history, "temperature": 0, "max_tokens": 8})
+                    history.append({"role": "assistant", "content": "noted, next step."})
+                    if rnd > 0:  # round 0 is each conversation's cold start
+                        server.ttfts.append(out.ttft)
+        return [server.result() for server in servers]
+    finally:
+        for server in servers:
+            server.group.stop(check=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-size", default="tiny", choices=("tiny", "h512"))
     p.add_argument("--tokens", type=int, default=48)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--initial", type=int, default=400)
     p.add_argument("--new", type=int, default=32)
-    p.add_argument("--turns", type=int, default=3)
     args = p.parse_args(argv)
     print(preload_note(), flush=True)
     results = []
-    for arch, ranks, mode in CONFIGS:
-        results.append(run_config(arch, ranks, mode, args))
-        print(f"done: {results[-1]}", flush=True)
+    for arch in dict.fromkeys(a for a, _, _ in CONFIGS):
+        done = run_arch(arch, [(r, m) for a, r, m in CONFIGS if a == arch], args)
+        print(f"done: {done}", flush=True)
+        results += done
     print(table(["arch", "ranks", "parallel", "decode tok/s", "switch TTFT s", "step ms",
                  "broadcast ms/step", "all_sum hidden us", "all_sum token us"],
                 [[r["arch"], r["ranks"], r["mode"], fmt(r["decode_tps"], 1),
