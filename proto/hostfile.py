@@ -76,7 +76,11 @@ def read_hostfile(path: str | Path) -> Hostfile:
         text = Path(path).read_text()
     except OSError as exc:
         raise HostfileError(f"--hostfile {path}: {exc.strerror}") from None
-    return parse_hostfile(text, f"--hostfile {path}")
+    hostfile = parse_hostfile(text, f"--hostfile {path}")
+    if hostfile.size < 2:
+        raise HostfileError(f"--hostfile {path} lists one host: a worker group needs two or "
+                            f"more; for one machine, serve without --hostfile")
+    return hostfile
 
 
 def is_local(entry: HostEntry, can_bind=None) -> bool:

@@ -148,6 +148,13 @@ def test_serve_needs_rank_0_here(tmp_path):
         serve_roles(Settings(hostfile=str(path)), can_bind=lambda ip: False)
 
 
+def test_a_group_of_one_host_is_refused(tmp_path):
+    path = tmp_path / "one.json"
+    path.write_text('[{"ssh": "a", "ips": ["127.0.0.1"]}]')
+    with pytest.raises(HostfileError, match="needs two or more"):
+        serve_roles(Settings(hostfile=str(path)))
+
+
 def test_a_rank_host_runs_that_rank_alone(tmp_path):
     assert rank_roles(_settings(tmp_path, rank=2)) == ("worker.2",)
     with pytest.raises(HostfileError, match="--rank must be 1..2"):
