@@ -135,6 +135,9 @@ def banner(settings: Settings, default_model: bool, roles: tuple[str, ...] = ROL
         rows.insert(2, ("worker group", f"{settings.parallel} parallel, local ranks: "
                                         f"{', '.join(workers)}  (--hostfile {settings.hostfile})"))
     lines = [f"switchyard {_version()} serving"]
+    if "gateway" not in roles:  # `switchyard rank`: this host serves no HTTP, rank 0's does
+        lines = [f"switchyard {_version()} rank {settings.rank} of a worker group"]
+        rows = [row for row in rows if row[0] in ("model", "worker group", "runtime dir")]
     lines += [f"  {name:<12} {value}" for name, value in rows]
     return "\n".join(lines)
 

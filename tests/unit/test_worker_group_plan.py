@@ -187,3 +187,14 @@ def test_a_share_has_its_own_namespace_and_a_single_worker_keeps_its_own():
     assert tags == ["tp2r0", "tp2r1", "pp2r0"]
     spaces = {kv_namespace(*base, "", tag) for tag in tags}
     assert len(spaces) == 3 and single not in spaces
+
+
+def test_a_rank_hosts_banner_names_its_rank_and_no_http():
+    from deploy.cli import banner
+
+    text = banner(Settings(model="m", hostfile="/h.json", rank=1), False, ("worker.1",))
+    assert text.splitlines()[0].endswith("rank 1 of a worker group")
+    assert "HTTP" not in text and "local ranks: worker.1" in text
+    served = banner(Settings(model="m", hostfile="/h.json"), False,
+                    ("scheduler", "kvstore", "worker.1", "worker", "gateway"))
+    assert "HTTP" in served and "local ranks: worker.1, worker" in served
