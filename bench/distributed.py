@@ -21,6 +21,9 @@ alternating order), so the machine's noise falls on all alike.
   the `step.done` lines (`broadcast_ms`), against the step's own time. The broadcast waits
   for every rank to have finished the previous step, so it includes the ranks' skew.
 
+First, a probe: a RunStep-sized payload broadcast through the group (one all_sum of the 4 KiB
+frame) against a ZeroMQ round trip of the same bytes between the same two processes.
+
 Reported: 2 ranks / 1 rank for decode tokens/s and switching TTFT. On one CPU machine the two
 ranks share the same cores (and here the machine is shared with other jobs): a 2-rank group
 cannot be faster than 1 rank; the ratios show the price of the lockstep and the collectives,
@@ -35,6 +38,7 @@ import random
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -142,6 +146,64 @@ def run_arch(arch: str, configs: list[tuple[int, str]], args) -> list[dict]:
             server.group.stop(check=False)
 
 
+def probe_rank(rank: int, hosts: Path, port: int, zmq_port: int, repeats: int) -> None:
+    """One rank of the broadcast probe: a RunStep-sized payload sent by rank 0 through the group
+    (worker/group.py's frame) and, for comparison, through a ZeroMQ PAIR socket (rank 1 echoes
+    a byte, so the figure is a round trip, as the all_sum's is)."""
+    import zmq
+
+    from proto.hostfile import read_hostfile
+    from worker.group import STEP, RankGroup
+
+    group = RankGroup.join(read_hostfile(hosts), rank, "ring", "tensor", port, hosts.parent)
+    payload = bytes(range(256)) * 2  # a decode step's RunStep is a few hundred bytes
+    sock = zmq.Context.instance().socket(zmq.PAIR)
+    if rank == 0:
+        sock.bind(f"tcp://127.0.0.1:{zmq_port}")
+    else:
+        sock.connect(f"tcp://127.0.0.1:{zmq_port}")
+
+    def zmq_round_trip() -> None:
+        if rank == 0:
+            sock.send(payload)
+            sock.recv()
+        else:
+            sock.recv()
+            sock.send(b"k")
+
+    def broadcast() -> None:
+        group.broadcast_bytes(0, payload if rank == 0 else None, STEP)
+
+    times: list[float] = []
+    zmq_times: list[float] = []
+    for i in range(repeats + 1):  # interleaved, so the machine's noise falls on both alike
+        for fn, out in ((broadcast, times), (zmq_round_trip, zmq_times)):
+            started = time.perf_counter()
+            fn()
+            if i:
+                out.append(time.perf_counter() - started)
+    if rank == 0:
+        print(json.dumps({"group_broadcast_us": round(median(times) * 1e6, 1),
+                          "zmq_round_trip_us": round(median(zmq_times) * 1e6, 1),
+                          "payload_bytes": len(payload)}), flush=True)
+    sock.close(linger=0)
+
+
+def broadcast_probe(repeats: int) -> dict:
+    """Two probe ranks as subprocesses; rank 0's line of figures."""
+    import subprocess
+
+    hosts = hostfile(2)
+    port, zmq_port = free_port_pair(), free_port_pair()
+    procs = [subprocess.Popen(
+        [sys.executable, __file__, "--probe-rank", str(r), "--probe-hosts", str(hosts),
+         "--probe-port", str(port), "--probe-zmq-port", str(zmq_port),
+         "--probe-repeats", str(repeats)], stdout=subprocess.PIPE, text=True)
+        for r in range(2)]
+    out = [p.communicate(timeout=300)[0] for p in procs]
+    return json.loads(out[0].strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-size", default="tiny", choices=("tiny", "h512"))
@@ -149,8 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--initial", type=int, default=400)
     p.add_argument("--new", type=int, default=32)
+    p.add_argument("--probe-repeats", type=int, default=200)
+    for name in ("rank", "hosts", "port", "zmq-port"):  # one rank of the broadcast probe
+        p.add_argument(f"--probe-{name}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.probe_rank is not None:
+        probe_rank(int(args.probe_rank), Path(args.probe_hosts), int(args.probe_port),
+                   int(args.probe_zmq_port), args.probe_repeats)
+        return 0
     print(preload_note(), flush=True)
+    probe = broadcast_probe(args.probe_repeats)
+    print(f"step broadcast of {probe['payload_bytes']} bytes, median: through the group "
+          f"{probe['group_broadcast_us']} us; ZeroMQ PAIR round trip {probe['zmq_round_trip_us']}"
+          f" us", flush=True)
     results = []
     for arch in dict.fromkeys(a for a, _, _ in CONFIGS):
         done = run_arch(arch, [(r, m) for a, r, m in CONFIGS if a == arch], args)
