@@ -2,8 +2,8 @@
 "Worker groups").
 
 Rank 0 alone talks to the scheduler. It broadcasts every RunStep's encoded bytes through the
-group itself (a header of kind and length, then the payload; each an all_sum to which the other
-ranks add zeros), a ping at each idle heartbeat (so a lost rank is found while idle: the
+group itself (one all_sum of a frame of kind, length and the payload's head, to which the other
+ranks add zeros; a second for a long payload's rest), a ping at each idle heartbeat (so a lost rank is found while idle: the
 collective raises), and a stop on shutdown. Every rank executes every step on its share. Rank 0
 samples; `share_tokens` puts the tokens through one all_sum inside the lazy graph, so all ranks
 feed the same token and a pipelined burst still overlaps.
