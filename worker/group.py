@@ -11,6 +11,7 @@ feed the same token and a pipelined burst still overlaps.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -53,6 +54,21 @@ def decode_frame(frame: np.ndarray) -> tuple[int, int, bytes]:
     if kind not in KINDS or length < 0:
         raise GroupError(f"corrupt broadcast frame {kind, length}: the ranks are out of step")
     return kind, length, np.asarray(frame, np.uint8)[_HEADER:_HEADER + length].tobytes()
+
+
+class GroupMismatch(ValueError):
+    """The ranks were started with settings that must agree but do not (exit 2)."""
+
+
+def mismatch(values: list[dict], hosts: list[str]) -> str:
+    """'' when every rank's `values` agree, else a line naming what differs where."""
+    keys = sorted({k for v in values for k in v if any(w.get(k) != v.get(k) for w in values)})
+    if not keys:
+        return ""
+    ranks = "; ".join(f"rank {r} ({hosts[r]}): " + ", ".join(f"{k} {v.get(k)}" for k in keys)
+                      for r, v in enumerate(values))
+    return f"the worker group's ranks disagree on {', '.join(keys)} ({ranks}); start every " \
+           f"rank with the same model and settings"
 
 
 def resolve_backend(setting: str, hostfile: Hostfile) -> str:
@@ -143,6 +159,14 @@ class RankGroup:
         """Every rank's `payload`, in rank order, on every rank."""
         return [self.broadcast_bytes(r, payload if r == self.rank else None)[1]
                 for r in range(self.size)]
+
+    def check_same(self, values: dict) -> None:
+        """Raise GroupMismatch (on every rank alike) unless all ranks pass equal `values`."""
+        mine = json.dumps(values, sort_keys=True).encode()
+        gathered = [json.loads(b) for b in self.gather_bytes(mine)]
+        problem = mismatch(gathered, [h.ssh for h in self.hostfile.hosts])
+        if problem:
+            raise GroupMismatch(problem)
 
     def all_max(self, value: int) -> int:
         values = mx.distributed.all_gather(mx.array([value], dtype=mx.int64), group=self.group)

@@ -67,4 +67,29 @@ def test_a_group_of_one_broadcasts_and_shares_tokens_without_sockets():
     assert group.gather_bytes(b"mine") == [b"mine"]
     assert group.all_max(7) == 7
     assert group.share_tokens(mx.array([5, 9], dtype=mx.uint32)).tolist() == [5, 9]
-    assert group.stats.take()[1] == 4 and group.stats.num_broadcasts == 0
+    group.check_same({"--slots": 2})
+    assert group.stats.take()[1] == 5 and group.stats.num_broadcasts == 0
+
+
+def test_ranks_started_with_different_settings_refuse_alike(tiny_model_dir):
+    """Rank 1 started by hand with another --ctx: both ranks form the group, compare, and
+    refuse with the same line (exit 2) instead of diverging on the first step."""
+    from tests.e2e.test_worker_group import free_port_pair
+
+    runtime = short_tmp_dir("sygr")
+    hosts = _hostfile(runtime)
+    port = str(free_port_pair())
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "run", "worker", "--model",
+         str(tiny_model_dir("qwen3")), "--hostfile", hosts, "--rank", str(rank),
+         "--dist-port", port, "--slots", "1", "--ctx", str(1024 * (rank + 1)),
+         "--runtime-dir", str(runtime), "--kv-dir", str(runtime / "kv"), "--log-format", "json"],
+        cwd=REPO_ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        for rank in (0, 1)]
+    results = [(p.wait(timeout=180), p.stderr.read()) for p in procs]
+    for code, err in results:
+        assert code == 2, err[-3000:]
+        lines = [line for line in err.splitlines() if line.startswith("switchyard worker:")]
+        assert lines == ["switchyard worker: the worker group's ranks disagree on --ctx "
+                         "(rank 0 (a): --ctx 1024; rank 1 (b): --ctx 2048); start every rank "
+                         "with the same model and settings"]

@@ -198,3 +198,13 @@ def test_a_rank_hosts_banner_names_its_rank_and_no_http():
     served = banner(Settings(model="m", hostfile="/h.json"), False,
                     ("scheduler", "kvstore", "worker.1", "worker", "gateway"))
     assert "HTTP" in served and "local ranks: worker.1, worker" in served
+
+
+def test_ranks_started_with_different_settings_are_named():
+    from worker.group import mismatch
+
+    same = {"model": "f", "--slots": 2, "--ctx": 4096}
+    assert mismatch([same, dict(same)], ["a", "b"]) == ""
+    line = mismatch([same, dict(same, **{"--ctx": 32768})], ["mac-a", "mac-b"])
+    assert "disagree on --ctx" in line
+    assert "rank 0 (mac-a): --ctx 4096; rank 1 (mac-b): --ctx 32768" in line
