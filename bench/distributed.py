@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -45,23 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import (fmt, load_tokenizer, log_events, make_text, median,  # noqa: E402
                            model_dir, preload_note, stream, table, word_list)
-from tests.helpers.group import ServerGroup  # noqa: E402
+from tests.helpers.group import ServerGroup, free_port_pair  # noqa: E402
 
 CONFIGS = [("qwen3", 1, ""), ("qwen3", 2, "tensor"),
            ("qwen3_moe", 1, ""), ("qwen3_moe", 2, "tensor"), ("qwen3_moe", 2, "pipeline")]
-
-
-def free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two adjacent free ports")
 
 
 def hostfile(num_ranks: int) -> Path:

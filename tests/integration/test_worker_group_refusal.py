@@ -7,7 +7,7 @@ import subprocess
 import sys
 from importlib.metadata import version
 
-from tests.helpers.group import REPO_ROOT, free_port, short_tmp_dir
+from tests.helpers.group import REPO_ROOT, free_port, free_port_pair, short_tmp_dir
 
 
 MLX_LM = version("mlx-lm")
@@ -74,8 +74,6 @@ def test_a_group_of_one_broadcasts_and_shares_tokens_without_sockets():
 def test_ranks_started_with_different_settings_refuse_alike(tiny_model_dir):
     """Rank 1 started by hand with another --ctx: both ranks form the group, compare, and
     refuse with the same line (exit 2) instead of diverging on the first step."""
-    from tests.e2e.test_worker_group import free_port_pair
-
     runtime = short_tmp_dir("sygr")
     hosts = _hostfile(runtime)
     port = str(free_port_pair())
