@@ -135,6 +135,9 @@ def banner(settings: Settings, default_model: bool, roles: tuple[str, ...] = ROL
         rows.insert(2, ("worker group", f"{settings.parallel} parallel, local ranks: "
                                         f"{', '.join(workers)}  (--hostfile {settings.hostfile})"))
     lines = [f"switchyard {_version()} serving"]
+    if "gateway" not in roles:  # `switchyard rank`: this host serves no HTTP, rank 0's does
+        lines = [f"switchyard {_version()} rank {settings.rank} of a worker group"]
+        rows = [row for row in rows if row[0] in ("model", "worker group", "runtime dir")]
     lines += [f"  {name:<12} {value}" for name, value in rows]
     return "\n".join(lines)
 
@@ -198,10 +201,14 @@ def run_component(role: str, settings: Settings, service: ServiceRun | None = No
     run = service or service_for(role)
     pid_file = None
     if parent is None:  # standalone (launchd/systemd): the component keeps its own pid file
-        pid_file = Endpoints(ensure_runtime_dir(settings.runtime_path)).pid_file(role)
+        from deploy.group_roles import role_name
+
+        # A worker group's rank R: `worker.R.pid`, as under a supervisor.
+        named = role_name(role, settings.rank) if settings.hostfile else role
+        pid_file = Endpoints(ensure_runtime_dir(settings.runtime_path)).pid_file(named)
         other = read_pid_file(pid_file)
         if other is not None and other != os.getpid() and pid_alive(other):
-            print(f"switchyard: error: a {role} (pid {other}, {pid_file}) already runs in "
+            print(f"switchyard: error: a {named} (pid {other}, {pid_file}) already runs in "
                   f"{settings.runtime_path}", file=sys.stderr)
             return EXIT_GROUP_RUNNING
         write_pid_file(pid_file, os.getpid())

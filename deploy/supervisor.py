@@ -4,7 +4,9 @@
     exit_code = supervisor.run()             # blocks until SIGTERM/SIGINT/SIGHUP, or give-up
 
 Children start in order scheduler, kvstore, worker, gateway, each as
-`python -m deploy.cli run ROLE <settings flags>` (the command is injectable for tests). Each
+`python -m deploy.cli run ROLE <settings flags>` (the command is injectable for tests); with
+`--hostfile`, a worker rank per local hostfile entry (`worker.R`, deploy.group_roles), and the
+local worker ranks are restarted together when one exits. Each
 child's pid goes to `<runtime dir>/<role>.pid`, the supervisor's to `supervisor.pid`. A child
 that exits on its own is restarted after a backoff (`RestartPolicy`); one that crashes too often
 ends the group with exit code 1, one that refuses to start (exit code 2) with exit code 2. On a
@@ -42,7 +44,8 @@ CommandFor = Callable[[str, Settings], list[str]]
 
 
 def component_command(role: str, settings: Settings) -> list[str]:
-    """`run ROLE`; a worker group's `worker.R` / `kvstore.R` runs `run worker --rank R`."""
+    """`run ROLE`; a worker group's `worker.R` (`kvstore.R`) runs `run worker (kvstore) --rank
+    R`."""
     base, rank = split_role(role)
     if settings.hostfile:
         settings = dataclasses.replace(settings, rank=rank)

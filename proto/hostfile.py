@@ -76,7 +76,11 @@ def read_hostfile(path: str | Path) -> Hostfile:
         text = Path(path).read_text()
     except OSError as exc:
         raise HostfileError(f"--hostfile {path}: {exc.strerror}") from None
-    return parse_hostfile(text, f"--hostfile {path}")
+    hostfile = parse_hostfile(text, f"--hostfile {path}")
+    if hostfile.size < 2:
+        raise HostfileError(f"--hostfile {path} lists one host: a worker group needs two or "
+                            f"more; for one machine, serve without --hostfile")
+    return hostfile
 
 
 def is_local(entry: HostEntry, can_bind=None) -> bool:
@@ -130,8 +134,11 @@ def rank_environment(hostfile: Hostfile, backend: str, rank: int, first_port: in
         env["MLX_JACCL_COORDINATOR"] = f"{first.ips[0]}:{first_port}"
         env["MLX_IBV_DEVICES"] = str(_write(runtime_dir / f"ibv-devices.{rank}.json",
                                             json.dumps([list(h.rdma) for h in hostfile.hosts])))
-    elif backend == "mpi":  # ranks come from mpirun itself; MLX_RANK is informative only
-        pass
+    elif backend == "mpi":
+        # MPI ranks exist only when mpirun starts them; we start ranks ourselves.
+        raise HostfileError("--backend mpi needs mpirun to start the ranks, and Switchyard "
+                            "starts them itself: use --backend ring (TCP, e.g. over a "
+                            "Thunderbolt bridge) or jaccl")
     else:
         raise HostfileError(f"unknown backend {backend!r}")
     return env

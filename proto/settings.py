@@ -158,9 +158,6 @@ class Settings:
                          "and experts) or pipeline (whole layers per rank)", default="tensor")
     dist_port: int = _opt("first TCP port of the ring backend (one per rank and ip)",
                           default=5520)
-    scheduler_address: str = _opt("tcp://IP:PORT where a worker group's ranks on other hosts "
-                                  "reach the scheduler (the scheduler binds it besides its "
-                                  "ipc socket; use the Thunderbolt bridge's address)", default="")
     rank: int = _opt("this process's rank in the worker group (set by the supervisor or a "
                      "host's unit on `run worker` and `run kvstore`)", default=0)
 

@@ -2,8 +2,8 @@
 "Worker groups").
 
 Rank 0 alone talks to the scheduler. It broadcasts every RunStep's encoded bytes through the
-group itself (a header of kind and length, then the payload; each an all_sum to which the other
-ranks add zeros), a ping at each idle heartbeat (so a lost rank is found while idle: the
+group itself (one all_sum of a frame of kind, length and the payload's head, to which the other
+ranks add zeros; a second for a long payload's rest), a ping at each idle heartbeat (so a lost rank is found while idle: the
 collective raises), and a stop on shutdown. Every rank executes every step on its share. Rank 0
 samples; `share_tokens` puts the tokens through one all_sum inside the lazy graph, so all ranks
 feed the same token and a pipelined burst still overlaps.
@@ -11,6 +11,7 @@ feed the same token and a pipelined burst still overlaps.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -30,25 +31,44 @@ class GroupError(RuntimeError):
     """The group cannot be formed or a collective failed (a peer was lost)."""
 
 
-def encode_header(kind: int, length: int) -> np.ndarray:
-    if kind not in KINDS or length < 0 or length >= 2**31:
-        raise ValueError(f"bad frame: kind {kind}, length {length}")
-    return np.array([kind, length], dtype=np.int32)
+# One collective carries the header and up to this many payload bytes (a decode step's
+# RunStep is a few hundred bytes); a longer payload's rest follows in a second one.
+FRAME_BYTES = 4096
+_HEADER = 8  # int32 kind, int32 length
 
 
-def decode_header(header: np.ndarray) -> tuple[int, int]:
-    kind, length = (int(x) for x in header)
+def encode_frame(kind: int, payload: bytes) -> tuple[np.ndarray, bytes]:
+    """The first collective's bytes (header, then the payload's head), and the rest."""
+    if kind not in KINDS or len(payload) >= 2**31:
+        raise ValueError(f"bad frame: kind {kind}, length {len(payload)}")
+    frame = np.zeros(FRAME_BYTES, np.uint8)
+    frame[:_HEADER] = np.array([kind, len(payload)], "<i4").view(np.uint8)
+    head = payload[:FRAME_BYTES - _HEADER]
+    frame[_HEADER:_HEADER + len(head)] = np.frombuffer(head, np.uint8)
+    return frame, payload[len(head):]
+
+
+def decode_frame(frame: np.ndarray) -> tuple[int, int, bytes]:
+    """(kind, payload length, the payload's head) from a received frame."""
+    kind, length = (int(x) for x in np.asarray(frame[:_HEADER], np.uint8).view("<i4"))
     if kind not in KINDS or length < 0:
-        raise GroupError(f"corrupt broadcast header {kind, length}: the ranks are out of step")
-    return kind, length
+        raise GroupError(f"corrupt broadcast frame {kind, length}: the ranks are out of step")
+    return kind, length, np.asarray(frame, np.uint8)[_HEADER:_HEADER + length].tobytes()
 
 
-def encode_payload(payload: bytes) -> np.ndarray:
-    return np.frombuffer(payload, dtype=np.uint8)
+class GroupMismatch(ValueError):
+    """The ranks were started with settings that must agree but do not (exit 2)."""
 
 
-def decode_payload(array: np.ndarray) -> bytes:
-    return np.asarray(array, dtype=np.uint8).tobytes()
+def mismatch(values: list[dict], hosts: list[str]) -> str:
+    """'' when every rank's `values` agree, else a line naming what differs where."""
+    keys = sorted({k for v in values for k in v if any(w.get(k) != v.get(k) for w in values)})
+    if not keys:
+        return ""
+    ranks = "; ".join(f"rank {r} ({hosts[r]}): " + ", ".join(f"{k} {v.get(k)}" for k in keys)
+                      for r, v in enumerate(values))
+    return f"the worker group's ranks disagree on {', '.join(keys)} ({ranks}); start every " \
+           f"rank with the same model and settings"
 
 
 def resolve_backend(setting: str, hostfile: Hostfile) -> str:
@@ -112,15 +132,17 @@ class RankGroup:
 
     def broadcast_bytes(self, source: int, payload: bytes | None, kind: int = STEP
                         ) -> tuple[int, bytes]:
-        """`source` sends (kind, payload); every rank returns them. Others pass payload None."""
+        """`source` sends (kind, payload); every rank returns them. Others pass payload None.
+        One all_sum for up to FRAME_BYTES, a second for a longer payload's rest."""
         started = time.perf_counter()
         mine = self.rank == source
-        header = encode_header(kind, len(payload)) if mine else np.zeros(2, np.int32)
-        kind, length = decode_header(self._eval(self._from(source, mx.array(header))))
-        data = b""
-        if length:
-            body = encode_payload(payload) if mine else np.zeros(length, np.uint8)
-            data = decode_payload(self._eval(self._from(source, mx.array(body))))
+        frame, rest = encode_frame(kind, payload) if mine else (np.zeros(FRAME_BYTES, np.uint8),
+                                                                b"")
+        kind, length, data = decode_frame(self._eval(self._from(source, mx.array(frame))))
+        if length > len(data):
+            tail = (np.frombuffer(rest, np.uint8) if mine
+                    else np.zeros(length - len(data), np.uint8))
+            data += self._eval(self._from(source, mx.array(tail))).tobytes()
         self.stats.broadcast_s += time.perf_counter() - started
         self.stats.num_broadcasts += 1
         return kind, data
@@ -138,6 +160,14 @@ class RankGroup:
         return [self.broadcast_bytes(r, payload if r == self.rank else None)[1]
                 for r in range(self.size)]
 
+    def check_same(self, values: dict) -> None:
+        """Raise GroupMismatch (on every rank alike) unless all ranks pass equal `values`."""
+        mine = json.dumps(values, sort_keys=True).encode()
+        gathered = [json.loads(b) for b in self.gather_bytes(mine)]
+        problem = mismatch(gathered, [h.ssh for h in self.hostfile.hosts])
+        if problem:
+            raise GroupMismatch(problem)
+
     def all_max(self, value: int) -> int:
         values = mx.distributed.all_gather(mx.array([value], dtype=mx.int64), group=self.group)
         return int(self._eval(values).max())
@@ -149,12 +179,15 @@ class RankGroup:
         mine = tokens if self.rank == 0 else tokens * 0
         return mx.distributed.all_sum(mine, group=self.group)
 
-    def time_all_sum(self, width: int, repeats: int = 20) -> float:
-        """Mean seconds of one all_sum of `width` floats (a hidden vector), for the step log
-        and bench/distributed.py. Every rank must call it at the same point."""
+    def time_all_sum(self, width: int, repeats: int = 50) -> float:
+        """Median seconds of one all_sum of `width` floats (a hidden vector), for the start-up
+        log and bench/distributed.py (the median: on a loaded machine a collective waits
+        whenever a peer is not scheduled). Every rank must call it at the same point."""
         x = mx.ones((1, width), dtype=mx.float32)
         self._eval(mx.distributed.all_sum(x, group=self.group))
-        started = time.perf_counter()
+        times = []
         for _ in range(repeats):
+            started = time.perf_counter()
             self._eval(mx.distributed.all_sum(x, group=self.group))
-        return (time.perf_counter() - started) / repeats
+            times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]

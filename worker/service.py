@@ -32,7 +32,15 @@ from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_seg
 from worker.cache_kinds import leaves, window_bytes
 from worker.constraints import ConstraintEngine, llguidance_tokenizer
 from worker.executor import StepExecutor
-from worker.group import PING, STEP, STOP, GroupError, RankGroup, resolve_backend
+from worker.group import (
+    PING,
+    STEP,
+    STOP,
+    GroupError,
+    GroupMismatch,
+    RankGroup,
+    resolve_backend,
+)
 from worker.kv_layout import is_attention_kv, kv_quant
 from worker.page_io import PageLayout, PageLayoutError
 from worker.memory_plan import (
@@ -189,6 +197,11 @@ def run(settings: Settings) -> None:
         loaded = load_model(settings.model, kv_quant(settings.kv_bits, settings.kv_group_size),
                             prepare=prepare)
         group = joined[0] if joined else None
+        if group is not None:  # every rank must hold the same slots, or steps would diverge
+            group.check_same({"model": loaded.fingerprint, "--parallel": settings.parallel,
+                              "--slots": settings.slots, "--ctx": settings.ctx,
+                              "--page-size": settings.page_size, "--kv-bits": settings.kv_bits,
+                              "--kv-group-size": settings.kv_group_size})
         check_kv_quant_runs(loaded, settings)
         layout, paging = page_layout(loaded, settings, log)
         largest = group.all_max(layout.buffer_bytes if layout else 0) if group else 0
@@ -206,7 +219,7 @@ def run(settings: Settings) -> None:
             pool = PageBufferPool.create(f"{prefix}{boot_id[:8]}", num_buffers,
                                          layout.buffer_bytes)
             record_segment(record, pool.name)
-    except (ModelLoadError, MemoryPlanError, ShmError, HostfileError) as exc:
+    except (ModelLoadError, MemoryPlanError, ShmError, HostfileError, GroupMismatch) as exc:
         log.error("worker.refused_to_start", reason=str(exc))
         print(f"switchyard worker: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 
 import pytest
 
@@ -21,30 +20,13 @@ from tests.e2e.test_parity import (
     greedy_reference,
     served_completion,
 )
-from tests.helpers.group import ServerGroup
+from tests.helpers.group import ServerGroup, free_port_pair
 
 SHORT_TEXT = "The old mill stands by the river, and every morning the miller"
 # Longer than one prefill chunk (--prefill-chunk 128 below): chunked prefill on every rank.
 LONG_TEXT = " ".join(f"Line {i}: the {w} river runs past the {w} hill." for i, w in
                      enumerate(["north", "south", "east", "west"] * 4))
 MODES = [("qwen3", "tensor"), ("qwen3_moe", "tensor"), ("qwen3_moe", "pipeline")]
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free (the ring backend listens on one port per rank)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no two adjacent free ports")
 
 
 @pytest.fixture(scope="module")

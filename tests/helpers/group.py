@@ -42,6 +42,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free (a 2-rank worker group's ring listens on one per rank)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as a, \
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM) as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two adjacent free ports")
+
+
 def short_tmp_dir(prefix: str = "sy") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
