@@ -67,7 +67,7 @@ class Server:
         if ranks > 1:
             extra += ["--hostfile", str(hostfile(ranks)), "--parallel", mode,
                       "--dist-port", str(free_port_pair())]
-            roles = tuple(f"worker.{r}" for r in range(1, ranks))
+            roles = tuple(f"{base}.{r}" for r in range(1, ranks) for base in ("worker", "kvstore"))
         self.group = ServerGroup(model_dir(args.model_size, arch=arch), slots=2, ctx=4096,
                                  extra=extra, extra_roles=roles, startup_timeout_s=300)
         self.decode: list[float] = []

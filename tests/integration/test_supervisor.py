@@ -77,10 +77,10 @@ def test_a_worker_groups_local_ranks_restart_together(tmp_path):
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text('[{"ssh": "a", "ips": ["127.0.0.1"]}, {"ssh": "b", "ips": ["127.0.0.1"]}]')
     with standin_group(tmp_path, extra=("--hostfile", str(hostfile)),
-                       extra_roles=("worker.1",)) as group:
+                       extra_roles=("worker.1", "kvstore.1")) as group:
         pids = group.wait_components()
         started = [e["role"] for e in group.log_events("component.started")]
-        assert started == ["scheduler", "kvstore", "worker.1", "worker", "gateway"]
+        assert started == ["scheduler", "kvstore", "kvstore.1", "worker.1", "worker", "gateway"]
         group.kill("worker.1", signal.SIGKILL)
         new_rank0 = group.wait_restarted("worker", pids["worker"])
         new_rank1 = group.wait_restarted("worker.1", pids["worker.1"])

@@ -134,7 +134,8 @@ def _settings(tmp_path, **kw) -> Settings:
 
 def test_serve_starts_a_worker_for_every_local_entry(tmp_path):
     roles = serve_roles(_settings(tmp_path), can_bind=lambda ip: False)
-    assert roles == ("scheduler", "kvstore", "worker.1", "worker", "gateway")
+    # ...and a kvstore for every local rank (docs/design.md "Pages per rank")
+    assert roles == ("scheduler", "kvstore", "kvstore.1", "worker.1", "worker", "gateway")
     assert restarted_together(roles) == ("worker.1", "worker")
     assert serve_roles(Settings()) == ("scheduler", "kvstore", "worker", "gateway")
     assert restarted_together(serve_roles(Settings())) == ()
@@ -156,7 +157,7 @@ def test_a_group_of_one_host_is_refused(tmp_path):
 
 
 def test_a_rank_host_runs_that_rank_alone(tmp_path):
-    assert rank_roles(_settings(tmp_path, rank=2)) == ("worker.2",)
+    assert rank_roles(_settings(tmp_path, rank=2)) == ("kvstore.2", "worker.2")
     with pytest.raises(HostfileError, match="--rank must be 1..2"):
         rank_roles(_settings(tmp_path, rank=0))
 
