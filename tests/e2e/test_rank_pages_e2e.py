@@ -13,6 +13,7 @@ import pytest
 from kvstore.store import read_entries
 from tests.e2e.test_worker_group import free_port_pair
 from tests.helpers.group import ServerGroup
+from scheduler.status import read_status
 from tests.helpers.workload import text, wait_ready
 
 P = 256
@@ -21,6 +22,19 @@ P = 256
 def client_of(group: ServerGroup) -> openai.OpenAI:
     # A turn that waits this long is a hang (a page that never lands), not a slow machine.
     return openai.OpenAI(base_url=group.base_url, api_key="none", timeout=180, max_retries=0)
+
+
+def written_through(group: ServerGroup, timeout_s: float = 60.0) -> dict:
+    """Status once no page is on its way to disk (every rank's write answered), after the
+    idle step that stages the turn's tail has had time to run."""
+    time.sleep(1.0)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        time.sleep(0.3)
+        status = read_status(group.runtime_dir / "status.json") or {}
+        if status.get("disk", {}).get("num_writing", 1) == 0:
+            return status
+        assert time.monotonic() < deadline, group.log_tail()
 
 
 class Conversation:
@@ -61,12 +75,11 @@ def ranks2(tiny_qwen3, tmp_path_factory):
 def test_each_rank_writes_its_share_to_its_own_kvstore(ranks2):
     client = client_of(ranks2)
     Conversation(client, 5).turn()
-    time.sleep(1.5)  # let the write-through land
+    status = written_through(ranks2)
     rank0, bad0 = read_entries(ranks2.kv_dir)
     rank1, bad1 = read_entries(ranks2.kv_dir / "rank-1")
     assert bad0 == bad1 == 0 and rank0
     assert {e.path.name for e in rank0} == {e.path.name for e in rank1}  # same page ids
-    status = json.loads((ranks2.runtime_dir / "status.json").read_text())
     assert [(r["rank"], r["kvstore"], r["kvstore_state"]) for r in status["ranks"]] == [
         (0, "kvstore", "ready"), (1, "kvstore.1", "ready")]
 
@@ -101,7 +114,7 @@ def test_kill_one_rank_then_next_turn_restores_from_pages(ranks2, role):
     conv = Conversation(client, 70 + len(role))
     conv.turn()
     Conversation(client, 90 + len(role)).turn()  # takes the one slot: conv is on disk only
-    time.sleep(1.5)
+    written_through(ranks2)
     worker = ranks2.pid_of("worker")
     old = ranks2.kill(role)
     new = ranks2.wait_restarted(role, old, timeout_s=120)
