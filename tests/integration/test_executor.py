@@ -96,8 +96,9 @@ def _steps_until_new(ex, slot, limit=8):
 
 
 def _assert_same_continuation(ex, fed):
-    """Slots 0 and 1 give bit-identical logits for the next token, for a decode after it, and
-    after a prefill chunk (a ring's chunk path reorders it)."""
+    """Slots 0 and 1 give bit-identical logits for the next token, for a decode after it, as
+    two rows of one batch (merged caches), and after a prefill chunk (a ring's chunk path
+    reorders it)."""
     store, pos = ex.store, len(RING_PROMPT) + len(fed) - 1
     assert store.tokens[0] == store.tokens[1] == RING_PROMPT + fed[:-1]
     for slot in (0, 1):
@@ -107,6 +108,9 @@ def _assert_same_continuation(ex, fed):
         b = store.decode([1], [pos], [token])
         assert mx.array_equal(a, b).item()
         pos += 1
+    rows = store.decode([0, 1], [pos, pos], [5, 5])
+    assert mx.array_equal(rows[0], rows[1]).item()
+    pos += 1
     chunk = list(range(300, 340))
     for slot in (0, 1):
         store.prefill(slot, pos, chunk)
