@@ -65,9 +65,11 @@ def test_burst_stops_at_a_stop_token_and_the_slot_continues_correctly(tiny_model
 
 
 # A long prompt for the sliding-window twins (window 128): their rings have wrapped before
-# the burst starts, and the burst writes over the ring's oldest slots.
+# the burst starts, and the burst writes over the ring's oldest slots. Hybrids (recurrent
+# state), sliding windows (gemma4_text: also KV shared between layers) and a compound cache
+# (deepseek_v32's CacheList).
 RING_PROMPT = [20 + (i * 37) % 900 for i in range(200)]
-UNDO_ARCHS = ["qwen3_5", "qwen3_next", "gpt_oss", "gemma3_text"]
+UNDO_ARCHS = ["qwen3_5", "qwen3_next", "gpt_oss", "gemma3_text", "gemma4_text", "deepseek_v32"]
 
 
 def _undo_executor(model_dir):
