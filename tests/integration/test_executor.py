@@ -82,10 +82,11 @@ def _undo_executor(model_dir):
     return ex
 
 
-def _steps_until_new(ex, slot, limit=8):
+def _steps_until_new(ex, slot, limit=7):
     """Single (unpipelined) steps until a token not sampled before comes: that token is the
-    stop token of the burst that follows, which then stops early. The slot holds the prompt
-    and the tokens before it."""
+    stop token of the burst of 8 that follows, which then stops early, before its last token
+    (so a speculative token was fed past it). The slot holds the prompt and the tokens before
+    it."""
     out, token = [], RING_PROMPT[-1]
     for i in range(limit):
         item = DecodeItem(slot, len(RING_PROMPT) - 1 + i, token, SamplingParams(), i)
@@ -136,6 +137,7 @@ def test_burst_stopped_by_a_stop_token_leaves_the_state_of_single_steps(tiny_mod
 
 @pytest.mark.parametrize("arch", UNDO_ARCHS)
 def test_burst_stopped_by_max_tokens_leaves_the_state_of_single_steps(tiny_model_dir, arch):
+    """A burst cut short by max_tokens queues nothing past its last token."""
     ex = _undo_executor(tiny_model_dir(arch))
     first = _steps_until_new(ex, 0)
     item = DecodeItem(1, len(RING_PROMPT) - 1, RING_PROMPT[-1], SamplingParams(), 0,
