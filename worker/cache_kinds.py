@@ -3,6 +3,8 @@
 - `KVCache` (full attention, MLA latents, indexer keys; or its quantized form, --kv-bits):
   grows per token; paged per token.
 - `ArraysCache` (gated delta, SSM): a fixed-size state that exists only at the slot's end.
+  mlx-lm replaces its arrays on every update and never writes into them, so a reference to
+  them is a snapshot of the state.
 - `RotatingKVCache` (sliding-window attention, optional `keep` sink tokens): a ring of the
   last `max_size` tokens. Like a recurrent state it is stored as a snapshot at a restore
   point, never per token (docs/design.md "Sliding-window layers, MLA and compound caches").
@@ -13,7 +15,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import CacheList, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
 
 from worker.kv_layout import is_attention_kv
 
@@ -32,10 +34,29 @@ def rewindable(cache: list) -> bool:
 
 
 def drops_last_token(cache: list) -> bool:
-    """True when the token just fed can be undone with `trim(1)` (pipelined decode). A ring
-    can: the slot it wrote is rewritten by the next token, or is the oldest one the next
-    chunk drops."""
-    return all(is_attention_kv(c) or type(c) is RotatingKVCache for c in leaves(cache))
+    """True when the token just fed can be undone (pipelined decode; docs/design.md "Hybrid
+    models"): attention KV and rings with `trim(1)` (a ring's slot it wrote is rewritten by the
+    next token, or is the oldest one the next chunk drops); a recurrent state by putting back
+    the arrays `before_token` kept."""
+    return all(is_attention_kv(c) or type(c) in (RotatingKVCache, ArraysCache)
+               for c in leaves(cache))
+
+
+def before_token(cache: list) -> list:
+    """What `drop_last_token` needs to undo the token about to be fed: each recurrent layer's
+    state arrays, by reference (free: mlx-lm replaces them, never writes into them), and None
+    for the layers that trim."""
+    return [(list(c.cache), c.left_padding, c.lengths) if type(c) is ArraysCache else None
+            for c in leaves(cache)]
+
+
+def drop_last_token(cache: list, saved: list) -> None:
+    """Undo the one token fed since `before_token(cache)` returned `saved`."""
+    for c, state in zip(leaves(cache), saved):
+        if state is None:
+            c.trim(1)
+        else:
+            c.cache, c.left_padding, c.lengths = list(state[0]), state[1], state[2]
 
 
 # --- sliding windows -------------------------------------------------------------------------

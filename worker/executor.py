@@ -13,6 +13,7 @@ import mlx.core as mx
 
 from proto.messages import DecodeItem, RunStep, SampledToken, StepDone
 from proto.shm import PageBufferPool
+from worker.cache_kinds import before_token, drop_last_token
 from worker.constraints import ConstraintEngine
 from worker.page_io import PageLayout
 from worker.sampling import sample_lazy
@@ -122,7 +123,9 @@ class StepExecutor:
                           ) -> tuple[SampledToken, ...]:
         """One sequence, several tokens: queue token i+1's forward pass before reading token
         i, so graph building overlaps compute (as mlx_lm.generate does). When the sequence
-        stops, the one speculative token fed past the stop is trimmed from the cache.
+        stops, the one speculative token fed past the stop is undone: attention layers trim
+        it, recurrent layers get back the state arrays they held before it
+        (docs/design.md "Hybrid models").
 
         A constrained sequence queues token i+1's forward pass the same way, but samples it
         only after token i is read and its matcher advanced: the mask is computed while that
@@ -143,11 +146,12 @@ class StepExecutor:
         fed = [item.token_id]
         y = sample(logits_of(mx.array([item.token_id])), 0)
         mx.async_eval(y)
-        sampled = []
+        sampled, saved = [], None
         for i in range(num_steps):
             last = i + 1 >= min(num_steps, item.max_tokens)
             following = None
             if not last:  # a constrained sequence queues only the logits: sampled below
+                saved = before_token(cache)
                 following = logits_of(y) if constrained else sample(logits_of(y), i + 1)
                 mx.async_eval(following)
             token = y.item()
@@ -157,8 +161,7 @@ class StepExecutor:
             if token in item.stop_token_ids or last:
                 if following is not None:
                     mx.eval(following)
-                    for c in cache:
-                        c.trim(1)  # the speculative input past the stop
+                    drop_last_token(cache, saved)  # the speculative input past the stop
                 break
             fed.append(token)
             y = sample(following, i + 1) if constrained else following
