@@ -182,13 +182,15 @@ def run(settings: Settings) -> None:
         while not stop.requested:
             message = link.receive(settings.heartbeat_s)
             if isinstance(message, RunStep):
+                cpu_started = time.process_time()  # all threads: the step's work on a busy machine
                 done = executor.run(message)
                 link.send(done)
                 log.debug("step.done", step=message.step, num_decode=done.num_decode_tokens,
                           num_prefill=done.num_prefill_tokens,
                           num_loaded=sum(len(load.buffers) for load in message.loads),
                           load_ms=round(done.load_s * 1e3, 2),
-                          step_ms=round(done.duration_s * 1e3, 2))
+                          step_ms=round(done.duration_s * 1e3, 2),
+                          cpu_ms=round((time.process_time() - cpu_started) * 1e3, 2))
     finally:
         link.close()
         if pool is not None:
