@@ -3,6 +3,8 @@
     switchyard serve [settings flags]          the whole group under one supervisor
     switchyard run ROLE [settings flags]       one component in the foreground (launchd/systemd,
                                                and what `serve` starts for each child)
+    switchyard rank --hostfile F --rank R ...  rank R of a worker group on another host (its
+                                               worker, under a supervisor of its own)
     switchyard status [--json]                 slots, queue, disk cache, components (deploy.status)
     switchyard launchd|systemd ACTION          service units per component (deploy.service_cli)
 
@@ -44,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="start the whole server (gateway, scheduler, worker, "
                                          "kvstore) under one supervisor")
     add_arguments(serve)
+    rank = sub.add_parser("rank", help="run rank --rank of a worker group (--hostfile) on "
+                                       "this host; rank 0's host runs `serve`")
+    add_arguments(rank)
     run = sub.add_parser("run", help="run one component in the foreground")
     run.add_argument("role", choices=ROLES)
     add_arguments(run)
@@ -72,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return _usage_error(f"invalid setting: {exc}")
     if args.command == "serve":
         return serve(settings)
+    if args.command == "rank":
+        return serve(settings, rank_host=True)
     if args.command == "status":
         return status_cli.main(args, settings)
     if args.command in service_cli.COMMANDS:
@@ -92,8 +99,9 @@ def with_concrete_paths(settings: Settings) -> Settings:
     model = settings.model
     if model and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
+    hostfile = settings.hostfile and str(Path(settings.hostfile).expanduser().absolute())
     return dataclasses.replace(
-        settings, model=model,
+        settings, model=model, hostfile=hostfile,
         runtime_dir=str(settings.runtime_path.expanduser().absolute()),
         kv_dir=str(settings.kv_path.expanduser().absolute()),
         cache_dir=str(settings.cache_path.expanduser().absolute()))
@@ -110,7 +118,7 @@ def with_model(settings: Settings) -> Settings:
 
 # -- serve ----------------------------------------------------------------------------------
 
-def banner(settings: Settings, default_model: bool) -> str:
+def banner(settings: Settings, default_model: bool, roles: tuple[str, ...] = ROLES) -> str:
     url = f"http://{_url_host(settings.host)}:{settings.port}/v1"
     model = settings.model + ("  (embedded default tiny model)" if default_model else "")
     rows = [
@@ -122,21 +130,35 @@ def banner(settings: Settings, default_model: bool) -> str:
         ("disk budget", f"{format_size(settings.kv_disk_budget_bytes)} of KV pages "
                         f"(--kv-disk-budget {settings.kv_disk_budget})"),
     ]
+    if settings.hostfile:
+        workers = [r for r in roles if r.startswith("worker")]
+        rows.insert(2, ("worker group", f"{settings.parallel} parallel, local ranks: "
+                                        f"{', '.join(workers)}  (--hostfile {settings.hostfile})"))
     lines = [f"switchyard {_version()} serving"]
+    if "gateway" not in roles:  # `switchyard rank`: this host serves no HTTP, rank 0's does
+        lines = [f"switchyard {_version()} rank {settings.rank} of a worker group"]
+        rows = [row for row in rows if row[0] in ("model", "worker group", "runtime dir")]
     lines += [f"  {name:<12} {value}" for name, value in rows]
     return "\n".join(lines)
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, rank_host: bool = False) -> int:
+    """The whole group; with `rank_host`, only rank --rank's children of a worker group."""
+    from deploy.group_roles import rank_roles, serve_roles
     from deploy.runtime import GroupRunningError, RuntimeDirClaim
+    from proto.hostfile import HostfileError
     from proto.ids import new_boot_id
     from proto.logs import configure_logging
 
     settings = with_concrete_paths(settings)
     endpoints = Endpoints(settings.runtime_path)
     try:
+        roles = rank_roles(settings) if rank_host else serve_roles(settings)
+    except HostfileError as exc:
+        return _usage_error(str(exc))
+    try:
         endpoints.scheduler  # checks the ipc path length before any work
-        claim = RuntimeDirClaim(endpoints, ROLES).acquire()
+        claim = RuntimeDirClaim(endpoints, roles).acquire()
     except GroupRunningError as exc:
         print(f"switchyard: error: {exc}", file=sys.stderr)
         return EXIT_GROUP_RUNNING
@@ -147,12 +169,12 @@ def serve(settings: Settings) -> int:
     try:
         default_model = not settings.model
         settings = with_model(settings)
-        print(banner(settings, default_model), flush=True)
+        print(banner(settings, default_model, roles), flush=True)
         log.info("group.starting", model=settings.model, slots=settings.slots, ctx=settings.ctx,
                  host=settings.host, port=settings.port,
                  runtime_dir=settings.runtime_dir, kv_dir=settings.kv_dir,
                  kv_disk_budget_bytes=settings.kv_disk_budget_bytes)
-        return Supervisor(settings, claim=claim).run()
+        return Supervisor(settings, claim=claim, roles=roles).run()
     finally:
         claim.release()
 
@@ -179,10 +201,14 @@ def run_component(role: str, settings: Settings, service: ServiceRun | None = No
     run = service or service_for(role)
     pid_file = None
     if parent is None:  # standalone (launchd/systemd): the component keeps its own pid file
-        pid_file = Endpoints(ensure_runtime_dir(settings.runtime_path)).pid_file(role)
+        from deploy.group_roles import role_name
+
+        # A worker group's rank R: `worker.R.pid`, as under a supervisor.
+        named = role_name(role, settings.rank) if settings.hostfile else role
+        pid_file = Endpoints(ensure_runtime_dir(settings.runtime_path)).pid_file(named)
         other = read_pid_file(pid_file)
         if other is not None and other != os.getpid() and pid_alive(other):
-            print(f"switchyard: error: a {role} (pid {other}, {pid_file}) already runs in "
+            print(f"switchyard: error: a {named} (pid {other}, {pid_file}) already runs in "
                   f"{settings.runtime_path}", file=sys.stderr)
             return EXIT_GROUP_RUNNING
         write_pid_file(pid_file, os.getpid())

@@ -81,27 +81,30 @@ class Manager:
     missing: str  # why the tool is missing, and what to do instead
     render: Callable[[UnitPlan], dict[str, str]]
     units_dir: Callable[[str], Path]
-    install: Callable[[list[Path], str], list[list[str]]]
-    uninstall: Callable[[str], list[list[str]]]
-    restart: Callable[[str, str], list[list[str]]]
+    install: Callable[[list[Path], str, tuple[str, ...]], list[list[str]]]
+    uninstall: Callable[[str, tuple[str, ...]], list[list[str]]]
+    restart: Callable[[str, str, tuple[str, ...]], list[list[str]]]
 
 
-def _launchd_install(paths: list[Path], suffix: str) -> list[list[str]]:
+def _launchd_install(paths: list[Path], suffix: str,
+                     roles: tuple[str, ...] = ROLES) -> list[list[str]]:
     uid = os.getuid()
     by_role = {p.name: p for p in paths}
     commands = []
-    for role in ROLES:
+    for role in roles:
         path = by_role[launchd.plist_name(role, suffix)]
         commands += [launchd.enable(uid, role, suffix), launchd.bootstrap(uid, path)]
     return commands
 
 
-def _launchd_restart(component: str, suffix: str) -> list[list[str]]:
-    roles = ROLES if component == "all" else (component,)
+def _launchd_restart(component: str, suffix: str,
+                     roles: tuple[str, ...] = ROLES) -> list[list[str]]:
+    roles = roles if component == "all" else (component,)
     return [launchd.kickstart(os.getuid(), role, suffix) for role in roles]
 
 
-def _systemd_restart(component: str, suffix: str) -> list[list[str]]:
+def _systemd_restart(component: str, suffix: str, roles: tuple[str, ...] = ROLES
+                     ) -> list[list[str]]:
     unit = systemd.target_name(suffix) if component == "all" else systemd.unit_name(component,
                                                                                       suffix)
     return [systemd.systemctl("restart", unit)]
@@ -114,8 +117,8 @@ LAUNCHD = Manager(
     render=launchd.render,
     units_dir=launchd.agents_dir,
     install=_launchd_install,
-    uninstall=lambda suffix: [launchd.bootout(os.getuid(), role, suffix)
-                              for role in reversed(ROLES)],
+    uninstall=lambda suffix, roles=ROLES: [launchd.bootout(os.getuid(), role, suffix)
+                                           for role in reversed(roles)],
     restart=_launchd_restart,
 )
 
@@ -126,10 +129,11 @@ SYSTEMD = Manager(
             "work anywhere.",
     render=systemd.render,
     units_dir=systemd.units_dir,
-    install=lambda paths, suffix: [
+    install=lambda paths, suffix, roles=ROLES: [
         systemd.systemctl("daemon-reload"),
-        systemd.systemctl("enable", "--now", *systemd.all_units(suffix))],
-    uninstall=lambda suffix: [systemd.systemctl("disable", "--now", *systemd.all_units(suffix))],
+        systemd.systemctl("enable", "--now", *systemd.all_units(suffix, roles))],
+    uninstall=lambda suffix, roles=ROLES: [
+        systemd.systemctl("disable", "--now", *systemd.all_units(suffix, roles))],
     restart=_systemd_restart,
 )
 
@@ -146,7 +150,9 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
             check_second_group(settings, suffix)
             plan = unit_plan(settings, label_suffix=suffix, extra_env=parse_env(args.env))
         else:
-            plan = unit_plan(Settings(), label_suffix=suffix)  # names only
+            # names only (a worker group's hostfile and rank say which units this host has)
+            plan = unit_plan(Settings(hostfile=settings.hostfile, rank=settings.rank),
+                             label_suffix=suffix)
     except UnitError as exc:
         print(f"switchyard: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -169,7 +175,7 @@ def install(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int:
     files = manager.render(plan)
     directory = manager.units_dir(plan.home)
     paths = [directory / name for name in files]
-    commands = manager.install(paths, plan.label_suffix)
+    commands = manager.install(paths, plan.label_suffix, plan.roles)
     if args.dry_run:
         _print_files(files, directory)
         if plan.api_key:
@@ -182,7 +188,7 @@ def install(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int:
         write_key_file(Path(plan.api_key_file), plan.api_key)
     if manager is LAUNCHD:
         launchd.log_dir(plan).mkdir(parents=True, exist_ok=True)
-        for role in ROLES:  # reload: an agent already loaded would make bootstrap fail
+        for role in plan.roles:  # reload: an agent already loaded would make bootstrap fail
             _run(launchd.bootout(os.getuid(), role, plan.label_suffix), check=False)
     write_files(files, directory)
     if not _run_all(commands):
@@ -197,7 +203,7 @@ def install(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int:
 def uninstall(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int:
     directory = manager.units_dir(plan.home)
     paths = [directory / name for name in manager.render(plan)]
-    commands = manager.uninstall(plan.label_suffix)
+    commands = manager.uninstall(plan.label_suffix, plan.roles)
     if args.dry_run:
         _print_commands(commands)
         print("\n".join(f"would remove {p}" for p in paths if p.exists()))
@@ -216,7 +222,7 @@ def uninstall(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int
 
 
 def restart(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int:
-    commands = manager.restart(args.component, plan.label_suffix)
+    commands = manager.restart(args.component, plan.label_suffix, plan.roles)
     if args.dry_run:
         _print_commands(commands)
         return 0
@@ -228,7 +234,7 @@ def restart(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int:
 def status(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int:
     if not _have(manager):
         return EXIT_USAGE
-    roles = (args.component,) if args.component else ROLES
+    roles = (args.component,) if args.component else plan.roles
     suffix = plan.label_suffix
     rows = []
     for role in roles:

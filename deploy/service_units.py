@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from deploy.group_roles import rank_roles, serve_roles, split_role
 from deploy.supervisor import ROLES  # noqa: F401  (start order; re-exported)
 from proto.settings import GATEWAY_ONLY, SECRET_FIELDS, Settings, flag_args
 
@@ -48,6 +49,9 @@ class UnitPlan:
     worker_env: tuple[tuple[str, str], ...] = ()  # the worker only (LD_PRELOAD of OpenBLAS)
     api_key_file: str = ""  # absolute; the gateway reads its key here ("" : no key)
     api_key: str = ""  # a key given inline, written to api_key_file at install ("" : none)
+    # The components this host runs: all four, plus `worker.R` for a worker group's other
+    # local ranks; on a worker group's other host, its rank's `worker.R` alone.
+    roles: tuple[str, ...] = ROLES
 
 
 def check_suffix(suffix: str) -> str:
@@ -80,7 +84,11 @@ def settings_flags(settings: Settings, role: str = "gateway") -> list[str]:
 def program_arguments(plan: UnitPlan, role: str, key_file: str | None = None) -> list[str]:
     """The component's argv; the gateway's names its key file (`key_file`, by default the
     plan's: systemd passes its credentials directory instead)."""
-    argv = [*plan.command, "run", role, *settings_flags(plan.settings, role)]
+    base, rank = split_role(role)
+    settings = plan.settings
+    if settings.hostfile:  # a worker group's rank: `run worker --rank R`
+        settings = dataclasses.replace(settings, rank=rank)
+    argv = [*plan.command, "run", base, *settings_flags(settings, base)]
     if role == "gateway" and plan.api_key_file:
         argv += ["--api-key-file", key_file or plan.api_key_file]
     return argv
@@ -103,18 +111,26 @@ def write_key_file(path: Path, key: str) -> None:
 
 def environment(plan: UnitPlan, role: str) -> dict[str, str]:
     env = dict(plan.env)
-    if role == "worker":
+    if split_role(role)[0] == "worker":
         env.update(plan.worker_env)
     return env
 
 
 def describe(role: str) -> str:
+    base, rank = split_role(role)
     return {
         "gateway": "HTTP gateway (OpenAI API)",
         "scheduler": "scheduler (admission, slots, KV page index)",
         "worker": "model worker (MLX, slot KV memory)",
         "kvstore": "KV page store daemon",
-    }[role]
+    }[base] + (f", rank {rank} of a worker group" if rank else "")
+
+
+def unit_roles(settings: Settings) -> tuple[str, ...]:
+    """The components whose units this host gets (docs/design.md "Worker groups")."""
+    if not settings.hostfile:
+        return ROLES
+    return rank_roles(settings) if settings.rank else serve_roles(settings)
 
 
 # -- resolution (I/O) ---------------------------------------------------------------------------
@@ -166,7 +182,11 @@ def unit_plan(settings: Settings, *, label_suffix: str = "", extra_env: dict[str
         key_file = str(Path(settings.api_key_file).expanduser().absolute())
     elif settings.api_key:
         key_file, inline_key = str(key_file_path(home, suffix)), settings.api_key
-    return UnitPlan(settings=concrete(settings), command=command,
+    try:
+        roles = unit_roles(settings)
+    except ValueError as exc:  # HostfileError
+        raise UnitError(str(exc)) from None
+    return UnitPlan(settings=concrete(settings), command=command, roles=roles,
                     working_dir=str(root) if root else home, home=home,
                     label_suffix=suffix, env=tuple(env.items()),
                     worker_env=tuple(worker_env.items()), api_key_file=key_file,

@@ -4,7 +4,9 @@
     exit_code = supervisor.run()             # blocks until SIGTERM/SIGINT/SIGHUP, or give-up
 
 Children start in order scheduler, kvstore, worker, gateway, each as
-`python -m deploy.cli run ROLE <settings flags>` (the command is injectable for tests). Each
+`python -m deploy.cli run ROLE <settings flags>` (the command is injectable for tests); with
+`--hostfile`, a worker rank per local hostfile entry (`worker.R`, deploy.group_roles), and the
+local worker ranks are restarted together when one exits. Each
 child's pid goes to `<runtime dir>/<role>.pid`, the supervisor's to `supervisor.pid`. A child
 that exits on its own is restarted after a backoff (`RestartPolicy`); one that crashes too often
 ends the group with exit code 1, one that refuses to start (exit code 2) with exit code 2. On a
@@ -16,6 +18,7 @@ are ever signalled. The API key reaches the gateway alone, in its environment
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -27,6 +30,7 @@ from typing import Callable
 
 import structlog
 
+from deploy.group_roles import restarted_together, split_role
 from deploy.lifeline import PARENT_ENV
 from deploy.restart_policy import GiveUp, RestartPolicy, RestartTracker
 from deploy.runtime import RuntimeDirClaim, remove_pid_file, write_pid_file
@@ -40,7 +44,12 @@ CommandFor = Callable[[str, Settings], list[str]]
 
 
 def component_command(role: str, settings: Settings) -> list[str]:
-    return [sys.executable, "-m", "deploy.cli", "run", role, *settings.to_args(role)]
+    """`run ROLE`; a worker group's `worker.R` (`kvstore.R`) runs `run worker (kvstore) --rank
+    R`."""
+    base, rank = split_role(role)
+    if settings.hostfile:
+        settings = dataclasses.replace(settings, rank=rank)
+    return [sys.executable, "-m", "deploy.cli", "run", base, *settings.to_args(base)]
 
 
 def child_env(base: dict[str, str], role: str, settings: Settings) -> dict[str, str]:
@@ -89,6 +98,9 @@ class Supervisor:
         self._claim = claim
         self._env = python_env(env) | {PARENT_ENV: str(os.getpid())}
         self._children = [_Child(role, RestartTracker(policy)) for role in roles]
+        # A worker group's ranks on this machine: when one exits, the others' collectives
+        # fail, so they are restarted together (docs/design.md "Worker groups").
+        self._together = restarted_together(roles)
         self._stop_signal: int | None = None
         self._log = structlog.get_logger()
 
@@ -177,7 +189,27 @@ class Supervisor:
                             refused=decision.refused)
             return decision
         child.restart_at = now + decision.delay_s
+        if child.role in self._together:
+            self._restart_group(child)
         return None
+
+    def _restart_group(self, lost: _Child) -> None:
+        """Stop the other worker ranks now and start them with `lost` (their exits are not
+        their crashes)."""
+        for other in self._children:
+            if other is lost or other.role not in self._together:
+                continue
+            if other.proc is not None:
+                pid = other.proc.pid
+                other.proc.kill()  # blocked in a collective: a stop signal would wait for it
+                other.proc.wait()
+                remove_pid_file(self.endpoints.pid_file(other.role), pid)
+                other.proc = None
+                other.last_exit_code = None
+            other.restart_at = lost.restart_at if other.restart_at is None else min(
+                other.restart_at, lost.restart_at)
+        self._log.warning("group.rank_lost", role=lost.role, exit_code=lost.last_exit_code,
+                          restarting=list(self._together))
 
     def _stop_all(self) -> None:
         for child in reversed(self._children):

@@ -271,6 +271,19 @@ class RunStep(Message, tag="run_step"):
 # --- worker -> scheduler ----------------------------------------------------------------------
 
 
+class RankInfo(Value):
+    """One rank of a worker group: its share's page namespace and buffer pool
+    (docs/design.md "Worker groups")."""
+    rank: int
+    host: str  # the hostfile entry's ssh name
+    namespace: bytes  # this rank's share namespace
+    shm_name: str
+    num_buffers: int
+    buffer_bytes: int
+    kv_bytes_per_token: int
+    state_bytes: int
+
+
 class WorkerReady(Message, tag="worker_ready"):
     boot_id: str
     namespace: bytes
@@ -287,6 +300,10 @@ class WorkerReady(Message, tag="worker_ready"):
     num_buffers: int = 0
     buffer_bytes: int = 0
     state_bytes: int = 0  # recurrent-state bytes appended to a restore-point page
+    # A worker group (sent by rank 0; the fields above are rank 0's): every rank in rank
+    # order, rank 0 included. Empty for a single worker.
+    ranks: tuple[RankInfo, ...] = ()
+    parallel: str = ""  # "tensor" | "pipeline" for a group
 
 
 class StepDone(Message, tag="step_done"):

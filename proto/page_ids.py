@@ -36,13 +36,16 @@ def make_namespace(*parts: str | bytes) -> bytes:
 
 
 def kv_namespace(fingerprint: str, model_type: str, kv_dtype: str, layout_version: int,
-                 page_size: int, kv_quant: str = "") -> bytes:
+                 page_size: int, kv_quant: str = "", layout: str = "") -> bytes:
     """The namespace of a worker's pages: weights, KV dtype and layout, page size and, with
     quantized KV, bits and group size (`kv_quant`, e.g. "q8g64"), so that pages of another
-    setting never match. Full-precision KV adds no part: its page ids are unchanged."""
+    setting never match. Full-precision KV adds no part: its page ids are unchanged. A rank of
+    a worker group adds its share (`layout`, e.g. "tp2r1"); a single worker adds nothing."""
     parts = [fingerprint, model_type, kv_dtype, f"layout{layout_version}", f"page{page_size}"]
     if kv_quant:
         parts.append(f"kv-{kv_quant}")
+    if layout:
+        parts.append(f"par-{layout}")
     return make_namespace(*parts)
 
 

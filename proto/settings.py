@@ -22,6 +22,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proto.hostfile import BACKENDS, PARALLEL_MODES
+
 _SIZE_UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "kib": 2**10,
@@ -143,6 +145,16 @@ class Settings:
     heartbeat_s: float = _opt("seconds between heartbeats", default=1.0)
     peer_timeout_s: float = _opt("a peer silent this long is considered gone", default=5.0)
     memory_headroom: str = _opt("memory kept free beyond the plan", default="1GiB")
+    hostfile: str = _opt("run the worker as a group of ranks over these hosts (mlx.launch's "
+                         "hostfile JSON; one rank per entry; absent: one worker)", default="")
+    backend: str = _opt("mx.distributed backend of a worker group: ring, jaccl or mpi "
+                        "(default: the hostfile's \"backend\", else ring)", default="")
+    parallel: str = _opt("how a worker group splits the model: tensor (every layer's heads "
+                         "and experts) or pipeline (whole layers per rank)", default="tensor")
+    dist_port: int = _opt("first TCP port of the ring backend (one per rank and ip)",
+                          default=5520)
+    rank: int = _opt("this process's rank in the worker group (set by the supervisor or a "
+                     "host's unit on `run worker` and `run kvstore`)", default=0)
 
     @property
     def kv_disk_budget_bytes(self) -> int:
@@ -194,6 +206,12 @@ class Settings:
             parse_size(self.kv_buffer_memory)
         except ValueError as exc:
             problems.append(str(exc))
+        if self.backend not in ("", *BACKENDS):
+            problems.append(f"--backend must be one of {', '.join(BACKENDS)}")
+        if self.parallel not in PARALLEL_MODES:
+            problems.append(f"--parallel must be one of {', '.join(PARALLEL_MODES)}")
+        if not 0 < self.dist_port < 65536 or self.rank < 0:
+            problems.append("--dist-port must be 1..65535 and --rank at least 0")
         if self.host not in LOOPBACK_HOSTS and not (self.api_key or self.api_key_file):
             problems.append(f"--api-key is required when binding to {self.host} (not loopback)")
         if any(not name.strip() for name in self.served_model_name):

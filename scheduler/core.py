@@ -311,7 +311,10 @@ class SchedulerCore:
                                           num_slots=msg.num_slots, ctx=msg.ctx,
                                           page_size=msg.page_size)
         self.pages.page_size = msg.page_size
-        self._worker_restarted(msg.slots, msg.namespace, msg.shm_name, msg.num_buffers,
+        # A worker group's pages need every rank's kvstore (docs/design.md "Pages per rank");
+        # until that fan-out is in, a group keeps resident prefixes only.
+        shm_name = "" if msg.ranks else msg.shm_name
+        self._worker_restarted(msg.slots, msg.namespace, shm_name, msg.num_buffers,
                                msg.buffer_bytes, msg.state_bytes)
 
     def _worker_restarted(self, slots: tuple[SlotContents, ...], namespace: bytes = b"",

@@ -15,17 +15,20 @@ from proto.messages import DecodeItem, RunStep, SampledToken, StepDone
 from proto.shm import PageBufferPool
 from worker.constraints import ConstraintEngine
 from worker.page_io import PageLayout
-from worker.sampling import sample_lazy, sample_rows
+from worker.sampling import sample_lazy
 from worker.slots import SlotStore
 
 
 class StepExecutor:
     def __init__(self, store: SlotStore, layout: PageLayout | None,
-                 pool: PageBufferPool | None, constraints: ConstraintEngine | None = None):
+                 pool: PageBufferPool | None, constraints: ConstraintEngine | None = None,
+                 share_tokens=None):
         self.store = store
         self.layout = layout
         self.pool = pool
         self.constraints = constraints
+        # A worker group: rank 0's sampled tokens to every rank, lazily (worker/group.py).
+        self.share_tokens = share_tokens or (lambda tokens: tokens)
 
     def _buffer(self, index: int):
         return self.pool.array(index, "uint8", self.pool.buffer_bytes)
@@ -74,8 +77,9 @@ class StepExecutor:
             logits = self.store.decode(slots, [a[1] for a in active], [a[2] for a in active])
             if constrained:
                 logits = self._masked(logits, slots)
-            tokens = sample_rows(logits, [a[0].sampling for a in active],
-                                 [a[0].sample_index + a[3] for a in active])
+            tokens = self.share_tokens(sample_lazy(
+                logits, [a[0].sampling for a in active],
+                [a[0].sample_index + a[3] for a in active])).tolist()
             still = []
             for entry, token in zip(active, tokens):
                 item = entry[0]
@@ -133,7 +137,8 @@ class StepExecutor:
         def sample(logits: mx.array, index: int) -> mx.array:
             if constrained:
                 logits = self._masked(logits, [item.slot])
-            return sample_lazy(logits, [item.sampling], [item.sample_index + index])
+            return self.share_tokens(
+                sample_lazy(logits, [item.sampling], [item.sample_index + index]))
 
         fed = [item.token_id]
         y = sample(logits_of(mx.array([item.token_id])), 0)

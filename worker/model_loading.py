@@ -78,9 +78,11 @@ class LoadedModel:
         return kv_bytes_per_token(leaves(cache))
 
 
-def load_model(ref: str, kv_quant: KVQuant | None = None) -> LoadedModel:
+def load_model(ref: str, kv_quant: KVQuant | None = None, prepare=None) -> LoadedModel:
     """Load `ref`: a local directory, a local .gguf file, or a Hugging Face repo id; its
-    attention KV quantized as `kv_quant` says (None: the model's dtype)."""
+    attention KV quantized as `kv_quant` says (None: the model's dtype). `prepare(model,
+    config)` runs before the weights are evaluated: a worker group's rank keeps only its share
+    there (worker/sharding.py), so no rank ever holds the whole model."""
     path = _resolve(ref)
     if path.is_file():
         if path.suffix != ".gguf":
@@ -92,6 +94,8 @@ def load_model(ref: str, kv_quant: KVQuant | None = None) -> LoadedModel:
     else:
         model, config = _load_mlx_dir(path)
         files = [path / "config.json", *sorted(path.glob("model*.safetensors"))]
+    if prepare is not None:
+        prepare(model, config)
     _force_float32_on_cpu(model)
     mx.eval(model.parameters())
     loaded = LoadedModel(

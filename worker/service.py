@@ -7,17 +7,24 @@ greeted yet, and sends heartbeats while idle.
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 import time
+from pathlib import Path
+
+import msgspec
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
+from proto.codec import decode, encode
 from proto.endpoints import Endpoints, ensure_runtime_dir
+from proto.hostfile import Hostfile, HostfileError, layout_tag, read_hostfile
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
-from proto.messages import ROLE_WORKER, RunStep, SlotContents, WorkerReady
+from proto.messages import ROLE_WORKER, RankInfo, RunStep, SlotContents, WorkerReady
 from proto.page_ids import kv_namespace as page_namespace
 from proto.service_loop import SchedulerLink, StopFlag
 from proto.settings import Settings, parse_size
@@ -25,6 +32,15 @@ from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_seg
 from worker.cache_kinds import leaves, window_bytes
 from worker.constraints import ConstraintEngine, llguidance_tokenizer
 from worker.executor import StepExecutor
+from worker.group import (
+    PING,
+    STEP,
+    STOP,
+    GroupError,
+    GroupMismatch,
+    RankGroup,
+    resolve_backend,
+)
 from worker.kv_layout import is_attention_kv, kv_quant
 from worker.page_io import PageLayout, PageLayoutError
 from worker.memory_plan import (
@@ -35,18 +51,20 @@ from worker.memory_plan import (
     resident_bytes,
 )
 from worker.model_loading import LoadedModel, ModelLoadError, load_model
+from worker.sharding import check_splittable, split
 from worker.slots import SlotStore
 
 # Bumped whenever the meaning of a page's bytes changes; part of every page namespace (F12).
 KV_LAYOUT_VERSION = 1
 
 
-def kv_namespace(loaded: LoadedModel, layout: PageLayout | None, page_size: int) -> bytes:
+def kv_namespace(loaded: LoadedModel, layout: PageLayout | None, page_size: int,
+                 share: str = "") -> bytes:
     """Pages are only ever matched within one namespace: same weights, layout, quantization
-    and format."""
+    and format, and for a worker group's rank its share (`share`, e.g. "tp2r1")."""
     dtype = layout.dtype_name if layout else "none"
     return page_namespace(loaded.fingerprint, loaded.model_type, dtype, KV_LAYOUT_VERSION,
-                          page_size, loaded.kv_quant.tag if loaded.kv_quant else "")
+                          page_size, loaded.kv_quant.tag if loaded.kv_quant else "", share)
 
 
 def kv_form(loaded: LoadedModel) -> str:
@@ -103,20 +121,27 @@ def cache_kinds(loaded: LoadedModel) -> str:
     return ", ".join(f"{n} x{names.count(n)}" for n in sorted(set(names)))
 
 
-def buffer_count(layout: PageLayout | None, settings: Settings) -> int:
+def buffer_count(layout: PageLayout | None, settings: Settings,
+                 largest_buffer_bytes: int = 0) -> int:
+    """Page buffers in the pool. A worker group's ranks all take the count of the rank with the
+    largest buffers (`largest_buffer_bytes`), so one buffer index means the same page on all."""
     if layout is None:
         return 0
-    return max(4, parse_size(settings.kv_buffer_memory) // layout.buffer_bytes)
+    return max(4, parse_size(settings.kv_buffer_memory)
+               // max(layout.buffer_bytes, largest_buffer_bytes))
 
 
-def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | None):
+def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | None,
+                num_buffers: int | None = None):
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
     # Recurrent states and sliding-window rings: fixed per slot, whatever --ctx is.
     recurrent = sum(window_bytes(c, settings.prefill_chunk) if type(c) is RotatingKVCache
                     else c.nbytes for c in leaves(probe_cache(loaded)) if not is_attention_kv(c))
-    page_buffers = buffer_count(layout, settings) * (layout.buffer_bytes if layout else 0)
+    if num_buffers is None:
+        num_buffers = buffer_count(layout, settings)
+    page_buffers = num_buffers * (layout.buffer_bytes if layout else 0)
     per_token = loaded.kv_bytes_per_token + (0 if layout else unpaged_bytes_per_token(loaded))
     plan = make_plan(
         # Measured after the model ran once, so the weights are resident: count them once.
@@ -131,69 +156,190 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     return plan
 
 
+def _join(settings: Settings, hostfile: Hostfile, endpoints: Endpoints, log, joined: list):
+    """The `prepare` hook of load_model for a rank: refuse a model mlx-lm cannot split (before
+    joining, so every rank refuses alike), join the group, keep this rank's share."""
+    def prepare(model, config) -> None:
+        check_splittable(model, config, settings.parallel, hostfile.size)
+        backend = resolve_backend(settings.backend, hostfile)
+        log.info("worker.group_joining", rank=settings.rank, size=hostfile.size,
+                 backend=backend, parallel=settings.parallel)
+        group = RankGroup.join(hostfile, settings.rank, backend, settings.parallel,
+                               settings.dist_port, endpoints.runtime_dir)
+        split(model, group.group, settings.parallel)
+        joined.append(group)
+    return prepare
+
+
+def _shm_names(endpoints: Endpoints, group: RankGroup | None) -> tuple[str, Path]:
+    """The pool's name prefix and record file: a group's ranks share one runtime dir on one
+    machine, so each rank's names carry its rank and it only removes its own stale segments."""
+    if group is None:
+        return f"{endpoints.shm_prefix}w", endpoints.shm_record
+    record = endpoints.shm_record
+    if group.rank:
+        record = record.with_name(f"worker.{group.rank}.shm")
+    return f"{endpoints.shm_prefix}r{group.rank}w", record
+
+
 def run(settings: Settings) -> None:
     boot_id = new_boot_id()
     log = configure_logging(ROLE_WORKER, boot_id, settings.log_level, settings.log_format,
                             settings.log_content)
     started = time.perf_counter()
     endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
+    joined: list[RankGroup] = []
     try:
-        loaded = load_model(settings.model, kv_quant(settings.kv_bits, settings.kv_group_size))
+        hostfile = read_hostfile(settings.hostfile) if settings.hostfile else None
+        if hostfile is not None:
+            log = log.bind(rank=settings.rank)
+        prepare = _join(settings, hostfile, endpoints, log, joined) if hostfile else None
+        loaded = load_model(settings.model, kv_quant(settings.kv_bits, settings.kv_group_size),
+                            prepare=prepare)
+        group = joined[0] if joined else None
+        if group is not None:  # every rank must hold the same slots, or steps would diverge
+            group.check_same({"model": loaded.fingerprint, "--parallel": settings.parallel,
+                              "--slots": settings.slots, "--ctx": settings.ctx,
+                              "--page-size": settings.page_size, "--kv-bits": settings.kv_bits,
+                              "--kv-group-size": settings.kv_group_size})
         check_kv_quant_runs(loaded, settings)
         layout, paging = page_layout(loaded, settings, log)
-        plan = plan_memory(loaded, settings, layout)
+        largest = group.all_max(layout.buffer_bytes if layout else 0) if group else 0
+        num_buffers = buffer_count(layout, settings, largest)
+        plan = plan_memory(loaded, settings, layout, num_buffers)
         log.info("worker.memory_plan", kv_quant=kv_form(loaded),
                  kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
         check_plan(plan, settings.slots, settings.ctx, settings.kv_bits)
         pool = None
         if layout is not None:
-            stale = remove_stale_segments(endpoints.shm_prefix, endpoints.shm_record)
+            prefix, record = _shm_names(endpoints, group)
+            stale = remove_stale_segments(prefix, record)
             if stale:
                 log.warning("worker.stale_shm_removed", names=stale)
-            pool = PageBufferPool.create(f"{endpoints.shm_prefix}w{boot_id[:8]}",
-                                         buffer_count(layout, settings), layout.buffer_bytes)
-            record_segment(endpoints.shm_record, pool.name)
-    except (ModelLoadError, MemoryPlanError, ShmError) as exc:
+            pool = PageBufferPool.create(f"{prefix}{boot_id[:8]}", num_buffers,
+                                         layout.buffer_bytes)
+            record_segment(record, pool.name)
+    except (ModelLoadError, MemoryPlanError, ShmError, HostfileError, GroupMismatch) as exc:
         log.error("worker.refused_to_start", reason=str(exc))
         print(f"switchyard worker: {exc}", file=sys.stderr)
         sys.exit(2)
+    except GroupError as exc:  # a peer left while the group formed: the supervisor restarts
+        log.error("worker.group_lost", reason=str(exc))
+        sys.exit(1)
     store = SlotStore(loaded.model, loaded.make_cache, settings.slots, settings.ctx)
     constraints = ConstraintEngine(lambda: llguidance_tokenizer(str(loaded.path)))
-    executor = StepExecutor(store, layout, pool, constraints)
+    layout_tag_ = layout_tag(group.parallel, group.size, group.rank) if group else ""
+    namespace = kv_namespace(loaded, layout, settings.page_size, layout_tag_)
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
              kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging)
+    if group is None:
+        executor = StepExecutor(store, layout, pool, constraints)
+        ranks: tuple[RankInfo, ...] = ()
+    else:
+        # Constraints and logit_bias act on rank 0's logits alone: it samples for all.
+        executor = StepExecutor(store, layout, pool, constraints if group.rank == 0 else None,
+                                share_tokens=group.share_tokens)
+        ranks = _gather_ranks(group, namespace, pool, loaded, layout)
+        _log_comm_probe(group, loaded, log)
 
     def ready() -> WorkerReady:
         return WorkerReady(
-            boot_id=boot_id, namespace=kv_namespace(loaded, layout, settings.page_size),
+            boot_id=boot_id, namespace=namespace,
             model_type=loaded.model_type, num_slots=settings.slots, ctx=settings.ctx,
             page_size=settings.page_size, kv_bytes_per_token=loaded.kv_bytes_per_token,
             trimmable=store.trimmable,
             slots=tuple(SlotContents(i, t) for i, t in enumerate(store.contents())),
             shm_name=pool.name if pool else "", num_buffers=pool.num_buffers if pool else 0,
             buffer_bytes=pool.buffer_bytes if pool else 0,
-            state_bytes=layout.state_bytes if layout else 0)
+            state_bytes=layout.state_bytes if layout else 0,
+            ranks=ranks, parallel=group.parallel if group else "")
 
     stop = StopFlag()
+    if group is not None:  # `kill -USR1` prints where a rank waits (a hung collective)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        if group is not None and group.rank > 0:
+            _follow(group, executor, stop, log)
+        else:
+            _lead(settings, boot_id, log, ready, executor, stop, group)
+    except RuntimeError as exc:
+        if group is None:
+            raise
+        # A collective failed: a peer was lost. The supervisor restarts the whole group
+        # (docs/design.md "Worker groups").
+        log.error("worker.group_lost", reason=str(exc))
+        sys.exit(1)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.unlink()
+        log.info("worker.stopped")
+
+
+def _lead(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
+          stop: StopFlag, group: RankGroup | None) -> None:
+    """The single worker, or rank 0 of a group: the one that talks to the scheduler."""
     link = SchedulerLink(settings, ROLE_WORKER, boot_id, log, greeting=lambda: [ready()])
     try:
         while not stop.requested:
             message = link.receive(settings.heartbeat_s)
             if isinstance(message, RunStep):
                 cpu_started = time.process_time()  # all threads: the step's work on a busy machine
+                if group is not None:
+                    group.send(STEP, encode(message))
                 done = executor.run(message)
                 link.send(done)
+                comm_s, _ = group.stats.take() if group is not None else (0.0, 0)
                 log.debug("step.done", step=message.step, num_decode=done.num_decode_tokens,
                           num_prefill=done.num_prefill_tokens,
                           num_loaded=sum(len(load.buffers) for load in message.loads),
                           load_ms=round(done.load_s * 1e3, 2),
                           step_ms=round(done.duration_s * 1e3, 2),
-                          cpu_ms=round((time.process_time() - cpu_started) * 1e3, 2))
+                          cpu_ms=round((time.process_time() - cpu_started) * 1e3, 2),
+                          **({"broadcast_ms": round(comm_s * 1e3, 3)} if group else {}))
+            elif message is None and group is not None:
+                group.send(PING)  # finds a lost rank while idle
     finally:
         link.close()
-        if pool is not None:
-            pool.close()
-            pool.unlink()
-        log.info("worker.stopped")
+        if group is not None:
+            try:
+                group.send(STOP)
+            except (GroupError, RuntimeError):
+                pass  # a peer already gone: nothing to stop
+
+
+def _follow(group: RankGroup, executor: StepExecutor, stop: StopFlag, log) -> None:
+    """Ranks > 0: execute every step rank 0 broadcasts, on this rank's share."""
+    while True:
+        kind, payload = group.receive()
+        if kind == STOP:
+            log.info("worker.group_stopped")
+            return
+        if kind == STEP:
+            executor.run(decode(payload))
+        if stop.requested:  # a stop signal while rank 0 runs: the group restarts without us
+            return
+
+
+def _gather_ranks(group: RankGroup, namespace: bytes, pool, loaded: LoadedModel,
+                  layout: PageLayout | None) -> tuple[RankInfo, ...]:
+    mine = RankInfo(rank=group.rank, host=group.host, namespace=namespace,
+                    shm_name=pool.name if pool else "",
+                    num_buffers=pool.num_buffers if pool else 0,
+                    buffer_bytes=pool.buffer_bytes if pool else 0,
+                    kv_bytes_per_token=loaded.kv_bytes_per_token,
+                    state_bytes=layout.state_bytes if layout else 0)
+    return tuple(msgspec.msgpack.decode(b, type=RankInfo)
+                 for b in group.gather_bytes(msgspec.msgpack.encode(mine)))
+
+
+def _log_comm_probe(group: RankGroup, loaded: LoadedModel, log) -> None:
+    """Measured once at start on every rank: one all_sum of a hidden vector (what tensor
+    parallelism pays twice per layer per token) and of one token (the token share)."""
+    text_cfg = loaded.config.get("text_config", loaded.config)
+    hidden = int(text_cfg.get("hidden_size", 0)) or 1
+    log.info("worker.group_ready", size=group.size, parallel=group.parallel,
+             all_sum_hidden_us=round(group.time_all_sum(hidden) * 1e6, 1),
+             all_sum_token_us=round(group.time_all_sum(1) * 1e6, 1), hidden=hidden)

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from deploy.group_roles import split_role
 from deploy.service_units import ROLES, UnitPlan, environment, program_arguments
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
@@ -41,7 +42,7 @@ def log_dir(plan: UnitPlan) -> Path:
 
 
 def template(role: str) -> bytes:
-    return (TEMPLATE_DIR / plist_name(role)).read_bytes()
+    return (TEMPLATE_DIR / plist_name(split_role(role)[0])).read_bytes()
 
 
 def render_one(plan: UnitPlan, role: str, template_bytes: bytes | None = None) -> dict[str, Any]:
@@ -52,14 +53,19 @@ def render_one(plan: UnitPlan, role: str, template_bytes: bytes | None = None) -
     agent = _fill(raw, words, program_arguments(plan, role))
     agent["EnvironmentVariables"] = {**agent.get("EnvironmentVariables", {}),
                                      **environment(plan, role)}
+    base = split_role(role)[0]
+    if base != role:  # a worker group's rank: its own log file
+        for key in ("StandardOutPath", "StandardErrorPath"):
+            if key in agent:
+                agent[key] = agent[key].replace(f"/{base}.log", f"/{role}.log")
     return agent
 
 
-def render(plan: UnitPlan, roles: tuple[str, ...] = ROLES) -> dict[str, str]:
-    """File name -> plist text, for every component."""
+def render(plan: UnitPlan, roles: tuple[str, ...] | None = None) -> dict[str, str]:
+    """File name -> plist text, for every component of the plan."""
     return {plist_name(role, plan.label_suffix):
             plistlib.dumps(render_one(plan, role), sort_keys=False).decode()
-            for role in roles}
+            for role in roles or plan.roles}
 
 
 def _fill(value: Any, words: dict[str, str], argv: list[str]) -> Any:

@@ -17,6 +17,7 @@ import os
 import re
 from pathlib import Path
 
+from deploy.group_roles import split_role
 from deploy.service_units import (ROLES, UnitPlan, describe, environment,
                                   program_arguments)
 
@@ -102,16 +103,22 @@ def render_service(plan: UnitPlan, role: str, text: str | None = None) -> str:
         "@ENVIRONMENT@": environment_lines(environment(plan, role)),
         "@UNIT_STEM@": unit_name(role, plan.label_suffix).removesuffix(".service"),
     }
-    return fill(text if text is not None else template(f"switchyard-{role}.service"), words)
+    base = split_role(role)[0]
+    return fill(text if text is not None else template(f"switchyard-{base}.service"), words)
 
 
 def render_target(plan: UnitPlan, text: str | None = None) -> str:
-    return fill(text if text is not None else template("switchyard.target"), _common_words(plan))
+    filled = fill(text if text is not None else template("switchyard.target"), _common_words(plan))
+    if plan.roles == ROLES:
+        return filled
+    wants = " ".join(unit_name(role, plan.label_suffix) for role in plan.roles)
+    return re.sub(r"^Wants=.*$", f"Wants={wants}", filled, flags=re.MULTILINE)
 
 
 def render(plan: UnitPlan) -> dict[str, str]:
     """File name -> unit text: the four services and the target."""
-    files = {unit_name(role, plan.label_suffix): render_service(plan, role) for role in ROLES}
+    files = {unit_name(role, plan.label_suffix): render_service(plan, role)
+             for role in plan.roles}
     files[target_name(plan.label_suffix)] = render_target(plan)
     return files
 
@@ -122,8 +129,8 @@ def systemctl(*args: str) -> list[str]:
     return ["systemctl", "--user", *args]
 
 
-def all_units(suffix: str = "") -> list[str]:
-    return [target_name(suffix), *(unit_name(role, suffix) for role in ROLES)]
+def all_units(suffix: str = "", roles: tuple[str, ...] = ROLES) -> list[str]:
+    return [target_name(suffix), *(unit_name(role, suffix) for role in roles)]
 
 
 SHOW_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "ExecMainStartTimestamp",

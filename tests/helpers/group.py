@@ -42,6 +42,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free (a 2-rank worker group's ring listens on one per rank)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as a, \
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM) as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two adjacent free ports")
+
+
 def short_tmp_dir(prefix: str = "sy") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
@@ -72,7 +87,7 @@ class ServerGroup:
                  runtime_dir: str | Path | None = None, kv_dir: str | Path | None = None,
                  env: dict[str, str] | None = None, startup_timeout_s: float = 120.0,
                  stop_timeout_s: float = 60.0, entry: tuple[str, ...] = SERVE,
-                 wait_for: str = "health") -> None:
+                 wait_for: str = "health", extra_roles: tuple[str, ...] = ()) -> None:
         """`entry`: the module (and subcommand) run with `python -m`; `wait_for`: "health"
         (GET /health, then every pid file), "pids" (every pid file) or "none"."""
         self.model = str(model)
@@ -88,6 +103,7 @@ class ServerGroup:
                      *extra]
         self.entry = entry
         self.wait_for = wait_for
+        self.roles = (*ROLES, *extra_roles)  # a worker group's "worker.1", ...
         self.env = env or {}
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -185,7 +201,7 @@ class ServerGroup:
         while time.monotonic() < deadline:
             self._check_running()
             try:
-                return {role: self.pid_of(role) for role in ROLES}
+                return {role: self.pid_of(role) for role in self.roles}
             except (LookupError, ProcessLookupError):
                 time.sleep(0.05)
         raise AssertionError(f"components did not all start\n{self.log_tail()}")
@@ -216,7 +232,7 @@ class ServerGroup:
         if self.proc is None:
             return
         problems = []
-        for role in ROLES:
+        for role in self.roles:
             try:
                 self.pid_of(role)
             except (LookupError, ProcessLookupError):

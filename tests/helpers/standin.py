@@ -23,6 +23,7 @@ import sys
 import time
 
 from deploy import cli
+from deploy.group_roles import serve_roles
 from deploy.restart_policy import RestartPolicy
 from deploy.runtime import GroupRunningError
 from deploy.supervisor import ROLES, Supervisor
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     sup.add_argument("--stop-timeout", type=float, default=3.0)
     add_arguments(sup)
     child = sub.add_parser("child")
-    child.add_argument("role", choices=ROLES)
+    child.add_argument("role", choices=ROLES + ("worker.1",))  # a worker group's rank 1
     add_arguments(child)
     args = parser.parse_args(argv)
     settings = cli.with_concrete_paths(from_namespace(args))
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return cli.run_component(args.role, settings, service=fake_service(args.role))
     configure_logging("supervisor", new_boot_id(), settings.log_level, settings.log_format)
     supervisor = Supervisor(settings, command_for=standin_command, policy=TEST_POLICY,
-                            stop_timeout_s=args.stop_timeout)
+                            stop_timeout_s=args.stop_timeout, roles=serve_roles(settings))
     try:
         return supervisor.run()
     except GroupRunningError as exc:

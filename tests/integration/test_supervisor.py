@@ -71,6 +71,27 @@ def test_restart_on_crash_with_backoff(tmp_path):
     # on exit ServerGroup asserts the crashed and the current workers are all gone
 
 
+def test_a_worker_groups_local_ranks_restart_together(tmp_path):
+    """kill -9 of rank 1: the supervisor stops rank 0 too (its collectives would fail) and
+    starts both again; rank 0's stop is not counted as its crash."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text('[{"ssh": "a", "ips": ["127.0.0.1"]}, {"ssh": "b", "ips": ["127.0.0.1"]}]')
+    with standin_group(tmp_path, extra=("--hostfile", str(hostfile)),
+                       extra_roles=("worker.1",)) as group:
+        pids = group.wait_components()
+        started = [e["role"] for e in group.log_events("component.started")]
+        assert started == ["scheduler", "kvstore", "worker.1", "worker", "gateway"]
+        group.kill("worker.1", signal.SIGKILL)
+        new_rank0 = group.wait_restarted("worker", pids["worker"])
+        new_rank1 = group.wait_restarted("worker.1", pids["worker.1"])
+        assert not pid_alive(pids["worker"]) and {new_rank0, new_rank1}.isdisjoint(pids.values())
+        lost = group.log_events("group.rank_lost")
+        assert [(e["role"], e["restarting"]) for e in lost] == [
+            ("worker.1", ["worker.1", "worker"])]
+        assert [e["role"] for e in group.log_events("component.exited")] == ["worker.1"]
+        assert group.pid_of("scheduler") == pids["scheduler"]  # the rest is left alone
+
+
 def test_killed_component_is_restarted(tmp_path):
     with standin_group(tmp_path) as group:
         old = group.kill("kvstore", signal.SIGKILL)
