@@ -11,6 +11,7 @@ kvstore stores the bytes opaquely.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -23,6 +24,13 @@ from worker.kv_layout import copy_tokens, is_attention_kv, set_token_arrays, tok
 
 _NP_DTYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.uint32: np.uint32,
               mx.int32: np.int32}
+_MX_DTYPES = {np_type: mx_type for mx_type, np_type in _NP_DTYPES.items()}
+
+# Attention layers whose token arrays `PageLayout.load` allocated, with the arrays' data
+# addresses: a load writes into these in place. The layer's own prefills keep them (mlx
+# updates in place what no one else holds) unless they outgrow them (new arrays, new
+# addresses); a copied prefix may share them, so `copy_prefix` forgets its source here.
+_OWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class PageLayoutError(RuntimeError):
@@ -110,17 +118,22 @@ class PageLayout:
         capacity = _round_up(start + num_tokens + reserve + 1, KVCache.step)
         for index, specs in enumerate(self._kv):
             layer = cache[self.kv_layers[index]]
-            parts: list[list[np.ndarray]] = [[] for _ in specs]
+            arrays = _writable(layer, specs, start, capacity)
+            # One copy per byte: from the shared buffer straight into the slot's memory
+            # (docs/design.md "Restores"). The numpy views are dropped before mlx uses the
+            # arrays again: a view held on would stop mlx from updating them in place.
+            targets = [np.asarray(a) for a in arrays]
+            position = start
             for buf, n in zip(pages, counts):
                 offset = self._kv_offset(index, n)
-                for spec, part in zip(specs, parts):
+                for spec, target in zip(specs, targets):
                     sized = _resized(spec, n)
-                    part.append(_view(buf, offset, sized))
+                    np.copyto(target[0, :, position:position + n, :], _view(buf, offset, sized))
                     offset += sized.nbytes
-            # Even at start 0: a slot's kept buffers are written in place (worker/slots.py).
-            existing = token_arrays(layer) if layer.keys is not None else [None] * len(specs)
-            set_token_arrays(layer, [_assemble(e, start, p, capacity)
-                                     for e, p in zip(existing, parts)], start + num_tokens)
+                position += n
+            del targets
+            set_token_arrays(layer, arrays, start + num_tokens)
+            _OWN[layer] = _addresses(arrays)
         if with_state:
             offset = self.payload_len(last, with_state=False)
             for layer, specs in zip(self.state_layers, self._state):
@@ -144,6 +157,7 @@ def copy_prefix(cache: list, num_tokens: int, fresh: list) -> list:
     for src, dst in zip(leaves(cache), leaves(fresh)):
         if is_attention_kv(src):
             copy_tokens(src, dst, num_tokens)
+            _OWN.pop(src, None)  # the copy may share its buffers: never written in place again
         elif type(src) is RotatingKVCache:
             window_copy(src, dst)
         elif type(src) is ArraysCache:
@@ -163,23 +177,32 @@ def _state_arrays(c) -> list[mx.array]:
     return [a[0] for a in c.cache]
 
 
-def _assemble(existing: mx.array | None, start: int, parts: list[np.ndarray],
-              capacity: int) -> mx.array:
-    """[1, heads, >= capacity, dim]: existing[:start], then the pages, then room to grow.
+def _writable(layer, specs: tuple[_Array, ...], start: int, capacity: int) -> list[mx.array]:
+    """The layer's token arrays, evaluated, with room for `capacity` tokens and its first
+    `start` tokens in place, that `load` may write into through numpy.
 
-    Written into `existing` when it has the room (mlx updates a buffer nobody else holds in
-    place), so each page is copied once, not the whole slot again for every batch of a
-    restore (docs/design.md "Restores")."""
-    new = [mx.array(part)[None] for part in parts]  # the one copy out of shared memory
-    out = existing
-    if existing is None or existing.shape[2] < capacity:
-        out = mx.zeros((1, new[0].shape[1], capacity, new[0].shape[3]), new[0].dtype)
-        if start:
-            out[..., :start, :] = existing[..., :start, :]
-    for part in new:
-        out[..., start:start + part.shape[2], :] = part
-        start += part.shape[2]
-    return out
+    A slot's own arrays are kept when they have the room (a dropped slot keeps its buffers,
+    worker/slots.py): memory the slot already has costs no page faults. Only arrays this
+    module allocated and that the layer still holds qualify: of others (grown by a prefill,
+    a batch row, a copied prefix) this module cannot tell whether another cache shares their
+    buffer, so they are copied once into new arrays."""
+    existing = token_arrays(layer) if layer.keys is not None else None
+    if existing is not None and all(a.shape[2] >= capacity for a in existing) and \
+            _OWN.get(layer) == _addresses(existing):
+        return existing
+    if not start:  # nothing to keep: freed first, mlx can hand the same memory back
+        existing, layer.keys, layer.values = None, None, None
+    fresh = [mx.zeros((1, s.shape[0], capacity, s.shape[2]), _MX_DTYPES[s.dtype]) for s in specs]
+    mx.eval(fresh)
+    if start:
+        for old, new in zip(existing, fresh):
+            np.copyto(np.asarray(new)[:, :, :start, :], np.asarray(old[:, :, :start, :]))
+    return fresh
+
+
+def _addresses(arrays: list[mx.array]) -> tuple[int, ...]:
+    """Where the arrays' data lie (evaluates them)."""
+    return tuple(np.asarray(a).__array_interface__["data"][0] for a in arrays)
 
 
 def _resized(spec: _Array, num_tokens: int) -> _Array:

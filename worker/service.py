@@ -286,6 +286,7 @@ def _lead(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
         while not stop.requested:
             message = link.receive(settings.heartbeat_s)
             if isinstance(message, RunStep):
+                cpu_started = time.process_time()  # all threads: the step's work on a busy machine
                 if group is not None:
                     group.send(STEP, encode(message))
                 done = executor.run(message)
@@ -296,6 +297,7 @@ def _lead(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
                           num_loaded=sum(len(load.buffers) for load in message.loads),
                           load_ms=round(done.load_s * 1e3, 2),
                           step_ms=round(done.duration_s * 1e3, 2),
+                          cpu_ms=round((time.process_time() - cpu_started) * 1e3, 2),
                           **({"broadcast_ms": round(comm_s * 1e3, 3)} if group else {}))
             elif message is None and group is not None:
                 group.send(PING)  # finds a lost rank while idle

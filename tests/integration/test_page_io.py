@@ -169,6 +169,69 @@ def test_window_snapshot_after_decode_restores_exactly(tiny_model_dir, arch, bit
     assert np.array_equal(got_logits, ref_logits)
 
 
+def _address(a) -> int:
+    return np.asarray(a).__array_interface__["data"][0]
+
+
+def test_next_restore_writes_into_the_arrays_a_restore_allocated(tiny_model_dir):
+    """One copy per byte and no new memory: a slot restored once (then prefilled in place)
+    takes its next restore into the same arrays, and continues exactly."""
+    store, layout = _setup(tiny_model_dir("qwen3"), num_slots=3)
+    rng = np.random.default_rng(4)
+    x, y = ([int(t) for t in rng.integers(5, 3000, 4 * P + 9)] for _ in range(2))
+    buffers = {}
+    for name, conv in (("x", x), ("y", y)):
+        _prefill(store, 0, conv[:4 * P], P)
+        buffers[name] = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(4)]
+        for k in range(4):
+            layout.stage(store.parked(0), k * P, buffers[name][k], with_state=False)
+    _prefill(store, 2, y[:4 * P], P)
+    store.prefill(2, 4 * P, y[4 * P:-1])
+    ref_tokens, ref_logits = _continue(store, 2, y[-1])
+
+    layout.load(store.loaded(1, 0, x[:4 * P]), 0, buffers["x"], with_state=False,
+                num_tokens=4 * P, reserve=2 * P)
+    store.prefill(1, 4 * P, x[4 * P:-1])
+    before = [_address(a) for c in store.parked(1) for a in (c.keys, c.values)]
+    layout.load(store.loaded(1, 0, y[:4 * P]), 0, buffers["y"], with_state=False,
+                num_tokens=4 * P)
+    assert [_address(a) for c in store.parked(1) for a in (c.keys, c.values)] == before
+    store.prefill(1, 4 * P, y[4 * P:-1])
+    got_tokens, got_logits = _continue(store, 1, y[-1])
+    assert got_tokens == ref_tokens
+    assert np.array_equal(got_logits, ref_logits)
+
+
+def test_restore_in_place_spares_a_prefix_copied_from_the_slot(tiny_model_dir):
+    """A restore writes into the slot's own arrays in place; a prefix copied out of the slot
+    may share them (a full array copies as itself), so a later restore must leave it be."""
+    store, layout = _setup(tiny_model_dir("qwen3"), num_slots=3)
+    rng = np.random.default_rng(3)
+    x, y = ([int(t) for t in rng.integers(5, 3000, 8 * P + 1)] for _ in range(2))
+    buffers = {}
+    for name, conv in (("x", x), ("y", y)):
+        _prefill(store, 0, conv[:4 * P], P)
+        buffers[name] = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(4)]
+        for k in range(4):
+            layout.stage(store.parked(0), k * P, buffers[name][k], with_state=False)
+    _prefill(store, 2, x[:-1], P)
+    ref_tokens, ref_logits = _continue(store, 2, x[-1])
+
+    # x restored into slot 1 with room for exactly 8 pages, then prefilled to fill it.
+    capacity = 8 * P
+    assert capacity % 256 == 0  # KVCache.step: the load allocates exactly this
+    layout.load(store.loaded(1, 0, x[:4 * P]), 0, buffers["x"], with_state=False,
+                num_tokens=4 * P, reserve=capacity - 4 * P - 1)
+    for s in range(4 * P, 8 * P, P):
+        store.prefill(1, s, x[s:s + P])  # the slot's arrays are full now
+    store.copy_prefix(1, 0, 8 * P)
+    layout.load(store.loaded(1, 0, y[:4 * P]), 0, buffers["y"], with_state=False,
+                num_tokens=4 * P)
+    got_tokens, got_logits = _continue(store, 0, x[-1])
+    assert got_tokens == ref_tokens
+    assert np.array_equal(got_logits, ref_logits)
+
+
 def test_whole_ring_copies_to_another_slot(tiny_model_dir):
     """A sliding-window slot cannot be cut back, but it can be copied whole."""
     store, _ = _setup(tiny_model_dir("gpt_oss"), num_slots=2)
