@@ -85,6 +85,12 @@ DEEPSEEK2_NAMES = {
     "ffn_up_shexp": "mlp.shared_experts.up_proj",
     "ffn_down_shexp": "mlp.shared_experts.down_proj",
 }
+MINIMAX_M2_NAMES = {  # the converter stacks w1/w2/w3 per layer as gate/down/up experts
+    "ffn_gate_inp": "block_sparse_moe.gate",
+    "ffn_gate_exps": "block_sparse_moe.switch_mlp.gate_proj",
+    "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
+    "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj",
+}
 QWEN35_NAMES = {
     **{k: v for k, v in QWEN3NEXT_NAMES.items() if k not in ("ssm_ba",)},
     "ssm_beta": "linear_attn.in_proj_b",
@@ -183,6 +189,22 @@ def _glm4_moe_config(m: Meta) -> dict:
         "n_group": m.a("expert_group_count", 1),
         "topk_group": m.a("expert_group_used_count", 1),
         "partial_rotary_factor": m.a("rope.dimension_count", head_dim) / head_dim,
+    }
+
+
+def _minimax_m2_config(m: Meta) -> dict:
+    """MiniMax-M2: feed_forward_length is the expert size (its config's intermediate_size);
+    RoPE (NeoX order, no q/k permutation) over the first rotary_dim of each head."""
+    if m.a("expert_gating_func", 2) != 2:  # mlx_lm's minimax routes by sigmoid only
+        raise ModelLoadError("GGUF minimax-m2 with softmax expert gating is not supported; "
+                             "supported: sigmoid")
+    return {
+        "intermediate_size": m.a("expert_feed_forward_length"),
+        "num_local_experts": m.a("expert_count"),
+        "num_experts_per_tok": m.a("expert_used_count"),
+        "shared_intermediate_size": 0,
+        "rotary_dim": m.a("rope.dimension_count"),
+        "scoring_func": "sigmoid",
     }
 
 
@@ -413,6 +435,8 @@ ARCHS = {
     "qwen35moe": Arch("qwen3_5_moe", {**BLOCK_NAMES, **MOE_NAMES, **QWEN35_NAMES}, _qwen35_config,
                       to_mlx=_qwen35_to_mlx, prefix="language_model.",
                       params={"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}),
+    "minimax-m2": Arch("minimax", {**BLOCK_NAMES, **MINIMAX_M2_NAMES}, _minimax_m2_config,
+                       params={"exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}),
     "gpt-oss": Arch("gpt_oss", {**BLOCK_NAMES, **GPT_OSS_NAMES}, _gpt_oss_config,
                     params={"attn_sinks.weight": "self_attn.sinks"}),
 }

@@ -107,7 +107,7 @@ def test_float_types_load_as_stored():
 # Architectures whose twins the tiny-model generator may not have yet: configs built here.
 def arch_config(model_type: str, **sizes) -> dict:
     ids = tiny_tokenizer.token_ids(tiny_tokenizer.tokenizer_files()["tokenizer.json"])
-    if model_type in ("qwen3", "qwen2", "llama", "qwen3_next"):
+    if model_type in ("qwen3", "qwen2", "llama", "qwen3_next", "minimax"):
         return tiny_config(model_type, ids, **sizes)
     config = tiny_config("qwen3", ids, **sizes)
     if model_type == "qwen3_moe":
@@ -183,7 +183,7 @@ def reference_model(config, weights):
 
 
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "glm4_moe", "qwen3_next",
-         "deepseek_v3", "qwen3_5", "qwen3_5_moe", "ministral3")
+         "deepseek_v3", "qwen3_5", "qwen3_5_moe", "ministral3", "minimax")
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -209,7 +209,7 @@ def file_values(path) -> dict[str, tuple[str, np.ndarray]]:
     ("qwen2", "Q3_K"), ("qwen3", "Q2_K"), ("qwen3_moe", "MXFP4"), ("llama", "BF16"),
     ("gpt_oss", "MXFP4"), ("gpt_oss", "Q4_K_M"), ("glm4_moe", "Q4_K_M"), ("qwen3_next", "Q4_K_M"),
     ("deepseek_v3", "Q4_K_M"), ("qwen3_5", "Q4_K_M"), ("qwen3_5_moe", "Q5_K_M"),
-    ("ministral3", "Q4_K_M"),
+    ("ministral3", "Q4_K_M"), ("minimax", "Q4_K_M"),
 ])
 def test_quantized_twin_loads_the_files_own_values(tmp_path, model_type, quant):
     """Every loaded weight dequantizes to the file's values (as gguf-py reads them): exactly for
@@ -282,6 +282,8 @@ def test_tensor_names_are_llama_cpps(model_type):
     tensor_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     for name in gguf_writer._converter_tensors(make_weights(config, seed=0), config):
         hf = name.removeprefix("language_model.").replace("mlp.switch_mlp.", "mlp.experts.")
+        for proj, w in (("gate_proj", "w1"), ("down_proj", "w2"), ("up_proj", "w3")):  # MiniMax
+            hf = hf.replace(f"block_sparse_moe.switch_mlp.{proj}", f"block_sparse_moe.experts.{w}")
         # spelled as the converter renames them before looking them up
         hf = hf.replace("e_score_correction_bias", "e_score_correction.bias").replace(
             "dt_bias", "dt_proj.bias").replace("self_attn.embed_q", "self_attn.k_b_proj").replace(
