@@ -147,7 +147,10 @@ def load_gguf(path: Path) -> tuple[nn.Module, dict]:
     meta = Meta(reader)
     arch = check_supported(path, reader, meta)
     tensors = _read_tensors(path, reader)
-    config = gguf_config(meta, arch, tensors)
+    try:
+        config = gguf_config(meta, arch, tensors)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
     weights = gguf_weights(tensors, config, arch)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))

@@ -271,6 +271,16 @@ def test_unsupported_arch_and_tensor_type_are_refused_in_one_line(tmp_path):
     assert "Q4_K, Q5_K, MXFP4, Q6_K, Q3_K, Q2_K" in str(e.value)
 
 
+def test_minimax_m2_with_softmax_gating_is_refused(tmp_path):
+    """mlx_lm's minimax routes experts by sigmoid only: a softmax-gated file (which llama.cpp's
+    converter writes for `scoring_func: softmax`) must not load as a subtly different model."""
+    path, _, _ = write_twin(tmp_path, "minimax", "F32", layers=1, scoring_func="softmax")
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(path))
+    assert "\n" not in str(e.value)
+    assert "minimax-m2 with softmax expert gating is not supported; supported: sigmoid" in str(e.value)
+
+
 @pytest.mark.parametrize("model_type", ARCHS)
 def test_tensor_names_are_llama_cpps(model_type):
     """Our GGUF names are the ones gguf-py's own map gives for the HF names (which mlx_lm's
