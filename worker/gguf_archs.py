@@ -91,6 +91,15 @@ MINIMAX_M2_NAMES = {  # the converter stacks w1/w2/w3 per layer as gate/down/up 
     "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
     "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj",
 }
+GEMMA4_NAMES = {  # Gemma 3's norms plus the per-layer input (2B/4B) modules
+    **GEMMA3_NAMES,
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+}
+GEMMA4_GLOBAL_NAMES = {"per_layer_token_embd": "model.embed_tokens_per_layer",
+                       "per_layer_model_proj": "model.per_layer_model_projection",
+                       "per_layer_proj_norm": "model.per_layer_projection_norm"}
 QWEN35_NAMES = {
     **{k: v for k, v in QWEN3NEXT_NAMES.items() if k not in ("ssm_ba",)},
     "ssm_beta": "linear_attn.in_proj_b",
@@ -206,6 +215,76 @@ def _minimax_m2_config(m: Meta) -> dict:
         "rotary_dim": m.a("rope.dimension_count"),
         "scoring_func": "sigmoid",
     }
+
+
+def _per_layer(value, layer_types: list[str], kind: str):
+    """A per-layer metadata array's value for layers of `kind` (or the scalar as it is)."""
+    if not isinstance(value, list):
+        return value
+    picked = {v for v, t in zip(value, layer_types) if t == kind}
+    return picked.pop() if len(picked) == 1 else value[layer_types.index(kind)]
+
+
+def _gemma4_config(m: Meta) -> dict:
+    """Gemma 4 as llama.cpp's converter writes it: key/value_length are the full-attention
+    head size and the `_swa` ones the sliding layers', the sliding pattern a per-layer array,
+    head_count_kv and feed_forward_length per-layer arrays where they differ."""
+    if m.get(f"{m.arch}.expert_count"):
+        raise ModelLoadError("GGUF gemma4 with experts (26B-A4B) is not supported; "
+                             "supported: dense Gemma 4")
+    layers = m.a("block_count")
+    swa = list(m.a("attention.sliding_window_pattern"))
+    types = ["sliding_attention" if s else "full_attention" for s in swa][:layers]
+    head_swa = m.a("attention.key_length_swa")
+    kv = m.a("attention.head_count_kv")
+    ff = m.a("feed_forward_length")
+    shared = m.a("attention.shared_kv_layers", 0)
+    config = {
+        "layer_types": types,
+        "head_dim": head_swa,
+        "global_head_dim": m.a("attention.key_length"),
+        "num_key_value_heads": _per_layer(kv, types, "sliding_attention"),
+        "intermediate_size": ff[0] if isinstance(ff, list) else ff,
+        # the converter doubles feed_forward_length for the KV-shared layers only then
+        "use_double_wide_mlp": isinstance(ff, list) and len(set(ff)) > 1,
+        "num_kv_shared_layers": shared,
+        "hidden_size_per_layer_input": m.a("embedding_length_per_layer_input", 0),
+        "sliding_window": m.a("attention.sliding_window"),
+        "final_logit_softcapping": m.get(f"{m.arch}.final_logit_softcapping"),
+        "rope_parameters": {
+            "full_attention": {"rope_type": "proportional", "rope_theta": m.a("rope.freq_base")},
+            "sliding_attention": {
+                "rope_type": "default", "rope_theta": m.a("rope.freq_base_swa", 10000.0),
+                "partial_rotary_factor": m.a("rope.dimension_count_swa", head_swa) / head_swa},
+        },
+    }
+    if isinstance(kv, list) and "full_attention" in types:
+        config["num_global_key_value_heads"] = _per_layer(kv, types, "full_attention")
+    return config
+
+
+def _gemma4_tensor_config(tensors: dict, config: dict) -> dict:
+    """What Gemma 4's metadata leaves to its tensors: the rotated share of the full-attention
+    heads is the share of rope_freqs' factors that are 1 (the converter writes 1e30 for the
+    unrotated pairs of its "proportional" RoPE), keys doubling as values where a full-attention
+    layer has no attn_v, the per-layer vocabulary is the table's rows."""
+    out = {}
+    freqs = tensors.get("rope_freqs.weight")
+    if freqs is not None:
+        f = freqs.weight.astype(mx.float32)
+        out["rope_parameters"] = dict(config["rope_parameters"])
+        out["rope_parameters"]["full_attention"] = {
+            **config["rope_parameters"]["full_attention"],
+            "partial_rotary_factor": float((f == 1.0).sum().item()) / f.size}
+    # 26B/31B: full-attention layers use their keys as values and have no attn_v
+    own_kv = range(config["num_hidden_layers"] - config["num_kv_shared_layers"])
+    out["attention_k_eq_v"] = any(
+        config["layer_types"][i] == "full_attention" and f"blk.{i}.attn_v.weight" not in tensors
+        for i in own_kv)
+    per_layer = tensors.get("per_layer_token_embd.weight")
+    if per_layer is not None:
+        out["vocab_size_per_layer_input"] = per_layer.weight.shape[0]
+    return out
 
 
 def _linear_attention_config(m: Meta) -> dict:
@@ -411,6 +490,9 @@ class Arch:
     params: dict = field(default_factory=dict)  # GGUF "x.weight" -> an mlx_lm parameter not named .weight
     to_mlx: Callable[[dict, dict], None] | None = None  # undoes the converter's other transforms
     prefix: str = ""  # of every mlx_lm parameter name (models wrapped for vision)
+    global_names: dict = field(default_factory=dict)  # arch-specific GGUF globals -> mlx_lm modules
+    tensor_config: Callable[[dict, dict], dict] | None = None  # config read from tensors
+    config_tensors: tuple = ()  # GGUF tensors that only describe the config (not parameters)
 
 
 # GGUF architecture -> how to build the mlx_lm model. Mistral's dense models are "llama" in GGUF.
@@ -437,6 +519,10 @@ ARCHS = {
                       params={"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}),
     "minimax-m2": Arch("minimax", {**BLOCK_NAMES, **MINIMAX_M2_NAMES}, _minimax_m2_config,
                        params={"exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}),
+    "gemma4": Arch("gemma4_text", {**BLOCK_NAMES, **GEMMA4_NAMES}, _gemma4_config,
+                   params={"layer_output_scale.weight": "layer_scalar"},
+                   global_names=GEMMA4_GLOBAL_NAMES, tensor_config=_gemma4_tensor_config,
+                   config_tensors=("rope_freqs.weight",)),
     "gpt-oss": Arch("gpt_oss", {**BLOCK_NAMES, **GPT_OSS_NAMES}, _gpt_oss_config,
                     params={"attn_sinks.weight": "self_attn.sinks"}),
 }
@@ -449,7 +535,7 @@ def gguf_name(mlx_name: str, model_type: str = "qwen3") -> str:
     arch = ARCHS[GGUF_ARCH_OF[model_type]]
     mlx_name = mlx_name.removeprefix(arch.prefix)
     module, suffix = mlx_name.rsplit(".", 1)
-    for gguf_mod, mlx_mod in GLOBAL_NAMES.items():
+    for gguf_mod, mlx_mod in {**GLOBAL_NAMES, **arch.global_names}.items():
         if module == mlx_mod:
             return f"{gguf_mod}.{suffix}"
     arch = ARCHS[GGUF_ARCH_OF[model_type]]
@@ -476,8 +562,9 @@ def _mlx_name(name: str, arch: Arch) -> str:
         return f"model.layers.{parts[1]}.{arch.params[parts[2]]}"
     module, suffix = name.rsplit(".", 1)
     if suffix in _SUFFIXES:
-        if module in GLOBAL_NAMES:
-            return f"{GLOBAL_NAMES[module]}.{suffix}"
+        names = {**GLOBAL_NAMES, **arch.global_names}
+        if module in names:
+            return f"{names[module]}.{suffix}"
         parts = module.split(".", 2)
         if len(parts) == 3 and parts[0] == "blk" and parts[2] in arch.block_names:
             return f"model.layers.{parts[1]}.{arch.block_names[parts[2]]}.{suffix}"

@@ -56,6 +56,8 @@ def gguf_config(meta: Meta, arch: Arch, tensors: dict[str, MlxTensor]) -> dict:
               "tie_word_embeddings": "output.weight" not in tensors, "rope_scaling": rope_scaling(meta),
               "attention_bias": "blk.0.attn_q.bias" in tensors,
               "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors}
+    if arch.tensor_config is not None:
+        config.update(arch.tensor_config(tensors, config))
     eos = meta.get("tokenizer.ggml.eos_token_id")
     if eos is not None:
         config["eos_token_id"] = eos
@@ -76,7 +78,8 @@ def _read_tensors(path: Path, reader) -> dict[str, MlxTensor]:
 def gguf_weights(tensors: dict[str, MlxTensor], config: dict, arch: Arch) -> dict[str, MlxTensor]:
     n_layers = config["num_hidden_layers"]
     weights = {mlx_name(k, arch): v for k, v in tensors.items()
-               if not (k.startswith("blk.") and int(k.split(".")[1]) >= n_layers)}
+               if not (k.startswith("blk.") and int(k.split(".")[1]) >= n_layers)
+               and k not in arch.config_tensors}
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     for k, t in weights.items():
         proj = k.split(".")[-2]
