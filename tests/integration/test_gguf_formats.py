@@ -293,6 +293,23 @@ def test_minimax_m2_with_softmax_gating_is_refused(tmp_path):
     assert "minimax-m2 with softmax expert gating is not supported; supported: sigmoid" in str(e.value)
 
 
+def test_gemma4_with_experts_is_refused(tmp_path):
+    """The 26B-A4B's fused experts and stored router scales are not mapped: refused, not guessed."""
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma4")
+    w.add_embedding_length(32)
+    w.add_head_count(1)
+    w.add_block_count(1)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_context_length(128)
+    w.add_expert_count(4)
+    w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        step()
+    with pytest.raises(ModelLoadError, match=r"g\.gguf: GGUF gemma4 with experts \(26B-A4B\) is not "
+                                             r"supported; supported: dense Gemma 4$"):
+        load_model(str(tmp_path / "g.gguf"))
+
+
 @pytest.mark.parametrize("model_type", ARCHS)
 def test_tensor_names_are_llama_cpps(model_type):
     """Our GGUF names are the ones gguf-py's own map gives for the HF names (which mlx_lm's
