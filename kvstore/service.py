@@ -35,7 +35,7 @@ from proto.messages import (
     WritePages,
 )
 from proto.service_loop import SchedulerLink, StopFlag
-from proto.settings import Settings
+from proto.settings import Settings, SettingsError
 from proto.shm import PageBufferPool, ShmError
 
 
@@ -176,7 +176,13 @@ def run(settings: Settings) -> None:
         print(f"switchyard kvstore: {exc}", file=sys.stderr)
         sys.exit(2)
     # Rank R of a worker group is `kvstore.R` to the scheduler (docs/design.md "Pages per rank").
-    link = SchedulerLink(settings, rank_role(ROLE_KVSTORE, settings.rank), boot_id, log)
+    try:
+        link = SchedulerLink(settings, rank_role(ROLE_KVSTORE, settings.rank), boot_id, log)
+    except SettingsError as exc:  # the group key file is missing, readable by others or bad
+        log.error("kvstore.refused_to_start", reason=str(exc))
+        print(f"switchyard kvstore: {exc}", file=sys.stderr)
+        daemon.close()
+        sys.exit(2)
     daemon.send = link.send
     log.info("kvstore.started", kv_dir=str(settings.rank_kv_path))
     try:

@@ -14,6 +14,7 @@ from proto import codec
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.messages import PROTOCOL_VERSION, Heartbeat, Hello
 from proto.settings import Settings
+from proto.group_key import curve_client, read_group_key
 from proto.sockets import connect_dealer, send
 
 
@@ -58,8 +59,12 @@ class SchedulerLink:
         self.greeting = greeting
         self.ctx = zmq.Context()
         endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
-        self.sock = connect_dealer(self.ctx, scheduler_endpoint(settings, endpoints),
-                                   role.encode())
+        endpoint = scheduler_endpoint(settings, endpoints)
+        # Another host's scheduler admits only holders of the group key (CURVE; docs/design.md
+        # "Pages per rank"); the local ipc socket needs none.
+        key = read_group_key(settings.group_key_file) if endpoint.startswith("tcp://") else None
+        self.sock = connect_dealer(self.ctx, endpoint, role.encode(),
+                                   lambda sock: curve_client(sock, key) if key else sock)
         self.scheduler_boot: str | None = None
         self.next_heartbeat = 0.0
         self._greet()

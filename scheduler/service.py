@@ -49,6 +49,7 @@ from proto.messages import (
 )
 from proto.service_loop import StopFlag
 from proto.settings import Settings, SettingsError, format_size
+from proto.group_key import bind_curve, read_group_key, start_authenticator
 from proto.sockets import bind_router, send_to
 from scheduler.core import CoreConfig, SchedulerCore
 from scheduler.events import (
@@ -108,10 +109,13 @@ class SchedulerService:
         self.stores = PageStores(group=bool(settings.hostfile))
         self.tcp_address = remote_kvstore_address(settings)
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
+        group_key = read_group_key(settings.group_key_file) if self.tcp_address else None
         self.ctx = zmq.Context()
+        self.auth = None
         self.sock = bind_router(self.ctx, self.endpoints.scheduler)
-        if self.tcp_address:  # other hosts' kvstores (docs/design.md "Pages per rank")
-            self.sock.bind(self.tcp_address)
+        if group_key:  # other hosts' kvstores, CURVE only (docs/design.md "Pages per rank")
+            self.auth = start_authenticator(self.ctx, group_key)
+            bind_curve(self.sock, self.tcp_address, group_key)
 
     @property
     def worker_ready(self) -> bool:
@@ -341,6 +345,8 @@ class SchedulerService:
     def close(self) -> None:
         self.endpoints.status_file.unlink(missing_ok=True)
         self.sock.close(0)
+        if self.auth is not None:
+            self.auth.stop()
         self.ctx.term()
         self.log.info("scheduler.stopped")
 
