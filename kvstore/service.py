@@ -34,7 +34,7 @@ from proto.messages import (
     TouchPages,
     WritePages,
 )
-from proto.service_loop import SchedulerLink, StopFlag
+from proto.service_loop import GroupKeyRefused, SchedulerLink, StopFlag
 from proto.settings import Settings, SettingsError
 from proto.shm import PageBufferPool, ShmError
 
@@ -179,10 +179,7 @@ def run(settings: Settings) -> None:
     try:
         link = SchedulerLink(settings, rank_role(ROLE_KVSTORE, settings.rank), boot_id, log)
     except SettingsError as exc:  # the group key file is missing, readable by others or bad
-        log.error("kvstore.refused_to_start", reason=str(exc))
-        print(f"switchyard kvstore: {exc}", file=sys.stderr)
-        daemon.close()
-        sys.exit(2)
+        _refuse(log, exc, daemon)
     daemon.send = link.send
     log.info("kvstore.started", kv_dir=str(settings.rank_kv_path))
     try:
@@ -194,7 +191,22 @@ def run(settings: Settings) -> None:
                 daemon.handle(message)
             elif daemon.writes:
                 daemon.write_one_batch()
+    except GroupKeyRefused as exc:  # another group's key file: retrying cannot help
+        refused = exc
+    else:
+        refused = None
     finally:
         daemon.close()
         link.close()
         log.info("kvstore.stopped")
+    if refused is not None:
+        _refuse(log, refused)
+
+
+def _refuse(log, exc: Exception, daemon: KvStoreDaemon | None = None) -> None:
+    """Exit 2: the supervisor reports the reason and does not restart (deploy/supervisor.py)."""
+    log.error("kvstore.refused_to_start", reason=str(exc))
+    print(f"switchyard kvstore: {exc}", file=sys.stderr)
+    if daemon is not None:
+        daemon.close()
+    sys.exit(2)
