@@ -119,8 +119,10 @@ def with_concrete_paths(settings: Settings) -> Settings:
     if model and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
     hostfile = settings.hostfile and str(Path(settings.hostfile).expanduser().absolute())
+    group_key = settings.group_key_file and str(
+        Path(settings.group_key_file).expanduser().absolute())
     return dataclasses.replace(
-        settings, model=model, hostfile=hostfile,
+        settings, model=model, hostfile=hostfile, group_key_file=group_key,
         runtime_dir=str(settings.runtime_path.expanduser().absolute()),
         kv_dir=str(settings.kv_path.expanduser().absolute()),
         cache_dir=str(settings.cache_path.expanduser().absolute()))

@@ -62,7 +62,7 @@ def read_group_key(path: str) -> GroupKey:
     """The keys in `path`, refusing a file group or other users can read, or a malformed one."""
     flag = f"--group-key-file {path}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise SettingsError(f"{flag}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as f:

@@ -94,3 +94,21 @@ def test_the_key_file_path_reaches_children_but_never_its_contents(tmp_path):
     assert args[args.index("--group-key-file") + 1] == str(key)
     assert not any(written.client_secret.decode() in a or written.server_secret.decode() in a
                    for a in args)
+
+
+def test_a_rank_hosts_units_name_the_key_file_by_absolute_path(tmp_path, monkeypatch):
+    from deploy.service_units import program_arguments, unit_plan
+
+    hosts = tmp_path / "hosts.json"  # rank 0 is another machine (documentation space)
+    hosts.write_text(json.dumps([{"ssh": "a", "ips": ["192.0.2.7"]},
+                                 {"ssh": "b", "ips": ["127.0.0.1"]}]))
+    write_group_key(str(tmp_path / "group.key"))
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(model="/models/m", hostfile=str(hosts), rank=1,
+                        runtime_dir=str(tmp_path / "run"), kv_dir=str(tmp_path / "kv"),
+                        cache_dir=str(tmp_path / "cache"),
+                        scheduler_address="tcp://192.0.2.7:5510", group_key_file="group.key")
+    plan = unit_plan(settings, python="/venv/bin/python", home="/home/u", linux=True)
+    argv = program_arguments(plan, "kvstore.1")
+    assert argv[argv.index("--group-key-file") + 1] == str(tmp_path / "group.key")
+    assert argv[argv.index("--scheduler-address") + 1] == "tcp://192.0.2.7:5510"
