@@ -12,9 +12,9 @@ import zmq
 
 from proto import codec
 from proto.endpoints import Endpoints, ensure_runtime_dir
+from proto.group_key import curve_client, read_group_key
 from proto.messages import PROTOCOL_VERSION, Heartbeat, Hello
 from proto.settings import Settings, SettingsError
-from proto.group_key import curve_client, read_group_key
 from proto.sockets import connect_dealer, send
 
 

@@ -18,6 +18,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from proto import codec
 from proto.endpoints import Endpoints, ensure_runtime_dir
+from proto.group_key import bind_curve, read_group_key, start_authenticator
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
 from proto.messages import (
@@ -50,7 +51,6 @@ from proto.messages import (
 )
 from proto.service_loop import StopFlag
 from proto.settings import Settings, SettingsError, format_size
-from proto.group_key import bind_curve, read_group_key, start_authenticator
 from proto.sockets import bind_router, send_to
 from scheduler.core import CoreConfig, SchedulerCore
 from scheduler.events import (
