@@ -8,8 +8,9 @@ lines and the finished requests. The shell never writes the core's state; status
 
 Steps are decode-first: every decoding request gets its token each step, and prefill chunks
 fill what is left of the per-step token budget, interactive before background and warm
-(nearly resident) before cold. A request's prefix comes from its slot, another slot, or disk
-pages (`scheduler.placement`); only what none of them holds is prefilled.
+(nearly resident) before cold (`scheduler.prefill_plan`). A request's prefix comes from its
+slot, another slot, or disk pages (`scheduler.admission`, scored by `scheduler.placement`);
+only what none of them holds is prefilled.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from proto.messages import (
     InventoryDescribed,
     PagesRead,
     PagesWritten,
-    PrefillChunk,
     RequestFailed,
     RequestFinished,
     RunStep,
@@ -48,9 +48,10 @@ from scheduler.events import (
     PlanStep,
     WorkerLost,
 )
-from scheduler.fairness import admission_key, interactive_now, oldest_waiting_s, prefill_key
+from scheduler.admission import apply, place
+from scheduler.fairness import admission_key, interactive_now, oldest_waiting_s
 from scheduler.page_cache import PageCache
-from scheduler.placement import Placement, Sources, choose_slot, usable_match
+from scheduler.prefill_plan import plan_prefills, state_points
 from scheduler.requests import Request, Slot
 from scheduler.restore import DiskReads, load_of
 from scheduler.step_budget import PrefillBudget
@@ -405,7 +406,9 @@ class SchedulerCore:
                 decodes.append(self._decode_item(req))
             else:
                 prefilling.append((req, remaining))
-        prefills = self._plan_prefills(prefilling, decodes, now)
+        decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
+        prefills = plan_prefills(prefilling, decoding, self.slots, self.budget, self.config,
+                                 now)
         copies, self._copies = self._copies, []
         if not (stages or copies or loads or decodes or prefills):
             return None
@@ -423,66 +426,13 @@ class SchedulerCore:
         self.outbox.append(self.inflight)
         return self.inflight
 
-    def _plan_prefills(self, prefilling: list[tuple[Request, int]],
-                       decodes: list[DecodeItem], now: float) -> list[PrefillChunk]:
-        """Interactive before background, then the fewest remaining tokens first, aged by
-        what the request has waited (scheduler.fairness). An interactive prefill must keep
-        interactive streams at pace; a background prefill must keep every stream at pace."""
-        if not prefilling:
-            return []
-        cfg = self.config
-        prefilling.sort(key=lambda rr: prefill_key(rr[0], rr[1], now, cfg.overtake_limit,
-                                                   cfg.background_wait_s))
-        decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
-        # Whom this step's prefill must not slow: interactive streams always; background
-        # streams only when no interactive request is waiting for its prefix.
-        head_interactive = self._interactive(prefilling[0][0], now)
-        protected = sum(1 for r in decoding if self._interactive(r, now) or not head_interactive)
-        grant = self.budget.grant(protected)
-        prefills, used = [], 0
-        for req, remaining in prefilling:
-            room = grant - used
-            if room <= 0:
-                break
-            slot = self.slots[req.slot]
-            start = len(slot.tokens)
-            end = start + min(remaining, room)
-            if not self.config.trimmable:
-                end = self._cut_at_state_point(req, start, end)
-            prefills.append(PrefillChunk(req.slot, start, tuple(req.feed[start:end])))
-            used += end - start
-            if req.first_chunk_at is None:
-                req.first_chunk_at = now
-        self.budget.spend(used)
-        for req, _ in prefilling[len(prefills):]:
-            req.num_waited_tokens += used  # ages it (scheduler.fairness)
-        return prefills
-
     def _interactive(self, req: Request, now: float) -> bool:
         return interactive_now(req, now, self.config.background_wait_s)
 
     def _state_points(self, slot: Slot) -> set[int]:
-        """Page ends where a hybrid model snapshots its recurrent state for this slot."""
-        P, interval = self.config.page_size, self.config.state_interval
-        end = len(slot.tokens)
-        points = {end} if end % interval == 0 else set()
         req = self.requests.get(slot.rid) if slot.rid else None
-        if req is None or not self._remaining_prefill(req):
-            points.add(end)  # decoding or idle: the newest state is where the next turn resumes
-        else:
-            points.add(req.num_context // P * P)  # the last page end of the context
-            points.add(req.branch_point)
-        return points
-
-    def _cut_at_state_point(self, req: Request, start: int, end: int) -> int:
-        """End a hybrid prefill chunk exactly at the next snapshot point, if it is inside."""
-        P, interval = self.config.page_size, self.config.state_interval
-        last_page_end = req.num_context // P * P
-        next_interval = (start // interval + 1) * interval
-        for point in sorted({last_page_end, next_interval, req.branch_point}):
-            if start < point < end:
-                return point
-        return end
+        return state_points(slot, req, self._remaining_prefill(req) if req else 0,
+                            self.config.page_size, self.config.state_interval)
 
     # --- admission -------------------------------------------------------------------------
 
@@ -494,13 +444,15 @@ class SchedulerCore:
             self.requests[rid], now, self.config.background_wait_s))
         for rid in order:
             req = self.requests[rid]
-            placement = self._place(req)
+            placement = place(req, self.slots, self.pages, self.config, self._pinned)
             if placement is None and self._interactive(req, now) and \
                     self._preempt_background(now):
-                placement = self._place(req)
+                placement = place(req, self.slots, self.pages, self.config, self._pinned)
             if placement is None:
                 break
-            self._apply(req, placement, now)
+            copy = apply(req, placement, self.slots, self.config.page_size, now)
+            if copy is not None:
+                self._copies.append(copy)
             self.waiting.remove(rid)
 
     def _preempt_background(self, now: float) -> bool:
@@ -520,67 +472,6 @@ class SchedulerCore:
         self.events.append(("request.preempted", {"rid": victim.rid,
                                                   "num_generated": len(victim.generated)}))
         return True
-
-    def _place(self, req: Request) -> Placement | None:
-        """Where the request runs and where its prefix comes from; None: no slot is free.
-
-        Costs O(pages) of the context, not O(tokens): the request's page chain grows as its
-        pages fill, and slots are matched by page ids (docs/design.md "Scheduling")."""
-        if not any(s.free for s in self.slots):
-            return None  # nothing to choose from: decided again when a slot frees
-        cfg = self.config
-        feed, n, P = req.feed, req.num_context, cfg.page_size
-        chain = req.context_chain(self.pages.chain_namespace, P)
-        on_disk = self.pages.disk_prefix(chain, feed, n, cfg.trimmable)
-        disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
-        matches = {}
-        for slot in self.slots:
-            self.pages.sync_slot(slot)
-            m = usable_match(slot, slot.shared_prefix(chain, feed, n, P), cfg.trimmable)
-            if m:
-                matches[slot.index] = m
-        # A conversation that comes back while its own pages are still on their way to disk
-        # (its slot was taken meanwhile) waits for them instead of re-reading them; one that
-        # a slot still holds is served from memory.
-        if max(matches.values(), default=0) <= max(P, disk_tokens) and \
-                self.pages.writing_extends(chain, feed, n, on_disk):
-            return None  # decided again when the writes land (PagesWritten)
-        sources = Sources(n, disk_tokens, matches, P, cfg.trimmable)
-        persisted = {s.index: self.pages.persisted_tokens(s, matches.get(s.index, 0))
-                     for s in self.slots if s.free}
-        placement = choose_slot(self.slots, sources, persisted)
-        if not cfg.trimmable and self.pages.enabled:
-            # Where this request leaves the pages already on disk (the end of a shared prefix,
-            # say a system prompt) is where its state is worth a snapshot for the next one.
-            req.branch_point = self.pages.tree.longest_prefix(chain) * cfg.page_size
-        if placement is not None:
-            if placement.restored:
-                req.restore_pages = [p for p in on_disk if p.start >= placement.restore_from]
-            self.pages.drop_passed_tails(chain, self._pinned() | {
-                p.page_id for p in req.restore_pages})
-        return placement
-
-    def _apply(self, req: Request, p: Placement, now: float) -> None:
-        slot = self.slots[p.slot]
-        P = self.config.page_size
-        if p.copy_from is not None:
-            src = self.slots[p.copy_from]
-            slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // P])
-            self._copies.append(CopyPrefix(p.copy_from, p.slot, p.copied))
-        else:
-            slot.truncate(p.reused, P)  # the worker trims to the first command's start
-        if not p.restored:
-            req.restore_pages = []
-        slot.rid, slot.last_used = req.rid, now
-        req.slot = p.slot
-        if req.admitted_at is None:
-            req.admitted_at = now
-        # Accounting follows the latest placement (a worker restart places a request again).
-        req.num_reused = p.reused if p.copy_from is None else 0
-        req.num_copied = p.copied
-        req.num_restored = 0
-        req.cache_counted = False
-        req.restore_started_at = now if p.restored else None
 
     def _unplace(self, req: Request, release: bool = True) -> None:
         """Take a request out of its slot. Buffers of a read in flight stay with that read

@@ -1,0 +1,85 @@
+"""Placing a request that leaves the queue: its slot and where its prefix comes from.
+
+`place` decides, with `scheduler.placement` scoring the options; `apply` commits the decision
+to the slot and the request. The core owns the queue and calls them while it admits
+(docs/design.md "Scheduling").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from proto.messages import CopyPrefix
+from scheduler.page_cache import PageCache
+from scheduler.placement import Placement, Sources, choose_slot, usable_match
+from scheduler.requests import Request, Slot
+
+if TYPE_CHECKING:
+    from scheduler.core import CoreConfig
+
+
+def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
+          pinned: Callable[[], set[bytes]]) -> Placement | None:
+    """Where the request runs and where its prefix comes from; None: no slot is free, or the
+    request waits for its own pages to land on disk.
+
+    Costs O(pages) of the context, not O(tokens): the request's page chain grows as its
+    pages fill, and slots are matched by page ids (docs/design.md "Scheduling")."""
+    if not any(s.free for s in slots):
+        return None  # nothing to choose from: decided again when a slot frees
+    feed, n, P = req.feed, req.num_context, cfg.page_size
+    chain = req.context_chain(pages.chain_namespace, P)
+    on_disk = pages.disk_prefix(chain, feed, n, cfg.trimmable)
+    disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
+    matches = {}
+    for slot in slots:
+        pages.sync_slot(slot)
+        m = usable_match(slot, slot.shared_prefix(chain, feed, n, P), cfg.trimmable)
+        if m:
+            matches[slot.index] = m
+    # A conversation that comes back while its own pages are still on their way to disk
+    # (its slot was taken meanwhile) waits for them instead of re-reading them; one that
+    # a slot still holds is served from memory.
+    if max(matches.values(), default=0) <= max(P, disk_tokens) and \
+            pages.writing_extends(chain, feed, n, on_disk):
+        return None  # decided again when the writes land (PagesWritten)
+    sources = Sources(n, disk_tokens, matches, P, cfg.trimmable)
+    persisted = {s.index: pages.persisted_tokens(s, matches.get(s.index, 0))
+                 for s in slots if s.free}
+    placement = choose_slot(slots, sources, persisted)
+    if not cfg.trimmable and pages.enabled:
+        # Where this request leaves the pages already on disk (the end of a shared prefix,
+        # say a system prompt) is where its state is worth a snapshot for the next one.
+        req.branch_point = pages.tree.longest_prefix(chain) * cfg.page_size
+    if placement is not None:
+        if placement.restored:
+            req.restore_pages = [p for p in on_disk if p.start >= placement.restore_from]
+        pages.drop_passed_tails(chain, pinned() | {p.page_id for p in req.restore_pages})
+    return placement
+
+
+def apply(req: Request, p: Placement, slots: list[Slot], page_size: int,
+          now: float) -> CopyPrefix | None:
+    """Put the request in its slot as placed; the copy the worker makes first, if any."""
+    slot = slots[p.slot]
+    copy = None
+    if p.copy_from is not None:
+        src = slots[p.copy_from]
+        slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // page_size])
+        copy = CopyPrefix(p.copy_from, p.slot, p.copied)
+    else:
+        slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
+    if not p.restored:
+        req.restore_pages = []
+    slot.rid, slot.last_used = req.rid, now
+    req.slot = p.slot
+    if req.admitted_at is None:
+        req.admitted_at = now
+    # Accounting follows the latest placement (a worker restart places a request again).
+    req.num_reused = p.reused if p.copy_from is None else 0
+    req.num_copied = p.copied
+    req.num_restored = 0
+    req.cache_counted = False
+    req.restore_started_at = now if p.restored else None
+    return copy

@@ -1,0 +1,80 @@
+"""Which prefill chunks a step carries: order, sizes, and where a hybrid model's chunk ends.
+
+Decode-first (docs/design.md "Scheduling"): the chunks fill what the prefill budget grants
+after every decoding request got its token; interactive before background, then the fewest
+remaining tokens first, aged by what a request has waited (`scheduler.fairness`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from proto.messages import PrefillChunk
+from scheduler.fairness import interactive_now, prefill_key
+from scheduler.requests import Request, Slot
+from scheduler.step_budget import PrefillBudget
+
+if TYPE_CHECKING:
+    from scheduler.core import CoreConfig
+
+
+def plan_prefills(prefilling: list[tuple[Request, int]], decoding: list[Request],
+                  slots: list[Slot], budget: PrefillBudget, cfg: CoreConfig,
+                  now: float) -> list[PrefillChunk]:
+    """The chunks of this step for the requests prefilling, as (request, tokens left).
+
+    An interactive prefill must keep interactive streams at pace; a background prefill must
+    keep every stream at pace."""
+    if not prefilling:
+        return []
+    prefilling.sort(key=lambda rr: prefill_key(rr[0], rr[1], now, cfg.overtake_limit,
+                                               cfg.background_wait_s))
+    # Whom this step's prefill must not slow: interactive streams always; background
+    # streams only when no interactive request is waiting for its prefix.
+    head_interactive = interactive_now(prefilling[0][0], now, cfg.background_wait_s)
+    protected = sum(1 for r in decoding
+                    if interactive_now(r, now, cfg.background_wait_s) or not head_interactive)
+    grant = budget.grant(protected)
+    prefills, used = [], 0
+    for req, remaining in prefilling:
+        room = grant - used
+        if room <= 0:
+            break
+        slot = slots[req.slot]
+        start = len(slot.tokens)
+        end = start + min(remaining, room)
+        if not cfg.trimmable:
+            end = cut_at_state_point(req, start, end, cfg.page_size, cfg.state_interval)
+        prefills.append(PrefillChunk(req.slot, start, tuple(req.feed[start:end])))
+        used += end - start
+        if req.first_chunk_at is None:
+            req.first_chunk_at = now
+    budget.spend(used)
+    for req, _ in prefilling[len(prefills):]:
+        req.num_waited_tokens += used  # ages it (scheduler.fairness)
+    return prefills
+
+
+def state_points(slot: Slot, req: Request | None, remaining: int, page_size: int,
+                 interval: int) -> set[int]:
+    """Page ends where a hybrid model snapshots its recurrent state for this slot, given the
+    request in it (if any) and its prefill tokens left."""
+    end = len(slot.tokens)
+    points = {end} if end % interval == 0 else set()
+    if req is None or not remaining:
+        points.add(end)  # decoding or idle: the newest state is where the next turn resumes
+    else:
+        points.add(req.num_context // page_size * page_size)  # last page end of the context
+        points.add(req.branch_point)
+    return points
+
+
+def cut_at_state_point(req: Request, start: int, end: int, page_size: int,
+                       interval: int) -> int:
+    """End a hybrid prefill chunk exactly at the next snapshot point, if it is inside."""
+    last_page_end = req.num_context // page_size * page_size
+    next_interval = (start // interval + 1) * interval
+    for point in sorted({last_page_end, next_interval, req.branch_point}):
+        if start < point < end:
+            return point
+    return end
