@@ -327,9 +327,18 @@ class Injector(threading.Thread):
             fault.detail = "no page yet"
             return
         path = self.rng.choice(pages)
-        raw = bytearray(path.read_bytes())
-        raw[-100] ^= 0xFF
-        path.write_bytes(bytes(raw))
+        # In place, never O_CREAT: a page evicted meanwhile must not come back as a file
+        # nothing accounts for (it would count against the budget in the disk samples).
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fault.detail = "page evicted meanwhile"
+            return
+        try:
+            at = os.fstat(fd).st_size - 100
+            os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0xFF]), at)
+        finally:
+            os.close(fd)
         fault.detail = path.name[:12]
 
     def _hold(self) -> None:
