@@ -9,9 +9,10 @@ such reply: it pays a re-read although its pages are in a slot or on disk.
 `<runtime dir>/turns.journal` (the group's private 0700 directory, which outlives its
 processes; what it holds is as sensitive as the page files' token ids): a header (magic,
 format version, the tokenizer's identity), then one record per remembered turn: length,
-blake2b-128 checksum, msgpack body. It is created 0600 without following a symlink. Loading keeps the records up to the first that does
-not verify (an append torn by kill -9) and cuts the file there; a file of another tokenizer or
-version, or one that cannot be read, is started afresh. When the file outgrows twice what its
+blake2b-128 checksum, msgpack body. It is created 0600 without following a symlink.
+Loading keeps the records up to the first that does not verify (an append torn by kill -9) and
+cuts the file there; a file of another tokenizer or version, or one that cannot be read, is
+started afresh. When the file outgrows twice what its
 live turns need (or `max_bytes`), it is rewritten with them (temp file, rename): the newest that
 fit in half of `max_bytes`.
 A write error turns persistence off with a warning; the in-memory turns keep working.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import struct
 from array import array
 from collections.abc import Iterable
@@ -207,8 +209,6 @@ class TurnJournal:
 
 
 def _is_regular(fd: int) -> bool:
-    import stat
-
     return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
