@@ -425,6 +425,37 @@ def test_writes_from_a_dead_workers_pool_count_until_kvstore_answers():
     assert g.core.pages.tree.total_bytes == g.disk_bytes() <= g.budget_bytes
 
 
+def test_a_read_answered_after_a_worker_restart_is_not_taken_for_a_later_one():
+    """kvstore answers every read in order, also those sent before the worker died (into its
+    old pool). The answer to such a read must not pass for the read of the same pages the
+    restored request makes again into the new pool: that one is loaded only once read."""
+    g = Group(num_slots=1)
+    a = conv(1, 6 * P + 3)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b1", conv(2, 3 * P))
+    g.run()  # b takes the only slot: a comes back from disk
+    held, deliver = [], g._kvstore
+    g._kvstore = lambda m: held.append(m) if isinstance(m, ReadPages) else deliver(m)
+    g.submit("a2", a + g.reply("a1") + [5, 6, 7])
+    g.run()
+    assert len(held) == 1  # the first batch is being read...
+    g.slots = [[]]
+    g.do(worker_ready(g.core))  # ...when the worker restarts: a new pool, empty slots
+    g.run()
+    assert len(held) == 2  # a2 is placed again and reads the same pages into the new pool
+    old, new = held
+    assert [r.page_id for r in old.reads] == [r.page_id for r in new.reads]
+    for r in new.reads:  # nothing has been read into the new buffers yet
+        g.buffers[r.buffer] = ((-1,) * len(r.token_ids), False)
+    g.do(PagesRead(tuple(r.page_id for r in old.reads), ()))  # the old read's answer
+    g.run()  # (a load of the unread buffers fails in the scripted worker)
+    g._kvstore = deliver
+    deliver(new)
+    g.run()
+    assert g.finished("a2").num_cached_tokens >= len(a)
+
+
 def test_tails_passed_by_a_conversation_are_deleted():
     """Disk stays linear in unique tokens: only the tails at a conversation's frontier stay."""
     g = Group(num_slots=1)
