@@ -53,6 +53,7 @@ from proto.backoff import MAX_S  # noqa: E402
 from proto.endpoints import Endpoints  # noqa: E402
 from tests.helpers.drill_serve import DRILL_SERVE  # noqa: E402
 from tests.helpers.group import ServerGroup, short_tmp_dir  # noqa: E402
+from scheduler.status import read_status  # noqa: E402
 from tests.helpers.workload import text, wait_ready  # noqa: E402
 
 PAGE = 256
@@ -400,6 +401,9 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True, name="sampler")
         self.group, self.kv_dir = group, kv_dir
         self.disk: list[tuple[float, int]] = []
+        # What the scheduler counts at each sample (status.json, written every few seconds):
+        # tells an accounting error from files nothing accounts for.
+        self.counted: list[dict] = []
         self.rss: dict[str, list[tuple[float, int, int]]] = {"gateway": [], "scheduler": []}
         self.stop = threading.Event()
 
@@ -407,6 +411,8 @@ class Sampler(threading.Thread):
         while not self.stop.wait(2.0):
             now = time.monotonic()
             self.disk.append((now, page_bytes(self.kv_dir)))
+            status = read_status(self.group.runtime_dir / "status.json") or {}
+            self.counted.append(status.get("disk") or {})
             for role, samples in self.rss.items():
                 try:
                     pid = self.group.pid_of(role)
@@ -642,13 +648,15 @@ def report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_
         ["leaked /dev/shm segments", ", ".join(leaked_shm) or "0"],
     ]
     print(table(["soak", "value"], rows))
-    for at, nbytes in sampler.disk:
+    for (at, nbytes), counted in zip(sampler.disk, sampler.counted):
         if nbytes > budget:
             last = max((f for f in injector.faults if f.started <= at), default=None,
                        key=lambda f: f.started)
             print(f"  over budget at {at - t0:.0f}s: {nbytes} bytes (+{nbytes - budget}); "
                   + (f"last fault {last.kind} at {last.started - t0:.0f}s" if last else
-                     "no fault before"))
+                     "no fault before")
+                  + f"; the scheduler counted {counted.get('bytes')} bytes on disk, "
+                    f"{counted.get('num_writing')} pages being written")
     for p in sorted(set(bad_status))[:10]:
         print("  status problem:", p)
     for r in wrong[:10]:
