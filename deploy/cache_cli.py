@@ -1,7 +1,7 @@
 """`switchyard cache plan` and `switchyard cache stats`: size the disk budget, see what is on disk.
 
     switchyard cache plan --model M --conversations 6 --tokens 100000 [--kv-bits 8]
-    switchyard cache stats [--kv-dir DIR] [--json]
+    switchyard cache stats [--kv-dir DIR] [--json]     (a worker group: a line per rank-R dir)
 """
 
 from __future__ import annotations
@@ -91,6 +91,20 @@ def _state_bytes(loaded) -> int:
 # --- stats -------------------------------------------------------------------------------------
 
 
+def _rank_shares(root: Path, rank0: list) -> list[dict]:
+    """A worker group's rank R > 0 keeps its shares in `<kv-dir>/rank-R` (docs/design.md "Pages
+    per rank"): one entry per rank found, rank 0 (the directory itself) first; none without."""
+    from kvstore.store import read_entries
+
+    dirs = sorted((int(d.name[5:]), d) for d in root.glob("rank-*")
+                  if d.is_dir() and d.name[5:].isdigit() and int(d.name[5:]) > 0)
+    if not dirs:
+        return []
+    shares = [(0, root, rank0)] + [(rank, d, read_entries(d)[0]) for rank, d in dirs]
+    return [{"rank": rank, "kv_dir": str(d), "num_pages": len(entries),
+             "num_bytes": sum(e.nbytes for e in entries)} for rank, d, entries in shares]
+
+
 def _stats(args: argparse.Namespace) -> int:
     from kvstore.store import read_entries
 
@@ -112,6 +126,7 @@ def _stats(args: argparse.Namespace) -> int:
         "num_unreadable": num_bad,
         "namespaces": {ns: {"num_pages": n, "num_bytes": b} for ns, (n, b) in per_ns.items()},
         "oldest_use": min(used, default=None), "newest_use": max(used, default=None),
+        "ranks": _rank_shares(root, entries),
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -123,6 +138,9 @@ def _stats(args: argparse.Namespace) -> int:
     for ns, counts in report["namespaces"].items():
         print(f"namespace    {ns[:16]}  {counts['num_pages']:,} pages, "
               f"{format_size(counts['num_bytes'])}")
+    for share in report["ranks"]:
+        print(f"rank {share['rank']:<7} {share['num_pages']:,} pages, "
+              f"{format_size(share['num_bytes'])} in {share['kv_dir']}")
     for label in ("oldest_use", "newest_use"):
         if report[label] is not None:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report[label]))

@@ -6,6 +6,7 @@
     switchyard rank --hostfile F --rank R ...  rank R of a worker group on another host (its
                                                worker, under a supervisor of its own)
     switchyard status [--json]                 slots, queue, disk cache, components (deploy.status)
+    switchyard group-key --out PATH            a new key file for --group-key-file (mode 0600)
     switchyard launchd|systemd ACTION          service units per component (deploy.service_cli)
 
 Settings come from proto.settings (defaults < --config TOML < flags). Exit codes: 0 after a stop
@@ -52,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one component in the foreground")
     run.add_argument("role", choices=ROLES)
     add_arguments(run)
+    group_key = sub.add_parser("group-key", help="write a new key file that authenticates a "
+                                                 "worker group's hosts (--group-key-file)")
+    group_key.add_argument("--out", required=True, help="the file to create (mode 0600; an "
+                                                        "existing file is not overwritten)")
     add_cache_parser(sub)
     status_cli.add_parser(sub)
     service_cli.add_parsers(sub)
@@ -66,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command == "cache":
         return run_cache(args)
+    if args.command == "group-key":
+        return write_group_key_file(args.out)
     if getattr(args, "api_key", None):
         print("switchyard: warning: --api-key on a command line is visible to every local user "
               "(ps); use --api-key-file (mode 0600) or $SWITCHYARD_API_KEY", file=sys.stderr)
@@ -86,6 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     return run_component(args.role, settings)
 
 
+def write_group_key_file(path: str) -> int:
+    from proto.group_key import write_group_key
+
+    try:
+        write_group_key(path)
+    except SettingsError as exc:
+        return _usage_error(str(exc))
+    print(f"wrote {path} (mode 0600): copy it to every host of the group (e.g. scp -p) and "
+          f"give it as --group-key-file to `serve` and `rank`")
+    return 0
+
+
 def _usage_error(message: str) -> int:
     print(f"switchyard: error: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -100,8 +119,10 @@ def with_concrete_paths(settings: Settings) -> Settings:
     if model and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
     hostfile = settings.hostfile and str(Path(settings.hostfile).expanduser().absolute())
+    group_key = settings.group_key_file and str(
+        Path(settings.group_key_file).expanduser().absolute())
     return dataclasses.replace(
-        settings, model=model, hostfile=hostfile,
+        settings, model=model, hostfile=hostfile, group_key_file=group_key,
         runtime_dir=str(settings.runtime_path.expanduser().absolute()),
         kv_dir=str(settings.kv_path.expanduser().absolute()),
         cache_dir=str(settings.cache_path.expanduser().absolute()))

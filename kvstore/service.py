@@ -5,7 +5,10 @@ At start it scans the page directory (headers only) and rebuilds its index (F5).
 shared buffer pool, reads pages back into buffers (verified: a bad page is a miss, removed and
 logged), deletes what the scheduler evicts. Reads jump ahead of queued writes: a restore is on
 a request's critical path, a write-through never is. A disk that refuses pages (full,
-read-only) makes persistence pause with a warning; serving goes on.
+read-only) makes persistence pause with a warning and retried after a short backoff (1 s,
+doubling to 30 s, reset by a write that succeeds); serving goes on. An eviction the disk refused
+is retried before any later write: nothing is written while pages the scheduler counted as
+gone are still there (the budget holds).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections import deque
 
 from kvstore.dir_lock import KvDirLocked, lock_kv_dir
 from kvstore.store import CorruptEvent, PageStore, StoreUnavailable
+from proto.backoff import Backoff
 from proto.endpoints import rank_role
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
@@ -34,8 +38,8 @@ from proto.messages import (
     TouchPages,
     WritePages,
 )
-from proto.service_loop import SchedulerLink, StopFlag
-from proto.settings import Settings
+from proto.service_loop import GroupKeyRefused, SchedulerLink, StopFlag
+from proto.settings import Settings, SettingsError
 from proto.shm import PageBufferPool, ShmError
 
 
@@ -49,8 +53,10 @@ class KvStoreDaemon:
         self.namespace = b""
         # Writes and deletes, in the order sent; reads go ahead of them.
         self.writes: deque[WritePages | DeletePages] = deque()
-        self.error = ""
-        self.error_since = 0.0
+        self.error = ""  # why the disk refused the last try; "" after a write succeeded
+        self.backoff = Backoff()
+        self.clock = time.monotonic
+        self.undeleted: set[bytes] = set()  # evicted pages the disk refused to delete
         self.store = PageStore(settings.rank_kv_path, on_corrupt=self._on_corrupt)
         started = time.perf_counter()
         self.lock_fd = -1
@@ -59,7 +65,7 @@ class KvStoreDaemon:
             self.inventory = self.store.scan()
         except OSError as exc:
             self.error = f"page directory {settings.rank_kv_path} is unusable: {exc.strerror}"
-            self.error_since = time.monotonic()
+            self.backoff.failed(time.monotonic())
             self.inventory = []
             log.warning("kv.persistence_off", error=self.error)
         self.scan_s = time.perf_counter() - started
@@ -123,37 +129,71 @@ class KvStoreDaemon:
     def write_one_batch(self) -> None:
         msg = self.writes.popleft()
         if isinstance(msg, DeletePages):
-            freed = self.store.delete(msg.page_ids)
+            self.undeleted.update(msg.page_ids)
+            freed = self._delete_refused_pages() if self._disk_ready() else 0
             self.send(PagesDeleted(msg.page_ids, freed))
             return
         written, failed = [], []
         for w in msg.writes:
-            if self.pool is None or self.error:
+            self.undeleted.discard(w.page_id)  # wanted again: no longer to delete
+            if self.pool is None or not self._may_write():
                 failed.append(w.page_id)
                 continue
             try:
-                self.store.write(self.namespace, w.parent_id, w.token_ids,
-                                 self.pool.buffer(w.buffer)[:w.payload_len], flags=w.flags,
-                                 page_id=w.page_id)
+                nbytes = self.store.write(self.namespace, w.parent_id, w.token_ids,
+                                          self.pool.buffer(w.buffer)[:w.payload_len],
+                                          flags=w.flags, page_id=w.page_id)
             except StoreUnavailable as exc:
-                self.error, self.error_since = str(exc), time.monotonic()
-                self.log.warning("kv.persistence_off", error=self.error)
+                self._refused(exc)
                 failed.append(w.page_id)
                 continue
+            if nbytes:  # a page already stored proves nothing about the disk
+                self._succeeded()
             entry = self.store.get(w.page_id)
             written.append(PageInfo(w.page_id, w.parent_id, self.namespace, len(w.token_ids),
                                     entry.nbytes, entry.last_used, entry.flags))
         self.send(PagesWritten(tuple(written), tuple(failed),
                                      tuple(w.buffer for w in msg.writes), self.error))
 
+    def _disk_ready(self) -> bool:
+        return not self.error or self.backoff.ready(self.clock())
+
+    def _may_write(self) -> bool:
+        """Whether to try the disk now: not while backing off after a refusal, nor while a
+        refused eviction is still undone (the write would exceed the budget)."""
+        if not self._disk_ready():
+            return False
+        if self.undeleted:
+            self._delete_refused_pages()
+        return not self.undeleted
+
+    def _delete_refused_pages(self) -> int:
+        freed = 0
+        for pid in list(self.undeleted):
+            try:
+                freed += self.store.delete((pid,))
+            except StoreUnavailable as exc:
+                self._refused(exc)
+                return freed
+            self.undeleted.discard(pid)
+        return freed
+
+    def _refused(self, exc: StoreUnavailable) -> None:
+        first = not self.error
+        self.error = str(exc)
+        delay = self.backoff.failed(self.clock())
+        if first:
+            self.log.warning("kv.persistence_off", error=self.error, retry_in_s=delay)
+
+    def _succeeded(self) -> None:
+        if self.error:
+            self.log.info("kv.persistence_on", after=self.error)
+        self.error = ""
+        self.backoff.succeeded()
+
     def flush_writes(self) -> None:
         while self.writes:
             self.write_one_batch()
-
-    def maybe_clear_error(self) -> None:
-        """Try the disk again a while after it refused pages (space may have been freed)."""
-        if self.error and time.monotonic() - self.error_since > 60.0:
-            self.error = ""
 
     def close(self) -> None:
         self.store.close()
@@ -176,19 +216,36 @@ def run(settings: Settings) -> None:
         print(f"switchyard kvstore: {exc}", file=sys.stderr)
         sys.exit(2)
     # Rank R of a worker group is `kvstore.R` to the scheduler (docs/design.md "Pages per rank").
-    link = SchedulerLink(settings, rank_role(ROLE_KVSTORE, settings.rank), boot_id, log)
+    try:
+        link = SchedulerLink(settings, rank_role(ROLE_KVSTORE, settings.rank), boot_id, log)
+    except SettingsError as exc:  # the group key file is missing, readable by others or bad
+        _refuse(log, exc, daemon)
     daemon.send = link.send
     log.info("kvstore.started", kv_dir=str(settings.rank_kv_path))
     try:
         while not stop.requested:
-            daemon.maybe_clear_error()
             # With writes queued, only peek: a read arriving meanwhile goes first.
             message = link.receive(0.0 if daemon.writes else settings.heartbeat_s)
             if message is not None:
                 daemon.handle(message)
             elif daemon.writes:
                 daemon.write_one_batch()
+    except GroupKeyRefused as exc:  # another group's key file: retrying cannot help
+        refused = exc
+    else:
+        refused = None
     finally:
         daemon.close()
         link.close()
         log.info("kvstore.stopped")
+    if refused is not None:
+        _refuse(log, refused)
+
+
+def _refuse(log, exc: Exception, daemon: KvStoreDaemon | None = None) -> None:
+    """Exit 2: the supervisor reports the reason and does not restart (deploy/supervisor.py)."""
+    log.error("kvstore.refused_to_start", reason=str(exc))
+    print(f"switchyard kvstore: {exc}", file=sys.stderr)
+    if daemon is not None:
+        daemon.close()
+    sys.exit(2)

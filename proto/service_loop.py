@@ -12,8 +12,9 @@ import zmq
 
 from proto import codec
 from proto.endpoints import Endpoints, ensure_runtime_dir
+from proto.group_key import curve_client, read_group_key
 from proto.messages import PROTOCOL_VERSION, Heartbeat, Hello
-from proto.settings import Settings
+from proto.settings import Settings, SettingsError
 from proto.sockets import connect_dealer, send
 
 
@@ -58,8 +59,14 @@ class SchedulerLink:
         self.greeting = greeting
         self.ctx = zmq.Context()
         endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
-        self.sock = connect_dealer(self.ctx, scheduler_endpoint(settings, endpoints),
-                                   role.encode())
+        endpoint = scheduler_endpoint(settings, endpoints)
+        # Another host's scheduler admits only holders of the group key (CURVE; docs/design.md
+        # "Pages per rank"); the local ipc socket needs none.
+        key = read_group_key(settings.group_key_file) if endpoint.startswith("tcp://") else None
+        self.endpoint = endpoint
+        self.refusals = None
+        self.sock = connect_dealer(self.ctx, endpoint, role.encode(),
+                                   lambda sock: self._secure(sock, key) if key else sock)
         self.scheduler_boot: str | None = None
         self.next_heartbeat = 0.0
         self._greet()
@@ -69,11 +76,29 @@ class SchedulerLink:
         for message in self.greeting():
             self.send(message)
 
+    def _secure(self, sock: zmq.Socket, key) -> zmq.Socket:
+        # A scheduler that refuses our client key ends the connection for good: the socket
+        # then has no peer and a send would block, so sends time out and the refusal is told.
+        self.refusals = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        sock.setsockopt(zmq.SNDTIMEO, max(1000, int(self.settings.heartbeat_s * 1000)))
+        return curve_client(sock, key)
+
+    def _check_refused(self) -> None:
+        if self.refusals is not None and self.refusals.poll(0):
+            raise GroupKeyRefused(
+                f"the scheduler at {self.endpoint} refused this host's group key "
+                f"({self.settings.group_key_file}): copy the key file of the scheduler's "
+                f"host here and restart")
+
     def send(self, message) -> None:
-        send(self.sock, message)
+        try:
+            send(self.sock, message)
+        except zmq.Again:  # not connected (now): the next greeting restates what matters
+            self._check_refused()
 
     def receive(self, timeout_s: float):
         """The next message for the caller, or None after `timeout_s` (at most a heartbeat)."""
+        self._check_refused()
         now = time.monotonic()
         if now >= self.next_heartbeat:
             self.send(Heartbeat(self.boot_id))
@@ -92,5 +117,15 @@ class SchedulerLink:
         return message
 
     def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()
+        if self.refusals is not None:
+            self.sock.disable_monitor()
+            self.refusals.close(0)
+            self.refusals = None
+        if not self.sock.closed:
+            self.sock.close(0)
+            self.ctx.term()
+
+
+class GroupKeyRefused(SettingsError):
+    """The scheduler's TCP endpoint refused this host's group key (docs/design.md "Pages per
+    rank")."""

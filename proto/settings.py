@@ -91,7 +91,11 @@ class Settings:
     scheduler_address: str = _opt(
         "worker group over several machines: tcp://IP:PORT the scheduler also binds for the "
         "other hosts' kvstores, and they connect to (one IP, e.g. the Thunderbolt bridge's; "
-        "never a wildcard)", default="")
+        "never a wildcard); needs --group-key-file", default="")
+    group_key_file: str = _opt(
+        "worker group over several machines: the key file (`switchyard group-key --out PATH`, "
+        "mode 0600, copied to every host) that authenticates --scheduler-address",
+        default="")
     cache_dir: str = _opt("directory for generated models and other caches", default="")
     page_size: int = _opt("tokens per KV page", default=256)
     kv_disk_budget: str = _opt("disk budget for KV pages, with units", default="32GiB")
@@ -226,6 +230,10 @@ class Settings:
         if self.scheduler_address and not _bindable_tcp(self.scheduler_address):
             problems.append("--scheduler-address must be tcp://IP:PORT with one IP address "
                             "(not a wildcard or a name), e.g. tcp://10.0.0.1:5510")
+        if self.scheduler_address and not self.group_key_file:
+            problems.append("--scheduler-address needs --group-key-file: make one with "
+                            "`switchyard group-key --out PATH` and copy it (mode 0600) to "
+                            "every host of the group")
         if self.host not in LOOPBACK_HOSTS and not (self.api_key or self.api_key_file):
             problems.append(f"--api-key is required when binding to {self.host} (not loopback)")
         if any(not name.strip() for name in self.served_model_name):
@@ -337,7 +345,12 @@ def from_namespace(ns: argparse.Namespace) -> Settings:
         if str(f.type).startswith("tuple") and f.name in values:
             given = values[f.name]
             values[f.name] = (given,) if isinstance(given, str) else tuple(given)
-    return Settings(**resolve_api_key(values)).validate()
+    settings = Settings(**resolve_api_key(values)).validate()
+    if settings.group_key_file:  # refuse a bad or readable key file before starting anything
+        from proto.group_key import read_group_key
+
+        read_group_key(settings.group_key_file)
+    return settings
 
 
 def load_toml(path: Path) -> dict:

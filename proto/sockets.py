@@ -31,9 +31,12 @@ def bind_router(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return sock
 
 
-def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes) -> zmq.Socket:
+def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes,
+                   secure=lambda sock: sock) -> zmq.Socket:
+    """`secure` sets security options (a CURVE client's keys) before the connect."""
     sock = _configure(ctx.socket(zmq.DEALER))
     sock.setsockopt(zmq.IDENTITY, identity)
+    secure(sock)
     sock.connect(endpoint)
     return sock
 

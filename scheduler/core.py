@@ -190,7 +190,7 @@ class SchedulerCore:
                   "prompt_tokens": len(self.requests[rid].prompt)} for rid in self.waiting]
         pages = self.pages
         disk = {"bytes": pages.tree.total_bytes, "budget_bytes": pages.budget_bytes,
-                "num_pages": len(pages.tree), "writable": now >= pages.writes_paused_until,
+                "num_pages": len(pages.tree), "writable": not pages.write_backoff.failing,
                 "num_evicted": pages.num_evicted, "num_thrash": pages.num_thrash,
                 "num_writing": len(pages.writing)}
         # Queued, restoring or prefilling: what a starving request shows as (issue 14).
@@ -348,7 +348,7 @@ class SchedulerCore:
         self.pages.outbox[:0] = ([attach] if attach is not None else []) + [DescribeInventory()]
 
     def _inventory(self, msg: InventoryDescribed, now: float) -> None:
-        self.pages.kvstore_inventory(msg.pages, msg.writable, now)
+        self.pages.kvstore_inventory(msg.pages, msg.writable, now, self._pinned())
         self.index_overdue = False
         self.events.append(("kvstore.inventory", {
             "num_pages": len(msg.pages), "disk_bytes": self.pages.tree.total_bytes,

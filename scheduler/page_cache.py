@@ -23,6 +23,7 @@ from proto.messages import (
     TouchPages,
     WritePages,
 )
+from proto.backoff import Backoff
 from proto.page_ids import ROOT_ID, chain_page_ids, page_id
 from proto.shm import BufferAllocator
 from scheduler.eviction import plan_eviction
@@ -34,8 +35,6 @@ FLAG_RECURRENT_STATE = 1
 _LOCAL_NAMESPACE = b"switchyard-local"
 # Header bytes per page file, an upper bound for budget arithmetic (P=256 needs 1152).
 _HEADER_ALLOWANCE = 4096
-# After the disk refused pages (full, read-only), try persisting again this much later.
-_RETRY_WRITES_S = 60.0
 
 
 @dataclass
@@ -67,12 +66,18 @@ class PageCache:
         self.tail_parent: dict[bytes, bytes] = {}
         self.staged: dict[bytes, _Pending] = {}   # staged by the step in flight
         self.writing: dict[bytes, _Pending] = {}  # sent to kvstore, not yet written
+        # Sent to kvstore from a worker's pool that is gone: they still reach the disk, so
+        # they count against the budget until kvstore answers (or a new kvstore rescans).
+        self.orphans: dict[bytes, int] = {}
+        self.resend_writes = False  # a new kvstore gets `writing` again after its inventory
         self.allocator: BufferAllocator | None = None
         self.pool: AttachBuffers | None = None
         self.state_bytes = 0
         self.kvstore_attached = False
         self.pool_sent = False  # the current kvstore was told of the current pool
-        self.writes_paused_until = 0.0
+        # After the disk refused pages (full, read-only): stage again 1 s later, doubling to
+        # 30 s while it keeps refusing, back to normal at the first page written.
+        self.write_backoff = Backoff()
         self.outbox: list = []
         self.events: list[tuple[str, dict]] = []
         self.num_evicted = 0
@@ -85,6 +90,7 @@ class PageCache:
         """A worker (re)started with a new buffer pool: what used the old one is forgotten."""
         self.namespace = namespace
         self.staged.clear()
+        self.orphans.update((pid, p.nbytes) for pid, p in self.writing.items())
         self.writing.clear()
         self.state_bytes = state_bytes
         if not shm_name:
@@ -98,13 +104,14 @@ class PageCache:
 
     def kvstore_restarted(self) -> None:
         """Writes sent to the old kvstore may be lost; their buffers still hold the pages (the
-        slot that computed them may hold other tokens by now): send them to the new one."""
+        slot that computed them may hold other tokens by now): the new one gets them once its
+        inventory says what is on disk (`kvstore_inventory`)."""
         self.kvstore_attached = False
         self.pool_sent = False
-        if self.writing:
-            self.outbox.append(WritePages(tuple(p.write for p in self.writing.values())))
+        self.resend_writes = True
 
-    def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float) -> None:
+    def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float,
+                          pinned: set[bytes] = frozenset()) -> None:
         # Foreign pages join the tree too: they never match, and age out like any other.
         self.tree = DiskPageTree()
         self.state_pages, self.tails, self.tail_parent = set(), {}, {}
@@ -115,7 +122,15 @@ class PageCache:
         # found no kvstore to tell: tell it now, ahead of any read or write.
         self._send_pool()
         if not writable:
-            self.writes_paused_until = now + _RETRY_WRITES_S
+            self.write_backoff.failed(now)
+        # What the old kvstore had not done yet is on disk or lost, as the scan found it: its
+        # evictions may be undone, so room is made again before the writes are resent.
+        self.orphans.clear()
+        if self.resend_writes and self.writing:
+            pending = list(self.writing.values())
+            self.writing = {}
+            self._write(pending, now, pinned)
+        self.resend_writes = False
 
     def attach_message(self) -> AttachBuffers | None:
         self.pool_sent = self.pool is not None
@@ -277,7 +292,7 @@ class PageCache:
         already on disk without a snapshot gets one when a later request stops there (the end
         of a shared prefix).
         """
-        if not self.enabled or now < self.writes_paused_until:
+        if not self.enabled or not self.write_backoff.ready(now):
             return []
         stages = []
         P = self.page_size
@@ -348,8 +363,13 @@ class PageCache:
         if not self.staged:
             return
         pending, self.staged = list(self.staged.values()), {}
+        self._write(pending, now, pinned)
+
+    def _write(self, pending: list[_Pending], now: float, pinned: set[bytes]) -> None:
+        """Make room on disk for `pending`, then hand them to kvstore (or drop them)."""
         # Pages still being written count too: they are on disk as soon as kvstore answers.
-        incoming = sum(p.nbytes for p in pending) + sum(p.nbytes for p in self.writing.values())
+        incoming = (sum(p.nbytes for p in pending) + sum(p.nbytes for p in self.writing.values())
+                    + sum(self.orphans.values()))
         plan = plan_eviction(self.tree, self.budget_bytes, incoming, now,
                              self.protect_window_s, pinned=pinned,
                              evict_first=self.superseded_tails())
@@ -379,6 +399,7 @@ class PageCache:
 
     def pages_written(self, msg: PagesWritten, now: float) -> None:
         for info in msg.written:
+            self.orphans.pop(info.page_id, None)
             pending = self.writing.pop(info.page_id, None)
             if pending is not None:
                 self._release([pending.write.buffer])
@@ -387,13 +408,20 @@ class PageCache:
                     continue
             self._add(info)
         for pid in msg.failed:
+            self.orphans.pop(pid, None)
             pending = self.writing.pop(pid, None)
             if pending is not None:
                 self._release([pending.write.buffer])
         if msg.error:
-            self.writes_paused_until = now + _RETRY_WRITES_S
-            self.events.append(("kv.persistence_off", {"error": msg.error,
-                                                       "retry_in_s": _RETRY_WRITES_S}))
+            first = not self.write_backoff.failing
+            delay = self.write_backoff.failed(now)
+            if first:
+                self.events.append(("kv.persistence_off", {"error": msg.error,
+                                                           "retry_in_s": delay}))
+        elif msg.written:
+            if self.write_backoff.failing:
+                self.events.append(("kv.persistence_on", {}))
+            self.write_backoff.succeeded()
 
     def touch(self, chain: list[bytes], now: float) -> None:
         on_disk = [pid for pid in chain if pid in self.tree]

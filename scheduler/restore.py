@@ -31,8 +31,11 @@ class DiskReads:
         return bool(self.in_flight)
 
     def clear(self) -> None:
-        """A new worker, a new buffer pool: the batches in flight name buffers of the old."""
-        self.in_flight.clear()
+        """A new worker, a new buffer pool: the batches in flight name buffers of the old.
+        kvstore still answers them, in order: they stay in the queue, ownerless, so that
+        their answers are dropped (taken for a later batch, one would load buffers of the
+        new pool that nothing has read into)."""
+        self.in_flight = deque((None, batch) for _, batch in self.in_flight)
 
     def issue(self, req: Request) -> ReadPages | None:
         """Read the request's next pages, as many as free buffers allow (None: wait)."""
@@ -60,6 +63,8 @@ class DiskReads:
         if not self.in_flight:
             return None
         rid, batch = self.in_flight.popleft()
+        if rid is None:
+            return None  # read into a pool that is gone: nothing to give back
         req = requests.get(rid)
         if req is None or req.reading is not batch:
             self.pages.release([b for _, b in batch])
@@ -81,6 +86,8 @@ class DiskReads:
         """kvstore restarted: what it was reading is read again once the new one attached."""
         while self.in_flight:
             rid, batch = self.in_flight.popleft()
+            if rid is None:
+                continue  # of a pool that is gone
             self.pages.release([b for _, b in batch])
             req = requests.get(rid)
             if req is not None and req.reading is batch:

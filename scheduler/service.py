@@ -14,9 +14,11 @@ import sys
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from proto import codec
 from proto.endpoints import Endpoints, ensure_runtime_dir
+from proto.group_key import bind_curve, read_group_key, start_authenticator
 from proto.ids import new_boot_id
 from proto.logs import configure_logging
 from proto.messages import (
@@ -108,10 +110,15 @@ class SchedulerService:
         self.stores = PageStores(group=bool(settings.hostfile))
         self.tcp_address = remote_kvstore_address(settings)
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
+        group_key = read_group_key(settings.group_key_file) if self.tcp_address else None
         self.ctx = zmq.Context()
+        self.auth = None
         self.sock = bind_router(self.ctx, self.endpoints.scheduler)
-        if self.tcp_address:  # other hosts' kvstores (docs/design.md "Pages per rank")
-            self.sock.bind(self.tcp_address)
+        self.refusals = None  # handshakes the TCP endpoint refused, reported in the log
+        if group_key:  # other hosts' kvstores, CURVE only (docs/design.md "Pages per rank")
+            self.auth = start_authenticator(self.ctx, group_key)
+            self.refusals = self.sock.get_monitor_socket(REFUSED_EVENTS)
+            bind_curve(self.sock, self.tcp_address, group_key)
 
     @property
     def worker_ready(self) -> bool:
@@ -301,6 +308,21 @@ class SchedulerService:
         self.apply(self.core.handle(FailAll("component_restarted", reason,
                                             self.settings.heartbeat_s * 2), now))
 
+    def log_refusals(self) -> None:
+        """One line per heartbeat for connections to --scheduler-address that did not hold
+        the group key (refused peers retry, so one line per attempt would flood the log)."""
+        if self.refusals is None:
+            return
+        reasons: dict[str, int] = {}
+        while self.refusals.poll(0):
+            event = recv_monitor_message(self.refusals)["event"]
+            reason = ("client key not this group's" if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                      else "not this group's scheduler key, or no CURVE")
+            reasons[reason] = reasons.get(reason, 0) + 1
+        for reason, count in reasons.items():
+            self.log.warning("scheduler.connection_refused", address=self.tcp_address,
+                             reason=reason, count=count)
+
     def write_status(self) -> None:
         write_status(self.endpoints.status_file, build_status(self, time.time()))
 
@@ -315,6 +337,7 @@ class SchedulerService:
             if now >= next_heartbeat:
                 self._heartbeat()
                 self.check_peers(now)
+                self.log_refusals()
                 self.write_status()
                 next_heartbeat = now + self.settings.heartbeat_s
             timeout_ms = max(0, int((next_heartbeat - now) * 1000))
@@ -340,9 +363,18 @@ class SchedulerService:
 
     def close(self) -> None:
         self.endpoints.status_file.unlink(missing_ok=True)
+        if self.refusals is not None:
+            self.sock.disable_monitor()
+            self.refusals.close(0)
         self.sock.close(0)
+        if self.auth is not None:
+            self.auth.stop()
         self.ctx.term()
         self.log.info("scheduler.stopped")
+
+
+REFUSED_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 def remote_kvstore_address(settings: Settings) -> str:

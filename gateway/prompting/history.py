@@ -41,6 +41,7 @@ import structlog
 
 from gateway.errors import invalid
 from gateway.output.reasoning import without_reasoning
+from gateway.prompting.turn_journal import TurnJournal, TurnRecord, make_record, record_calls
 
 log = structlog.get_logger()
 
@@ -96,6 +97,11 @@ class Remembered:
     has_reasoning: bool
     key: str
     calls: tuple[tuple[str, Any], ...]
+    call_ids: tuple[str, ...] = ()
+
+    def record(self) -> TurnRecord:
+        return make_record(self.key, self.calls, self.call_ids, self.body, self.opening,
+                           self.has_reasoning)
 
 
 class TurnMemory:
@@ -103,15 +109,24 @@ class TurnMemory:
 
     Two replies can look the same (two forced calls repaired to the same arguments): each turn
     is its own entry; a tool-call id names one entry, a message hash the latest with that hash.
+    With a `journal`, turns are also kept on disk and loaded back at start (gateway restart).
     """
 
-    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS) -> None:
+    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS,
+                 journal: TurnJournal | None = None) -> None:
         self.max_turns = max_turns
         self._turns: OrderedDict[int, Remembered] = OrderedDict()  # entry -> turn
         self._by_key: dict[str, int] = {}  # message hash -> latest entry
         self._by_call: dict[str, int] = {}  # tool-call id -> entry
         self._next = 0
         self._lock = threading.Lock()
+        self.journal = journal if max_turns > 0 else None
+        self._stored_bytes: dict[int, int] = {}  # entry -> its bytes in the journal
+        if self.journal is not None:
+            for rec, nbytes in self.journal.load()[-max_turns:]:
+                entry = self._insert(Remembered(rec.body_ids(), rec.opening, rec.has_reasoning,
+                                                rec.key, record_calls(rec), tuple(rec.call_ids)))
+                self._stored_bytes[entry] = nbytes
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -122,17 +137,27 @@ class TurnMemory:
             return
         key = message_key(message)
         turn = Remembered(array("l", body), opening, has_reasoning, key,
-                          tuple(_calls(message)))
+                          tuple(_calls(message)), tuple(_call_ids(message)))
         with self._lock:
-            entry, self._next = self._next, self._next + 1
-            self._turns[entry] = turn
-            self._by_key[key] = entry
-            for call_id in _call_ids(message):
-                self._by_call[call_id] = entry
-            while len(self._turns) > self.max_turns:
-                self._forget(*self._turns.popitem(last=False))
+            entry = self._insert(turn)
+            if self.journal is not None:
+                self._stored_bytes[entry] = self.journal.append(turn.record())
+                if self.journal.needs_rewrite(sum(self._stored_bytes.values())):
+                    sizes = self.journal.rewrite([t.record() for t in self._turns.values()])
+                    self._stored_bytes = dict(zip(self._turns, sizes))
+
+    def _insert(self, turn: Remembered) -> int:
+        entry, self._next = self._next, self._next + 1
+        self._turns[entry] = turn
+        self._by_key[turn.key] = entry
+        for call_id in turn.call_ids:
+            self._by_call[call_id] = entry
+        while len(self._turns) > self.max_turns:
+            self._forget(*self._turns.popitem(last=False))
+        return entry
 
     def _forget(self, entry: int, turn: Remembered) -> None:
+        self._stored_bytes.pop(entry, None)
         if self._by_key.get(turn.key) == entry:
             del self._by_key[turn.key]
         for call_id in [c for c, e in self._by_call.items() if e == entry]:

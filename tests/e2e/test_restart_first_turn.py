@@ -111,3 +111,44 @@ def test_first_turn_after_each_restart_reads_only_new_tokens(tiny_qwen3):
             group.stop()
     finally:
         shutil.rmtree(kv_dir, ignore_errors=True)
+
+
+def test_a_restarted_gateway_still_renders_earlier_replies_as_generated(tiny_qwen3):
+    """The gateway remembers the tokens it generated for each reply, so a resent history
+    renders as what the KV holds (prefix-stable). The tiny model's replies do not survive
+    decode + encode and Qwen3's template re-renders its last turn: rendered from text alone,
+    the prompt would leave the KV at the first reply. After kill -9 of the gateway, each
+    conversation's next turn still reuses all of its previous prompt and reply."""
+    kv_dir = short_tmp_dir("sykvj")
+    try:
+        with ServerGroup(tiny_qwen3, slots=3, ctx=4096, kv_dir=kv_dir) as group:
+            convs = [[{"role": "system", "content": text(4000 + i, 120)},
+                      {"role": "user", "content": text(5000 + i, 60)}] for i in range(3)]
+            last: dict[int, tuple[int, int]] = {}  # conversation -> (prompt, completion)
+
+            def turn(i: int) -> tuple[int, int]:
+                resp = httpx.post(f"{group.url}/v1/chat/completions", timeout=120, json={
+                    "messages": convs[i], "max_tokens": 24, "temperature": 0})
+                assert resp.status_code == 200, resp.text
+                data = resp.json()
+                usage = data["usage"]
+                convs[i] += [{"role": "assistant",
+                              "content": data["choices"][0]["message"]["content"]},
+                             {"role": "user", "content": text(6000 + 10 * i + len(convs[i]),
+                                                              40)}]
+                cached = usage["prompt_tokens_details"]["cached_tokens"]
+                if i in last:  # all of the previous prompt and reply (but its last token)
+                    prompt, completion = last[i]
+                    assert cached >= prompt + completion - 1, (i, cached, last[i])
+                last[i] = (usage["prompt_tokens"], usage["completion_tokens"])
+                return cached, usage["prompt_tokens"]
+
+            for _ in range(2):
+                for i in range(3):
+                    turn(i)
+            old = group.kill("gateway", signal.SIGKILL)
+            wait_ready(group, "gateway", group.wait_restarted("gateway", old))
+            for i in range(3):
+                turn(i)
+    finally:
+        shutil.rmtree(kv_dir, ignore_errors=True)

@@ -41,7 +41,28 @@ def test_cache_stats_reads_without_changing(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["num_pages"] == 1 and report["num_tokens"] == 16
     assert list(report["namespaces"]) == [ns.hex()]
+    assert report["ranks"] == []  # not a worker group's directory
     assert (tmp_path / "junk.tmp").exists()
+
+
+def test_cache_stats_counts_every_ranks_share(tmp_path, capsys):
+    """A worker group's rank R keeps its shares in <kv-dir>/rank-R: a line per rank."""
+    ns = make_namespace("m")
+    PageStore(tmp_path, sync=False).write(ns, ROOT_ID, list(range(16)), b"x" * 1000)
+    for rank, num_pages in ((1, 2), (2, 1)):
+        store = PageStore(tmp_path / f"rank-{rank}", sync=False)
+        for i in range(num_pages):
+            store.write(ns, ROOT_ID, list(range(i, 16 + i)), b"y" * 500)
+    (tmp_path / "rank-x").mkdir()  # not a rank's directory
+    assert main(["cache", "stats", "--kv-dir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["num_pages"] == 1  # the totals stay rank 0's, as before
+    assert [(r["rank"], r["num_pages"]) for r in report["ranks"]] == [(0, 1), (1, 2), (2, 1)]
+    assert report["ranks"][1]["kv_dir"] == str(tmp_path / "rank-1")
+    assert main(["cache", "stats", "--kv-dir", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rank ")]
+    assert [line.split()[:3] for line in lines] == [["rank", "0", "1"], ["rank", "1", "2"],
+                                                     ["rank", "2", "1"]]
 
 
 def test_cache_stats_without_directory(tmp_path, capsys):

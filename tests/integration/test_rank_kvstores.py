@@ -5,6 +5,7 @@ every rank's share read back bit-identical (docs/design.md "Pages per rank")."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -267,10 +268,13 @@ def test_the_scheduler_serves_the_pages_every_rank_holds():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_a_kvstore_on_another_host_reaches_the_scheduler_over_tcp():
-    """The scheduler, whose hostfile names another machine, binds --scheduler-address; rank
-    1's kvstore, on a host where rank 0 is another machine, greets it there as kvstore.1.
-    (One machine plays both hosts: each gets the hostfile as its host sees it.)"""
+def test_only_a_kvstore_holding_the_group_key_reaches_the_scheduler_over_tcp():
+    """The scheduler, whose hostfile names another machine, binds --scheduler-address as a
+    CURVE server; rank 1's kvstore, on a host where rank 0 is another machine, greets it there
+    as kvstore.1 with the group key. One holding another group's key is refused at the
+    handshake: the scheduler never hears from it. Without a key file the scheduler does not
+    start. (One machine plays every host: each gets the hostfile as its host sees it.)"""
+    from proto.group_key import write_group_key
     from tests.helpers.group import free_port
 
     tmp = short_tmp_dir("sytc")
@@ -280,21 +284,72 @@ def test_a_kvstore_on_another_host_reaches_the_scheduler_over_tcp():
     here_1 = tmp / "host-b.json"
     here_1.write_text('[{"ssh": "mac-a", "ips": ["192.0.2.7"]}, '
                       '{"ssh": "mac-b", "ips": ["127.0.0.1"]}]')
+    key, wrong_key = tmp / "group.key", tmp / "other-group.key"
+    write_group_key(str(key))
+    write_group_key(str(wrong_key))
+    # knows the scheduler's public key but holds a client key of its own
+    own_client = tmp / "own-client.key"
+    own_client.write_text(json.dumps({**json.loads(key.read_text()), **{
+        k: v for k, v in json.loads(wrong_key.read_text()).items() if k.startswith("client")}}))
+    own_client.chmod(0o600)
     address = f"tcp://127.0.0.1:{free_port()}"
     log = tmp / "group.log"
+
+    def refusals() -> int:
+        return log.read_text().count('"scheduler.connection_refused"')
+
+    def refused_both() -> bool:
+        text = log.read_text()
+        return all(f'"reason": "{reason}"' in text for reason in (
+            "client key not this group's", "not this group's scheduler key, or no CURVE"))
+
+    keyless = subprocess.run(
+        [sys.executable, "-m", "deploy.cli", "run", "scheduler", "--runtime-dir",
+         str(tmp / "rt-x"), "--hostfile", str(here_0), "--scheduler-address", address],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT, capture_output=True,
+        text=True, timeout=60)
+    assert keyless.returncode == 2
+    assert "--scheduler-address needs --group-key-file: make one with `switchyard group-key" \
+        in keyless.stderr
+
     procs = [start("scheduler", tmp / "rt-a", tmp / "kv-a", log, "--hostfile", str(here_0),
-                   "--scheduler-address", address),
-             start("kvstore", tmp / "rt-b", tmp / "kv-b", log, "--hostfile", str(here_1),
-                   "--rank", "1", "--scheduler-address", address)]
+                   "--scheduler-address", address, "--group-key-file", str(key)),
+             start("kvstore", tmp / "rt-c", tmp / "kv-c", log, "--hostfile", str(here_1),
+                   "--rank", "1", "--scheduler-address", address,
+                   "--group-key-file", str(wrong_key)),
+             start("kvstore", tmp / "rt-d", tmp / "kv-d", log, "--hostfile", str(here_1),
+                   "--rank", "1", "--scheduler-address", address,
+                   "--group-key-file", str(own_client))]
+    intruders = [p.pid for p in procs[1:]]
     try:
+        deadline = time.monotonic() + 60
+        while not refused_both():  # both intruders tried, and were turned away
+            assert procs[1].poll() is None and time.monotonic() < deadline, \
+                log.read_text()[-3000:]
+            time.sleep(0.2)
+        procs.append(start("kvstore", tmp / "rt-b", tmp / "kv-b", log, "--hostfile",
+                           str(here_1), "--rank", "1", "--scheduler-address", address,
+                           "--group-key-file", str(key)))
         status_file = Endpoints(ensure_runtime_dir(tmp / "rt-a")).status_file
-        deadline, status = time.monotonic() + 60, {}
+        status = {}
         while "kvstore.1" not in status.get("peers", {}):
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
             status = read_status(status_file) or {}
-        assert status["peers"]["kvstore.1"]["pid"] == procs[1].pid
+        assert status["peers"]["kvstore.1"]["pid"] == procs[3].pid
         assert (tmp / "kv-b" / "rank-1" / "lock").exists()
+        seen = refusals()
+        while refusals() == seen:  # refused again while the rightful kvstore.1 is connected
+            assert procs[1].poll() is None and time.monotonic() < deadline, \
+                log.read_text()[-3000:]
+            time.sleep(0.2)
+        status = read_status(status_file) or {}
+        assert status["peers"]["kvstore.1"]["pid"] == procs[3].pid
+        assert not set(intruders) & {p.get("pid") for p in status["peers"].values()}
+        # the one the scheduler's ZAP handler turned away knows it can never get in: it stops
+        assert procs[2].wait(30) == 2
+        assert "refused this host's group key" in log.read_text()
+        assert procs[1].poll() is None and procs[3].poll() is None
     finally:
         for proc in reversed(procs):
             proc.send_signal(signal.SIGTERM)

@@ -284,9 +284,9 @@ def test_rank_page_directories_and_the_scheduler_address(tmp_path):
     assert Settings(kv_dir="/kv", rank=2).rank_kv_path == Path("/kv/rank-2")
     for bad in ("tcp://0.0.0.0:5510", "tcp://*:5510", "tcp://mac-a:5510", "ipc:///x",
                 "tcp://10.0.0.1"):
-        with pytest.raises(SettingsError, match="--scheduler-address"):
-            Settings(scheduler_address=bad).validate()
-    Settings(scheduler_address="tcp://[fd00::1]:5510").validate()
+        with pytest.raises(SettingsError, match="--scheduler-address must be tcp://IP:PORT"):
+            Settings(scheduler_address=bad, group_key_file="/k.json").validate()
+    Settings(scheduler_address="tcp://[fd00::1]:5510", group_key_file="/k.json").validate()
 
     local = tmp_path / "local.json"
     local.write_text('[{"ssh": "a", "ips": ["127.0.0.1"]}, {"ssh": "b", "ips": ["127.0.0.1"]}]')
