@@ -18,7 +18,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from proto.settings import SettingsError
+from proto.settings import SettingsError, read_private_file
 
 FORMAT = "switchyard-group-key-1"
 ZAP_DOMAIN = "switchyard-group"
@@ -61,17 +61,8 @@ def write_group_key(path: str) -> GroupKey:
 def read_group_key(path: str) -> GroupKey:
     """The keys in `path`, refusing a file group or other users can read, or a malformed one."""
     flag = f"--group-key-file {path}"
-    try:
-        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SettingsError(f"{flag}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SettingsError(f"{flag} is not a regular file")
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise SettingsError(f"{flag} is readable by other users: chmod 600 {path}")
-        raw = f.read(65536)
+    raw = read_private_file(path, "--group-key-file", 65536,
+                            forbidden=stat.S_IRWXG | stat.S_IRWXO)
     try:
         data = json.loads(raw)
         if data.get("format") != FORMAT:

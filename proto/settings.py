@@ -285,20 +285,27 @@ class SettingsError(ValueError):
     pass
 
 
-def read_api_key_file(path: str) -> str:
-    """The key in `path` (its first line), refusing a file other users can read."""
+def read_private_file(path: str, flag: str, max_bytes: int,
+                      forbidden: int = stat.S_IROTH) -> bytes:
+    """The first `max_bytes` of a secret file named by `flag`: a regular file (no symlink, no
+    FIFO) whose mode has none of the `forbidden` bits (docs/design.md "Security")."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(os.path.expanduser(path),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise SettingsError(f"--api-key-file {path}: {exc.strerror}") from None
+        raise SettingsError(f"{flag} {path}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise SettingsError(f"--api-key-file {path} is not a regular file")
-        if info.st_mode & stat.S_IROTH:
-            raise SettingsError(f"--api-key-file {path} is readable by other users: "
-                                f"chmod 600 {path}")
-        text = f.read(4096).decode("utf-8", "replace")
+            raise SettingsError(f"{flag} {path} is not a regular file")
+        if info.st_mode & forbidden:
+            raise SettingsError(f"{flag} {path} is readable by other users: chmod 600 {path}")
+        return f.read(max_bytes)
+
+
+def read_api_key_file(path: str) -> str:
+    """The key in `path` (its first line), refusing a file other users can read."""
+    text = read_private_file(path, "--api-key-file", 4096).decode("utf-8", "replace")
     key = text.splitlines()[0].strip() if text.strip() else ""
     if not key:
         raise SettingsError(f"--api-key-file {path} is empty")
