@@ -1,6 +1,7 @@
-"""Pages per rank through a whole 2-rank tensor group (qwen3 twin, ring backend on loopback):
-each rank's share of every page goes to its own kvstore; restores read both
-(docs/design.md "Pages per rank"). One group, `--slots 1`, shared by the module's checks."""
+"""Pages per rank through whole 2-rank groups (ring backend on loopback): each rank's share of
+every page goes to its own kvstore; restores read both (docs/design.md "Pages per rank"). A
+tensor group (qwen3 twin, `--slots 1`) is shared by most checks; a pipeline group (qwen3_moe
+twin: each rank holds its own layers' KV) proves a restore of layer shares."""
 
 from __future__ import annotations
 
@@ -59,15 +60,19 @@ class Conversation:
         return reply
 
 
-@pytest.fixture(scope="module")
-def ranks2(tiny_qwen3, tmp_path_factory):
+def rank_group(model_dir, parallel: str, tmp_path_factory):
     hostfile = tmp_path_factory.mktemp("hosts") / "hosts.json"
     hostfile.write_text(json.dumps([{"ssh": "rank0", "ips": ["127.0.0.1"]},
                                     {"ssh": "rank1", "ips": ["127.0.0.1"]}]))
-    extra = ("--hostfile", str(hostfile), "--parallel", "tensor", "--dist-port",
+    extra = ("--hostfile", str(hostfile), "--parallel", parallel, "--dist-port",
              str(free_port_pair()))
-    with ServerGroup(tiny_qwen3, slots=1, ctx=8192, extra=extra, startup_timeout_s=300,
-                     extra_roles=("worker.1", "kvstore.1")) as group:
+    return ServerGroup(model_dir, slots=1, ctx=8192, extra=extra, startup_timeout_s=300,
+                       extra_roles=("worker.1", "kvstore.1"))
+
+
+@pytest.fixture(scope="module")
+def ranks2(tiny_qwen3, tmp_path_factory):
+    with rank_group(tiny_qwen3, "tensor", tmp_path_factory) as group:
         wait_ready(group)
         yield group
 
@@ -84,8 +89,8 @@ def test_each_rank_writes_its_share_to_its_own_kvstore(ranks2):
         (0, "kvstore", "ready"), (1, "kvstore.1", "ready")]
 
 
-def test_restored_from_disk_continues_as_in_memory(ranks2):
-    client = client_of(ranks2)
+def restored_equals_in_memory(group: ServerGroup) -> None:
+    client = client_of(group)
     a, b = Conversation(client, 31), Conversation(client, 42)
     a.turn()
     messages = list(a.messages)
@@ -95,6 +100,18 @@ def test_restored_from_disk_continues_as_in_memory(ranks2):
     from_disk = a.turn(max_tokens=24)
     assert a.cached_tokens[-1] >= a.prompt_tokens[-1] - P, a.cached_tokens
     assert from_disk == in_memory
+
+
+def test_restored_from_disk_continues_as_in_memory(ranks2):
+    restored_equals_in_memory(ranks2)
+
+
+def test_pipeline_layer_shares_restore_as_in_memory(tiny_model_dir, tmp_path_factory):
+    with rank_group(tiny_model_dir("qwen3_moe"), "pipeline", tmp_path_factory) as group:
+        wait_ready(group)
+        restored_equals_in_memory(group)
+        rank1, bad1 = read_entries(group.kv_dir / "rank-1")
+        assert rank1 and bad1 == 0
 
 
 def test_switching_re_reads_only_the_new_tokens(ranks2):
