@@ -26,6 +26,12 @@ from proto.hostfile import Hostfile, HostfileError, rank_environment
 STEP, PING, STOP = 1, 2, 3
 KINDS = (STEP, PING, STOP)
 
+# While idle, rank 0 meets the other ranks in a PING every IDLE_TICK_S and they sleep between
+# ticks: a rank blocked in a ring collective spins a whole core (measured here: 8.0 s of CPU
+# for an 8 s wait), so an idle group would burn a core on every other rank. The price: the
+# first step after an idle spell waits at most one tick for the other ranks to wake.
+IDLE_TICK_S = 0.05
+
 
 class GroupError(RuntimeError):
     """The group cannot be formed or a collective failed (a peer was lost)."""

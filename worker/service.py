@@ -33,6 +33,7 @@ from worker.cache_kinds import leaves, window_bytes
 from worker.constraints import ConstraintEngine, llguidance_tokenizer
 from worker.executor import StepExecutor
 from worker.group import (
+    IDLE_TICK_S,
     PING,
     STEP,
     STOP,
@@ -284,7 +285,7 @@ def _lead(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
     link = SchedulerLink(settings, ROLE_WORKER, boot_id, log, greeting=lambda: [ready()])
     try:
         while not stop.requested:
-            message = link.receive(settings.heartbeat_s)
+            message = link.receive(IDLE_TICK_S if group is not None else settings.heartbeat_s)
             if isinstance(message, RunStep):
                 cpu_started = time.process_time()  # all threads: the step's work on a busy machine
                 if group is not None:
@@ -300,7 +301,8 @@ def _lead(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
                           cpu_ms=round((time.process_time() - cpu_started) * 1e3, 2),
                           **({"broadcast_ms": round(comm_s * 1e3, 3)} if group else {}))
             elif message is None and group is not None:
-                group.send(PING)  # finds a lost rank while idle
+                group.send(PING)  # the idle tick; it also finds a lost rank while idle
+                group.stats.take()  # idle ticks are not a step's communication
     finally:
         link.close()
         if group is not None:
@@ -319,6 +321,8 @@ def _follow(group: RankGroup, executor: StepExecutor, stop: StopFlag, log) -> No
             return
         if kind == STEP:
             executor.run(decode(payload))
+        elif kind == PING:  # idle: sleep until just before rank 0's next tick, not spin
+            time.sleep(IDLE_TICK_S - 0.002)
         if stop.requested:  # a stop signal while rank 0 runs: the group restarts without us
             return
 
