@@ -166,8 +166,13 @@ class SchedulerService:
     def _from_kvstore(self, role: str, msg, now: float) -> None:
         for merged in self.stores.incoming(role, msg):
             self._to_core(merged, now)
+        self._send_orphan_deletes()
+
+    def _send_orphan_deletes(self) -> None:
+        """Shares other ranks lost are orphans on this one: deleted after any merge (a merge
+        also happens when the worker group becomes ready after every inventory came in)."""
         outbox, self.stores.outbox = self.stores.outbox, []
-        for identity, extra in outbox:  # shares other ranks lost: orphans on this one
+        for identity, extra in outbox:
             self.log.info("kv.orphan_shares_deleted", kvstore=identity,
                           num_pages=len(extra.page_ids))
             self._send(identity, extra)
@@ -256,6 +261,7 @@ class SchedulerService:
         self.apply(self.core.handle(msg, time.time()))
         for merged in inventory:  # every rank's came before the group was ready
             self._on_inventory(merged, time.time())
+        self._send_orphan_deletes()
         self.worker_boot_synced = msg.boot_id
         self.worker_down_since = None
         self.log.info("worker.ready", worker_boot_id=msg.boot_id, model_type=msg.model_type,

@@ -237,13 +237,16 @@ def test_the_scheduler_serves_the_pages_every_rank_holds():
         worker.send(codec.encode(WorkerReady(
             "w1", NS, "tiny", 1, 4 * P, P, PER_TOKEN[0], True, (), pools[0].name, NUM_BUFFERS,
             pools[0].buffer_bytes, 0, ranks=ranks(pools), parallel="tensor")))
-        deadline, status = time.monotonic() + 60, {}
-        while True:
-            assert time.monotonic() < deadline, f"not ready: {status}\n{log.read_text()[-3000:]}"
+        def beat() -> None:  # the scripted worker stays alive (else the scheduler drops it)
             worker.send(codec.encode(Heartbeat("w1")))
             while worker.poll(0):
                 worker.recv()
             time.sleep(0.2)
+
+        deadline, status = time.monotonic() + 60, {}
+        while True:
+            assert time.monotonic() < deadline, f"not ready: {status}\n{log.read_text()[-3000:]}"
+            beat()
             status = read_status(status_file) or {}
             states = [r["kvstore_state"] for r in status.get("ranks", [])]
             if status.get("kvstore_ready") and states == ["ready", "ready"] and \
@@ -255,7 +258,7 @@ def test_the_scheduler_serves_the_pages_every_rank_holds():
         # rank 0's share of the page rank 1 lacks was an orphan: its kvstore deletes the file
         while len(list(kv_dir.glob("*/*/*.page"))) != 2:
             assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
+            beat()
         assert len(list((kv_dir / "rank-1").glob("*/*/*.page"))) == 2
     finally:
         worker.close()
