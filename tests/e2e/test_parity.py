@@ -18,7 +18,7 @@ import pytest
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
 
-from tests.helpers.group import ServerGroup
+from tests.helpers.group import ServerGroup, stop_all
 
 TIMEOUT_S = 180.0
 MAX_TOKENS = 40
@@ -61,13 +61,7 @@ def servers(tiny_model_dir):
         return started[name]
 
     yield get
-    errors = []
-    for group in started.values():
-        try:
-            group.stop()
-        except AssertionError as exc:  # stop every group before reporting
-            errors.append(str(exc))
-    assert not errors, "\n".join(errors)
+    stop_all(started.values())
 
 
 def client_of(group: ServerGroup) -> openai.OpenAI:

@@ -21,7 +21,7 @@ from fixtures.tiny_models import generate_tiny_model
 from proto.tokenizer_loading import load_tokenizer
 from tests.e2e.test_parity import (LONG_TEXT, SHORT_TEXT, assert_same_as_reference,
                                    greedy_reference)
-from tests.helpers.group import ServerGroup
+from tests.helpers.group import ServerGroup, stop_all
 from worker.model_loading import load_model
 
 MAX_TOKENS = 32
@@ -53,13 +53,7 @@ def servers(models):
         return started[name]
 
     yield get
-    errors = []
-    for group in started.values():
-        try:
-            group.stop()
-        except AssertionError as exc:
-            errors.append(str(exc))
-    assert not errors, "\n".join(errors)
+    stop_all(started.values())
 
 
 def reference(path):

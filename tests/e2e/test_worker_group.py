@@ -20,7 +20,7 @@ from tests.e2e.test_parity import (
     greedy_reference,
     served_completion,
 )
-from tests.helpers.group import ServerGroup, free_port_pair
+from tests.helpers.group import ServerGroup, free_port_pair, stop_all
 
 SHORT_TEXT = "The old mill stands by the river, and every morning the miller"
 # Longer than one prefill chunk (--prefill-chunk 128 below): chunked prefill on every rank.
@@ -51,13 +51,7 @@ def groups(tiny_model_dir, hostfile):
         return started[arch, mode]
 
     yield get
-    errors = []
-    for group in started.values():
-        try:
-            group.stop()
-        except AssertionError as exc:
-            errors.append(str(exc))
-    assert not errors, "\n".join(errors)
+    stop_all(started.values())
 
 
 @pytest.fixture(scope="module")

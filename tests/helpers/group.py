@@ -286,3 +286,15 @@ class ServerGroup:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stop_all(groups) -> None:
+    """Stop every group, then report every group that did not stop cleanly (one failing stop
+    must not leave the others running)."""
+    errors = []
+    for group in groups:
+        try:
+            group.stop()
+        except AssertionError as exc:
+            errors.append(str(exc))
+    assert not errors, "\n".join(errors)
