@@ -196,15 +196,22 @@ class PageCache:
         pending = {**self.staged, **self.writing}
         if not pending:
             return False
-        full = sum(1 for p in on_disk if p.num_tokens == P)
-        if full < len(chain) and chain[full] in pending:
+        # A hybrid model's restore stops short of full pages stored without a snapshot: a
+        # tail after any of them may be what it resumes from.
+        restorable = sum(1 for p in on_disk if p.num_tokens == P)
+        stored = self.tree.longest_prefix(chain)
+        if stored < len(chain) and chain[stored] in pending:
             return True
         done = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
-        parent = chain[full - 1] if full else ROOT_ID
+        parents = {chain[k - 1] if k else ROOT_ID: k * P
+                   for k in range(restorable, stored + 1)}
         for pid, p in pending.items():
-            k = len(p.write.token_ids)
-            if p.write.parent_id == parent and full * P + k > done and full * P + k <= n \
-                    and page_id(self.namespace, parent, tokens[full * P:full * P + k]) == pid:
+            start = parents.get(p.write.parent_id)
+            if start is None:
+                continue
+            end = start + len(p.write.token_ids)
+            if done < end <= n and \
+                    page_id(self.namespace, p.write.parent_id, tokens[start:end]) == pid:
                 return True
         return False
 
