@@ -12,6 +12,8 @@ It picks a free port and a short runtime dir (ipc paths must stay under 100 byte
 stderr going to a log file, and waits for `GET /health` to answer 200. On exit it SIGTERMs the
 supervisor and asserts that every component pid it saw is gone and no process is left in the
 group. Processes are found only through the group's pid files and process-group membership.
+Until then the group hangs on this process's lifeline (tests/helpers/lifeline.py): if this
+process dies first, however it dies, a watcher stops the group.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from deploy.runtime import pid_alive, read_pid_file, wait_gone
 from deploy.supervisor import ROLES
+from tests.helpers.lifeline import lifeline
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVE = ("deploy.cli", "serve")
@@ -218,6 +221,9 @@ class ServerGroup:
                                          stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         try:
+            owned = [d for d, own in ((self.runtime_dir, self._own_runtime_dir),
+                                      (self.kv_dir, self._own_kv_dir)) if own]
+            lifeline().hold(self.proc.pid, self.runtime_dir, self.stop_timeout_s, owned)
             if self.wait_for == "health":
                 self.wait_healthy()
             if self.wait_for in ("health", "pids"):
@@ -258,6 +264,7 @@ class ServerGroup:
         if pid_files:
             problems.append(f"pid files left: {pid_files}")
         log_tail = self.log_tail()
+        lifeline().release(self.proc.pid)
         self.proc = None
         if problems and check:
             raise AssertionError("; ".join(problems) + f"\n{log_tail}")
