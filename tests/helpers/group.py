@@ -33,7 +33,7 @@ from pathlib import Path
 
 from deploy.runtime import pid_alive, read_pid_file, wait_gone
 from deploy.supervisor import ROLES
-from tests.helpers.lifeline import lifeline
+from tests.helpers.lifeline import lifeline, with_repo_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVE = ("deploy.cli", "serve")
@@ -212,9 +212,7 @@ class ServerGroup:
     # -- lifetime ----------------------------------------------------------------------------
 
     def start(self) -> "ServerGroup":
-        env = dict(os.environ) | self.env
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+        env = with_repo_path(dict(os.environ) | self.env)
         cmd = [sys.executable, "-m", *self.entry, *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,

@@ -82,8 +82,7 @@ class Lifeline:
         read_end, self._write_end = os.pipe()  # both non-inheritable (PEP 446)
         pidfd = _own_pidfd()
         pass_fds = [read_end] if pidfd is None else [read_end, pidfd]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+        env = with_repo_path(dict(os.environ))
         try:
             # stdout/stderr to /dev/null: a watcher holding an inherited pipe would keep a
             # caller's communicate() waiting after the test process is gone.
@@ -96,6 +95,13 @@ class Lifeline:
             os.close(read_end)
             if pidfd is not None:
                 os.close(pidfd)
+
+
+def with_repo_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the repository first on PYTHONPATH (`python -m tests.helpers...` anywhere)."""
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    return env
 
 
 _lifeline: Lifeline | None = None

@@ -18,6 +18,7 @@ from deploy.supervisor import ROLES
 from proto.endpoints import Endpoints
 from proto.shm import remove_stale_segments
 from tests.helpers.group import REPO_ROOT, group_members
+from tests.helpers.lifeline import with_repo_path
 
 # Longer than the lifeline's grace for a whole group (ServerGroup's stop_timeout_s), so a
 # group that ignores its SIGTERM is still SIGKILLed within it.
@@ -68,10 +69,9 @@ os._exit(0)  # no atexit, no stop: only the lifeline acts
 
 def run_child(code: str, *args: str, log: Path) -> tuple[subprocess.Popen, dict]:
     """Start `code` in a python child; return it and the JSON line it prints."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
     with open(log, "wb") as err:
-        child = subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO_ROOT, env=env,
+        child = subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO_ROOT,
+                                 env=with_repo_path(dict(os.environ)),
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
     line = child.stdout.readline()
     assert line, f"child printed nothing (exit {child.wait()}):\n{log.read_text()}"
