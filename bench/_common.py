@@ -6,6 +6,7 @@ Not a benchmark itself. Every figure a benchmark reports is a ratio measured wit
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -285,6 +286,18 @@ def table(headers: list[str], rows: list[list]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def parse_with_model(ap: argparse.ArgumentParser, seed: int = 12):
+    """Add --seed, --model-size and --model (the last options), parse, warn on stderr when
+    OpenBLAS is not preloaded; return the arguments and the model directory."""
+    ap.add_argument("--seed", type=int, default=seed)
+    ap.add_argument("--model-size", default="tiny")
+    ap.add_argument("--model")
+    args = ap.parse_args()
+    if note := preload_note():
+        print(note, file=sys.stderr)
+    return args, model_dir(args.model_size, args.model)
 
 
 def preload_note() -> str:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from bench._common import model_dir, preload_note, table  # noqa: E402
+from bench._common import parse_with_model, table  # noqa: E402
 from kvstore.pages import decode_header  # noqa: E402
 from kvstore.store import PageStore  # noqa: E402
 from tests.helpers.drill_serve import DRILL_SERVE  # noqa: E402
@@ -123,13 +123,7 @@ def main() -> int:
                     help="kill at a random time in [0, this] seconds after sending")
     ap.add_argument("--random-times", dest="target_writes", action="store_false",
                     help="kill at random times only, not when a page write is seen")
-    ap.add_argument("--seed", type=int, default=12)
-    ap.add_argument("--model-size", default="tiny")
-    ap.add_argument("--model")
-    args = ap.parse_args()
-    if note := preload_note():
-        print(note, file=sys.stderr)
-    model = model_dir(args.model_size, args.model)
+    args, model = parse_with_model(ap)
     rng = random.Random(args.seed)
     rounds = [prompt(args.seed, r, args.words) for r in range(args.kills)]
     started = time.monotonic()

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from bench._common import model_dir, preload_note, table  # noqa: E402
+from bench._common import parse_with_model, table  # noqa: E402
 from proto.backoff import MAX_S  # noqa: E402
 from proto.endpoints import Endpoints  # noqa: E402
 from tests.helpers.drill_serve import DRILL_SERVE  # noqa: E402
@@ -494,13 +494,7 @@ def main() -> int:
     ap.add_argument("--faults", default="kill,corrupt,readonly,disk_full",
                     help="fault kinds to draw from (kill is drawn 3x as often as the others)")
     ap.add_argument("--kill-roles", default=",".join(KILL_ROLES))
-    ap.add_argument("--seed", type=int, default=12)
-    ap.add_argument("--model-size", default="tiny")
-    ap.add_argument("--model")
-    args = ap.parse_args()
-    if note := preload_note():
-        print(note, file=sys.stderr)
-    model = model_dir(args.model_size, args.model)
+    args, model = parse_with_model(ap)
     seconds = args.minutes * 60
     budget = parse_size(args.kv_disk_budget)
     started = time.monotonic()

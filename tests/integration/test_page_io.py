@@ -173,18 +173,26 @@ def _address(a) -> int:
     return np.asarray(a).__array_interface__["data"][0]
 
 
-def test_next_restore_writes_into_the_arrays_a_restore_allocated(tiny_model_dir):
-    """One copy per byte and no new memory: a slot restored once (then prefilled in place)
-    takes its next restore into the same arrays, and continues exactly."""
-    store, layout = _setup(tiny_model_dir("qwen3"), num_slots=3)
-    rng = np.random.default_rng(4)
-    x, y = ([int(t) for t in rng.integers(5, 3000, 4 * P + 9)] for _ in range(2))
+def _two_staged(model_dir, seed, length):
+    """A 3-slot store and two random conversations x and y of `length` tokens; the first 4
+    pages of each were prefilled in slot 0 and staged: buffers["x"], buffers["y"]."""
+    store, layout = _setup(model_dir, num_slots=3)
+    rng = np.random.default_rng(seed)
+    x, y = ([int(t) for t in rng.integers(5, 3000, length)] for _ in range(2))
     buffers = {}
     for name, conv in (("x", x), ("y", y)):
         _prefill(store, 0, conv[:4 * P], P)
         buffers[name] = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(4)]
         for k in range(4):
             layout.stage(store.parked(0), k * P, buffers[name][k], with_state=False)
+    return store, layout, x, y, buffers
+
+
+def test_next_restore_writes_into_the_arrays_a_restore_allocated(tiny_model_dir):
+    """One copy per byte and no new memory: a slot restored once (then prefilled in place)
+    takes its next restore into the same arrays, and continues exactly."""
+    store, layout, x, y, buffers = _two_staged(tiny_model_dir("qwen3"), seed=4,
+                                               length=4 * P + 9)
     _prefill(store, 2, y[:4 * P], P)
     store.prefill(2, 4 * P, y[4 * P:-1])
     ref_tokens, ref_logits = _continue(store, 2, y[-1])
@@ -205,15 +213,8 @@ def test_next_restore_writes_into_the_arrays_a_restore_allocated(tiny_model_dir)
 def test_restore_in_place_spares_a_prefix_copied_from_the_slot(tiny_model_dir):
     """A restore writes into the slot's own arrays in place; a prefix copied out of the slot
     may share them (a full array copies as itself), so a later restore must leave it be."""
-    store, layout = _setup(tiny_model_dir("qwen3"), num_slots=3)
-    rng = np.random.default_rng(3)
-    x, y = ([int(t) for t in rng.integers(5, 3000, 8 * P + 1)] for _ in range(2))
-    buffers = {}
-    for name, conv in (("x", x), ("y", y)):
-        _prefill(store, 0, conv[:4 * P], P)
-        buffers[name] = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(4)]
-        for k in range(4):
-            layout.stage(store.parked(0), k * P, buffers[name][k], with_state=False)
+    store, layout, x, y, buffers = _two_staged(tiny_model_dir("qwen3"), seed=3,
+                                               length=8 * P + 1)
     _prefill(store, 2, x[:-1], P)
     ref_tokens, ref_logits = _continue(store, 2, x[-1])
 
