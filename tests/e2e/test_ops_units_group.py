@@ -26,6 +26,7 @@ from deploy.runtime import read_pid_file
 from deploy.service_units import ROLES, unit_plan
 from proto.settings import Settings
 from tests.helpers.group import REPO_ROOT, free_port, short_tmp_dir
+from tests.helpers.lifeline import lifeline
 
 
 def test_units_start_a_working_group(tiny_qwen3):
@@ -48,6 +49,9 @@ def test_units_start_a_working_group(tiny_qwen3):
                                                cwd=agent["WorkingDirectory"], env=env,
                                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                                start_new_session=True)
+                # Each its own session, like a unit: on the lifeline, as a ServerGroup is.
+                lifeline().hold(procs[role].pid, runtime_dir, 30.0,
+                                [runtime_dir, kv_dir] if role == ROLES[0] else [])
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert all(p.poll() is None for p in procs.values()), log_path.read_text()[-3000:]
@@ -88,5 +92,6 @@ def test_units_start_a_working_group(tiny_qwen3):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            lifeline().release(proc.pid)
         shutil.rmtree(runtime_dir, ignore_errors=True)
         shutil.rmtree(kv_dir, ignore_errors=True)

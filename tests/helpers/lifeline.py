@@ -11,6 +11,7 @@ the way `ServerGroup.stop` does: SIGTERM to the supervisor, then, after the grou
 period, SIGKILL to every pid file's process and the whole process group; removes the group's
 shared-memory segments and its temp dirs, and exits. When the test process exits having stopped
 its groups, the watcher exits at once (docs/design.md "Code conventions", Tests).
+(deploy/lifeline.py ties a component to its supervisor; this ties a group to its test.)
 """
 
 from __future__ import annotations
