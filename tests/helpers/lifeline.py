@@ -155,19 +155,30 @@ def watch(read_end: int, pidfd: int) -> dict[int, dict]:
                 held.pop(message["release"], None)
 
 
-def stop_groups(groups: list[dict]) -> None:
+# After SIGKILL, how long to wait for the group to be reaped (a PID 1 that never reaps
+# would keep zombies in the group for ever).
+REAP_WAIT_S = 10.0
+
+
+def stop_groups(groups: dict[int, dict]) -> None:
     """SIGTERM each supervisor; SIGKILL what is left after its grace period; clean up."""
-    for group in groups:
-        _signal_leader(group["hold"], signal.SIGTERM)
-    deadline = {group["hold"]: time.monotonic() + group["grace_s"] for group in groups}
-    waiting = [group for group in groups if _group_alive(group["hold"])]
+    for pgid in groups:
+        _signal_leader(pgid, signal.SIGTERM)
+    now = time.monotonic()
+    deadline = {pgid: now + group["grace_s"] for pgid, group in groups.items()}
+    killed: set[int] = set()
+    waiting = [pgid for pgid in groups if _group_alive(pgid)]
     while waiting:
         time.sleep(0.1)
         now = time.monotonic()
-        for group in [g for g in waiting if now >= deadline[g["hold"]]]:
-            _kill_group(group)
-        waiting = [g for g in waiting if _group_alive(g["hold"])]
-    for group in groups:
+        for pgid in waiting:
+            if now >= deadline[pgid] and pgid not in killed:
+                _kill_group(pgid, Path(groups[pgid]["runtime_dir"]))
+                killed.add(pgid)
+                deadline[pgid] = now + REAP_WAIT_S
+        waiting = [pgid for pgid in waiting
+                   if _group_alive(pgid) and not (pgid in killed and now >= deadline[pgid])]
+    for group in groups.values():
         _remove_segments(Path(group["runtime_dir"]))
         for path in group["remove"]:
             shutil.rmtree(path, ignore_errors=True)
@@ -191,12 +202,11 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def _kill_group(group: dict) -> None:
+def _kill_group(pgid: int, runtime_dir: Path) -> None:
     """SIGKILL every pid file's process that is still in the group, then the whole group."""
     from deploy.runtime import read_pid_file
 
-    pgid = group["hold"]
-    for path in Path(group["runtime_dir"]).glob("*.pid"):
+    for path in runtime_dir.glob("*.pid"):
         pid = read_pid_file(path)
         try:
             if pid is not None and os.getpgid(pid) == pgid:
@@ -221,7 +231,7 @@ def _remove_segments(runtime_dir: Path) -> None:
 def main() -> None:
     held = watch(int(sys.argv[1]), int(sys.argv[2]))
     if held:
-        stop_groups(list(held.values()))
+        stop_groups(held)
 
 
 if __name__ == "__main__":
