@@ -23,11 +23,12 @@ The assistant turns in the history are fixed text, so every request is known in 
 Checks (exit 1 if one fails): no response other than 2xx, 4xx for the malformed bodies, and
 503/429 with Retry-After (retried, as a client would); 0 replies different from the reference;
 each conversation's first turn after a kill restores (cached >= prompt - new - one page); page
-bytes on disk (sampled every 2 s, kvstore paused for the walk) never above --kv-disk-budget; gateway and scheduler VmRSS
-growth over the second half < 5% (same pid); no /dev/shm segment of the group and no process
-left after it stops. Corruption and disk faults legitimately lose pages (and after the disk
-refused a page, the scheduler and kvstore try again after a backoff of 1 s doubling to 30 s): a
-short restore of a conversation under way then is counted as excused, apart.
+bytes on disk (sampled every 2 s, kvstore paused for the walk) never above --kv-disk-budget;
+gateway and scheduler VmRSS growth over the second half < 5% (same pid); no /dev/shm segment
+of the group and no process left after it stops. Corruption and disk faults legitimately lose
+pages (and after the disk refused a page, the scheduler and kvstore try again after a backoff
+of 1 s doubling to 30 s): a short restore of a conversation under way then is counted as
+excused, apart.
 """
 
 from __future__ import annotations
