@@ -163,7 +163,7 @@ REAP_WAIT_S = 10.0
 def stop_groups(groups: dict[int, dict]) -> None:
     """SIGTERM each supervisor; SIGKILL what is left after its grace period; clean up."""
     for pgid in groups:
-        _signal_leader(pgid, signal.SIGTERM)
+        _terminate(pgid)
     now = time.monotonic()
     deadline = {pgid: now + group["grace_s"] for pgid, group in groups.items()}
     killed: set[int] = set()
@@ -184,10 +184,13 @@ def stop_groups(groups: dict[int, dict]) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _signal_leader(pgid: int, sig: int) -> None:
+def _terminate(pgid: int) -> None:
+    """SIGTERM the leader; SIGCONT the group (a member a test had stopped, like the soak's
+    paused kvstore, could not act on its SIGTERM)."""
     try:
         if os.getpgid(pgid) == pgid:  # still the group's leader, not a reused pid
-            os.kill(pgid, sig)
+            os.kill(pgid, signal.SIGTERM)
+            os.killpg(pgid, signal.SIGCONT)
     except ProcessLookupError:
         pass
 
