@@ -7,9 +7,9 @@ tests.helpers.lifeline`, in a session of its own so a signal to the test's proce
 not reach it). The test process tells it over a pipe which groups it holds and releases. The
 watcher waits for the test process to die: a pidfd of it turns readable (Linux), or the pipe,
 whose write end only the test process holds, reads EOF. It then stops every group still held
-the way `ServerGroup.stop` does: SIGTERM to the supervisor, then, after the group's grace
-period, SIGKILL to every pid file's process and the whole process group; removes the group's
-shared-memory segments and its temp dirs, and exits. When the test process exits having stopped
+the way `ServerGroup.stop` does: SIGTERM to the supervisor (and SIGCONT to its group), then,
+after the group's grace period, SIGKILL to every pid file's process and the whole process
+group; removes the group's shared-memory segments and its temp dirs, and exits. When the test process exits having stopped
 its groups, the watcher exits at once (docs/design.md "Code conventions", Tests).
 (deploy/lifeline.py ties a component to its supervisor; this ties a group to its test.)
 """
