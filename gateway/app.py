@@ -29,7 +29,6 @@ from gateway.driver import STATUS_CLIENT_CLOSED
 from gateway.errors import APIError, api_style
 from gateway.guard import GuardPolicy
 from gateway.prompting.history import TurnMemory
-from gateway.prompting.turn_journal import FILE_NAME as JOURNAL_NAME
 from gateway.prompting.turn_journal import TurnJournal, tokenizer_identity
 from gateway.api.openapi import openapi_spec
 from gateway.prompting.prompts import served_model_id
@@ -175,8 +174,8 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                       turn_ends=token_texts(tokenizer, eos_ids(tokenizer)),
                       prefix_stable=settings.prefix_stable,
                       keep_reasoning=settings.keep_reasoning,
-                      memory=TurnMemory(settings.history_turns, journal=TurnJournal(
-                          settings.runtime_path / JOURNAL_NAME, tokenizer_identity(tokenizer))),
+                      memory=TurnMemory(settings.history_turns, journal=TurnJournal.in_dir(
+                          settings.runtime_path, tokenizer_identity(tokenizer))),
                       responses=ResponseStore(settings.max_stored_responses))
 
     @contextlib.asynccontextmanager

@@ -41,7 +41,8 @@ import structlog
 
 from gateway.errors import invalid
 from gateway.output.reasoning import without_reasoning
-from gateway.prompting.turn_journal import TurnJournal, TurnRecord, make_record, record_calls
+from gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
+                                            record_calls)
 
 log = structlog.get_logger()
 
@@ -109,7 +110,10 @@ class TurnMemory:
 
     Two replies can look the same (two forced calls repaired to the same arguments): each turn
     is its own entry; a tool-call id names one entry, a message hash the latest with that hash.
-    With a `journal`, turns are also kept on disk and loaded back at start (gateway restart).
+    With a `journal`, turns are also kept on disk and loaded back at start (gateway restart):
+    the ones this LRU holds, in its order (a turn it lets go is marked forgotten on disk; a
+    lookup marks the turn used when its last mark is more than max_turns/2 remembered turns
+    old: docs/design.md "Prefix-stable history").
     """
 
     def __init__(self, max_turns: int = DEFAULT_MAX_TURNS,
@@ -121,12 +125,12 @@ class TurnMemory:
         self._next = 0
         self._lock = threading.Lock()
         self.journal = journal if max_turns > 0 else None
-        self._stored_bytes: dict[int, int] = {}  # entry -> its bytes in the journal
+        self._placed: dict[int, Placed] = {}  # entry -> where it is in the journal
         if self.journal is not None:
-            for rec, nbytes in self.journal.load()[-max_turns:]:
+            for rec, placed in self.journal.load()[-max_turns:]:  # least recently used first
                 entry = self._insert(Remembered(rec.body_ids(), rec.opening, rec.has_reasoning,
                                                 rec.key, record_calls(rec), tuple(rec.call_ids)))
-                self._stored_bytes[entry] = nbytes
+                self._placed[entry] = placed
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -141,10 +145,12 @@ class TurnMemory:
         with self._lock:
             entry = self._insert(turn)
             if self.journal is not None:
-                self._stored_bytes[entry] = self.journal.append(turn.record())
-                if self.journal.needs_rewrite(sum(self._stored_bytes.values())):
-                    sizes = self.journal.rewrite([t.record() for t in self._turns.values()])
-                    self._stored_bytes = dict(zip(self._turns, sizes))
+                placed = self.journal.append(turn.record())
+                if placed is not None:
+                    self._placed[entry] = placed
+                if self.journal.needs_rewrite(sum(p.nbytes for p in self._placed.values())):
+                    where = self.journal.rewrite([t.record() for t in self._turns.values()])
+                    self._placed = {e: p for e, p in zip(self._turns, where) if p is not None}
 
     def _insert(self, turn: Remembered) -> int:
         entry, self._next = self._next, self._next + 1
@@ -157,7 +163,9 @@ class TurnMemory:
         return entry
 
     def _forget(self, entry: int, turn: Remembered) -> None:
-        self._stored_bytes.pop(entry, None)
+        placed = self._placed.pop(entry, None)
+        if placed is not None and self.journal is not None:
+            self.journal.forget(placed)
         if self._by_key.get(turn.key) == entry:
             del self._by_key[turn.key]
         for call_id in [c for c, e in self._by_call.items() if e == entry]:
@@ -174,8 +182,18 @@ class TurnMemory:
                 turn = self._turns.get(entry) if entry is not None else None
                 if turn is not None and turn.calls == calls:
                     self._turns.move_to_end(entry)
+                    self._mark_used(entry)
                     return turn
             return None
+
+    def _mark_used(self, entry: int) -> None:
+        """A "used" record for a looked-up turn whose last mark on disk is more than max_turns/2
+        turns old: bounded writes (an agent resends every earlier turn with each request), and
+        a reload orders turns by last use to within max_turns/2 remembered turns."""
+        placed = self._placed.get(entry)
+        if (placed is not None and self.journal is not None
+                and self.journal.turns - placed.mark > self.max_turns // 2):
+            self.journal.mark_used(placed)
 
 
 # --- rendering ---------------------------------------------------------------------------------
