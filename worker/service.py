@@ -224,7 +224,6 @@ def run(settings: Settings) -> None:
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
              kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging)
-    watch = None
     if group is None:
         executor = StepExecutor(store, layout, pool, constraints)
         ranks: tuple[RankInfo, ...] = ()
