@@ -162,6 +162,10 @@ class Settings:
                          "and experts) or pipeline (whole layers per rank)", default="tensor")
     dist_port: int = _opt("first TCP port of the ring backend (one per rank and ip)",
                           default=5520)
+    group_timeout_s: float = _opt("a worker group's rank exits (and its machine's ranks restart) "
+                                  "when one step, idle ping or broadcast has waited this long "
+                                  "for the other ranks: a peer that vanished without closing "
+                                  "its connection", default=120.0)
     rank: int = _opt("this process's rank in the worker group (set by the supervisor or a "
                      "host's unit on `run worker` and `run kvstore`)", default=0)
 
@@ -227,6 +231,8 @@ class Settings:
             problems.append(f"--parallel must be one of {', '.join(PARALLEL_MODES)}")
         if not 0 < self.dist_port < 65536 or self.rank < 0:
             problems.append("--dist-port must be 1..65535 and --rank at least 0")
+        if self.group_timeout_s <= 0:
+            problems.append("--group-timeout-s must be positive")
         if self.scheduler_address and not _bindable_tcp(self.scheduler_address):
             problems.append("--scheduler-address must be tcp://IP:PORT with one IP address "
                             "(not a wildcard or a name), e.g. tcp://10.0.0.1:5510")

@@ -13,13 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
-
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
-from proto.codec import decode, encode
 from proto.endpoints import Endpoints, ensure_runtime_dir
 from proto.hostfile import Hostfile, HostfileError, layout_tag, read_hostfile
 from proto.ids import new_boot_id
@@ -32,16 +29,8 @@ from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_seg
 from worker.cache_kinds import leaves, window_bytes
 from worker.constraints import ConstraintEngine, llguidance_tokenizer
 from worker.executor import StepExecutor
-from worker.group import (
-    IDLE_TICK_S,
-    PING,
-    STEP,
-    STOP,
-    GroupError,
-    GroupMismatch,
-    RankGroup,
-    resolve_backend,
-)
+from worker.group import GroupError, GroupMismatch, RankGroup, resolve_backend
+from worker.group_loop import GroupLead, follow, gather_ranks, log_comm_probe, start_watchdog
 from worker.kv_layout import is_attention_kv, kv_quant
 from worker.page_io import PageLayout, PageLayoutError
 from worker.memory_plan import (
@@ -242,8 +231,10 @@ def run(settings: Settings) -> None:
         # Constraints and logit_bias act on rank 0's logits alone: it samples for all.
         executor = StepExecutor(store, layout, pool, constraints if group.rank == 0 else None,
                                 share_tokens=group.share_tokens)
-        ranks = _gather_ranks(group, namespace, pool, loaded, layout)
-        _log_comm_probe(group, loaded, log)
+        watch = start_watchdog(group, settings.group_timeout_s, log,
+                               before_exit=pool.unlink if pool is not None else lambda: None)
+        ranks = gather_ranks(group, namespace, pool, loaded, layout, watch)
+        log_comm_probe(group, loaded, log, watch)
 
     def ready() -> WorkerReady:
         return WorkerReady(
@@ -262,9 +253,10 @@ def run(settings: Settings) -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         if group is not None and group.rank > 0:
-            _follow(group, executor, stop, log)
+            follow(group, executor, stop, log, watch)
         else:
-            _lead(settings, boot_id, log, ready, executor, stop, group)
+            lead = GroupLead(group, executor, watch) if group is not None else None
+            _serve(settings, boot_id, log, ready, executor, stop, lead)
     except RuntimeError as exc:
         if group is None:
             raise
@@ -279,71 +271,28 @@ def run(settings: Settings) -> None:
         log.info("worker.stopped")
 
 
-def _lead(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
-          stop: StopFlag, group: RankGroup | None) -> None:
-    """The single worker, or rank 0 of a group: the one that talks to the scheduler."""
+def _serve(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
+           stop: StopFlag, lead: GroupLead | None) -> None:
+    """The worker's loop, the one that talks to the scheduler: a single worker's, or rank 0's
+    of a group, whose share of each step `lead` does (worker/group_loop.py)."""
     link = SchedulerLink(settings, ROLE_WORKER, boot_id, log, greeting=lambda: [ready()])
     try:
         while not stop.requested:
-            message = link.receive(IDLE_TICK_S if group is not None else settings.heartbeat_s)
+            message = link.receive(lead.tick_s if lead is not None else settings.heartbeat_s)
             if isinstance(message, RunStep):
                 cpu_started = time.process_time()  # all threads: the step's work on a busy machine
-                if group is not None:
-                    group.send(STEP, encode(message))
-                done = executor.run(message)
+                done = lead.run(message) if lead is not None else executor.run(message)
                 link.send(done)
-                comm_s, _ = group.stats.take() if group is not None else (0.0, 0)
                 log.debug("step.done", step=message.step, num_decode=done.num_decode_tokens,
                           num_prefill=done.num_prefill_tokens,
                           num_loaded=sum(len(load.buffers) for load in message.loads),
                           load_ms=round(done.load_s * 1e3, 2),
                           step_ms=round(done.duration_s * 1e3, 2),
                           cpu_ms=round((time.process_time() - cpu_started) * 1e3, 2),
-                          **({"broadcast_ms": round(comm_s * 1e3, 3)} if group else {}))
-            elif message is None and group is not None:
-                group.send(PING)  # the idle tick; it also finds a lost rank while idle
-                group.stats.take()  # idle ticks are not a step's communication
+                          **(lead.step_fields() if lead is not None else {}))
+            elif message is None and lead is not None:
+                lead.idle()  # the idle tick; it also finds a lost rank while idle
     finally:
         link.close()
-        if group is not None:
-            try:
-                group.send(STOP)
-            except (GroupError, RuntimeError):
-                pass  # a peer already gone: nothing to stop
-
-
-def _follow(group: RankGroup, executor: StepExecutor, stop: StopFlag, log) -> None:
-    """Ranks > 0: execute every step rank 0 broadcasts, on this rank's share."""
-    while True:
-        kind, payload = group.receive()
-        if kind == STOP:
-            log.info("worker.group_stopped")
-            return
-        if kind == STEP:
-            executor.run(decode(payload))
-        elif kind == PING:  # idle: sleep until just before rank 0's next tick, not spin
-            time.sleep(IDLE_TICK_S - 0.002)
-        if stop.requested:  # a stop signal while rank 0 runs: the group restarts without us
-            return
-
-
-def _gather_ranks(group: RankGroup, namespace: bytes, pool, loaded: LoadedModel,
-                  layout: PageLayout | None) -> tuple[RankInfo, ...]:
-    mine = RankInfo(rank=group.rank, host=group.host, namespace=namespace,
-                    shm_name=pool.name if pool else "",
-                    num_buffers=pool.num_buffers if pool else 0,
-                    buffer_bytes=pool.buffer_bytes if pool else 0,
-                    kv_bytes_per_token=loaded.kv_bytes_per_token,
-                    state_bytes=layout.state_bytes if layout else 0)
-    return tuple(msgspec.msgpack.decode(b, type=RankInfo)
-                 for b in group.gather_bytes(msgspec.msgpack.encode(mine)))
-
-
-def _log_comm_probe(group: RankGroup, loaded: LoadedModel, log) -> None:
-    """Measured once at start on every rank: one all_sum of a hidden vector (what tensor
-    parallelism pays twice per layer per token) and of one token (the token share)."""
-    text_cfg = loaded.config.get("text_config", loaded.config)
-    hidden = int(text_cfg.get("hidden_size", 0)) or 1
-    log.info("worker.group_ready", size=group.size, parallel=group.parallel,
-             all_sum_hidden_us=round(group.time_all_sum(hidden) * 1e6, 1),
-             all_sum_token_us=round(group.time_all_sum(1) * 1e6, 1), hidden=hidden)
+        if lead is not None:
+            lead.stop()

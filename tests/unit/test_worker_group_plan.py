@@ -177,6 +177,8 @@ def test_group_settings_are_checked():
         Settings(parallel="sequence").validate()
     with pytest.raises(SettingsError, match="--backend"):
         Settings(backend="tcp").validate()
+    with pytest.raises(SettingsError, match="--group-timeout-s"):
+        Settings(group_timeout_s=0).validate()
     assert Settings(backend="ring", parallel="pipeline").validate()
 
 
