@@ -4,13 +4,13 @@
 
 No servers: the gateway's `TurnMemory` with its journal in a temporary runtime dir, driven like
 a fleet of agents that resend their whole history with every request (each earlier reply looked
-up, then one new reply remembered). At the end a second memory loads the journal, as a
-restarted gateway does. Reported per scenario: turns remembered, lookups, "used" records and
-"forgotten" records written (and their share of the file's bytes), the turns the old memory
+up, then one new reply remembered). Midway a second memory loads the journal, as a restarted
+gateway does. Reported per scenario: turns remembered, lookups, "used" and "forgotten" records
+written over the run (and their bytes against the turn records'), the turns the old memory
 held, and how many of them the restarted one has; then the same requests go on in the old
 memory and the restarted one: earlier replies found by each (the order the turns loaded in
 decides which the next turns push out); "append order" is what loading the last
-`--history-turns` remembered (the journal's first format) would have kept. The long- lived
+`--history-turns` remembered (the journal's first format) would have kept. The long-lived
 agents' turns restored is the figure that matters: their next prompt diverges at the first one
 missing (docs/design.md "Prefix-stable history"). Target: all of them; used records <= 2 per
 turn remembered + max_turns.
@@ -55,15 +55,25 @@ def long_among_short(long_agents: int, rounds: int, short_turns: int
             yield f"short{r}", t
 
 
-def count_records(path: Path) -> dict[type, int]:
-    data = path.read_bytes()
-    pos, counts = tj._HEADER.size, {tj.TurnRecord: 0, tj.Used: 0, tj.Forgotten: 0}
-    while pos + tj._RECORD.size <= len(data):
-        length, _ = tj._RECORD.unpack_from(data, pos)
-        item = tj._decoder.decode(data[pos + tj._RECORD.size:pos + tj._RECORD.size + length])
-        counts[type(item)] += 1
-        pos += tj._RECORD.size + length
-    return counts
+class CountingJournal(tj.TurnJournal):
+    """The gateway's journal, counting the small records it writes over the run (a rewrite
+    drops them from the file)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.used = self.forgotten = self.rewrites = 0
+
+    def mark_used(self, placed):
+        super().mark_used(placed)
+        self.used += 1
+
+    def forget(self, placed):
+        super().forget(placed)
+        self.forgotten += 1
+
+    def rewrite(self, live):
+        self.rewrites += 1
+        return super().rewrite(live)
 
 
 def serve(memory: TurnMemory, requests: list[tuple[str, int]]) -> tuple[int, int]:
@@ -79,14 +89,15 @@ def serve(memory: TurnMemory, requests: list[tuple[str, int]]) -> tuple[int, int
 
 def run(name: str, requests: list[tuple[str, int]], restart_at: int, max_turns: int) -> None:
     with tempfile.TemporaryDirectory() as runtime_dir:
-        memory = TurnMemory(max_turns, journal=tj.TurnJournal.in_dir(Path(runtime_dir),
-                                                                      IDENTITY))
+        journal = CountingJournal.in_dir(Path(runtime_dir), IDENTITY)
+        memory = TurnMemory(max_turns, journal=journal)
         before, after = requests[:restart_at], requests[restart_at:]
         lookups, _ = serve(memory, before)
         appended = [f"{agent}-{t}" for agent, t in before]
-        counts = count_records(memory.journal.path)
-        used, forgotten = counts[tj.Used], counts[tj.Forgotten]
-        small_bytes = (used + forgotten) * len(tj._frame(tj.Used(memory.journal.size)))
+        used, forgotten = journal.used, journal.forgotten
+        small_bytes = (used + forgotten) * len(tj._frame(tj.Used(journal.max_bytes)))
+        turn_bytes = len(appended) * len(tj._frame(tj.TurnRecord("0" * 32, "[]", [], bytes(
+            4 * len(BODY)), None, False)))
         held = {turn.key for turn in memory._turns.values()}
         again = TurnMemory(max_turns, journal=tj.TurnJournal.in_dir(Path(runtime_dir),
                                                                      IDENTITY))
@@ -94,10 +105,10 @@ def run(name: str, requests: list[tuple[str, int]], restart_at: int, max_turns: 
         append_order = {message_key(reply(n)) for n in appended[-max_turns:]}
         long_turns = {message_key(reply(n)) for n in appended if n.startswith("long")}
         print(f"{name}, restart after {len(before)} turns remembered ({lookups} lookups), "
-              f"max_turns {max_turns}; file: {counts[tj.TurnRecord]} turn records, {used} used "
-              f"({used / len(appended):.2f} per turn remembered) and {forgotten} forgotten "
-              f"records (<= {small_bytes} bytes together = "
-              f"{small_bytes / memory.journal.size:.1%} of the file)")
+              f"max_turns {max_turns}; written: {used} used records "
+              f"({used / len(appended):.2f} per turn remembered) and {forgotten} forgotten, "
+              f"<= {small_bytes} bytes together = {small_bytes / turn_bytes:.1%} of the turn "
+              f"records' bytes; {journal.rewrites} rewrites")
         print(f"  held by the old memory {len(held)}; restored: {len(held & restored)} of them"
               f" (append order: {len(held & append_order)})")
         if long_turns:
