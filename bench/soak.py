@@ -520,6 +520,7 @@ def main() -> int:
     ap.add_argument("--faults", default="kill,corrupt,readonly,disk_full",
                     help="fault kinds to draw from (kill is drawn 3x as often as the others)")
     ap.add_argument("--kill-roles", default=",".join(KILL_ROLES))
+    ap.add_argument("--log-out", type=Path, help="keep the faulted run's group log here")
     args, model = parse_with_model(ap)
     seconds = args.minutes * 60
     budget = parse_size(args.kv_disk_budget)
@@ -566,6 +567,8 @@ def main() -> int:
             sampler.join()
             corrupt_events = group.log_events("kv.corrupt_page")
         finally:
+            if args.log_out:
+                shutil.copyfile(group.log_path, args.log_out)
             try:
                 group.stop()
             except AssertionError as exc:

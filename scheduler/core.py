@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 import msgspec
 
@@ -283,8 +284,8 @@ class SchedulerCore:
                 self._accept_token(self.requests[slot.rid], token, now)
         for slot in self.slots:
             self.pages.sync_slot(slot)
-        if self.pages.staged:  # pinned pages: O(pages being restored), only when needed
-            self.pages.staged_done(now, self._pinned())
+        if self.pages.staged:
+            self.pages.staged_done(now, self._pinned)
         for req in [r for r in self.requests.values() if r.cancelled and not r.reading]:
             self._finish(req, "cancelled", now)
         # One message per request per step, however many tokens a burst produced.
@@ -348,7 +349,7 @@ class SchedulerCore:
         self.pages.outbox[:0] = ([attach] if attach is not None else []) + [DescribeInventory()]
 
     def _inventory(self, msg: InventoryDescribed, now: float) -> None:
-        self.pages.kvstore_inventory(msg.pages, msg.writable, now, self._pinned())
+        self.pages.kvstore_inventory(msg.pages, msg.writable, now, self._pinned)
         self.index_overdue = False
         self.events.append(("kvstore.inventory", {
             "num_pages": len(msg.pages), "disk_bytes": self.pages.tree.total_bytes,
@@ -444,10 +445,11 @@ class SchedulerCore:
             self.requests[rid], now, self.config.background_wait_s))
         for rid in order:
             req = self.requests[rid]
-            placement = place(req, self.slots, self.pages, self.config, self._pinned)
+            pinned = partial(self._pinned, placing=req)
+            placement = place(req, self.slots, self.pages, self.config, pinned)
             if placement is None and self._interactive(req, now) and \
                     self._preempt_background(now):
-                placement = place(req, self.slots, self.pages, self.config, self._pinned)
+                placement = place(req, self.slots, self.pages, self.config, pinned)
             if placement is None:
                 break
             copy = apply(req, placement, self.slots, self.config.page_size, now)
@@ -509,12 +511,19 @@ class SchedulerCore:
             req.prompt_tail_saved = True
             self.slots[req.slot].tail_wanted = True  # the prompt's tail, staged next step
 
-    def _pinned(self) -> set[bytes]:
+    def _pinned(self, placing: Request | None = None) -> set[bytes]:
+        """Pages eviction must leave: those requests are restoring, and those waiting
+        requests will restore (docs/design.md "Disk eviction policy"). The request being
+        placed (`placing`) pins only what it restores: the tails it passed go."""
         pinned = set()
         for req in self.requests.values():
             pinned.update(p.page_id for p in req.restore_pages)
             pinned.update(p.page_id for p, _ in req.reading + req.loading)
-        return pinned
+        ns, P = self.pages.chain_namespace, self.config.page_size
+        waiting = [self.requests[rid] for rid in self.waiting]
+        return pinned | self.pages.awaited(
+            ((r.context_chain(ns, P), r.feed, r.num_context) for r in waiting
+             if r is not placing), self.config.trimmable)
 
     def _remaining_prefill(self, req: Request) -> int:
         return req.num_context - len(self.slots[req.slot].tokens)

@@ -9,7 +9,7 @@ Policy (docs/design.md "Disk eviction policy", F2, F8):
   one the next switch needs).
 - Pages used within the protection window go last; taking one is thrash, reported with the
   working set and a budget that would hold it.
-- Pinned pages (a request is being served from them) never go; nor, therefore, their prefix.
+- Pinned pages (a request is restoring them, or waits to) never go; nor, therefore, their prefix.
 - `evict_first` pages (superseded state snapshots) go before everything else, leaves only.
 """
 

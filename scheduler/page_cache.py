@@ -11,6 +11,7 @@ the budget is never exceeded, and what goes is chosen by `scheduler.eviction` (F
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 
 from proto.messages import (
@@ -26,7 +27,7 @@ from proto.messages import (
 from proto.backoff import Backoff
 from proto.page_ids import ROOT_ID, chain_page_ids, page_id
 from proto.shm import BufferAllocator
-from scheduler.eviction import plan_eviction
+from scheduler.eviction import EvictionPlan, plan_eviction
 from scheduler.page_tree import DiskPageTree
 from scheduler.requests import Slot
 
@@ -35,6 +36,8 @@ FLAG_RECURRENT_STATE = 1
 _LOCAL_NAMESPACE = b"switchyard-local"
 # Header bytes per page file, an upper bound for budget arithmetic (P=256 needs 1152).
 _HEADER_ALLOWANCE = 4096
+# The pages eviction must leave, asked for only when it has to choose.
+Pinned = Callable[[], Set[bytes]]
 
 
 @dataclass
@@ -111,7 +114,7 @@ class PageCache:
         self.resend_writes = True
 
     def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float,
-                          pinned: set[bytes] = frozenset()) -> None:
+                          pinned: Pinned = frozenset) -> None:
         # Foreign pages join the tree too: they never match, and age out like any other.
         self.tree = DiskPageTree()
         self.state_pages, self.tails, self.tail_parent = set(), {}, {}
@@ -263,6 +266,24 @@ class PageCache:
         return {tid for parent, ids in self.tails.items() if parent != ROOT_ID
                 and self.tree.num_children(parent) > 1 for tid in ids}
 
+    def awaited(self, contexts: Iterable[tuple[list[bytes], object, int]],
+                trimmable: bool) -> set[bytes]:
+        """The pages waiting requests will restore (`contexts`: chain, tokens and length of
+        each context, the longest waiting first), up to half the budget. Each is about to be
+        read, so evicting it costs a re-read for certain; the rest of the disk is only
+        likely to be wanted again (docs/design.md "Disk eviction policy")."""
+        awaited: set[bytes] = set()
+        total = 0
+        for chain, tokens, n in contexts:
+            ids = [p.page_id for p in self.disk_prefix(chain, tokens, n, trimmable)
+                   if p.page_id not in awaited]
+            nbytes = sum(self.tree.nbytes(pid) for pid in ids)
+            if total + nbytes > self.budget_bytes // 2:
+                break
+            awaited.update(ids)
+            total += nbytes
+        return awaited
+
     def persisted_tokens(self, slot: Slot, from_token: int) -> int:
         """Tokens of `slot` past `from_token` whose pages are on disk (restorable later)."""
         first = from_token // self.page_size
@@ -365,21 +386,24 @@ class PageCache:
         out.append(StagePage(slot, start, buffers[0], with_state, 0 if full else n))
         return True
 
-    def staged_done(self, now: float, pinned: set[bytes]) -> None:
+    def staged_done(self, now: float, pinned: Pinned) -> None:
         """The step that staged pages finished: make room on disk, then hand them to kvstore."""
         if not self.staged:
             return
         pending, self.staged = list(self.staged.values()), {}
         self._write(pending, now, pinned)
 
-    def _write(self, pending: list[_Pending], now: float, pinned: set[bytes]) -> None:
+    def _write(self, pending: list[_Pending], now: float, pinned: Pinned) -> None:
         """Make room on disk for `pending`, then hand them to kvstore (or drop them)."""
         # Pages still being written count too: they are on disk as soon as kvstore answers.
         incoming = (sum(p.nbytes for p in pending) + sum(p.nbytes for p in self.writing.values())
                     + sum(self.orphans.values()))
-        plan = plan_eviction(self.tree, self.budget_bytes, incoming, now,
-                             self.protect_window_s, pinned=pinned,
-                             evict_first=self.superseded_tails())
+        if self.tree.total_bytes + incoming <= self.budget_bytes:
+            plan = EvictionPlan()  # room enough: what is pinned does not matter
+        else:
+            plan = plan_eviction(self.tree, self.budget_bytes, incoming, now,
+                                 self.protect_window_s, pinned=pinned(),
+                                 evict_first=self.superseded_tails())
         if plan.page_ids:
             for pid in plan.page_ids:
                 self._remove(pid)

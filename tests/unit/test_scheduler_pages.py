@@ -278,6 +278,22 @@ def test_budget_is_never_exceeded_and_lru_tail_goes_first():
     assert all(pid in g.disk for pid in chain_b), "the more recent conversation is kept"
 
 
+def test_a_waiting_requests_pages_are_not_evicted():
+    """A's next turn waits for the only slot while B's pages fill the disk. A's pages are the
+    least recently used, but they are about to be read: eviction takes others (B's, in its
+    slot anyway), and A comes back with everything it had (seen in the soak: background
+    agents, waiting behind interactive ones, re-read their whole history every turn)."""
+    g = Group(num_slots=1, budget_pages=14)  # A's 6 pages fit in half of it
+    a = conv(1, 5 * P + 1)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b", conv(2, 11 * P + 1))
+    g.submit("a2", a + g.reply("a1") + conv(3, 5))  # waits: B has the slot
+    g.run()
+    assert g.core.pages.num_evicted > 0
+    assert g.finished("a2").num_cached_tokens == len(a) + len(g.reply("a1")) - 1
+
+
 def test_hybrid_restores_only_to_state_snapshots():
     g = Group(num_slots=1, trimmable=False)
     a = conv(1, 6 * P + 3)
