@@ -456,6 +456,10 @@ class SchedulerCore:
             if copy is not None:
                 self._copies.append(copy)
             self.waiting.remove(rid)
+            # In use from now: a request that waited long must not find the pages it runs on
+            # the least recently used while it runs (docs/design.md "Disk eviction policy").
+            self.pages.touch(req.context_chain(self.pages.chain_namespace,
+                                               self.config.page_size), now)
 
     def _preempt_background(self, now: float) -> bool:
         """Give an interactive request the slot of a background one (the newest to arrive).

@@ -294,6 +294,25 @@ def test_a_waiting_requests_pages_are_not_evicted():
     assert g.finished("a2").num_cached_tokens == len(a) + len(g.reply("a1")) - 1
 
 
+def test_placing_a_request_is_a_use_of_its_pages():
+    """A2 resumes in the slot A1 left (it restores nothing, so nothing pins A's pages), and
+    A's pages on disk were last used when A1 ended, before B's. Placing A2 is a use: while
+    it runs, the room its new pages need must come from B, not from the conversation in use
+    (seen in the soak: a background turn that waited 30 s lost its history as it ran)."""
+    g = Group(num_slots=2)
+    a = conv(1, 5 * P + 1)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b", conv(2, 6 * P + 1))
+    g.run()
+    tree = g.core.pages.tree
+    on_disk = [pid for pid in g.core.pages.chain(a) if pid in tree]
+    assert len(on_disk) == 5 and max(map(tree.last_used, on_disk)) < g.now
+    g.submit("a2", a + g.reply("a1") + conv(3, 4 * P))
+    g.now += 1.0
+    g.do(PlanStep())  # A2 is placed
+    assert [tree.last_used(pid) for pid in on_disk] == [g.now] * 5
+
 def test_hybrid_restores_only_to_state_snapshots():
     g = Group(num_slots=1, trimmable=False)
     a = conv(1, 6 * P + 3)
