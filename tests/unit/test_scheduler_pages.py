@@ -561,7 +561,13 @@ def test_a_conversation_back_before_its_pages_land_waits_for_them():
     a = conv(1, 5 * P + 3)
     g.submit("a1", a)
     g.run()
-    g.submit("b", conv(2, 3 * P + 1))  # takes the only slot
+    _back_before_its_writes_land(g, a, held_back, deliver)
+
+
+def _back_before_its_writes_land(g, a, held_back, deliver):
+    """B takes the only slot, then A's next turn comes while the writes in `held_back` are
+    late: it waits, prefilling nothing, until they land, then restores all A1 left."""
+    g.submit("b", conv(2, 3 * P + 1))
     g.run()
     follow = a + g.reply("a1") + conv(3, 5)
     before = len(g.steps)
@@ -602,16 +608,4 @@ def test_a_hybrid_conversation_back_before_its_tail_lands_waits_for_it():
     g.run()
     chain = g.core.pages.chain(a + g.reply("a1"))
     assert chain[5] in g.disk and not g.disk[chain[5]].flags, "page 5 should be plain"
-    g.submit("b", conv(2, 3 * P + 1))  # takes the only slot
-    g.run()
-    follow = a + g.reply("a1") + conv(3, 5)
-    before = len(g.steps)
-    g.submit("a2", follow)
-    g.run()
-    assert g.prefilled_in(before) == 0  # waiting for its tail, not re-reading page 5
-    g._kvstore = deliver
-    for msg in held_back:
-        deliver(msg)
-    g.run()
-    held = len(a) + len(g.reply("a1")) - 1
-    assert g.finished("a2").num_cached_tokens == held
+    _back_before_its_writes_land(g, a, held_back, deliver)
