@@ -60,7 +60,7 @@ def load_tokenizer(model: Path):
 
 def word_list() -> list[str]:
     """Plain words the tiny tokenizer was trained on (about one token each)."""
-    from fixtures import tiny_tokenizer
+    from switchyard.deploy import tiny_tokenizer
 
     return sorted(set(tiny_tokenizer._WORDS))
 

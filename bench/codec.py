@@ -25,9 +25,9 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proto import codec  # noqa: E402
-from proto.messages import SamplingParams, SubmitRequest  # noqa: E402
-from proto.tokens import TokenIds  # noqa: E402
+from switchyard.proto import codec  # noqa: E402
+from switchyard.proto.messages import SamplingParams, SubmitRequest  # noqa: E402
+from switchyard.proto.tokens import TokenIds  # noqa: E402
 
 LENGTHS = (1_000, 10_000, 100_000, 200_000)
 TARGET_MS = 1.0

@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 
 from bench._common import parse_with_model, table  # noqa: E402
-from kvstore.pages import decode_header  # noqa: E402
-from kvstore.store import PageStore  # noqa: E402
+from switchyard.kvstore.pages import decode_header  # noqa: E402
+from switchyard.kvstore.store import PageStore  # noqa: E402
 from tests.helpers.drill_serve import DRILL_SERVE  # noqa: E402
 from tests.helpers.group import ServerGroup, short_tmp_dir  # noqa: E402
 from tests.helpers.workload import text, wait_ready  # noqa: E402

@@ -91,7 +91,7 @@ def main() -> None:
 def run(model_dir: Path, args) -> str:
     prompt = "Switchyard keeps every conversation's KV pages warm. " * 8
     ours, theirs = [], []
-    from proto.tokenizer_loading import load_tokenizer
+    from switchyard.proto.tokenizer_loading import load_tokenizer
 
     server_tps.tokenizer = load_tokenizer(str(model_dir))
     with ServerGroup(model_dir, slots=1, ctx=4096) as group:

@@ -138,8 +138,8 @@ def probe_rank(rank: int, hosts: Path, port: int, zmq_port: int, repeats: int) -
     a byte, so the figure is a round trip, as the all_sum's is)."""
     import zmq
 
-    from proto.hostfile import read_hostfile
-    from worker.group import STEP, RankGroup
+    from switchyard.proto.hostfile import read_hostfile
+    from switchyard.worker.group import STEP, RankGroup
 
     group = RankGroup.join(read_hostfile(hosts), rank, "ring", "tensor", port, hosts.parent)
     payload = bytes(range(256)) * 2  # a decode step's RunStep is a few hundred bytes

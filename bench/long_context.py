@@ -37,8 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proto import codec  # noqa: E402
-from proto.messages import (  # noqa: E402
+from switchyard.proto import codec  # noqa: E402
+from switchyard.proto.messages import (  # noqa: E402
     CancelRequest,
     DeletePages,
     InventoryDescribed,
@@ -55,8 +55,9 @@ from proto.messages import (  # noqa: E402
     WorkerReady,
     WritePages,
 )
-from scheduler.core import CoreConfig, SchedulerCore  # noqa: E402
-from scheduler.events import PlanStep  # noqa: E402
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.core import SchedulerCore  # noqa: E402
+from switchyard.scheduler.events import PlanStep  # noqa: E402
 
 NS = b"b" * 16
 PAGE = 256

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from proto.settings import format_size  # noqa: E402
+from switchyard.proto.settings import format_size  # noqa: E402
 from tests.helpers.group import ServerGroup  # noqa: E402
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proto import codec  # noqa: E402
-from proto.messages import (  # noqa: E402
+from switchyard.proto import codec  # noqa: E402
+from switchyard.proto.messages import (  # noqa: E402
     PageInfo,
     PagesWritten,
     PageWrite,
@@ -28,7 +28,7 @@ from proto.messages import (  # noqa: E402
     WorkerReady,
     WritePages,
 )
-from scheduler.page_stores import PageStores, kvstore_identity  # noqa: E402
+from switchyard.scheduler.page_stores import PageStores, kvstore_identity  # noqa: E402
 
 P = 256
 PER_TOKEN = 4096  # bytes of one token's KV on one rank (a mid-size model's share)

@@ -51,11 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 
 from bench._common import parse_with_model, table  # noqa: E402
-from proto.backoff import MAX_S  # noqa: E402
-from proto.endpoints import Endpoints  # noqa: E402
+from switchyard.proto.backoff import MAX_S  # noqa: E402
+from switchyard.proto.endpoints import Endpoints  # noqa: E402
 from tests.helpers.drill_serve import DRILL_SERVE  # noqa: E402
 from tests.helpers.group import ServerGroup, short_tmp_dir  # noqa: E402
-from scheduler.status import read_status  # noqa: E402
+from switchyard.scheduler.status import read_status  # noqa: E402
 from tests.helpers.workload import text, wait_ready  # noqa: E402
 
 PAGE = 256
@@ -500,7 +500,7 @@ def shm_segments(prefix: str) -> list[str]:
 
 
 def parse_size(s: str) -> int:
-    from proto.settings import parse_size as parse
+    from switchyard.proto.settings import parse_size as parse
 
     return parse(s)
 

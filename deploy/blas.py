@@ -2,7 +2,7 @@
 
 MLX's Linux CPU wheel ships a reference BLAS; Debian's OpenBLAS (package libopenblas0-pthread)
 loaded with LD_PRELOAD makes float32 matmul about 30x faster. The worker re-executes itself with
-it preloaded when the library is there. `python -m deploy.blas` prints the library's path (or
+it preloaded when the library is there. `python -m switchyard.deploy.blas` prints the library's path (or
 nothing) for shell scripts (deploy/dev.sh).
 """
 

@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from proto.settings import Settings, format_size
+from switchyard.proto.settings import Settings, format_size
 
 _HEADER_BYTES = 4096  # page header allowance, as the scheduler budgets it
 
@@ -46,10 +46,11 @@ def run_cache(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from scheduler.eviction import plan_budget, round_up_gib
-    from worker.model_loading import ModelLoadError, load_model
-    from fixtures.tiny_models import default_model_path
-    from worker.kv_layout import kv_quant
+    from switchyard.scheduler.eviction import plan_budget, round_up_gib
+    from switchyard.worker.errors import ModelLoadError
+    from switchyard.worker.model_loading import load_model
+    from switchyard.deploy.default_model import default_model_path
+    from switchyard.worker.kv_layout import kv_quant
 
     if args.conversations < 1 or args.tokens < 1:
         print("switchyard cache plan: --conversations and --tokens must be at least 1")
@@ -94,7 +95,7 @@ def _state_bytes(loaded) -> int:
 def _rank_shares(root: Path, rank0: list) -> list[dict]:
     """A worker group's rank R > 0 keeps its shares in `<kv-dir>/rank-R` (docs/design.md "Pages
     per rank"): one entry per rank found, rank 0 (the directory itself) first; none without."""
-    from kvstore.store import read_entries
+    from switchyard.kvstore.store import read_entries
 
     dirs = sorted((int(d.name[5:]), d) for d in root.glob("rank-*")
                   if d.is_dir() and d.name[5:].isdigit() and int(d.name[5:]) > 0)
@@ -106,7 +107,7 @@ def _rank_shares(root: Path, rank0: list) -> list[dict]:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from kvstore.store import read_entries
+    from switchyard.kvstore.store import read_entries
 
     root = Path(args.kv_dir) if args.kv_dir else Settings().kv_path
     if not root.is_dir():

@@ -18,19 +18,18 @@ runtime directory.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import os
 import sys
-from pathlib import Path
 from typing import Callable
 
-from deploy import service_cli
-from deploy import status as status_cli
-from deploy.cache_cli import add_cache_parser, run_cache
-from deploy.supervisor import ROLES, Supervisor
-from proto.endpoints import Endpoints, RuntimeDirError
-from proto.settings import Settings, SettingsError, add_arguments, format_size, from_namespace
+from switchyard.deploy import service_cli
+from switchyard.deploy import status as status_cli
+from switchyard.deploy.cache_cli import add_cache_parser, run_cache
+from switchyard.deploy.resolve import with_concrete_paths, with_model
+from switchyard.deploy.supervisor import ROLES, Supervisor
+from switchyard.proto.endpoints import Endpoints, RuntimeDirError
+from switchyard.proto.settings import Settings, SettingsError, add_arguments, format_size, from_namespace
 
 EXIT_GAVE_UP = 1
 EXIT_USAGE = 2
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_group_key_file(path: str) -> int:
-    from proto.group_key import write_group_key
+    from switchyard.proto.group_key import write_group_key
 
     try:
         write_group_key(path)
@@ -108,33 +107,6 @@ def write_group_key_file(path: str) -> int:
 def _usage_error(message: str) -> int:
     print(f"switchyard: error: {message}", file=sys.stderr)
     return EXIT_USAGE
-
-
-# -- settings resolution ------------------------------------------------------------------------
-
-def with_concrete_paths(settings: Settings) -> Settings:
-    """Replace empty directory settings by the defaults they stand for, as absolute paths, so
-    every child sees the same directories whatever its environment."""
-    model = settings.model
-    if model and Path(model).expanduser().exists():
-        model = str(Path(model).expanduser().resolve())
-    hostfile = settings.hostfile and str(Path(settings.hostfile).expanduser().absolute())
-    group_key = settings.group_key_file and str(
-        Path(settings.group_key_file).expanduser().absolute())
-    return dataclasses.replace(
-        settings, model=model, hostfile=hostfile, group_key_file=group_key,
-        runtime_dir=str(settings.runtime_path.expanduser().absolute()),
-        kv_dir=str(settings.kv_path.expanduser().absolute()),
-        cache_dir=str(settings.cache_path.expanduser().absolute()))
-
-
-def with_model(settings: Settings) -> Settings:
-    """An empty --model means the embedded default tiny model (generated once, then cached)."""
-    if settings.model:
-        return settings
-    from fixtures.tiny_models import default_model_path
-
-    return dataclasses.replace(settings, model=str(default_model_path(settings.cache_path)))
 
 
 # -- serve ----------------------------------------------------------------------------------
@@ -165,11 +137,11 @@ def banner(settings: Settings, default_model: bool, roles: tuple[str, ...] = ROL
 
 def serve(settings: Settings, rank_host: bool = False) -> int:
     """The whole group; with `rank_host`, only rank --rank's children of a worker group."""
-    from deploy.group_roles import rank_roles, serve_roles
-    from deploy.runtime import GroupRunningError, RuntimeDirClaim
-    from proto.hostfile import HostfileError
-    from proto.ids import new_boot_id
-    from proto.logs import configure_logging
+    from switchyard.deploy.group_roles import rank_roles, serve_roles
+    from switchyard.deploy.runtime import GroupRunningError, RuntimeDirClaim
+    from switchyard.proto.hostfile import HostfileError
+    from switchyard.proto.ids import new_boot_id
+    from switchyard.proto.logs import configure_logging
 
     settings = with_concrete_paths(settings)
     endpoints = Endpoints(settings.runtime_path)
@@ -203,15 +175,15 @@ def serve(settings: Settings, rank_host: bool = False) -> int:
 # -- run ------------------------------------------------------------------------------------
 
 def service_for(role: str) -> ServiceRun:
-    return importlib.import_module(f"{role}.service").run
+    return importlib.import_module(f"switchyard.{role}.service").run
 
 
 def run_component(role: str, settings: Settings, service: ServiceRun | None = None) -> int:
     """Run one component until it returns (0) or raises (the exception propagates: non-zero).
     Standalone (no supervisor), it keeps its own pid file and returns 3 if another copy runs."""
-    from deploy.lifeline import parent_pid_from_env, watch_parent
-    from deploy.runtime import pid_alive, read_pid_file, remove_pid_file, write_pid_file
-    from proto.endpoints import ensure_runtime_dir
+    from switchyard.deploy.lifeline import parent_pid_from_env, watch_parent
+    from switchyard.deploy.runtime import pid_alive, read_pid_file, remove_pid_file, write_pid_file
+    from switchyard.proto.endpoints import ensure_runtime_dir
 
     parent = parent_pid_from_env()
     if parent is not None:
@@ -222,7 +194,7 @@ def run_component(role: str, settings: Settings, service: ServiceRun | None = No
     run = service or service_for(role)
     pid_file = None
     if parent is None:  # standalone (launchd/systemd): the component keeps its own pid file
-        from deploy.group_roles import role_name
+        from switchyard.deploy.group_roles import role_name
 
         # A worker group's rank R: `worker.R.pid`, as under a supervisor.
         named = role_name(role, settings.rank) if settings.hostfile else role
@@ -243,7 +215,7 @@ def run_component(role: str, settings: Settings, service: ServiceRun | None = No
 
 def _reexec_with_openblas(settings: Settings) -> None:
     """On Linux, re-execute this worker with Debian's OpenBLAS in LD_PRELOAD (once)."""
-    from deploy.blas import REEXEC_ENV, openblas_path, preload_env
+    from switchyard.deploy.blas import REEXEC_ENV, openblas_path, preload_env
 
     lib = openblas_path()
     if lib is None or os.environ.get(REEXEC_ENV):
@@ -251,15 +223,14 @@ def _reexec_with_openblas(settings: Settings) -> None:
     env = preload_env(dict(os.environ), lib)
     if env is None:
         return
-    from deploy.supervisor import python_env
-    from proto.ids import new_boot_id
-    from proto.logs import configure_logging
+    from switchyard.proto.ids import new_boot_id
+    from switchyard.proto.logs import configure_logging
 
-    env = python_env(env) | {REEXEC_ENV: "1"}
+    env = env | {REEXEC_ENV: "1"}
     log = configure_logging("worker", new_boot_id(), settings.log_level, settings.log_format,
                             settings.log_content)
     log.info("worker.blas_preloaded", library=str(lib), action="re-exec with LD_PRELOAD")
-    argv = [sys.executable, "-m", "deploy.cli", "run", "worker", *settings.to_args("worker")]
+    argv = [sys.executable, "-m", "switchyard.deploy.cli", "run", "worker", *settings.to_args("worker")]
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)
 

@@ -134,7 +134,7 @@ case "$command" in
   test)
     setup
     cd "$ROOT"
-    blas="$("$VENV/bin/python" -m deploy.blas)"
+    blas="$("$VENV/bin/python" -m switchyard.deploy.blas)"
     if [ -n "$blas" ] && [[ ":${LD_PRELOAD:-}:" != *":$blas:"* ]]; then
       export LD_PRELOAD="$blas${LD_PRELOAD:+:$LD_PRELOAD}"
     fi

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from deploy import launchd, systemd
-from deploy.service_units import (ROLES, UnitError, UnitPlan, check_second_group, parse_env,
+from switchyard.deploy import launchd, systemd
+from switchyard.deploy.service_units import (ROLES, UnitError, UnitPlan, check_second_group, parse_env,
                                   unit_plan, write_files, write_key_file)
-from proto.settings import Settings, add_arguments
+from switchyard.proto.settings import Settings, add_arguments
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

@@ -5,7 +5,7 @@
     environment(plan, "worker")
 
 Every component runs as `switchyard run ROLE <settings flags>` from the virtual environment
-that renders the units (its `switchyard` script, or `python -m deploy.cli` in a source
+that renders the units (its `switchyard` script, or `python -m switchyard.deploy.cli` in a source
 checkout that is not installed). The flags are the settings that differ from the defaults,
 with the runtime, KV and cache directories made absolute, so all four components agree on them
 whatever environment the service manager gives them. `--config` files are read at render time:
@@ -25,9 +25,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.group_roles import rank_roles, serve_roles, split_role
-from deploy.supervisor import ROLES  # noqa: F401  (start order; re-exported)
-from proto.settings import GATEWAY_ONLY, SECRET_FIELDS, Settings, flag_args
+from switchyard.deploy.group_roles import rank_roles, serve_roles, split_role
+from switchyard.deploy.resolve import with_concrete_paths
+from switchyard.deploy.supervisor import ROLES  # noqa: F401  (start order; re-exported)
+from switchyard.proto.settings import GATEWAY_ONLY, SECRET_FIELDS, Settings, flag_args
 
 _SUFFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 
@@ -41,7 +42,7 @@ class UnitPlan:
     """Everything the unit files depend on, resolved; rendering is a pure function of it."""
 
     settings: Settings  # directories absolute
-    command: tuple[str, ...]  # `switchyard`, or python -m deploy.cli
+    command: tuple[str, ...]  # `switchyard`, or python -m switchyard.deploy.cli
     working_dir: str
     home: str
     label_suffix: str = ""
@@ -135,13 +136,6 @@ def unit_roles(settings: Settings) -> tuple[str, ...]:
 
 # -- resolution (I/O) ---------------------------------------------------------------------------
 
-def concrete(settings: Settings) -> Settings:
-    """Directories absolute and an existing model path resolved (as `switchyard serve` does)."""
-    from deploy.cli import with_concrete_paths
-
-    return with_concrete_paths(settings)
-
-
 def project_root() -> Path | None:
     """The source checkout this code runs from, if it is one."""
     root = Path(__file__).resolve().parent.parent
@@ -157,15 +151,13 @@ def launcher(python: str | None = None) -> tuple[tuple[str, ...], dict[str, str]
     script = Path(python).parent / "switchyard"
     if script.exists():
         return (str(script),), {}
-    root = project_root()
-    env = {"PYTHONPATH": str(root)} if root else {}
-    return (python, "-m", "deploy.cli"), env
+    return (python, "-m", "switchyard.deploy.cli"), {}
 
 
 def unit_plan(settings: Settings, *, label_suffix: str = "", extra_env: dict[str, str] | None = None,
               python: str | None = None, home: str | None = None,
               openblas: Path | None = None, linux: bool | None = None) -> UnitPlan:
-    from deploy.blas import openblas_path
+    from switchyard.deploy.blas import openblas_path
 
     command, env = launcher(python)
     env = {"PYTHONUNBUFFERED": "1", **env, **(extra_env or {})}
@@ -186,7 +178,7 @@ def unit_plan(settings: Settings, *, label_suffix: str = "", extra_env: dict[str
         roles = unit_roles(settings)
     except ValueError as exc:  # HostfileError
         raise UnitError(str(exc)) from None
-    return UnitPlan(settings=concrete(settings), command=command, roles=roles,
+    return UnitPlan(settings=with_concrete_paths(settings), command=command, roles=roles,
                     working_dir=str(root) if root else home, home=home,
                     label_suffix=suffix, env=tuple(env.items()),
                     worker_env=tuple(worker_env.items()), api_key_file=key_file,

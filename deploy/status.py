@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.runtime import pid_alive, read_pid_file
-from deploy.supervisor import ROLES
-from proto.endpoints import Endpoints
-from proto.settings import Settings, format_size
+from switchyard.deploy.runtime import pid_alive, read_pid_file
+from switchyard.deploy.supervisor import ROLES
+from switchyard.proto.endpoints import Endpoints
+from switchyard.proto.settings import Settings, format_size
 
 EXIT_NOT_RUNNING = 1
 STALE_AFTER_S = 10.0  # a status.json older than this is reported as stale
@@ -233,7 +233,7 @@ def format_report(report: dict) -> str:
 # -- the command ---------------------------------------------------------------------------------
 
 def add_parser(sub) -> None:
-    from proto.settings import add_arguments
+    from switchyard.proto.settings import add_arguments
 
     parser = sub.add_parser("status", help="slots, queue, disk cache and components of a "
                                            "running group (by --runtime-dir)")

@@ -4,7 +4,7 @@
     exit_code = supervisor.run()             # blocks until SIGTERM/SIGINT/SIGHUP, or give-up
 
 Children start in order scheduler, kvstore, worker, gateway, each as
-`python -m deploy.cli run ROLE <settings flags>` (the command is injectable for tests); with
+`python -m switchyard.deploy.cli run ROLE <settings flags>` (the command is injectable for tests); with
 `--hostfile`, a worker rank per local hostfile entry (`worker.R`, deploy.group_roles), and the
 local worker ranks are restarted together when one exits. Each
 child's pid goes to `<runtime dir>/<role>.pid`, the supervisor's to `supervisor.pid`. A child
@@ -25,17 +25,16 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import structlog
 
-from deploy.group_roles import restarted_together, split_role
-from deploy.lifeline import PARENT_ENV
-from deploy.restart_policy import GiveUp, RestartPolicy, RestartTracker
-from deploy.runtime import RuntimeDirClaim, remove_pid_file, write_pid_file
-from proto.endpoints import Endpoints
-from proto.settings import API_KEY_ENV, Settings
+from switchyard.deploy.group_roles import restarted_together, split_role
+from switchyard.deploy.lifeline import PARENT_ENV
+from switchyard.deploy.restart_policy import GiveUp, RestartPolicy, RestartTracker
+from switchyard.deploy.runtime import RuntimeDirClaim, remove_pid_file, write_pid_file
+from switchyard.proto.endpoints import Endpoints
+from switchyard.proto.settings import API_KEY_ENV, Settings
 
 ROLES = ("scheduler", "kvstore", "worker", "gateway")  # start order; stop order is reversed
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -49,7 +48,7 @@ def component_command(role: str, settings: Settings) -> list[str]:
     base, rank = split_role(role)
     if settings.hostfile:
         settings = dataclasses.replace(settings, rank=rank)
-    return [sys.executable, "-m", "deploy.cli", "run", base, *settings.to_args(base)]
+    return [sys.executable, "-m", "switchyard.deploy.cli", "run", base, *settings.to_args(base)]
 
 
 def child_env(base: dict[str, str], role: str, settings: Settings) -> dict[str, str]:
@@ -57,18 +56,6 @@ def child_env(base: dict[str, str], role: str, settings: Settings) -> dict[str, 
     env = {k: v for k, v in base.items() if k != API_KEY_ENV}
     if role == "gateway" and settings.api_key:
         env[API_KEY_ENV] = settings.api_key
-    return env
-
-
-def python_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """`base` (default: ours) with, in a source checkout, the project root on PYTHONPATH, so
-    that `python -m deploy.cli` in a child runs this very code whatever its working directory."""
-    env = dict(os.environ if base is None else base)
-    root = Path(__file__).resolve().parent.parent
-    if (root / "pyproject.toml").exists():
-        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if str(root) not in parts:
-            env["PYTHONPATH"] = os.pathsep.join([str(root), *parts])
     return env
 
 
@@ -96,7 +83,7 @@ class Supervisor:
         self.stop_timeout_s = stop_timeout_s
         self.poll_s = poll_s
         self._claim = claim
-        self._env = python_env(env) | {PARENT_ENV: str(os.getpid())}
+        self._env = dict(os.environ if env is None else env) | {PARENT_ENV: str(os.getpid())}
         self._children = [_Child(role, RestartTracker(policy)) for role in roles]
         # A worker group's ranks on this machine: when one exits, the others' collectives
         # fail, so they are restarted together (docs/design.md "Worker groups").

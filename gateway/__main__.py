@@ -1,3 +1,3 @@
-from gateway.service import main
+from switchyard.gateway.service import main
 
 main()

@@ -22,21 +22,21 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import dashboard, metrics
-from gateway.api import anthropic_api, openai_api, responses_api
-from gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord, gateway_of
-from gateway.driver import STATUS_CLIENT_CLOSED
-from gateway.errors import APIError, api_style
-from gateway.guard import GuardPolicy
-from gateway.prompting.history import TurnMemory
-from gateway.prompting.turn_journal import TurnJournal, tokenizer_identity
-from gateway.api.openapi import openapi_spec
-from gateway.prompting.prompts import served_model_id
-from gateway.api.response_store import ResponseStore
-from gateway.scheduler_client import SchedulerClient
-from gateway.output.formats import detect_format, hidden_special_ids, token_texts
-from proto.endpoints import Endpoints
-from proto.settings import Settings
+from switchyard.gateway import dashboard, metrics
+from switchyard.gateway.api import anthropic_api, openai_api, responses_api
+from switchyard.gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord, gateway_of
+from switchyard.gateway.driver import STATUS_CLIENT_CLOSED
+from switchyard.gateway.errors import APIError, api_style
+from switchyard.gateway.guard import GuardPolicy
+from switchyard.gateway.prompting.history import TurnMemory
+from switchyard.gateway.prompting.turn_journal import TurnJournal, tokenizer_identity
+from switchyard.gateway.api.openapi import openapi_spec
+from switchyard.gateway.prompting.prompts import served_model_id
+from switchyard.gateway.api.response_store import ResponseStore
+from switchyard.gateway.scheduler_client import SchedulerClient
+from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
+from switchyard.proto.endpoints import Endpoints
+from switchyard.proto.settings import Settings
 
 log = structlog.get_logger()
 

@@ -12,15 +12,15 @@ from typing import Any, Callable, TypeVar
 
 from starlette.requests import Request
 
-from gateway.errors import APIError, invalid
-from gateway.generation import Usage
-from gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
-from gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
-from gateway.api.response_store import ResponseStore
-from gateway.scheduler_client import SchedulerClient
-from gateway.output.tools import HERMES, ToolSyntax
-from proto.messages import SubmitRequest
-from proto.settings import Settings
+from switchyard.gateway.errors import APIError, invalid
+from switchyard.gateway.generation import Usage
+from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
+from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
+from switchyard.gateway.api.response_store import ResponseStore
+from switchyard.gateway.scheduler_client import SchedulerClient
+from switchyard.gateway.output.tools import HERMES, ToolSyntax
+from switchyard.proto.messages import SubmitRequest
+from switchyard.proto.settings import Settings
 
 T = TypeVar("T")
 

@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.metrics import read_status
-from proto.endpoints import Endpoints
-from proto.settings import Settings
+from switchyard.gateway.metrics import read_status
+from switchyard.proto.endpoints import Endpoints
+from switchyard.proto.settings import Settings
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ASSETS = {  # the only files served, with their types

@@ -16,18 +16,18 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.context import Gateway, RequestRecord, gateway_of, record_of
-from gateway.errors import APIError, invalid
-from gateway.prompting.history import RenderOptions
-from gateway.output.parser import Event
-from gateway.prompting.prompts import build_submit, check_chat_template
-from gateway.scheduler_client import RequestStream
-from gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
+from switchyard.gateway.context import Gateway, RequestRecord, gateway_of, record_of
+from switchyard.gateway.errors import APIError, invalid
+from switchyard.gateway.prompting.history import RenderOptions
+from switchyard.gateway.output.parser import Event
+from switchyard.gateway.prompting.prompts import build_submit, check_chat_template
+from switchyard.gateway.scheduler_client import RequestStream
+from switchyard.gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
                                until_disconnect)
-from gateway.turn import ChatTurn, TurnResult, TurnUpdate, plan_turn
-from gateway.api.validation import ChatRequest, header_priority
-from proto.logs import content_allowed
-from proto.messages import SubmitRequest
+from switchyard.gateway.turn import ChatTurn, TurnResult, TurnUpdate, plan_turn
+from switchyard.gateway.api.validation import ChatRequest, header_priority
+from switchyard.proto.logs import content_allowed
+from switchyard.proto.messages import SubmitRequest
 
 log = structlog.get_logger()
 

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.output.detokenizer import IncrementalDetokenizer, StopMatcher
-from gateway.errors import APIError, from_failure
-from proto.messages import RequestFailed, RequestFinished, TokensGenerated
+from switchyard.gateway.output.detokenizer import IncrementalDetokenizer, StopMatcher
+from switchyard.gateway.errors import APIError, from_failure
+from switchyard.proto.messages import RequestFailed, RequestFinished, TokensGenerated
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from starlette.types import Scope
 
-from gateway.errors import APIError
-from proto.settings import LOOPBACK_HOSTS, Settings
+from switchyard.gateway.errors import APIError
+from switchyard.proto.settings import LOOPBACK_HOSTS, Settings
 
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 # The routes that take a JSON body (others answer a POST with 404/405 as before).

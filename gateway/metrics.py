@@ -34,9 +34,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.context import RECORD_SCOPE_KEY
-from proto.endpoints import Endpoints
-from proto.settings import Settings
+from switchyard.gateway.context import RECORD_SCOPE_KEY
+from switchyard.proto.endpoints import Endpoints
+from switchyard.proto.settings import Settings
 
 SLOT_STATES = ("idle", "prefilling", "restoring", "decoding")
 PRIORITIES = ("interactive", "background")

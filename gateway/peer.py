@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from proto.messages import GroupState, Hello, RequestFailed, RequestFinished, TokensGenerated
+from switchyard.proto.messages import GroupState, Hello, RequestFailed, RequestFinished, TokensGenerated
 
 RequestEvent = TokensGenerated | RequestFinished | RequestFailed
 

@@ -26,14 +26,14 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from gateway.errors import (CODE_COMPONENT_RESTARTED, CODE_SCHEDULER_UNAVAILABLE,
+from switchyard.gateway.errors import (CODE_COMPONENT_RESTARTED, CODE_SCHEDULER_UNAVAILABLE,
                             CODE_SHUTTING_DOWN, unavailable)
-from gateway.peer import PeerChange, PeerMonitor, RequestEvent, RequestTable, SchedulerStatus
-from proto import codec
-from proto.messages import (PROTOCOL_VERSION, ROLE_GATEWAY, CancelRequest, GroupState,
+from switchyard.gateway.peer import PeerChange, PeerMonitor, RequestEvent, RequestTable, SchedulerStatus
+from switchyard.proto import codec
+from switchyard.proto.messages import (PROTOCOL_VERSION, ROLE_GATEWAY, CancelRequest, GroupState,
                             Heartbeat, Hello, RequestFailed, RequestFinished, SubmitRequest,
                             TokensGenerated)
-from proto.sockets import connect_dealer
+from switchyard.proto.sockets import connect_dealer
 
 GATEWAY_IDENTITY = b"gateway"
 

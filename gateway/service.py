@@ -18,11 +18,11 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.app import build_app
-from gateway.http_limits import server_limits
-from proto.ids import new_boot_id
-from proto.logs import configure_logging
-from proto.settings import Settings, SettingsError, add_arguments, from_namespace
+from switchyard.gateway.app import build_app
+from switchyard.gateway.http_limits import server_limits
+from switchyard.proto.ids import new_boot_id
+from switchyard.proto.logs import configure_logging
+from switchyard.proto.settings import Settings, SettingsError, add_arguments, from_namespace
 
 # On SIGTERM open requests get this long to finish; then they end with a retryable 503.
 GRACE_S = 5.0
@@ -81,7 +81,7 @@ def run(settings: Settings) -> None:
     boot_id = new_boot_id()
     log = configure_logging("gateway", boot_id, level=settings.log_level,
                             fmt=settings.log_format, log_content=settings.log_content)
-    from proto.tokenizer_loading import load_tokenizer  # MLX and transformers: import only here
+    from switchyard.proto.tokenizer_loading import load_tokenizer  # MLX and transformers: import only here
 
     try:
         tokenizer = load_tokenizer(settings.model)
@@ -98,8 +98,8 @@ def run(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m gateway --model ...`: the gateway alone (the supervisor uses `run`)."""
-    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    """`python -m switchyard.gateway --model ...`: the gateway alone (the supervisor uses `run`)."""
+    parser = argparse.ArgumentParser(prog="python -m switchyard.gateway", description=__doc__)
     add_arguments(parser)
     try:
         settings = from_namespace(parser.parse_args(argv))

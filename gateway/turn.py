@@ -13,17 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import APIError
-from gateway.generation import Generation, Usage
-from gateway.prompting.history import Rendered, RenderOptions, TurnMemory, render_prompt
-from gateway.output.harmony import HarmonyParser
-from gateway.output.parser import Event, Forced, OutputParser, TextDelta
-from gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
-from gateway.api import structured
-from gateway.api.structured import Constraint
-from gateway.api.validation import ChatRequest
-from gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
-from gateway.output.tools import HARMONY_FAMILY, ToolCall, ToolSyntax, new_call_id, tool_names
+from switchyard.gateway.errors import APIError
+from switchyard.gateway.generation import Generation, Usage
+from switchyard.gateway.prompting.history import Rendered, RenderOptions, TurnMemory, render_prompt
+from switchyard.gateway.output.harmony import HarmonyParser
+from switchyard.gateway.output.parser import Event, Forced, OutputParser, TextDelta
+from switchyard.gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
+from switchyard.gateway.api import structured
+from switchyard.gateway.api.structured import Constraint
+from switchyard.gateway.api.validation import ChatRequest
+from switchyard.gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
+from switchyard.gateway.output.tools import HARMONY_FAMILY, ToolCall, ToolSyntax, new_call_id, tool_names
 
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from proto.page_ids import (  # noqa: F401  (re-exported: the page format's id scheme)
+from switchyard.proto.page_ids import (  # noqa: F401  (re-exported: the page format's id scheme)
     ID_BYTES,
     PAGE_FORMAT_VERSION,
     ROOT_ID,

@@ -18,13 +18,13 @@ import sys
 import time
 from collections import deque
 
-from kvstore.dir_lock import KvDirLocked, lock_kv_dir
-from kvstore.store import CorruptEvent, PageStore, StoreUnavailable
-from proto.backoff import Backoff
-from proto.endpoints import rank_role
-from proto.ids import new_boot_id
-from proto.logs import configure_logging
-from proto.messages import (
+from switchyard.kvstore.dir_lock import KvDirLocked, lock_kv_dir
+from switchyard.kvstore.store import CorruptEvent, PageStore, StoreUnavailable
+from switchyard.proto.backoff import Backoff
+from switchyard.proto.endpoints import rank_role
+from switchyard.proto.ids import new_boot_id
+from switchyard.proto.logs import configure_logging
+from switchyard.proto.messages import (
     ROLE_KVSTORE,
     AttachBuffers,
     DeletePages,
@@ -38,9 +38,9 @@ from proto.messages import (
     TouchPages,
     WritePages,
 )
-from proto.service_loop import GroupKeyRefused, SchedulerLink, StopFlag
-from proto.settings import Settings, SettingsError
-from proto.shm import PageBufferPool, ShmError
+from switchyard.proto.service_loop import GroupKeyRefused, SchedulerLink, StopFlag
+from switchyard.proto.settings import Settings, SettingsError
+from switchyard.proto.shm import PageBufferPool, ShmError
 
 
 class KvStoreDaemon:

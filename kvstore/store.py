@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstore import pages
-from kvstore.pages import (
+from switchyard.kvstore import pages
+from switchyard.kvstore.pages import (
     PREFIX_SIZE,
     CorruptPage,
     PageHeader,
@@ -36,7 +36,7 @@ from kvstore.pages import (
     make_header,
     payload_checksum,
 )
-from proto.messages import PageInfo
+from switchyard.proto.messages import PageInfo
 
 PAGE_SUFFIX = ".page"
 TEMP_SUFFIX = ".tmp"

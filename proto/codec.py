@@ -13,8 +13,8 @@ from typing import Any, Union
 
 import msgspec
 
-from proto.messages import MESSAGE_TYPES, Message
-from proto.tokens import TokenIds
+from switchyard.proto.messages import MESSAGE_TYPES, Message
+from switchyard.proto.tokens import TokenIds
 
 
 class ProtocolError(ValueError):

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from proto.settings import SettingsError, read_private_file
+from switchyard.proto.secret_files import SettingsError, read_private_file
 
 FORMAT = "switchyard-group-key-1"
 ZAP_DOMAIN = "switchyard-group"
@@ -61,8 +60,7 @@ def write_group_key(path: str) -> GroupKey:
 def read_group_key(path: str) -> GroupKey:
     """The keys in `path`, refusing a file group or other users can read, or a malformed one."""
     flag = f"--group-key-file {path}"
-    raw = read_private_file(path, "--group-key-file", 65536,
-                            forbidden=stat.S_IRWXG | stat.S_IRWXO)
+    raw = read_private_file(path, "--group-key-file", 65536)
     try:
         data = json.loads(raw)
         if data.get("format") != FORMAT:

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import msgspec
 
-from proto.tokens import TokenIds, as_token_ids
+from switchyard.proto.tokens import TokenIds, as_token_ids
 
 # 2: msgspec structs, token lists packed as uint32 `bin` values.
 PROTOCOL_VERSION = 2

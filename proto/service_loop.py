@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import zmq
 
-from proto import codec
-from proto.endpoints import Endpoints, ensure_runtime_dir
-from proto.group_key import curve_client, read_group_key
-from proto.messages import PROTOCOL_VERSION, Heartbeat, Hello
-from proto.settings import Settings, SettingsError
-from proto.sockets import connect_dealer, send
+from switchyard.proto import codec
+from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.group_key import curve_client, read_group_key
+from switchyard.proto.messages import PROTOCOL_VERSION, Heartbeat, Hello
+from switchyard.proto.settings import Settings, SettingsError
+from switchyard.proto.sockets import connect_dealer, send
 
 
 class StopFlag:
@@ -34,7 +34,7 @@ def scheduler_endpoint(settings: Settings, endpoints: Endpoints) -> str:
     """The scheduler's ipc socket on its own machine; from another host of a worker group
     (rank 0, where the scheduler runs, is not this machine) its TCP `--scheduler-address`."""
     if settings.scheduler_address and settings.hostfile:
-        from proto.hostfile import is_local, read_hostfile
+        from switchyard.proto.hostfile import is_local, read_hostfile
 
         if not is_local(read_hostfile(settings.hostfile).hosts[0]):
             return settings.scheduler_address

@@ -18,12 +18,13 @@ import ipaddress
 import os
 import re
 import sys
-import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proto.hostfile import BACKENDS, PARALLEL_MODES
+from switchyard.proto.group_key import read_group_key
+from switchyard.proto.hostfile import BACKENDS, PARALLEL_MODES
+from switchyard.proto.secret_files import SettingsError, read_private_file
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -287,28 +288,6 @@ SECRET_FIELDS = ("api_key", "api_key_file")
 GATEWAY_ONLY = ("host", "port", "allowed_hosts", "allowed_origins")
 
 
-class SettingsError(ValueError):
-    pass
-
-
-def read_private_file(path: str, flag: str, max_bytes: int,
-                      forbidden: int = stat.S_IROTH) -> bytes:
-    """The first `max_bytes` of a secret file named by `flag`: a regular file (no symlink, no
-    FIFO) whose mode has none of the `forbidden` bits (docs/design.md "Security")."""
-    try:
-        fd = os.open(os.path.expanduser(path),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SettingsError(f"{flag} {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SettingsError(f"{flag} {path} is not a regular file")
-        if info.st_mode & forbidden:
-            raise SettingsError(f"{flag} {path} is readable by other users: chmod 600 {path}")
-        return f.read(max_bytes)
-
-
 def read_api_key_file(path: str) -> str:
     """The key in `path` (its first line), refusing a file other users can read."""
     text = read_private_file(path, "--api-key-file", 4096).decode("utf-8", "replace")
@@ -360,8 +339,6 @@ def from_namespace(ns: argparse.Namespace) -> Settings:
             values[f.name] = (given,) if isinstance(given, str) else tuple(given)
     settings = Settings(**resolve_api_key(values)).validate()
     if settings.group_key_file:  # refuse a bad or readable key file before starting anything
-        from proto.group_key import read_group_key
-
         read_group_key(settings.group_key_file)
     return settings
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zmq
 
-from proto import codec
+from switchyard.proto import codec
 
 _HWM = 100_000
 

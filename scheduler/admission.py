@@ -8,15 +8,13 @@ to the slot and the request. The core owns the queue and calls them while it adm
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from proto.messages import CopyPrefix
-from scheduler.page_cache import PageCache
-from scheduler.placement import Placement, Sources, choose_slot, usable_match
-from scheduler.requests import Request, Slot
+from switchyard.proto.messages import CopyPrefix
+from switchyard.scheduler.page_cache import PageCache
+from switchyard.scheduler.placement import Placement, Sources, choose_slot, usable_match
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.requests import Request, Slot
 
-if TYPE_CHECKING:
-    from scheduler.core import CoreConfig
 
 
 def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,

@@ -22,7 +22,7 @@ from functools import partial
 
 import msgspec
 
-from proto.messages import (
+from switchyard.proto.messages import (
     CancelRequest,
     CopyPrefix,
     DecodeItem,
@@ -39,7 +39,7 @@ from proto.messages import (
     TokensGenerated,
     WorkerReady,
 )
-from scheduler.events import (
+from switchyard.scheduler.events import (
     Effects,
     Event,
     FailAll,
@@ -49,36 +49,14 @@ from scheduler.events import (
     PlanStep,
     WorkerLost,
 )
-from scheduler.admission import apply, place
-from scheduler.fairness import admission_key, interactive_now, oldest_waiting_s
-from scheduler.page_cache import PageCache
-from scheduler.prefill_plan import plan_prefills, state_points
-from scheduler.requests import Request, Slot
-from scheduler.restore import DiskReads, load_of
-from scheduler.step_budget import PrefillBudget
-
-
-@dataclass(frozen=True)
-class CoreConfig:
-    num_slots: int
-    ctx: int
-    prefill_chunk: int
-    max_queue: int
-    trimmable: bool = True
-    retry_after_s: float = 1.0
-    page_size: int = 256
-    disk_budget_bytes: int = 32 << 30
-    protect_window_s: float = 86400.0
-    # Hybrid models snapshot their recurrent state every this many tokens of a prefill.
-    state_interval: int = 4096
-    decode_share: float = 0.5
-    decode_burst: int = 8
-    # Prefill order and background bound (scheduler.fairness, docs/design.md "Scheduling").
-    overtake_limit: float = 1.0
-    background_wait_s: float = 30.0
-    # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
-    # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
-    wait_for_index: bool = False
+from switchyard.scheduler.admission import apply, place
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.fairness import admission_key, interactive_now, oldest_waiting_s
+from switchyard.scheduler.page_cache import PageCache
+from switchyard.scheduler.prefill_plan import plan_prefills, state_points
+from switchyard.scheduler.requests import Request, Slot
+from switchyard.scheduler.restore import DiskReads, load_of
+from switchyard.scheduler.step_budget import PrefillBudget
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from proto.messages import (
+from switchyard.proto.messages import (
     CancelRequest,
     InventoryDescribed,
     PagesRead,

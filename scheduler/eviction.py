@@ -20,7 +20,7 @@ import math
 from collections.abc import Set
 from dataclasses import dataclass, field
 
-from scheduler.page_tree import DiskPageTree
+from switchyard.scheduler.page_tree import DiskPageTree
 
 GIB = 1 << 30
 DEFAULT_PROTECT_WINDOW_S = 86400.0

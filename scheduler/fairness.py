@@ -17,7 +17,7 @@ Pure functions of a request's state and the time (docs/design.md "Scheduling"):
 
 from __future__ import annotations
 
-from scheduler.requests import Request
+from switchyard.scheduler.requests import Request
 
 
 def interactive_now(req: Request, now: float, background_wait_s: float) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 
-from proto.messages import (
+from switchyard.proto.messages import (
     AttachBuffers,
     DeletePages,
     PageInfo,
@@ -24,12 +24,12 @@ from proto.messages import (
     TouchPages,
     WritePages,
 )
-from proto.backoff import Backoff
-from proto.page_ids import ROOT_ID, chain_page_ids, page_id
-from proto.shm import BufferAllocator
-from scheduler.eviction import EvictionPlan, plan_eviction
-from scheduler.page_tree import DiskPageTree
-from scheduler.requests import Slot
+from switchyard.proto.backoff import Backoff
+from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, page_id
+from switchyard.proto.shm import BufferAllocator
+from switchyard.scheduler.eviction import EvictionPlan, plan_eviction
+from switchyard.scheduler.page_tree import DiskPageTree
+from switchyard.scheduler.requests import Slot
 
 FLAG_RECURRENT_STATE = 1
 # Page ids match slots to requests even with no page store (no worker namespace yet).

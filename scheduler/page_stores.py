@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from proto.endpoints import rank_role
-from proto.messages import (
+from switchyard.proto.endpoints import rank_role
+from switchyard.proto.messages import (
     ROLE_KVSTORE,
     AttachBuffers,
     DeletePages,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.requests import Slot
+from switchyard.scheduler.requests import Slot
 
 # Cost of a token relative to prefilling it. Restoring reads and verifies a page from disk
 # (~1 GB/s) and copies it into the slot; copying is a memory copy inside the worker.

@@ -7,15 +7,13 @@ remaining tokens first, aged by what a request has waited (`scheduler.fairness`)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from proto.messages import PrefillChunk
-from scheduler.fairness import interactive_now, prefill_key
-from scheduler.requests import Request, Slot
-from scheduler.step_budget import PrefillBudget
+from switchyard.proto.messages import PrefillChunk
+from switchyard.scheduler.fairness import interactive_now, prefill_key
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.requests import Request, Slot
+from switchyard.scheduler.step_budget import PrefillBudget
 
-if TYPE_CHECKING:
-    from scheduler.core import CoreConfig
 
 
 def plan_prefills(prefilling: list[tuple[Request, int]], decoding: list[Request],

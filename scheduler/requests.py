@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proto.messages import PRIORITY_INTERACTIVE, SamplingParams
-from proto.page_ids import ROOT_ID, chain_page_ids
+from switchyard.proto.messages import PRIORITY_INTERACTIVE, SamplingParams
+from switchyard.proto.page_ids import ROOT_ID, chain_page_ids
 
 
 @dataclass

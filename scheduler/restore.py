@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from proto.messages import LoadPages, PageRead, PagesRead, ReadPages
-from scheduler.page_cache import PageCache
-from scheduler.requests import Request
+from switchyard.proto.messages import LoadPages, PageRead, PagesRead, ReadPages
+from switchyard.scheduler.page_cache import PageCache
+from switchyard.scheduler.requests import Request
 
 # Pages read per batch: bounds the buffers one restore holds at a time. A batch takes at most
 # half the buffer pool, so the next one can be read while it loads (docs/design.md "Restores").

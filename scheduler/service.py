@@ -16,12 +16,12 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from proto import codec
-from proto.endpoints import Endpoints, ensure_runtime_dir
-from proto.group_key import bind_curve, read_group_key, start_authenticator
-from proto.ids import new_boot_id
-from proto.logs import configure_logging
-from proto.messages import (
+from switchyard.proto import codec
+from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.group_key import bind_curve, read_group_key, start_authenticator
+from switchyard.proto.ids import new_boot_id
+from switchyard.proto.logs import configure_logging
+from switchyard.proto.messages import (
     PROTOCOL_VERSION,
     WritePages,
     ROLE_GATEWAY,
@@ -49,11 +49,12 @@ from proto.messages import (
     TouchPages,
     WorkerReady,
 )
-from proto.service_loop import StopFlag
-from proto.settings import Settings, SettingsError, format_size
-from proto.sockets import bind_router, send_to
-from scheduler.core import CoreConfig, SchedulerCore
-from scheduler.events import (
+from switchyard.proto.service_loop import StopFlag
+from switchyard.proto.settings import Settings, SettingsError, format_size
+from switchyard.proto.sockets import bind_router, send_to
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.core import SchedulerCore
+from switchyard.scheduler.events import (
     Effects,
     FailAll,
     GatewayRestarted,
@@ -62,10 +63,10 @@ from scheduler.events import (
     PlanStep,
     WorkerLost,
 )
-from scheduler.eviction import budget_report
-from scheduler.page_stores import PageStores, kvstore_rank
-from scheduler.stats import SchedulerStats
-from scheduler.status import build_status, write_status
+from switchyard.scheduler.eviction import budget_report
+from switchyard.scheduler.page_stores import PageStores, kvstore_rank
+from switchyard.scheduler.stats import SchedulerStats
+from switchyard.scheduler.status import build_status, write_status
 
 # Where each outgoing message type goes.
 _DESTINATION = {
@@ -389,7 +390,7 @@ def remote_kvstore_address(settings: Settings) -> str:
     another host and no address refuses to start (exit 2)."""
     if not settings.hostfile:
         return ""
-    from proto.hostfile import HostfileError, is_local, read_hostfile
+    from switchyard.proto.hostfile import HostfileError, is_local, read_hostfile
 
     try:
         remote = [h for h in read_hostfile(settings.hostfile).hosts if not is_local(h)]

@@ -7,14 +7,9 @@ the dynamic loader reads it at process start). Without it they pass, only slower
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-# The project is not installed into the venv; make `import worker` work under plain `pytest`.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):

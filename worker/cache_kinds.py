@@ -17,7 +17,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
 
-from worker.kv_layout import is_attention_kv
+from switchyard.worker.kv_layout import is_attention_kv
 
 
 def leaves(cache: list) -> list:

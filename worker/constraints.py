@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from proto.grammar_limits import parser_limits
-from proto.messages import SamplingParams
+from switchyard.proto.grammar_limits import parser_limits
+from switchyard.proto.messages import SamplingParams
 
 MAX_COMPILED_GRAMMARS = 64  # matcher templates kept, most recently used first
 
@@ -144,7 +144,7 @@ def llguidance_tokenizer(model_ref: str) -> tuple[object, list[int]]:
     second; done once, on the first constrained request)."""
     import llguidance.hf
 
-    from proto.tokenizer_loading import load_tokenizer
+    from switchyard.proto.tokenizer_loading import load_tokenizer
 
     wrapper = load_tokenizer(model_ref)
     eos = sorted(getattr(wrapper, "eos_token_ids", None) or [wrapper.eos_token_id])

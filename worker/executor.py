@@ -11,13 +11,13 @@ import time
 
 import mlx.core as mx
 
-from proto.messages import DecodeItem, RunStep, SampledToken, StepDone
-from proto.shm import PageBufferPool
-from worker.cache_kinds import before_token, drop_last_token
-from worker.constraints import ConstraintEngine
-from worker.page_io import PageLayout
-from worker.sampling import sample_lazy
-from worker.slots import SlotStore
+from switchyard.proto.messages import DecodeItem, RunStep, SampledToken, StepDone
+from switchyard.proto.shm import PageBufferPool
+from switchyard.worker.cache_kinds import before_token, drop_last_token
+from switchyard.worker.constraints import ConstraintEngine
+from switchyard.worker.page_io import PageLayout
+from switchyard.worker.sampling import sample_lazy
+from switchyard.worker.slots import SlotStore
 
 
 class StepExecutor:

@@ -13,8 +13,8 @@ from typing import Callable
 
 import mlx.core as mx
 
-from worker.gguf_tensors import MlxTensor, dequantize_mlx
-from worker.model_loading import ModelLoadError
+from switchyard.worker.gguf_tensors import MlxTensor, dequantize_mlx
+from switchyard.worker.errors import ModelLoadError
 
 # llama.cpp tensor names -> mlx_lm module paths (inverse of gguf.get_tensor_name_map).
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}

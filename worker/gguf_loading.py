@@ -18,11 +18,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from worker.gguf_archs import (ARCHS, SUPPORTED_ARCHS, Arch, Meta, dense_config, mlx_name,
+from switchyard.worker.gguf_archs import (ARCHS, SUPPORTED_ARCHS, Arch, Meta, dense_config, mlx_name,
                                rope_scaling, unpermute_qk)
-from worker.gguf_tensors import (SUPPORTED_TYPES, MlxTensor, UnsupportedTensorType, convert,
+from switchyard.worker.gguf_tensors import (SUPPORTED_TYPES, MlxTensor, UnsupportedTensorType, convert,
                                  dequantize_mlx)
-from worker.model_loading import ModelLoadError
+from switchyard.worker.errors import ModelLoadError
 
 def _open(path: Path):
     import gguf

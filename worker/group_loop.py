@@ -13,14 +13,14 @@ from typing import Callable
 
 import msgspec
 
-from proto.codec import decode, encode
-from proto.messages import RankInfo, RunStep, StepDone
-from proto.service_loop import StopFlag
-from worker.executor import StepExecutor
-from worker.group import IDLE_TICK_S, PING, STEP, STOP, GroupError, RankGroup
-from worker.model_loading import LoadedModel
-from worker.page_io import PageLayout
-from worker.watchdog import CollectiveWatch
+from switchyard.proto.codec import decode, encode
+from switchyard.proto.messages import RankInfo, RunStep, StepDone
+from switchyard.proto.service_loop import StopFlag
+from switchyard.worker.executor import StepExecutor
+from switchyard.worker.group import IDLE_TICK_S, PING, STEP, STOP, GroupError, RankGroup
+from switchyard.worker.model_loading import LoadedModel
+from switchyard.worker.page_io import PageLayout
+from switchyard.worker.watchdog import CollectiveWatch
 
 
 def start_watchdog(group: RankGroup, limit_s: float, log,

@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from proto.settings import format_size
+from switchyard.proto.settings import format_size
 
 
 class MemoryPlanError(RuntimeError):

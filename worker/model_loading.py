@@ -17,7 +17,10 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.kv_layout import (
+from switchyard.worker.cache_kinds import leaves, rewindable
+from switchyard.worker.errors import ModelLoadError
+from switchyard.worker.gguf_loading import load_gguf
+from switchyard.worker.kv_layout import (
     KVQuant,
     KVQuantError,
     apply_quant,
@@ -30,10 +33,6 @@ FINGERPRINT_VERSION = b"switchyard-fingerprint-v1"
 _SAMPLE_BYTES = 4096
 _NUM_SAMPLES = 16
 _EDGE_BYTES = 65536
-
-
-class ModelLoadError(Exception):
-    """The model reference cannot be loaded; the message says why and what is supported."""
 
 
 @dataclass
@@ -58,8 +57,6 @@ class LoadedModel:
     def has_recurrent_state(self) -> bool:
         """True when some layer keeps a state that cannot be split per token (ArraysCache,
         rotating windows, ...): such a model cannot be restored from KV pages alone."""
-        from worker.cache_kinds import rewindable
-
         return not rewindable(self.make_cache())
 
     @cached_property
@@ -71,8 +68,6 @@ class LoadedModel:
         for any architecture (head_dim overrides, MLA, partial attention layers) and any KV dtype
         or quantization.
         """
-        from worker.cache_kinds import leaves
-
         cache = self.make_cache()
         self.model(mx.array([[0]]), cache=cache)
         return kv_bytes_per_token(leaves(cache))
@@ -87,8 +82,6 @@ def load_model(ref: str, kv_quant: KVQuant | None = None, prepare=None) -> Loade
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path}: a model file must be .gguf; otherwise pass a directory")
-        from worker.gguf_loading import load_gguf
-
         model, config = load_gguf(path)
         files = [path]
     else:

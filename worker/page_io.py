@@ -19,8 +19,8 @@ import numpy as np
 from mlx.utils import tree_map
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-from worker.cache_kinds import leaves, window_copy, window_restore, window_shapes, window_snapshot
-from worker.kv_layout import copy_tokens, is_attention_kv, set_token_arrays, token_arrays
+from switchyard.worker.cache_kinds import leaves, window_copy, window_restore, window_shapes, window_snapshot
+from switchyard.worker.kv_layout import copy_tokens, is_attention_kv, set_token_arrays, token_arrays
 
 _NP_DTYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.uint32: np.uint32,
               mx.int32: np.int32}

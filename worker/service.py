@@ -17,32 +17,33 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
-from proto.endpoints import Endpoints, ensure_runtime_dir
-from proto.hostfile import Hostfile, HostfileError, layout_tag, read_hostfile
-from proto.ids import new_boot_id
-from proto.logs import configure_logging
-from proto.messages import ROLE_WORKER, RankInfo, RunStep, SlotContents, WorkerReady
-from proto.page_ids import kv_namespace as page_namespace
-from proto.service_loop import SchedulerLink, StopFlag
-from proto.settings import Settings, parse_size
-from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
-from worker.cache_kinds import leaves, window_bytes
-from worker.constraints import ConstraintEngine, llguidance_tokenizer
-from worker.executor import StepExecutor
-from worker.group import GroupError, GroupMismatch, RankGroup, resolve_backend
-from worker.group_loop import GroupLead, follow, gather_ranks, log_comm_probe, start_watchdog
-from worker.kv_layout import is_attention_kv, kv_quant
-from worker.page_io import PageLayout, PageLayoutError
-from worker.memory_plan import (
+from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.hostfile import Hostfile, HostfileError, layout_tag, read_hostfile
+from switchyard.proto.ids import new_boot_id
+from switchyard.proto.logs import configure_logging
+from switchyard.proto.messages import ROLE_WORKER, RankInfo, RunStep, SlotContents, WorkerReady
+from switchyard.proto.page_ids import kv_namespace as page_namespace
+from switchyard.proto.service_loop import SchedulerLink, StopFlag
+from switchyard.proto.settings import Settings, parse_size
+from switchyard.proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
+from switchyard.worker.cache_kinds import leaves, window_bytes
+from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
+from switchyard.worker.executor import StepExecutor
+from switchyard.worker.group import GroupError, GroupMismatch, RankGroup, resolve_backend
+from switchyard.worker.group_loop import GroupLead, follow, gather_ranks, log_comm_probe, start_watchdog
+from switchyard.worker.kv_layout import is_attention_kv, kv_quant
+from switchyard.worker.page_io import PageLayout, PageLayoutError
+from switchyard.worker.memory_plan import (
     MemoryPlanError,
     check_plan,
     device_memory_limit,
     make_plan,
     resident_bytes,
 )
-from worker.model_loading import LoadedModel, ModelLoadError, load_model
-from worker.sharding import check_splittable, split
-from worker.slots import SlotStore
+from switchyard.worker.errors import ModelLoadError
+from switchyard.worker.model_loading import LoadedModel, load_model
+from switchyard.worker.sharding import check_splittable, split
+from switchyard.worker.slots import SlotStore
 
 # Bumped whenever the meaning of a page's bytes changes; part of every page namespace (F12).
 KV_LAYOUT_VERSION = 1

@@ -12,7 +12,7 @@ from importlib.metadata import version
 
 import mlx.nn as nn
 
-from worker.model_loading import ModelLoadError
+from switchyard.worker.errors import ModelLoadError
 
 
 def _mlx_lm_version() -> str:

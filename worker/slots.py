@@ -15,9 +15,9 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.cache_kinds import drops_last_token, rewindable
-from worker.kv_layout import is_attention_kv
-from worker.page_io import copy_prefix
+from switchyard.worker.cache_kinds import drops_last_token, rewindable
+from switchyard.worker.kv_layout import is_attention_kv
+from switchyard.worker.page_io import copy_prefix
 
 
 class SlotError(RuntimeError):

@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from deploy.group_roles import split_role
-from deploy.service_units import ROLES, UnitPlan, environment, program_arguments
+from switchyard.deploy.group_roles import split_role
+from switchyard.deploy.service_units import ROLES, UnitPlan, environment, program_arguments
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
 LABEL_PREFIX = "com.switchyard"

@@ -17,8 +17,8 @@ import os
 import re
 from pathlib import Path
 
-from deploy.group_roles import split_role
-from deploy.service_units import (ROLES, UnitPlan, describe, environment,
+from switchyard.deploy.group_roles import split_role
+from switchyard.deploy.service_units import (ROLES, UnitPlan, describe, environment,
                                   program_arguments)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent

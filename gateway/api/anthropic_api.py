@@ -23,20 +23,20 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.api import structured
-from gateway.context import gateway_of
-from gateway.driver import (PREFIX_STABLE_HEADER, chat_chars, header_flag, respond,
+from switchyard.gateway.api import structured
+from switchyard.gateway.context import gateway_of
+from switchyard.gateway.driver import (PREFIX_STABLE_HEADER, chat_chars, header_flag, respond,
                             start_chat)
-from gateway.errors import APIError, invalid, invalid_type
-from gateway.generation import Usage
-from gateway.prompting.history import RenderOptions
-from gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
-from gateway.prompting.prompts import check_chat_template
-from gateway.streaming import sse_event
-from gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_choice, check_tool_fields,
+from switchyard.gateway.errors import APIError, invalid, invalid_type
+from switchyard.gateway.generation import Usage
+from switchyard.gateway.prompting.history import RenderOptions
+from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from switchyard.gateway.prompting.prompts import check_chat_template
+from switchyard.gateway.streaming import sse_event
+from switchyard.gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_choice, check_tool_fields,
                                   function_tool, strict_tool_names)
-from gateway.turn import TurnResult, plan_turn
-from gateway.api.validation import (ChatRequest, Fields, Options, parse_json, parse_priority,
+from switchyard.gateway.turn import TurnResult, plan_turn
+from switchyard.gateway.api.validation import (ChatRequest, Fields, Options, parse_json, parse_priority,
                                 template_kwargs)
 
 log = structlog.get_logger()

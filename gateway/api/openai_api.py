@@ -10,15 +10,15 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.context import gateway_of
-from gateway.driver import respond, start_chat
-from gateway.errors import model_not_found
-from gateway.prompting.prompts import build_submit, check_model, encode_prompt
-from gateway.api.responses import ChatFormat, CompletionFormat, model_card, models_body
-from gateway.turn import TextTurn
-from gateway.api.validation import (header_priority, parse_chat_request, parse_completion_request,
+from switchyard.gateway.context import gateway_of
+from switchyard.gateway.driver import respond, start_chat
+from switchyard.gateway.errors import model_not_found
+from switchyard.gateway.prompting.prompts import build_submit, check_model, encode_prompt
+from switchyard.gateway.api.responses import ChatFormat, CompletionFormat, model_card, models_body
+from switchyard.gateway.turn import TextTurn
+from switchyard.gateway.api.validation import (header_priority, parse_chat_request, parse_completion_request,
                                 parse_json)
-from proto.ids import new_rid
+from switchyard.proto.ids import new_rid
 
 
 async def chat_completions(request: Request) -> Response:

@@ -11,12 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import APIError
-from gateway.generation import Usage
-from gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
-from gateway.streaming import SSE_DONE, SSE_KEEPALIVE, sse_data
-from gateway.output.tools import ToolCall
-from gateway.turn import TurnResult
+from switchyard.gateway.errors import APIError
+from switchyard.gateway.generation import Usage
+from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from switchyard.gateway.streaming import SSE_DONE, SSE_KEEPALIVE, sse_data
+from switchyard.gateway.output.tools import ToolCall
+from switchyard.gateway.turn import TurnResult
 
 
 @dataclass

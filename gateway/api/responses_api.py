@@ -21,18 +21,18 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.context import gateway_of
-from gateway.driver import respond, start_chat
-from gateway.errors import APIError, invalid, invalid_type
-from gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
-from gateway.prompting.prompts import check_model
-from gateway.api import structured
-from gateway.api.response_store import ResponseStore
-from gateway.streaming import sse_event
-from gateway.output.tools import (ToolChoice, check_tool_fields, function_tool,
+from switchyard.gateway.context import gateway_of
+from switchyard.gateway.driver import respond, start_chat
+from switchyard.gateway.errors import APIError, invalid, invalid_type
+from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from switchyard.gateway.prompting.prompts import check_model
+from switchyard.gateway.api import structured
+from switchyard.gateway.api.response_store import ResponseStore
+from switchyard.gateway.streaming import sse_event
+from switchyard.gateway.output.tools import (ToolChoice, check_tool_fields, function_tool,
                                   parse_openai_tool_choice, strict_tool_names)
-from gateway.turn import ChatTurn, TurnResult, assistant_message
-from gateway.api.validation import (
+from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
+from switchyard.gateway.api.validation import (
     ChatRequest,
     Fields,
     Options,
@@ -40,7 +40,7 @@ from gateway.api.validation import (
     parse_json,
     parse_priority,
 )
-from proto.ids import new_rid
+from switchyard.proto.ids import new_rid
 
 # Content part type -> the key holding its text.
 _TEXT_PARTS = {kind: "text" for kind in ("input_text", "output_text", "text", "summary_text",

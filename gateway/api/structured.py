@@ -17,8 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import invalid
-from proto.grammar_limits import parser_limits
+from switchyard.gateway.errors import invalid
+from switchyard.proto.grammar_limits import parser_limits
 
 # A schema's compile time grows with its size (measured: 240 KB, 3,000 patterned properties,
 # 0.4 s); 64 KB keeps one unique schema well under 0.1 s of the gateway's time, and compiled

@@ -12,12 +12,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.api import structured
-from gateway.api.structured import Constraint
-from gateway.errors import invalid, invalid_type, out_of_range
-from gateway.output.tools import (AUTO, ToolChoice, parse_openai_tool_choice, parse_openai_tools,
+from switchyard.gateway.api import structured
+from switchyard.gateway.api.structured import Constraint
+from switchyard.gateway.errors import invalid, invalid_type, out_of_range
+from switchyard.gateway.output.tools import (AUTO, ToolChoice, parse_openai_tool_choice, parse_openai_tools,
                                   strict_tool_names)
-from proto.messages import PRIORITIES
+from switchyard.proto.messages import PRIORITIES
 
 PRIORITY_HEADER = "x-switchyard-priority"
 MAX_STOP_STRINGS = 16

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.output.tools import ToolSyntax
+from switchyard.gateway.output.tools import ToolSyntax
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 # Compact JSON inside calls too: no whitespace runs for a model to fill.

@@ -21,8 +21,8 @@ from typing import Any
 import regex as re
 from mlx_lm.tool_parsers import gemma4, glm47, minimax_m2, mistral, pythonic, qwen3_coder
 
-from gateway.output.reasoning import ThinkSyntax
-from gateway.output.tools import HARMONY_FAMILY, HERMES, JSON_FAMILY, ToolSyntax
+from switchyard.gateway.output.reasoning import ThinkSyntax
+from switchyard.gateway.output.tools import HARMONY_FAMILY, HERMES, JSON_FAMILY, ToolSyntax
 
 THINK = ThinkSyntax("<think>", "</think>")
 

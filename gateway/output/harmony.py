@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import regex as re
 
-from gateway.output.parser import _DONE, _NORMAL, _REASONING, _TOOL, Event, OutputParser, \
+from switchyard.gateway.output.parser import _DONE, _NORMAL, _REASONING, _TOOL, Event, OutputParser, \
     _held_suffix
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"

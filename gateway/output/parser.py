@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.output.reasoning import ThinkSyntax
-from gateway.output.tools import ToolCall, ToolSyntax, parse_calls, repair_forced
+from switchyard.gateway.output.reasoning import ThinkSyntax
+from switchyard.gateway.output.tools import ToolCall, ToolSyntax, parse_calls, repair_forced
 
 
 @dataclass(frozen=True)

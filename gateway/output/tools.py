@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import invalid, invalid_type
+from switchyard.gateway.errors import invalid, invalid_type
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 JSON_FAMILY = "json_tools"
@@ -239,13 +239,6 @@ def _hermes_opening(name: str | None) -> str:
 
 HERMES = ToolSyntax(JSON_FAMILY, HERMES_START, HERMES_END, _parse_json, opening=_hermes_opening,
                     render=_render_hermes)
-
-
-def tool_syntax(tokenizer: Any) -> ToolSyntax:
-    """The call syntax of the tokenizer's chat format (formats.detect_format)."""
-    from gateway.output.formats import detect_format
-
-    return detect_format(tokenizer).tools
 
 
 # --- parsing ---------------------------------------------------------------------------------

@@ -39,9 +39,9 @@ from typing import Any
 
 import structlog
 
-from gateway.errors import invalid
-from gateway.output.reasoning import without_reasoning
-from gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
+from switchyard.gateway.errors import invalid
+from switchyard.gateway.output.reasoning import without_reasoning
+from switchyard.gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
                                             record_calls)
 
 log = structlog.get_logger()

@@ -11,10 +11,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from gateway.errors import context_length_exceeded, invalid, model_not_found
-from gateway.api.validation import ChatRequest, CompletionRequest, Options
-from proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
-from proto.tokens import TokenIds
+from switchyard.gateway.errors import context_length_exceeded, invalid, model_not_found
+from switchyard.gateway.api.validation import ChatRequest, CompletionRequest, Options
+from switchyard.proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
+from switchyard.proto.tokens import TokenIds
 
 DEFAULT_MODEL_ID = "switchyard-tiny"
 

@@ -9,16 +9,11 @@ Every test in tests/e2e is marked `slow`.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(_REPO_ROOT) not in sys.path:  # `tests.helpers` under a bare `pytest` too
-    sys.path.insert(0, str(_REPO_ROOT))
-
-from tests.helpers.group import ServerGroup  # noqa: E402
+from tests.helpers.group import ServerGroup
 
 
 def pytest_collection_modifyitems(config, items):

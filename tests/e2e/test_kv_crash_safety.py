@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from kvstore.pages import decode_header
-from kvstore.store import PageStore, read_entries
+from switchyard.kvstore.pages import decode_header
+from switchyard.kvstore.store import PageStore, read_entries
 from tests.e2e.test_kv_persistence import Conversation
 from tests.helpers.workload import text, wait_ready
 from tests.helpers.group import ServerGroup
@@ -128,7 +128,7 @@ def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen
 
 
 def _tokenizer(model_dir):
-    from proto.tokenizer_loading import load_tokenizer
+    from switchyard.proto.tokenizer_loading import load_tokenizer
 
     return load_tokenizer(str(model_dir))
 

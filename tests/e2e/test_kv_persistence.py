@@ -13,7 +13,7 @@ import time
 import openai
 import pytest
 
-from kvstore.store import read_entries
+from switchyard.kvstore.store import read_entries
 from tests.helpers.group import ServerGroup
 from tests.helpers.workload import text, wait_ready
 

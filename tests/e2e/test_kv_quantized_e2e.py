@@ -10,7 +10,7 @@ import time
 import openai
 import pytest
 
-from kvstore.store import read_entries
+from switchyard.kvstore.store import read_entries
 from tests.e2e.test_kv_persistence import Conversation, new_tokens, prefilled
 from tests.helpers.group import ServerGroup
 

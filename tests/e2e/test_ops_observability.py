@@ -20,7 +20,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proto.settings import parse_size
+from switchyard.proto.settings import parse_size
 from tests.helpers.group import REPO_ROOT, ServerGroup, short_tmp_dir
 
 EXTRA = ("--page-size", "16", "--prefill-chunk", "256")
@@ -138,7 +138,7 @@ def test_metrics_follow_a_known_workload(ops_group):
 
 def run_status(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-m", "deploy.cli", "status", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "switchyard.deploy.cli", "status", *args], cwd=REPO_ROOT,
                           env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -21,10 +21,10 @@ import time
 import httpx
 import openai
 
-from deploy import launchd
-from deploy.runtime import read_pid_file
-from deploy.service_units import ROLES, unit_plan
-from proto.settings import Settings
+from switchyard.deploy import launchd
+from switchyard.deploy.runtime import read_pid_file
+from switchyard.deploy.service_units import ROLES, unit_plan
+from switchyard.proto.settings import Settings
 from tests.helpers.group import REPO_ROOT, free_port, short_tmp_dir
 from tests.helpers.lifeline import lifeline
 
@@ -72,7 +72,7 @@ def test_units_start_a_working_group(tiny_qwen3):
 
         for role, proc in procs.items():  # standalone components keep their own pid files
             assert read_pid_file(runtime_dir / f"{role}.pid") == proc.pid
-        done = subprocess.run([sys.executable, "-m", "deploy.cli", "status", "--json",
+        done = subprocess.run([sys.executable, "-m", "switchyard.deploy.cli", "status", "--json",
                                "--runtime-dir", str(runtime_dir)], cwd=REPO_ROOT,
                               env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
                               capture_output=True, text=True, timeout=60)

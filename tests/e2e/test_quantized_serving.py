@@ -18,11 +18,11 @@ from mlx_lm import load as mlx_load
 from mlx_lm.convert import convert
 
 from fixtures.tiny_models import generate_tiny_model
-from proto.tokenizer_loading import load_tokenizer
+from switchyard.proto.tokenizer_loading import load_tokenizer
 from tests.e2e.test_parity import (LONG_TEXT, SHORT_TEXT, assert_same_as_reference,
                                    greedy_reference)
 from tests.helpers.group import ServerGroup, stop_all
-from worker.model_loading import load_model
+from switchyard.worker.model_loading import load_model
 
 MAX_TOKENS = 32
 MLX_VARIANTS = {"mlx-mixed-3-6": dict(quant_predicate="mixed_3_6")}

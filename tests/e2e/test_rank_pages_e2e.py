@@ -11,10 +11,10 @@ import time
 import openai
 import pytest
 
-from kvstore.store import read_entries
+from switchyard.kvstore.store import read_entries
 from tests.e2e.test_worker_group import free_port_pair
 from tests.helpers.group import ServerGroup
-from scheduler.status import read_status
+from switchyard.scheduler.status import read_status
 from tests.helpers.workload import text, wait_ready
 
 P = 256

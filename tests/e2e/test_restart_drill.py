@@ -17,7 +17,7 @@ def test_kill_each_component_while_serving(tiny_qwen3):
         # A decoy whose command line names the runtime dir and every role: never signalled.
         decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
                                   str(group.runtime_dir), "gateway", "scheduler", "worker",
-                                  "kvstore", "deploy.cli"])
+                                  "kvstore", "switchyard.deploy.cli"])
         try:
             result = run_drill(group, settle_s=2.0)
             assert decoy.poll() is None, "a process outside the group was signalled"

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from scheduler.status import read_status
+from switchyard.scheduler.status import read_status
 from tests.helpers.group import ServerGroup
 
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from proto.endpoints import Endpoints
+from switchyard.proto.endpoints import Endpoints
 from tests.helpers.group import ServerGroup, short_tmp_dir
 
 KEY = "e2e-secret-key-7f3a"

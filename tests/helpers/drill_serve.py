@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 import sys
 
-from deploy import cli
-from deploy.restart_policy import RestartPolicy
-from deploy.supervisor import Supervisor
+from switchyard.deploy import cli
+from switchyard.deploy.restart_policy import RestartPolicy
+from switchyard.deploy.supervisor import Supervisor
 
 DRILL_SERVE = ("tests.helpers.drill_serve", "serve")
 DRILL_POLICY = RestartPolicy(initial_delay_s=0.2, max_delay_s=0.2, factor=1.0,

@@ -7,7 +7,7 @@
         group.wait_restarted("worker", old)
 
 It picks a free port and a short runtime dir (ipc paths must stay under 100 bytes), starts
-`python -m deploy.cli serve --model M --port P --runtime-dir R --kv-dir K --slots N --ctx C
+`python -m switchyard.deploy.cli serve --model M --port P --runtime-dir R --kv-dir K --slots N --ctx C
 --log-format json ...extra` in a new session (so its process group is its own) with stdout and
 stderr going to a log file, and waits for `GET /health` to answer 200. On exit it SIGTERMs the
 supervisor and asserts that every component pid it saw is gone and no process is left in the
@@ -31,12 +31,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from deploy.runtime import pid_alive, read_pid_file, wait_gone
-from deploy.supervisor import ROLES
+from switchyard.deploy.runtime import pid_alive, read_pid_file, wait_gone
+from switchyard.deploy.supervisor import ROLES
 from tests.helpers.lifeline import lifeline, with_repo_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVE = ("deploy.cli", "serve")
+SERVE = ("switchyard.deploy.cli", "serve")
 
 
 def free_port() -> int:

@@ -207,7 +207,7 @@ def _group_alive(pgid: int) -> bool:
 
 def _kill_group(pgid: int, runtime_dir: Path) -> None:
     """SIGKILL every pid file's process that is still in the group, then the whole group."""
-    from deploy.runtime import read_pid_file
+    from switchyard.deploy.runtime import read_pid_file
 
     for path in runtime_dir.glob("*.pid"):
         pid = read_pid_file(path)
@@ -224,8 +224,8 @@ def _kill_group(pgid: int, runtime_dir: Path) -> None:
 
 def _remove_segments(runtime_dir: Path) -> None:
     """A worker stopped by SIGKILL leaves its segments behind (a clean stop unlinks them)."""
-    from proto.endpoints import Endpoints
-    from proto.shm import remove_stale_segments
+    from switchyard.proto.endpoints import Endpoints
+    from switchyard.proto.shm import remove_stale_segments
 
     endpoints = Endpoints(runtime_dir)
     remove_stale_segments(endpoints.shm_prefix, endpoints.shm_record)

@@ -22,14 +22,14 @@ import signal
 import sys
 import time
 
-from deploy import cli
-from deploy.group_roles import serve_roles
-from deploy.restart_policy import RestartPolicy
-from deploy.runtime import GroupRunningError
-from deploy.supervisor import ROLES, Supervisor
-from proto.ids import new_boot_id
-from proto.logs import configure_logging
-from proto.settings import Settings, add_arguments, from_namespace
+from switchyard.deploy import cli, resolve
+from switchyard.deploy.group_roles import serve_roles
+from switchyard.deploy.restart_policy import RestartPolicy
+from switchyard.deploy.runtime import GroupRunningError
+from switchyard.deploy.supervisor import ROLES, Supervisor
+from switchyard.proto.ids import new_boot_id
+from switchyard.proto.logs import configure_logging
+from switchyard.proto.settings import Settings, add_arguments, from_namespace
 
 CRASH_EXIT_CODE = 7
 REFUSE_EXIT_CODE = 2
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     child.add_argument("role", choices=ROLES + ("worker.1",))  # a worker group's rank 1
     add_arguments(child)
     args = parser.parse_args(argv)
-    settings = cli.with_concrete_paths(from_namespace(args))
+    settings = resolve.with_concrete_paths(from_namespace(args))
     if args.mode == "child":
         return cli.run_component(args.role, settings, service=fake_service(args.role))
     configure_logging("supervisor", new_boot_id(), settings.log_level, settings.log_format)

@@ -8,7 +8,7 @@ import random
 import time
 import urllib.request
 
-from scheduler.status import read_status
+from switchyard.scheduler.status import read_status
 from tests.helpers.group import ServerGroup
 
 WORDS = ("alpha beta gamma delta ledger invoice shipment crate harbor tide signal route "

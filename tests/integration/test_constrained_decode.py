@@ -9,12 +9,12 @@ import json
 import jsonschema
 import pytest
 
-from gateway.api import structured
-from proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
-from worker.constraints import ConstraintEngine, llguidance_tokenizer
-from worker.executor import StepExecutor
-from worker.model_loading import load_model
-from worker.slots import SlotStore
+from switchyard.gateway.api import structured
+from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
+from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
+from switchyard.worker.executor import StepExecutor
+from switchyard.worker.model_loading import load_model
+from switchyard.worker.slots import SlotStore
 
 pytest.importorskip("llguidance")
 PROMPT = list(range(20, 70))
@@ -89,7 +89,7 @@ def test_constrained_and_free_rows_share_a_batch_and_bursts_stop_at_the_end(mode
 
 
 def ex_decode(model, tokens) -> str:
-    from proto.tokenizer_loading import load_tokenizer
+    from switchyard.proto.tokenizer_loading import load_tokenizer
 
     path, _ = model
     return load_tokenizer(str(path)).decode(tokens)

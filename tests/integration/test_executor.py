@@ -4,10 +4,10 @@ token, and a burst that meets a stop token leaves the slot exactly as single ste
 import mlx.core as mx
 import pytest
 
-from proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
-from worker.executor import StepExecutor
-from worker.model_loading import load_model
-from worker.slots import SlotStore
+from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
+from switchyard.worker.executor import StepExecutor
+from switchyard.worker.model_loading import load_model
+from switchyard.worker.slots import SlotStore
 
 PROMPT = list(range(20, 80))
 

@@ -29,14 +29,14 @@ import pytest
 import structlog
 import zmq
 
-from gateway.app import build_app
-from gateway.service import make_server
-from proto import codec
-from proto.endpoints import Endpoints, ensure_runtime_dir
-from proto.messages import (PROTOCOL_VERSION, CancelRequest, GroupState, Hello, RequestFailed,
+from switchyard.gateway.app import build_app
+from switchyard.gateway.service import make_server
+from switchyard.proto import codec
+from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.messages import (PROTOCOL_VERSION, CancelRequest, GroupState, Hello, RequestFailed,
                             RequestFinished, SubmitRequest, TokensGenerated)
-from proto.settings import Settings
-from proto.sockets import bind_router
+from switchyard.proto.settings import Settings
+from switchyard.proto.sockets import bind_router
 
 API_KEY = "sekret"
 REPLY = "Hello 🦜 world! 日本語 ok."
@@ -594,7 +594,7 @@ def test_request_log_has_fields_and_no_text(http, fake):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_service_serves_and_exits_0_on_signal(tmp_path_factory, tokenizer, sig):
-    """`python -m gateway` (gateway.service.run): serves, logs JSON lines, exits 0 on a signal."""
+    """`python -m switchyard.gateway` (gateway.service.run): serves, logs JSON lines, exits 0 on a signal."""
     from fixtures.tiny_models import generate_tiny_model
 
     model = generate_tiny_model(tmp_path_factory.mktemp("svc") / "tiny-svc", "qwen3")

@@ -19,10 +19,10 @@ import openai
 import pytest
 import structlog
 
-from gateway.api.anthropic_api import VOLATILE_SYSTEM_PREFIXES
-from proto.endpoints import Endpoints, ensure_runtime_dir
-from proto.messages import RequestFinished, TokensGenerated
-from proto.settings import Settings
+from switchyard.gateway.api.anthropic_api import VOLATILE_SYSTEM_PREFIXES
+from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.messages import RequestFinished, TokensGenerated
+from switchyard.proto.settings import Settings
 from tests.integration.test_gateway import (Fail, FakeScheduler, Finish, Running, Sleep,
                                             Tokens, serving, wait_until)
 
@@ -453,7 +453,7 @@ def test_messages_auth_error_is_anthropic_format(base_url):
 
 
 def test_billing_header_lines_are_removed():
-    from gateway.api.anthropic_api import parse_system
+    from switchyard.gateway.api.anthropic_api import parse_system
 
     assert VOLATILE_SYSTEM_PREFIXES == ("x-anthropic-billing-header:",)
     assert parse_system([{"type": "text", "text": "x-anthropic-billing-header: a=1;"},

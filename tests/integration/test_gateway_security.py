@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.app import build_app
-from gateway.service import make_server
-from proto.endpoints import Endpoints, ensure_runtime_dir
-from proto.settings import Settings
+from switchyard.gateway.app import build_app
+from switchyard.gateway.service import make_server
+from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.settings import Settings
 from tests.integration.test_gateway import (CHAT, JSON_TYPE, REPLY, FakeScheduler, assert_error,
                                             wait_until)
 
@@ -137,7 +137,7 @@ def test_only_json_bodies_are_acted_on(http, fake):
 
 
 def test_allowed_origins_and_hosts_are_configurable():
-    from gateway.guard import GuardPolicy
+    from switchyard.gateway.guard import GuardPolicy
 
     def scope(headers, method="POST"):
         return {"type": "http", "method": method, "path": "/v1/chat/completions",
@@ -201,7 +201,7 @@ def test_connections_beyond_the_limit_get_503(tmp_path_factory, tokenizer):
 # -- 6. the chat-template opening cache is bounded ----------------------------------------------
 
 def test_junk_template_kwargs_do_not_grow_the_opening_cache(tokenizer):
-    from gateway.prompting import history
+    from switchyard.gateway.prompting import history
 
     for i in range(3 * history.MAX_OPENINGS):
         history.generation_opening(tokenizer, {"junk": "x" * 10_000, "i": i})
@@ -236,7 +236,7 @@ def test_an_overlong_prompt_is_refused_before_tokenizing(http, served, fake):
 def test_large_prompts_tokenize_on_their_own_lane(served):
     import asyncio
 
-    from gateway.context import LARGE_PROMPT_CHARS
+    from switchyard.gateway.context import LARGE_PROMPT_CHARS
 
     gateway = served[1].state.gateway
 

@@ -20,11 +20,13 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from fixtures import gguf_blocks, gguf_writer, tiny_tokenizer
-from fixtures.tiny_models import make_weights, tiny_config
-from worker import gguf_archs, gguf_loading
-from worker.gguf_tensors import LOSSLESS_TYPES, REQUANT_BITS, MlxTensor, convert, dequantize_mlx
-from worker.model_loading import ModelLoadError, load_model
+from fixtures import gguf_blocks, gguf_writer
+from switchyard.deploy import tiny_tokenizer
+from switchyard.deploy.tiny_models import make_weights, tiny_config
+from switchyard.worker import gguf_archs, gguf_loading
+from switchyard.worker.gguf_tensors import LOSSLESS_TYPES, REQUANT_BITS, MlxTensor, convert, dequantize_mlx
+from switchyard.worker.errors import ModelLoadError
+from switchyard.worker.model_loading import load_model
 
 RNG = np.random.default_rng(7)
 PROMPT = list(range(100, 140))

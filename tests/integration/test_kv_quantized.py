@@ -5,12 +5,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from proto.messages import SamplingParams
-from worker.kv_layout import BatchQuantizedKVCache, kv_quant, token_arrays
-from worker.model_loading import ModelLoadError, load_model
-from worker.page_io import PageLayout
-from worker.sampling import sample_rows
-from worker.slots import SlotStore
+from switchyard.proto.messages import SamplingParams
+from switchyard.worker.kv_layout import BatchQuantizedKVCache, kv_quant, token_arrays
+from switchyard.worker.errors import ModelLoadError
+from switchyard.worker.model_loading import load_model
+from switchyard.worker.page_io import PageLayout
+from switchyard.worker.sampling import sample_rows
+from switchyard.worker.slots import SlotStore
 
 P = 32
 

@@ -13,10 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deploy.runtime import pid_alive, wait_gone
-from deploy.supervisor import ROLES
-from proto.endpoints import Endpoints
-from proto.shm import remove_stale_segments
+from switchyard.deploy.runtime import pid_alive, wait_gone
+from switchyard.deploy.supervisor import ROLES
+from switchyard.proto.endpoints import Endpoints
+from switchyard.proto.shm import remove_stale_segments
 from tests.helpers.group import REPO_ROOT, group_members
 from tests.helpers.lifeline import with_repo_path
 

@@ -10,7 +10,7 @@ from tests.helpers.group import REPO_ROOT, short_tmp_dir
 def test_serve_refuses_a_plan_that_does_not_fit(tiny_model_dir):
     runtime = short_tmp_dir("syrf")
     proc = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "serve", "--model", str(tiny_model_dir("qwen3")),
+        [sys.executable, "-m", "switchyard.deploy.cli", "serve", "--model", str(tiny_model_dir("qwen3")),
          "--slots", "64", "--ctx", "50000000", "--runtime-dir", str(runtime),
          "--kv-dir", str(runtime / "kv"), "--port", "18999", "--log-format", "json"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
@@ -43,7 +43,7 @@ def test_serve_refuses_an_unsupported_gguf_in_one_line(tmp_path, monkeypatch):
     model = generate_tiny_model(tmp_path / "iq.gguf", fmt="gguf", quant="IQ4_XS", layers=1)
     runtime = short_tmp_dir("syrg")
     proc = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "serve", "--model", str(model),
+        [sys.executable, "-m", "switchyard.deploy.cli", "serve", "--model", str(model),
          "--runtime-dir", str(runtime), "--kv-dir", str(runtime / "kv"), "--port", "18998",
          "--log-format", "json"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)

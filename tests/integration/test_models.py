@@ -13,9 +13,11 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
-from proto.tokenizer_loading import load_tokenizer
-from worker.model_loading import ModelLoadError, load_model
-from fixtures.tiny_models import DEFAULT_MODEL_NAME, default_model_path, generate_tiny_model, main
+from switchyard.proto.tokenizer_loading import load_tokenizer
+from switchyard.worker.errors import ModelLoadError
+from switchyard.worker.model_loading import load_model
+from fixtures.tiny_models import generate_tiny_model, main
+from switchyard.deploy.default_model import TINY_MODEL_NAME as DEFAULT_MODEL_NAME, default_model_path
 
 TEXT = "Hello, world! def f(x):\n\treturn x * 42  # ok\n😀🚀 你好，世界 e\u0301 ß \x00\x7f <think>hm</think>"
 MESSAGES = [
@@ -235,8 +237,8 @@ def test_cli_writes_gguf(tmp_path, capsys):
 def test_memory_plan_per_family(tiny_model_dir, arch, full_layers, kv_per_layer):
     """Only full-attention KV grows with --ctx; sliding rings and states are fixed per slot;
     every weight (each expert once) is counted once: the plan equals the file's tensors."""
-    from proto.settings import Settings
-    from worker.service import page_layout, plan_memory
+    from switchyard.proto.settings import Settings
+    from switchyard.worker.service import page_layout, plan_memory
 
     model_dir = tiny_model_dir(arch)
     loaded = load_model(str(model_dir))
@@ -260,8 +262,8 @@ def test_memory_plan_counts_a_cache_that_cannot_be_paged(tiny_model_dir):
     KVCache layers: the plan measures its growth, so it still grows with --ctx."""
     import structlog
 
-    from proto.settings import Settings
-    from worker.service import page_layout, plan_memory
+    from switchyard.proto.settings import Settings
+    from switchyard.worker.service import page_layout, plan_memory
 
     model_dir = tiny_model_dir("deepseek_v41")
     loaded = load_model(str(model_dir))
@@ -278,9 +280,9 @@ def test_memory_plan_counts_a_cache_that_cannot_be_paged(tiny_model_dir):
 def test_kv_bits_refused_for_gpt_oss_sinks(tiny_model_dir):
     """mlx-lm's quantized attention has no attention sinks: --kv-bits on gpt-oss is refused at
     start with one line (exit 2 in the worker), not a crash on the first request."""
-    from proto.settings import Settings
-    from worker.kv_layout import kv_quant
-    from worker.service import check_kv_quant_runs
+    from switchyard.proto.settings import Settings
+    from switchyard.worker.kv_layout import kv_quant
+    from switchyard.worker.service import check_kv_quant_runs
 
     model_dir = tiny_model_dir("gpt_oss")
     loaded = load_model(str(model_dir), kv_quant(8, 64))

@@ -20,8 +20,8 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402  (after the importorskip)
 from schemathesis.checks import CHECKS  # noqa: E402
 
-from proto.endpoints import Endpoints, ensure_runtime_dir  # noqa: E402
-from proto.settings import Settings  # noqa: E402
+from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir  # noqa: E402
+from switchyard.proto.settings import Settings  # noqa: E402
 from tests.integration.test_gateway import FakeScheduler, wait_until  # noqa: E402
 from tests.integration.test_gateway_security import serving  # noqa: E402
 
@@ -91,7 +91,7 @@ def test_the_published_spec_tells_the_truth(live_schema):
 
 
 def test_security_is_declared_only_with_a_key():
-    from gateway.api.openapi import openapi_spec
+    from switchyard.gateway.api.openapi import openapi_spec
 
     assert "security" not in openapi_spec("m")
     spec = openapi_spec("m", api_key=True)

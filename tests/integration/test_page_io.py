@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import structlog
 
-from proto.messages import SamplingParams
-from worker.kv_layout import kv_quant
-from worker.model_loading import load_model
-from worker.page_io import PageLayout
-from worker.sampling import sample_rows
-from worker.slots import SlotError, SlotStore
+from switchyard.proto.messages import SamplingParams
+from switchyard.worker.kv_layout import kv_quant
+from switchyard.worker.model_loading import load_model
+from switchyard.worker.page_io import PageLayout
+from switchyard.worker.sampling import sample_rows
+from switchyard.worker.slots import SlotError, SlotStore
 
 P = 32
 
@@ -252,8 +252,8 @@ def test_cache_kind_without_pages_still_serves_and_copies(tiny_model_dir):
     from mlx_lm.models.cache import ChunkedKVCache
     from structlog.testing import capture_logs
 
-    from proto.settings import Settings
-    from worker.service import page_layout
+    from switchyard.proto.settings import Settings
+    from switchyard.worker.service import page_layout
 
     loaded = load_model(str(tiny_model_dir("qwen3")))
     loaded.make_cache = lambda: [ChunkedKVCache(4096) for _ in loaded.model.layers]

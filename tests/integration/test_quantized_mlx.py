@@ -18,7 +18,7 @@ from mlx_lm import load as mlx_load
 from mlx_lm.convert import convert
 from mlx_lm.generate import generate_step
 
-from worker.model_loading import load_model
+from switchyard.worker.model_loading import load_model
 
 VARIANTS = {
     "affine4-g64": (dict(q_bits=4, q_group_size=64), {4}),

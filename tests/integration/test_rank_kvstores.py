@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import zmq
 
-from deploy.lifeline import PARENT_ENV
-from proto import codec
-from proto.endpoints import Endpoints, ensure_runtime_dir
-from proto.messages import (
+from switchyard.deploy.lifeline import PARENT_ENV
+from switchyard.proto import codec
+from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.messages import (
     PROTOCOL_VERSION,
     ROLE_SCHEDULER,
     AttachBuffers,
@@ -37,11 +37,11 @@ from proto.messages import (
     WorkerReady,
     WritePages,
 )
-from proto.page_ids import ROOT_ID, chain_page_ids
-from proto.shm import PageBufferPool
-from proto.sockets import bind_router, send_to
-from scheduler.page_stores import PageStores, kvstore_identity
-from scheduler.status import read_status
+from switchyard.proto.page_ids import ROOT_ID, chain_page_ids
+from switchyard.proto.shm import PageBufferPool
+from switchyard.proto.sockets import bind_router, send_to
+from switchyard.scheduler.page_stores import PageStores, kvstore_identity
+from switchyard.scheduler.status import read_status
 from tests.helpers.group import REPO_ROOT, short_tmp_dir
 
 P = 16
@@ -94,7 +94,7 @@ def start_kvstore(rank: int, runtime: Path, kv_dir: Path, log: Path) -> subproce
     env = {**os.environ, PARENT_ENV: str(os.getpid()), "PYTHONPATH": str(REPO_ROOT)}
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "deploy.cli", "run", "kvstore", "--rank", str(rank),
+            [sys.executable, "-m", "switchyard.deploy.cli", "run", "kvstore", "--rank", str(rank),
              "--model", "unused", "--runtime-dir", str(runtime), "--kv-dir", str(kv_dir),
              "--heartbeat-s", "0.2", "--log-format", "json"],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
@@ -196,7 +196,7 @@ def start(role: str, runtime: Path, kv_dir: Path, log: Path, *extra: str) -> sub
     env = {**os.environ, PARENT_ENV: str(os.getpid()), "PYTHONPATH": str(REPO_ROOT)}
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "deploy.cli", "run", role, "--model", "unused",
+            [sys.executable, "-m", "switchyard.deploy.cli", "run", role, "--model", "unused",
              "--runtime-dir", str(runtime), "--kv-dir", str(kv_dir), "--heartbeat-s", "0.2",
              "--log-format", "json", *extra],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
@@ -206,8 +206,8 @@ def test_the_scheduler_serves_the_pages_every_rank_holds():
     """The real scheduler with --hostfile, both rank kvstores and a scripted rank-0 worker:
     the page index is the pages both ranks hold, the share only rank 0 has is deleted, and
     status lists both ranks."""
-    from kvstore.store import PageStore
-    from proto.messages import Heartbeat
+    from switchyard.kvstore.store import PageStore
+    from switchyard.proto.messages import Heartbeat
 
     tmp = short_tmp_dir("sysk")
     runtime, kv_dir, log = tmp / "rt", tmp / "kv", tmp / "group.log"
@@ -277,7 +277,7 @@ def test_only_a_kvstore_holding_the_group_key_reaches_the_scheduler_over_tcp():
     as kvstore.1 with the group key. One holding another group's key is refused at the
     handshake: the scheduler never hears from it. Without a key file the scheduler does not
     start. (One machine plays every host: each gets the hostfile as its host sees it.)"""
-    from proto.group_key import write_group_key
+    from switchyard.proto.group_key import write_group_key
     from tests.helpers.group import free_port
 
     tmp = short_tmp_dir("sytc")
@@ -307,7 +307,7 @@ def test_only_a_kvstore_holding_the_group_key_reaches_the_scheduler_over_tcp():
             "client key not this group's", "not this group's scheduler key, or no CURVE"))
 
     keyless = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "run", "scheduler", "--runtime-dir",
+        [sys.executable, "-m", "switchyard.deploy.cli", "run", "scheduler", "--runtime-dir",
          str(tmp / "rt-x"), "--hostfile", str(here_0), "--scheduler-address", address],
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT, capture_output=True,
         text=True, timeout=60)

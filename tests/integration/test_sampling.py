@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from proto.messages import SamplingParams
-from worker.sampling import sample_rows
+from switchyard.proto.messages import SamplingParams
+from switchyard.worker.sampling import sample_rows
 
 
 def test_logit_bias_forces_and_forbids_tokens():

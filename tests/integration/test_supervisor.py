@@ -13,15 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from switchyard.deploy.runtime import pid_alive, read_pid_file, wait_gone
+from switchyard.deploy.supervisor import ROLES
+from tests.helpers.group import ServerGroup, free_port, group_members, short_tmp_dir
+from tests.helpers.standin import CRASH_EXIT_CODE
+
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(_REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(_REPO_ROOT))
-
-from deploy.runtime import pid_alive, read_pid_file, wait_gone  # noqa: E402
-from deploy.supervisor import ROLES  # noqa: E402
-from tests.helpers.group import ServerGroup, free_port, group_members, short_tmp_dir  # noqa: E402
-from tests.helpers.standin import CRASH_EXIT_CODE  # noqa: E402
-
 STANDIN = ("tests.helpers.standin", "supervise")
 
 
@@ -187,7 +184,7 @@ def test_refuses_a_second_group_in_the_same_runtime_dir(tmp_path):
         pids = group.wait_components()
         before = {p.name: p.read_text() for p in group.runtime_dir.glob("*.pid")}
         out = subprocess.run(
-            [sys.executable, "-m", "deploy.cli", "serve", "--model", str(tmp_path),
+            [sys.executable, "-m", "switchyard.deploy.cli", "serve", "--model", str(tmp_path),
              "--port", str(free_port()), "--runtime-dir", str(group.runtime_dir)],
             cwd=_REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 3, out.stderr
@@ -202,7 +199,7 @@ def test_refuses_when_supervisor_pid_file_names_a_live_process(tmp_path):
     try:
         (runtime_dir / "supervisor.pid").write_text(f"{os.getpid()}\n")
         out = subprocess.run(
-            [sys.executable, "-m", "deploy.cli", "serve", "--model", str(tmp_path),
+            [sys.executable, "-m", "switchyard.deploy.cli", "serve", "--model", str(tmp_path),
              "--runtime-dir", str(runtime_dir)],
             cwd=_REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 3
@@ -234,7 +231,7 @@ def test_stray_process_naming_the_runtime_dir_is_never_signalled(tmp_path):
     # its command line names the runtime dir, a pid file and every role
     stray = subprocess.Popen([sys.executable, "-c", stray_code, str(marker),
                               str(runtime_dir), str(runtime_dir / "worker.pid"),
-                              "deploy.cli", "run", *ROLES], start_new_session=True)
+                              "switchyard.deploy.cli", "run", *ROLES], start_new_session=True)
     try:
         with standin_group(tmp_path, runtime_dir=runtime_dir) as group:
             old = group.kill("worker", signal.SIGKILL)
@@ -255,7 +252,7 @@ def test_stray_process_naming_the_runtime_dir_is_never_signalled(tmp_path):
     (["--kv-disk-budget", "lots"], "not a size"),
 ])
 def test_bad_settings_exit_2(argv, message):
-    out = subprocess.run([sys.executable, "-m", "deploy.cli", "serve", *argv], cwd=_REPO_ROOT,
+    out = subprocess.run([sys.executable, "-m", "switchyard.deploy.cli", "serve", *argv], cwd=_REPO_ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr

@@ -23,7 +23,7 @@ def _hostfile(directory) -> str:
 def test_serve_refuses_pipeline_for_a_model_without_pipeline(tiny_model_dir):
     runtime = short_tmp_dir("sygr")
     proc = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "serve", "--model", str(tiny_model_dir("qwen3")),
+        [sys.executable, "-m", "switchyard.deploy.cli", "serve", "--model", str(tiny_model_dir("qwen3")),
          "--hostfile", _hostfile(runtime), "--parallel", "pipeline", "--slots", "2",
          "--ctx", "1024", "--runtime-dir", str(runtime), "--kv-dir", str(runtime / "kv"),
          "--port", str(free_port()), "--log-format", "json"],
@@ -39,7 +39,7 @@ def test_serve_refuses_pipeline_for_a_model_without_pipeline(tiny_model_dir):
 def test_a_worker_rank_refuses_a_model_without_shard_or_pipeline(tiny_model_dir):
     runtime = short_tmp_dir("sygr")
     proc = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "run", "worker",
+        [sys.executable, "-m", "switchyard.deploy.cli", "run", "worker",
          "--model", str(tiny_model_dir("gemma3_text")), "--hostfile", _hostfile(runtime),
          "--rank", "1", "--slots", "1", "--ctx", "1024", "--runtime-dir", str(runtime),
          "--kv-dir", str(runtime / "kv"), "--log-format", "json"],
@@ -55,8 +55,8 @@ def test_a_group_of_one_broadcasts_and_shares_tokens_without_sockets():
     """The collectives' plumbing on a singleton group (no peers, no sockets)."""
     import mlx.core as mx
 
-    from proto.hostfile import parse_hostfile
-    from worker.group import PING, STEP, RankGroup
+    from switchyard.proto.hostfile import parse_hostfile
+    from switchyard.worker.group import PING, STEP, RankGroup
 
     hostfile = parse_hostfile('[{"ssh": "a", "ips": ["127.0.0.1"]}]')
     group = RankGroup(mx.distributed.init(), hostfile, "tensor")
@@ -78,7 +78,7 @@ def test_ranks_started_with_different_settings_refuse_alike(tiny_model_dir):
     hosts = _hostfile(runtime)
     port = str(free_port_pair())
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "deploy.cli", "run", "worker", "--model",
+        [sys.executable, "-m", "switchyard.deploy.cli", "run", "worker", "--model",
          str(tiny_model_dir("qwen3")), "--hostfile", hosts, "--rank", str(rank),
          "--dist-port", port, "--slots", "1", "--ctx", str(1024 * (rank + 1)),
          "--runtime-dir", str(runtime), "--kv-dir", str(runtime / "kv"), "--log-format", "json"],

@@ -13,16 +13,16 @@ from types import SimpleNamespace
 import pytest
 
 from fixtures.chat_formats import FAMILIES, write_tokenizer
-from gateway.api.validation import ChatRequest, Options
-from gateway.output.formats import FORMATS, detect_format, hidden_special_ids, token_texts
-from gateway.output.harmony import HarmonyParser
-from gateway.output.parser import (Forced, OutputParser, ReasoningDelta, TextDelta, ToolCallDone,
+from switchyard.gateway.api.validation import ChatRequest, Options
+from switchyard.gateway.output.formats import FORMATS, detect_format, hidden_special_ids, token_texts
+from switchyard.gateway.output.harmony import HarmonyParser
+from switchyard.gateway.output.parser import (Forced, OutputParser, ReasoningDelta, TextDelta, ToolCallDone,
                                    ToolCallStart)
-from gateway.output.tools import ToolChoice, parse_calls, parse_openai_tools, repair_forced
-from gateway.prompting.history import RenderOptions, TurnMemory
-from gateway.turn import ChatTurn, assistant_message, plan_turn
-from proto.messages import RequestFinished, TokensGenerated
-from proto.settings import CHAT_FORMATS, Settings, SettingsError
+from switchyard.gateway.output.tools import ToolChoice, parse_calls, parse_openai_tools, repair_forced
+from switchyard.gateway.prompting.history import RenderOptions, TurnMemory
+from switchyard.gateway.turn import ChatTurn, assistant_message, plan_turn
+from switchyard.proto.messages import RequestFinished, TokensGenerated
+from switchyard.proto.settings import CHAT_FORMATS, Settings, SettingsError
 
 TOOLS = parse_openai_tools([
     {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
@@ -39,7 +39,7 @@ FAMILY_FORMAT = {"qwen3": "hermes", "qwen3_coder": "qwen3_coder", "gpt_oss": "ha
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
-    from proto.tokenizer_loading import load_tokenizer
+    from switchyard.proto.tokenizer_loading import load_tokenizer
 
     root = tmp_path_factory.mktemp("families")
     return {family: load_tokenizer(str(write_tokenizer(root / family, family)))
@@ -396,7 +396,7 @@ def test_any_text_parses_the_same_however_it_is_chunked(name):
 
 def test_structured_answer_of_gpt_oss_starts_at_the_final_channel(tokenizers):
     """A response format constrains harmony's final channel; analysis stays free."""
-    from gateway.api import structured
+    from switchyard.gateway.api import structured
 
     tok = tokenizers["gpt_oss"]
     fmt = detect_format(tok)

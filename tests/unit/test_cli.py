@@ -2,14 +2,13 @@
 
 import os
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
-from deploy import blas, cli
-from deploy.supervisor import ROLES, component_command, python_env
-from proto.settings import Settings
+from switchyard.deploy import blas, cli, resolve
+from switchyard.deploy.supervisor import ROLES, component_command
+from switchyard.proto.settings import Settings
 
 
 def parse(argv):
@@ -40,7 +39,7 @@ def test_component_command_reproduces_settings(monkeypatch):
     monkeypatch.delenv("SWITCHYARD_API_KEY", raising=False)
     settings = Settings(model="/m", port=9123, slots=2, ctx=4096, log_content=True)
     cmd = component_command("gateway", settings)
-    assert cmd[:5] == [sys.executable, "-m", "deploy.cli", "run", "gateway"]
+    assert cmd[:5] == [sys.executable, "-m", "switchyard.deploy.cli", "run", "gateway"]
     assert parse(cmd[3:]) == settings
     # Only the gateway binds HTTP: the others are not told the address.
     assert parse(component_command("worker", settings)[3:]) == Settings(
@@ -53,12 +52,12 @@ def test_concrete_paths(tmp_path, monkeypatch):
     model = tmp_path / "model"
     model.mkdir()
     monkeypatch.chdir(tmp_path)
-    s = cli.with_concrete_paths(Settings(model="model"))
+    s = resolve.with_concrete_paths(Settings(model="model"))
     assert s.model == str(model.resolve())
     assert s.runtime_dir == str(tmp_path / "run" / "switchyard")
     assert s.cache_dir == str(tmp_path / "cache" / "switchyard")
     assert s.kv_dir == str(tmp_path / "cache" / "switchyard" / "kv")
-    assert cli.with_concrete_paths(Settings(model="org/repo")).model == "org/repo"
+    assert resolve.with_concrete_paths(Settings(model="org/repo")).model == "org/repo"
 
 
 def test_empty_model_is_the_embedded_default(tmp_path, monkeypatch):
@@ -68,12 +67,12 @@ def test_empty_model_is_the_embedded_default(tmp_path, monkeypatch):
         calls.append(cache_dir)
         return Path(cache_dir) / "models" / "tiny"
 
-    fake = types.ModuleType("fixtures.tiny_models")
-    fake.default_model_path = default_model_path
-    monkeypatch.setitem(sys.modules, "fixtures.tiny_models", fake)
-    s = cli.with_model(Settings(cache_dir=str(tmp_path)))
+    from switchyard.deploy import default_model
+
+    monkeypatch.setattr(default_model, "default_model_path", default_model_path)
+    s = resolve.with_model(Settings(cache_dir=str(tmp_path)))
     assert s.model == str(tmp_path / "models" / "tiny") and calls == [tmp_path]
-    assert cli.with_model(Settings(model="/m")).model == "/m"
+    assert resolve.with_model(Settings(model="/m")).model == "/m"
 
 
 def test_banner_names_what_matters():
@@ -142,15 +141,15 @@ def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
         def info(self, event, **kw):
             logged.append((event, kw))
 
-    import proto.logs
-    monkeypatch.setattr(proto.logs, "configure_logging", lambda *a, **kw: Log())
+    from switchyard.proto import logs
+    monkeypatch.setattr(logs, "configure_logging", lambda *a, **kw: Log())
     settings = Settings(model="/m", runtime_dir="/tmp/syx", log_format="json")
     cli._reexec_with_openblas(settings)
     assert logged == [("worker.blas_preloaded", {"library": str(lib),
                                                  "action": "re-exec with LD_PRELOAD"})]
     (path, argv, env), = execs
     assert path == sys.executable
-    assert argv[1:5] == ["-m", "deploy.cli", "run", "worker"]
+    assert argv[1:5] == ["-m", "switchyard.deploy.cli", "run", "worker"]
     assert parse(argv[3:]) == settings
     assert env["LD_PRELOAD"] == str(lib) and env[blas.REEXEC_ENV] == "1"
     assert env["SWITCHYARD_PARENT_PID"] == "4242"
@@ -173,13 +172,6 @@ def test_openblas_path_on_this_machine():
         assert found.name == "libblas.so.3" and "openblas-pthread" in str(found)
     if sys.platform == "darwin":
         assert found is None
-
-
-def test_python_env_puts_the_checkout_first():
-    root = str(Path(cli.__file__).resolve().parent.parent)
-    env = python_env({"PYTHONPATH": "/elsewhere"})
-    assert env["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
-    assert python_env(env)["PYTHONPATH"] == env["PYTHONPATH"]
 
 
 def test_roles_are_the_four_components():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from deploy.restart_policy import GiveUp, Restart, RestartPolicy, RestartTracker
+from switchyard.deploy.restart_policy import GiveUp, Restart, RestartPolicy, RestartTracker
 
 POLICY = RestartPolicy(initial_delay_s=0.5, max_delay_s=4.0, factor=2.0, max_crashes=5,
                        window_s=60.0, stable_after_s=30.0)

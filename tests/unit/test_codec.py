@@ -6,9 +6,9 @@ import msgpack
 import msgspec
 import pytest
 
-from proto import codec, messages
-from proto.messages import MESSAGE_TYPES
-from proto.tokens import TokenIds
+from switchyard.proto import codec, messages
+from switchyard.proto.messages import MESSAGE_TYPES
+from switchyard.proto.tokens import TokenIds
 
 
 def _sample(annotation):

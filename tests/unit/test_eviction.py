@@ -5,15 +5,15 @@ import random
 
 import pytest
 
-from proto.messages import PageInfo
-from scheduler.eviction import (
+from switchyard.proto.messages import PageInfo
+from switchyard.scheduler.eviction import (
     GIB,
     EvictionPlan,
     budget_report,
     plan_budget,
     plan_eviction,
 )
-from scheduler.page_tree import ROOT_ID, DiskPageTree
+from switchyard.scheduler.page_tree import ROOT_ID, DiskPageTree
 
 DAY = 86400.0
 NOW = 100 * DAY

@@ -5,9 +5,9 @@ import random
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from gateway.output.detokenizer import IncrementalDetokenizer, StopMatcher
-from gateway.generation import Generation
-from proto.messages import RequestFailed, RequestFinished, TokensGenerated
+from switchyard.gateway.output.detokenizer import IncrementalDetokenizer, StopMatcher
+from switchyard.gateway.generation import Generation
+from switchyard.proto.messages import RequestFailed, RequestFinished, TokensGenerated
 
 TEXTS = [
     "Hello 🦜 world",
@@ -20,7 +20,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from fixtures.tiny_tokenizer import tokenizer_files
+    from switchyard.deploy.tiny_tokenizer import tokenizer_files
 
     directory = tmp_path_factory.mktemp("tok")
     for name, data in tokenizer_files().items():

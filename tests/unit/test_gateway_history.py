@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from gateway.errors import APIError
-from gateway.prompting.history import RenderOptions, TurnMemory, message_key, render_prompt
+from switchyard.gateway.errors import APIError
+from switchyard.gateway.prompting.history import RenderOptions, TurnMemory, message_key, render_prompt
 
 CALL = {"id": "call_1", "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
@@ -47,7 +47,7 @@ THINKING = QWEN3_LIKE[:QWEN3_LIKE.rindex("{%- if add_generation_prompt")] + \
 def tokenizer(tmp_path_factory):
     from transformers import PreTrainedTokenizerFast
 
-    from fixtures.tiny_tokenizer import tokenizer_files
+    from switchyard.deploy.tiny_tokenizer import tokenizer_files
 
     path = tmp_path_factory.mktemp("tok")
     for name, data in tokenizer_files().items():

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from gateway.output.parser import (Forced, OutputParser, ReasoningDelta, TextDelta, ToolCallDone,
+from switchyard.gateway.output.parser import (Forced, OutputParser, ReasoningDelta, TextDelta, ToolCallDone,
                             ToolCallStart)
-from gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
-from gateway.output.tools import HERMES, parse_openai_tools
+from switchyard.gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
+from switchyard.gateway.output.tools import HERMES, parse_openai_tools
 
 THINK = ThinkSyntax("<think>", "</think>")
 TOOLS = parse_openai_tools([
@@ -197,7 +197,7 @@ def test_forced_call_with_its_end_marker_in_the_text():
 
 
 def test_call_without_end_marker_runs_to_the_end():
-    from gateway.output.tools import ToolSyntax, _parse_json
+    from switchyard.gateway.output.tools import ToolSyntax, _parse_json
 
     syntax = ToolSyntax("json_tools", "[TOOL_CALLS]", "", _parse_json)
     parser = make(syntax=syntax)

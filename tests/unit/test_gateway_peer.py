@@ -2,11 +2,11 @@
 
 import pytest
 
-from gateway.errors import APIError
-from gateway.peer import PeerChange, PeerMonitor, RequestTable
-from gateway.scheduler_client import SchedulerClient
-from proto import codec
-from proto.messages import (PROTOCOL_VERSION, CancelRequest, GroupState, Heartbeat, Hello,
+from switchyard.gateway.errors import APIError
+from switchyard.gateway.peer import PeerChange, PeerMonitor, RequestTable
+from switchyard.gateway.scheduler_client import SchedulerClient
+from switchyard.proto import codec
+from switchyard.proto.messages import (PROTOCOL_VERSION, CancelRequest, GroupState, Heartbeat, Hello,
                             RequestFailed, RequestFinished, SamplingParams, SubmitRequest,
                             TokensGenerated)
 

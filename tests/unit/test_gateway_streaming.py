@@ -5,15 +5,15 @@ import json
 
 import pytest
 
-from gateway.errors import APIError, from_failure
-from gateway.generation import Usage
-from gateway.output.parser import ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
-from gateway.api.responses import ChatFormat, CompletionFormat
-from gateway.output.tools import ToolCall
-from gateway.turn import TurnResult
-from gateway.streaming import (SSE_DONE, SSE_KEEPALIVE, ClientDisconnected,
+from switchyard.gateway.errors import APIError, from_failure
+from switchyard.gateway.generation import Usage
+from switchyard.gateway.output.parser import ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
+from switchyard.gateway.api.responses import ChatFormat, CompletionFormat
+from switchyard.gateway.output.tools import ToolCall
+from switchyard.gateway.turn import TurnResult
+from switchyard.gateway.streaming import (SSE_DONE, SSE_KEEPALIVE, ClientDisconnected,
                                EventStreamResponse, sse_data, until_disconnect)
-from proto.messages import RequestFailed
+from switchyard.proto.messages import RequestFailed
 
 
 @pytest.fixture

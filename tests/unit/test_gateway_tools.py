@@ -5,10 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from gateway.errors import APIError
-from gateway.output.tools import (HERMES, ToolChoice, ToolSyntax, best_tool, parse_calls,
-                           parse_openai_tool_choice, parse_openai_tools, repair_forced,
-                           tool_syntax)
+from switchyard.gateway.errors import APIError
+from switchyard.gateway.output.formats import detect_format
+from switchyard.gateway.output.tools import (HERMES, ToolChoice, ToolSyntax, best_tool, parse_calls,
+                                             parse_openai_tool_choice, parse_openai_tools,
+                                             repair_forced)
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -32,7 +33,7 @@ def mlx_syntax(module: str) -> ToolSyntax:
     tokenizer = SimpleNamespace(tool_parser=parser.parse_tool_call,
                                 tool_call_start=parser.tool_call_start,
                                 tool_call_end=parser.tool_call_end)
-    return tool_syntax(tokenizer)
+    return detect_format(tokenizer).tools
 
 
 # --- definitions and tool_choice ---------------------------------------------------------------
@@ -85,7 +86,7 @@ def test_no_tools_means_none():
 
 
 def test_syntax_comes_from_the_tokenizer_or_defaults_to_hermes():
-    assert tool_syntax(SimpleNamespace()) is HERMES
+    assert detect_format(SimpleNamespace()).tools is HERMES
     assert mlx_syntax("json_tools") is HERMES
     qwen_coder = mlx_syntax("qwen3_coder")
     assert (qwen_coder.family, qwen_coder.start, qwen_coder.end) == (

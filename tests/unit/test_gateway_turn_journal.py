@@ -5,8 +5,8 @@ damaged or foreign file never yields a wrong turn; each tokenizer keeps its own 
 import os
 import stat
 
-from gateway.prompting.history import TurnMemory
-from gateway.prompting.turn_journal import KEEP_JOURNALS, TurnJournal
+from switchyard.gateway.prompting.history import TurnMemory
+from switchyard.gateway.prompting.turn_journal import KEEP_JOURNALS, TurnJournal
 
 ID = b"i" * 16
 CALL = {"id": "call_7", "type": "function",

@@ -2,9 +2,9 @@
 
 import pytest
 
-from gateway.errors import APIError
-from gateway.prompting.prompts import build_submit, check_model, served_model_id
-from gateway.api.validation import (Options, header_priority, parse_chat_request,
+from switchyard.gateway.errors import APIError
+from switchyard.gateway.prompting.prompts import build_submit, check_model, served_model_id
+from switchyard.gateway.api.validation import (Options, header_priority, parse_chat_request,
                                 parse_completion_request, parse_json)
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -219,7 +219,7 @@ FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperatu
 def test_random_bodies_give_a_request_or_a_400_never_anything_else():
     import random
 
-    from proto import codec
+    from switchyard.proto import codec
 
     rng = random.Random(0)
     for _ in range(3000):

@@ -11,9 +11,9 @@ import stat
 import pytest
 import zmq
 
-from deploy.cli import main
-from proto.group_key import read_group_key, write_group_key
-from proto.settings import Settings, SettingsError
+from switchyard.deploy.cli import main
+from switchyard.proto.group_key import read_group_key, write_group_key
+from switchyard.proto.settings import Settings, SettingsError
 
 
 def test_a_new_key_file_is_private_and_reads_back(tmp_path):
@@ -50,7 +50,7 @@ def test_a_key_file_others_can_read_is_refused(tmp_path, mode):
     path = tmp_path / "group.key"
     write_group_key(str(path))
     path.chmod(mode)
-    with pytest.raises(SettingsError, match=f"readable by other users: chmod 600 {path}"):
+    with pytest.raises(SettingsError, match=f"accessible to its group or other users: chmod 600 {path}"):
         read_group_key(str(path))
 
 
@@ -83,7 +83,7 @@ def test_serve_and_rank_refuse_a_tcp_address_without_a_usable_key(tmp_path, caps
         assert "needs --group-key-file" in capsys.readouterr().err
         assert main([command, "--scheduler-address", address, "--group-key-file", str(key)]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.endswith(f"readable by other users: chmod 600 {key}")
+        assert err.endswith(f"accessible to its group or other users: chmod 600 {key}")
         assert len(err.splitlines()) == 1
 
 
@@ -97,7 +97,7 @@ def test_the_key_file_path_reaches_children_but_never_its_contents(tmp_path):
 
 
 def test_a_rank_hosts_units_name_the_key_file_by_absolute_path(tmp_path, monkeypatch):
-    from deploy.service_units import program_arguments, unit_plan
+    from switchyard.deploy.service_units import program_arguments, unit_plan
 
     hosts = tmp_path / "hosts.json"  # rank 0 is another machine (documentation space)
     hosts.write_text(json.dumps([{"ssh": "a", "ips": ["192.0.2.7"]},

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from worker.watchdog import CollectiveWatch
+from switchyard.worker.watchdog import CollectiveWatch
 
 
 class Clock:

@@ -7,11 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from kvstore.pages import ROOT_ID, chain_page_ids, make_namespace
-from kvstore.service import KvStoreDaemon
-from kvstore.store import _unavailable
-from proto.backoff import Backoff
-from proto.messages import (
+from switchyard.kvstore.pages import ROOT_ID, chain_page_ids, make_namespace
+from switchyard.kvstore.service import KvStoreDaemon
+from switchyard.kvstore.store import _unavailable
+from switchyard.proto.backoff import Backoff
+from switchyard.proto.messages import (
     DeletePages,
     PageInfo,
     PagesDeleted,
@@ -19,8 +19,8 @@ from proto.messages import (
     PageWrite,
     WritePages,
 )
-from proto.settings import Settings
-from scheduler.page_cache import PageCache
+from switchyard.proto.settings import Settings
+from switchyard.scheduler.page_cache import PageCache
 
 NS = make_namespace("model-a")
 P = 16

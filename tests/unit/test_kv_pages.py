@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from kvstore import pages
-from kvstore.pages import (
+from switchyard.kvstore import pages
+from switchyard.kvstore.pages import (
     MAGIC,
     PAGE_FORMAT_VERSION,
     ROOT_ID,
@@ -16,7 +16,7 @@ from kvstore.pages import (
     make_namespace,
     page_id,
 )
-from proto.page_ids import kv_namespace
+from switchyard.proto.page_ids import kv_namespace
 
 NS = make_namespace("model-a", "float32", "layout-1")
 P = 256

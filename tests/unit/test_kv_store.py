@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from kvstore import store as store_mod
-from kvstore.pages import FLAG_RECURRENT_STATE, ROOT_ID, chain_page_ids, make_namespace
-from kvstore.store import PageStore, StoreUnavailable
+from switchyard.kvstore import store as store_mod
+from switchyard.kvstore.pages import FLAG_RECURRENT_STATE, ROOT_ID, chain_page_ids, make_namespace
+from switchyard.kvstore.store import PageStore, StoreUnavailable
 
 NS = make_namespace("model-a")
 OTHER_NS = make_namespace("model-b")

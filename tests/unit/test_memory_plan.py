@@ -3,7 +3,7 @@ refuses to start with a message naming what to lower."""
 
 import pytest
 
-from worker.memory_plan import MemoryPlanError, check_plan, make_plan
+from switchyard.worker.memory_plan import MemoryPlanError, check_plan, make_plan
 
 GIB = 2**30
 

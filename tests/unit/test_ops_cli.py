@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import cli
-from deploy.service_units import ROLES
+from switchyard.deploy import cli
+from switchyard.deploy.service_units import ROLES
 
 
 @pytest.fixture

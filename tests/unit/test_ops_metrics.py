@@ -16,10 +16,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from gateway import dashboard, metrics
-from gateway.app import RequestLogMiddleware
-from proto.settings import Settings
-from scheduler.stats import SchedulerStats
+from switchyard.gateway import dashboard, metrics
+from switchyard.gateway.app import RequestLogMiddleware
+from switchyard.proto.settings import Settings
+from switchyard.scheduler.stats import SchedulerStats
 
 API_KEY = "sekret"
 

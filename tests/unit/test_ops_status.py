@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploy import cli
-from deploy import status as status_cli
-from scheduler.stats import SchedulerStats
+from switchyard.deploy import cli
+from switchyard.deploy import status as status_cli
+from switchyard.scheduler.stats import SchedulerStats
 
 
 def record(**kw):

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy import cli, launchd, systemd
-from deploy.service_units import (ROLES, UnitError, check_second_group, parse_env,
+from switchyard.deploy import cli, launchd, systemd
+from switchyard.deploy.service_units import (ROLES, UnitError, check_second_group, parse_env,
                                   program_arguments, settings_flags, unit_plan, write_key_file)
-from proto.settings import Settings, read_api_key_file
+from switchyard.proto.settings import Settings, read_api_key_file
 
 OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 AWKWARD_KEY = 'k e$y%"\\x'
@@ -59,7 +59,7 @@ def test_flags_are_the_non_default_settings_and_round_trip(tmp_path):
     assert "--slots" in flags and "--ctx" not in flags and "--log-content" in flags
     for role in ROLES:
         argv = program_arguments(plan, role)
-        assert argv[:5] == ["/venv/bin/python", "-m", "deploy.cli", "run", role]
+        assert argv[:5] == ["/venv/bin/python", "-m", "switchyard.deploy.cli", "run", role]
         child = parse_settings(argv)
         assert child == as_child(dataclasses.replace(plan.settings, api_key=AWKWARD_KEY), role)
 
@@ -127,7 +127,7 @@ def test_launchd_plists(tmp_path):
         assert agent["WorkingDirectory"] == plan.working_dir
         env = agent["EnvironmentVariables"]
         assert env["HOME"] == "/home/u" and env["HF_HOME"] == "/data/hf"
-        assert env["PYTHONPATH"] == str(Path(cli.__file__).resolve().parents[1])
+        assert "PYTHONPATH" not in env
         assert "LD_PRELOAD" not in env or role == "worker"
 
 
@@ -235,7 +235,7 @@ def test_systemd_quoting():
 
 def test_systemctl_show_is_parsed():
     fields = systemd.parse_show("ActiveState=active\nSubState=running\nMainPID=77\nNRestarts=2\n")
-    from deploy.service_cli import systemd_row
+    from switchyard.deploy.service_cli import systemd_row
 
     assert systemd_row("switchyard-worker.service", fields) == [
         "switchyard-worker.service", "active (running)", "77", "2", "-"]

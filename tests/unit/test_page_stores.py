@@ -3,7 +3,7 @@ core over one kvstore per rank. No sockets: replies are scripted per rank."""
 
 from pathlib import Path
 
-from proto.messages import (
+from switchyard.proto.messages import (
     AttachBuffers,
     DeletePages,
     DescribeInventory,
@@ -19,9 +19,10 @@ from proto.messages import (
     WorkerReady,
     WritePages,
 )
-from scheduler.core import CoreConfig, SchedulerCore
-from scheduler.events import KvstoreRestarted, PlanStep
-from scheduler.page_stores import PageStores, kvstore_identity, kvstore_rank
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.core import SchedulerCore
+from switchyard.scheduler.events import KvstoreRestarted, PlanStep
+from switchyard.scheduler.page_stores import PageStores, kvstore_identity, kvstore_rank
 
 P = 4
 NS = b"g" * 16
@@ -153,7 +154,7 @@ def test_buffers_are_freed_only_when_every_rank_replied():
         for msg in stores.incoming(ident, InventoryDescribed(ident, ())):
             deliver(core.handle(msg, 1.0))
     deliver(core.handle(ready(stores.ranks), 1.0))
-    from proto.messages import SamplingParams, SubmitRequest, StepDone
+    from switchyard.proto.messages import SamplingParams, SubmitRequest, StepDone
     deliver(core.handle(SubmitRequest("a", tuple(range(10, 10 + 2 * P + 1)), 1,
                                       SamplingParams(), ()), 1.0))
     step = core.handle(PlanStep(), 2.0).step
@@ -275,10 +276,10 @@ def test_a_rank_kvstore_restart_is_a_restart_of_the_group_store():
 def test_rank_page_directories_and_the_scheduler_address(tmp_path):
     import pytest
 
-    from proto.endpoints import Endpoints
-    from proto.service_loop import scheduler_endpoint
-    from proto.settings import Settings, SettingsError
-    from scheduler.service import remote_kvstore_address
+    from switchyard.proto.endpoints import Endpoints
+    from switchyard.proto.service_loop import scheduler_endpoint
+    from switchyard.proto.settings import Settings, SettingsError
+    from switchyard.scheduler.service import remote_kvstore_address
 
     assert Settings(kv_dir="/kv").rank_kv_path == Path("/kv")
     assert Settings(kv_dir="/kv", rank=2).rank_kv_path == Path("/kv/rank-2")

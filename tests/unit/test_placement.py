@@ -3,8 +3,8 @@ it displaces. Slots are described by their tokens; `disk` is the restorable pref
 
 import pytest
 
-from scheduler.placement import Sources, choose_slot
-from scheduler.requests import Slot
+from switchyard.scheduler.placement import Sources, choose_slot
+from switchyard.scheduler.requests import Slot
 
 P = 16
 SYS = list(range(1, 1 + 4 * P))  # a 4-page system prompt

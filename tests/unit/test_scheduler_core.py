@@ -1,6 +1,6 @@
 """The scheduler core, driven without sockets or MLX: a scripted worker answers each step."""
 
-from proto.messages import (
+from switchyard.proto.messages import (
     CancelRequest,
     RequestFailed,
     RequestFinished,
@@ -12,8 +12,9 @@ from proto.messages import (
     TokensGenerated,
     WorkerReady,
 )
-from scheduler.core import CoreConfig, SchedulerCore
-from scheduler.events import FailAll, GatewayRestarted, PlanStep
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.core import SchedulerCore
+from switchyard.scheduler.events import FailAll, GatewayRestarted, PlanStep
 
 EOS = 0
 

@@ -1,10 +1,10 @@
 """Prefill order, slot admission and the background bound (issue 14), driven without sockets
 or MLX; and admission waiting for the page index after a start (issue 12)."""
 
-from proto.messages import AttachBuffers, InventoryDescribed
-from scheduler.core import SchedulerCore
-from scheduler.events import IndexOverdue, KvstoreRestarted
-from scheduler.fairness import oldest_waiting_s
+from switchyard.proto.messages import AttachBuffers, InventoryDescribed
+from switchyard.scheduler.core import SchedulerCore
+from switchyard.scheduler.events import IndexOverdue, KvstoreRestarted
+from switchyard.scheduler.fairness import oldest_waiting_s
 from tests.unit.test_scheduler_core import ScriptedWorker, make_core, submit
 from tests.unit.test_scheduler_pages import P, Group, conv, worker_ready
 

@@ -6,7 +6,7 @@ keeps pages in a dict, so every message the core sends is checked against what i
 
 from itertools import accumulate
 
-from proto.messages import (
+from switchyard.proto.messages import (
     CancelRequest,
     DeletePages,
     InventoryDescribed,
@@ -26,9 +26,10 @@ from proto.messages import (
     WorkerReady,
     WritePages,
 )
-from scheduler.core import CoreConfig, SchedulerCore
-from scheduler.events import KvstoreRestarted, PlanStep
-from scheduler.restore import RESTORE_FIRST_BATCH
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.core import SchedulerCore
+from switchyard.scheduler.events import KvstoreRestarted, PlanStep
+from switchyard.scheduler.restore import RESTORE_FIRST_BATCH
 
 P = 16
 NS = b"n" * 16

@@ -3,9 +3,9 @@ definitions, at O(pages) cost (docs/design.md "Scheduling")."""
 
 import random
 
-from proto.messages import SamplingParams
-from proto.page_ids import chain_page_ids
-from scheduler.requests import Request, Slot, common_prefix_len
+from switchyard.proto.messages import SamplingParams
+from switchyard.proto.page_ids import chain_page_ids
+from switchyard.scheduler.requests import Request, Slot, common_prefix_len
 
 NS = b"n" * 16
 P = 8

@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from deploy.supervisor import child_env, component_command
-from proto.settings import (API_KEY_ENV, Settings, SettingsError, read_api_key_file,
+from switchyard.deploy.supervisor import child_env, component_command
+from switchyard.proto.settings import (API_KEY_ENV, Settings, SettingsError, read_api_key_file,
                             resolve_api_key)
 
 KEY = "s3cret-key"
@@ -34,9 +34,10 @@ def test_api_key_from_a_file_or_the_environment(tmp_path):
     assert resolve_api_key({"api_key_file": str(path)}, env={})["api_key"] == KEY
     assert resolve_api_key({}, env={API_KEY_ENV: KEY})["api_key"] == KEY
     assert resolve_api_key({"api_key": "flag"}, env={API_KEY_ENV: KEY})["api_key"] == "flag"
-    path.chmod(0o644)
-    with pytest.raises(SettingsError, match="readable by other users"):
-        read_api_key_file(str(path))
+    for mode in (0o644, 0o640, 0o660):  # group `staff` holds every local user on macOS
+        path.chmod(mode)
+        with pytest.raises(SettingsError, match="accessible to its group or other users"):
+            read_api_key_file(str(path))
     link = tmp_path / "link"
     link.symlink_to(path)
     with pytest.raises(SettingsError):
@@ -52,8 +53,8 @@ def test_api_key_from_a_file_or_the_environment(tmp_path):
 # -- 3. the runtime dir check follows no symlink ------------------------------------------------
 
 def test_a_symlink_at_the_runtime_dir_is_refused_and_its_target_left_alone(tmp_path, capsys):
-    from deploy import cli
-    from proto.endpoints import RuntimeDirError, ensure_runtime_dir
+    from switchyard.deploy import cli
+    from switchyard.proto.endpoints import RuntimeDirError, ensure_runtime_dir
 
     target = tmp_path / "victim"
     target.mkdir(mode=0o755)
@@ -74,8 +75,8 @@ def test_a_symlink_at_the_runtime_dir_is_refused_and_its_target_left_alone(tmp_p
 # -- 2. page files: private, never through a symlink, never blocked on a FIFO ---------------------
 
 def _page_store(root):
-    from kvstore.pages import ROOT_ID, make_namespace
-    from kvstore.store import PageStore
+    from switchyard.kvstore.pages import ROOT_ID, make_namespace
+    from switchyard.kvstore.store import PageStore
 
     store = PageStore(root, sync=False)
     ns = make_namespace("model-a")
@@ -96,7 +97,7 @@ def test_page_files_are_private(tmp_path):
 def test_a_fifo_or_symlink_in_the_kv_dir_neither_hangs_nor_is_followed(tmp_path):
     import threading
 
-    from kvstore.store import PageStore, read_entries
+    from switchyard.kvstore.store import PageStore, read_entries
 
     store, ns, pid, tokens = _page_store(tmp_path / "kv")
     shard = store.path_for(ns, pid).parent
@@ -127,14 +128,14 @@ def test_a_second_server_on_the_same_kv_dir_refuses_naming_the_first(tmp_path):
     import subprocess
     import sys
 
-    from kvstore.dir_lock import KvDirLocked, lock_kv_dir
+    from switchyard.kvstore.dir_lock import KvDirLocked, lock_kv_dir
 
     fd = lock_kv_dir(tmp_path / "kv")
     try:
         with pytest.raises(KvDirLocked, match=f"process {os.getpid()}"):
             lock_kv_dir(tmp_path / "kv")
         done = subprocess.run(
-            [sys.executable, "-m", "deploy.cli", "run", "kvstore", "--kv-dir",
+            [sys.executable, "-m", "switchyard.deploy.cli", "run", "kvstore", "--kv-dir",
              str(tmp_path / "kv"), "--runtime-dir", str(tmp_path / "run"),
              "--log-format", "json"], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr
@@ -149,8 +150,8 @@ def test_a_second_server_on_the_same_kv_dir_refuses_naming_the_first(tmp_path):
 def test_stale_shared_memory_of_this_group_is_removed_and_others_kept(tmp_path):
     from multiprocessing import resource_tracker
 
-    from proto.endpoints import Endpoints
-    from proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
+    from switchyard.proto.endpoints import Endpoints
+    from switchyard.proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
 
     ours = Endpoints(tmp_path / "a")
     theirs = Endpoints(tmp_path / "b")
@@ -188,7 +189,7 @@ def test_uvicorn_logs_through_structlog(capsys):
 
     import structlog
 
-    from proto.logs import configure_logging
+    from switchyard.proto.logs import configure_logging
 
     saved = structlog.get_config()
     root = logging.getLogger()

@@ -2,7 +2,7 @@ import argparse
 
 import pytest
 
-from proto.settings import Settings, SettingsError, add_arguments, from_namespace, parse_size
+from switchyard.proto.settings import Settings, SettingsError, add_arguments, from_namespace, parse_size
 
 
 def _parse(argv):

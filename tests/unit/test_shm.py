@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proto.shm import BufferAllocator, PageBufferPool, ShmError
+from switchyard.proto.shm import BufferAllocator, PageBufferPool, ShmError
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM, SIZE = 4, 64 * 1024
@@ -41,7 +41,7 @@ def test_data_is_visible_both_ways_and_survives_the_attacher(pool, tmp_path):
     pool.array(1, np.uint32, 4)[:] = [1, 2, 3, 4]
     child = _run(f"""
         import numpy as np
-        from proto.shm import PageBufferPool
+        from switchyard.proto.shm import PageBufferPool
         pool = PageBufferPool.attach({pool.name!r}, {NUM}, {SIZE})
         print(pool.array(1, np.uint32, 4).tolist())
         pool.buffer(2)[:5] = b"hello"
@@ -62,7 +62,7 @@ def test_shared_resource_tracker_keeps_the_owner_registration(tmp_path):
     name = _name()
     result = _run(f"""
         import multiprocessing as mp
-        from proto.shm import PageBufferPool
+        from switchyard.proto.shm import PageBufferPool
 
         def child(name):
             pool = PageBufferPool.attach(name, {NUM}, {SIZE})

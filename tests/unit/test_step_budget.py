@@ -1,6 +1,6 @@
 import pytest
 
-from scheduler.step_budget import PrefillBudget
+from switchyard.scheduler.step_budget import PrefillBudget
 
 
 def test_full_chunks_when_nobody_decodes_or_nothing_is_measured():

@@ -11,10 +11,10 @@ import jsonschema
 import numpy as np
 import pytest
 
-from gateway.api import structured
-from gateway.errors import APIError
-from gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
-from gateway.output.tools import HERMES, ToolSyntax, _parse_json
+from switchyard.gateway.api import structured
+from switchyard.gateway.errors import APIError
+from switchyard.gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
+from switchyard.gateway.output.tools import HERMES, ToolSyntax, _parse_json
 from tests.helpers.schemas import random_object_schema, random_schema
 
 llguidance = pytest.importorskip("llguidance")
@@ -26,7 +26,7 @@ def vocab(tmp_path_factory):
     import llguidance.hf
     from transformers import PreTrainedTokenizerFast
 
-    from fixtures.tiny_tokenizer import tokenizer_files
+    from switchyard.deploy.tiny_tokenizer import tokenizer_files
 
     directory = tmp_path_factory.mktemp("tok")
     for name, data in tokenizer_files().items():
@@ -217,7 +217,7 @@ def family_vocabs(tmp_path_factory):
     import llguidance.hf
 
     from fixtures.chat_formats import write_tokenizer
-    from proto.tokenizer_loading import load_tokenizer
+    from switchyard.proto.tokenizer_loading import load_tokenizer
 
     root = tmp_path_factory.mktemp("families")
     out = {}
@@ -235,8 +235,8 @@ def family_vocabs(tmp_path_factory):
 def test_json_argument_formats_force_calls_that_parse(family_vocabs, fmt, mode, name):
     """Forced and auto calls in each JSON-argument format (Hermes, harmony, DeepSeek, Mistral,
     Llama 3): whatever allowed tokens are picked, the call parses and its arguments validate."""
-    from gateway.output.formats import FORMATS
-    from gateway.output.tools import parse_calls, parse_openai_tools
+    from switchyard.gateway.output.formats import FORMATS
+    from switchyard.gateway.output.tools import parse_calls, parse_openai_tools
 
     syntax = FORMATS[fmt].tools
     tokenizer, hf = family_vocabs[FAMILY_OF_FORMAT[fmt]]

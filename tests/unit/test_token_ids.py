@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from proto.page_ids import token_bytes
-from proto.tokens import TokenIds
+from switchyard.proto.page_ids import token_bytes
+from switchyard.proto.tokens import TokenIds
 
 
 def test_sequence_behaviour_matches_a_tuple():

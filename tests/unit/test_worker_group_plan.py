@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from deploy.group_roles import rank_roles, restarted_together, serve_roles, split_role
-from deploy.supervisor import component_command
-from proto.hostfile import (
+from switchyard.deploy.group_roles import rank_roles, restarted_together, serve_roles, split_role
+from switchyard.deploy.supervisor import component_command
+from switchyard.proto.hostfile import (
     HostfileError,
     is_local,
     layout_tag,
@@ -18,8 +18,8 @@ from proto.hostfile import (
     rank_environment,
     ring_hosts,
 )
-from proto.page_ids import kv_namespace
-from proto.settings import Settings, SettingsError
+from switchyard.proto.page_ids import kv_namespace
+from switchyard.proto.settings import Settings, SettingsError
 
 TWO_MACS = json.dumps([{"ssh": "mac-a", "ips": ["10.0.0.1"]},
                        {"ssh": "mac-b", "ips": ["10.0.0.2", "10.0.1.2"]}])
@@ -102,7 +102,7 @@ def test_rank_environment_for_jaccl_names_the_coordinator(tmp_path):
 def test_step_broadcast_framing_round_trips_through_a_sum_with_zeros():
     """What an all_sum computes when every other rank adds zeros: the sender's frame. A short
     payload fits the frame (one collective); a long one's rest follows."""
-    from worker.group import FRAME_BYTES, PING, STEP, decode_frame, encode_frame
+    from switchyard.worker.group import FRAME_BYTES, PING, STEP, decode_frame, encode_frame
 
     short = bytes(range(256)) * 3
     frame, rest = encode_frame(STEP, short)
@@ -116,7 +116,7 @@ def test_step_broadcast_framing_round_trips_through_a_sum_with_zeros():
 
 
 def test_step_broadcast_framing_rejects_garbage():
-    from worker.group import GroupError, decode_frame, encode_frame
+    from switchyard.worker.group import GroupError, decode_frame, encode_frame
 
     with pytest.raises(ValueError):
         encode_frame(9, b"x")
@@ -193,7 +193,7 @@ def test_a_share_has_its_own_namespace_and_a_single_worker_keeps_its_own():
 
 
 def test_a_rank_hosts_banner_names_its_rank_and_no_http():
-    from deploy.cli import banner
+    from switchyard.deploy.cli import banner
 
     text = banner(Settings(model="m", hostfile="/h.json", rank=1), False, ("worker.1",))
     assert text.splitlines()[0].endswith("rank 1 of a worker group")
@@ -204,7 +204,7 @@ def test_a_rank_hosts_banner_names_its_rank_and_no_http():
 
 
 def test_ranks_started_with_different_settings_are_named():
-    from worker.group import mismatch
+    from switchyard.worker.group import mismatch
 
     same = {"model": "f", "--slots": 2, "--ctx": 4096}
     assert mismatch([same, dict(same)], ["a", "b"]) == ""

@@ -1,0 +1,28 @@
+"""The scheduler core's settings, read by the core and by the planners below it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    num_slots: int
+    ctx: int
+    prefill_chunk: int
+    max_queue: int
+    trimmable: bool = True
+    retry_after_s: float = 1.0
+    page_size: int = 256
+    disk_budget_bytes: int = 32 << 30
+    protect_window_s: float = 86400.0
+    # Hybrid models snapshot their recurrent state every this many tokens of a prefill.
+    state_interval: int = 4096
+    decode_share: float = 0.5
+    decode_burst: int = 8
+    # Prefill order and background bound (scheduler.fairness, docs/design.md "Scheduling").
+    overtake_limit: float = 1.0
+    background_wait_s: float = 30.0
+    # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
+    # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
+    wait_for_index: bool = False
