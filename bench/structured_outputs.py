@@ -65,7 +65,7 @@ def concurrent_tps(url: str, n: int, seed: int, max_tokens: int, constrained: bo
 
 
 def compile_ms(rounds: int = 20) -> float:
-    from switchyard.gateway.api import structured
+    from switchyard.gateway.request import structured
 
     times = []
     for i in range(rounds):

@@ -32,7 +32,7 @@ from switchyard.gateway.prompting.history import TurnMemory
 from switchyard.gateway.prompting.turn_journal import TurnJournal, tokenizer_identity
 from switchyard.gateway.api.openapi import openapi_spec
 from switchyard.gateway.prompting.prompts import served_model_id
-from switchyard.gateway.api.response_store import ResponseStore
+from switchyard.gateway.request.response_store import ResponseStore
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
 from switchyard.proto.endpoints import Endpoints

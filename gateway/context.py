@@ -16,7 +16,7 @@ from switchyard.gateway.errors import APIError, invalid
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
-from switchyard.gateway.api.response_store import ResponseStore
+from switchyard.gateway.request.response_store import ResponseStore
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
 from switchyard.proto.messages import SubmitRequest

@@ -25,7 +25,7 @@ from switchyard.gateway.scheduler_client import RequestStream
 from switchyard.gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
                                until_disconnect)
 from switchyard.gateway.turn import ChatTurn, TurnResult, TurnUpdate, plan_turn
-from switchyard.gateway.api.validation import ChatRequest, header_priority
+from switchyard.gateway.request.model import ChatRequest, header_priority
 from switchyard.proto.logs import content_allowed
 from switchyard.proto.messages import SubmitRequest
 

@@ -19,9 +19,9 @@ from switchyard.gateway.prompting.history import Rendered, RenderOptions, TurnMe
 from switchyard.gateway.output.harmony import HarmonyParser
 from switchyard.gateway.output.parser import Event, Forced, OutputParser, TextDelta
 from switchyard.gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
-from switchyard.gateway.api import structured
-from switchyard.gateway.api.structured import Constraint
-from switchyard.gateway.api.validation import ChatRequest
+from switchyard.gateway.request import structured
+from switchyard.gateway.request.model import ChatRequest
+from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
 from switchyard.gateway.output.tools import HARMONY_FAMILY, ToolCall, ToolSyntax, new_call_id, tool_names
 

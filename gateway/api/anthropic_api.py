@@ -1,6 +1,6 @@
 """Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 
-Requests are translated into the gateway's one chat shape (validation.ChatRequest): `system`
+Requests are translated into the gateway's one chat shape (request.model.ChatRequest): `system`
 becomes a system message (volatile per-request lines such as Claude Code's
 `x-anthropic-billing-header:` are removed from its start, so they do not break prefix reuse),
 `tool_use` blocks become assistant tool calls, `tool_result` blocks tool messages, `thinking`
@@ -23,7 +23,7 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from switchyard.gateway.api import structured
+from switchyard.gateway.request import structured
 from switchyard.gateway.context import gateway_of
 from switchyard.gateway.driver import (PREFIX_STABLE_HEADER, chat_chars, header_flag, respond,
                             start_chat)
@@ -36,8 +36,8 @@ from switchyard.gateway.streaming import sse_event
 from switchyard.gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_choice, check_tool_fields,
                                   function_tool, strict_tool_names)
 from switchyard.gateway.turn import TurnResult, plan_turn
-from switchyard.gateway.api.validation import (ChatRequest, Fields, Options, parse_json, parse_priority,
-                                template_kwargs)
+from switchyard.gateway.api.validation import Fields, parse_json, template_kwargs
+from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
 
 log = structlog.get_logger()
 

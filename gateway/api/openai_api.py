@@ -16,8 +16,8 @@ from switchyard.gateway.errors import model_not_found
 from switchyard.gateway.prompting.prompts import build_submit, check_model, encode_prompt
 from switchyard.gateway.api.responses import ChatFormat, CompletionFormat, model_card, models_body
 from switchyard.gateway.turn import TextTurn
-from switchyard.gateway.api.validation import (header_priority, parse_chat_request, parse_completion_request,
-                                parse_json)
+from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request, parse_json
+from switchyard.gateway.request.model import header_priority
 from switchyard.proto.ids import new_rid
 
 

@@ -1,7 +1,7 @@
 """OpenAI Responses API (`POST /v1/responses`), for Codex-style clients.
 
 `input` (a string, or items: messages, `function_call`, `function_call_output`, `reasoning`)
-and `instructions` are translated into the gateway's one chat shape (validation.ChatRequest):
+and `instructions` are translated into the gateway's one chat shape (request.model.ChatRequest):
 consecutive assistant items (reasoning, an output message, function calls) become one assistant
 message, function-call outputs become tool messages. `previous_response_id` prepends the stored
 conversation of that response (response_store.py); one the server no longer has is a 400 asking
@@ -26,20 +26,14 @@ from switchyard.gateway.driver import respond, start_chat
 from switchyard.gateway.errors import APIError, invalid, invalid_type
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
 from switchyard.gateway.prompting.prompts import check_model
-from switchyard.gateway.api import structured
-from switchyard.gateway.api.response_store import ResponseStore
+from switchyard.gateway.request import structured
+from switchyard.gateway.request.response_store import ResponseStore
 from switchyard.gateway.streaming import sse_event
 from switchyard.gateway.output.tools import (ToolChoice, check_tool_fields, function_tool,
                                   parse_openai_tool_choice, strict_tool_names)
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
-from switchyard.gateway.api.validation import (
-    ChatRequest,
-    Fields,
-    Options,
-    join_text_parts,
-    parse_json,
-    parse_priority,
-)
+from switchyard.gateway.api.validation import Fields, join_text_parts, parse_json
+from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
 from switchyard.proto.ids import new_rid
 
 # Content part type -> the key holding its text.

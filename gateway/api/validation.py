@@ -9,17 +9,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
-from switchyard.gateway.api import structured
-from switchyard.gateway.api.structured import Constraint
+from switchyard.gateway.request import structured
+from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options, parse_priority
 from switchyard.gateway.errors import invalid, invalid_type, out_of_range
-from switchyard.gateway.output.tools import (AUTO, ToolChoice, parse_openai_tool_choice, parse_openai_tools,
+from switchyard.gateway.output.tools import (parse_openai_tool_choice, parse_openai_tools,
                                   strict_tool_names)
-from switchyard.proto.messages import PRIORITIES
 
-PRIORITY_HEADER = "x-switchyard-priority"
 MAX_STOP_STRINGS = 16
 _SEED_MODULUS = 2**63
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
@@ -28,55 +25,6 @@ _INT32_MAX = 2**31 - 1  # every integer that reaches the wire must fit msgpack
 _RESERVED_TEMPLATE_KEYS = {"messages", "tools", "add_generation_prompt", "tokenize",
                            "conversation", "documents", "return_dict"}
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-
-
-@dataclass(frozen=True)
-class Options:
-    """What chat and completion requests share."""
-
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stream: bool = False
-    include_usage: bool = False
-    priority: str | None = None
-    user: str | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unchecked here
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """The one internal shape of a chat turn: every API (Chat Completions, Anthropic Messages,
-    Responses) translates its request into this.
-
-    `messages` are OpenAI-style chat messages as chat templates take them: `role`, `content`
-    (a string; None only for an assistant message with tool calls), for assistant messages
-    `tool_calls` (`[{"id", "type": "function", "function": {"name", "arguments": str}}]`) and
-    `reasoning_content`, for tool results `tool_call_id`. `tools` are OpenAI function tools.
-    """
-
-    messages: list[dict[str, Any]]
-    options: Options
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: ToolChoice = AUTO
-    parallel_tool_calls: bool = True
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    # Structured outputs: what the answer must match (None: free text), and the tools whose
-    # calls must match their `parameters` schema (docs/design.md "Structured outputs").
-    constraint: Constraint | None = None
-    strict_tools: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class CompletionRequest:
-    prompt: str | tuple[int, ...]
-    options: Options
-    constraint: Constraint | None = None
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -205,14 +153,6 @@ def _range_text(lo: int | None, hi: int | None) -> str:
     if lo is not None and hi is not None:
         return f"between {lo} and {hi}"
     return f">= {lo}" if lo is not None else f"<= {hi}"
-
-
-def parse_priority(value: Any, param: str) -> str | None:
-    if value is None:
-        return None
-    if value not in PRIORITIES:
-        raise out_of_range(param, " or ".join(f"'{p}'" for p in PRIORITIES))
-    return value
 
 
 def parse_options(f: Fields) -> Options:
@@ -438,8 +378,3 @@ def parse_prompt(prompt: Any) -> str | tuple[int, ...]:
         raise invalid("Only one prompt per request is supported", param="prompt",
                       code="invalid_value")
     raise invalid_type("prompt", "a non-empty string or a non-empty array of token ids")
-
-
-def header_priority(headers: Any) -> str | None:
-    return parse_priority(headers.get(PRIORITY_HEADER), "X-Switchyard-Priority")
-

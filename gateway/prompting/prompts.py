@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.gateway.errors import context_length_exceeded, invalid, model_not_found
-from switchyard.gateway.api.validation import ChatRequest, CompletionRequest, Options
+from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options
 from switchyard.proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
 from switchyard.proto.tokens import TokenIds
 

@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from switchyard.gateway.api import structured
+from switchyard.gateway.request import structured
 from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
 from switchyard.worker.executor import StepExecutor

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from fixtures.chat_formats import FAMILIES, write_tokenizer
-from switchyard.gateway.api.validation import ChatRequest, Options
+from switchyard.gateway.request.model import ChatRequest, Options
 from switchyard.gateway.output.formats import FORMATS, detect_format, hidden_special_ids, token_texts
 from switchyard.gateway.output.harmony import HarmonyParser
 from switchyard.gateway.output.parser import (Forced, OutputParser, ReasoningDelta, TextDelta, ToolCallDone,
@@ -396,7 +396,7 @@ def test_any_text_parses_the_same_however_it_is_chunked(name):
 
 def test_structured_answer_of_gpt_oss_starts_at_the_final_channel(tokenizers):
     """A response format constrains harmony's final channel; analysis stays free."""
-    from switchyard.gateway.api import structured
+    from switchyard.gateway.request import structured
 
     tok = tokenizers["gpt_oss"]
     fmt = detect_format(tok)

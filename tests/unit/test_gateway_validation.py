@@ -4,8 +4,8 @@ import pytest
 
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.prompting.prompts import build_submit, check_model, served_model_id
-from switchyard.gateway.api.validation import (Options, header_priority, parse_chat_request,
-                                parse_completion_request, parse_json)
+from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request, parse_json
+from switchyard.gateway.request.model import Options, header_priority
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

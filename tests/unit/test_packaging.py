@@ -4,6 +4,8 @@ pyproject.toml, no bare imports of the folders' own names, and no import cycles.
 from __future__ import annotations
 
 import ast
+import functools
+import os
 import tomllib
 from pathlib import Path
 
@@ -48,6 +50,22 @@ def imports_of(path: Path, module: str, known: set[str]) -> set[str]:
     return found
 
 
+def project_python_files() -> list[Path]:
+    """Every .py file of the checkout, not of a venv, a build or git."""
+    found = []
+    for folder, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("build", "dist")
+                   and not d.endswith(".egg-info") and d != "__pycache__"]
+        found += [Path(folder) / f for f in files if f.endswith(".py")]
+    return found
+
+
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    modules = shipped_modules()
+    return {name: imports_of(path, name, set(modules)) for name, path in modules.items()}
+
+
 def test_pyproject_lists_every_package():
     declared = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
                    ["packages"])
@@ -59,9 +77,7 @@ def test_no_bare_imports_of_the_project_folders():
     """`import gateway` would work inside the test run (pytest puts the checkout on sys.path for
     fixtures/) and nowhere else: every module imports the project as switchyard.*."""
     bare = []
-    for path in REPO.rglob("*.py"):
-        if {".venv", ".git", "build"} & set(path.relative_to(REPO).parts):
-            continue
+    for path in project_python_files():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
@@ -72,11 +88,7 @@ def test_no_bare_imports_of_the_project_folders():
 
 
 def test_no_import_cycles():
-    modules = shipped_modules()
-    graph = {name: imports_of(path, name, set(modules)) for name, path in modules.items()}
-    # A package's __init__ is imported with any of its modules; an edge into a package is an
-    # edge into its __init__ only, which is what `graph` holds.
-    cycles = strongly_connected(graph)
+    cycles = strongly_connected(import_graph())
     assert cycles == [], "import cycles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in cycles)
 
 
@@ -120,3 +132,24 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
 def test_the_cycle_check_sees_a_cycle():
     assert strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]
     assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_only_the_app_reaches_into_the_api_handlers():
+    """gateway/api/ is the top of the gateway: the handlers build the request model
+    (gateway/request/) and drive turns; nothing below them imports them back."""
+    climbing = sorted(
+        f"{name} -> {target}" for name, targets in import_graph().items()
+        if not name.startswith("switchyard.gateway.api") and name != "switchyard.gateway.app"
+        for target in targets
+        if target.startswith("switchyard.gateway.api"))
+    assert climbing == []
+
+
+def test_services_never_import_each_other():
+    services = ("gateway", "scheduler", "worker", "kvstore")
+    crossing = sorted(
+        f"{name} -> {target}" for name, targets in import_graph().items()
+        for target in targets
+        if name.split(".")[1] in services and target.split(".")[1] in services
+        and name.split(".")[1] != target.split(".")[1])
+    assert crossing == []

@@ -11,7 +11,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from switchyard.gateway.api import structured
+from switchyard.gateway.request import structured
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
 from switchyard.gateway.output.tools import HERMES, ToolSyntax, _parse_json

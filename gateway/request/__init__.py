@@ -1,0 +1,1 @@
+"""The request model, below the API handlers (gateway/api/) that build it."""

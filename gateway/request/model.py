@@ -1,0 +1,76 @@
+"""The gateway's request model: the one internal shape every API translates its requests into
+(the handlers in gateway/api/ build it; the turn driver, prompting and output read it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from switchyard.gateway.errors import out_of_range
+from switchyard.gateway.output.tools import AUTO, ToolChoice
+from switchyard.gateway.request.structured import Constraint
+from switchyard.proto.messages import PRIORITIES
+
+PRIORITY_HEADER = "x-switchyard-priority"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What chat and completion requests share."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    priority: str | None = None
+    user: str | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unchecked here
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """The one internal shape of a chat turn: every API (Chat Completions, Anthropic Messages,
+    Responses) translates its request into this.
+
+    `messages` are OpenAI-style chat messages as chat templates take them: `role`, `content`
+    (a string; None only for an assistant message with tool calls), for assistant messages
+    `tool_calls` (`[{"id", "type": "function", "function": {"name", "arguments": str}}]`) and
+    `reasoning_content`, for tool results `tool_call_id`. `tools` are OpenAI function tools.
+    """
+
+    messages: list[dict[str, Any]]
+    options: Options
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice = AUTO
+    parallel_tool_calls: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Structured outputs: what the answer must match (None: free text), and the tools whose
+    # calls must match their `parameters` schema (docs/design.md "Structured outputs").
+    constraint: Constraint | None = None
+    strict_tools: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt: str | tuple[int, ...]
+    options: Options
+    constraint: Constraint | None = None
+
+
+def parse_priority(value: Any, param: str) -> str | None:
+    if value is None:
+        return None
+    if value not in PRIORITIES:
+        raise out_of_range(param, " or ".join(f"'{p}'" for p in PRIORITIES))
+    return value
+
+
+def header_priority(headers: Any) -> str | None:
+    return parse_priority(headers.get(PRIORITY_HEADER), "X-Switchyard-Priority")
+
