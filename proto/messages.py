@@ -16,7 +16,7 @@ import msgspec
 from switchyard.proto.tokens import TokenIds, as_token_ids
 
 # 2: msgspec structs, token lists packed as uint32 `bin` values.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -85,7 +85,8 @@ class DecodeItem(Value):
     """Append `token_id` at `position` in `slot`, then sample the next token.
 
     In a step of several decode iterations (`RunStep.num_decode_steps`) each sampled token
-    is fed back in turn, until `max_tokens` are sampled or one is in `stop_token_ids`.
+    is fed back in turn, until `burst_limit` are sampled or one is in `stop_token_ids`. (The
+    request's own limit is `SubmitRequest.max_tokens`; the scheduler caps every burst by it.)
     """
 
     slot: int
@@ -94,7 +95,7 @@ class DecodeItem(Value):
     sampling: SamplingParams
     # Index of the token being sampled within its request; feeds the stateless sampling key.
     sample_index: int
-    max_tokens: int = 1
+    burst_limit: int = 1
     stop_token_ids: tuple[int, ...] = ()
 
 

@@ -1,26 +1,37 @@
 """Placing a request that leaves the queue: its slot and where its prefix comes from.
 
-`place` decides, with `scheduler.placement` scoring the options; `apply` commits the decision
-to the slot and the request. The core owns the queue and calls them while it admits
-(docs/design.md "Scheduling").
+`place` decides, with `scheduler.placement` scoring the options, and changes nothing; `apply`
+commits the decision to the slot, the request and the page cache. The core owns the queue and
+calls them while it admits (docs/design.md "Scheduling").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Set
+from dataclasses import dataclass
 
 from switchyard.proto.messages import CopyPrefix
-from switchyard.scheduler.page_cache import PageCache
-from switchyard.scheduler.placement import Placement, Sources, choose_slot, usable_match
 from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.page_cache import DiskPage, PageCache
+from switchyard.scheduler.placement import Placement, Sources, choose_slot, usable_match
 from switchyard.scheduler.requests import Request, Slot
 
 
+@dataclass(frozen=True)
+class Decision:
+    """Where a request runs (`placement`), the disk pages it restores, and the token where it
+    leaves the pages already on disk (a hybrid model snapshots its state there)."""
 
-def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
-          pinned: Callable[[], set[bytes]]) -> Placement | None:
+    placement: Placement
+    restore_pages: tuple[DiskPage, ...] = ()
+    branch_point: int | None = None
+    chain: tuple[bytes, ...] = ()  # the context's full pages
+
+
+def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig) -> Decision | None:
     """Where the request runs and where its prefix comes from; None: no slot is free, or the
-    request waits for its own pages to land on disk.
+    request waits for its own pages to land on disk. The slots' page ids must be in sync
+    with their tokens (`PageCache.sync_slot`).
 
     Costs O(pages) of the context, not O(tokens): the request's page chain grows as its
     pages fill, and slots are matched by page ids (docs/design.md "Scheduling")."""
@@ -32,7 +43,6 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
     disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
     matches = {}
     for slot in slots:
-        pages.sync_slot(slot)
         m = usable_match(slot, slot.shared_prefix(chain, feed, n, P), cfg.trimmable)
         if m:
             matches[slot.index] = m
@@ -46,20 +56,28 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
     persisted = {s.index: pages.persisted_tokens(s, matches.get(s.index, 0))
                  for s in slots if s.free}
     placement = choose_slot(slots, sources, persisted)
+    if placement is None:
+        return None
+    branch_point = None
     if not cfg.trimmable and pages.enabled:
         # Where this request leaves the pages already on disk (the end of a shared prefix,
         # say a system prompt) is where its state is worth a snapshot for the next one.
-        req.branch_point = pages.tree.longest_prefix(chain) * cfg.page_size
-    if placement is not None:
-        if placement.restored:
-            req.restore_pages = [p for p in on_disk if p.start >= placement.restore_from]
-        pages.drop_passed_tails(chain, pinned() | {p.page_id for p in req.restore_pages})
-    return placement
+        branch_point = pages.tree.longest_prefix(chain) * cfg.page_size
+    restore = tuple(p for p in on_disk if p.start >= placement.restore_from) \
+        if placement.restored else ()
+    return Decision(placement, restore, branch_point, tuple(chain))
 
 
-def apply(req: Request, p: Placement, slots: list[Slot], page_size: int,
-          now: float) -> CopyPrefix | None:
-    """Put the request in its slot as placed; the copy the worker makes first, if any."""
+def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
+          pinned: Set[bytes], now: float) -> CopyPrefix | None:
+    """Put the request in its slot as decided; the copy the worker makes first, if any.
+    `pinned`: pages other requests will restore, never dropped here."""
+    p, page_size = decision.placement, pages.page_size
+    if decision.branch_point is not None:
+        req.branch_point = decision.branch_point
+    req.restore_pages = list(decision.restore_pages)
+    pages.drop_passed_tails(list(decision.chain),
+                            set(pinned) | {page.page_id for page in decision.restore_pages})
     slot = slots[p.slot]
     copy = None
     if p.copy_from is not None:
@@ -68,8 +86,6 @@ def apply(req: Request, p: Placement, slots: list[Slot], page_size: int,
         copy = CopyPrefix(p.copy_from, p.slot, p.copied)
     else:
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
-    if not p.restored:
-        req.restore_pages = []
     slot.rid, slot.last_used = req.rid, now
     req.slot = p.slot
     if req.admitted_at is None:

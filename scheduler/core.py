@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
-from functools import partial
 
 import msgspec
 
@@ -52,6 +51,7 @@ from switchyard.scheduler.events import (
 from switchyard.scheduler.admission import apply, place
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.fairness import admission_key, interactive_now, oldest_waiting_s
+from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_cache import PageCache
 from switchyard.scheduler.prefill_plan import plan_prefills, state_points
 from switchyard.scheduler.requests import Request, Slot
@@ -91,12 +91,10 @@ class SchedulerCore:
         self.requests: dict[str, Request] = {}
         self.waiting: deque[str] = deque()
         self.inflight: RunStep | None = None
-        self.finished: list[FinishedRecord] = []
+        self.outbox = Outbox()
         self.pages = PageCache(config.page_size, config.disk_budget_bytes,
-                               config.protect_window_s)
+                               config.protect_window_s, self.outbox)
         self.budget = PrefillBudget(config.prefill_chunk, config.decode_share)
-        self.outbox: list = []
-        self.events: list[tuple[str, dict]] = self.pages.events  # logged by the shell
         self._copies: list[CopyPrefix] = []
         self.reads = DiskReads(self.pages)
         self._next_step = 0
@@ -137,13 +135,7 @@ class SchedulerCore:
                 self.index_overdue = event.overdue
             case _:
                 raise TypeError(f"not a scheduler event: {type(event).__name__}")
-        # Page commands first: a worker that became ready queues AttachBuffers there, and a
-        # read sent before it would find no buffers and miss every page (issue 12).
-        effects = Effects(self.pages.outbox + self.outbox, list(self.events),
-                          self.finished, step)
-        self.outbox, self.pages.outbox, self.finished = [], [], []
-        self.events.clear()  # shared with the page cache: cleared in place
-        return effects
+        return self.outbox.take(step)
 
     # --- views (read-only) -----------------------------------------------------------------
 
@@ -196,7 +188,7 @@ class SchedulerCore:
         if msg.rid in self.requests:
             return self._reject(msg.rid, "invalid_request", "duplicate request id")
         if len(self.waiting) >= cfg.max_queue:
-            self.outbox.append(RequestFailed(
+            self.outbox.send(RequestFailed(
                 msg.rid, "queue_full", f"{len(self.waiting)} requests are waiting; try again "
                 "shortly", True, cfg.retry_after_s))
             return
@@ -207,7 +199,7 @@ class SchedulerCore:
         self.waiting.append(msg.rid)
 
     def _reject(self, rid: str, code: str, message: str) -> None:
-        self.outbox.append(RequestFailed(rid, code, message, False))
+        self.outbox.send(RequestFailed(rid, code, message, False))
 
     def _cancel(self, rid: str, now: float) -> None:
         req = self.requests.get(rid)
@@ -231,7 +223,7 @@ class SchedulerCore:
         rids = list(self.requests)
         self._abort_all(now)
         for rid in rids:
-            self.outbox.append(RequestFailed(rid, event.code, event.message, True,
+            self.outbox.send(RequestFailed(rid, event.code, event.message, True,
                                              event.retry_after_s))
 
     # --- events: worker --------------------------------------------------------------------
@@ -268,7 +260,7 @@ class SchedulerCore:
             self._finish(req, "cancelled", now)
         # One message per request per step, however many tokens a burst produced.
         for rid, tokens in self._unsent.items():
-            self.outbox.append(TokensGenerated(rid, tuple(tokens)))
+            self.outbox.send(TokensGenerated(rid, tuple(tokens)))
         self._unsent.clear()
 
     def _observe_step(self, done: StepDone, now: float) -> None:
@@ -324,14 +316,14 @@ class SchedulerCore:
         self.reads.lost(self.requests)
         attach = self.pages.attach_message()
         # ...after the new kvstore has the buffers they are in (messages of this event only).
-        self.pages.outbox[:0] = ([attach] if attach is not None else []) + [DescribeInventory()]
+        self.outbox.send_first(*([attach] if attach is not None else []), DescribeInventory())
 
     def _inventory(self, msg: InventoryDescribed, now: float) -> None:
         self.pages.kvstore_inventory(msg.pages, msg.writable, now, self._pinned)
         self.index_overdue = False
-        self.events.append(("kvstore.inventory", {
+        self.outbox.log("kvstore.inventory", **{
             "num_pages": len(msg.pages), "disk_bytes": self.pages.tree.total_bytes,
-            "scan_s": round(msg.scan_s, 3), "writable": msg.writable, "error": msg.error}))
+            "scan_s": round(msg.scan_s, 3), "writable": msg.writable, "error": msg.error})
 
     def _pages_read(self, msg: PagesRead, now: float) -> None:
         answer = self.reads.answered(msg, self.requests)
@@ -402,7 +394,7 @@ class SchedulerCore:
                                 tuple(stages), tuple(copies), tuple(loads), burst)
         self._planned_at = now
         self._next_step += 1
-        self.outbox.append(self.inflight)
+        self.outbox.send(self.inflight)
         return self.inflight
 
     def _interactive(self, req: Request, now: float) -> bool:
@@ -421,16 +413,18 @@ class SchedulerCore:
             return  # placed now, a request would miss every page on disk (issue 12)
         order = sorted(self.waiting, key=lambda rid: admission_key(
             self.requests[rid], now, self.config.background_wait_s))
+        for slot in self.slots:
+            self.pages.sync_slot(slot)
         for rid in order:
             req = self.requests[rid]
-            pinned = partial(self._pinned, placing=req)
-            placement = place(req, self.slots, self.pages, self.config, pinned)
-            if placement is None and self._interactive(req, now) and \
+            decision = place(req, self.slots, self.pages, self.config)
+            if decision is None and self._interactive(req, now) and \
                     self._preempt_background(now):
-                placement = place(req, self.slots, self.pages, self.config, pinned)
-            if placement is None:
+                decision = place(req, self.slots, self.pages, self.config)
+            if decision is None:
                 break
-            copy = apply(req, placement, self.slots, self.config.page_size, now)
+            copy = apply(req, decision, self.slots, self.pages,
+                         self._pinned(placing=req), now)
             if copy is not None:
                 self._copies.append(copy)
             self.waiting.remove(rid)
@@ -453,8 +447,8 @@ class SchedulerCore:
         self.slots[victim.slot].rid = None
         self._unplace(victim)
         self.waiting.append(victim.rid)
-        self.events.append(("request.preempted", {"rid": victim.rid,
-                                                  "num_generated": len(victim.generated)}))
+        self.outbox.log("request.preempted", **{"rid": victim.rid,
+                                                  "num_generated": len(victim.generated)})
         return True
 
     def _unplace(self, req: Request, release: bool = True) -> None:
@@ -476,7 +470,7 @@ class SchedulerCore:
                     and (self.config.trimmable or not req.loading):
                 read = self.reads.issue(req)
                 if read is not None:
-                    self.outbox.append(read)
+                    self.outbox.send(read)
 
     def _note_restore_done(self, req: Request, now: float) -> None:
         if req.ready_at is None:
@@ -520,7 +514,7 @@ class SchedulerCore:
         req = self.requests[self.slots[item.slot].rid]
         room = self.config.ctx - (item.position + 1)  # tokens the slot can still take
         limit = min(burst, req.max_tokens - len(req.generated), room)
-        return msgspec.structs.replace(item, max_tokens=max(1, limit))
+        return msgspec.structs.replace(item, burst_limit=max(1, limit))
 
     # --- finishing -------------------------------------------------------------------------
 
@@ -550,7 +544,7 @@ class SchedulerCore:
         del self.requests[req.rid]
         started = req.admitted_at if req.admitted_at is not None else now
         num_prefilled = max(0, len(req.prompt) - req.num_cached) if req.admitted_at else 0
-        self.finished.append(FinishedRecord(
+        self.outbox.finished(FinishedRecord(
             rid=req.rid, priority=req.priority, finish_reason=reason,
             num_prompt_tokens=len(req.prompt), num_cached_tokens=req.num_cached,
             num_reused_tokens=req.num_reused, num_copied_tokens=req.num_copied,
@@ -562,8 +556,8 @@ class SchedulerCore:
         unsent = self._unsent.pop(req.rid, None)
         if notify:
             if unsent:
-                self.outbox.append(TokensGenerated(req.rid, tuple(unsent)))
-            self.outbox.append(RequestFinished(req.rid, reason, len(req.prompt), req.num_cached,
+                self.outbox.send(TokensGenerated(req.rid, tuple(unsent)))
+            self.outbox.send(RequestFinished(req.rid, reason, len(req.prompt), req.num_cached,
                                                len(req.generated)))
 
     @property

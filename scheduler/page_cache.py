@@ -1,7 +1,7 @@
 """What the scheduler knows about KV pages beyond the slots: disk, buffers, writes in flight.
 
 Pure bookkeeping, no I/O: the core asks it what to stage and where pages are, and it queues
-the kvstore commands (`WritePages`, `DeletePages`, `TouchPages`) in `outbox`.
+the kvstore commands (`WritePages`, `DeletePages`, `TouchPages`) in the core's outbox.
 
 Write-through (docs/design.md "KV pages"): every full page of every slot is staged into a shared
 buffer at the start of the step after it filled, then written by kvstore, so a conversation
@@ -28,6 +28,7 @@ from switchyard.proto.backoff import Backoff
 from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, page_id
 from switchyard.proto.shm import BufferAllocator
 from switchyard.scheduler.eviction import EvictionPlan, plan_eviction
+from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_tree import DiskPageTree
 from switchyard.scheduler.requests import Slot
 
@@ -57,10 +58,12 @@ class DiskPage:
 
 
 class PageCache:
-    def __init__(self, page_size: int, budget_bytes: int, protect_window_s: float):
+    def __init__(self, page_size: int, budget_bytes: int, protect_window_s: float,
+                 outbox: Outbox):
         self.page_size = page_size
         self.budget_bytes = budget_bytes
         self.protect_window_s = protect_window_s
+        self.outbox = outbox
         self.namespace = b""
         self.tree = DiskPageTree()
         self.state_pages: set[bytes] = set()
@@ -81,8 +84,6 @@ class PageCache:
         # After the disk refused pages (full, read-only): stage again 1 s later, doubling to
         # 30 s while it keeps refusing, back to normal at the first page written.
         self.write_backoff = Backoff()
-        self.outbox: list = []
-        self.events: list[tuple[str, dict]] = []
         self.num_evicted = 0
         self.num_thrash = 0
 
@@ -142,7 +143,7 @@ class PageCache:
     def _send_pool(self) -> None:
         if self.pool is not None and not self.pool_sent:
             self.pool_sent = True
-            self.outbox.append(self.pool)
+            self.outbox.send_first(self.pool)
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -255,7 +256,7 @@ class PageCache:
         if dead:
             for tid in dead:
                 self._remove(tid)
-            self.outbox.append(DeletePages(tuple(dead)))
+            self.outbox.send(DeletePages(tuple(dead)))
         for pending in [*self.staged.values(), *self.writing.values()]:
             write = pending.write
             if len(write.token_ids) < self.page_size and write.parent_id in passed:
@@ -408,25 +409,25 @@ class PageCache:
             for pid in plan.page_ids:
                 self._remove(pid)
             self.num_evicted += len(plan.page_ids)
-            self.outbox.append(DeletePages(tuple(plan.page_ids)))
-            self.events.append(("kv.evicted", {"num_pages": len(plan.page_ids),
-                                               "freed_bytes": plan.freed_bytes}))
+            self.outbox.send(DeletePages(tuple(plan.page_ids)))
+            self.outbox.log("kv.evicted", **{"num_pages": len(plan.page_ids),
+                                               "freed_bytes": plan.freed_bytes})
         if plan.thrash is not None:
             self.num_thrash += 1
-            self.events.append(("kv.thrash", {
+            self.outbox.log("kv.thrash", **{
                 "num_protected_evicted": plan.thrash.num_protected_evicted,
                 "working_set_bytes": plan.thrash.working_set_bytes,
                 "budget_bytes": plan.thrash.budget_bytes,
                 "suggested_budget_bytes": plan.thrash.suggested_budget_bytes,
-                "advice": "raise --kv-disk-budget to the suggested size"}))
+                "advice": "raise --kv-disk-budget to the suggested size"})
         if not plan.fits:
             self._release([p.write.buffer for p in pending])
-            self.events.append(("kv.budget_exhausted", {"num_pages_skipped": len(pending),
-                                                        "budget_bytes": self.budget_bytes}))
+            self.outbox.log("kv.budget_exhausted", **{"num_pages_skipped": len(pending),
+                                                        "budget_bytes": self.budget_bytes})
             return
         for p in pending:
             self.writing[p.write.page_id] = p
-        self.outbox.append(WritePages(tuple(p.write for p in pending)))
+        self.outbox.send(WritePages(tuple(p.write for p in pending)))
 
     def pages_written(self, msg: PagesWritten, now: float) -> None:
         for info in msg.written:
@@ -435,7 +436,7 @@ class PageCache:
             if pending is not None:
                 self._release([pending.write.buffer])
                 if pending.doomed:
-                    self.outbox.append(DeletePages((info.page_id,)))
+                    self.outbox.send(DeletePages((info.page_id,)))
                     continue
             self._add(info)
         for pid in msg.failed:
@@ -447,18 +448,18 @@ class PageCache:
             first = not self.write_backoff.failing
             delay = self.write_backoff.failed(now)
             if first:
-                self.events.append(("kv.persistence_off", {"error": msg.error,
-                                                           "retry_in_s": delay}))
+                self.outbox.log("kv.persistence_off", **{"error": msg.error,
+                                                           "retry_in_s": delay})
         elif msg.written:
             if self.write_backoff.failing:
-                self.events.append(("kv.persistence_on", {}))
+                self.outbox.log("kv.persistence_on")
             self.write_backoff.succeeded()
 
     def touch(self, chain: list[bytes], now: float) -> None:
         on_disk = [pid for pid in chain if pid in self.tree]
         if on_disk:
             self.tree.touch(on_disk, now)
-            self.outbox.append(TouchPages(tuple(on_disk)))
+            self.outbox.send(TouchPages(tuple(on_disk)))
 
     def forget(self, page_ids) -> None:
         """Pages kvstore could not read back (gone or corrupt, and removed)."""

@@ -37,6 +37,7 @@ from switchyard.proto.messages import (
     WritePages,
     WorkerReady,
 )
+from switchyard.scheduler.outbox import Outbox
 
 FLAG_RECURRENT_STATE = 1
 
@@ -69,9 +70,11 @@ class _Batch:
 
 
 class PageStores:
-    def __init__(self, group: bool):
-        """`group`: the server runs a worker group (a hostfile), so kvstores are per rank."""
+    def __init__(self, group: bool, outbox: Outbox | None = None):
+        """`group`: the server runs a worker group (a hostfile), so kvstores are per rank.
+        `outbox`: the core's, where the deletes this layer decides by itself go."""
         self.group = group
+        self.outbox = outbox if outbox is not None else Outbox()
         self.ranks: tuple[RankInfo, ...] = ()  # from the worker group's WorkerReady
         self.page_size = 0
         self.connected: set[int] = set()  # ranks whose kvstore greeted us
@@ -81,7 +84,6 @@ class PageStores:
         self.owed: dict[tuple[int, type], deque[_Batch]] = {}
         self.inventory_owed: dict[int, int] = {}
         self.inventories: dict[int, InventoryDescribed] = {}
-        self.outbox: list[tuple[str, object]] = []  # messages this layer sends by itself
         self.num_orphans_deleted = 0
         self.held: dict[int, set[bytes]] = {}  # per rank: the pages its kvstore holds
 
@@ -335,7 +337,9 @@ class PageStores:
             if ids:
                 self.held.get(rank, set()).difference_update(ids)
                 self.num_orphans_deleted += len(ids)
-                self.outbox.append((kvstore_identity(rank), DeletePages(tuple(ids))))
+                self.outbox.send_to(kvstore_identity(rank), DeletePages(tuple(ids)))
+                self.outbox.log("kv.orphan_shares_deleted", kvstore=kvstore_identity(rank),
+                                num_pages=len(ids))
 
 
 def _merged_info(infos: list[PageInfo]) -> PageInfo:

@@ -64,6 +64,7 @@ from switchyard.scheduler.events import (
     WorkerLost,
 )
 from switchyard.scheduler.eviction import budget_report
+from switchyard.scheduler.outbox import Addressed
 from switchyard.scheduler.page_stores import PageStores, kvstore_rank
 from switchyard.scheduler.stats import SchedulerStats
 from switchyard.scheduler.status import build_status, write_status
@@ -106,9 +107,8 @@ class SchedulerService:
         self.kvstore_ready = False
         self._plan_s = 0.0  # planning time of the step in flight (logged when it is done)
         self.kvstore_down_since: float | None = time.time()  # no page index yet
-        self.index_overdue = False  # told to the core (IndexOverdue) when it changes
         # A worker group's kvstores (one per rank) are one page store to the core.
-        self.stores = PageStores(group=bool(settings.hostfile))
+        self.stores = PageStores(group=bool(settings.hostfile), outbox=self.core.outbox)
         self.tcp_address = remote_kvstore_address(settings)
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
         group_key = read_group_key(settings.group_key_file) if self.tcp_address else None
@@ -139,6 +139,9 @@ class SchedulerService:
     def apply(self, effects: Effects) -> None:
         """Carry out what the core decided: each message to its peer, logs, finished records."""
         for msg in effects.messages:
+            if isinstance(msg, Addressed):
+                self._send(msg.to, msg.message)
+                continue
             if isinstance(msg, RequestFailed):
                 self.stats.request_failed(msg.code)
             if _DESTINATION[type(msg)] == ROLE_KVSTORE:
@@ -170,13 +173,10 @@ class SchedulerService:
         self._send_orphan_deletes()
 
     def _send_orphan_deletes(self) -> None:
-        """Shares other ranks lost are orphans on this one: deleted after any merge (a merge
-        also happens when the worker group becomes ready after every inventory came in)."""
-        outbox, self.stores.outbox = self.stores.outbox, []
-        for identity, extra in outbox:
-            self.log.info("kv.orphan_shares_deleted", kvstore=identity,
-                          num_pages=len(extra.page_ids))
-            self._send(identity, extra)
+        """Shares other ranks lost are orphans on this one: the fan-out queues their deletes
+        in the core's outbox at any merge (a merge also happens when the worker group becomes
+        ready after every inventory came in); sent now."""
+        self.apply(self.core.outbox.take())
 
     def _to_core(self, msg, now: float) -> None:
         if isinstance(msg, InventoryDescribed):
@@ -251,7 +251,6 @@ class SchedulerService:
     def _on_inventory(self, msg: InventoryDescribed, now: float) -> None:
         self.kvstore_ready = True
         self.kvstore_down_since = None
-        self.index_overdue = False  # the core drops it with the inventory
         self.apply(self.core.handle(msg, now))
 
     def _on_worker_ready(self, msg: WorkerReady) -> None:
@@ -304,11 +303,10 @@ class SchedulerService:
         # one that stays away this long is not waited for: serve without disk pages.
         overdue = (self.kvstore_down_since is not None
                    and now - self.kvstore_down_since > timeout * _WORKER_GRACE_FACTOR)
-        if overdue != self.index_overdue:
+        if overdue != self.core.index_overdue:
             if overdue:
                 self.log.warning("kvstore.index_overdue",
                                  waited_s=round(now - self.kvstore_down_since, 1))
-            self.index_overdue = overdue
             self.apply(self.core.handle(IndexOverdue(overdue), now))
 
     def _fail_everything(self, reason: str, now: float) -> None:

@@ -88,7 +88,7 @@ class StepExecutor:
                 if constrained:
                     self.constraints.accept(item.slot, token)
                 entry[1:] = [entry[1] + 1, token, entry[3] + 1]
-                if entry[3] < item.max_tokens and token not in item.stop_token_ids:
+                if entry[3] < item.burst_limit and token not in item.stop_token_ids:
                     still.append(entry)
             active = still
         return tuple(sampled)
@@ -148,7 +148,7 @@ class StepExecutor:
         mx.async_eval(y)
         sampled, saved = [], None
         for i in range(num_steps):
-            last = i + 1 >= min(num_steps, item.max_tokens)
+            last = i + 1 >= min(num_steps, item.burst_limit)
             following = None
             if not last:  # a constrained sequence queues only the logits: sampled below
                 saved = before_token(cache)

@@ -43,7 +43,7 @@ def decode(ex, slot, prompt, sampling, generated, n, burst=1):
     while len(out) - len(generated) < n:
         token = out[-1] if out else prompt[-1]
         item = DecodeItem(slot, len(prompt) - 1 + len(out), token, sampling, len(out),
-                          max_tokens=burst, stop_token_ids=(4087, 4089))
+                          burst_limit=burst, stop_token_ids=(4087, 4089))
         sampled = [s.token_id for s in ex.run(RunStep(len(out), decodes=(item,),
                                                       num_decode_steps=burst)).sampled]
         out += sampled
@@ -74,8 +74,8 @@ def test_constrained_and_free_rows_share_a_batch_and_bursts_stop_at_the_end(mode
     for slot in (0, 1):
         ex.run(RunStep(0, prefills=(PrefillChunk(slot, 0, tuple(PROMPT[:-1])),)))
     items = (DecodeItem(0, len(PROMPT) - 1, PROMPT[-1], SamplingParams(grammar=grammar), 0,
-                        max_tokens=8, stop_token_ids=(4087, 4089)),
-             DecodeItem(1, len(PROMPT) - 1, PROMPT[-1], SamplingParams(), 0, max_tokens=8))
+                        burst_limit=8, stop_token_ids=(4087, 4089)),
+             DecodeItem(1, len(PROMPT) - 1, PROMPT[-1], SamplingParams(), 0, burst_limit=8))
     done = ex.run(RunStep(1, decodes=items, num_decode_steps=8))
     constrained = [s.token_id for s in done.sampled if s.slot == 0]
     free = [s.token_id for s in done.sampled if s.slot == 1]

@@ -40,7 +40,7 @@ def test_burst_equals_single_steps(tiny_model_dir, arch):
     _prefill(ex, 0)
     _prefill(ex, 1)
     reference = _single_steps(ex, 0, 10)
-    item = DecodeItem(1, len(PROMPT) - 1, PROMPT[-1], SamplingParams(), 0, max_tokens=10)
+    item = DecodeItem(1, len(PROMPT) - 1, PROMPT[-1], SamplingParams(), 0, burst_limit=10)
     done = ex.run(RunStep(1, decodes=(item,), num_decode_steps=10))
     assert [s.token_id for s in done.sampled] == reference
     assert ex.store.tokens[1] == ex.store.tokens[0]
@@ -52,7 +52,7 @@ def test_burst_stops_at_a_stop_token_and_the_slot_continues_correctly(tiny_model
     _prefill(ex, 1)
     first = _single_steps(ex, 0, 3)
     stop = first[2]
-    item = DecodeItem(1, len(PROMPT) - 1, PROMPT[-1], SamplingParams(), 0, max_tokens=8,
+    item = DecodeItem(1, len(PROMPT) - 1, PROMPT[-1], SamplingParams(), 0, burst_limit=8,
                       stop_token_ids=(stop,))
     done = ex.run(RunStep(1, decodes=(item,), num_decode_steps=8))
     assert [s.token_id for s in done.sampled] == first
@@ -129,19 +129,19 @@ def test_burst_stopped_by_a_stop_token_leaves_the_state_of_single_steps(tiny_mod
     ex = _undo_executor(tiny_model_dir(arch))
     first = _steps_until_new(ex, 0)
     item = DecodeItem(1, len(RING_PROMPT) - 1, RING_PROMPT[-1], SamplingParams(), 0,
-                      max_tokens=8, stop_token_ids=(first[-1],))
+                      burst_limit=8, stop_token_ids=(first[-1],))
     done = ex.run(RunStep(20, decodes=(item,), num_decode_steps=8))
     assert [s.token_id for s in done.sampled] == first
     _assert_same_continuation(ex, first)
 
 
 @pytest.mark.parametrize("arch", UNDO_ARCHS)
-def test_burst_stopped_by_max_tokens_leaves_the_state_of_single_steps(tiny_model_dir, arch):
-    """A burst cut short by max_tokens queues nothing past its last token."""
+def test_burst_stopped_by_its_limit_leaves_the_state_of_single_steps(tiny_model_dir, arch):
+    """A burst cut short by its burst_limit queues nothing past its last token."""
     ex = _undo_executor(tiny_model_dir(arch))
     first = _steps_until_new(ex, 0)
     item = DecodeItem(1, len(RING_PROMPT) - 1, RING_PROMPT[-1], SamplingParams(), 0,
-                      max_tokens=len(first))
+                      burst_limit=len(first))
     done = ex.run(RunStep(20, decodes=(item,), num_decode_steps=8))
     assert [s.token_id for s in done.sampled] == first
     _assert_same_continuation(ex, first)

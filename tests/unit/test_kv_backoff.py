@@ -20,6 +20,7 @@ from switchyard.proto.messages import (
     WritePages,
 )
 from switchyard.proto.settings import Settings
+from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_cache import PageCache
 
 NS = make_namespace("model-a")
@@ -147,7 +148,7 @@ def test_kvstore_writes_nothing_while_an_eviction_it_refused_is_undone(daemon):
 
 
 def _cache():
-    c = PageCache(P, budget_bytes=1 << 30, protect_window_s=3600)
+    c = PageCache(P, budget_bytes=1 << 30, protect_window_s=3600, outbox=Outbox())
     c.worker_ready(NS, "shm", 8, 4096, 0)
     c.kvstore_inventory((), True, 0.0)
     return c
@@ -161,17 +162,18 @@ def test_scheduler_stages_again_1s_after_a_refusal_doubling_and_resets():
     c = _cache()
     pid = b"p" * 16
     c.pages_written(PagesWritten((), (pid,), (0,), "disk full"), now=100.0)
-    assert c.events[-1][0] == "kv.persistence_off" and c.events[-1][1]["retry_in_s"] == 1.0
+    logs = c.outbox.take().logs
+    assert logs[-1][0] == "kv.persistence_off" and logs[-1][1]["retry_in_s"] == 1.0
     assert not c.write_backoff.ready(100.9) and c.write_backoff.ready(101.0)
     c.pages_written(PagesWritten((), (pid,), (0,), "disk full"), now=101.0)
     assert c.write_backoff.retry_at == 103.0
     c.pages_written(PagesWritten((_info(pid),), (), (0,), ""), now=103.0)
     assert c.write_backoff.ready(103.0) and not c.write_backoff.failing
-    assert c.events[-1][0] == "kv.persistence_on"
+    assert c.outbox.take().logs[-1][0] == "kv.persistence_on"
 
 
 def test_scheduler_backs_off_when_kvstore_starts_on_an_unwritable_disk():
-    c = PageCache(P, budget_bytes=1 << 30, protect_window_s=3600)
+    c = PageCache(P, budget_bytes=1 << 30, protect_window_s=3600, outbox=Outbox())
     c.worker_ready(NS, "shm", 8, 4096, 0)
     c.kvstore_inventory((), False, now=50.0)
     assert not c.write_backoff.ready(50.5) and c.write_backoff.ready(51.0)

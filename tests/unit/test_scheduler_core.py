@@ -58,7 +58,7 @@ class ScriptedWorker:
         for i in range(plan.num_decode_steps):  # like the worker: burst, stop at stop tokens
             for d in plan.decodes:
                 mine = [t for t in sampled if t.slot == d.slot]
-                if len(mine) == i and (i == 0 or (i < d.max_tokens
+                if len(mine) == i and (i == 0 or (i < d.burst_limit
                                                   and mine[-1].token_id not in d.stop_token_ids)):
                     sampled.append(SampledToken(d.slot, self.next_token(d.slot, d.position + i)))
         done = StepDone(plan.step, tuple(sampled), sum(len(c.token_ids) for c in plan.prefills),
@@ -287,7 +287,7 @@ def test_bursts_when_nothing_waits_and_single_steps_otherwise():
     plan, msgs = w.step()
     assert plan.num_decode_steps == 1, "a first token comes alone (its prompt tail is staged)"
     plan, msgs = w.step()
-    assert plan.num_decode_steps == 8 and plan.decodes[0].max_tokens == 8
+    assert plan.num_decode_steps == 8 and plan.decodes[0].burst_limit == 8
     assert generated(msgs, "a") == [1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010]
     assert core.slots[0].tokens == [1, 2, 3, 1002] + [1003 + i for i in range(7)]
     submit(core, "b", range(50, 90), max_tokens=2)

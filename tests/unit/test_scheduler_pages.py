@@ -87,10 +87,10 @@ class Group:
         for d in plan.decodes:
             assert len(self.slots[d.slot]) >= d.position
             self.slots[d.slot] = self.slots[d.slot][:d.position] + [d.token_id]
-            for i in range(min(plan.num_decode_steps, d.max_tokens)):
+            for i in range(min(plan.num_decode_steps, d.burst_limit)):
                 token = 3000 + d.position + i
                 sampled.append(SampledToken(d.slot, token))
-                if i + 1 < min(plan.num_decode_steps, d.max_tokens):
+                if i + 1 < min(plan.num_decode_steps, d.burst_limit):
                     self.slots[d.slot].append(token)  # fed back within the burst
         for c in plan.prefills:
             assert len(self.slots[c.slot]) >= c.start
