@@ -3,7 +3,7 @@
 A page file is `header || payload`. The header starts with a fixed 16-byte prefix (magic,
 format version, header length) so a scan reads only the header, never the payload. The payload
 is opaque here: the worker defines its layout (K/V per layer, optional recurrent state at the
-end, flagged by FLAG_RECURRENT_STATE). Any inconsistency in a header raises CorruptPage; the
+end, flagged by PageFlags.RECURRENT_STATE). Any inconsistency in a header raises CorruptPage; the
 caller treats that as a miss, removes the file and logs it (a corrupt page can cost a re-read,
 never wrong output).
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from switchyard.proto.page_flags import PageFlags, unknown_page_flags
 from switchyard.proto.page_ids import (  # noqa: F401  (re-exported: the page format's id scheme)
     ID_BYTES,
     PAGE_FORMAT_VERSION,
@@ -40,7 +41,6 @@ from switchyard.proto.page_ids import (  # noqa: F401  (re-exported: the page fo
 )
 
 MAGIC = b"SYKVPAGE"
-FLAG_RECURRENT_STATE = 1  # payload ends with a recurrent-state snapshot (hybrid models)
 
 _PREFIX = struct.Struct("<8sHHI")
 _FIELDS = struct.Struct("<16s16s16sIIQd16s")
@@ -49,7 +49,6 @@ _ALIGN = 64
 PREFIX_SIZE = _PREFIX.size
 # Bounds a garbage header_len; 256K tokens per page is far beyond any sane page size.
 MAX_HEADER_BYTES = 1 << 20
-_KNOWN_FLAGS = FLAG_RECURRENT_STATE
 
 
 class CorruptPage(ValueError):
@@ -63,7 +62,7 @@ class PageHeader:
     page_id: bytes
     parent_id: bytes
     token_ids: tuple[int, ...]
-    flags: int
+    flags: PageFlags
     payload_len: int
     payload_checksum: bytes
     created_at: float
@@ -74,7 +73,7 @@ class PageHeader:
 
     @property
     def has_recurrent_state(self) -> bool:
-        return bool(self.flags & FLAG_RECURRENT_STATE)
+        return bool(self.flags & PageFlags.RECURRENT_STATE)
 
     @property
     def header_len(self) -> int:
@@ -94,7 +93,8 @@ def payload_checksum(payload) -> bytes:
 
 
 def make_header(namespace: bytes, parent_id: bytes, token_ids: Sequence[int], payload,
-                flags: int = 0, created_at: float | None = None) -> PageHeader:
+                flags: PageFlags = PageFlags.NONE, created_at: float | None = None
+                ) -> PageHeader:
     """The header for `payload`, with its page id and checksum computed here."""
     tokens = tuple(int(t) for t in token_ids)
     return PageHeader(
@@ -103,7 +103,7 @@ def make_header(namespace: bytes, parent_id: bytes, token_ids: Sequence[int], pa
         page_id=page_id(namespace, parent_id, tokens),
         parent_id=parent_id,
         token_ids=tokens,
-        flags=flags,
+        flags=PageFlags(flags),
         payload_len=memoryview(payload).nbytes,
         payload_checksum=payload_checksum(payload),
         created_at=time.time() if created_at is None else created_at,
@@ -118,7 +118,7 @@ def _header_len(num_tokens: int) -> int:
 def encode_header(h: PageHeader) -> bytes:
     for name in ("namespace", "page_id", "parent_id"):
         check_id(name, getattr(h, name))
-    if h.flags & ~_KNOWN_FLAGS:
+    if unknown_page_flags(h.flags):
         raise ValueError(f"unknown page flags {h.flags:#x}")
     if len(h.payload_checksum) != 16:
         raise ValueError("payload_checksum must be 16 bytes")
@@ -168,7 +168,7 @@ def decode_header(buf) -> PageHeader:
         raise CorruptPage("header checksum mismatch")
     if any(buf[check_at + _CHECK_BYTES:header_len]):
         raise CorruptPage("nonzero header padding")
-    if flags & ~_KNOWN_FLAGS:
+    if unknown_page_flags(flags):
         raise CorruptPage(f"unknown page flags {flags:#x}")
     tokens = buf[tokens_at:check_at]
     # Content addressing is self-checking: the id must be the hash of what the header claims.
@@ -180,7 +180,7 @@ def decode_header(buf) -> PageHeader:
         page_id=pid,
         parent_id=parent_id,
         token_ids=tuple(np.frombuffer(tokens, dtype="<u4").tolist()),
-        flags=flags,
+        flags=PageFlags(flags),
         payload_len=payload_len,
         payload_checksum=checksum,
         created_at=created_at,

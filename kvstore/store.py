@@ -37,6 +37,7 @@ from switchyard.kvstore.pages import (
     payload_checksum,
 )
 from switchyard.proto.messages import PageInfo
+from switchyard.proto.page_flags import PageFlags
 
 PAGE_SUFFIX = ".page"
 TEMP_SUFFIX = ".tmp"
@@ -66,7 +67,7 @@ class IndexEntry:
     nbytes: int  # file size: what counts against the disk budget
     last_used: float  # file mtime, so recency survives a restart
     path: Path
-    flags: int = 0  # FLAG_RECURRENT_STATE: a restore point of a hybrid model
+    flags: PageFlags = PageFlags.NONE  # RECURRENT_STATE: a restore point of a hybrid model
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class PageStore:
     # --- write ----------------------------------------------------------------------------
 
     def write(self, namespace: bytes, parent_id: bytes, token_ids: Sequence[int], payload,
-              *, flags: int = 0, page_id: bytes | None = None) -> int:
+              *, flags: PageFlags = PageFlags.NONE, page_id: bytes | None = None) -> int:
         """Persist one page; returns bytes written (0 when a valid copy is already stored).
 
         `page_id`, when given, must equal the id computed from namespace, parent and tokens.
@@ -208,6 +209,7 @@ class PageStore:
         snapshot added or dropped) is replaced atomically.
         """
         payload = memoryview(payload).cast("B")
+        flags = PageFlags(flags)
         tokens = tuple(int(t) for t in token_ids)
         pid = pages.page_id(namespace, parent_id, tokens)
         if page_id is not None and page_id != pid:
@@ -248,7 +250,8 @@ class PageStore:
                                              time.time(), path, flags))
         return nbytes
 
-    def _already_stored(self, page_id: bytes, path: Path, flags: int, nbytes: int) -> bool:
+    def _already_stored(self, page_id: bytes, path: Path, flags: PageFlags,
+                        nbytes: int) -> bool:
         entry = self._index.get(page_id)
         try:
             if entry is not None:

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import msgspec
 
+from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.tokens import TokenIds, as_token_ids
 
 # 2: msgspec structs, token lists packed as uint32 `bin` values.
@@ -119,7 +120,7 @@ class PageInfo(Value):
     num_tokens: int
     nbytes: int
     last_used: float
-    flags: int = 0  # bit 0: the page carries the recurrent state at its end (hybrid models)
+    flags: PageFlags = PageFlags.NONE
 
 
 class StagePage(Value):
@@ -170,7 +171,7 @@ class PageWrite(Value):
     token_ids: TokenIds
     buffer: int
     payload_len: int  # bytes of the buffer that belong to the page (state included)
-    flags: int = 0
+    flags: PageFlags = PageFlags.NONE
 
     def __post_init__(self):
         _pack_tokens(self, "token_ids")

@@ -25,6 +25,7 @@ from switchyard.proto.messages import (
     WritePages,
 )
 from switchyard.proto.backoff import Backoff
+from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, page_id
 from switchyard.proto.shm import BufferAllocator
 from switchyard.scheduler.eviction import EvictionPlan, plan_eviction
@@ -32,7 +33,6 @@ from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_tree import DiskPageTree
 from switchyard.scheduler.requests import Slot
 
-FLAG_RECURRENT_STATE = 1
 # Page ids match slots to requests even with no page store (no worker namespace yet).
 _LOCAL_NAMESPACE = b"switchyard-local"
 # Header bytes per page file, an upper bound for budget arithmetic (P=256 needs 1152).
@@ -229,7 +229,7 @@ class PageCache:
 
     def _add(self, info: PageInfo) -> None:
         self.tree.add(info.page_id, info.parent_id, info.nbytes, info.last_used)
-        if info.flags & FLAG_RECURRENT_STATE:
+        if info.flags & PageFlags.RECURRENT_STATE:
             self.state_pages.add(info.page_id)
         if info.num_tokens < self.page_size:
             self.tails.setdefault(info.parent_id, {})[info.page_id] = info.num_tokens
@@ -381,7 +381,7 @@ class PageCache:
             return False
         n = len(tokens)
         write = PageWrite(pid, parent, tokens, buffers[0], self.payload_len(n, with_state),
-                          FLAG_RECURRENT_STATE if with_state else 0)
+                          PageFlags.RECURRENT_STATE if with_state else PageFlags.NONE)
         self.staged[pid] = _Pending(write, self.page_file_bytes(n, with_state))
         full = n == self.page_size
         out.append(StagePage(slot, start, buffers[0], with_state, 0 if full else n))

@@ -37,9 +37,8 @@ from switchyard.proto.messages import (
     WritePages,
     WorkerReady,
 )
+from switchyard.proto.page_flags import PageFlags
 from switchyard.scheduler.outbox import Outbox
-
-FLAG_RECURRENT_STATE = 1
 
 
 def kvstore_identity(rank: int) -> str:
@@ -209,7 +208,7 @@ class PageStores:
         return WritePages(tuple(
             PageWrite(w.page_id, w.parent_id, w.token_ids, w.buffer,
                       len(w.token_ids) * per_token
-                      + (rank.state_bytes if w.flags & FLAG_RECURRENT_STATE else 0), w.flags)
+                      + (rank.state_bytes if w.flags & PageFlags.RECURRENT_STATE else 0), w.flags)
             for w in msg.writes))
 
     # --- kvstores -> core ------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Round-trip every protocol message through the codec; reject what is not a message."""
 
+import enum
 import typing
 
 import msgpack
@@ -8,6 +9,7 @@ import pytest
 
 from switchyard.proto import codec, messages
 from switchyard.proto.messages import MESSAGE_TYPES
+from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.tokens import TokenIds
 
 
@@ -15,6 +17,8 @@ def _sample(annotation):
     """A non-default value of the given annotation, so a round trip proves each field travels."""
     if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
         return _instance(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, enum.IntFlag):
+        return annotation(max(annotation))  # its highest bit: nonzero, so not the default
     if annotation is TokenIds:
         return TokenIds([7, 0, 2**32 - 1])
     origin = typing.get_origin(annotation)
@@ -33,6 +37,13 @@ def _instance(cls):
 def test_every_message_round_trips(cls):
     msg = _instance(cls)
     assert codec.decode(codec.encode(msg)) == msg
+
+
+def test_page_flags_travel_typed_and_as_the_same_int():
+    write = messages.PageWrite(b"\x01" * 16, bytes(16), (1, 2), 0, 8, PageFlags.RECURRENT_STATE)
+    frame = codec.encode(messages.WritePages((write,)))
+    assert msgpack.unpackb(frame)["writes"][0]["flags"] == 1
+    assert codec.decode(frame).writes[0].flags is PageFlags.RECURRENT_STATE
 
 
 def test_kinds_are_unique():

@@ -1,5 +1,7 @@
 """Page ids and the page header: content addressing (F1, F4), self-describing records (F5, F12)."""
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from switchyard.kvstore.pages import (
     make_namespace,
     page_id,
 )
+from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.page_ids import kv_namespace
 
 NS = make_namespace("model-a", "float32", "layout-1")
@@ -27,7 +30,7 @@ def _header(tokens=tuple(range(P)), payload=b"kv" * 100, flags=0):
 
 
 def test_header_round_trip():
-    h = _header(flags=pages.FLAG_RECURRENT_STATE)
+    h = _header(flags=PageFlags.RECURRENT_STATE)
     buf = encode_header(h)
     assert buf.startswith(MAGIC)
     assert len(buf) == h.header_len and len(buf) % 64 == 0
@@ -111,6 +114,29 @@ def test_bad_inputs_are_rejected():
         page_id(NS, ROOT_ID, [2**32])
     with pytest.raises(ValueError):
         encode_header(_header(flags=0x80))
+    with pytest.raises(ValueError):
+        encode_header(_header(flags=PageFlags.RECURRENT_STATE | 0x2))
+
+
+def test_flag_bits_are_the_on_disk_format():
+    """A page written by an older build keeps its meaning: the bits never move."""
+    assert int(PageFlags.RECURRENT_STATE) == 1
+    raw = encode_header(_header(flags=PageFlags.RECURRENT_STATE))
+    flags_at = pages._PREFIX.size + 48  # after namespace, page id, parent id
+    assert int.from_bytes(raw[flags_at:flags_at + 4], "little") == 1
+    assert decode_header(raw).flags is PageFlags.RECURRENT_STATE
+
+
+@pytest.mark.parametrize("unknown", [0x2, 0x80000000])
+def test_unknown_flag_bits_on_disk_are_corrupt(unknown):
+    """A header whose checksum is right but whose flags this build does not know."""
+    raw = bytearray(encode_header(_header()))
+    flags_at = pages._PREFIX.size + 48
+    raw[flags_at:flags_at + 4] = (1 | unknown).to_bytes(4, "little")
+    check_at = pages._PREFIX.size + pages._FIELDS.size + 4 * P
+    raw[check_at:check_at + 8] = hashlib.blake2b(raw[:check_at], digest_size=8).digest()
+    with pytest.raises(CorruptPage, match="unknown page flags"):
+        decode_header(bytes(raw))
 
 
 def test_kv_namespace_names_bits_and_group_size():

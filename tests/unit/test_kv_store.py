@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from switchyard.kvstore import store as store_mod
-from switchyard.kvstore.pages import FLAG_RECURRENT_STATE, ROOT_ID, chain_page_ids, make_namespace
+from switchyard.kvstore.pages import ROOT_ID, chain_page_ids, make_namespace
+from switchyard.proto.page_flags import PageFlags
 from switchyard.kvstore.store import PageStore, StoreUnavailable
 
 NS = make_namespace("model-a")
@@ -72,12 +73,12 @@ def test_write_is_idempotent(store):
 def test_adding_a_state_snapshot_replaces_the_page(store):
     (pid,) = _write_chain(store, 1)
     with_state = np.concatenate([_payload(0), _payload(9, 512)])
-    written = store.write(NS, ROOT_ID, _tokens(0), with_state, flags=FLAG_RECURRENT_STATE)
-    assert written > 0 and store.get(pid).flags == FLAG_RECURRENT_STATE
-    assert store.write(NS, ROOT_ID, _tokens(0), with_state, flags=FLAG_RECURRENT_STATE) == 0
+    written = store.write(NS, ROOT_ID, _tokens(0), with_state, flags=PageFlags.RECURRENT_STATE)
+    assert written > 0 and store.get(pid).flags == PageFlags.RECURRENT_STATE
+    assert store.write(NS, ROOT_ID, _tokens(0), with_state, flags=PageFlags.RECURRENT_STATE) == 0
     again = PageStore(store.root)
     again.scan()
-    assert again.get(pid).flags == FLAG_RECURRENT_STATE
+    assert again.get(pid).flags == PageFlags.RECURRENT_STATE
     header, out = _read(again, pid, 0)
     assert header.has_recurrent_state
     assert bytes(out[:header.payload_len]) == with_state.tobytes()
