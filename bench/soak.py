@@ -55,7 +55,7 @@ from switchyard.proto.backoff import MAX_S  # noqa: E402
 from switchyard.proto.endpoints import Endpoints  # noqa: E402
 from tests.helpers.drill_serve import DRILL_SERVE  # noqa: E402
 from tests.helpers.group import ServerGroup, short_tmp_dir  # noqa: E402
-from switchyard.scheduler.status import read_status  # noqa: E402
+from switchyard.proto.status import DiskStatus, read_status  # noqa: E402
 from tests.helpers.workload import text, wait_ready  # noqa: E402
 
 PAGE = 256
@@ -429,7 +429,7 @@ class Sampler(threading.Thread):
         self.disk: list[tuple[float, int]] = []
         # What the scheduler counts at each sample (status.json, written every few seconds):
         # tells an accounting error from files nothing accounts for.
-        self.counted: list[dict] = []
+        self.counted: list[DiskStatus | None] = []
         self.rss: dict[str, list[tuple[float, int, int]]] = {"gateway": [], "scheduler": []}
         self.stop = threading.Event()
 
@@ -437,8 +437,8 @@ class Sampler(threading.Thread):
         while not self.stop.wait(2.0):
             now = time.monotonic()
             self.disk.append((now, page_bytes_at_one_instant(self.group, self.kv_dir)))
-            status = read_status(self.group.runtime_dir / "status.json") or {}
-            self.counted.append(status.get("disk") or {})
+            status = read_status(self.group.runtime_dir / "status.json")
+            self.counted.append(status.disk if status is not None else None)
             for role, samples in self.rss.items():
                 try:
                     pid = self.group.pid_of(role)
@@ -678,8 +678,9 @@ def report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_
             print(f"  over budget at {at - t0:.0f}s: {nbytes} bytes (+{nbytes - budget}); "
                   + (f"last fault {last.kind} at {last.started - t0:.0f}s" if last else
                      "no fault before")
-                  + f"; the scheduler counted {counted.get('bytes')} bytes on disk, "
-                    f"{counted.get('num_writing')} pages being written")
+                  + (f"; the scheduler counted {counted.bytes} bytes on disk, "
+                     f"{counted.num_writing} pages being written" if counted else
+                     "; no status.json then"))
     for p in sorted(set(bad_status))[:10]:
         print("  status problem:", p)
     for r in wrong[:10]:

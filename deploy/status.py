@@ -2,7 +2,8 @@
 
 Components are found by their pid files in the runtime directory (never by name, docs/design.md F10);
 uptimes come from /proc/<pid>/stat on Linux or `ps -o etimes= -p PID` elsewhere. Slots, queue,
-disk usage and counters come from `status.json`, which the scheduler rewrites every heartbeat.
+disk usage and counters come from `status.json` (proto/status.py), which the scheduler rewrites
+every heartbeat.
 Exit status: 0 when a group runs there, 1 when none does.
 
     report = collect(runtime_dir)   # I/O
@@ -19,14 +20,16 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+
 from switchyard.deploy.runtime import pid_alive, read_pid_file
 from switchyard.deploy.supervisor import ROLES
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.settings import Settings, format_size
+from switchyard.proto.status import TOKEN_KINDS, Status, read_status
 
 EXIT_NOT_RUNNING = 1
 STALE_AFTER_S = 10.0  # a status.json older than this is reported as stale
-TOKEN_KINDS = ("prompt", "reused", "copied", "restored", "prefilled", "generated")
 
 
 # -- collecting (I/O) ----------------------------------------------------------------------------
@@ -68,13 +71,6 @@ def parse_etime(text: str) -> float | None:
     return float(seconds + 86400 * int(days or 0))
 
 
-def read_snapshot(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 _RANK_ROLE = re.compile(r"(worker|kvstore)\.[1-9][0-9]*")
 
 
@@ -90,12 +86,12 @@ def collect(runtime_dir: Path, now: float | None = None) -> dict:
         alive = pid is not None and pid_alive(pid)
         components[role] = {"pid": pid, "alive": alive,
                             "uptime_s": uptime_s(pid) if alive else None}
-    snapshot = read_snapshot(endpoints.status_file)
+    snapshot = read_status(endpoints.status_file)
     now = time.time() if now is None else now
     return {"runtime_dir": str(runtime_dir), "at": now,
             "running": any(c["alive"] for c in components.values()),
             "components": components, "snapshot": snapshot,
-            "snapshot_age_s": now - snapshot["at"] if snapshot and "at" in snapshot else None}
+            "snapshot_age_s": now - snapshot.at if snapshot is not None else None}
 
 
 # -- formatting (pure) ---------------------------------------------------------------------------
@@ -123,81 +119,78 @@ def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list
 
 
 def format_components(report: dict) -> list[str]:
-    snapshot = report.get("snapshot") or {}
-    peers = snapshot.get("peers", {})
+    snapshot: Status | None = report.get("snapshot")
+    boots = {} if snapshot is None else {
+        "scheduler": snapshot.boot_id, **{role: p.boot_id for role, p in snapshot.peers.items()}}
     rows = []
     for role, info in report["components"].items():
         if info["pid"] is None:
             state = "no pid file"
         else:
             state = "running" if info["alive"] else "not running (stale pid file)"
-        boot = peers.get(role, {}).get("boot_id") or (
-            snapshot.get("boot_id") if role == "scheduler" else None)
+        boot = boots.get(role)
         rows.append([role, str(info["pid"] or "-"), state, format_duration(info["uptime_s"]),
                      boot or "-"])
     return ["components"] + _table(["role", "pid", "state", "up", "boot id"], rows)
 
 
-def format_slots(snapshot: dict, now: float) -> list[str]:
+def format_slots(snapshot: Status, now: float) -> list[str]:
     rows = []
-    for slot in snapshot.get("slots", []):
-        last = slot.get("last_used")
-        rows.append([str(slot["slot"]), slot.get("state", "?"), slot.get("conversation") or "-",
-                     f"{slot.get('num_tokens', 0):,}",
+    for slot in snapshot.slots:
+        last = slot.last_used
+        rows.append([str(slot.slot), slot.state, slot.conversation or "-",
+                     f"{slot.num_tokens:,}",
                      format_duration(now - last) + " ago" if last else "-",
-                     slot.get("priority") or "-"])
+                     slot.priority or "-"])
     return [f"slots ({len(rows)})"] + _table(
         ["slot", "state", "conversation", "tokens", "last use", "priority"], rows)
 
 
-def format_queue(snapshot: dict) -> list[str]:
-    queue = snapshot.get("queue", [])
-    oldest = (f"oldest request without its first token: "
-              f"{snapshot.get('oldest_waiting_s', 0.0):.1f}s")
+def format_queue(snapshot: Status) -> list[str]:
+    queue = snapshot.queue
+    oldest = f"oldest request without its first token: {snapshot.oldest_waiting_s:.1f}s"
     if not queue:
         return ["queue: empty", oldest]
-    rows = [[q["rid"], q.get("priority", "?"), f"{q.get('prompt_tokens', 0):,}",
-             f"{q.get('waiting_s', 0.0):.1f}s"] for q in queue]
+    rows = [[q.rid, q.priority, f"{q.prompt_tokens:,}", f"{q.waiting_s:.1f}s"] for q in queue]
     return [f"queue: {len(queue)} waiting"] + _table(
         ["request", "priority", "prompt tokens", "waiting"], rows) + [oldest]
 
 
-def format_disk(snapshot: dict) -> list[str]:
-    disk = snapshot.get("disk", {})
-    used, budget = disk.get("bytes", 0), disk.get("budget_bytes", 0)
+def format_disk(snapshot: Status) -> list[str]:
+    disk = snapshot.disk
+    used, budget = disk.bytes, disk.budget_bytes
     share = f" ({100 * used / budget:.1f}%)" if budget else ""
     line = (f"disk cache: {format_size(used)} of {format_size(budget)} budget{share}, "
-            f"{disk.get('num_pages', 0):,} pages, {disk.get('num_evicted', 0):,} evicted, "
-            f"{disk.get('num_thrash', 0):,} thrash events")
-    if not disk.get("writable", True):
+            f"{disk.num_pages:,} pages, {disk.num_evicted:,} evicted, "
+            f"{disk.num_thrash:,} thrash events")
+    if not disk.writable:
         line += ", writes paused"
     return [line]
 
 
-def format_ranks(snapshot: dict) -> list[str]:
+def format_ranks(snapshot: Status) -> list[str]:
     """A worker group's ranks: host, pool, and each rank's kvstore (state, pages held)."""
-    ranks = snapshot.get("ranks") or []
+    ranks = snapshot.ranks
     if not ranks:
         return []
-    rows = [[str(r["rank"]), r["host"], f"{r['num_buffers']} x {format_size(r['buffer_bytes'])}",
-             r["kvstore"], r["kvstore_state"], f"{r['num_pages']:,}"] for r in ranks]
+    rows = [[str(r.rank), r.host, f"{r.num_buffers} x {format_size(r.buffer_bytes)}",
+             r.kvstore, r.kvstore_state, f"{r.num_pages:,}"] for r in ranks]
     return [f"worker group: {len(ranks)} ranks"] + _table(
         ["rank", "host", "page buffers", "kvstore", "state", "pages"], rows)
 
 
-def format_counters(snapshot: dict) -> list[str]:
-    stats = snapshot.get("stats", {})
-    finished = stats.get("requests_finished", {})
-    failed = stats.get("requests_failed", {})
-    tokens = stats.get("tokens", {})
-    ttft = stats.get("ttft", {})
+def format_counters(snapshot: Status) -> list[str]:
+    stats = snapshot.stats
+    finished, failed = stats.requests_finished, stats.requests_failed
+    ttft = stats.ttft
     lines = [f"requests: {sum(finished.values())} finished"
              + (f" ({_kv(finished)})" if finished else "")
              + f", {sum(failed.values())} failed" + (f" ({_kv(failed)})" if failed else "")]
-    lines.append("tokens: " + "  ".join(f"{k} {tokens.get(k, 0):,}" for k in TOKEN_KINDS))
-    if ttft.get("count"):
-        lines.append(f"ttft: mean {ttft['sum'] / ttft['count']:.3f}s over {ttft['count']}")
-    restarts = stats.get("restarts", {})
+    lines.append("tokens: " + "  ".join(f"{k} {getattr(stats.tokens, k):,}"
+                                         for k in TOKEN_KINDS))
+    if ttft.count:
+        lines.append(f"ttft: mean {ttft.sum / ttft.count:.3f}s over {ttft.count}")
+    restarts = stats.restarts
     lines.append("restarts seen: " + (_kv(restarts) if restarts else "none"))
     return lines
 
@@ -215,11 +208,11 @@ def format_report(report: dict) -> str:
     lines += format_components(report)
     snapshot = report.get("snapshot")
     age = report.get("snapshot_age_s")
-    if snapshot is None:
+    if snapshot is None:  # none yet, or one of another version
         lines.append("no status.json yet: the scheduler writes it every heartbeat")
         return "\n".join(lines)
-    ready = (f"worker {'ready' if snapshot.get('worker_ready') else 'not ready'}, "
-             f"kvstore {'ready' if snapshot.get('kvstore_ready') else 'not ready'}")
+    ready = (f"worker {'ready' if snapshot.worker_ready else 'not ready'}, "
+             f"kvstore {'ready' if snapshot.kvstore_ready else 'not ready'}")
     stale = " - STALE: is the scheduler running?" if age is not None and age > STALE_AFTER_S else ""
     lines.append(f"status.json {age or 0:.1f}s old; {ready}{stale}")
     lines += format_ranks(snapshot)
@@ -244,7 +237,7 @@ def add_parser(sub) -> None:
 def main(args, settings: Settings) -> int:
     report = collect(settings.runtime_path.expanduser().absolute())
     if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print(json.dumps(msgspec.to_builtins(report), indent=2, sort_keys=True))
     else:
         print(format_report(report))
     return 0 if report["running"] else EXIT_NOT_RUNNING

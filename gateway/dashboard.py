@@ -13,14 +13,15 @@ import os
 import time
 from pathlib import Path
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from switchyard.gateway.metrics import read_status
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.settings import Settings
+from switchyard.proto.status import Status, read_status
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ASSETS = {  # the only files served, with their types
@@ -43,9 +44,10 @@ def load_assets(directory: Path = STATIC_DIR) -> dict[str, bytes]:
     return {name: (directory / name).read_bytes() for name in ASSETS}
 
 
-def status_body(snapshot: dict, now: float, http: list[dict]) -> dict:
-    """What the page polls: the snapshot, its age, the gateway's own HTTP counters."""
-    return {**snapshot, "age_s": max(0.0, now - snapshot.get("at", now)),
+def status_body(status: Status, now: float, http: list[dict]) -> dict:
+    """What the page polls: the status document (its JSON fields, as written), its age, the
+    gateway's own HTTP counters."""
+    return {**msgspec.to_builtins(status), "age_s": max(0.0, now - status.at),
             "gateway": {"pid": os.getpid(), "now": now, "http_requests": http}}
 
 
@@ -68,7 +70,7 @@ def mount(app: Starlette, settings: Settings) -> None:
 
     async def status(request: Request) -> Response:
         snapshot = read_status(status_file)
-        if snapshot is None:
+        if snapshot is None:  # none yet, or a scheduler of another version
             return JSONResponse({"error": {
                 "message": "No status yet: the scheduler writes it every heartbeat",
                 "type": "server_error", "param": None, "code": "status_unavailable"}},

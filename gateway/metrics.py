@@ -18,10 +18,8 @@ requires it like /v1 does (`Authorization: Bearer KEY` in the scrape config).
 from __future__ import annotations
 
 import hmac
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest
@@ -36,12 +34,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from switchyard.gateway.context import RECORD_SCOPE_KEY
 from switchyard.proto.endpoints import Endpoints
+from switchyard.proto.messages import PRIORITIES, ROLE_GATEWAY, ROLE_KVSTORE, ROLE_WORKER
 from switchyard.proto.settings import Settings
+from switchyard.proto.status import SLOT_STATES, TOKEN_KINDS, DiskStatus, Stats, Status, read_status
+from switchyard.proto.status import Histogram as HistogramStatus  # prometheus has a Histogram
 
-SLOT_STATES = ("idle", "prefilling", "restoring", "decoding")
-PRIORITIES = ("interactive", "background")
-TOKEN_KINDS = ("prompt", "reused", "copied", "restored", "prefilled", "generated")
-PEER_ROLES = ("gateway", "worker", "kvstore")
+PEER_ROLES = (ROLE_GATEWAY, ROLE_WORKER, ROLE_KVSTORE)
 HTTP_BUCKETS_S = (0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 10.0, 30.0, 120.0, 600.0)
 OTHER_ENDPOINT = "other"
 # Methods outside this set count as "other": the label set stays bounded whatever a client
@@ -63,17 +61,17 @@ def _labelled(kind, name: str, doc: str, label: str,
     return family
 
 
-def _histogram(name: str, doc: str, snap: dict) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, snap: HistogramStatus) -> HistogramMetricFamily:
     """From a scheduler histogram snapshot: bounds, per-bucket counts (last: above all)."""
     buckets, running = [], 0
-    for bound, count in zip(snap["bounds"], snap["counts"]):
+    for bound, count in zip(snap.bounds, snap.counts):
         running += count
         buckets.append((repr(float(bound)), running))
-    buckets.append(("+Inf", sum(snap["counts"])))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snap.get("sum", 0.0))
+    buckets.append(("+Inf", sum(snap.counts)))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snap.sum)
 
 
-def status_families(status: dict | None, now: float) -> list[Metric]:
+def status_families(status: Status | None, now: float) -> list[Metric]:
     """Every metric that status.json gives; only `switchyard_status_up` when there is none."""
     families: list[Metric] = [_gauge(
         "switchyard_status_up", "1 when the scheduler's status.json could be read",
@@ -82,108 +80,90 @@ def status_families(status: dict | None, now: float) -> list[Metric]:
         return families
     families += [
         _gauge("switchyard_status_age_seconds", "age of the scheduler's status snapshot",
-               max(0.0, now - status.get("at", now))),
+               max(0.0, now - status.at)),
         _gauge("switchyard_scheduler_start_time_seconds",
                "when the scheduler started (unix time); changes when it restarts",
-               status.get("started_at", 0.0)),
+               status.started_at),
         _labelled(GaugeMetricFamily, "switchyard_component_ready",
                   "1 when the scheduler has a ready worker / kvstore", "component",
-                  [("worker", int(bool(status.get("worker_ready")))),
-                   ("kvstore", int(bool(status.get("kvstore_ready"))))]),
+                  [("worker", int(status.worker_ready)),
+                   ("kvstore", int(status.kvstore_ready))]),
     ]
     families += _slot_families(status)
-    families += _disk_families(status.get("disk", {}))
-    families += _stats_families(status.get("stats", {}))
+    families += _disk_families(status.disk)
+    families += _stats_families(status.stats)
     return families
 
 
-def _slot_families(status: dict) -> list[Metric]:
-    slots = status.get("slots", [])
+def _slot_families(status: Status) -> list[Metric]:
+    slots, queue = status.slots, status.queue
     by_state = {state: 0 for state in SLOT_STATES}
     for slot in slots:
-        by_state[slot.get("state", "idle")] = by_state.get(slot.get("state", "idle"), 0) + 1
-    queue = status.get("queue", [])
+        by_state[slot.state] += 1
     by_priority = {p: 0 for p in PRIORITIES}
     for item in queue:
-        by_priority[item.get("priority", "interactive")] = (
-            by_priority.get(item.get("priority", "interactive"), 0) + 1)
+        by_priority[item.priority] = by_priority.get(item.priority, 0) + 1
     return [
         _gauge("switchyard_slots", "resident sequence slots", len(slots)),
         _labelled(GaugeMetricFamily, "switchyard_slots_by_state",
                   "slots by what they are doing", "state", by_state.items()),
         _labelled(GaugeMetricFamily, "switchyard_slot_tokens",
                   "tokens whose KV each slot holds", "slot",
-                  [(s["slot"], s.get("num_tokens", 0)) for s in slots]),
+                  [(s.slot, s.num_tokens) for s in slots]),
         _labelled(GaugeMetricFamily, "switchyard_queue_depth",
                   "requests waiting for a slot, by priority", "priority", by_priority.items()),
         _gauge("switchyard_queue_oldest_wait_seconds", "how long the oldest waiting request "
-               "has waited", max((q.get("waiting_s", 0.0) for q in queue), default=0.0)),
+               "has waited", max((q.waiting_s for q in queue), default=0.0)),
         _gauge("switchyard_oldest_waiting_seconds", "age of the oldest request without its "
-               "first token yet (queued, restoring or prefilling)",
-               status.get("oldest_waiting_s", 0.0)),
+               "first token yet (queued, restoring or prefilling)", status.oldest_waiting_s),
     ]
 
 
-def _disk_families(disk: dict) -> list[Metric]:
+def _disk_families(disk: DiskStatus) -> list[Metric]:
     return [
-        _gauge("switchyard_kv_disk_bytes", "bytes of KV page files on disk",
-               disk.get("bytes", 0)),
+        _gauge("switchyard_kv_disk_bytes", "bytes of KV page files on disk", disk.bytes),
         _gauge("switchyard_kv_disk_budget_bytes", "the KV disk budget (--kv-disk-budget)",
-               disk.get("budget_bytes", 0)),
-        _gauge("switchyard_kv_disk_pages", "KV pages on disk", disk.get("num_pages", 0)),
-        _gauge("switchyard_kv_pages_writing", "KV pages being written",
-               disk.get("num_writing", 0)),
+               disk.budget_bytes),
+        _gauge("switchyard_kv_disk_pages", "KV pages on disk", disk.num_pages),
+        _gauge("switchyard_kv_pages_writing", "KV pages being written", disk.num_writing),
         _gauge("switchyard_kv_disk_writable", "0 while page writes are paused (disk errors)",
-               int(bool(disk.get("writable", True)))),
+               int(disk.writable)),
         CounterMetricFamily("switchyard_kv_evicted_pages", "KV pages evicted from disk",
-                            value=disk.get("num_evicted", 0)),
+                            value=disk.num_evicted),
         CounterMetricFamily("switchyard_kv_thrash_events", "evictions that had to take pages "
                             "of recently active conversations (budget too small)",
-                            value=disk.get("num_thrash", 0)),
+                            value=disk.num_thrash),
     ]
 
 
-def _stats_families(stats: dict) -> list[Metric]:
-    tokens = stats.get("tokens", {})
-    restarts = stats.get("restarts", {})
-    families = [
+def _stats_families(stats: Stats) -> list[Metric]:
+    restarts = stats.restarts
+    return [
         _labelled(CounterMetricFamily, "switchyard_requests_finished",
                   "requests finished, by finish reason", "reason",
-                  sorted(stats.get("requests_finished", {}).items())),
+                  sorted(stats.requests_finished.items())),
         _labelled(CounterMetricFamily, "switchyard_requests_failed",
                   "requests failed, by error code", "code",
-                  sorted(stats.get("requests_failed", {}).items())),
+                  sorted(stats.requests_failed.items())),
         _labelled(CounterMetricFamily, "switchyard_tokens",
                   "tokens of finished requests: prompt; its KV reused in the slot, copied "
                   "from another slot, restored from disk or prefilled; generated", "kind",
-                  [(kind, tokens.get(kind, 0)) for kind in TOKEN_KINDS]),
-        CounterMetricFamily("switchyard_steps", "worker steps run",
-                            value=stats.get("num_steps", 0)),
+                  [(kind, getattr(stats.tokens, kind)) for kind in TOKEN_KINDS]),
+        CounterMetricFamily("switchyard_steps", "worker steps run", value=stats.num_steps),
         _labelled(CounterMetricFamily, "switchyard_component_restarts",
                   "restarts of a component the scheduler saw (a new boot id)", "component",
                   [(role, restarts.get(role, 0)) for role in
                    (*PEER_ROLES, *sorted(set(restarts) - set(PEER_ROLES)))]),
+        _histogram("switchyard_ttft_seconds", "time to first token, arrival to first token",
+                   stats.ttft),
+        _histogram("switchyard_step_seconds", "duration of one worker step", stats.step_time),
     ]
-    if "ttft" in stats:
-        families.append(_histogram("switchyard_ttft_seconds",
-                                   "time to first token, arrival to first token", stats["ttft"]))
-    if "step_time" in stats:
-        families.append(_histogram("switchyard_step_seconds", "duration of one worker step",
-                                   stats["step_time"]))
-    return families
-
-
-def read_status(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class StatusCollector(Collector):
     """Reads status.json on every scrape."""
 
-    def __init__(self, read: Callable[[], dict | None],
+    def __init__(self, read: Callable[[], Status | None],
                  clock: Callable[[], float] = time.time) -> None:
         self.read = read
         self.clock = clock
@@ -195,7 +175,7 @@ class StatusCollector(Collector):
 # -- the gateway's own counters -------------------------------------------------------------
 
 class GatewayMetrics:
-    def __init__(self, read_status: Callable[[], dict | None]) -> None:
+    def __init__(self, read_status: Callable[[], Status | None]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter("switchyard_http_requests", "HTTP requests the gateway "
                                 "answered, by method, endpoint and status",

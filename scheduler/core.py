@@ -3,8 +3,8 @@
 The core is closed (docs/design.md "Scheduling"): the shell hands it typed events with the
 current wall-clock time through `handle` (peer messages as they arrived, and the events of
 `scheduler.events`) and gets one `Effects` back: the messages to send, routed by type, the log
-lines and the finished requests. The shell never writes the core's state; status reads
-`snapshot`. One step is in flight at a time.
+lines and the finished requests. The shell never writes the core's state; the status document
+takes the core's part from `snapshot`. One step is in flight at a time.
 
 Steps are decode-first: every decoding request gets its token each step, and prefill chunks
 fill what is left of the per-step token budget, interactive before background and warm
@@ -38,6 +38,7 @@ from switchyard.proto.messages import (
     TokensGenerated,
     WorkerReady,
 )
+from switchyard.proto.status import DiskStatus, QueuedRequest, SlotState, SlotStatus
 from switchyard.scheduler.events import (
     Effects,
     Event,
@@ -57,6 +58,16 @@ from switchyard.scheduler.prefill_plan import plan_prefills, state_points
 from switchyard.scheduler.requests import Request, Slot
 from switchyard.scheduler.restore import DiskReads, load_of
 from switchyard.scheduler.step_budget import PrefillBudget
+
+
+@dataclass(frozen=True)
+class CoreSnapshot:
+    """The core's part of the status document (proto/status.py)."""
+
+    slots: list[SlotStatus]
+    queue: list[QueuedRequest]
+    oldest_waiting_s: float
+    disk: DiskStatus
 
 
 @dataclass(frozen=True)
@@ -143,32 +154,28 @@ class SchedulerCore:
     def step_in_flight(self) -> bool:
         return self.inflight is not None
 
-    def snapshot(self, now: float) -> dict:
-        """Plain data for the status file: slots, queue, disk. No prompt or output text."""
+    def snapshot(self, now: float) -> CoreSnapshot:
+        """The core's part of the status document. No prompt or output text."""
         slots = []
         for slot in self.slots:
             req = self.requests.get(slot.rid) if slot.rid else None
-            slots.append({
-                "slot": slot.index, "num_tokens": len(slot.tokens),
-                "conversation": slot.page_ids[0].hex()[:12] if slot.page_ids else None,
-                "last_used": slot.last_used or None, "rid": slot.rid,
-                "priority": req.priority if req else None,
-                "state": self._state(req) if req else "idle",
-                "waiting_s": now - req.arrived_at if req and req.first_token_at is None
-                else None})
-        queue = [{"rid": rid, "priority": self.requests[rid].priority,
-                  "waiting_s": now - self.requests[rid].arrived_at,
-                  "prompt_tokens": len(self.requests[rid].prompt)} for rid in self.waiting]
-        pages = self.pages
-        disk = {"bytes": pages.tree.total_bytes, "budget_bytes": pages.budget_bytes,
-                "num_pages": len(pages.tree), "writable": not pages.write_backoff.failing,
-                "num_evicted": pages.num_evicted, "num_thrash": pages.num_thrash,
-                "num_writing": len(pages.writing)}
+            slots.append(SlotStatus(
+                slot=slot.index, num_tokens=len(slot.tokens),
+                conversation=slot.page_ids[0].hex()[:12] if slot.page_ids else None,
+                last_used=slot.last_used or None, rid=slot.rid,
+                priority=req.priority if req else None,
+                state=self._state(req) if req else "idle",
+                waiting_s=now - req.arrived_at if req and req.first_token_at is None
+                else None))
+        queue = [QueuedRequest(rid=rid, priority=self.requests[rid].priority,
+                               waiting_s=now - self.requests[rid].arrived_at,
+                               prompt_tokens=len(self.requests[rid].prompt))
+                 for rid in self.waiting]
         # Queued, restoring or prefilling: what a starving request shows as (issue 14).
-        return {"slots": slots, "queue": queue,
-                "oldest_waiting_s": oldest_waiting_s(self.requests.values(), now), "disk": disk}
+        return CoreSnapshot(slots, queue, oldest_waiting_s(self.requests.values(), now),
+                            self.pages.disk_status())
 
-    def _state(self, req: Request) -> str:
+    def _state(self, req: Request) -> SlotState:
         if req.restoring:
             return "restoring"
         if self._remaining_prefill(req) > 0:

@@ -28,6 +28,7 @@ from switchyard.proto.backoff import Backoff
 from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, page_id
 from switchyard.proto.shm import BufferAllocator
+from switchyard.proto.status import DiskStatus
 from switchyard.scheduler.eviction import EvictionPlan, plan_eviction
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_tree import DiskPageTree
@@ -289,6 +290,12 @@ class PageCache:
         """Tokens of `slot` past `from_token` whose pages are on disk (restorable later)."""
         first = from_token // self.page_size
         return sum(self.page_size for pid in slot.page_ids[first:] if pid in self.tree)
+
+    def disk_status(self) -> DiskStatus:
+        return DiskStatus(bytes=self.tree.total_bytes, budget_bytes=self.budget_bytes,
+                          num_pages=len(self.tree), writable=not self.write_backoff.failing,
+                          num_evicted=self.num_evicted, num_thrash=self.num_thrash,
+                          num_writing=len(self.writing))
 
     def payload_len(self, num_tokens: int, with_state: bool) -> int:
         per_token = (self.pool.buffer_bytes - self.state_bytes) // self.page_size

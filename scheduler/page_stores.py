@@ -38,6 +38,7 @@ from switchyard.proto.messages import (
     WorkerReady,
 )
 from switchyard.proto.page_flags import PageFlags
+from switchyard.proto.status import KvstoreState, RankStatus
 from switchyard.scheduler.outbox import Outbox
 
 
@@ -139,11 +140,12 @@ class PageStores:
         self.held.pop(rank, None)
 
     def rank_status(self, now: float, last_seen: dict[str, float], timeout_s: float
-                    ) -> list[dict]:
+                    ) -> list[RankStatus]:
         """Per rank, for `switchyard status`: host, pool, its kvstore's state and pages."""
         out = []
         for r in self.ranks:
             identity = kvstore_identity(r.rank)
+            state: KvstoreState
             if r.rank not in self.connected:
                 state = "absent"
             elif now - last_seen.get(identity, 0.0) > timeout_s:
@@ -152,10 +154,10 @@ class PageStores:
                 state = "scanning"
             else:
                 state = "ready"
-            out.append({"rank": r.rank, "host": r.host, "namespace": r.namespace.hex()[:8],
-                        "shm_name": r.shm_name, "num_buffers": r.num_buffers,
-                        "buffer_bytes": r.buffer_bytes, "kvstore": identity,
-                        "kvstore_state": state, "num_pages": len(self.held.get(r.rank, ()))})
+            out.append(RankStatus(
+                rank=r.rank, host=r.host, namespace=r.namespace.hex()[:8], shm_name=r.shm_name,
+                num_buffers=r.num_buffers, buffer_bytes=r.buffer_bytes, kvstore=identity,
+                kvstore_state=state, num_pages=len(self.held.get(r.rank, ()))))
         return out
 
     # --- core -> kvstores ------------------------------------------------------------------

@@ -51,6 +51,7 @@ from switchyard.proto.messages import (
 )
 from switchyard.proto.service_loop import StopFlag
 from switchyard.proto.settings import Settings, SettingsError, format_size
+from switchyard.proto.status import write_status
 from switchyard.proto.sockets import bind_router, send_to
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
@@ -67,7 +68,7 @@ from switchyard.scheduler.eviction import budget_report
 from switchyard.scheduler.outbox import Addressed
 from switchyard.scheduler.page_stores import PageStores, kvstore_rank
 from switchyard.scheduler.stats import SchedulerStats
-from switchyard.scheduler.status import build_status, write_status
+from switchyard.scheduler.status import build_status
 
 # Where each outgoing message type goes.
 _DESTINATION = {

@@ -1,5 +1,6 @@
 """Counters and histograms the scheduler keeps for /metrics, `switchyard status` and the
-dashboard. Pure: fed finished-request records and step results; snapshotted as plain data."""
+dashboard. Pure: fed finished-request records and step results; snapshotted as the status
+document's `Stats` (proto/status.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import bisect
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from switchyard.proto.status import Histogram, RecentRequest, Stats, TokenCounts, TtftCause
+
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 STEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _RECENT = 200
 
 
 @dataclass
-class Histogram:
+class BucketCounter:
+    """A histogram being counted: values by bucket, their sum and number."""
+
     bounds: tuple[float, ...]
     counts: list[int] = field(default_factory=list)
     total: float = 0.0
@@ -27,12 +32,12 @@ class Histogram:
         self.total += value
         self.num += 1
 
-    def snapshot(self) -> dict:
-        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.total,
-                "count": self.num}
+    def snapshot(self) -> Histogram:
+        return Histogram(bounds=list(self.bounds), counts=list(self.counts), sum=self.total,
+                         count=self.num)
 
 
-def ttft_cause(rec) -> str:
+def ttft_cause(rec) -> TtftCause:
     """What dominated a request's prefix: kept in memory, restored from disk, or prefilled."""
     in_memory = rec.num_reused_tokens + rec.num_copied_tokens
     parts = {"reused": in_memory, "restored": rec.num_restored_tokens,
@@ -45,11 +50,11 @@ class SchedulerStats:
         self.finished = Counter()  # finish reason -> requests
         self.failed = Counter()  # failure code -> requests
         self.tokens = Counter()  # prompt, reused, copied, restored, prefilled, generated
-        self.ttft = Histogram(TTFT_BUCKETS_S)
-        self.step_time = Histogram(STEP_BUCKETS_S)
+        self.ttft = BucketCounter(TTFT_BUCKETS_S)
+        self.step_time = BucketCounter(STEP_BUCKETS_S)
         self.num_steps = 0
         self.restarts = Counter()  # peer role -> restarts seen
-        self.recent: deque[dict] = deque(maxlen=_RECENT)
+        self.recent: deque[RecentRequest] = deque(maxlen=_RECENT)
 
     def request_finished(self, rec, at: float) -> None:
         self.finished[rec.finish_reason] += 1
@@ -59,10 +64,10 @@ class SchedulerStats:
                            generated=rec.num_generated_tokens)
         if rec.ttft_s is not None:
             self.ttft.observe(rec.ttft_s)
-            self.recent.append({"at": at, "ttft_s": rec.ttft_s, "cause": ttft_cause(rec),
-                                "prompt_tokens": rec.num_prompt_tokens,
-                                "cached_tokens": rec.num_cached_tokens,
-                                "priority": rec.priority})
+            self.recent.append(RecentRequest(
+                at=at, ttft_s=rec.ttft_s, cause=ttft_cause(rec),
+                prompt_tokens=rec.num_prompt_tokens, cached_tokens=rec.num_cached_tokens,
+                priority=rec.priority))
 
     def request_failed(self, code: str) -> None:
         self.failed[code] += 1
@@ -71,8 +76,8 @@ class SchedulerStats:
         self.num_steps += 1
         self.step_time.observe(duration_s)
 
-    def snapshot(self) -> dict:
-        return {"requests_finished": dict(self.finished), "requests_failed": dict(self.failed),
-                "tokens": dict(self.tokens), "ttft": self.ttft.snapshot(),
-                "step_time": self.step_time.snapshot(), "num_steps": self.num_steps,
-                "restarts": dict(self.restarts), "recent_requests": list(self.recent)}
+    def snapshot(self) -> Stats:
+        return Stats(requests_finished=dict(self.finished), requests_failed=dict(self.failed),
+                     tokens=TokenCounts(**self.tokens), ttft=self.ttft.snapshot(),
+                     step_time=self.step_time.snapshot(), num_steps=self.num_steps,
+                     restarts=dict(self.restarts), recent_requests=list(self.recent))

@@ -8,7 +8,6 @@ to a path to keep a screenshot there.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from switchyard.proto.status import read_status
 from tests.helpers.group import ServerGroup
 
 API_KEY = "dash-key"
@@ -95,14 +95,15 @@ def test_dashboard_in_headless_chromium(tiny_qwen3, tmp_path):
         turn(client, model, convs[0])  # restored: it lost its slot
         status_file = group.runtime_dir / "status.json"
 
-        def snapshot() -> dict:
-            return json.loads(status_file.read_text())
+        def recent() -> int:
+            status = read_status(status_file)
+            return len(status.stats.recent_requests) if status else 0
 
         deadline = time.monotonic() + 20
-        while len(snapshot()["stats"]["recent_requests"]) < 5 and time.monotonic() < deadline:
+        while recent() < 5 and time.monotonic() < deadline:
             time.sleep(0.2)
-        status = snapshot()
-        assert len(status["stats"]["recent_requests"]) == 5
+        status = read_status(status_file)
+        assert len(status.stats.recent_requests) == 5
 
         done = chromium("--dump-dom", f"{group.url}/dashboard#key={API_KEY}",
                         user_data_dir=tmp_path / "profile")
@@ -113,7 +114,7 @@ def test_dashboard_in_headless_chromium(tiny_qwen3, tmp_path):
         rows = dom.find("tr", data_slot=True)
         assert [r[1]["data-slot"] for r in rows] == ["0", "1"]
         shown = {"".join(e[2]) for e in dom.find("code")}
-        resident = {s["conversation"] for s in status["slots"] if s["conversation"]}
+        resident = {s.conversation for s in status.slots if s.conversation}
         assert resident and resident <= shown
         points = dom.find("circle", data_cause=True)
         assert len(points) == 5

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from switchyard.proto.settings import parse_size
+from switchyard.proto.status import read_status
 from tests.helpers.group import REPO_ROOT, ServerGroup, short_tmp_dir
 
 EXTRA = ("--page-size", "16", "--prefill-chunk", "256")
@@ -149,8 +150,8 @@ def test_status_command_against_the_group(ops_group):
     turn(client, model, conversation(7))
     pids = group.wait_components()
     status_file = group.runtime_dir / "status.json"
-    wait_for(lambda: any(s["conversation"] for s in json.loads(status_file.read_text())["slots"]),
-             what="a resident conversation in status.json")
+    wait_for(lambda: (status := read_status(status_file)) and any(
+        s.conversation for s in status.slots), what="a resident conversation in status.json")
 
     done = run_status("--json", "--runtime-dir", str(group.runtime_dir))
     assert done.returncode == 0, done.stderr
@@ -204,9 +205,8 @@ def test_logs_never_carry_prompt_text(tiny_qwen3):
                         {"model": model, "messages": [{"role": marker, "content": marker}]}):
                 response = httpx.post(f"{group.base_url}/chat/completions", json=bad, timeout=30)
                 assert response.status_code in (400, 404, 422), response.text
-            wait_for(lambda: marker not in (group.runtime_dir / "status.json").read_text()
-                     and json.loads((group.runtime_dir / "status.json").read_text())[
-                         "stats"]["requests_finished"], what="a status snapshot")
+            wait_for(lambda: (status := read_status(group.runtime_dir / "status.json"))
+                     and status.stats.requests_finished, what="a status snapshot")
             assert marker not in (group.runtime_dir / "status.json").read_text()
             assert marker not in httpx.get(f"{group.url}/metrics").text
             assert marker not in httpx.get(f"{group.base_url}/switchyard/status").text

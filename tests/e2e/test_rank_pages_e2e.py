@@ -14,7 +14,7 @@ import pytest
 from switchyard.kvstore.store import read_entries
 from tests.e2e.test_worker_group import free_port_pair
 from tests.helpers.group import ServerGroup
-from switchyard.scheduler.status import read_status
+from switchyard.proto.status import Status, read_status
 from tests.helpers.workload import text, wait_ready
 
 P = 256
@@ -25,15 +25,15 @@ def client_of(group: ServerGroup) -> openai.OpenAI:
     return openai.OpenAI(base_url=group.base_url, api_key="none", timeout=180, max_retries=0)
 
 
-def written_through(group: ServerGroup, timeout_s: float = 60.0) -> dict:
+def written_through(group: ServerGroup, timeout_s: float = 60.0) -> Status:
     """Status once no page is on its way to disk (every rank's write answered), after the
     idle step that stages the turn's tail has had time to run."""
     time.sleep(1.0)
     deadline = time.monotonic() + timeout_s
     while True:
         time.sleep(0.3)
-        status = read_status(group.runtime_dir / "status.json") or {}
-        if status.get("disk", {}).get("num_writing", 1) == 0:
+        status = read_status(group.runtime_dir / "status.json")
+        if status is not None and status.disk.num_writing == 0:
             return status
         assert time.monotonic() < deadline, group.log_tail()
 
@@ -85,7 +85,7 @@ def test_each_rank_writes_its_share_to_its_own_kvstore(ranks2):
     rank1, bad1 = read_entries(ranks2.kv_dir / "rank-1")
     assert bad0 == bad1 == 0 and rank0
     assert {e.path.name for e in rank0} == {e.path.name for e in rank1}  # same page ids
-    assert [(r["rank"], r["kvstore"], r["kvstore_state"]) for r in status["ranks"]] == [
+    assert [(r.rank, r.kvstore, r.kvstore_state) for r in status.ranks] == [
         (0, "kvstore", "ready"), (1, "kvstore.1", "ready")]
 
 

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from switchyard.scheduler.status import read_status
+from switchyard.proto.status import read_status
 from tests.helpers.group import ServerGroup
 
 
@@ -26,8 +26,8 @@ def completion(group, prompt: str, max_tokens: int, priority: str = "interactive
 
 
 def slot_priorities(group) -> list:
-    status = read_status(group.runtime_dir / "status.json") or {}
-    return [s["priority"] for s in status.get("slots", [])]
+    status = read_status(group.runtime_dir / "status.json")
+    return [s.priority for s in status.slots] if status else []
 
 
 def test_client_disconnect_frees_the_slot(one_slot):

@@ -8,7 +8,7 @@ import random
 import time
 import urllib.request
 
-from switchyard.scheduler.status import read_status
+from switchyard.proto.status import read_status
 from tests.helpers.group import ServerGroup
 
 WORDS = ("alpha beta gamma delta ledger invoice shipment crate harbor tide signal route "
@@ -27,14 +27,16 @@ def wait_ready(group: ServerGroup, role: str | None = None, pid: int | None = No
     the new `pid` connected (so the restart is known, not just about to be noticed)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        status = read_status(group.runtime_dir / "status.json") or {}
-        if role == "scheduler":
-            seen = status.get("pid") == pid
+        status = read_status(group.runtime_dir / "status.json")
+        if status is None:
+            seen = False
+        elif role == "scheduler":
+            seen = status.pid == pid
         elif role is not None:
-            seen = status.get("peers", {}).get(role, {}).get("pid") == pid
+            seen = role in status.peers and status.peers[role].pid == pid
         else:
             seen = True
-        if seen and status.get("worker_ready") and status.get("kvstore_ready"):
+        if seen and status.worker_ready and status.kvstore_ready:
             try:
                 with urllib.request.urlopen(f"{group.url}/health", timeout=5) as resp:
                     if json.loads(resp.read()).get("status") == "ok":

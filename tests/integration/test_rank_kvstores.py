@@ -41,7 +41,7 @@ from switchyard.proto.page_ids import ROOT_ID, chain_page_ids
 from switchyard.proto.shm import PageBufferPool
 from switchyard.proto.sockets import bind_router, send_to
 from switchyard.scheduler.page_stores import PageStores, kvstore_identity
-from switchyard.scheduler.status import read_status
+from switchyard.proto.status import read_status
 from tests.helpers.group import REPO_ROOT, short_tmp_dir
 
 P = 16
@@ -243,17 +243,16 @@ def test_the_scheduler_serves_the_pages_every_rank_holds():
                 worker.recv()
             time.sleep(0.2)
 
-        deadline, status = time.monotonic() + 60, {}
+        deadline, status = time.monotonic() + 60, None
         while True:
             assert time.monotonic() < deadline, f"not ready: {status}\n{log.read_text()[-3000:]}"
             beat()
-            status = read_status(status_file) or {}
-            states = [r["kvstore_state"] for r in status.get("ranks", [])]
-            if status.get("kvstore_ready") and states == ["ready", "ready"] and \
-                    [r["num_pages"] for r in status["ranks"]] == [2, 2]:
+            status = read_status(status_file)
+            if status is not None and status.kvstore_ready and \
+                    [(r.kvstore_state, r.num_pages) for r in status.ranks] == [("ready", 2)] * 2:
                 break
-        assert status["disk"]["num_pages"] == 2
-        assert [(r["rank"], r["host"], r["kvstore"]) for r in status["ranks"]] == [
+        assert status.disk.num_pages == 2
+        assert [(r.rank, r.host, r.kvstore) for r in status.ranks] == [
             (0, "localhost", "kvstore"), (1, "localhost", "kvstore.1")]
         # rank 0's share of the page rank 1 lacks was an orphan: its kvstore deletes the file
         while len(list(kv_dir.glob("*/*/*.page"))) != 2:
@@ -334,21 +333,21 @@ def test_only_a_kvstore_holding_the_group_key_reaches_the_scheduler_over_tcp():
                            str(here_1), "--rank", "1", "--scheduler-address", address,
                            "--group-key-file", str(key)))
         status_file = Endpoints(ensure_runtime_dir(tmp / "rt-a")).status_file
-        status = {}
-        while "kvstore.1" not in status.get("peers", {}):
+        status = None
+        while status is None or "kvstore.1" not in status.peers:
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-            status = read_status(status_file) or {}
-        assert status["peers"]["kvstore.1"]["pid"] == procs[3].pid
+            status = read_status(status_file)
+        assert status.peers["kvstore.1"].pid == procs[3].pid
         assert (tmp / "kv-b" / "rank-1" / "lock").exists()
         seen = refusals()
         while refusals() == seen:  # refused again while the rightful kvstore.1 is connected
             assert procs[1].poll() is None and time.monotonic() < deadline, \
                 log.read_text()[-3000:]
             time.sleep(0.2)
-        status = read_status(status_file) or {}
-        assert status["peers"]["kvstore.1"]["pid"] == procs[3].pid
-        assert not set(intruders) & {p.get("pid") for p in status["peers"].values()}
+        status = read_status(status_file)
+        assert status.peers["kvstore.1"].pid == procs[3].pid
+        assert not set(intruders) & {p.pid for p in status.peers.values()}
         # the one the scheduler's ZAP handler turned away knows it can never get in: it stops
         assert procs[2].wait(30) == 2
         assert "refused this host's group key" in log.read_text()

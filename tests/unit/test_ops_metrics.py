@@ -3,7 +3,6 @@ routes and the API key on them (in-process: starlette's TestClient, no sockets).
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from types import SimpleNamespace
@@ -19,6 +18,14 @@ from starlette.testclient import TestClient
 from switchyard.gateway import dashboard, metrics
 from switchyard.gateway.app import RequestLogMiddleware
 from switchyard.proto.settings import Settings
+from switchyard.proto.status import (
+    STATUS_VERSION,
+    DiskStatus,
+    QueuedRequest,
+    SlotStatus,
+    Status,
+    write_status,
+)
 from switchyard.scheduler.stats import SchedulerStats
 
 API_KEY = "sekret"
@@ -31,7 +38,7 @@ def record(**kw):
     return SimpleNamespace(**(fields | kw))
 
 
-def snapshot(now: float) -> dict:
+def snapshot(now: float) -> Status:
     stats = SchedulerStats()
     stats.request_finished(record(), now)
     stats.request_finished(record(num_reused_tokens=60, num_restored_tokens=32,
@@ -41,21 +48,22 @@ def snapshot(now: float) -> dict:
     for duration in (0.004, 0.02, 0.02):
         stats.step_done(duration)
     stats.restarts["worker"] += 2
-    return {
-        "version": 1, "at": now - 2.0, "boot_id": "b" * 16, "pid": 1, "started_at": now - 60,
-        "worker_ready": True, "kvstore_ready": False, "peers": {},
-        "slots": [{"slot": 0, "num_tokens": 321, "conversation": "abc", "last_used": now,
-                   "rid": "r1", "priority": "interactive", "state": "decoding"},
-                  {"slot": 1, "num_tokens": 0, "conversation": None, "last_used": None,
-                   "rid": None, "priority": None, "state": "idle"},
-                  {"slot": 2, "num_tokens": 50, "conversation": "def", "last_used": now,
-                   "rid": "r2", "priority": "background", "state": "prefilling"}],
-        "queue": [{"rid": "r3", "priority": "background", "waiting_s": 4.5, "prompt_tokens": 9}],
-        "oldest_waiting_s": 7.5,  # a request prefilling in its slot
-        "disk": {"bytes": 1000, "budget_bytes": 5000, "num_pages": 3, "writable": True,
-                 "num_evicted": 4, "num_thrash": 1, "num_writing": 0},
-        "stats": stats.snapshot(),
-    }
+    return Status(
+        version=STATUS_VERSION, at=now - 2.0, boot_id="b" * 16, pid=1, started_at=now - 60,
+        worker_ready=True, kvstore_ready=False, peers={},
+        slots=[SlotStatus(slot=0, num_tokens=321, conversation="abc", last_used=now,
+                          rid="r1", priority="interactive", state="decoding", waiting_s=None),
+               SlotStatus(slot=1, num_tokens=0, conversation=None, last_used=None,
+                          rid=None, priority=None, state="idle", waiting_s=None),
+               SlotStatus(slot=2, num_tokens=50, conversation="def", last_used=now,
+                          rid="r2", priority="background", state="prefilling", waiting_s=7.5)],
+        queue=[QueuedRequest(rid="r3", priority="background", waiting_s=4.5, prompt_tokens=9)],
+        oldest_waiting_s=7.5,  # a request prefilling in its slot
+        disk=DiskStatus(bytes=1000, budget_bytes=5000, num_pages=3, writable=True,
+                        num_evicted=4, num_thrash=1, num_writing=0),
+        ranks=[],
+        stats=stats.snapshot(),
+    )
 
 
 def samples(text: str) -> dict[tuple, float]:
@@ -67,7 +75,7 @@ def samples(text: str) -> dict[tuple, float]:
     return out
 
 
-def exposition(status: dict | None, now: float) -> str:
+def exposition(status: Status | None, now: float) -> str:
     registry = metrics.CollectorRegistry()
     registry.register(metrics.StatusCollector(lambda: status, clock=lambda: now))
     return metrics.generate_latest(registry).decode()
@@ -177,16 +185,19 @@ def test_status_endpoint(tmp_path):
     missing = client.get("/v1/switchyard/status")
     assert missing.status_code == 503 and missing.json()["error"]["code"] == "status_unavailable"
     now = time.time()
-    (tmp_path / "status.json").write_text(json.dumps(snapshot(now)))
+    write_status(tmp_path / "status.json", snapshot(now))
     client.get("/v1/models")
     body = client.get("/v1/switchyard/status").json()
+    # The page's script reads the document's JSON field names (gateway/static/dashboard.js).
     assert body["slots"][0]["conversation"] == "abc" and body["age_s"] >= 2.0
+    assert body["stats"]["tokens"]["reused"] == 60 and body["disk"]["budget_bytes"] == 5000
+    assert body["stats"]["recent_requests"][1]["cause"] == "reused"
     assert {"method": "GET", "endpoint": "/v1/models", "status": "200",
             "count": 1} in body["gateway"]["http_requests"]
 
 
 def test_api_key_guards_status_and_metrics_not_the_page(tmp_path):
-    (tmp_path / "status.json").write_text(json.dumps(snapshot(time.time())))
+    write_status(tmp_path / "status.json", snapshot(time.time()))
     client = TestClient(make_app(tmp_path, api_key=API_KEY))
     assert client.get("/v1/switchyard/status").status_code == 401
     assert client.get("/metrics").status_code == 401

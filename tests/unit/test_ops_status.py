@@ -10,10 +10,21 @@ import sys
 import time
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 from switchyard.deploy import cli
 from switchyard.deploy import status as status_cli
+from switchyard.proto.status import (
+    STATUS_VERSION,
+    DiskStatus,
+    PeerStatus,
+    QueuedRequest,
+    RankStatus,
+    SlotStatus,
+    Status,
+    write_status,
+)
 from switchyard.scheduler.stats import SchedulerStats
 
 
@@ -24,29 +35,31 @@ def record(**kw):
     return SimpleNamespace(**(fields | kw))
 
 
-def snapshot(now: float) -> dict:
+def snapshot(now: float) -> Status:
     stats = SchedulerStats()
     stats.request_finished(record(), now - 5)
     stats.request_finished(record(num_reused_tokens=90, num_prefilled_tokens=10,
                                   num_cached_tokens=90, ttft_s=0.02), now - 2)
     stats.request_failed("queue_full")
     stats.step_done(0.01)
-    return {
-        "version": 1, "at": now - 0.5, "boot_id": "b" * 16, "pid": os.getpid(),
-        "started_at": now - 60, "worker_ready": True, "kvstore_ready": True,
-        "peers": {"worker": {"boot_id": "w" * 16, "pid": 11, "last_seen": now}},
-        "slots": [
-            {"slot": 0, "num_tokens": 12345, "conversation": "abcdef012345",
-             "last_used": now - 75, "rid": "chatcmpl-1", "priority": "interactive",
-             "state": "decoding"},
-            {"slot": 1, "num_tokens": 0, "conversation": None, "last_used": None, "rid": None,
-             "priority": None, "state": "idle"}],
-        "queue": [{"rid": "chatcmpl-2", "priority": "background", "waiting_s": 3.25,
-                   "prompt_tokens": 999}],
-        "disk": {"bytes": 3 * 2**30, "budget_bytes": 32 * 2**30, "num_pages": 1200,
-                 "writable": True, "num_evicted": 7, "num_thrash": 1, "num_writing": 2},
-        "stats": stats.snapshot(),
-    }
+    return Status(
+        version=STATUS_VERSION, at=now - 0.5, boot_id="b" * 16, pid=os.getpid(),
+        started_at=now - 60, worker_ready=True, kvstore_ready=True,
+        peers={"worker": PeerStatus(boot_id="w" * 16, pid=11, last_seen=now)},
+        slots=[
+            SlotStatus(slot=0, num_tokens=12345, conversation="abcdef012345",
+                       last_used=now - 75, rid="chatcmpl-1", priority="interactive",
+                       state="decoding", waiting_s=None),
+            SlotStatus(slot=1, num_tokens=0, conversation=None, last_used=None, rid=None,
+                       priority=None, state="idle", waiting_s=None)],
+        queue=[QueuedRequest(rid="chatcmpl-2", priority="background", waiting_s=3.25,
+                             prompt_tokens=999)],
+        oldest_waiting_s=3.25,
+        disk=DiskStatus(bytes=3 * 2**30, budget_bytes=32 * 2**30, num_pages=1200,
+                        writable=True, num_evicted=7, num_thrash=1, num_writing=2),
+        ranks=[],
+        stats=stats.snapshot(),
+    )
 
 
 def test_format_duration():
@@ -91,13 +104,13 @@ def test_report_text():
 
 def test_report_lists_every_rank_of_a_worker_group():
     now = time.time()
-    snap = snapshot(now) | {"ranks": [
-        {"rank": 0, "host": "mac-a", "namespace": "00112233", "shm_name": "syr0w",
-         "num_buffers": 64, "buffer_bytes": 2**20, "kvstore": "kvstore",
-         "kvstore_state": "ready", "num_pages": 1200},
-        {"rank": 1, "host": "mac-b", "namespace": "44556677", "shm_name": "syr1w",
-         "num_buffers": 64, "buffer_bytes": 2**20, "kvstore": "kvstore.1",
-         "kvstore_state": "silent", "num_pages": 1199}]}
+    snap = msgspec.structs.replace(snapshot(now), ranks=[
+        RankStatus(rank=0, host="mac-a", namespace="00112233", shm_name="syr0w",
+                   num_buffers=64, buffer_bytes=2**20, kvstore="kvstore",
+                   kvstore_state="ready", num_pages=1200),
+        RankStatus(rank=1, host="mac-b", namespace="44556677", shm_name="syr1w",
+                   num_buffers=64, buffer_bytes=2**20, kvstore="kvstore.1",
+                   kvstore_state="silent", num_pages=1199)])
     report = {"runtime_dir": "/run/sy", "at": now, "running": True, "components": {},
               "snapshot": snap, "snapshot_age_s": 0.5}
     lines = status_cli.format_report(report).splitlines()
@@ -115,7 +128,7 @@ def test_collect_reads_pid_files_and_uptimes(tmp_path):
     dead.wait()
     (tmp_path / "worker.pid").write_text(f"{dead.pid}\n")
     now = time.time()
-    (tmp_path / "status.json").write_text(json.dumps(snapshot(now)))
+    write_status(tmp_path / "status.json", snapshot(now))
     report = status_cli.collect(tmp_path, now)
     assert report["running"]
     me = report["components"]["scheduler"]
@@ -124,6 +137,7 @@ def test_collect_reads_pid_files_and_uptimes(tmp_path):
     assert report["components"]["worker"] == {"pid": dead.pid, "alive": False, "uptime_s": None}
     assert report["components"]["gateway"]["pid"] is None
     assert abs(report["snapshot_age_s"] - 0.5) < 1e-6
+    assert report["snapshot"] == snapshot(now)  # the file round-trips the typed document
     assert "worker.1" not in report["components"]
     for name in ("kvstore.10", "worker.1", "kvstore.1", "worker.x", "other.1"):
         (tmp_path / f"{name}.pid").write_text(f"{os.getpid()}\n")
@@ -152,7 +166,7 @@ def test_status_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"no Switchyard group is running in {tmp_path}" in out
     (tmp_path / "gateway.pid").write_text(f"{os.getpid()}\n")
-    (tmp_path / "status.json").write_text(json.dumps(snapshot(time.time())))
+    write_status(tmp_path / "status.json", snapshot(time.time()))
     assert cli.main(["status", "--json", "--runtime-dir", str(tmp_path)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["running"] and report["components"]["gateway"]["pid"] == os.getpid()

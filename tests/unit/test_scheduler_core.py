@@ -12,6 +12,7 @@ from switchyard.proto.messages import (
     TokensGenerated,
     WorkerReady,
 )
+from switchyard.proto.status import QueuedRequest
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
 from switchyard.scheduler.events import FailAll, GatewayRestarted, PlanStep
@@ -308,20 +309,21 @@ def test_burst_stops_at_a_stop_token_and_at_max_tokens():
     assert core.slots[0].tokens == [1, 2, 3, 52, 53, 54, 55, 56]
 
 
-def test_snapshot_reports_slots_and_queue_as_plain_data():
+def test_snapshot_reports_slots_and_queue():
     core = make_core(num_slots=1, prefill_chunk=8)
     w = ScriptedWorker(core)
     submit(core, "a", range(1, 30), max_tokens=50)
     submit(core, "b", range(100, 110), now=0.5)
     w.step()
     snap = core.snapshot(2.0)
-    [slot] = snap["slots"]
-    assert (slot["rid"], slot["state"], slot["num_tokens"]) == ("a", "prefilling", 8)
-    assert snap["queue"] == [{"rid": "b", "priority": "interactive", "waiting_s": 1.5,
-                              "prompt_tokens": 10}]
+    [slot] = snap.slots
+    assert (slot.rid, slot.state, slot.num_tokens, slot.waiting_s) == ("a", "prefilling", 8, 2.0)
+    assert snap.queue == [QueuedRequest(rid="b", priority="interactive", waiting_s=1.5,
+                                        prompt_tokens=10)]
+    assert snap.oldest_waiting_s == 2.0 and snap.disk.num_pages == 0
     for _ in range(4):
         w.step()
-    assert core.snapshot(3.0)["slots"][0]["state"] == "decoding"
+    assert core.snapshot(3.0).slots[0].state == "decoding"
 
 
 def test_fail_all_fails_every_request_once_with_a_retryable_error():

@@ -1,0 +1,176 @@
+"""The status document: what the scheduler rewrites every heartbeat (`<runtime dir>/status.json`)
+for `switchyard status`, the gateway's /metrics and its dashboard (docs/design.md "Observability").
+
+The second protocol of the group, beside the messages: typed here, written by the scheduler
+alone (`write_status`), read by everyone through `read_status`. Plain data: no text of prompts
+or outputs. The JSON keeps these field names (the dashboard's script reads them as served by
+/v1/switchyard/status). A new field needs no bump (readers skip fields they do not know); a
+field removed or changed in meaning bumps STATUS_VERSION, and a reader of another version sees
+no status rather than a wrong one.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+STATUS_VERSION = 1
+
+SlotState = Literal["idle", "prefilling", "restoring", "decoding"]
+SLOT_STATES: tuple[str, ...] = typing.get_args(SlotState)
+# Where a request's TTFT went: its prefix kept in memory, restored from disk, or prefilled.
+TtftCause = Literal["reused", "restored", "prefilled"]
+# A rank's kvstore: not connected, connected but silent past the peer timeout, sending its
+# inventory, or ready.
+KvstoreState = Literal["absent", "silent", "scanning", "ready"]
+
+
+class _Doc(msgspec.Struct, frozen=True, kw_only=True):
+    """A part of the document. Fields are required (counters aside), so a document cut short
+    or of another shape reads as none."""
+
+
+class PeerStatus(_Doc):
+    boot_id: str
+    pid: int | None
+    last_seen: float | None  # unix time of its last message
+
+
+class SlotStatus(_Doc):
+    slot: int
+    num_tokens: int  # tokens whose KV the slot holds
+    conversation: str | None  # the first page id's first 12 hex digits: which prefix it holds
+    last_used: float | None
+    rid: str | None
+    priority: str | None
+    state: SlotState
+    waiting_s: float | None  # its request's wait so far, until its first token
+
+
+class QueuedRequest(_Doc):
+    rid: str
+    priority: str
+    waiting_s: float
+    prompt_tokens: int
+
+
+class DiskStatus(_Doc):
+    bytes: int  # of page files the scheduler accounts for
+    budget_bytes: int
+    num_pages: int
+    writable: bool  # False while page writes are paused after disk errors
+    num_evicted: int
+    num_thrash: int  # evictions that took pages of recently active conversations
+    num_writing: int
+
+
+class RankStatus(_Doc):
+    """One rank of a worker group (docs/design.md "Pages per rank")."""
+
+    rank: int
+    host: str
+    namespace: str  # the first 8 hex digits of its page namespace
+    shm_name: str
+    num_buffers: int
+    buffer_bytes: int
+    kvstore: str  # its kvstore's identity
+    kvstore_state: KvstoreState
+    num_pages: int  # pages that kvstore holds
+
+
+class Histogram(_Doc):
+    bounds: list[float]  # upper bounds; counts has one more, for values above them all
+    counts: list[int]
+    sum: float
+    count: int
+
+
+class TokenCounts(_Doc):
+    """Tokens of finished requests: the prompt, where its KV came from (reused in the slot,
+    copied from another slot, restored from disk, prefilled), and the tokens generated."""
+
+    prompt: int = 0
+    reused: int = 0
+    copied: int = 0
+    restored: int = 0
+    prefilled: int = 0
+    generated: int = 0
+
+
+TOKEN_KINDS: tuple[str, ...] = TokenCounts.__struct_fields__
+
+
+class RecentRequest(_Doc):
+    at: float
+    ttft_s: float
+    cause: TtftCause
+    prompt_tokens: int
+    cached_tokens: int
+    priority: str
+
+
+class Stats(_Doc):
+    """Counters since the scheduler started (a restart starts them from zero)."""
+
+    requests_finished: dict[str, int]  # by finish reason
+    requests_failed: dict[str, int]  # by error code
+    tokens: TokenCounts
+    ttft: Histogram
+    step_time: Histogram
+    num_steps: int
+    restarts: dict[str, int]  # by peer role: new boot ids seen
+    recent_requests: list[RecentRequest]
+
+
+class Status(_Doc):
+    version: int
+    at: float  # when the scheduler wrote it (unix time)
+    boot_id: str  # the scheduler's
+    pid: int
+    started_at: float
+    worker_ready: bool
+    kvstore_ready: bool
+    peers: dict[str, PeerStatus]  # by role
+    slots: list[SlotStatus]
+    queue: list[QueuedRequest]
+    oldest_waiting_s: float  # the oldest request without its first token (queued or not)
+    disk: DiskStatus
+    ranks: list[RankStatus]  # a worker group's ranks; empty for a single worker
+    stats: Stats
+
+
+_decoder = msgspec.json.Decoder(Status)
+
+
+def encode_status(status: Status) -> bytes:
+    return msgspec.json.encode(status)
+
+
+def decode_status(data: bytes | str) -> Status | None:
+    """The document in `data`, or None when it is not one of this version."""
+    try:
+        status = _decoder.decode(data)
+    except msgspec.DecodeError:  # not JSON, cut short, or another shape (ValidationError)
+        return None
+    return status if status.version == STATUS_VERSION else None
+
+
+def write_status(path: Path, status: Status) -> None:
+    """Replace the file atomically: a reader sees the old document or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(encode_status(status))
+    os.replace(tmp, path)
+
+
+def read_status(path: Path) -> Status | None:
+    """The status document at `path`; None when it is missing, unreadable, partial or of
+    another version. Never raises: every reader treats "no status" as one case."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    return decode_status(data)
