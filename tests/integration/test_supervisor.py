@@ -168,7 +168,7 @@ def test_parent_watchdog_without_pdeathsig(tmp_path):
     """The getppid() watchdog alone ends a child whose parent is gone."""
     code = ("import subprocess, sys, time\n"
             "child = subprocess.Popen([sys.executable, '-c', "
-            "'import os, sys, time; from deploy.lifeline import watch_parent; "
+            "'import os, sys, time; from switchyard.deploy.lifeline import watch_parent; "
             "watch_parent(os.getppid(), interval_s=0.05, grace_s=1, use_pdeathsig=False); "
             "print(os.getpid(), flush=True); time.sleep(60)'], stdout=sys.stdout)\n"
             "time.sleep(1.0)\n")
