@@ -16,7 +16,7 @@ import msgspec
 from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.tokens import TokenIds, as_token_ids
 
-# 2: msgspec structs, token lists packed as uint32 `bin` values.
+# 2: msgspec structs, token lists packed uint32 (a msgpack ext). 3: DecodeItem.burst_limit.
 PROTOCOL_VERSION = 3
 
 ROLE_GATEWAY = "gateway"
