@@ -36,7 +36,8 @@ from switchyard.gateway.context import RECORD_SCOPE_KEY
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.messages import PRIORITIES, ROLE_GATEWAY, ROLE_KVSTORE, ROLE_WORKER
 from switchyard.proto.settings import Settings
-from switchyard.proto.status import SLOT_STATES, TOKEN_KINDS, DiskStatus, Stats, Status, read_status
+from switchyard.proto.status import (SLOT_STATES, TOKEN_KINDS, DiskStatus, Stats, Status,
+                                      read_status)
 from switchyard.proto.status import Histogram as HistogramStatus  # prometheus has a Histogram
 
 PEER_ROLES = (ROLE_GATEWAY, ROLE_WORKER, ROLE_KVSTORE)

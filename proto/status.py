@@ -1,5 +1,5 @@
 """The status document: what the scheduler rewrites every heartbeat (`<runtime dir>/status.json`)
-for `switchyard status`, the gateway's /metrics and its dashboard (docs/design.md "Observability").
+for `switchyard status`, the gateway's /metrics and its dashboard (docs/design.md "Protocol").
 
 The second protocol of the group, beside the messages: typed here, written by the scheduler
 alone (`write_status`), read by everyone through `read_status`. Plain data: no text of prompts
