@@ -48,6 +48,10 @@ def check_header(ref: ImageRef, data: bytes, max_pixels: int) -> tuple[int, int]
     try:
         with Image.open(io.BytesIO(data)) as image:  # reads the header only
             kind, (width, height) = image.format, image.size
+    except Image.DecompressionBombError as exc:  # Pillow's own check of the header size
+        raise bad_image(ref, f"the image header claims too many pixels ({exc}); at most "
+                             f"{max_pixels} are taken (--max-image-pixels)",
+                        "image_too_large") from None
     except UnidentifiedImageError:
         raise bad_image(ref, "the bytes are not an image in a known format (PNG, JPEG, "
                              "WebP, GIF, BMP)", "invalid_image_data") from None

@@ -37,15 +37,14 @@ class VisionSlotStore(SlotStore):
         self.spans[slot] = tuple(s for s in self.spans[slot] if s.start < length)
 
     def prefill_chunk(self, chunk: PrefillChunk) -> None:
-        if not chunk.images:
-            super().prefill_chunk(chunk)
-            self.spans[chunk.slot] = ()
-            return
         ids = list(chunk.token_ids)
         start, end = chunk.start, chunk.start + len(ids)
-        features = self._features(chunk, start, end)
-        tokens = mx.array(ids)[None]
-        inputs = self.family.chunk_inputs(tokens, features)
+        inputs = {}
+        if chunk.images:
+            features = self._features(chunk, start, end)
+            inputs = self.family.chunk_inputs(mx.array(ids)[None], features)
+        # Explicit positions, always: the slot's cache may still be bound to the positions of
+        # the conversation it held before (VisionLanguageModel.bind).
         positions = self.family.chunk_positions(chunk.images, start, len(ids))
         if positions is not None:
             inputs["position_ids"] = positions
