@@ -179,6 +179,10 @@ def make_vision_weights(config: dict, seed: int) -> dict[str, mx.array]:
     weights = {}
     for name, w in tree_flatten(model.parameters()):
         w = w.astype(mx.float32)
+        if w.ndim >= 2 and mx.all(w == w.reshape(-1)[0]).item():
+            # A matrix a class initialises constant (Gemma 3's projector: ones) would map every
+            # normalised patch to the sum of its features, about zero: random instead.
+            w = mx.random.normal(w.shape) / w.shape[0] ** 0.5
         if name == "language_model.model.embed_tokens.weight":
             w = w * embed_scale
         elif w.ndim >= 2 and not name.endswith("position_embedding.weight"):
