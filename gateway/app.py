@@ -131,7 +131,9 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 async def _openapi(request: Request) -> Response:
     gateway = gateway_of(request)
     return JSONResponse(openapi_spec(gateway.model_id, vocab_size=len(gateway.tokenizer),
-                                     api_key=bool(gateway.settings.api_key)))
+                                     api_key=bool(gateway.settings.api_key),
+                                     images=gateway.images is not None
+                                     and gateway.images.prompt is not None))
 
 
 ROUTES = [
