@@ -347,6 +347,15 @@ class WorkerReady(Message, tag="worker_ready"):
     parallel: str = ""  # "tensor" | "pipeline" for a group
 
 
+class SlotFailure(Value):
+    """A step command the worker could not run for the request in `slot` (an image its
+    processor refuses): that request fails with `code`, the others go on."""
+
+    slot: int
+    code: str
+    message: str
+
+
 class StepDone(Message, tag="step_done"):
     step: int
     sampled: tuple[SampledToken, ...]  # in order; a slot appears once per decode iteration
@@ -358,6 +367,7 @@ class StepDone(Message, tag="step_done"):
     load_s: float = 0.0  # the page loads (disk restores) into slots
     encode_s: float = 0.0  # the vision encoder's runs for the prefill chunks
     num_encoded_tokens: int = 0  # the placeholder tokens of the images it encoded
+    failed: tuple[SlotFailure, ...] = ()  # chunks not run: their slots are as before them
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------

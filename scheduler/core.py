@@ -237,8 +237,10 @@ class SchedulerCore:
         for load in plan.loads:
             self.slots[load.slot].tokens.extend(load.token_ids)
             self.pages.release(load.buffers)
+        failed = {f.slot: f for f in done.failed}
         for chunk in plan.prefills:
-            self.slots[chunk.slot].tokens.extend(chunk.token_ids)
+            if chunk.slot not in failed:
+                self.slots[chunk.slot].tokens.extend(chunk.token_ids)
         sampled: dict[int, list[int]] = {}
         for s in done.sampled:
             sampled.setdefault(s.slot, []).append(s.token_id)
@@ -253,6 +255,11 @@ class SchedulerCore:
                 if slot.rid is None:
                     break  # finished (stop, length or cancelled) at an earlier token
                 self._accept_token(self.requests[slot.rid], token, now)
+        for failure in failed.values():
+            rid = self.slots[failure.slot].rid
+            if rid is not None:
+                self._finish(self.requests[rid], "failed", now, notify=False)
+                self.outbox.send(RequestFailed(rid, failure.code, failure.message, False))
         for slot in self.slots:
             self.pages.sync_slot(slot)
         if self.pages.staged:

@@ -149,3 +149,39 @@ def test_an_image_that_does_not_fit_the_step_waits_for_the_next():
     budget.spend(14 + 20)
     assert budget.credit < 0  # a debt the next steps pay before prefilling again
     assert budget.grant(1) == 0
+
+
+class RefusingWorker(Group):
+    """A worker whose image processor refuses every image: chunks that carry files fail."""
+
+    def _worker(self, plan):
+        from switchyard.proto.messages import SlotFailure, StepDone
+
+        bad = [c for c in plan.prefills if c.image_data]
+        if not bad:
+            return super()._worker(plan)
+        kept = plan.__class__(plan.step, tuple(c for c in plan.prefills if not c.image_data),
+                              plan.decodes, plan.stages, plan.copies, plan.loads,
+                              plan.num_decode_steps)
+        done = super()._worker(kept)
+        return StepDone(done.step, done.sampled, 0, done.num_decode_tokens, 0.0,
+                        failed=tuple(SlotFailure(c.slot, "invalid_image", "refused")
+                                     for c in bad))
+
+
+def test_an_image_the_worker_refuses_fails_its_request_only():
+    from switchyard.proto.messages import RequestFailed
+
+    g = RefusingWorker(num_slots=2)
+    prompt, span = with_image(conv(6, 3 * P), 5, 8, X)
+    submit(g, "img", prompt, (span,))
+    submit(g, "text", conv(7, 2 * P))
+    g.run()
+    failed = [m for m in g.msgs if isinstance(m, RequestFailed)]
+    assert [(m.rid, m.code) for m in failed] == [("img", "invalid_image")]
+    assert "img" not in g.core.requests
+    assert g.finished("text").finish_reason == "length"
+    # The failed chunk left its slot as it was: the next request there is served normally.
+    submit(g, "after", conv(8, 2 * P))
+    g.run()
+    assert g.finished("after").finish_reason == "length"

@@ -16,12 +16,8 @@ import mlx.core as mx
 import numpy as np
 
 from switchyard.proto.images import open_rgb
+from switchyard.worker.errors import ImageInputError
 from switchyard.worker.vision.families import Family, Features
-
-
-class ImageInputError(ValueError):
-    """An image the worker cannot use as its request says (a scheduler or gateway bug, or a
-    file that changed meaning): the step fails, not the process."""
 
 
 class ImageEncoder:
@@ -46,7 +42,15 @@ class ImageEncoder:
         if data is None:
             raise ImageInputError(f"image {span.image_id.hex()[:12]} is neither kept nor sent")
         started = time.perf_counter()
-        inputs = self.processor(text=self.family.marker, images=[open_rgb(data)])
+        try:
+            image = open_rgb(data)
+        except Exception as exc:  # Pillow raises many types; the gateway opened it before
+            raise ImageInputError(f"image {span.image_id.hex()[:12]} does not open: "
+                                  f"{type(exc).__name__}") from None
+        try:
+            inputs = self.processor(text=self.family.marker, images=[image])
+        except ValueError as exc:  # the processor refuses the image (an extreme shape)
+            raise ImageInputError(f"image {span.image_id.hex()[:12]}: {exc}") from None
         placeholders = int(np.sum(np.asarray(inputs["input_ids"]) == self.family.image_token_id))
         grid = self.family.grid(inputs)
         if placeholders != span.num_tokens or (span.grid and tuple(span.grid) != grid):
