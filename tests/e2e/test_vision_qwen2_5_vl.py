@@ -273,3 +273,29 @@ def test_restart_keeps_image_histories(group, model_dir):
     assert again.usage.prompt_tokens_details.cached_tokens >= \
         reply.usage.prompt_tokens + reply.usage.completion_tokens - PAGE
     assert encodes_of(group, image) == 1  # the log spans both runs: the first run's only
+
+
+# --- the other paths an image takes ----------------------------------------------------------
+
+
+def test_count_tokens_counts_the_images_placeholders(group, reference):
+    image = picture(51, 90, 60)
+    with anthropic.Anthropic(base_url=group.url, api_key="none", max_retries=0) as client:
+        counted = client.messages.count_tokens(model="any", messages=[
+            {"role": "user", "content": anthropic_content("Count ", image, "this.")}])
+    inputs = reference.prompt(template_messages("Count ", "this."), [image])
+    assert counted.input_tokens == inputs["input_ids"].shape[1]
+
+
+def test_a_previous_response_with_an_image_is_continued_from_its_pages(group):
+    image = picture(61, 48, 64)
+    with openai.OpenAI(base_url=group.base_url, api_key="none", max_retries=0) as client:
+        model = client.models.list().data[0].id
+        first = client.responses.create(model=model, max_output_tokens=8, temperature=0,
+                                        input=[{"role": "user", "content": responses_content(
+                                            "Kept: ", image, HISTORY[:1200])}])
+        second = client.responses.create(model=model, max_output_tokens=8, temperature=0,
+                                         previous_response_id=first.id, input="And then?")
+    assert second.usage.input_tokens_details.cached_tokens >= \
+        first.usage.input_tokens + first.usage.output_tokens - PAGE
+    assert encodes_of(group, image) == 1
