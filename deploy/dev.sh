@@ -8,8 +8,9 @@
 # Installs only what is missing:
 #   - Debian/Ubuntu: OpenBLAS (libopenblas0-pthread) and, if there is no Python >= 3.11 with
 #     venv, python3 + python3-venv (apt-get update first; sudo when not root). macOS: nothing.
-#   - a virtual environment (default <checkout>/.venv) with `pip install -e '.[dev]'`, re-run
-#     only when pyproject.toml changes.
+#   - a virtual environment (default <checkout>/.venv) with `pip install -e '.[dev]'` and,
+#     without their declared dependencies, the packages pyproject.toml's [tool.switchyard]
+#     vision-no-deps names (mlx-vlm); re-run only when pyproject.toml changes.
 # Environment: PYTHON (interpreter for a new venv), VENV (venv directory).
 set -euo pipefail
 
@@ -113,6 +114,16 @@ ensure_venv() {
     say "pip install -e '.[dev]' into $VENV"
     (cd "$ROOT" && "$VENV/bin/python" -m pip install --disable-pip-version-check \
       --progress-bar off -q -e '.[dev]')
+    local no_deps
+    no_deps="$("$VENV/bin/python" -c 'import sys, tomllib
+print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["tool"]["switchyard"]["vision-no-deps"]))' \
+      "$ROOT/pyproject.toml")"
+    if [ -n "$no_deps" ]; then
+      say "pip install --no-deps $no_deps"
+      # shellcheck disable=SC2086  # one argument per package
+      "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -q \
+        --no-deps $no_deps
+    fi
     echo "$want" > "$STAMP"
   fi
 }

@@ -22,10 +22,13 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from switchyard.deploy import tiny_tokenizer
+from switchyard.deploy.tiny_vision import VISION_ARCHS
 
-ARCHS = ("qwen3", "qwen3_next", "qwen2", "llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "gpt_oss",
-         "gemma3_text", "gemma4_text", "glm4_moe", "deepseek_v3", "deepseek_v32", "deepseek_v41",
-         "minimax", "mistral3")
+TEXT_ARCHS = ("qwen3", "qwen3_next", "qwen2", "llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe",
+              "gpt_oss", "gemma3_text", "gemma4_text", "glm4_moe", "deepseek_v3", "deepseek_v32",
+              "deepseek_v41", "minimax", "mistral3")
+# Vision-language twins (deploy/tiny_vision.py) need the `vision` extra (mlx-vlm).
+ARCHS = TEXT_ARCHS + VISION_ARCHS
 WEIGHT_SCALE = 4.0
 
 # Size knobs shared by all archs (keyword overrides of generate_tiny_model).
@@ -145,7 +148,7 @@ _NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "mistra
 
 def tiny_config(arch: str = "qwen3", token_ids: dict[str, int] | None = None, **sizes) -> dict:
     """The config.json of a tiny model; `sizes` overrides keys of SIZES (or any config key)."""
-    if arch not in ARCHS:
+    if arch not in TEXT_ARCHS:
         raise ValueError(f"unknown arch {arch!r}; supported: {', '.join(ARCHS)}")
     s = {**SIZES, **{k: v for k, v in sizes.items() if k in SIZES}}
     extra = {k: v for k, v in sizes.items() if k not in SIZES}
@@ -228,6 +231,10 @@ def write_tiny_mlx(out: Path, arch: str = "qwen3", seed: int = 0, **sizes) -> Pa
 
 def tiny_model_parts(arch: str = "qwen3", seed: int = 0, **sizes):
     """(tokenizer files, special token ids, config, float32 weights) of a tiny model."""
+    if arch in VISION_ARCHS:
+        from switchyard.deploy.tiny_vision import vision_model_parts
+
+        return vision_model_parts(arch, seed, {**SIZES, **sizes})
     files = tiny_tokenizer.tokenizer_files()
     token_ids = tiny_tokenizer.token_ids(files["tokenizer.json"])
     config = tiny_config(arch, token_ids, **sizes)

@@ -32,6 +32,8 @@ from switchyard.gateway.prompting.history import TurnMemory
 from switchyard.gateway.prompting.turn_journal import TurnJournal, tokenizer_identity
 from switchyard.gateway.api.openapi import openapi_spec
 from switchyard.gateway.prompting.prompts import served_model_id
+from switchyard.gateway.vision.inputs import image_inputs
+from switchyard.gateway.vision.prompt import image_prompt_for, model_dir
 from switchyard.gateway.request.response_store import ResponseStore
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
@@ -129,7 +131,9 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 async def _openapi(request: Request) -> Response:
     gateway = gateway_of(request)
     return JSONResponse(openapi_spec(gateway.model_id, vocab_size=len(gateway.tokenizer),
-                                     api_key=bool(gateway.settings.api_key)))
+                                     api_key=bool(gateway.settings.api_key),
+                                     images=gateway.images is not None
+                                     and gateway.images.prompt is not None))
 
 
 ROUTES = [
@@ -176,7 +180,9 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                       keep_reasoning=settings.keep_reasoning,
                       memory=TurnMemory(settings.history_turns, journal=TurnJournal.in_dir(
                           settings.runtime_path, tokenizer_identity(tokenizer))),
-                      responses=ResponseStore(settings.max_stored_responses))
+                      responses=ResponseStore(settings.max_stored_responses),
+                      images=image_inputs(settings, image_prompt_for(
+                          model_dir(settings.model), tokenizer), model_id))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

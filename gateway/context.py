@@ -48,6 +48,8 @@ class Gateway:
     keep_reasoning: bool = DEFAULT_KEEP_REASONING
     memory: TurnMemory = field(default_factory=lambda: TurnMemory(DEFAULT_MAX_TURNS))
     responses: ResponseStore = field(default_factory=ResponseStore)
+    # Images in requests (gateway/vision/inputs.py): refused for a text-only model.
+    images: Any = None
     # Hugging Face fast tokenizers are not safe to call from several threads at once: each
     # lane (thread) has its own tokenizer. Prompts of LARGE_PROMPT_CHARS or more take the
     # large lane, so one huge prompt never delays everyone else's turn (issue 12, finding 9).
@@ -92,6 +94,8 @@ class Gateway:
     def shutdown(self) -> None:
         for executor in (self.executor, self.large_executor):
             executor.shutdown(wait=False, cancel_futures=True)
+        if self.images is not None:
+            self.images.shutdown()
 
     async def read_body(self, request: Request) -> bytes:
         """The whole body, or a 413 as soon as it is known to be too large."""

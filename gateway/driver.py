@@ -74,6 +74,13 @@ def header_flag(headers: Any, name: str, default: bool) -> bool:
     raise invalid(f"Header '{name}' must be 0/off or 1/on", param=name, code="invalid_value")
 
 
+async def prepare_images(gw: Gateway, chat: ChatRequest):
+    """The request as its template takes it and its images, decoded (gateway/vision/)."""
+    if gw.images is None:
+        return chat, None
+    return await gw.images.prepare(chat)
+
+
 def chat_chars(chat: ChatRequest) -> int:
     """Characters of the messages' text: a lower bound of what the template renders."""
     return sum(len(m["content"]) for m in chat.messages if isinstance(m.get("content"), str))
@@ -86,24 +93,28 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
     gw = gateway_of(request)
     record = record_of(request)
     check_chat_template(gw.tokenizer)
+    chat, images = await prepare_images(gw, chat)
     prefix_stable = header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable)
     options = RenderOptions(memory=gw.memory, prefix_stable=prefix_stable,
                             keep_reasoning=gw.keep_reasoning,
                             think_start=gw.think.start if gw.think else None,
-                            turn_ends=gw.turn_ends)
+                            turn_ends=gw.turn_ends,
+                            image_text=images.expand if images is not None else None)
     num_chars = chat_chars(chat)
     gw.check_prompt_chars(num_chars, param)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
                                   gw.think, size=num_chars)
     record.num_spliced_turns = plan.rendered.num_spliced or None
     record.num_spliced_tokens = plan.rendered.num_spliced_tokens or None
+    spans, files = images.attach(plan.prompt_ids) if images is not None else ((), ())
     submit = build_submit(rid, plan.prompt_ids, chat.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=tuple(dict.fromkeys(gw.stop_token_ids
                                                              + plan.extra_stop_ids)),
                           priority=header_priority(request.headers), param=param,
                           grammar=plan.constraint.grammar if plan.constraint else "",
-                          grammar_trigger=plan.trigger_ids, vocab_size=len(gw.tokenizer))
+                          grammar_trigger=plan.trigger_ids, vocab_size=len(gw.tokenizer),
+                          images=spans, image_data=files)
     turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids + (gw.hidden_ids or ()),
                     show_special=gw.hidden_ids is not None, think=gw.think,
                     memory=gw.memory, id_prefix=id_prefix)

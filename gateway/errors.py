@@ -110,6 +110,9 @@ def from_failure(failed: RequestFailed) -> APIError:
     if failed.code == "queue_full":
         return APIError(429, failed.message or "The server is busy; retry later.",
                         type="rate_limit_error", code="queue_full", retry_after_s=retry_after)
+    if failed.code == "invalid_image":  # the worker's processor refused an image
+        return invalid(failed.message or "An image could not be used.", param="messages",
+                       code="invalid_image")
     if failed.code == "context_length_exceeded":
         return invalid(failed.message or "The prompt does not fit the context.",
                        param="messages", code="context_length_exceeded")

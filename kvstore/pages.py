@@ -8,10 +8,13 @@ caller treats that as a miss, removes the file and logs it (a corrupt page can c
 never wrong output).
 
 Header layout, little-endian:
-    prefix  magic 8s | format_version u16 | reserved u16 (0) | header_len u32
+    prefix  magic 8s | format_version u16 | num_images u16 | header_len u32
     fields  namespace 16s | page_id 16s | parent_id 16s | flags u32 | num_tokens u32
             | payload_len u64 | created_at f64 | payload_checksum 16s
     tokens  num_tokens x u32
+    images  num_images x 16s (the ids of the images whose placeholders the page covers; part
+            of the page id, proto/page_ids.py; a page without images has none, and its header
+            is byte for byte what it was before images existed)
     check   blake2b-8 of everything above
     padding zeros up to header_len (a multiple of 64, so the payload starts cache-line aligned)
 """
@@ -30,6 +33,7 @@ import xxhash
 from switchyard.proto.page_flags import PageFlags, unknown_page_flags
 from switchyard.proto.page_ids import (  # noqa: F401  (re-exported: the page format's id scheme)
     ID_BYTES,
+    MAX_PAGE_IMAGES,
     PAGE_FORMAT_VERSION,
     ROOT_ID,
     check_id,
@@ -66,10 +70,15 @@ class PageHeader:
     payload_len: int
     payload_checksum: bytes
     created_at: float
+    image_ids: bytes = b""
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_images(self) -> int:
+        return len(self.image_ids) // ID_BYTES
 
     @property
     def has_recurrent_state(self) -> bool:
@@ -77,12 +86,12 @@ class PageHeader:
 
     @property
     def header_len(self) -> int:
-        return _header_len(len(self.token_ids))
+        return _header_len(len(self.token_ids), self.num_images)
 
 
-def header_size(num_tokens: int) -> int:
+def header_size(num_tokens: int, num_images: int = 0) -> int:
     """Bytes of the header of a page of `num_tokens` tokens (file size = this + payload)."""
-    return _header_len(num_tokens)
+    return _header_len(num_tokens, num_images)
 
 
 def payload_checksum(payload) -> bytes:
@@ -93,25 +102,26 @@ def payload_checksum(payload) -> bytes:
 
 
 def make_header(namespace: bytes, parent_id: bytes, token_ids: Sequence[int], payload,
-                flags: PageFlags = PageFlags.NONE, created_at: float | None = None
-                ) -> PageHeader:
+                flags: PageFlags = PageFlags.NONE, created_at: float | None = None,
+                image_ids: bytes = b"") -> PageHeader:
     """The header for `payload`, with its page id and checksum computed here."""
     tokens = tuple(int(t) for t in token_ids)
     return PageHeader(
         format_version=PAGE_FORMAT_VERSION,
         namespace=namespace,
-        page_id=page_id(namespace, parent_id, tokens),
+        page_id=page_id(namespace, parent_id, tokens, image_ids),
         parent_id=parent_id,
         token_ids=tokens,
         flags=PageFlags(flags),
         payload_len=memoryview(payload).nbytes,
         payload_checksum=payload_checksum(payload),
         created_at=time.time() if created_at is None else created_at,
+        image_ids=image_ids,
     )
 
 
-def _header_len(num_tokens: int) -> int:
-    raw = _PREFIX.size + _FIELDS.size + 4 * num_tokens + _CHECK_BYTES
+def _header_len(num_tokens: int, num_images: int = 0) -> int:
+    raw = _PREFIX.size + _FIELDS.size + 4 * num_tokens + ID_BYTES * num_images + _CHECK_BYTES
     return -(-raw // _ALIGN) * _ALIGN
 
 
@@ -122,14 +132,17 @@ def encode_header(h: PageHeader) -> bytes:
         raise ValueError(f"unknown page flags {h.flags:#x}")
     if len(h.payload_checksum) != 16:
         raise ValueError("payload_checksum must be 16 bytes")
-    header_len = _header_len(len(h.token_ids))
+    if len(h.image_ids) % ID_BYTES or h.num_images > MAX_PAGE_IMAGES:
+        raise ValueError(f"image_ids must be at most {MAX_PAGE_IMAGES} ids of {ID_BYTES} bytes")
+    header_len = _header_len(len(h.token_ids), h.num_images)
     if header_len > MAX_HEADER_BYTES:
         raise ValueError(f"page of {len(h.token_ids)} tokens is too large")
     body = b"".join((
-        _PREFIX.pack(MAGIC, h.format_version, 0, header_len),
+        _PREFIX.pack(MAGIC, h.format_version, h.num_images, header_len),
         _FIELDS.pack(h.namespace, h.page_id, h.parent_id, h.flags, len(h.token_ids),
                      h.payload_len, h.created_at, h.payload_checksum),
         token_bytes(h.token_ids),
+        h.image_ids,
     ))
     check = hashlib.blake2b(body, digest_size=_CHECK_BYTES).digest()
     return body + check + bytes(header_len - len(body) - _CHECK_BYTES)
@@ -139,14 +152,13 @@ def header_length(prefix) -> int:
     """Total header length from the first PREFIX_SIZE bytes of a page file."""
     if len(prefix) < _PREFIX.size:
         raise CorruptPage("truncated header prefix")
-    magic, version, reserved, header_len = _PREFIX.unpack_from(prefix)
+    magic, version, _, header_len = _PREFIX.unpack_from(prefix)
     if magic != MAGIC:
         raise CorruptPage("bad magic")
     if version != PAGE_FORMAT_VERSION:
         # Layout may differ; this build can never use the page (and it is namespaced apart).
         raise CorruptPage(f"unsupported page format version {version}")
-    if reserved != 0 or not _header_len(0) <= header_len <= MAX_HEADER_BYTES \
-            or header_len % _ALIGN:
+    if not _header_len(0) <= header_len <= MAX_HEADER_BYTES or header_len % _ALIGN:
         raise CorruptPage(f"bad header length {header_len}")
     return header_len
 
@@ -157,11 +169,13 @@ def decode_header(buf) -> PageHeader:
     header_len = header_length(buf)
     if len(buf) < header_len:
         raise CorruptPage("truncated header")
+    num_images = _PREFIX.unpack_from(buf)[2]
     namespace, pid, parent_id, flags, num_tokens, payload_len, created_at, checksum = \
         _FIELDS.unpack_from(buf, _PREFIX.size)
     tokens_at = _PREFIX.size + _FIELDS.size
-    check_at = tokens_at + 4 * num_tokens
-    if _header_len(num_tokens) != header_len:
+    images_at = tokens_at + 4 * num_tokens
+    check_at = images_at + ID_BYTES * num_images
+    if _header_len(num_tokens, num_images) != header_len:
         raise CorruptPage("token count does not match header length")
     if hashlib.blake2b(buf[:check_at], digest_size=_CHECK_BYTES).digest() \
             != bytes(buf[check_at:check_at + _CHECK_BYTES]):
@@ -170,10 +184,11 @@ def decode_header(buf) -> PageHeader:
         raise CorruptPage("nonzero header padding")
     if unknown_page_flags(flags):
         raise CorruptPage(f"unknown page flags {flags:#x}")
-    tokens = buf[tokens_at:check_at]
+    tokens = buf[tokens_at:images_at]
+    image_ids = bytes(buf[images_at:check_at])
     # Content addressing is self-checking: the id must be the hash of what the header claims.
-    if hash_page(namespace, parent_id, tokens) != pid:
-        raise CorruptPage("page id does not match namespace, parent and tokens")
+    if hash_page(namespace, parent_id, tokens, image_ids) != pid:
+        raise CorruptPage("page id does not match namespace, parent, tokens and images")
     return PageHeader(
         format_version=PAGE_FORMAT_VERSION,
         namespace=namespace,
@@ -184,4 +199,5 @@ def decode_header(buf) -> PageHeader:
         payload_len=payload_len,
         payload_checksum=checksum,
         created_at=created_at,
+        image_ids=image_ids,
     )

@@ -142,7 +142,8 @@ class KvStoreDaemon:
             try:
                 nbytes = self.store.write(self.namespace, w.parent_id, w.token_ids,
                                           self.pool.buffer(w.buffer)[:w.payload_len],
-                                          flags=w.flags, page_id=w.page_id)
+                                          flags=w.flags, page_id=w.page_id,
+                                          image_ids=w.image_ids)
             except StoreUnavailable as exc:
                 self._refused(exc)
                 failed.append(w.page_id)

@@ -201,26 +201,31 @@ class PageStore:
     # --- write ----------------------------------------------------------------------------
 
     def write(self, namespace: bytes, parent_id: bytes, token_ids: Sequence[int], payload,
-              *, flags: PageFlags = PageFlags.NONE, page_id: bytes | None = None) -> int:
+              *, flags: PageFlags = PageFlags.NONE, page_id: bytes | None = None,
+              image_ids: bytes = b"") -> int:
         """Persist one page; returns bytes written (0 when a valid copy is already stored).
 
-        `page_id`, when given, must equal the id computed from namespace, parent and tokens.
-        The id does not cover flags: a page stored with other flags (a recurrent-state
-        snapshot added or dropped) is replaced atomically.
+        `page_id`, when given, must equal the id computed from namespace, parent, tokens and
+        the ids of the images the page covers (`image_ids`). The id does not cover flags: a
+        page stored with other flags (a recurrent-state snapshot added or dropped) is
+        replaced atomically.
         """
         payload = memoryview(payload).cast("B")
         flags = PageFlags(flags)
         tokens = tuple(int(t) for t in token_ids)
-        pid = pages.page_id(namespace, parent_id, tokens)
+        pid = pages.page_id(namespace, parent_id, tokens, image_ids)
         if page_id is not None and page_id != pid:
-            raise ValueError("page_id does not match namespace, parent_id and token_ids")
+            raise ValueError("page_id does not match namespace, parent_id, token_ids and "
+                             "image_ids")
         path = self.path_for(namespace, pid)
-        nbytes = pages.header_size(len(tokens)) + payload.nbytes
+        nbytes = pages.header_size(len(tokens), len(image_ids) // pages.ID_BYTES) \
+            + payload.nbytes
         # Before the checksum: a page saved again (shared prefix) costs a stat, not a hash.
         if self._already_stored(pid, path, flags, nbytes):
             self.touch(pid)
             return 0
-        header = make_header(namespace, parent_id, tokens, payload, flags=flags)
+        header = make_header(namespace, parent_id, tokens, payload, flags=flags,
+                             image_ids=image_ids)
         head = encode_header(header)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
         fd = -1

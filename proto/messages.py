@@ -17,7 +17,9 @@ from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.tokens import TokenIds, as_token_ids
 
 # 2: msgspec structs, token lists packed uint32 (a msgpack ext). 3: DecodeItem.burst_limit.
-PROTOCOL_VERSION = 3
+# 4: images (ImageSpan, ImageData) in requests, prefill chunks, loads and slot contents;
+# page writes' image ids.
+PROTOCOL_VERSION = 4
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -67,16 +69,46 @@ class SamplingParams(Value):
     logit_bias: tuple[tuple[int, float], ...] = ()
 
 
+class ImageSpan(Value):
+    """An image in a token sequence: its placeholder tokens are [start, start + num_tokens),
+    where the vision encoder's features of the image go (docs/design.md "Images").
+
+    `image_id` is the image's content hash (16 bytes, of its decoded pixels), which page ids
+    chain for every page the span covers. `grid` is the encoder's patch grid (t, h, w) for
+    the families whose positions follow it (Qwen-VL's M-RoPE); empty for the others.
+    """
+
+    image_id: bytes
+    start: int
+    num_tokens: int
+    grid: tuple[int, ...] = ()
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+class ImageData(Value):
+    """The bytes of an image file (PNG, JPEG, ...) as the client sent it, for the encoder."""
+
+    image_id: bytes
+    data: bytes
+
+
 class PrefillChunk(Value):
     """Feed `token_ids` into `slot` starting at position `start`.
 
     The worker first truncates the slot to `start` tokens (the scheduler only asks for that
     when the slot's cache can be trimmed), so a resident prefix is reused by starting past it.
+    `images`: the request's images that start before the chunk's end (the worker places
+    positions and features by them); `image_data`: the files of those the chunk covers.
     """
 
     slot: int
     start: int
     token_ids: TokenIds
+    images: tuple[ImageSpan, ...] = ()
+    image_data: tuple[ImageData, ...] = ()
 
     def __post_init__(self):
         _pack_tokens(self, "token_ids")
@@ -108,6 +140,7 @@ class SampledToken(Value):
 class SlotContents(Value):
     slot: int
     token_ids: TokenIds
+    images: tuple[ImageSpan, ...] = ()  # the images among those tokens
 
     def __post_init__(self):
         _pack_tokens(self, "token_ids")
@@ -160,6 +193,7 @@ class LoadPages(Value):
     token_ids: TokenIds  # the pages' tokens, so the worker knows what its slot holds
     with_state: bool = False
     reserve: int = 0  # tokens that will follow (later loads, then prefill): room made once
+    images: tuple[ImageSpan, ...] = ()  # the request's images that start before the end
 
     def __post_init__(self):
         _pack_tokens(self, "token_ids")
@@ -172,6 +206,9 @@ class PageWrite(Value):
     buffer: int
     payload_len: int  # bytes of the buffer that belong to the page (state included)
     flags: PageFlags = PageFlags.NONE
+    # The ids of the images whose placeholders the page covers, 16 bytes each, in order: part
+    # of the page id (proto/page_ids.py) and of the page's header.
+    image_ids: bytes = b""
 
     def __post_init__(self):
         _pack_tokens(self, "token_ids")
@@ -210,6 +247,10 @@ class SubmitRequest(Message, tag="submit_request"):
     sampling: SamplingParams
     stop_token_ids: tuple[int, ...] = ()
     priority: str = PRIORITY_INTERACTIVE
+    # Images in the prompt, in order (their placeholder tokens are in prompt_token_ids), and
+    # one file per distinct image.
+    images: tuple[ImageSpan, ...] = ()
+    image_data: tuple[ImageData, ...] = ()
 
     def __post_init__(self):
         _pack_tokens(self, "prompt_token_ids")
@@ -308,6 +349,15 @@ class WorkerReady(Message, tag="worker_ready"):
     parallel: str = ""  # "tensor" | "pipeline" for a group
 
 
+class SlotFailure(Value):
+    """A step command the worker could not run for the request in `slot` (an image its
+    processor refuses): that request fails with `code`, the others go on."""
+
+    slot: int
+    code: str
+    message: str
+
+
 class StepDone(Message, tag="step_done"):
     step: int
     sampled: tuple[SampledToken, ...]  # in order; a slot appears once per decode iteration
@@ -315,8 +365,11 @@ class StepDone(Message, tag="step_done"):
     num_decode_tokens: int
     duration_s: float
     decode_s: float = 0.0  # the batched decode (forward and sampling)
-    prefill_s: float = 0.0  # the prefill chunks
+    prefill_s: float = 0.0  # the prefill chunks (without the image encoding)
     load_s: float = 0.0  # the page loads (disk restores) into slots
+    encode_s: float = 0.0  # the vision encoder's runs for the prefill chunks
+    num_encoded_tokens: int = 0  # the placeholder tokens of the images it encoded
+    failed: tuple[SlotFailure, ...] = ()  # chunks not run: their slots are as before them
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------

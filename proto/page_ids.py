@@ -4,6 +4,12 @@
 its whole prefix, so matching a request is walking its chain (F4: nothing else is a key).
 The namespace names the model, KV layout and quantization, and page format (F12): foreign pages
 never match.
+
+A page that covers placeholder tokens of images also hashes the images' content hashes (vLLM's
+"extra hashes"), in another hash domain: `blake2b-128(namespace, person="sy-images", parent_id,
+count, image ids, token ids)`, so equal token ids with other images never share a page (the
+placeholders of two images are the same token ids), and the pages after them differ through
+the chain. Pages without images keep the id they always had (docs/design.md "Images").
 """
 
 from __future__ import annotations
@@ -75,23 +81,47 @@ def check_id(name: str, value: bytes) -> None:
         raise ValueError(f"{name} must be {ID_BYTES} bytes")
 
 
-def hash_page(namespace: bytes, parent_id: bytes, tokens: bytes | memoryview) -> bytes:
-    h = hashlib.blake2b(namespace, digest_size=ID_BYTES)
+_IMAGES_PERSON = b"sy-images"
+MAX_PAGE_IMAGES = 0xFFFF  # the page header's count field
+
+
+def hash_page(namespace: bytes, parent_id: bytes, tokens: bytes | memoryview,
+              image_ids: bytes = b"") -> bytes:
+    if not image_ids:
+        h = hashlib.blake2b(namespace, digest_size=ID_BYTES)
+        h.update(parent_id)
+        h.update(tokens)
+        return h.digest()
+    if len(image_ids) % ID_BYTES or len(image_ids) // ID_BYTES > MAX_PAGE_IMAGES:
+        raise ValueError(f"image ids must be 1 to {MAX_PAGE_IMAGES} ids of {ID_BYTES} bytes")
+    h = hashlib.blake2b(namespace, digest_size=ID_BYTES, person=_IMAGES_PERSON)
     h.update(parent_id)
+    h.update(struct.pack("<I", len(image_ids) // ID_BYTES))  # fixes where the tokens start
+    h.update(image_ids)
     h.update(tokens)
     return h.digest()
 
 
-def page_id(namespace: bytes, parent_id: bytes, token_ids: Sequence[int]) -> bytes:
-    """128-bit id of a page; through parent_id it names the page's whole prefix."""
+def page_id(namespace: bytes, parent_id: bytes, token_ids: Sequence[int],
+            image_ids: bytes = b"") -> bytes:
+    """128-bit id of a page; through parent_id it names the page's whole prefix. `image_ids`:
+    the ids of the images whose placeholders the page covers (`page_image_ids`)."""
     check_id("namespace", namespace)
     check_id("parent_id", parent_id)
-    return hash_page(namespace, parent_id, token_bytes(token_ids))
+    return hash_page(namespace, parent_id, token_bytes(token_ids), image_ids)
+
+
+def page_image_ids(images: Sequence, start: int, end: int) -> bytes:
+    """The ids of the images (anything with `image_id`, `start`, `end`, in order) whose
+    placeholder tokens overlap tokens [start, end), concatenated."""
+    return b"".join(im.image_id for im in images if im.start < end and im.end > start)
 
 
 def chain_page_ids(namespace: bytes, token_ids: Sequence[int] | np.ndarray, page_size: int,
-                   parent_id: bytes = ROOT_ID) -> list[bytes]:
-    """Ids of the full pages of a sequence (a trailing partial page has no id)."""
+                   parent_id: bytes = ROOT_ID, images: Sequence = (), offset: int = 0
+                   ) -> list[bytes]:
+    """Ids of the full pages of a sequence (a trailing partial page has no id). `images`: the
+    sequence's images (`ImageSpan`s); `offset`: the position of `token_ids[0]` in it."""
     check_id("namespace", namespace)
     check_id("parent_id", parent_id)
     if page_size < 1:
@@ -100,6 +130,8 @@ def chain_page_ids(namespace: bytes, token_ids: Sequence[int] | np.ndarray, page
     step = page_size * 4
     ids = []
     for start in range(0, len(data) - step + 1, step):
-        parent_id = hash_page(namespace, parent_id, data[start:start + step])
+        first = offset + start // 4
+        extra = page_image_ids(images, first, first + page_size) if images else b""
+        parent_id = hash_page(namespace, parent_id, data[start:start + step], extra)
         ids.append(parent_id)
     return ids

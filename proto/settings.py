@@ -130,6 +130,16 @@ class Settings:
                                  "again its body; slower connections are closed (408)",
                                  default=30.0)
     default_max_tokens: int = _opt("max_tokens when a request gives none", default=2048)
+    # Images (vision-language models; docs/design.md "Images").
+    max_images: int = _opt("most images in one request (a vision-language model)", default=16)
+    max_image_pixels: int = _opt("most pixels (width x height) of one image; larger ones are "
+                                 "refused before they are decoded", default=4096 * 4096)
+    image_fetch: bool = _opt("fetch http(s) image URLs (off: only data: URLs); never from "
+                             "loopback, private or link-local addresses", default=False)
+    image_fetch_bytes: str = _opt("largest image file fetched from a URL", default="20MiB")
+    image_fetch_timeout_s: float = _opt("seconds to fetch one image URL", default=10.0)
+    vision_cache: str = _opt("worker memory for the vision encoder's output, kept per "
+                             "distinct image", default="512MiB")
     prefix_stable: bool = _opt("render remembered assistant turns with the exact tokens the "
                                "model generated, so resent histories reuse their KV",
                                default=True)
@@ -220,10 +230,15 @@ class Settings:
             problems.append(f"--chat-format must be one of {', '.join(CHAT_FORMATS)}")
         if self.log_format not in ("json", "console", "auto"):
             problems.append("--log-format must be json, console or auto")
+        if self.max_images < 0 or self.max_image_pixels < 1 or self.image_fetch_timeout_s <= 0:
+            problems.append("--max-images must not be negative, --max-image-pixels and "
+                            "--image-fetch-timeout-s must be positive")
         try:
             parse_size(self.kv_disk_budget)
             parse_size(self.memory_headroom)
             parse_size(self.kv_buffer_memory)
+            parse_size(self.image_fetch_bytes)
+            parse_size(self.vision_cache)
         except ValueError as exc:
             problems.append(str(exc))
         if self.backend not in ("", *BACKENDS):

@@ -39,18 +39,19 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig) ->
         return None  # nothing to choose from: decided again when a slot frees
     feed, n, P = req.feed, req.num_context, cfg.page_size
     chain = req.context_chain(pages.chain_namespace, P)
-    on_disk = pages.disk_prefix(chain, feed, n, cfg.trimmable)
+    on_disk = pages.disk_prefix(chain, feed, n, cfg.trimmable, req.images)
     disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
     matches = {}
     for slot in slots:
-        m = usable_match(slot, slot.shared_prefix(chain, feed, n, P), cfg.trimmable)
+        m = usable_match(slot, slot.shared_prefix(chain, feed, n, P, req.images),
+                         cfg.trimmable)
         if m:
             matches[slot.index] = m
     # A conversation that comes back while its own pages are still on their way to disk
     # (its slot was taken meanwhile) waits for them instead of re-reading them; one that
     # a slot still holds is served from memory.
     if max(matches.values(), default=0) <= max(P, disk_tokens) and \
-            pages.writing_extends(chain, feed, n, on_disk):
+            pages.writing_extends(chain, feed, n, on_disk, req.images):
         return None  # decided again when the writes land (PagesWritten)
     sources = Sources(n, disk_tokens, matches, P, cfg.trimmable)
     persisted = {s.index: pages.persisted_tokens(s, matches.get(s.index, 0))
@@ -87,6 +88,7 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     else:
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
     slot.rid, slot.last_used = req.rid, now
+    slot.images = req.images  # the slot's kept tokens are this request's: so are its images
     req.slot = p.slot
     if req.admitted_at is None:
         req.admitted_at = now

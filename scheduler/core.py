@@ -202,7 +202,8 @@ class SchedulerCore:
         self.requests[msg.rid] = Request(
             rid=msg.rid, prompt=msg.prompt_token_ids, max_tokens=max(1, msg.max_tokens),
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
-            priority=msg.priority, arrived_at=now)
+            priority=msg.priority, arrived_at=now, images=msg.images,
+            image_data={d.image_id: d for d in msg.image_data})
         self.waiting.append(msg.rid)
 
     def _reject(self, rid: str, code: str, message: str) -> None:
@@ -243,8 +244,10 @@ class SchedulerCore:
         for load in plan.loads:
             self.slots[load.slot].tokens.extend(load.token_ids)
             self.pages.release(load.buffers)
+        failed = {f.slot: f for f in done.failed}
         for chunk in plan.prefills:
-            self.slots[chunk.slot].tokens.extend(chunk.token_ids)
+            if chunk.slot not in failed:
+                self.slots[chunk.slot].tokens.extend(chunk.token_ids)
         sampled: dict[int, list[int]] = {}
         for s in done.sampled:
             sampled.setdefault(s.slot, []).append(s.token_id)
@@ -259,6 +262,11 @@ class SchedulerCore:
                 if slot.rid is None:
                     break  # finished (stop, length or cancelled) at an earlier token
                 self._accept_token(self.requests[slot.rid], token, now)
+        for failure in failed.values():
+            rid = self.slots[failure.slot].rid
+            if rid is not None:
+                self._finish(self.requests[rid], "failed", now, notify=False)
+                self.outbox.send(RequestFailed(rid, failure.code, failure.message, False))
         for slot in self.slots:
             self.pages.sync_slot(slot)
         if self.pages.staged:
@@ -281,7 +289,7 @@ class SchedulerCore:
         iterations = max(1, len(done.sampled) // max(1, done.num_decode_tokens))
         decode_cycle = cycle / iterations if done.num_prefill_tokens == 0 else 0.0
         self.budget.observe(done.num_decode_tokens, decode_cycle, done.num_prefill_tokens,
-                            done.prefill_s)
+                            done.prefill_s, done.num_encoded_tokens, done.encode_s)
 
     def _worker_ready(self, msg: WorkerReady) -> None:
         """A worker (re)started, or greets a restarted scheduler: its shape and slots."""
@@ -300,7 +308,7 @@ class SchedulerCore:
         self._copies.clear()
         self.reads.clear()
         self.pages.worker_ready(namespace, shm_name, num_buffers, buffer_bytes, state_bytes)
-        contents = {s.slot: s.token_ids for s in slots}
+        contents = {s.slot: s for s in slots}
         requeue = []
         for slot in self.slots:
             if slot.rid is not None:
@@ -311,7 +319,8 @@ class SchedulerCore:
         if len(self.slots) != self.config.num_slots:
             self.slots = [Slot(i) for i in range(self.config.num_slots)]
         for slot in self.slots:
-            slot.replace(contents.get(slot.index, ()))
+            held = contents.get(slot.index)
+            slot.replace(held.token_ids if held else (), (), held.images if held else ())
 
     # --- events: kvstore -------------------------------------------------------------------
 
@@ -505,7 +514,7 @@ class SchedulerCore:
         ns, P = self.pages.chain_namespace, self.config.page_size
         waiting = [self.requests[rid] for rid in self.waiting]
         return pinned | self.pages.awaited(
-            ((r.context_chain(ns, P), r.feed, r.num_context) for r in waiting
+            ((r.context_chain(ns, P), r.feed, r.num_context, r.images) for r in waiting
              if r is not placing), self.config.trimmable)
 
     def _remaining_prefill(self, req: Request) -> int:

@@ -26,7 +26,7 @@ from switchyard.proto.messages import (
 )
 from switchyard.proto.backoff import Backoff
 from switchyard.proto.page_flags import PageFlags
-from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, page_id
+from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, page_id, page_image_ids
 from switchyard.proto.shm import BufferAllocator
 from switchyard.proto.status import DiskStatus
 from switchyard.scheduler.eviction import EvictionPlan, plan_eviction
@@ -168,20 +168,21 @@ class PageCache:
             parent = slot.page_ids[-1] if have else ROOT_ID
             slot.page_ids += chain_page_ids(
                 self.chain_namespace, slot.tokens[have * self.page_size:full * self.page_size],
-                self.page_size, parent)
+                self.page_size, parent, slot.images, have * self.page_size)
 
-    def disk_prefix(self, chain: list[bytes], tokens, n: int, trimmable: bool
-                    ) -> list[DiskPage]:
-        """The pages of the context `tokens[:n]` (whose full pages are `chain`) restorable
-        from disk, from its start: full pages, then the tail stored where a conversation's
-        turn ended. A hybrid model restores to a page carrying the recurrent state."""
+    def disk_prefix(self, chain: list[bytes], tokens, n: int, trimmable: bool,
+                    images=()) -> list[DiskPage]:
+        """The pages of the context `tokens[:n]` (whose full pages are `chain`, whose images
+        are `images`) restorable from disk, from its start: full pages, then the tail stored
+        where a conversation's turn ended. A hybrid model restores to a page carrying the
+        recurrent state."""
         if not self.enabled:
             return []
         P = self.page_size
         n_pages = self.tree.longest_prefix(chain)
         pages = [DiskPage(k * P, P, chain[k]) for k in range(n_pages)]
         tail = self._tail_after(chain[n_pages - 1] if n_pages else ROOT_ID, tokens, n,
-                                n_pages * P)
+                                n_pages * P, images)
         if tail is not None and (trimmable or tail.page_id in self.state_pages):
             return pages + [tail]
         if not trimmable:
@@ -189,8 +190,8 @@ class PageCache:
                 pages.pop()
         return pages
 
-    def writing_extends(self, chain: list[bytes], tokens, n: int, on_disk: list[DiskPage]
-                        ) -> bool:
+    def writing_extends(self, chain: list[bytes], tokens, n: int, on_disk: list[DiskPage],
+                        images=()) -> bool:
         """Whether a page on its way to disk (staged or sent, not yet written) would extend
         what `on_disk` restores of the context `tokens[:n]`: its next full page, or a tail
         that continues it. A request that comes back while its own pages are being written
@@ -215,16 +216,18 @@ class PageCache:
             if start is None:
                 continue
             end = start + len(p.write.token_ids)
-            if done < end <= n and \
-                    page_id(self.namespace, p.write.parent_id, tokens[start:end]) == pid:
+            if done < end <= n and page_id(self.namespace, p.write.parent_id, tokens[start:end],
+                                           page_image_ids(images, start, end)) == pid:
                 return True
         return False
 
-    def _tail_after(self, parent: bytes, tokens, end: int, start: int) -> DiskPage | None:
+    def _tail_after(self, parent: bytes, tokens, end: int, start: int, images=()
+                    ) -> DiskPage | None:
         best = None
         for tail_id, n in self.tails.get(parent, {}).items():
             if start + n <= end and (best is None or n > best.num_tokens):
-                if page_id(self.namespace, parent, tokens[start:start + n]) == tail_id:
+                if page_id(self.namespace, parent, tokens[start:start + n],
+                           page_image_ids(images, start, start + n)) == tail_id:
                     best = DiskPage(start, n, tail_id)
         return best
 
@@ -268,16 +271,16 @@ class PageCache:
         return {tid for parent, ids in self.tails.items() if parent != ROOT_ID
                 and self.tree.num_children(parent) > 1 for tid in ids}
 
-    def awaited(self, contexts: Iterable[tuple[list[bytes], object, int]],
+    def awaited(self, contexts: Iterable[tuple[list[bytes], object, int, tuple]],
                 trimmable: bool) -> set[bytes]:
-        """The pages waiting requests will restore (`contexts`: chain, tokens and length of
-        each context, the longest waiting first), up to half the budget. Each is about to be
-        read, so evicting it costs a re-read for certain; the rest of the disk is only
-        likely to be wanted again (docs/design.md "Disk eviction policy")."""
+        """The pages waiting requests will restore (`contexts`: chain, tokens, length and
+        images of each context, the longest waiting first), up to half the budget. Each is
+        about to be read, so evicting it costs a re-read for certain; the rest of the disk is
+        only likely to be wanted again (docs/design.md "Disk eviction policy")."""
         awaited: set[bytes] = set()
         total = 0
-        for chain, tokens, n in contexts:
-            ids = [p.page_id for p in self.disk_prefix(chain, tokens, n, trimmable)
+        for chain, tokens, n, images in contexts:
+            ids = [p.page_id for p in self.disk_prefix(chain, tokens, n, trimmable, images)
                    if p.page_id not in awaited]
             nbytes = sum(self.tree.nbytes(pid) for pid in ids)
             if total + nbytes > self.budget_bytes // 2:
@@ -369,26 +372,29 @@ class PageCache:
             return True
         parent = slot.page_ids[-1] if start else ROOT_ID
         tokens = tuple(slot.tokens[start:])
-        pid = page_id(self.namespace, parent, tokens)
+        images = page_image_ids(slot.images, start, len(slot.tokens))
+        pid = page_id(self.namespace, parent, tokens, images)
         if pid in self.tree or pid in self.staged or pid in self.writing:
             return True
         return self._stage_page(slot.index, start, pid, parent, tokens,
-                                with_state=not trimmable, out=out)
+                                with_state=not trimmable, out=out, image_ids=images)
 
     def _stage(self, slot: Slot, k: int, with_state: bool, out: list[StagePage]) -> bool:
         P = self.page_size
         parent = slot.page_ids[k - 1] if k else ROOT_ID
         return self._stage_page(slot.index, k * P, slot.page_ids[k], parent,
-                                tuple(slot.tokens[k * P:(k + 1) * P]), with_state, out)
+                                tuple(slot.tokens[k * P:(k + 1) * P]), with_state, out,
+                                page_image_ids(slot.images, k * P, (k + 1) * P))
 
     def _stage_page(self, slot: int, start: int, pid: bytes, parent: bytes,
-                    tokens: tuple[int, ...], with_state: bool, out: list[StagePage]) -> bool:
+                    tokens: tuple[int, ...], with_state: bool, out: list[StagePage],
+                    image_ids: bytes = b"") -> bool:
         buffers = self.acquire(1)
         if buffers is None:
             return False
         n = len(tokens)
         write = PageWrite(pid, parent, tokens, buffers[0], self.payload_len(n, with_state),
-                          PageFlags.RECURRENT_STATE if with_state else PageFlags.NONE)
+                          PageFlags.RECURRENT_STATE if with_state else PageFlags.NONE, image_ids)
         self.staged[pid] = _Pending(write, self.page_file_bytes(n, with_state))
         full = n == self.page_size
         out.append(StagePage(slot, start, buffers[0], with_state, 0 if full else n))

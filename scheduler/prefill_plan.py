@@ -43,14 +43,35 @@ def plan_prefills(prefilling: list[tuple[Request, int]], decoding: list[Request]
         end = start + min(remaining, room)
         if not cfg.trimmable:
             end = cut_at_state_point(req, start, end, cfg.page_size, cfg.state_interval)
-        prefills.append(PrefillChunk(req.slot, start, tuple(req.feed[start:end])))
-        used += end - start
+        end, encoding = cut_before_images(req, start, end, room, budget)
+        if end == start:
+            break
+        prefills.append(PrefillChunk(req.slot, start, tuple(req.feed[start:end]),
+                                     req.images_before(end), req.image_files(start, end)))
+        used += end - start + encoding
         if req.first_chunk_at is None:
             req.first_chunk_at = now
     budget.spend(used)
     for req, _ in prefilling[len(prefills):]:
         req.num_waited_tokens += used  # ages it (scheduler.fairness)
     return prefills
+
+
+def cut_before_images(req: Request, start: int, end: int, room: int, budget: PrefillBudget
+                      ) -> tuple[int, int]:
+    """Where a chunk ends so that the images whose encoding it starts fit its room (their
+    cost counts as prefill tokens: step_budget.py), and that cost. An image that does not fit
+    waits for a later step, unless the chunk starts with it: then it goes now and the budget
+    takes the debt (an encoding cannot be split)."""
+    cost = 0
+    for image in req.images:
+        if not start <= image.start < end:
+            continue
+        image_cost = budget.encode_tokens(image.num_tokens)
+        if image.start > start and (image.start - start) + cost + image_cost > room:
+            return image.start, cost
+        cost += image_cost
+    return end, cost
 
 
 def state_points(slot: Slot, req: Request | None, remaining: int, page_size: int,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from switchyard.proto.messages import PRIORITY_INTERACTIVE, SamplingParams
+from switchyard.proto.messages import PRIORITY_INTERACTIVE, ImageData, ImageSpan, SamplingParams
 from switchyard.proto.page_ids import ROOT_ID, chain_page_ids
 
 
@@ -19,6 +19,10 @@ class Request:
     priority: str
     arrived_at: float
     generated: list[int] = field(default_factory=list)
+    # The prompt's images (their placeholder tokens are in `prompt`) and their files, by id
+    # (docs/design.md "Images").
+    images: tuple[ImageSpan, ...] = ()
+    image_data: dict[bytes, ImageData] = field(default_factory=dict)
     slot: int | None = None
     cancelled: bool = False
     # Where the context's KV came from (tokens): kept in the slot, copied from another slot,
@@ -83,8 +87,18 @@ class Request:
         if have < full:
             parent = self.page_ids[-1] if have else ROOT_ID
             self.page_ids += chain_page_ids(
-                namespace, self.feed[have * page_size:full * page_size], page_size, parent)
+                namespace, self.feed[have * page_size:full * page_size], page_size, parent,
+                self.images, have * page_size)
         return self.page_ids
+
+    def images_before(self, end: int) -> tuple[ImageSpan, ...]:
+        """The images that start before token `end` (what a command up to there needs)."""
+        return tuple(im for im in self.images if im.start < end)
+
+    def image_files(self, start: int, end: int) -> tuple[ImageData, ...]:
+        """The files of the images whose placeholders overlap tokens [start, end)."""
+        ids = dict.fromkeys(im.image_id for im in self.images if im.start < end and im.end > start)
+        return tuple(self.image_data[i] for i in ids if i in self.image_data)
 
     @property
     def interactive(self) -> bool:
@@ -105,6 +119,9 @@ class Slot:
     num_persisted: int = 0
     # A prompt or a turn ended here: store the partial last page too (next step's stages).
     tail_wanted: bool = False
+    # The images among (and past) `tokens`: the request's that filled the slot last (its
+    # tokens agree with that request's up to the slot's length); their ids are in page ids.
+    images: tuple[ImageSpan, ...] = ()
 
     @property
     def free(self) -> bool:
@@ -114,20 +131,26 @@ class Slot:
         del self.tokens[length:]
         del self.page_ids[length // page_size:]
         self.num_persisted = min(self.num_persisted, len(self.page_ids))
+        self.images = tuple(im for im in self.images if im.start < length)
 
-    def replace(self, tokens, page_ids=()) -> None:
-        """New contents; `page_ids`: ids of its leading full pages, when known."""
+    def replace(self, tokens, page_ids=(), images=()) -> None:
+        """New contents; `page_ids`: ids of its leading full pages, when known; `images`:
+        the images among them."""
         self.tokens = list(tokens)
         self.page_ids = list(page_ids)
         self.num_persisted = 0
+        self.images = tuple(images)
 
     def shared_prefix(self, chain: list[bytes], tokens: list[int], n: int,
-                      page_size: int) -> int:
-        """Tokens this slot shares with `tokens[:n]`, whose full pages are `chain`.
+                      page_size: int, images: tuple[ImageSpan, ...] = ()) -> int:
+        """Tokens this slot shares with `tokens[:n]`, whose full pages are `chain` and whose
+        images are `images`.
 
         Page ids name their whole prefix (docs/design.md "KV pages"): if page k matches, so
         does every page before it. So a binary search finds the first differing page, and at
-        most one page of tokens is compared. `page_ids` must cover every full page (synced).
+        most one page of tokens is compared, and its images: two images' placeholders are
+        the same token ids, so the shared part ends where the first differing image starts.
+        `page_ids` must cover every full page (synced).
         """
         ids = self.page_ids
         lo, hi = 0, min(len(ids), len(chain))
@@ -139,7 +162,20 @@ class Slot:
                 hi = mid
         start = lo * page_size
         end = min(len(self.tokens), n, start + page_size)
-        return start + common_prefix_len(self.tokens[start:end], tokens[start:end])
+        end = start + common_prefix_len(self.tokens[start:end], tokens[start:end])
+        return images_agree(self.images, images, start, end) if (self.images or images) else end
+
+
+def images_agree(a: tuple[ImageSpan, ...], b: tuple[ImageSpan, ...], start: int, end: int) -> int:
+    """The end of [start, end) up to where sequences with images `a` and `b` (and the same
+    tokens there) hold the same images: the first image that is in one and not the other
+    starts where they part."""
+    def near(images):
+        return {(im.start, im.num_tokens, im.image_id) for im in images
+                if im.start < end and im.end > start}
+
+    differing = near(a) ^ near(b)
+    return min([end, *(max(start, s) for s, _, _ in differing)])
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -105,5 +105,6 @@ def load_of(req: Request, trimmable: bool) -> LoadPages:
     # The slot makes room for the whole context at the restore's first load: later batches
     # and the prefill after them write in place instead of growing (copying) the slot.
     reserve = max(0, len(req.feed) - 1 - (first.start + len(tokens)))
+    end = first.start + len(tokens)
     return LoadPages(req.slot, first.start, tuple(b for _, b in batch), tokens, with_state,
-                     reserve)
+                     reserve, req.images_before(end))

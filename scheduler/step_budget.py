@@ -11,6 +11,11 @@ length (attention makes long-context tokens dearer).
 The allowance accrues in a bucket: when a step's allowance is smaller than a useful chunk
 (`min_tokens`; tiny chunks waste the matmuls), decode-only steps alternate with chunk steps,
 which keeps the average. With nothing decoding there is no one to protect: full chunks.
+
+An image's encoding (a vision model) counts as prefill tokens of the same cost: its measured
+seconds per placeholder token over the prefill's. It cannot be split, so a large image may
+spend more than the bucket holds; the bucket then goes into debt, and the steps after it decode
+only until the debt is paid, which keeps the average (docs/design.md "Images").
 """
 
 from __future__ import annotations
@@ -28,15 +33,26 @@ class PrefillBudget:
         self.min_tokens = min(min_tokens, max_tokens)
         self.decode_s: float | None = None
         self.prefill_token_s: float | None = None
+        self.encode_token_s: float | None = None
         self.credit = 0.0
 
     def observe(self, num_decodes: int, decode_cycle_s: float, num_prefill: int,
-                prefill_s: float) -> None:
-        """`decode_cycle_s`: token-to-token time of a decode-only step (0: not one)."""
+                prefill_s: float, num_encoded: int = 0, encode_s: float = 0.0) -> None:
+        """`decode_cycle_s`: token-to-token time of a decode-only step (0: not one);
+        `num_encoded`, `encode_s`: the placeholder tokens of the images encoded, and the time."""
         if num_decodes and decode_cycle_s > 0:
             self.decode_s = _ewma(self.decode_s, decode_cycle_s)
         if num_prefill and prefill_s > 0:
             self.prefill_token_s = _ewma(self.prefill_token_s, prefill_s / num_prefill)
+        if num_encoded and encode_s > 0:
+            self.encode_token_s = _ewma(self.encode_token_s, encode_s / num_encoded)
+
+    def encode_tokens(self, num_placeholders: int) -> int:
+        """What encoding an image of this many placeholder tokens costs, in prefill tokens
+        (the same as prefilling them until both are measured)."""
+        if self.encode_token_s is None or not self.prefill_token_s:
+            return num_placeholders
+        return int(num_placeholders * self.encode_token_s / self.prefill_token_s + 0.5)
 
     def allowance(self, num_protected_decodes: int) -> float:
         """Prefill tokens per step, on average, that keep this many streams at pace."""
@@ -56,7 +72,8 @@ class PrefillBudget:
         return int(self.credit) if self.credit >= self.min_tokens else 0
 
     def spend(self, num_tokens: int) -> None:
-        self.credit = max(0.0, self.credit - num_tokens)
+        """Tokens used, of this step's grant or beyond it (an image's encoding: a debt)."""
+        self.credit -= num_tokens
 
 
 def _ewma(previous: float | None, value: float) -> float:

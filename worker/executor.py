@@ -11,10 +11,11 @@ import time
 
 import mlx.core as mx
 
-from switchyard.proto.messages import DecodeItem, RunStep, SampledToken, StepDone
+from switchyard.proto.messages import DecodeItem, RunStep, SampledToken, SlotFailure, StepDone
 from switchyard.proto.shm import PageBufferPool
 from switchyard.worker.cache_kinds import before_token, drop_last_token
 from switchyard.worker.constraints import ConstraintEngine
+from switchyard.worker.errors import ImageInputError
 from switchyard.worker.page_io import PageLayout
 from switchyard.worker.sampling import sample_lazy
 from switchyard.worker.slots import SlotStore
@@ -44,7 +45,7 @@ class StepExecutor:
             store.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens)
         load_started = time.perf_counter()
         for load in step.loads:
-            cache = store.loaded(load.slot, load.start, list(load.token_ids))
+            cache = store.loaded(load.slot, load.start, list(load.token_ids), load.images)
             # Room for the context and an eighth more, within --ctx: a conversation that
             # grows turn by turn re-allocates its slot rarely (docs/design.md "Restores").
             end = load.start + len(load.token_ids)
@@ -54,15 +55,21 @@ class StepExecutor:
         decode_started = time.perf_counter()
         sampled = self._decode(step) if step.decodes else ()
         prefill_started = time.perf_counter()
+        failed = []
         for chunk in step.prefills:
-            store.prefill(chunk.slot, chunk.start, list(chunk.token_ids))
+            try:
+                store.prefill_chunk(chunk)
+            except ImageInputError as exc:  # raised before the chunk touched its slot
+                failed.append(SlotFailure(chunk.slot, "invalid_image", str(exc)))
         done = time.perf_counter()
+        encode_s, num_encoded = store.take_encode_stats()
         return StepDone(
             step=step.step, sampled=sampled,
             num_prefill_tokens=sum(len(c.token_ids) for c in step.prefills),
             num_decode_tokens=len(step.decodes), duration_s=done - started,
-            decode_s=prefill_started - decode_started, prefill_s=done - prefill_started,
-            load_s=decode_started - load_started)
+            decode_s=prefill_started - decode_started,
+            prefill_s=done - prefill_started - encode_s, load_s=decode_started - load_started,
+            encode_s=encode_s, num_encoded_tokens=num_encoded, failed=tuple(failed))
 
     def _decode(self, step: RunStep) -> tuple[SampledToken, ...]:
         """Batched decode iterations; a sequence drops out at a stop token or its limit."""

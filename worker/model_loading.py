@@ -20,6 +20,7 @@ import mlx.nn as nn
 from switchyard.worker.cache_kinds import leaves, rewindable
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.gguf_loading import load_gguf
+from switchyard.worker.vision.model import load_vision_model, read_config, vision_model_type
 from switchyard.worker.kv_layout import (
     KVQuant,
     KVQuantError,
@@ -43,6 +44,8 @@ class LoadedModel:
     fingerprint: str
     path: Path = field(repr=True)
     kv_quant: KVQuant | None = None  # --kv-bits / --kv-group-size (worker/kv_layout.py)
+    # A vision-language model (worker/vision/): its mlx-vlm processor; None for text models.
+    processor: object | None = None
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
@@ -83,11 +86,14 @@ def load_model(ref: str, kv_quant: KVQuant | None = None, prepare=None) -> Loade
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path}: a model file must be .gguf; otherwise pass a directory")
         model, config = load_gguf(path)
-        files = [path]
+        files, processor = [path], None
     else:
-        model, config = _load_mlx_dir(path)
+        model, config, processor = _load_dir(path)
         files = [path / "config.json", *sorted(path.glob("model*.safetensors"))]
     if prepare is not None:
+        if processor is not None:
+            raise ModelLoadError(f"{path}: a vision-language model runs on one worker; serve "
+                                 "it without --hostfile")
         prepare(model, config)
     _force_float32_on_cpu(model)
     mx.eval(model.parameters())
@@ -97,6 +103,7 @@ def load_model(ref: str, kv_quant: KVQuant | None = None, prepare=None) -> Loade
         model_type=config["model_type"],
         fingerprint=fingerprint(files),
         path=path,
+        processor=processor,
     )
     if kv_quant is not None:
         probe = loaded.make_cache()
@@ -135,11 +142,22 @@ def _download(repo_id: str) -> Path:
         ) from e
 
 
+def _load_dir(path: Path) -> tuple[nn.Module, dict, object | None]:
+    """(model, config, processor): a vision-language model through mlx-vlm
+    (worker/vision/model.py), any other through mlx-lm (processor None)."""
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path}: no config.json; expected an MLX/HF model directory or a .gguf file")
+    config = read_config(path)
+    if vision_model_type(config):
+        model, processor = load_vision_model(path, config)
+        return model, config, processor
+    model, config = _load_mlx_dir(path)
+    return model, config, None
+
+
 def _load_mlx_dir(path: Path) -> tuple[nn.Module, dict]:
     from mlx_lm.utils import load_model as mlx_load_model
 
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"{path}: no config.json; expected an MLX/HF model directory or a .gguf file")
     try:
         # lazy: the float32 conversion below then replaces weights without holding both copies
         return mlx_load_model(path, lazy=True)

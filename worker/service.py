@@ -44,6 +44,7 @@ from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.model_loading import LoadedModel, load_model
 from switchyard.worker.sharding import check_splittable, split
 from switchyard.worker.slots import SlotStore
+from switchyard.worker.vision.memory import vision_bytes
 
 # Bumped whenever the meaning of a page's bytes changes; part of every page namespace (F12).
 KV_LAYOUT_VERSION = 1
@@ -135,6 +136,7 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     page_buffers = num_buffers * (layout.buffer_bytes if layout else 0)
     per_token = loaded.kv_bytes_per_token + (0 if layout else unpaged_bytes_per_token(loaded))
     plan = make_plan(
+        vision=vision_bytes(loaded, settings),
         # Measured after the model ran once, so the weights are resident: count them once.
         runtime=max(0, resident_bytes() - weights), weights=weights, kv_bytes_per_token=per_token,
         recurrent_bytes_per_slot=recurrent, num_slots=settings.slots, ctx=settings.ctx,
@@ -145,6 +147,19 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
         vocab=int(text_cfg.get("vocab_size", 0)), page_buffers=page_buffers,
         limit=device_memory_limit(), headroom=parse_size(settings.memory_headroom))
     return plan
+
+
+def make_store(loaded: LoadedModel, settings: Settings, log) -> SlotStore:
+    """The slots; a vision-language model's also hold their images (worker/vision/slots.py)."""
+    if loaded.processor is None:
+        return SlotStore(loaded.model, loaded.make_cache, settings.slots, settings.ctx)
+    from switchyard.worker.vision.encoder import ImageEncoder
+    from switchyard.worker.vision.slots import VisionSlotStore
+
+    encoder = ImageEncoder(loaded.model.family, loaded.processor,
+                           parse_size(settings.vision_cache), log)
+    return VisionSlotStore(loaded.model, loaded.make_cache, settings.slots, settings.ctx,
+                           encoder)
 
 
 def _join(settings: Settings, hostfile: Hostfile, endpoints: Endpoints, log, joined: list):
@@ -217,11 +232,12 @@ def run(settings: Settings) -> None:
     except GroupError as exc:  # a peer left while the group formed: the supervisor restarts
         log.error("worker.group_lost", reason=str(exc))
         sys.exit(1)
-    store = SlotStore(loaded.model, loaded.make_cache, settings.slots, settings.ctx)
+    store = make_store(loaded, settings, log)
     constraints = ConstraintEngine(lambda: llguidance_tokenizer(str(loaded.path)))
     layout_tag_ = layout_tag(group.parallel, group.size, group.rank) if group else ""
     namespace = kv_namespace(loaded, layout, settings.page_size, layout_tag_)
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
+             vision=loaded.processor is not None,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
              kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging)
@@ -243,7 +259,8 @@ def run(settings: Settings) -> None:
             model_type=loaded.model_type, num_slots=settings.slots, ctx=settings.ctx,
             page_size=settings.page_size, kv_bytes_per_token=loaded.kv_bytes_per_token,
             trimmable=store.trimmable,
-            slots=tuple(SlotContents(i, t) for i, t in enumerate(store.contents())),
+            slots=tuple(SlotContents(i, t, store.slot_images(i))
+                        for i, t in enumerate(store.contents())),
             shm_name=pool.name if pool else "", num_buffers=pool.num_buffers if pool else 0,
             buffer_bytes=pool.buffer_bytes if pool else 0,
             state_bytes=layout.state_bytes if layout else 0,

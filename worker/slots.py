@@ -15,6 +15,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from switchyard.proto.messages import PrefillChunk
 from switchyard.worker.cache_kinds import drops_last_token, rewindable
 from switchyard.worker.kv_layout import is_attention_kv
 from switchyard.worker.page_io import copy_prefix
@@ -62,12 +63,17 @@ class SlotStore:
             raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         del self.tokens[slot][length:]
 
-    def prefill(self, slot: int, start: int, token_ids: list[int]) -> None:
+    def prefill_chunk(self, chunk: PrefillChunk) -> None:
+        """A step's prefill chunk (a vision store adds its images: worker/vision/slots.py)."""
+        self.prefill(chunk.slot, chunk.start, list(chunk.token_ids))
+
+    def prefill(self, slot: int, start: int, token_ids: list[int], **model_inputs) -> None:
+        """`model_inputs`: more keyword inputs of the model (input embeddings, positions)."""
         self.truncate(slot, start)
         self._check_room(slot, len(token_ids))
         self._unbatch_slot(slot)
         cache = self._parked[slot]
-        self.model(mx.array(token_ids)[None], cache=cache)
+        self.model(mx.array(token_ids)[None], cache=cache, **model_inputs)
         # Evaluate the cache only: the chunk's logits are never needed, so the lazy graph
         # skips the lm_head for prefill.
         mx.eval([c.state for c in cache])
@@ -103,8 +109,9 @@ class SlotStore:
         self._parked[dst] = copy_prefix(source, num_tokens, self._make_cache())
         self.tokens[dst] = self.tokens[src][:num_tokens]
 
-    def loaded(self, slot: int, start: int, token_ids: list[int]) -> list:
-        """Truncate to `start` and return the cache to load pages into; records the tokens."""
+    def loaded(self, slot: int, start: int, token_ids: list[int], images=()) -> list:
+        """Truncate to `start` and return the cache to load pages into; records the tokens
+        (and, in a vision store, the `images` among them)."""
         self.truncate(slot, start)
         self._check_room(slot, len(token_ids))
         self.tokens[slot].extend(token_ids)
@@ -141,6 +148,14 @@ class SlotStore:
 
     def contents(self) -> list[tuple[int, ...]]:
         return [tuple(t) for t in self.tokens]
+
+    def slot_images(self, slot: int) -> tuple:
+        """The images among the slot's tokens (ImageSpan; a text model has none)."""
+        return ()
+
+    def take_encode_stats(self) -> tuple[float, int]:
+        """Seconds the vision encoder ran and tokens it encoded since the last call."""
+        return 0.0, 0
 
 
 def _emptied(old: list, fresh: list) -> list:

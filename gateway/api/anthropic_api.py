@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.request import structured
 from switchyard.gateway.context import gateway_of
-from switchyard.gateway.driver import (PREFIX_STABLE_HEADER, chat_chars, header_flag, respond,
-                            start_chat)
+from switchyard.gateway.driver import (PREFIX_STABLE_HEADER, chat_chars, header_flag,
+                                       prepare_images, respond, start_chat)
 from switchyard.gateway.errors import APIError, invalid, invalid_type
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.prompting.history import RenderOptions
@@ -37,6 +37,7 @@ from switchyard.gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_
                                   function_tool, strict_tool_names)
 from switchyard.gateway.turn import TurnResult, plan_turn
 from switchyard.gateway.api.validation import Fields, parse_json, template_kwargs
+from switchyard.gateway.vision.parts import anthropic_image_block, has_part, mixed_parts
 from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
 
 log = structlog.get_logger()
@@ -101,12 +102,16 @@ def parse_system(value: Any) -> str | None:
     return "\n".join(texts) if texts else None
 
 
-def _tool_result_text(block: dict[str, Any], param: str) -> str:
+def _tool_result_text(block: dict[str, Any], param: str) -> str | list[dict[str, Any]]:
+    """A tool result's text; with image blocks, its parts in order (gateway/vision/parts.py)."""
     content = block.get("content")
     if content is None:
         return ""
     if isinstance(content, str):
         return content
+    if isinstance(content, list) and has_part(content, ("image",)):
+        return mixed_parts(content, f"{param}.content", {"text": "text"},
+                           {"image": anthropic_image_block}, "text and image blocks")
     if isinstance(content, list):
         return "\n".join(_text_of_blocks(content, f"{param}.content"))
     raise invalid_type(f"{param}.content", "a string or an array of text blocks")
@@ -127,6 +132,7 @@ def parse_message(message: Any, index: int) -> list[dict[str, Any]]:
     if not isinstance(content, list):
         raise invalid_type(f"{prefix}.content", "a string or an array of content blocks")
     texts, reasoning, calls, results = [], [], [], []
+    parts: list[dict[str, Any]] = []  # text and images in order, when there are images
     for j, block in enumerate(content):
         param = f"{prefix}.content[{j}]"
         if not isinstance(block, dict):
@@ -137,6 +143,9 @@ def parse_message(message: Any, index: int) -> list[dict[str, Any]]:
             if not isinstance(text, str):
                 raise invalid_type(f"{param}.text", "a string")
             texts.append(text)
+            parts.append({"type": "text", "text": text})
+        elif kind == "image" and role == "user":
+            parts.append(anthropic_image_block(block, param))
         elif kind == "thinking" and role == "assistant":
             thinking = block.get("thinking")
             if not isinstance(thinking, str):
@@ -158,6 +167,8 @@ def parse_message(message: Any, index: int) -> list[dict[str, Any]]:
                           param=f"{param}.type", code="unsupported_content")
     text = "\n".join(texts)
     if role == "user":
+        if len(parts) > len(texts):  # images: the parts, in order
+            return results + [{"role": "user", "content": parts}]
         return results + ([{"role": "user", "content": text}] if texts or not results else [])
     out: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning:
@@ -436,10 +447,12 @@ async def count_tokens(request: Request) -> Response:
     gw = gateway_of(request)
     parsed = parse_messages_request(parse_json(await gw.read_body(request)), count_only=True)
     check_chat_template(gw.tokenizer)
+    chat, images = await prepare_images(gw, parsed.chat)
     options = RenderOptions(
         memory=gw.memory, keep_reasoning=gw.keep_reasoning,
         prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
-        think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends)
-    plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, parsed.chat, options,
-                                  gw.tool_syntax, gw.think, size=chat_chars(parsed.chat))
+        think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
+        image_text=images.expand if images is not None else None)
+    plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options,
+                                  gw.tool_syntax, gw.think, size=chat_chars(chat))
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

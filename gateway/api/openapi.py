@@ -224,15 +224,21 @@ def _post(summary: str, description: str, request: dict[str, Any], ok: dict[str,
 
 
 def openapi_spec(model_id: str, version: str = "1", *, vocab_size: int = 2**31,
-                 api_key: bool = False) -> dict[str, Any]:
-    """The description; security is declared only when the server requires a key."""
+                 api_key: bool = False, images: bool = False) -> dict[str, Any]:
+    """The description; security is declared only when the server requires a key. The request
+    schemas describe text content: image parts (a vision model's; `images`) are named in the
+    description, since no schema can say which bytes decode to an image."""
     spec = {
         "openapi": "3.1.0",
         "info": {"title": "Switchyard", "version": version,
                  "description": "Local LLM server for agents. OpenAI (Chat Completions, "
                                 "Completions, Responses) and Anthropic (Messages) APIs for "
                                 f"the model '{model_id}'. Usage reports cached prompt "
-                                "tokens in each API's own fields."},
+                                "tokens in each API's own fields." + (
+                                    " The model takes images: Chat image_url parts, "
+                                    "Messages image blocks (user turns, tool results), "
+                                    "Responses input_image parts, as data: URLs (base64)."
+                                    if images else "")},
         "paths": {
             "/v1/chat/completions": _post(
                 "Chat completion (OpenAI)",

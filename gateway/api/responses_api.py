@@ -33,6 +33,7 @@ from switchyard.gateway.output.tools import (ToolChoice, check_tool_fields, func
                                   parse_openai_tool_choice, strict_tool_names)
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.validation import Fields, join_text_parts, parse_json
+from switchyard.gateway.vision.parts import has_part, mixed_parts, responses_image_part
 from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
 from switchyard.proto.ids import new_rid
 
@@ -61,7 +62,19 @@ def _text(value: Any, param: str) -> str:
         return value
     if not isinstance(value, list):
         raise invalid_type(param, "a string or an array of content parts")
+    if has_part(value, ("input_image",)):
+        raise invalid(f"'{param}': images are taken in user messages and function call "
+                      f"outputs only", param=param, code="unsupported_content")
     return join_text_parts(value, param, _TEXT_PARTS, "text parts")
+
+
+def _content(value: Any, param: str) -> str | list[dict[str, Any]]:
+    """A user message's or a function call output's text; with `input_image` parts, its parts
+    in order (gateway/vision/parts.py)."""
+    if has_part(value, ("input_image",)):
+        return mixed_parts(value, param, _TEXT_PARTS, {"input_image": responses_image_part},
+                           "text and input_image parts")
+    return _text(value, param)
 
 
 class _InputBuilder:
@@ -90,7 +103,8 @@ class _InputBuilder:
             if role not in ("user", "system", "developer", "assistant"):
                 raise invalid(f"'{param}.role' must be user, system, developer or assistant",
                               param=f"{param}.role", code="invalid_value")
-            text = _text(item.get("content"), f"{param}.content")
+            text = (_content if role == "user" else _text)(item.get("content"),
+                                                            f"{param}.content")
             if role == "assistant":
                 message = self._open_assistant()
                 message["content"] = (message["content"] + "\n" + text) \
@@ -117,7 +131,8 @@ class _InputBuilder:
                               code="missing_required_parameter")
             self._flush()
             self.messages.append({"role": "tool", "tool_call_id": call_id,
-                                  "content": _text(item.get("output", ""), f"{param}.output")})
+                                  "content": _content(item.get("output", ""),
+                                                      f"{param}.output")})
         elif kind == "reasoning":
             texts = [_text(item.get(key) or [], f"{param}.{key}")
                      for key in ("content", "summary")]

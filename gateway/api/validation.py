@@ -16,6 +16,7 @@ from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Opt
 from switchyard.gateway.errors import invalid, invalid_type, out_of_range
 from switchyard.gateway.output.tools import (parse_openai_tool_choice, parse_openai_tools,
                                   strict_tool_names)
+from switchyard.gateway.vision.parts import has_part, mixed_parts, openai_image_part
 
 MAX_STOP_STRINGS = 16
 _SEED_MODULUS = 2**63
@@ -269,6 +270,9 @@ def parse_message(message: Any, index: int) -> dict[str, Any]:
     if role == "developer":  # OpenAI's newer name for system; chat templates know "system"
         out["role"] = "system"
     out["content"] = parse_content(message.get("content"), f"{prefix}.content")
+    if isinstance(out["content"], list) and role not in ("user", "tool"):
+        raise invalid(f"'{prefix}.content': images are taken in user messages and tool "
+                      f"results only", param=f"{prefix}.content", code="unsupported_content")
     if out["content"] is None and role != "assistant":
         raise invalid(f"'{prefix}.content' is required", param=f"{prefix}.content",
                       code="missing_required_parameter")
@@ -320,12 +324,17 @@ def parse_tool_call(call: Any, param: str) -> dict[str, Any]:
             "function": {"name": name, "arguments": arguments}}
 
 
-def parse_content(content: Any, param: str) -> str | None:
+def parse_content(content: Any, param: str) -> str | list[dict[str, Any]] | None:
+    """A message's text; with `image_url` parts, its parts in order (gateway/vision/parts.py)."""
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise invalid_type(param, "a string or an array of content parts")
-    return join_text_parts(content, param, {"text": "text"}, "'text' parts")
+    what = "'text' and 'image_url' parts"
+    if has_part(content, ("image_url",)):
+        return mixed_parts(content, param, {"text": "text"},
+                           {"image_url": openai_image_part}, what)
+    return join_text_parts(content, param, {"text": "text"}, what)
 
 
 def join_text_parts(parts: list, param: str, text_keys: dict[str, str], what: str) -> str:

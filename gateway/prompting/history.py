@@ -215,6 +215,9 @@ class RenderOptions:
     keep_reasoning: bool = True
     think_start: str | None = None
     turn_ends: tuple[str, ...] = ()  # end-of-generation tokens as text (see the module doc)
+    # A vision model's prompt: expands each image marker the template wrote into the image's
+    # placeholder tokens, before tokenizing (gateway/vision/prompt.py).
+    image_text: Any = None
 
 
 class TemplateError(Exception):
@@ -343,6 +346,8 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                 continue
             raise invalid(f"The chat template rejected the messages: {exc}", param="messages",
                           code="invalid_messages") from None
+        if options.image_text is not None:
+            text = options.image_text(text)
         result = _splice(tokenizer, text, spliced, sentinels, options.think_start, turn_ends)
         if isinstance(result, Rendered):
             tail = text[-256:]

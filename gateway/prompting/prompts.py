@@ -75,7 +75,8 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
                  default_max_tokens: int, stop_token_ids: tuple[int, ...],
                  priority: str | None, param: str = "messages", grammar: str = "",
                  grammar_trigger: tuple[int, ...] = (),
-                 vocab_size: int | None = None) -> SubmitRequest:
+                 vocab_size: int | None = None, images: tuple = (),
+                 image_data: tuple = ()) -> SubmitRequest:
     """Check the context, clamp max_tokens to what is left of it, draw a seed if none given."""
     if vocab_size is not None:
         for token, _ in options.logit_bias:
@@ -99,4 +100,5 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
         rid=rid, prompt_token_ids=TokenIds(prompt_ids),
         max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,
         stop_token_ids=stop_token_ids,
-        priority=options.priority or priority or PRIORITY_INTERACTIVE)
+        priority=options.priority or priority or PRIORITY_INTERACTIVE,
+        images=images, image_data=image_data)

@@ -261,3 +261,33 @@ def test_bad_requests_are_logged_with_their_status_and_nothing_crashed(server, h
     assert 500 not in statuses()
     assert not server.log_events("request.crashed")
     assert http.get("/health").json()["status"] == "ok"
+
+
+# A 1x1 PNG: a real image, refused because this model is text-only.
+PIXEL_PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4"
+             "nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": PIXEL_PNG}}]}], "max_tokens": 3},
+     "messages[0].content[0].image_url.url"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": PIXEL_PNG}]}], "max_output_tokens": 3},
+     "input[0].content[0].image_url"),
+])
+def test_image_to_a_text_only_model_is_400_naming_the_model(http, server, still_serving, path,
+                                                            body, param):
+    error = assert_error(http.post(path, json=body), 400, "images_not_supported", param)
+    assert server.model.rsplit("/", 1)[-1] in error["message"]
+    assert "text-only" in error["message"]
+
+
+def test_image_to_a_text_only_model_is_400_in_anthropic_format(http, still_serving):
+    response = http.post("/v1/messages", json={"model": "any", "max_tokens": 3, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": PIXEL_PNG.split(",", 1)[1]}}]}]})
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "text-only" in body["error"]["message"]

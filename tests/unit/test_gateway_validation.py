@@ -78,7 +78,7 @@ def test_only_n_1(n, ok):
     ([{"role": "user"}], "messages[0].content"),
     ([{"role": "user", "content": 5}], "messages[0].content"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
-     "messages[0].content[0].type"),
+     "messages[0].content[0].image_url.url"),
     ([{"role": "user", "content": [{"type": "text", "text": 1}]}],
      "messages[0].content[0].text"),
     ([{"role": "user", "content": ["x"]}], "messages[0].content[0]"),
