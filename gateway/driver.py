@@ -82,8 +82,17 @@ async def prepare_images(gw: Gateway, chat: ChatRequest):
 
 
 def chat_chars(chat: ChatRequest) -> int:
-    """Characters of the messages' text: a lower bound of what the template renders."""
-    return sum(len(m["content"]) for m in chat.messages if isinstance(m.get("content"), str))
+    """Characters of the messages' text: a lower bound of what the template renders (text
+    parts of messages with images too)."""
+    total = 0
+    for m in chat.messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p["text"]) for p in content
+                         if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return total
 
 
 async def start_chat(request: Request, chat: ChatRequest, *, rid: str,

@@ -155,3 +155,29 @@ def test_a_slots_images_follow_copies_and_truncation(twins):
     assert out[:len(expected)] == expected
     store.truncate(0, spans[0].start)
     assert store.slot_images(0) == ()
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "gemma3"])
+def test_batched_decode_positions_each_row_after_its_own_images(twins, arch):
+    """A slot with images and a slot without decode in one batch: each row gives the tokens it
+    gives alone (a Qwen-VL row's text positions are offset by its images, the other's not)."""
+    _, loaded, reference = twins(arch)
+    images = [picture(8, 80, 56)]
+    messages, ids_a, inputs = prompt_of(reference, images)
+    expected_a, _ = reference.generate(messages, images, MAX_TOKENS)
+    text = [{"role": "user", "content": "A text-only question about boats."}]
+    expected_b, _ = reference.generate(text, [], MAX_TOKENS)
+    ids_b = [int(t) for t in np.asarray(reference.prompt(text, [])["input_ids"]).reshape(-1)]
+    spans = spans_of(loaded, ids_a, images, inputs)
+    store = store_of(loaded)
+    store.prefill_chunk(PrefillChunk(0, 0, tuple(ids_a[:-1]), spans,
+                                     (ImageData(spans[0].image_id, images[0]),)))
+    store.prefill_chunk(PrefillChunk(1, 0, tuple(ids_b[:-1])))
+    got, last = ([], []), [ids_a[-1], ids_b[-1]]
+    for _ in range(MAX_TOKENS):
+        logits = store.decode([0, 1], [len(store.tokens[0]), len(store.tokens[1])], last)
+        last = [int(t) for t in mx.argmax(logits, axis=-1).tolist()]
+        got[0].append(last[0])
+        got[1].append(last[1])
+    assert got[0][:len(expected_a)] == expected_a
+    assert got[1][:len(expected_b)] == expected_b
