@@ -439,7 +439,8 @@ async def count_tokens(request: Request) -> Response:
     options = RenderOptions(
         memory=gw.memory, keep_reasoning=gw.keep_reasoning,
         prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
-        think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends)
+        think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
+        tools_as_text=gw.tools_as_text)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, parsed.chat, options,
                                   gw.tool_syntax, gw.think, size=chat_chars(parsed.chat))
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

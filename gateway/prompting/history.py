@@ -41,6 +41,8 @@ import structlog
 
 from switchyard.gateway.errors import invalid
 from switchyard.gateway.output.reasoning import without_reasoning
+from switchyard.gateway.output.tools import ToolSyntax
+from switchyard.gateway.prompting.tool_text import messages_with_tools_as_text
 from switchyard.gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
                                             record_calls)
 
@@ -215,6 +217,9 @@ class RenderOptions:
     keep_reasoning: bool = True
     think_start: str | None = None
     turn_ends: tuple[str, ...] = ()  # end-of-generation tokens as text (see the module doc)
+    # The call syntax tools are written with, as text, for a template that does not render
+    # them (tool_text.py); None: the template renders tools itself.
+    tools_as_text: ToolSyntax | None = None
 
 
 class TemplateError(Exception):
@@ -332,8 +337,13 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
         sentinels = {i: f"<<switchyard-turn-{nonce}-{i}>>" for i in spliced}
         shown = [_sentinel_message(m, sentinels[i], turn_ends) if i in spliced else m
                  for i, m in enumerate(messages)]
+        if options.tools_as_text is not None:
+            shown, shown_tools = messages_with_tools_as_text(shown, tools,
+                                                             options.tools_as_text), None
+        else:
+            shown_tools = tools
         try:
-            text = apply_template(tokenizer, shown, tools, kwargs)
+            text = apply_template(tokenizer, shown, shown_tools, kwargs)
         except TemplateError as exc:
             if spliced and turn_ends:  # a template that rejects the calls' sentinel: plain one
                 turn_ends = ()
