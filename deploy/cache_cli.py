@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from switchyard.deploy.default_model import DefaultModelUnavailable, model_for
 from switchyard.proto.settings import Settings, format_size
 
 _HEADER_BYTES = 4096  # page header allowance, as the scheduler budgets it
@@ -22,7 +23,8 @@ def add_cache_parser(sub) -> None:
     cache = sub.add_parser("cache", help="size the KV disk budget; inspect the page store")
     actions = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
     plan = actions.add_parser("plan", help="disk budget for K conversations of L tokens")
-    plan.add_argument("--model", default="", help="model to size for (default: embedded tiny)")
+    plan.add_argument("--model", default="", help="model to size for (default: the default model, "
+                      "as `serve`; `tiny`: the generated one)")
     plan.add_argument("--conversations", type=int, required=True)
     plan.add_argument("--tokens", type=int, required=True, help="tokens per conversation")
     plan.add_argument("--page-size", type=int, default=Settings.page_size)
@@ -49,13 +51,16 @@ def _plan(args: argparse.Namespace) -> int:
     from switchyard.scheduler.eviction import plan_budget, round_up_gib
     from switchyard.worker.errors import ModelLoadError
     from switchyard.worker.model_loading import load_model
-    from switchyard.deploy.default_model import default_model_path
     from switchyard.worker.kv_layout import kv_quant
 
     if args.conversations < 1 or args.tokens < 1:
         print("switchyard cache plan: --conversations and --tokens must be at least 1")
         return 2
-    ref = args.model or str(default_model_path())
+    try:
+        ref = model_for(args.model, announce=lambda message: print(f"switchyard: {message}"))
+    except DefaultModelUnavailable as exc:
+        print(f"switchyard cache plan: no default model: {exc}; give --model")
+        return 2
     try:
         loaded = load_model(ref, kv_quant(args.kv_bits, args.kv_group_size))
     except ModelLoadError as exc:

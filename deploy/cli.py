@@ -26,6 +26,7 @@ from typing import Callable
 from switchyard.deploy import service_cli
 from switchyard.deploy import status as status_cli
 from switchyard.deploy.cache_cli import add_cache_parser, run_cache
+from switchyard.deploy.default_model import TINY, DefaultModelUnavailable
 from switchyard.deploy.resolve import with_concrete_paths, with_model
 from switchyard.deploy.supervisor import ROLES, Supervisor
 from switchyard.proto.endpoints import Endpoints, RuntimeDirError
@@ -37,6 +38,7 @@ EXIT_GROUP_RUNNING = 3
 
 
 ServiceRun = Callable[[Settings], None]
+ROLES_WITH_MODEL = ("gateway", "worker")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,11 +111,29 @@ def _usage_error(message: str) -> int:
     return EXIT_USAGE
 
 
+def _say(message: str) -> None:
+    print(f"switchyard: {message}", file=sys.stderr, flush=True)
+
+
+def _no_default_model(exc: Exception) -> int:
+    return _usage_error(f"no default model: {exc}. `--model tiny` serves a generated "
+                        f"random-weight model (no download), or give `--model PATH`")
+
+
 # -- serve ----------------------------------------------------------------------------------
 
-def banner(settings: Settings, default_model: bool, roles: tuple[str, ...] = ROLES) -> str:
+def _model_note(requested: str) -> str:
+    if not requested:
+        return "  (the default model; `--model tiny` for a generated one, `--model PATH` for yours)"
+    if requested == TINY:
+        return "  (generated random-weight model: fast nonsense)"
+    return ""
+
+
+def banner(settings: Settings, requested_model: str, roles: tuple[str, ...] = ROLES) -> str:
+    """`requested_model`: --model as given ('' or 'tiny' get a note), settings.model the path."""
     url = f"http://{_url_host(settings.host)}:{settings.port}/v1"
-    model = settings.model + ("  (embedded default tiny model)" if default_model else "")
+    model = settings.model + _model_note(requested_model)
     rows = [
         ("model", model),
         ("slots", f"{settings.slots} x {settings.ctx} tokens"),
@@ -157,12 +177,15 @@ def serve(settings: Settings, rank_host: bool = False) -> int:
         return EXIT_GROUP_RUNNING
     except RuntimeDirError as exc:
         return _usage_error(str(exc))
-    log = configure_logging("supervisor", new_boot_id(), settings.log_level,
-                            settings.log_format, settings.log_content)
     try:
-        default_model = not settings.model
-        settings = with_model(settings)
-        print(banner(settings, default_model, roles), flush=True)
+        requested_model = settings.model
+        try:
+            settings = with_model(settings, announce=_say)
+        except DefaultModelUnavailable as exc:
+            return _no_default_model(exc)
+        log = configure_logging("supervisor", new_boot_id(), settings.log_level,
+                                settings.log_format, settings.log_content)
+        print(banner(settings, requested_model, roles), flush=True)
         log.info("group.starting", model=settings.model, slots=settings.slots, ctx=settings.ctx,
                  host=settings.host, port=settings.port,
                  runtime_dir=settings.runtime_dir, kv_dir=settings.kv_dir,
@@ -188,7 +211,12 @@ def run_component(role: str, settings: Settings, service: ServiceRun | None = No
     parent = parent_pid_from_env()
     if parent is not None:
         watch_parent(parent)
-    settings = with_model(with_concrete_paths(settings))
+    settings = with_concrete_paths(settings)
+    if role in ROLES_WITH_MODEL:  # the scheduler and kvstore never read it
+        try:
+            settings = with_model(settings, announce=_say)
+        except DefaultModelUnavailable as exc:
+            return _no_default_model(exc)
     if role == "worker" and service is None:
         _reexec_with_openblas(settings)
     run = service or service_for(role)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
+from switchyard.deploy.default_model import TINY, model_for
 from switchyard.proto.settings import Settings
 
 
@@ -12,7 +14,8 @@ def with_concrete_paths(settings: Settings) -> Settings:
     """Replace empty directory settings by the defaults they stand for, as absolute paths, so
     every child sees the same directories whatever its environment."""
     model = settings.model
-    if model and Path(model).expanduser().exists():
+    # `tiny` names the generated model even where a ./tiny exists (that one is `./tiny`).
+    if model and model != TINY and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
     hostfile = settings.hostfile and str(Path(settings.hostfile).expanduser().absolute())
     group_key = settings.group_key_file and str(
@@ -24,12 +27,9 @@ def with_concrete_paths(settings: Settings) -> Settings:
         cache_dir=str(settings.cache_path.expanduser().absolute()))
 
 
-def with_model(settings: Settings) -> Settings:
-    """An empty --model means the embedded default tiny model (generated once, then cached)."""
-    if settings.model:
-        return settings
-    # Imported here, not at the top: it brings MLX, which `switchyard status` and the
-    # supervisor never need.
-    from switchyard.deploy.default_model import default_model_path
-
-    return dataclasses.replace(settings, model=str(default_model_path(settings.cache_path)))
+def with_model(settings: Settings, announce: Callable[[str], None] | None = None) -> Settings:
+    """An empty --model means the default model (fetched once), `tiny` the generated one
+    (deploy/default_model.py); both are cached in the cache dir. Raises
+    DefaultModelUnavailable when the default model can be neither found nor fetched."""
+    return dataclasses.replace(
+        settings, model=model_for(settings.model, settings.cache_path, announce))

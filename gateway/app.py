@@ -29,6 +29,7 @@ from switchyard.gateway.driver import STATUS_CLIENT_CLOSED
 from switchyard.gateway.errors import APIError, api_style
 from switchyard.gateway.guard import GuardPolicy
 from switchyard.gateway.prompting.history import TurnMemory
+from switchyard.gateway.prompting.tool_text import text_syntax
 from switchyard.gateway.prompting.turn_journal import TurnJournal, tokenizer_identity
 from switchyard.gateway.api.openapi import openapi_spec
 from switchyard.gateway.prompting.prompts import served_model_id
@@ -176,6 +177,7 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                       tool_syntax=chat_format.tools, think=chat_format.think,
                       hidden_ids=hidden_special_ids(tokenizer, chat_format),
                       turn_ends=token_texts(tokenizer, eos_ids(tokenizer)),
+                      tools_as_text=text_syntax(tokenizer, chat_format.tools),
                       prefix_stable=settings.prefix_stable,
                       keep_reasoning=settings.keep_reasoning,
                       memory=TurnMemory(settings.history_turns, journal=TurnJournal.in_dir(

@@ -43,6 +43,7 @@ class Gateway:
     # decoded as text (formats.hidden_special_ids). Empty: decode with skip_special_tokens.
     hidden_ids: tuple[int, ...] | None = None
     turn_ends: tuple[str, ...] = ()  # the stop tokens as text (history.py)
+    tools_as_text: ToolSyntax | None = None  # a template that ignores tools (tool_text.py)
     # Prefix-stable rendering (history.py) and whether earlier reasoning is rendered.
     prefix_stable: bool = True
     keep_reasoning: bool = DEFAULT_KEEP_REASONING

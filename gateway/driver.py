@@ -107,7 +107,7 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
     options = RenderOptions(memory=gw.memory, prefix_stable=prefix_stable,
                             keep_reasoning=gw.keep_reasoning,
                             think_start=gw.think.start if gw.think else None,
-                            turn_ends=gw.turn_ends,
+                            turn_ends=gw.turn_ends, tools_as_text=gw.tools_as_text,
                             image_text=images.expand if images is not None else None)
     num_chars = chat_chars(chat)
     gw.check_prompt_chars(num_chars, param)

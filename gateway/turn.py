@@ -141,6 +141,7 @@ class ChatTurn:
                  show_special: bool = False) -> None:
         self.plan = plan
         self.memory = memory
+        self._tokenizer = tokenizer
         self.generation = Generation(tokenizer, prompt_ids=plan.prompt_ids,
                                      stop=chat.options.stop, skip_ids=skip_ids,
                                      show_special=show_special)
@@ -191,14 +192,19 @@ class ChatTurn:
 
     def _remember(self, scheduler_reason: str, closed_by_stop: bool) -> None:
         """Keep the generated tokens for the next turn's rendering, unless what the client got
-        is not what was generated (stop string cut, cancelled, calls cut short)."""
-        if self.memory is None or self.result is None:
+        is not what was generated (stop string cut, cancelled by the client); a turn we cut
+        after its one call keeps the tokens through that call."""
+        if self.memory is None or self.result is None or self.generation.stop_matched:
             return
-        if scheduler_reason not in ("stop", "length") or self.generation.stop_matched \
-                or self._cut:
+        generated = self.generation.token_ids
+        if self._cut:  # cancelled after the one call allowed: the tokens up to its end
+            generated = self._through_call_end(generated)
+            if generated is None:
+                return
+        elif scheduler_reason not in ("stop", "length"):
             return
-        body = list(self.plan.forced_ids) + self.generation.token_ids
-        if closed_by_stop:
+        body = list(self.plan.forced_ids) + generated
+        if closed_by_stop and not self._cut:
             body += self._end_ids
         rendered = self.plan.rendered
         # Where the turn starts: after the generation prompt, or (a template without one, such
@@ -206,6 +212,22 @@ class ChatTurn:
         opening = rendered.opening if rendered.opening else rendered.text_tail[-PROMPT_TAIL:]
         self.memory.remember(assistant_message(self.result), body, opening or None,
                              bool(self.result.reasoning))
+
+    def _through_call_end(self, ids: list[int]) -> list[int] | None:
+        """The shortest prefix of `ids` whose text holds the call's end marker (a marker of
+        several tokens, such as `</tool_call>` in SmolLM2's vocabulary, stops no generation:
+        the parser saw the call end and the turn was cancelled there); None without one."""
+        end = self.plan.syntax.end if self.plan.syntax is not None else ""
+
+        def has_end(k: int) -> bool:
+            return end in self._tokenizer.decode(ids[:k], skip_special_tokens=False)
+
+        if not end or not has_end(len(ids)):
+            return None
+        k = len(ids)
+        while k > 1 and has_end(k - 1):
+            k -= 1
+        return ids[:k]
 
     @property
     def num_malformed(self) -> int:

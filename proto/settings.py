@@ -53,7 +53,8 @@ def format_size(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _user_cache_dir() -> Path:
+def user_cache_dir() -> Path:
+    """Switchyard's cache directory: ~/Library/Caches on macOS, XDG elsewhere."""
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Caches" / "switchyard"
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "switchyard"
@@ -78,8 +79,9 @@ def _opt(help: str, **kw):
 
 @dataclass(frozen=True)
 class Settings:
-    model: str = _opt("MLX/HF model directory, Hugging Face repo id or .gguf file "
-                      "(default: the embedded tiny model)", default="")
+    model: str = _opt("MLX/HF model directory, Hugging Face repo id or .gguf file; `tiny`: a "
+                      "generated random-weight model (default: SmolLM2-135M-Instruct, fetched "
+                      "once into the cache dir)", default="")
     served_model_name: tuple[str, ...] = _opt(
         "model names clients may use (repeatable; the first is the one replies carry; default: "
         "the model directory's or file's name)", default=())
@@ -97,7 +99,8 @@ class Settings:
         "worker group over several machines: the key file (`switchyard group-key --out PATH`, "
         "mode 0600, copied to every host) that authenticates --scheduler-address",
         default="")
-    cache_dir: str = _opt("directory for generated models and other caches", default="")
+    cache_dir: str = _opt("directory for the default models, KV pages (unless --kv-dir) "
+                          "and other caches", default="")
     page_size: int = _opt("tokens per KV page", default=256)
     kv_disk_budget: str = _opt("disk budget for KV pages, with units", default="32GiB")
     kv_buffer_memory: str = _opt("shared memory for page buffers between worker and kvstore",
@@ -200,7 +203,7 @@ class Settings:
 
     @property
     def cache_path(self) -> Path:
-        return Path(self.cache_dir) if self.cache_dir else _user_cache_dir()
+        return Path(self.cache_dir) if self.cache_dir else user_cache_dir()
 
     def validate(self) -> "Settings":
         problems = []

@@ -3,7 +3,7 @@
 The gateway tokenizes and detokenizes with it; the worker builds its grammar engine's vocabulary
 from it (structured outputs). MLX and transformers are imported only when a tokenizer is loaded.
 
-For a GGUF file only the metadata is read (gguf.GGUFReader memory-maps the file and leaves the
+For a GGUF file only the metadata is read (proto.gguf_file memory-maps the file and leaves the
 tensors alone), then transformers rebuilds the tokenizer from llama.cpp's vocabulary and merges.
 transformers' own `from_pretrained(gguf_file=...)` imports torch, which is not installed, so the
 torch-free pieces are called directly. The result is saved as a temporary tokenizer directory and
@@ -83,14 +83,13 @@ def _generation_eos(path: Path) -> list[int] | None:
 
 def read_gguf_tokenizer_metadata(path: Path) -> dict:
     """The tokenizer metadata of a GGUF file, keyed as transformers' GGUF code names it."""
-    import gguf
+    from switchyard.proto.gguf_file import GGUFFile, GGUFFormatError
 
-    reader = gguf.GGUFReader(str(path))
-    out = {}
-    for key, name in _GGUF_KEYS.items():
-        field = reader.get_field(key)
-        if field is not None:
-            out[name] = field.contents()
+    try:
+        metadata = GGUFFile(path).metadata
+    except (GGUFFormatError, UnicodeDecodeError) as e:
+        raise TokenizerLoadError(f"{path}: not a readable GGUF file ({e})") from e
+    out = {name: metadata[key] for key, name in _GGUF_KEYS.items() if key in metadata}
     if "tokens" not in out:
         raise TokenizerLoadError(f"{path}: the GGUF file has no tokenizer metadata")
     return out

@@ -109,15 +109,14 @@ _SUFFIXES = ("weight", "bias")
 
 
 class Meta:
-    """`{arch}.*` and general metadata of a GGUF file, read lazily from the reader's fields."""
+    """`{arch}.*` and general metadata of a GGUF file (proto.gguf_file.GGUFFile)."""
 
-    def __init__(self, reader) -> None:
-        self._reader = reader
+    def __init__(self, file) -> None:
+        self._file = file
         self.arch = self.get("general.architecture")
 
     def get(self, key: str, default=None):
-        f = self._reader.get_field(key)
-        return default if f is None else f.contents()
+        return self._file.get(key, default)
 
     def need(self, key: str):
         value = self.get(key)

@@ -3,7 +3,8 @@
 Directories and repo ids go through mlx_lm's own loader; GGUF files through worker.gguf_loading.
 On the CPU backend every half-precision weight is converted to float32: MLX's CPU matmul in
 float16/bfloat16 is many times slower than float32 with an optimized BLAS, and float32 keeps
-results comparable across runs (see docs/design.md, "Tiny models for tests and the default").
+results comparable across runs (see docs/design.md, "Models for tests and the default");
+quantized layers multiply many rows at once through BLAS too (worker/cpu_quantized.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from switchyard.worker.cache_kinds import leaves, rewindable
+from switchyard.worker.cpu_quantized import use_cpu_quantized_products
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.gguf_loading import load_gguf
 from switchyard.worker.vision.model import load_vision_model, read_config, vision_model_type
@@ -96,6 +98,8 @@ def load_model(ref: str, kv_quant: KVQuant | None = None, prepare=None) -> Loade
                                  "it without --hostfile")
         prepare(model, config)
     _force_float32_on_cpu(model)
+    if _on_cpu():
+        use_cpu_quantized_products(model)
     mx.eval(model.parameters())
     loaded = LoadedModel(
         model=model,

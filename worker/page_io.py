@@ -71,6 +71,12 @@ class PageLayout:
                                     for shape, dtype in window_shapes(c)])
             else:
                 raise PageLayoutError(f"{type(c).__name__} layers cannot be stored as pages")
+        # Per token, in bytes: each attention array, and all arrays of the layers before a
+        # layer (a page of n tokens holds layer i's arrays from n * _kv_before[i] on).
+        self._kv_token_bytes = [tuple(a.nbytes // page_size for a in arrays)
+                                for arrays in self._kv]
+        self._kv_before = [sum(sum(t) for t in self._kv_token_bytes[:i])
+                           for i in range(len(self._kv))]
         self.dtype_name = "+".join(sorted({np.dtype(a.dtype).name
                                            for arrays in self._kv for a in arrays}))
         self.kv_bytes = sum(a.nbytes for arrays in self._kv for a in arrays)
@@ -125,11 +131,13 @@ class PageLayout:
             targets = [np.asarray(a) for a in arrays]
             position = start
             for buf, n in zip(pages, counts):
-                offset = self._kv_offset(index, n)
-                for spec, target in zip(specs, targets):
-                    sized = _resized(spec, n)
-                    np.copyto(target[0, :, position:position + n, :], _view(buf, offset, sized))
-                    offset += sized.nbytes
+                offset = n * self._kv_before[index]
+                for spec, per_token, target in zip(specs, self._kv_token_bytes[index], targets):
+                    size = n * per_token
+                    heads, _, dim = spec.shape
+                    np.copyto(target[0, :, position:position + n, :],
+                              buf[offset:offset + size].view(spec.dtype).reshape(heads, n, dim))
+                    offset += size
                 position += n
             del targets
             set_token_arrays(layer, arrays, start + num_tokens)
@@ -146,10 +154,6 @@ class PageLayout:
                 else:
                     cache[layer].cache = [a[None] for a in arrays]
         mx.eval([c.state for c in cache])
-
-    def _kv_offset(self, index: int, num_tokens: int) -> int:
-        """Byte offset of the index-th attention layer in a page of `num_tokens` tokens."""
-        return sum(_resized(a, num_tokens).nbytes for arrays in self._kv[:index] for a in arrays)
 
 
 def copy_prefix(cache: list, num_tokens: int, fresh: list) -> list:
@@ -203,12 +207,6 @@ def _writable(layer, specs: tuple[_Array, ...], start: int, capacity: int) -> li
 def _addresses(arrays: list[mx.array]) -> tuple[int, ...]:
     """Where the arrays' data lie (evaluates them)."""
     return tuple(np.asarray(a).__array_interface__["data"][0] for a in arrays)
-
-
-def _resized(spec: _Array, num_tokens: int) -> _Array:
-    """The same KV array for a page of `num_tokens` tokens: [heads, num_tokens, dim]."""
-    heads, _, dim = spec.shape
-    return _Array((heads, num_tokens, dim), spec.dtype)
 
 
 def _view(buf: np.ndarray, offset: int, spec: _Array) -> np.ndarray:

@@ -452,7 +452,8 @@ async def count_tokens(request: Request) -> Response:
         memory=gw.memory, keep_reasoning=gw.keep_reasoning,
         prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
         think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
-        image_text=images.expand if images is not None else None)
+        image_text=images.expand if images is not None else None,
+        tools_as_text=gw.tools_as_text)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options,
                                   gw.tool_syntax, gw.think, size=chat_chars(chat))
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

@@ -41,6 +41,8 @@ import structlog
 
 from switchyard.gateway.errors import invalid
 from switchyard.gateway.output.reasoning import without_reasoning
+from switchyard.gateway.output.tools import ToolSyntax
+from switchyard.gateway.prompting.tool_text import messages_with_tools_as_text
 from switchyard.gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
                                             record_calls)
 
@@ -218,6 +220,9 @@ class RenderOptions:
     # A vision model's prompt: expands each image marker the template wrote into the image's
     # placeholder tokens, before tokenizing (gateway/vision/prompt.py).
     image_text: Any = None
+    # The call syntax tools are written with, as text, for a template that does not render
+    # them (tool_text.py); None: the template renders tools itself.
+    tools_as_text: ToolSyntax | None = None
 
 
 class TemplateError(Exception):
@@ -335,8 +340,13 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
         sentinels = {i: f"<<switchyard-turn-{nonce}-{i}>>" for i in spliced}
         shown = [_sentinel_message(m, sentinels[i], turn_ends) if i in spliced else m
                  for i, m in enumerate(messages)]
+        if options.tools_as_text is not None:
+            shown, shown_tools = messages_with_tools_as_text(shown, tools,
+                                                             options.tools_as_text), None
+        else:
+            shown_tools = tools
         try:
-            text = apply_template(tokenizer, shown, tools, kwargs)
+            text = apply_template(tokenizer, shown, shown_tools, kwargs)
         except TemplateError as exc:
             if spliced and turn_ends:  # a template that rejects the calls' sentinel: plain one
                 turn_ends = ()

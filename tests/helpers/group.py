@@ -85,22 +85,24 @@ def group_members(pgid: int) -> list[int]:
 
 
 class ServerGroup:
-    def __init__(self, model: str | Path, *, slots: int = 4, ctx: int = 4096,
+    def __init__(self, model: str | Path | None, *, slots: int = 4, ctx: int = 4096,
                  extra: tuple[str, ...] | list[str] = (), port: int | None = None,
                  runtime_dir: str | Path | None = None, kv_dir: str | Path | None = None,
                  env: dict[str, str] | None = None, startup_timeout_s: float = 120.0,
                  stop_timeout_s: float = 60.0, entry: tuple[str, ...] = SERVE,
                  wait_for: str = "health", extra_roles: tuple[str, ...] = ()) -> None:
-        """`entry`: the module (and subcommand) run with `python -m`; `wait_for`: "health"
+        """`model` None: no --model (the default model, fetched into the user's cache dir);
+        `entry`: the module (and subcommand) run with `python -m`; `wait_for`: "health"
         (GET /health, then every pid file), "pids" (every pid file) or "none"."""
-        self.model = str(model)
+        self.model = str(model) if model is not None else ""
         self.port = port or free_port()
         self._own_runtime_dir = runtime_dir is None
         self._own_kv_dir = kv_dir is None
         self.runtime_dir = Path(runtime_dir) if runtime_dir else short_tmp_dir("sy")
         self.kv_dir = Path(kv_dir) if kv_dir else short_tmp_dir("sykv")
         self.log_path = self.runtime_dir / "group.log"
-        self.args = ["--model", self.model, "--port", str(self.port),
+        self.args = [*(("--model", self.model) if model is not None else ()),
+                     "--port", str(self.port),
                      "--runtime-dir", str(self.runtime_dir), "--kv-dir", str(self.kv_dir),
                      "--slots", str(slots), "--ctx", str(ctx), "--log-format", "json",
                      *extra]

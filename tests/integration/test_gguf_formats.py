@@ -285,6 +285,35 @@ def test_unsupported_arch_and_tensor_type_are_refused_in_one_line(tmp_path):
     assert "Q4_K, Q5_K, MXFP4, Q6_K, Q3_K, Q2_K" in str(e.value)
 
 
+@pytest.mark.parametrize("quant", ["Q4_K_M", "BF16", "F16", "Q8_0"])
+def test_metadata_and_tensors_read_as_gguf_py_reads_them(tmp_path, quant):
+    """proto.gguf_file (the fast reader) against gguf-py's GGUFReader: every metadata value
+    (the vocabulary and merges included) and every tensor's type, shape, dtype and bytes."""
+    from switchyard.proto.gguf_file import GGUFFile
+
+    path, _, _ = write_twin(tmp_path, "qwen3", quant)
+    fast, reference = GGUFFile(path), gguf.GGUFReader(str(path))
+    fields = {k: f.contents() for k, f in reference.fields.items() if not k.startswith("GGUF.")}
+    assert fast.metadata == fields
+    assert len(fast.metadata["tokenizer.ggml.tokens"]) > 100
+    assert [(t.name, t.tensor_type, t.shape) for t in fast.tensors] == [
+        (t.name, t.tensor_type, tuple(t.shape.tolist())) for t in reference.tensors]
+    for mine, theirs in zip(fast.tensors, reference.tensors):
+        assert mine.data.dtype == theirs.data.dtype and mine.data.shape == theirs.data.shape
+        assert np.array_equal(mine.data, theirs.data), mine.name
+
+
+def test_a_truncated_or_foreign_file_is_refused_in_one_line(tmp_path):
+    path, _, _ = write_twin(tmp_path, "qwen3", "Q8_0")
+    data = path.read_bytes()
+    for name, cut in (("head.gguf", data[:5000]), ("tail.gguf", data[:-100]),
+                      ("foreign.gguf", b"PK\x03\x04" + data[4:])):
+        (tmp_path / name).write_bytes(cut)
+        with pytest.raises(ModelLoadError, match="not a readable GGUF file") as e:
+            load_model(str(tmp_path / name))
+        assert "\n" not in str(e.value)
+
+
 def test_minimax_m2_with_softmax_gating_is_refused(tmp_path):
     """mlx_lm's minimax routes experts by sigmoid only: a softmax-gated file (which llama.cpp's
     converter writes for `scoring_func: softmax`) must not load as a subtly different model."""

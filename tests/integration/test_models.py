@@ -17,7 +17,7 @@ from switchyard.proto.tokenizer_loading import load_tokenizer
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.model_loading import load_model
 from fixtures.tiny_models import generate_tiny_model, main
-from switchyard.deploy.default_model import TINY_MODEL_NAME as DEFAULT_MODEL_NAME, default_model_path
+from switchyard.deploy.default_model import TINY_MODEL_NAME, tiny_model_path
 
 TEXT = "Hello, world! def f(x):\n\treturn x * 42  # ok\n😀🚀 你好，世界 e\u0301 ß \x00\x7f <think>hm</think>"
 MESSAGES = [
@@ -207,15 +207,15 @@ def test_bad_references_raise_model_load_error(tmp_path):
         load_model(str(tmp_path / "empty"))
 
 
-def test_default_model_is_generated_once_even_when_raced(tmp_path):
+def test_tiny_model_is_generated_once_even_when_raced(tmp_path):
     paths = []
-    threads = [threading.Thread(target=lambda: paths.append(default_model_path(tmp_path))) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: paths.append(tiny_model_path(tmp_path))) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert paths == [tmp_path / "models" / DEFAULT_MODEL_NAME] * 2
-    assert sorted(p.name for p in (tmp_path / "models").iterdir() if p.name[0] != ".") == [DEFAULT_MODEL_NAME]
+    assert paths == [tmp_path / "models" / TINY_MODEL_NAME] * 2
+    assert sorted(p.name for p in (tmp_path / "models").iterdir() if p.name[0] != ".") == [TINY_MODEL_NAME]
     assert load_model(str(paths[0])).model_type == "qwen3"
 
 

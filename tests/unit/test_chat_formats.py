@@ -20,6 +20,7 @@ from switchyard.gateway.output.parser import (Forced, OutputParser, ReasoningDel
                                    ToolCallStart)
 from switchyard.gateway.output.tools import ToolChoice, parse_calls, parse_openai_tools, repair_forced
 from switchyard.gateway.prompting.history import RenderOptions, TurnMemory
+from switchyard.gateway.prompting.tool_text import text_syntax
 from switchyard.gateway.turn import ChatTurn, assistant_message, plan_turn
 from switchyard.proto.messages import RequestFinished, TokensGenerated
 from switchyard.proto.settings import CHAT_FORMATS, Settings, SettingsError
@@ -31,7 +32,7 @@ TOOLS = parse_openai_tools([
         "type": "object", "properties": {}}}}])
 PARIS = ("get_weather", {"city": "Paris", "days": 2})
 TIME = ("get_time", {})
-FAMILY_FORMAT = {"qwen3": "hermes", "qwen3_coder": "qwen3_coder", "gpt_oss": "harmony",
+FAMILY_FORMAT = {"chatml": "hermes", "qwen3": "hermes", "qwen3_coder": "qwen3_coder", "gpt_oss": "harmony",
                  "glm": "glm", "deepseek_v31": "deepseek_v31", "minimax_m2": "minimax_m2",
                  "mistral": "mistral", "mistral_args": "mistral_args", "llama3": "llama3_json",
                  "gemma3": "gemma3", "gemma4": "gemma4"}
@@ -286,7 +287,7 @@ REPLAY = {
     "gemma3": RECORDED["gemma3"][2],
     "gemma4": RECORDED["gemma4"][2],
 }
-REPLAY["qwen3-no-thinking"] = ('<tool_call>\n{"name": "get_weather", "arguments": '
+REPLAY["chatml"] = REPLAY["qwen3-no-thinking"] = ('<tool_call>\n{"name": "get_weather", "arguments": '
                                '{"city": "Paris", "days": 2}}\n</tool_call>')
 TEMPLATE_KWARGS = {"deepseek_v31": {"thinking": True},
                    "qwen3-no-thinking": {"enable_thinking": False}}
@@ -324,7 +325,8 @@ def test_replay_gives_back_the_tokens_in_the_kv(tokenizers, case):
     hidden = hidden_special_ids(tok, fmt)
     memory = TurnMemory()
     options = RenderOptions(memory=memory, think_start=fmt.think.start if fmt.think else None,
-                            turn_ends=token_texts(tok, tuple(tok.eos_token_ids)))
+                            turn_ends=token_texts(tok, tuple(tok.eos_token_ids)),
+                            tools_as_text=text_syntax(tok, fmt.tools))
     history = [{"role": "system", "content": "Be terse."},
                {"role": "user", "content": "Weather in Paris?"}]
     outputs = [REPLAY[case], ANSWER.get(family, "It is 18C in Paris.")]
@@ -356,8 +358,8 @@ def test_replay_gives_back_the_tokens_in_the_kv(tokenizers, case):
         # After the spliced turn comes exactly what the template writes after that turn (its
         # end of turn, once, then the next messages), as in the plain rendering.
         rest = tok.decode(following.prompt_ids[len(kv):], skip_special_tokens=False)
-        plain = plan_turn(tok, chat(history, case), RenderOptions(prefix_stable=False),
-                          fmt.tools, fmt.think)
+        plain = plan_turn(tok, chat(history, case), RenderOptions(
+            prefix_stable=False, tools_as_text=options.tools_as_text), fmt.tools, fmt.think)
         assert ("18C" if n == 0 else "And tomorrow?") in rest
         assert tok.decode(plain.prompt_ids, skip_special_tokens=False).endswith(rest)
 
@@ -406,3 +408,34 @@ def test_structured_answer_of_gpt_oss_starts_at_the_final_channel(tokenizers):
     plan = plan_turn(tok, request, RenderOptions(), fmt.tools, fmt.think)
     assert plan.constraint is not None and plan.trigger_ids == tuple(
         tok.encode("<|channel|>final<|message|>", add_special_tokens=False))
+
+
+def test_a_call_cut_after_its_multi_token_end_is_remembered_through_that_end(tokenizers):
+    """SmolLM2's vocabulary has no `</tool_call>` token: a forced call is not ended by a stop
+    token but cancelled when the parser sees its end. The tokens through that end are what
+    the next request gets back (the KV holds them); what came after them is not."""
+    tok = tokenizers["chatml"]
+    fmt = detect_format(tok)
+    memory = TurnMemory()
+    options = RenderOptions(memory=memory, turn_ends=token_texts(tok, tuple(tok.eos_token_ids)),
+                            tools_as_text=text_syntax(tok, fmt.tools))
+    history = [{"role": "user", "content": "Weather in Paris?"}]
+    forced = ToolChoice("function", "get_weather")
+    plan = plan_turn(tok, chat(history, "chatml", forced), options, fmt.tools, fmt.think)
+    call_rest = '{"city": "Paris", "days": 2}}\n</tool_call>'
+    body = tok.encode(call_rest, add_special_tokens=False)
+    assert len(tok.encode("</tool_call>", add_special_tokens=False)) > 1
+    turn = ChatTurn(tok, plan, chat(history, "chatml", forced), skip_ids=tuple(tok.eos_token_ids),
+                    think=fmt.think, memory=memory)
+    update = turn.on_event(TokensGenerated("r", tuple(body)))
+    assert update.cancel  # the one call is complete: the gateway cancels the rest
+    late = tok.encode(" more", add_special_tokens=False)  # generated before the cancel landed
+    turn.on_event(TokensGenerated("r", tuple(late)))
+    result = turn.on_event(RequestFinished("r", "cancelled", len(plan.prompt_ids), 0,
+                                           len(body) + len(late))).result
+    assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [PARIS]
+    history += [assistant_message(result), {"role": "tool", "content": "18C",
+                                            "tool_call_id": result.tool_calls[0].id}]
+    following = plan_turn(tok, chat(history, "chatml"), options, fmt.tools, fmt.think)
+    assert following.rendered.num_spliced == 1
+    assert following.prompt_ids[:len(plan.prompt_ids) + len(body)] == plan.prompt_ids + body

