@@ -33,7 +33,10 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise ValueError(f"{name} is not valid JSON")
 
     try:
-        body = json.loads(raw, parse_constant=no_constants)
+        # Decoded strictly: json.loads(bytes) decodes with 'surrogatepass', which lets a raw
+        # encoded surrogate (b"\xed\xa0\x80") through as a lone surrogate (issue 23, finding 4).
+        text = raw.decode(json.detect_encoding(raw))
+        body = json.loads(text, parse_constant=no_constants)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
         raise invalid(f"We could not parse the JSON body of your request: {exc}",
                       code="invalid_json") from None

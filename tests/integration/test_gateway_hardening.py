@@ -1,0 +1,52 @@
+"""Regression tests for the gateway findings of issue 23 (hardening, second pass): what an
+abusive, careless or second-tenant client could do to the others. The real app under uvicorn
+against the scripted fake scheduler of test_gateway (loopback, no API key)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.integration.test_gateway import CHAT, JSON_TYPE, assert_error
+from tests.integration.test_gateway_security import (  # noqa: F401  (module-scoped fixtures)
+    fake, make_settings, runtime_dir, served, serving, tokenizer)
+
+POST_ROUTES = {"/v1/chat/completions": {},
+               "/v1/completions": {"prompt": "hi"},
+               "/v1/responses": {"input": "hi"},
+               "/v1/messages": {"max_tokens": 4},
+               "/v1/messages/count_tokens": {}}
+
+
+@pytest.fixture
+def http(served, fake):
+    fake.received.clear()
+    with httpx.Client(base_url=served[0], timeout=20) as client:
+        yield client
+
+
+def assert_api_error(response, path: str, status: int, code: str | None = None):
+    """The error in the route's own format: Anthropic's under /v1/messages, else OpenAI's."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    if path.startswith("/v1/messages"):
+        assert body["type"] == "error" and body["error"]["message"]
+        return body["error"]
+    return assert_error(response, status, code)
+
+
+# -- 4. raw-byte lone surrogates are a 400 on every POST route -----------------------------------
+
+@pytest.mark.parametrize("path", sorted(POST_ROUTES))
+def test_raw_encoded_surrogates_are_a_400(http, fake, path):
+    fields = b"".join(b'"%s": %s, ' % (k.encode(), str(v).replace("'", '"').encode())
+                      for k, v in POST_ROUTES[path].items())
+    body = b'{' + fields + b'"messages": [{"role": "user", "content": "hi \xed\xa0\x80"}]}'
+    if path == "/v1/completions":
+        body = b'{"prompt": "hi \xed\xa0\x80"}'
+    elif path == "/v1/responses":
+        body = b'{"input": "hi \xed\xa0\x80"}'
+    response = http.post(path, content=body, headers=JSON_TYPE)
+    assert_api_error(response, path, 400, "invalid_json")
+    assert fake.submits() == []
+    assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
