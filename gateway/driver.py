@@ -79,6 +79,17 @@ def chat_chars(chat: ChatRequest) -> int:
     return sum(len(m["content"]) for m in chat.messages if isinstance(m.get("content"), str))
 
 
+def render_options(request: Request) -> RenderOptions:
+    """How a request's chat is rendered: with the gateway's turn memory, bounded by the
+    context (a rendering longer than ctx tokens can hold is refused before tokenizing)."""
+    gw = gateway_of(request)
+    return RenderOptions(
+        memory=gw.memory, keep_reasoning=gw.keep_reasoning,
+        prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
+        think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
+        max_chars=gw.settings.ctx * gw.max_token_chars())
+
+
 async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                      id_prefix: str = "call_", param: str = "messages"
                      ) -> tuple[ChatTurn, SubmitRequest]:
@@ -86,11 +97,7 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
     gw = gateway_of(request)
     record = record_of(request)
     check_chat_template(gw.tokenizer)
-    prefix_stable = header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable)
-    options = RenderOptions(memory=gw.memory, prefix_stable=prefix_stable,
-                            keep_reasoning=gw.keep_reasoning,
-                            think_start=gw.think.start if gw.think else None,
-                            turn_ends=gw.turn_ends)
+    options = render_options(request)
     num_chars = chat_chars(chat)
     gw.check_prompt_chars(num_chars, param)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,

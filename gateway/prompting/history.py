@@ -215,6 +215,9 @@ class RenderOptions:
     keep_reasoning: bool = True
     think_start: str | None = None
     turn_ends: tuple[str, ...] = ()  # end-of-generation tokens as text (see the module doc)
+    # The most characters a rendered prompt may have (ctx x the longest token): a longer
+    # rendering cannot fit the context and is refused before it is tokenized.
+    max_chars: int | None = None
 
 
 class TemplateError(Exception):
@@ -343,6 +346,8 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                 continue
             raise invalid(f"The chat template rejected the messages: {exc}", param="messages",
                           code="invalid_messages") from None
+        if options.max_chars is not None and len(text) > options.max_chars:
+            raise context_length_exceeded_chars(len(text), options.max_chars)
         result = _splice(tokenizer, text, spliced, sentinels, options.think_start, turn_ends)
         if isinstance(result, Rendered):
             tail = text[-256:]
@@ -351,6 +356,12 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                             result.num_spliced, result.num_spliced_tokens)
         log.info("history.splice_skipped", message_index=result)
         spliced.pop(result)
+
+
+def context_length_exceeded_chars(num_chars: int, limit: int) -> Exception:
+    return invalid(f"The rendered prompt has {num_chars} characters, more than {limit}, the "
+                   f"most the context's tokens can hold", param="messages",
+                   code="context_length_exceeded")
 
 
 SENTINEL_ARGUMENT = "__switchyard_turn"

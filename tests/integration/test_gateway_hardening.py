@@ -50,3 +50,24 @@ def test_raw_encoded_surrogates_are_a_400(http, fake, path):
     assert_api_error(response, path, 400, "invalid_json")
     assert fake.submits() == []
     assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+# -- 1. templates come from the model, never a request -------------------------------------------
+
+def test_a_request_cannot_replace_the_chat_template(http, fake):
+    bombs = ["{{ 'ab ' * 3000 }}", "{% for i in range(100000) %}{% for j in range(2000) %}x"
+             "{% endfor %}{% endfor %}"]
+    for bomb in bombs:
+        response = http.post("/v1/chat/completions", json={
+            **CHAT, "chat_template_kwargs": {"chat_template": bomb}})
+        error = assert_error(response, 400, "invalid_value")
+        assert error["param"] == "chat_template_kwargs.chat_template"
+        response = http.post("/v1/chat/completions", json={**CHAT, "chat_template": bomb})
+        assert_error(response, 400, "unsupported_parameter")
+    response = http.post("/v1/chat/completions", json={
+        **CHAT, "chat_template_kwargs": {"note": "x" * 40_000}})
+    assert_error(response, 400, "invalid_value")
+    assert fake.submits() == []
+    ok = http.post("/v1/chat/completions", json={
+        **CHAT, "chat_template_kwargs": {"enable_thinking": False}})
+    assert ok.status_code == 200, ok.text

@@ -227,3 +227,20 @@ def test_template_that_rejects_the_call_sentinel_gets_the_plain_one(tokenizer):
                     turn_ends=("<|im_end|>",))
     assert second.num_spliced == 1
     assert second.ids[:len(first.ids) + len(body)] == first.ids + body
+
+
+def test_a_template_variable_cannot_blow_the_rendering_past_the_context(tokenizer):
+    """A value the template repeats or loops over (here `repeat`) makes a rendering longer than
+    ctx tokens can hold: refused before any of it is tokenized (issue 23, finding 1)."""
+    bomb = "{% for m in messages %}{{ m.content * repeat }}{% endfor %}"
+    original = tokenizer.chat_template
+    tokenizer.chat_template = bomb
+    try:
+        options = RenderOptions(max_chars=10_000)
+        ok = render_prompt(tokenizer, [USER], None, {"repeat": 10}, options)
+        assert ok.ids
+        with pytest.raises(APIError) as raised:
+            render_prompt(tokenizer, [USER], None, {"repeat": 100_000}, options)
+        assert raised.value.code == "context_length_exceeded"
+    finally:
+        tokenizer.chat_template = original
