@@ -119,7 +119,7 @@ class TurnResult:
     content: str
     reasoning: str
     tool_calls: list[ToolCall]
-    finish_reason: str  # "stop" | "length" | "tool_calls" | "cancelled"
+    finish_reason: str  # "stop" | "length" (a cut call is incomplete) | "tool_calls" | ...
     stop_sequence: str | None
     usage: Usage
 
@@ -177,9 +177,10 @@ class ChatTurn:
             # A call still open at a stop token was closed by it (harmony's <|call|> always).
             closed = (bool(self.plan.extra_stop_ids) or self.plan.channels) \
                 and reason == "stop" and self.parser.in_open_call
-            out.events += self.parser.finish(closed_by_stop=closed)
-            if self.parser.calls:
-                reason = "tool_calls"
+            out.events += self.parser.finish(closed_by_stop=closed,
+                                             truncated=reason == "length")
+            if self.parser.calls and not self.parser.truncated_call:
+                reason = "tool_calls"  # a call cut by the limit says "length" (issue 23, #10)
             self.result = TurnResult(
                 self.parser.content_text, self.parser.reasoning_text, list(self.parser.calls),
                 reason, self.generation.matched_stop, update.finish.usage)

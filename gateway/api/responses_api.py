@@ -276,8 +276,7 @@ class ResponsesFormat:
 
     @staticmethod
     def status_of(result: TurnResult) -> str:
-        return "incomplete" if result.finish_reason == "length" and not result.tool_calls \
-            else "completed"
+        return "incomplete" if result.finish_reason == "length" else "completed"
 
     def output_items(self, result: TurnResult) -> list[dict[str, Any]]:
         items = []
@@ -287,7 +286,7 @@ class ResponsesFormat:
             items.append(_message_item(_new_id("msg_"), result.content, "completed"))
         for call in result.tool_calls:
             items.append(_call_item(_new_id("fc_"), call.id, call.name, call.arguments,
-                                    "completed"))
+                                    "completed" if call.complete else "incomplete"))
         return items
 
     def body(self, result: TurnResult) -> dict[str, Any]:
@@ -346,7 +345,7 @@ class ResponsesFormat:
             frames.append(self._event("response.function_call_arguments.done",
                                       item_id=item["id"], output_index=index,
                                       name=item["name"], arguments=item["arguments"]))
-        item["status"] = "completed"
+        item["status"] = "incomplete" if item.get("status") == "incomplete" else "completed"
         frames.append(self._event("response.output_item.done", output_index=index,
                                   item=item))
         return frames
@@ -383,6 +382,8 @@ class ResponsesFormat:
             elif isinstance(event, ToolCallDone):
                 item = self._open
                 item["arguments"] = event.call.arguments
+                if not event.call.complete:  # cut by max_output_tokens
+                    item["status"] = "incomplete"
                 frames.append(self._event("response.function_call_arguments.delta",
                                           item_id=item["id"], output_index=index,
                                           delta=event.call.arguments))
