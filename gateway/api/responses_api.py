@@ -116,8 +116,10 @@ class _InputBuilder:
                 raise invalid(f"'{param}.call_id' is required", param=f"{param}.call_id",
                               code="missing_required_parameter")
             self._flush()
+            output = item.get("output")
             self.messages.append({"role": "tool", "tool_call_id": call_id,
-                                  "content": _text(item.get("output", ""), f"{param}.output")})
+                                  "content": _text("" if output is None else output,
+                                                   f"{param}.output")})
         elif kind == "reasoning":
             texts = [_text(item.get(key) or [], f"{param}.{key}")
                      for key in ("content", "summary")]
@@ -159,8 +161,11 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(value):
         if not isinstance(tool, dict):
             raise invalid_type(f"tools[{i}]", "an object")
-        if tool.get("type") != "function":
-            continue
+        if not isinstance(tool.get("type"), str):
+            raise invalid(f"'tools[{i}].type' is required", param=f"tools[{i}].type",
+                          code="missing_required_parameter")
+        if tool["type"] != "function":
+            continue  # web search, file search, ...: not available here
         check_tool_fields(tool.get("name"), tool.get("description"), tool.get("parameters"),
                           f"tools[{i}]")
         tools.append(function_tool(tool["name"], tool.get("description"),

@@ -132,7 +132,7 @@ def parse_openai_tools(value: Any, param: str = "tools") -> list[dict[str, Any]]
                       code="invalid_value")
     tools = []
     for i, tool in enumerate(value):
-        if tool.get("type", "function") != "function":
+        if tool.get("type") not in (None, "function"):
             raise invalid(f"'{param}[{i}].type' must be 'function'", param=f"{param}[{i}].type",
                           code="unsupported_tool_type")
         function = tool.get("function")

@@ -124,7 +124,7 @@ def openai_response_format(value: Any, param: str = "response_format") -> Constr
     if not isinstance(value, dict):
         raise invalid(f"'{param}' must be an object", param=param, code="invalid_type")
     kind = value.get("type")
-    if kind in (None, "text"):
+    if kind == "text":
         return None
     if kind == "json_object":
         return json_schema({"type": "object"}, param)
