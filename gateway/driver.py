@@ -79,7 +79,7 @@ def chat_chars(chat: ChatRequest) -> int:
     return sum(len(m["content"]) for m in chat.messages if isinstance(m.get("content"), str))
 
 
-def render_options(request: Request) -> RenderOptions:
+def render_options(request: Request, note_unseen: bool = False) -> RenderOptions:
     """How a request's chat is rendered: with the gateway's turn memory, bounded by the
     context (a rendering longer than ctx tokens can hold is refused before tokenizing)."""
     gw = gateway_of(request)
@@ -87,17 +87,18 @@ def render_options(request: Request) -> RenderOptions:
         memory=gw.memory, keep_reasoning=gw.keep_reasoning,
         prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
         think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
-        max_chars=gw.settings.ctx * gw.max_token_chars())
+        max_chars=gw.settings.ctx * gw.max_token_chars(), note_unseen=note_unseen)
 
 
 async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
-                     id_prefix: str = "call_", param: str = "messages"
-                     ) -> tuple[ChatTurn, SubmitRequest]:
-    """Render and plan a chat turn for any API; the caller answers with `respond`."""
+                     id_prefix: str = "call_", param: str = "messages",
+                     note_unseen: bool = False) -> tuple[ChatTurn, SubmitRequest]:
+    """Render and plan a chat turn for any API; the caller answers with `respond`.
+    `note_unseen`: find the messages whose reasoning the template did not render."""
     gw = gateway_of(request)
     record = record_of(request)
     check_chat_template(gw.tokenizer)
-    options = render_options(request)
+    options = render_options(request, note_unseen)
     num_chars = chat_chars(chat)
     gw.check_prompt_chars(num_chars, param)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,

@@ -429,6 +429,15 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str,
 # --- handler ---------------------------------------------------------------------------------
 
 
+def seen_messages(messages: list[dict[str, Any]], unseen: frozenset[int]
+                  ) -> list[dict[str, Any]]:
+    """The conversation as the model saw it: reasoning the template did not render dropped
+    (the store keeps only that: issue 23, finding 5). Messages kept as they are stay the same
+    objects (the store counts a history shared between responses once)."""
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} if i in unseen else m
+            for i, m in enumerate(messages)]
+
+
 async def create_response(request: Request) -> Response:
     gw = gateway_of(request)
     parsed = parse_responses_request(parse_json(await gw.read_body(request)), gw.responses)
@@ -436,10 +445,12 @@ async def create_response(request: Request) -> Response:
     response_id = _new_id("resp_")
     # The scheduler's rid is shown in status snapshots: never the response id, which is a
     # capability (previous_response_id) (issue 12, finding 12).
-    turn, submit = await start_chat(request, parsed.chat, rid=new_rid("resp"))
+    turn, submit = await start_chat(request, parsed.chat, rid=new_rid("resp"),
+                                    note_unseen=parsed.store)
     if parsed.store:
         instructions = 1 if parsed.instructions else 0
-        conversation = parsed.chat.messages[instructions:]
+        conversation = seen_messages(parsed.chat.messages,
+                                     turn.plan.rendered.unseen_reasoning)[instructions:]
 
         def keep(_: ChatTurn, result: TurnResult) -> None:
             gw.responses.put(response_id, conversation + [assistant_message(result)])

@@ -206,6 +206,9 @@ class Rendered:
     opening: str | None  # the generation prompt text, when the template's is known
     num_spliced: int = 0  # assistant turns rendered from remembered tokens
     num_spliced_tokens: int = 0
+    # With RenderOptions.note_unseen: the messages whose reasoning the template did not write
+    # (what the model did not see; the Responses store does not keep it).
+    unseen_reasoning: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,7 @@ class RenderOptions:
     # The most characters a rendered prompt may have (ctx x the longest token): a longer
     # rendering cannot fit the context and is refused before it is tokenized.
     max_chars: int | None = None
+    note_unseen: bool = False  # find Rendered.unseen_reasoning
 
 
 class TemplateError(Exception):
@@ -320,7 +324,7 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]] | None, kwargs: dict[str, Any],
                   options: RenderOptions) -> Rendered:
     """The prompt's token ids: the template's rendering with remembered turns spliced in."""
-    messages = template_messages(messages, options.keep_reasoning)
+    given, messages = messages, template_messages(messages, options.keep_reasoning)
     spliced: dict[int, Remembered] = {}
     if options.prefix_stable and options.memory is not None:
         for i, message in enumerate(messages):
@@ -352,10 +356,25 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
         if isinstance(result, Rendered):
             tail = text[-256:]
             ends_with_opening = opening is not None and text.endswith(opening)
+            unseen = _unseen_reasoning(given, text, spliced) if options.note_unseen \
+                else frozenset()
             return Rendered(result.ids, tail, opening if ends_with_opening else None,
-                            result.num_spliced, result.num_spliced_tokens)
+                            result.num_spliced, result.num_spliced_tokens, unseen)
         log.info("history.splice_skipped", message_index=result)
         spliced.pop(result)
+
+
+def _unseen_reasoning(messages: list[dict[str, Any]], text: str,
+                      spliced: dict[int, Remembered]) -> frozenset[int]:
+    """Messages whose reasoning is not in the rendered text (templates drop earlier turns'
+    reasoning, or all of it); a spliced turn's reasoning is in its remembered tokens."""
+    unseen = set()
+    for i, message in enumerate(messages):
+        reasoning = message.get("reasoning_content")
+        if i not in spliced and isinstance(reasoning, str) and reasoning.strip() \
+                and (len(reasoning) > len(text) or reasoning.strip() not in text):
+            unseen.add(i)
+    return frozenset(unseen)
 
 
 def context_length_exceeded_chars(num_chars: int, limit: int) -> Exception:

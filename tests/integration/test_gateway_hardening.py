@@ -71,3 +71,22 @@ def test_a_request_cannot_replace_the_chat_template(http, fake):
     ok = http.post("/v1/chat/completions", json={
         **CHAT, "chat_template_kwargs": {"enable_thinking": False}})
     assert ok.status_code == 200, ok.text
+
+
+# -- 5. the Responses store keeps what the model saw, within a byte bound ------------------------
+
+def test_the_response_store_keeps_only_what_the_model_saw(http, served, fake):
+    store = served[1].state.gateway.responses
+    before = store.num_bytes
+    reasoning = "r" * 30_000  # a reasoning item the template drops (before the last user turn)
+    ids = []
+    for i in range(30):
+        reply = http.post("/v1/responses", json={"max_output_tokens": 4, "input": [
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": reasoning}]},
+            {"role": "user", "content": f"question {i}"}]})
+        assert reply.status_code == 200, reply.text
+        ids.append(reply.json()["id"])
+    assert store.num_bytes - before < 30 * 2_000  # the replies and questions, not 900 KB
+    follow = http.post("/v1/responses", json={"max_output_tokens": 4, "input": "go on",
+                                              "previous_response_id": ids[-1]})
+    assert follow.status_code == 200, follow.text

@@ -244,3 +244,20 @@ def test_a_template_variable_cannot_blow_the_rendering_past_the_context(tokenize
         assert raised.value.code == "context_length_exceeded"
     finally:
         tokenizer.chat_template = original
+
+
+def test_reasoning_the_template_drops_is_noted_unseen(tokenizer):
+    """Qwen3-like templates drop reasoning of turns before the last user query: the model
+    never sees it (the Responses store then does not keep it: issue 23, finding 5)."""
+    early = {"role": "assistant", "content": "a1", "reasoning_content": "early thoughts"}
+    late = {"role": "assistant", "content": "a2", "reasoning_content": "late thoughts"}
+    messages = [USER, early, {"role": "user", "content": "more"}, late]
+    original = tokenizer.chat_template
+    tokenizer.chat_template = QWEN3_LIKE
+    try:
+        rendered = render_prompt(tokenizer, messages, None, {}, RenderOptions(note_unseen=True))
+        assert rendered.unseen_reasoning == {1}
+        plain = render_prompt(tokenizer, messages, None, {}, RenderOptions())
+        assert plain.unseen_reasoning == frozenset()
+    finally:
+        tokenizer.chat_template = original
