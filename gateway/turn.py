@@ -206,7 +206,7 @@ class ChatTurn:
         # as Mistral's) after the end of the prompt the model saw.
         opening = rendered.opening if rendered.opening else rendered.text_tail[-PROMPT_TAIL:]
         self.memory.remember(assistant_message(self.result), body, opening or None,
-                             bool(self.result.reasoning))
+                             bool(self.result.reasoning), rendered.prefix)
 
     @property
     def num_malformed(self) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.test_gateway import CHAT, JSON_TYPE, assert_error
+from tests.integration.test_gateway import CHAT, JSON_TYPE, Finish, Tokens, assert_error
 from tests.integration.test_gateway_security import (  # noqa: F401  (module-scoped fixtures)
     fake, make_settings, runtime_dir, served, serving, tokenizer)
 
@@ -90,3 +90,37 @@ def test_the_response_store_keeps_only_what_the_model_saw(http, served, fake):
     follow = http.post("/v1/responses", json={"max_output_tokens": 4, "input": "go on",
                                               "previous_response_id": ids[-1]})
     assert follow.status_code == 200, follow.text
+
+
+# -- 6. a remembered turn is spliced only into its own conversation -----------------------------
+
+def test_one_conversation_never_renders_anothers_remembered_reply(http, fake, tokenizer):
+    """Conversation B's reply "Done." came with private reasoning; A's history holds its own
+    "Done.": A's prompt is what the template renders for A (prefix-stable on and off agree),
+    and count_tokens tells A nothing about B."""
+    secret = tokenizer.encode("<think>\nB's private plan: the launch code is 0000\n</think>\n\n"
+                              "Done.", add_special_tokens=False)
+    try:
+        fake.script = lambda submit: [Tokens(tuple(secret)), Finish()]
+        b = http.post("/v1/chat/completions", json={"messages": [
+            {"role": "user", "content": "B: plan the launch"}]})
+        assert b.json()["choices"][0]["message"]["content"] == "Done."
+    finally:
+        fake.script = fake.default_script
+    own = [{"role": "user", "content": "B: plan the launch"},
+           {"role": "assistant", "content": "Done."}, {"role": "user", "content": "next"}]
+    other = [{"role": "user", "content": "A: say done"},
+             {"role": "assistant", "content": "Done."}, {"role": "user", "content": "next"}]
+
+    def count(messages, stable: bool) -> int:
+        reply = http.post("/v1/messages/count_tokens", json={"messages": messages},
+                          headers={"X-Switchyard-Prefix-Stable": "1" if stable else "0"})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["input_tokens"]
+
+    assert count(other, True) == count(other, False)  # A: no splice of B's reasoning
+    assert count(own, True) > count(own, False)  # B itself still gets its exact tokens back
+    fake.received.clear()
+    http.post("/v1/chat/completions", json={"messages": other})
+    (submit,) = fake.submits()
+    assert "launch code" not in tokenizer.decode(list(submit.prompt_token_ids))
