@@ -25,6 +25,7 @@ from switchyard.gateway.scheduler_client import RequestStream
 from switchyard.gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
                                until_disconnect)
 from switchyard.gateway.turn import ChatTurn, TurnResult, TurnUpdate, plan_turn
+from switchyard.gateway.vision.inputs import PromptImages
 from switchyard.gateway.request.model import ChatRequest, header_priority
 from switchyard.proto.logs import content_allowed
 from switchyard.proto.messages import SubmitRequest
@@ -95,20 +96,31 @@ def chat_chars(chat: ChatRequest) -> int:
     return total
 
 
+def render_options(request: Request, note_unseen: bool = False,
+                   images: PromptImages | None = None) -> RenderOptions:
+    """How a request's chat is rendered: with the gateway's turn memory, its images' markers
+    expanded, bounded by the context (a rendering longer than ctx tokens can hold is refused
+    before tokenizing)."""
+    gw = gateway_of(request)
+    return RenderOptions(
+        memory=gw.memory, keep_reasoning=gw.keep_reasoning,
+        prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
+        think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
+        tools_as_text=gw.tools_as_text,
+        image_text=images.expand if images is not None else None,
+        max_chars=gw.settings.ctx * gw.max_token_chars(), note_unseen=note_unseen)
+
+
 async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
-                     id_prefix: str = "call_", param: str = "messages"
-                     ) -> tuple[ChatTurn, SubmitRequest]:
-    """Render and plan a chat turn for any API; the caller answers with `respond`."""
+                     id_prefix: str = "call_", param: str = "messages",
+                     note_unseen: bool = False) -> tuple[ChatTurn, SubmitRequest]:
+    """Render and plan a chat turn for any API; the caller answers with `respond`.
+    `note_unseen`: find the messages whose reasoning the template did not render."""
     gw = gateway_of(request)
     record = record_of(request)
     check_chat_template(gw.tokenizer)
     chat, images = await prepare_images(gw, chat)
-    prefix_stable = header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable)
-    options = RenderOptions(memory=gw.memory, prefix_stable=prefix_stable,
-                            keep_reasoning=gw.keep_reasoning,
-                            think_start=gw.think.start if gw.think else None,
-                            turn_ends=gw.turn_ends, tools_as_text=gw.tools_as_text,
-                            image_text=images.expand if images is not None else None)
+    options = render_options(request, note_unseen, images)
     num_chars = chat_chars(chat)
     gw.check_prompt_chars(num_chars, param)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,

@@ -119,7 +119,7 @@ class TurnResult:
     content: str
     reasoning: str
     tool_calls: list[ToolCall]
-    finish_reason: str  # "stop" | "length" | "tool_calls" | "cancelled"
+    finish_reason: str  # "stop" | "length" (a cut call is incomplete) | "tool_calls" | ...
     stop_sequence: str | None
     usage: Usage
 
@@ -178,9 +178,10 @@ class ChatTurn:
             # A call still open at a stop token was closed by it (harmony's <|call|> always).
             closed = (bool(self.plan.extra_stop_ids) or self.plan.channels) \
                 and reason == "stop" and self.parser.in_open_call
-            out.events += self.parser.finish(closed_by_stop=closed)
-            if self.parser.calls:
-                reason = "tool_calls"
+            out.events += self.parser.finish(closed_by_stop=closed,
+                                             truncated=reason == "length")
+            if self.parser.calls and not self.parser.truncated_call:
+                reason = "tool_calls"  # a call cut by the limit says "length" (issue 23, #10)
             self.result = TurnResult(
                 self.parser.content_text, self.parser.reasoning_text, list(self.parser.calls),
                 reason, self.generation.matched_stop, update.finish.usage)
@@ -211,7 +212,7 @@ class ChatTurn:
         # as Mistral's) after the end of the prompt the model saw.
         opening = rendered.opening if rendered.opening else rendered.text_tail[-PROMPT_TAIL:]
         self.memory.remember(assistant_message(self.result), body, opening or None,
-                             bool(self.result.reasoning))
+                             bool(self.result.reasoning), rendered.prefix)
 
     def _through_call_end(self, ids: list[int]) -> list[int] | None:
         """The shortest prefix of `ids` whose text holds the call's end marker (a marker of

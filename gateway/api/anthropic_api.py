@@ -25,11 +25,10 @@ from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.request import structured
 from switchyard.gateway.context import gateway_of
-from switchyard.gateway.driver import (PREFIX_STABLE_HEADER, chat_chars, header_flag,
-                                       prepare_images, respond, start_chat)
+from switchyard.gateway.driver import (chat_chars, prepare_images, render_options, respond,
+                                       start_chat)
 from switchyard.gateway.errors import APIError, invalid, invalid_type
 from switchyard.gateway.generation import Usage
-from switchyard.gateway.prompting.history import RenderOptions
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
 from switchyard.gateway.prompting.prompts import check_chat_template
 from switchyard.gateway.streaming import sse_event
@@ -448,12 +447,7 @@ async def count_tokens(request: Request) -> Response:
     parsed = parse_messages_request(parse_json(await gw.read_body(request)), count_only=True)
     check_chat_template(gw.tokenizer)
     chat, images = await prepare_images(gw, parsed.chat)
-    options = RenderOptions(
-        memory=gw.memory, keep_reasoning=gw.keep_reasoning,
-        prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
-        think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
-        image_text=images.expand if images is not None else None,
-        tools_as_text=gw.tools_as_text)
+    options = render_options(request, images=images)
     plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options,
                                   gw.tool_syntax, gw.think, size=chat_chars(chat))
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

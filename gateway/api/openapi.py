@@ -26,8 +26,16 @@ def _arr(items: dict[str, Any], **constraints: Any) -> dict[str, Any]:
     return {"type": "array", "items": items, **constraints}
 
 
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, _NULL]}
+
+
 def _schema(required: list[str], **properties: Any) -> dict[str, Any]:
-    return {"type": "object", "required": required, "properties": properties,
+    """An object: the parsers read an optional field given as null as absent (as OpenAI's
+    API does), so every optional property is declared nullable (issue 23, finding 11)."""
+    return {"type": "object", "required": required,
+            "properties": {k: v if k in required else _nullable(v)
+                           for k, v in properties.items()},
             "additionalProperties": True}
 
 
@@ -62,10 +70,13 @@ def _sampling(**extra: Any) -> dict[str, Any]:
 
 
 _RESPONSE_FORMAT = {
-    **_schema(["type"], type={"enum": ["text", "json_object"]}),
-    "description": "also {\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}} "
-                   "and the guided_json / guided_choice / guided_regex fields (structured "
-                   "outputs: the schema must be one the grammar compiler supports)"}
+    "oneOf": [_schema(["type"], type={"enum": ["text", "json_object"]}),
+              _schema(["type", "json_schema"], type={"const": "json_schema"},
+                      json_schema=_schema(["schema"], name=_STR, strict=_BOOL,
+                                          schema=_OBJ))],
+    "description": "also the guided_json / guided_choice / guided_regex fields (structured "
+                   "outputs: the schema must be one the grammar compiler supports, else a 400 "
+                   "naming what it does not)"}
 
 
 def _logit_bias(vocab_size: int) -> dict[str, Any]:
@@ -100,12 +111,25 @@ _CHAT_TOOL_CHOICE = _any(
     _schema(["type", "function"], type={"const": "function"},
             function=_schema(["name"], name=_NONEMPTY)))
 # "required" or a named choice needs tools (the name must be one of them: not stateable).
-_NEEDS_TOOLS = {"if": {"required": ["tool_choice"],
-                       "properties": {"tool_choice": {"not": {"enum": ["auto", "none"]}}}},
-                "then": {"required": ["tools"], "properties": {"tools": {"minItems": 1}}}}
-_A_NEEDS_TOOLS = {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {
-                      "properties": {"type": {"enum": ["any", "tool"]}}}}},
-                  "then": {"required": ["tools"], "properties": {"tools": {"minItems": 1}}}}
+
+
+def _needs_tools(choice: dict[str, Any], tool: dict[str, Any] | None = None) -> dict[str, Any]:
+    """When `choice` forces a call, `tools` must hold a tool it can call (`tool`: one the
+    server serves; other tool types are skipped)."""
+    tools: dict[str, Any] = {"type": "array", "minItems": 1}
+    if tool is not None:
+        tools["contains"] = tool
+    return {"if": {"required": ["tool_choice"], "properties": {"tool_choice": choice}},
+            "then": {"required": ["tools"], "properties": {"tools": tools}}}
+
+
+_NEEDS_TOOLS = _needs_tools({"not": {"enum": ["auto", "none", None]}})
+_A_NEEDS_TOOLS = _needs_tools(
+    {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["any", "tool"]}}},
+    {"type": "object", "properties": {"type": {"enum": ["custom", None]}}})
+_R_NEEDS_TOOLS = _needs_tools({"not": {"enum": ["auto", "none", None]}},
+                              {"type": "object", "required": ["type"],
+                               "properties": {"type": {"const": "function"}}})
 _TOOL_CHOICE_RULE = ("'required' or a named function needs 'tools', and the name must be one "
                      "of them")
 
@@ -154,8 +178,12 @@ _A_MESSAGE = {"oneOf": [
     _schema(["role", "content"], role={"const": "assistant"},
             content=_any(_STR, _arr(_A_ASSISTANT_BLOCK))),
 ]}
-_A_TOOL = _schema(["name"], name=_NONEMPTY, description=_STR, input_schema=_OBJ,
-                  type={"const": "custom"})
+_A_TOOL = {"anyOf": [
+    _schema(["name"], name=_NONEMPTY, description=_STR, input_schema=_OBJ,
+            type={"const": "custom"}),
+    _schema(["type"], type={"type": "string", "not": {"const": "custom"}})],
+    "description": "a server tool (any other type: web search, ...) is not available here "
+                   "and is skipped"}
 _A_TOOL_CHOICE = {"oneOf": [
     _schema(["type"], type={"enum": ["auto", "none", "any"]},
             disable_parallel_tool_use=_BOOL),
@@ -188,8 +216,12 @@ _R_ITEM = {"oneOf": [
             output=_R_TEXT),
     _schema(["type"], type={"const": "reasoning"}, content=_R_TEXT, summary=_R_TEXT),
 ]}
-_R_TOOL = _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY,
-                  description=_STR, parameters=_OBJ)
+_R_TOOL = {"anyOf": [
+    _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY, description=_STR,
+            parameters=_OBJ, strict=_BOOL),
+    _schema(["type"], type={"type": "string", "not": {"const": "function"}})],
+    "description": "a tool of another type (web search, file search, ...) is not available "
+                   "here and is skipped"}
 _R_TOOL_CHOICE = _any(
     {"enum": ["auto", "none", "required"]},
     _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY))
@@ -200,13 +232,26 @@ RESPONSES_REQUEST = _schema(
     max_output_tokens=_MAX_TOKENS, tools=_arr(_R_TOOL),
     tool_choice={**_R_TOOL_CHOICE, "description": _TOOL_CHOICE_RULE},
     parallel_tool_calls=_BOOL, store=_BOOL,
-    text=_schema([], format=_schema([], type={"const": "text"})), reasoning=_OBJ,
+    text=_schema([], format={"oneOf": [
+        _schema(["type"], type={"enum": ["text", "json_object"]}),
+        _schema(["type", "schema"], type={"const": "json_schema"}, name=_STR, strict=_BOOL,
+                schema=_OBJ)]}), reasoning=_OBJ,
     metadata=_OBJ, user=_STR, temperature=_TEMPERATURE, top_p=_TOP_P, stream=_BOOL,
-    priority=_PRIORITY) | _NEEDS_TOOLS
+    priority=_PRIORITY) | _R_NEEDS_TOOLS
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
+
+
+# What a schema cannot state: a valid-looking request the server refuses with a 400, in the
+# API's own error format (issue 23, finding 11).
+_SEMANTIC_400S = (
+    "A request the schema allows is still refused (400, the error names the field) when: "
+    "tool_choice names a function that is not in tools; a previous_response_id is not one "
+    "this server still keeps; the prompt does not fit the context; a structured-output "
+    "schema or grammar uses what the grammar compiler does not support, or is too complex "
+    "to compile within its time bound; the chat template rejects the messages.")
 
 
 def _post(summary: str, description: str, request: dict[str, Any], ok: dict[str, Any],
@@ -218,6 +263,7 @@ def _post(summary: str, description: str, request: dict[str, Any], ok: dict[str,
         "summary": summary, "description": description,
         "requestBody": {"required": True, **_json(request)},
         "responses": {"200": {"description": "OK", "content": content},
+                      "400": {"description": _SEMANTIC_400S, **_json(error)},
                       "4XX": {"description": "Bad request, auth, queue full", **_json(error)},
                       "5XX": {"description": "Server or component unavailable",
                               **_json(error)}}}}

@@ -130,8 +130,9 @@ class _InputBuilder:
                 raise invalid(f"'{param}.call_id' is required", param=f"{param}.call_id",
                               code="missing_required_parameter")
             self._flush()
+            output = item.get("output")
             self.messages.append({"role": "tool", "tool_call_id": call_id,
-                                  "content": _content(item.get("output", ""),
+                                  "content": _content("" if output is None else output,
                                                       f"{param}.output")})
         elif kind == "reasoning":
             texts = [_text(item.get(key) or [], f"{param}.{key}")
@@ -174,8 +175,11 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(value):
         if not isinstance(tool, dict):
             raise invalid_type(f"tools[{i}]", "an object")
-        if tool.get("type") != "function":
-            continue
+        if not isinstance(tool.get("type"), str):
+            raise invalid(f"'tools[{i}].type' is required", param=f"tools[{i}].type",
+                          code="missing_required_parameter")
+        if tool["type"] != "function":
+            continue  # web search, file search, ...: not available here
         check_tool_fields(tool.get("name"), tool.get("description"), tool.get("parameters"),
                           f"tools[{i}]")
         tools.append(function_tool(tool["name"], tool.get("description"),
@@ -291,8 +295,7 @@ class ResponsesFormat:
 
     @staticmethod
     def status_of(result: TurnResult) -> str:
-        return "incomplete" if result.finish_reason == "length" and not result.tool_calls \
-            else "completed"
+        return "incomplete" if result.finish_reason == "length" else "completed"
 
     def output_items(self, result: TurnResult) -> list[dict[str, Any]]:
         items = []
@@ -302,7 +305,7 @@ class ResponsesFormat:
             items.append(_message_item(_new_id("msg_"), result.content, "completed"))
         for call in result.tool_calls:
             items.append(_call_item(_new_id("fc_"), call.id, call.name, call.arguments,
-                                    "completed"))
+                                    "completed" if call.complete else "incomplete"))
         return items
 
     def body(self, result: TurnResult) -> dict[str, Any]:
@@ -361,7 +364,7 @@ class ResponsesFormat:
             frames.append(self._event("response.function_call_arguments.done",
                                       item_id=item["id"], output_index=index,
                                       name=item["name"], arguments=item["arguments"]))
-        item["status"] = "completed"
+        item["status"] = "incomplete" if item.get("status") == "incomplete" else "completed"
         frames.append(self._event("response.output_item.done", output_index=index,
                                   item=item))
         return frames
@@ -398,6 +401,8 @@ class ResponsesFormat:
             elif isinstance(event, ToolCallDone):
                 item = self._open
                 item["arguments"] = event.call.arguments
+                if not event.call.complete:  # cut by max_output_tokens
+                    item["status"] = "incomplete"
                 frames.append(self._event("response.function_call_arguments.delta",
                                           item_id=item["id"], output_index=index,
                                           delta=event.call.arguments))
@@ -438,6 +443,15 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str,
 # --- handler ---------------------------------------------------------------------------------
 
 
+def seen_messages(messages: list[dict[str, Any]], unseen: frozenset[int]
+                  ) -> list[dict[str, Any]]:
+    """The conversation as the model saw it: reasoning the template did not render dropped
+    (the store keeps only that: issue 23, finding 5). Messages kept as they are stay the same
+    objects (the store counts a history shared between responses once)."""
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} if i in unseen else m
+            for i, m in enumerate(messages)]
+
+
 async def create_response(request: Request) -> Response:
     gw = gateway_of(request)
     parsed = parse_responses_request(parse_json(await gw.read_body(request)), gw.responses)
@@ -445,10 +459,12 @@ async def create_response(request: Request) -> Response:
     response_id = _new_id("resp_")
     # The scheduler's rid is shown in status snapshots: never the response id, which is a
     # capability (previous_response_id) (issue 12, finding 12).
-    turn, submit = await start_chat(request, parsed.chat, rid=new_rid("resp"))
+    turn, submit = await start_chat(request, parsed.chat, rid=new_rid("resp"),
+                                    note_unseen=parsed.store)
     if parsed.store:
         instructions = 1 if parsed.instructions else 0
-        conversation = parsed.chat.messages[instructions:]
+        conversation = seen_messages(parsed.chat.messages,
+                                     turn.plan.rendered.unseen_reasoning)[instructions:]
 
         def keep(_: ChatTurn, result: TurnResult) -> None:
             gw.responses.put(response_id, conversation + [assistant_message(result)])

@@ -22,9 +22,19 @@ MAX_STOP_STRINGS = 16
 _SEED_MODULUS = 2**63
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 _INT32_MAX = 2**31 - 1  # every integer that reaches the wire must fit msgpack
-# Keys the gateway passes to the chat template itself; clients cannot override them.
-_RESERVED_TEMPLATE_KEYS = {"messages", "tools", "add_generation_prompt", "tokenize",
-                           "conversation", "documents", "return_dict"}
+# `chat_template_kwargs` are the template's variables (enable_thinking, reasoning_effort, ...).
+# A key that is an argument of `apply_chat_template` itself would let a request replace the
+# model's template (`chat_template`: the client's own Jinja, run with no time or memory
+# bound) or what the gateway passes it: refused (issue 23, finding 1). Templates come from the
+# model or the operator, never a request.
+_RESERVED_TEMPLATE_KEYS = frozenset({
+    "chat_template", "messages", "conversation", "tools", "documents",
+    "add_generation_prompt", "continue_final_message", "tokenize", "sanitize_control_tokens",
+    "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+# The variables' JSON: enough for flags and short strings, never a second prompt (a value the
+# template prints or loops over is bounded by it).
+MAX_TEMPLATE_KWARGS_BYTES = 16 * 1024
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
@@ -34,7 +44,10 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise ValueError(f"{name} is not valid JSON")
 
     try:
-        body = json.loads(raw, parse_constant=no_constants)
+        # Decoded strictly: json.loads(bytes) decodes with 'surrogatepass', which lets a raw
+        # encoded surrogate (b"\xed\xa0\x80") through as a lone surrogate (issue 23, finding 4).
+        text = raw.decode(json.detect_encoding(raw))
+        body = json.loads(text, parse_constant=no_constants)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
         raise invalid(f"We could not parse the JSON body of your request: {exc}",
                       code="invalid_json") from None
@@ -230,6 +243,10 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     f = Fields(body)
     f.reject_unsupported("logprobs")
     f.reject_unsupported("top_logprobs", allowed=(None, 0))
+    if body.get("chat_template") is not None:
+        raise invalid("'chat_template' is not accepted: the chat template is the model's, "
+                      "never a request's",
+                      param="chat_template", code="unsupported_parameter")
     constraint = structured.one_of(structured.openai_response_format(f.get("response_format")),
                                    structured.guided(body), param="response_format")
     messages = f.array("messages")
@@ -252,8 +269,19 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     )
 
 
-def template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KEYS}
+def template_kwargs(kwargs: dict[str, Any], param: str = "chat_template_kwargs"
+                    ) -> dict[str, Any]:
+    """The template variables a request sets; a reserved key or oversized values are a 400."""
+    for key in kwargs:
+        if key in _RESERVED_TEMPLATE_KEYS:
+            raise invalid(f"'{param}.{key}' is not accepted: '{param}' sets the chat "
+                          f"template's variables, not the template or its arguments",
+                          param=f"{param}.{key}", code="invalid_value")
+    if kwargs and len(json.dumps(kwargs, ensure_ascii=False, default=str)) \
+            > MAX_TEMPLATE_KWARGS_BYTES:
+        raise invalid(f"'{param}' is larger than {MAX_TEMPLATE_KWARGS_BYTES} bytes",
+                      param=param, code="invalid_value")
+    return dict(kwargs)
 
 
 def parse_message(message: Any, index: int) -> dict[str, Any]:

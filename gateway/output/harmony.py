@@ -129,7 +129,7 @@ class HarmonyParser(OutputParser):
         elif self._state == _REASONING:
             self._state = _NORMAL
 
-    def finish(self, *, closed_by_stop: bool = False) -> list[Event]:
+    def finish(self, *, closed_by_stop: bool = False, truncated: bool = False) -> list[Event]:
         events: list[Event] = []
         while self._held and self._state not in (_DONE, _TOOL, _HEADER):
             self._step(events, final=True)
@@ -143,5 +143,13 @@ class HarmonyParser(OutputParser):
         if self._state == _TOOL:
             self._call_text += self._held
             self._held = ""
-            self._close_call(events, closed=closed_by_stop)
+            if truncated and not closed_by_stop and self._forced_pending is not None:
+                self._cut_forced_call(events)
+            else:
+                self._close_call(events, closed=closed_by_stop)
         return events
+
+    def _partial_arguments(self, text: str, forced) -> str:
+        """The call's text is `NAME ...<|message|>` + the JSON arguments."""
+        at = text.find(MESSAGE)
+        return text[at + len(MESSAGE):].strip() if at >= 0 else ""

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from switchyard.gateway.output.reasoning import ThinkSyntax
-from switchyard.gateway.output.tools import ToolCall, ToolSyntax, parse_calls, repair_forced
+from switchyard.gateway.output.tools import (ToolCall, ToolSyntax, best_tool, parse_calls,
+                                             partial_arguments, repair_forced, tool_names)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class OutputParser:
     num_malformed: int = 0
     num_repaired: int = 0
     malformed: list[str] = field(default_factory=list)  # for logs only with --log-content
+    truncated_call: bool = False  # the last call was cut by the token limit (incomplete)
 
     def __post_init__(self) -> None:
         self._state = _NORMAL
@@ -134,17 +136,38 @@ class OutputParser:
                 break  # waiting for more text
         return events
 
-    def finish(self, *, closed_by_stop: bool = False) -> list[Event]:
+    def finish(self, *, closed_by_stop: bool = False, truncated: bool = False) -> list[Event]:
         """Flush held text. `closed_by_stop`: the output ended on the call's end marker as a
-        stop token, so an open call is complete."""
+        stop token, so an open call is complete; `truncated`: the token limit ended it, so an
+        open forced call is returned as far as it was written (`truncated_call`), unrepaired."""
         events: list[Event] = []
         while self._held and self._state not in (_DONE, _TOOL):
             self._step(events, final=True)
         if self._state == _TOOL:
             self._call_text += self._held
             self._held = ""
-            self._close_call(events, closed=closed_by_stop or not self.syntax.end)
+            closed = closed_by_stop or not self.syntax.end
+            if truncated and not closed and self._forced_pending is not None:
+                self._cut_forced_call(events)
+            else:
+                self._close_call(events, closed=closed)
         return events
+
+    def _cut_forced_call(self, events: list[Event]) -> None:
+        """A forced call the token limit cut: an incomplete call with the partial arguments
+        (never repaired to `{}`, which would present a call its schema forbids as complete)."""
+        forced, self._forced_pending = self._forced_pending, None
+        text, self._call_text = self._call_text, ""
+        name = forced.name or best_tool(self.syntax.guess_name(text), tool_names(self.tools))
+        arguments = self._partial_arguments(text, forced)
+        start = self._early_start or ToolCallStart(len(self.calls), self.new_id(), name)
+        if self._early_start is None:
+            events.append(ToolCallStart(start.index, start.id, name))
+        call = ToolCall(start.id, name, arguments, complete=False)
+        self.calls.append(call)
+        events.append(ToolCallDone(start.index, call))
+        self.truncated_call = True
+        self._state, self._held = _DONE, ""
 
     # --- states ----------------------------------------------------------------------------
 
@@ -250,6 +273,9 @@ class OutputParser:
         self._call_text += self._held[:at]
         self._held = self._held[at + len(end):]
         self._close_call(events, closed=True)
+
+    def _partial_arguments(self, text: str, forced: Forced) -> str:
+        return partial_arguments(self.syntax, text, forced.opening, forced.name is not None)
 
     # --- output ----------------------------------------------------------------------------
 

@@ -10,12 +10,16 @@ Forcing a call (`tool_choice` naming a function, or `required`) is done by writi
 of the call into the prompt (`forced_opening`) and parsing opening + continuation. Forced calls
 are always returned as calls: when the model's continuation does not parse, `repair_forced`
 keeps what can be recovered and falls back to arguments `{}` (the client asked for a call;
-text would break its contract). Unforced calls that do not parse are returned as text.
+text would break its contract). A forced call cut by the token limit is never repaired: it is
+returned incomplete, with the arguments as far as the model wrote them (`partial_arguments`),
+and the turn ends with "length", as OpenAI does (issue 23, finding 10). Unforced calls that do
+not parse are returned as text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,16 +52,46 @@ NONE = ToolChoice("none")
 class ToolCall:
     id: str
     name: str
-    arguments: str  # a JSON object, as text
+    arguments: str  # a JSON object, as text (complete: False: as far as it was written)
+    complete: bool = True
 
     @property
     def input(self) -> dict[str, Any]:
-        """The arguments as an object (Anthropic's `input`)."""
+        """The arguments as an object (Anthropic's `input`); of an incomplete call, the
+        members written in full."""
+        if not self.complete:
+            return partial_object(self.arguments)
         try:
             value = json.loads(self.arguments)
         except ValueError:
             return {}
         return value if isinstance(value, dict) else {}
+
+
+_SEPARATOR = re.compile(r"\s*,?\s*")
+_COLON = re.compile(r"\s*:\s*")
+
+
+def partial_object(text: str) -> dict[str, Any]:
+    """The members of a JSON object cut short that were written in full, never a guess:
+    `{"path": "a", "line": 12` -> {"path": "a"} (the number may have more digits)."""
+    text = text.strip()
+    if not text.startswith("{"):
+        return {}
+    decoder, out, pos = json.JSONDecoder(), {}, 1
+    while True:
+        pos = _SEPARATOR.match(text, pos).end()
+        try:
+            key, pos = decoder.raw_decode(text, pos)
+            colon = _COLON.match(text, pos)
+            if not isinstance(key, str) or colon is None:
+                return out
+            value, pos = decoder.raw_decode(text, colon.end())
+        except ValueError:
+            return out
+        if pos == len(text) and not isinstance(value, (str, dict, list)):
+            return out  # a number or literal at the cut may be cut itself
+        out[key] = value
 
 
 def new_call_id(prefix: str = "call_") -> str:
@@ -98,7 +132,7 @@ def parse_openai_tools(value: Any, param: str = "tools") -> list[dict[str, Any]]
                       code="invalid_value")
     tools = []
     for i, tool in enumerate(value):
-        if tool.get("type", "function") != "function":
+        if tool.get("type") not in (None, "function"):
             raise invalid(f"'{param}[{i}].type' must be 'function'", param=f"{param}[{i}].type",
                           code="unsupported_tool_type")
         function = tool.get("function")
@@ -289,6 +323,23 @@ def best_tool(guess: str, names: Sequence[str]) -> str:
         return n
 
     return max(names, key=lambda name: (name == guess, shared(name)))
+
+
+def partial_arguments(syntax: ToolSyntax, text: str, opening: str, named: bool) -> str:
+    """The arguments of a forced call the token limit cut, as far as the model wrote them, for
+    the formats whose arguments are one JSON object: what follows the opening when it named the
+    function (the object starts right after it), else what follows the arguments key (the
+    model was writing the name too). Other formats: the call's text."""
+    if syntax.arguments != "json":
+        return text
+    if named and text.startswith(opening):
+        return text[len(opening):].strip()
+    for key in ('"arguments"', '"parameters"'):
+        at = text.find(key)
+        colon = _COLON.match(text, at + len(key)) if at >= 0 else None
+        if colon is not None:
+            return text[colon.end():].strip()
+    return ""
 
 
 def _json_arguments_after(text: str, key: str = '"arguments"') -> str | None:

@@ -10,11 +10,15 @@ does not survive decode + encode. Every such difference cuts the reusable prefix
 `TurnMemory` remembers, for a bounded number of recent assistant turns, the generated token ids
 (the "body": forced opening + generated tokens, excluding the end-of-turn token) and the
 generation prompt text they followed (or, for a template without one, the end of the prompt),
-keyed by each tool-call id and by a hash of the message as returned (text + calls).
-`render_prompt` renders the conversation with each remembered assistant message replaced by a
-sentinel, tokenizes the text between sentinels on its own, and puts the remembered body where the
-sentinel was, cutting the template's own opening of that turn back to the generation prompt the
-model actually saw.
+keyed by the conversation they belong to: a hash of the prompt tokens they followed (the
+prefix), with a hash of the message as returned (text + calls) or a tool-call id. A turn is
+spliced only where the tokens before it are exactly the ones it followed, so one conversation
+never renders another's reply, hidden reasoning included, just because their texts match
+(issue 23, finding 6).
+`render_prompt` renders the conversation with each assistant message that may be remembered
+replaced by a sentinel, tokenizes the text between sentinels on its own, and puts the remembered
+body where the sentinel was (the one whose prefix is the tokens so far), cutting the template's
+own opening of that turn back to the generation prompt the model actually saw.
 
 A turn with tool calls keeps its calls in the sentinel message, with the sentinel as the first
 call's only argument: templates need the calls to render what follows (gpt-oss names the tool
@@ -27,6 +31,7 @@ template, opening or end not found) falls back to the plain template rendering o
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import secrets
@@ -80,6 +85,32 @@ def _call_ids(message: dict[str, Any]) -> list[str]:
             if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
 
 
+def prefix_digest(ids: Sequence[int]) -> bytes:
+    """The key of the tokens a turn followed (what the model saw before it)."""
+    return PrefixHash(ids).digest()
+
+
+class PrefixHash:
+    """blake2b-128 of token ids as int32, extended as ids are appended."""
+
+    def __init__(self, ids: Sequence[int] = ()) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+        self.add(ids)
+
+    def add(self, ids: Sequence[int]) -> None:
+        if len(ids):
+            self._hash.update(array("i", ids).tobytes())
+
+    def with_added(self, ids: Sequence[int]) -> bytes:
+        h = self._hash.copy()
+        if len(ids):
+            h.update(array("i", ids).tobytes())
+        return h.digest()
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
+
+
 def message_key(message: dict[str, Any]) -> str:
     """A hash of an assistant message as returned: its text and its calls (not reasoning, which
     many clients drop; not ids or whitespace at the ends, which some clients change)."""
@@ -101,18 +132,32 @@ class Remembered:
     key: str
     calls: tuple[tuple[str, Any], ...]
     call_ids: tuple[str, ...] = ()
+    prefix: bytes = b""  # prefix_digest of the prompt tokens the body followed
 
     def record(self) -> TurnRecord:
         return make_record(self.key, self.calls, self.call_ids, self.body, self.opening,
-                           self.has_reasoning)
+                           self.has_reasoning, self.prefix)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What may be remembered for one assistant message: the openings to try (each gives the
+    tokens before the turn, and so its prefix) for its message hash and its tool-call ids."""
+    key: str
+    calls: tuple[tuple[str, Any], ...]
+    call_ids: tuple[str, ...]
+    openings: tuple[str | None, ...]
+
+
+MAX_OPENINGS_TRIED = 4  # per message: distinct openings (prefix cuts) tried, most recent first
 
 
 class TurnMemory:
     """Bounded LRU of remembered assistant turns; thread-safe (rendering runs in a thread).
 
-    Two replies can look the same (two forced calls repaired to the same arguments): each turn
-    is its own entry; a tool-call id names one entry, a message hash the latest with that hash.
-    With a `journal`, turns are also kept on disk and loaded back at start (gateway restart):
+    A turn is found by (message hash, opening, prefix) or by a tool-call id whose prefix and
+    calls match: two conversations with the same reply text are two entries, and neither is
+    ever found for the other. With a `journal`, turns are also kept on disk and loaded back at start (gateway restart):
     the ones this LRU holds, in its order (a turn it lets go is marked forgotten on disk; a
     lookup marks the turn used when its last mark is more than max_turns/2 remembered turns
     old: docs/design.md "Prefix-stable history").
@@ -122,7 +167,10 @@ class TurnMemory:
                  journal: TurnJournal | None = None) -> None:
         self.max_turns = max_turns
         self._turns: OrderedDict[int, Remembered] = OrderedDict()  # entry -> turn
-        self._by_key: dict[str, int] = {}  # message hash -> latest entry
+        # (message hash, opening, prefix) -> entry; message hash -> its turns' openings, the
+        # most recently used last, with the number of turns under each.
+        self._exact: dict[tuple[str, str | None, bytes], int] = {}
+        self._openings: dict[str, OrderedDict[str | None, int]] = {}
         self._by_call: dict[str, int] = {}  # tool-call id -> entry
         self._next = 0
         self._lock = threading.Lock()
@@ -131,19 +179,21 @@ class TurnMemory:
         if self.journal is not None:
             for rec, placed in self.journal.load()[-max_turns:]:  # least recently used first
                 entry = self._insert(Remembered(rec.body_ids(), rec.opening, rec.has_reasoning,
-                                                rec.key, record_calls(rec), tuple(rec.call_ids)))
+                                                rec.key, record_calls(rec), tuple(rec.call_ids),
+                                                rec.prefix))
                 self._placed[entry] = placed
 
     def __len__(self) -> int:
         return len(self._turns)
 
     def remember(self, message: dict[str, Any], body: Sequence[int], opening: str | None,
-                 has_reasoning: bool) -> None:
+                 has_reasoning: bool, prefix: bytes = b"") -> None:
+        """`prefix`: prefix_digest of the prompt tokens the body followed."""
         if self.max_turns <= 0 or not body:
             return
         key = message_key(message)
         turn = Remembered(array("l", body), opening, has_reasoning, key,
-                          tuple(_calls(message)), tuple(_call_ids(message)))
+                          tuple(_calls(message)), tuple(_call_ids(message)), prefix)
         with self._lock:
             entry = self._insert(turn)
             if self.journal is not None:
@@ -157,7 +207,13 @@ class TurnMemory:
     def _insert(self, turn: Remembered) -> int:
         entry, self._next = self._next, self._next + 1
         self._turns[entry] = turn
-        self._by_key[turn.key] = entry
+        exact = (turn.key, turn.opening, turn.prefix)
+        previous = self._exact.get(exact)
+        self._exact[exact] = entry
+        if previous is None:  # else the same turn again: it replaces the older entry's place
+            openings = self._openings.setdefault(turn.key, OrderedDict())
+            openings[turn.opening] = openings.get(turn.opening, 0) + 1
+        self._openings[turn.key].move_to_end(turn.opening)
         for call_id in turn.call_ids:
             self._by_call[call_id] = entry
         while len(self._turns) > self.max_turns:
@@ -168,25 +224,65 @@ class TurnMemory:
         placed = self._placed.pop(entry, None)
         if placed is not None and self.journal is not None:
             self.journal.forget(placed)
-        if self._by_key.get(turn.key) == entry:
-            del self._by_key[turn.key]
-        for call_id in [c for c, e in self._by_call.items() if e == entry]:
-            del self._by_call[call_id]
+        exact = (turn.key, turn.opening, turn.prefix)
+        if self._exact.get(exact) == entry:
+            del self._exact[exact]
+            openings = self._openings[turn.key]
+            openings[turn.opening] -= 1
+            if not openings[turn.opening]:
+                del openings[turn.opening]
+            if not openings:
+                del self._openings[turn.key]
+        for call_id in turn.call_ids:
+            if self._by_call.get(call_id) == entry:
+                del self._by_call[call_id]
 
-    def lookup(self, message: dict[str, Any]) -> Remembered | None:
-        """The remembered turn for an assistant message the client sent back, if any: by a
-        tool-call id whose calls still match, else by the hash of the message."""
+    def candidates(self, message: dict[str, Any]) -> Candidates | None:
+        """Whether an assistant message the client sent back may be a remembered turn (which
+        one is decided by the tokens before it: `find`), and the openings to try."""
+        key, call_ids = message_key(message), tuple(_call_ids(message))
         calls = tuple(_calls(message))
         with self._lock:
-            entries = [self._by_call.get(c) for c in _call_ids(message)]
-            entries.append(self._by_key.get(message_key(message)))
+            openings = list(reversed(self._openings.get(key, {})))
+            for call_id in call_ids:
+                turn = self._turns.get(self._by_call.get(call_id, -1))
+                if turn is not None and turn.calls == calls and turn.opening not in openings:
+                    openings.append(turn.opening)
+        if not openings:
+            return None
+        return Candidates(key, calls, call_ids, tuple(openings[:MAX_OPENINGS_TRIED]))
+
+    def find(self, candidates: Candidates, opening: str | None, prefix: bytes
+             ) -> Remembered | None:
+        """The turn for `candidates`' message that followed exactly the tokens `prefix` names
+        (after `opening`), marked used; None if there is none."""
+        with self._lock:
+            entries = [self._exact.get((candidates.key, opening, prefix))]
+            entries += [self._by_call.get(c) for c in candidates.call_ids]
             for entry in entries:
                 turn = self._turns.get(entry) if entry is not None else None
-                if turn is not None and turn.calls == calls:
+                if turn is not None and turn.calls == candidates.calls and \
+                        turn.opening == opening and turn.prefix == prefix:
                     self._turns.move_to_end(entry)
+                    openings = self._openings.get(turn.key, {})
+                    if turn.opening in openings:
+                        openings.move_to_end(turn.opening)
                     self._mark_used(entry)
                     return turn
             return None
+
+    def lookup(self, message: dict[str, Any], prefix: bytes = b"",
+               opening: str | None = None) -> Remembered | None:
+        """The turn remembered for `message` after the tokens `prefix` names, if any (by
+        message hash or tool-call id); with `opening` None, any opening."""
+        candidates = self.candidates(message)
+        if candidates is None:
+            return None
+        for tried in (opening,) if opening is not None else candidates.openings:
+            turn = self.find(candidates, tried, prefix)
+            if turn is not None:
+                return turn
+        return None
 
     def _mark_used(self, entry: int) -> None:
         """A "used" record for a looked-up turn whose last mark on disk is more than max_turns/2
@@ -208,6 +304,10 @@ class Rendered:
     opening: str | None  # the generation prompt text, when the template's is known
     num_spliced: int = 0  # assistant turns rendered from remembered tokens
     num_spliced_tokens: int = 0
+    # With RenderOptions.note_unseen: the messages whose reasoning the template did not write
+    # (what the model did not see; the Responses store does not keep it).
+    unseen_reasoning: frozenset[int] = frozenset()
+    prefix: bytes = b""  # prefix_digest(ids): the key a reply to this prompt is remembered by
 
 
 @dataclass(frozen=True)
@@ -223,6 +323,10 @@ class RenderOptions:
     # The call syntax tools are written with, as text, for a template that does not render
     # them (tool_text.py); None: the template renders tools itself.
     tools_as_text: ToolSyntax | None = None
+    # The most characters a rendered prompt may have (ctx x the longest token): a longer
+    # rendering cannot fit the context and is refused before it is tokenized.
+    max_chars: int | None = None
+    note_unseen: bool = False  # find Rendered.unseen_reasoning
 
 
 class TemplateError(Exception):
@@ -325,16 +429,18 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]] | None, kwargs: dict[str, Any],
                   options: RenderOptions) -> Rendered:
     """The prompt's token ids: the template's rendering with remembered turns spliced in."""
-    messages = template_messages(messages, options.keep_reasoning)
-    spliced: dict[int, Remembered] = {}
-    if options.prefix_stable and options.memory is not None:
+    given, messages = messages, template_messages(messages, options.keep_reasoning)
+    spliced: dict[int, Candidates] = {}
+    memory = options.memory if options.prefix_stable else None
+    if memory is not None:
         for i, message in enumerate(messages):
             if message.get("role") == "assistant":
-                turn = options.memory.lookup(message)
-                if turn is not None and (options.keep_reasoning or not turn.has_reasoning):
-                    spliced[i] = turn
+                candidates = memory.candidates(message)
+                if candidates is not None:
+                    spliced[i] = candidates
     opening = generation_opening(tokenizer, kwargs)
     turn_ends = options.turn_ends
+    skipped = 0
     while True:
         nonce = secrets.token_hex(6)
         sentinels = {i: f"<<switchyard-turn-{nonce}-{i}>>" for i in spliced}
@@ -358,14 +464,43 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                           code="invalid_messages") from None
         if options.image_text is not None:
             text = options.image_text(text)
-        result = _splice(tokenizer, text, spliced, sentinels, options.think_start, turn_ends)
+        if options.max_chars is not None and len(text) > options.max_chars:
+            raise context_length_exceeded_chars(len(text), options.max_chars)
+        result = _splice(tokenizer, text, spliced, sentinels, memory, options, turn_ends)
         if isinstance(result, Rendered):
             tail = text[-256:]
             ends_with_opening = opening is not None and text.endswith(opening)
-            return Rendered(result.ids, tail, opening if ends_with_opening else None,
-                            result.num_spliced, result.num_spliced_tokens)
+            unseen = _unseen_reasoning(given, text, spliced) if options.note_unseen \
+                else frozenset()
+            return dataclasses.replace(result, text_tail=tail, unseen_reasoning=unseen,
+                                       opening=opening if ends_with_opening else None)
+        # Not this conversation's turn (its prefix differs), or the template mangled the
+        # sentinel: render that message from its text. Each retry renders the whole prompt
+        # again, so after a few every later candidate goes too (a history of many replies
+        # that match other conversations' texts costs a bounded number of renderings).
         log.info("history.splice_skipped", message_index=result)
-        spliced.pop(result)
+        skipped += 1
+        spliced = {i: c for i, c in spliced.items()
+                   if i != result and (skipped < MAX_SPLICE_RETRIES or i < result)}
+
+
+def _unseen_reasoning(messages: list[dict[str, Any]], text: str,
+                      spliced: dict[int, Candidates]) -> frozenset[int]:
+    """Messages whose reasoning is not in the rendered text (templates drop earlier turns'
+    reasoning, or all of it); a spliced turn's reasoning is in its remembered tokens."""
+    unseen = set()
+    for i, message in enumerate(messages):
+        reasoning = message.get("reasoning_content")
+        if i not in spliced and isinstance(reasoning, str) and reasoning.strip() \
+                and (len(reasoning) > len(text) or reasoning.strip() not in text):
+            unseen.add(i)
+    return frozenset(unseen)
+
+
+def context_length_exceeded_chars(num_chars: int, limit: int) -> Exception:
+    return invalid(f"The rendered prompt has {num_chars} characters, more than {limit}, the "
+                   f"most the context's tokens can hold", param="messages",
+                   code="context_length_exceeded")
 
 
 SENTINEL_ARGUMENT = "__switchyard_turn"
@@ -383,25 +518,50 @@ def _sentinel_message(message: dict[str, Any], sentinel: str,
     return {"role": "assistant", "content": "", "tool_calls": [first, *calls[1:]]}
 
 
-def _splice(tokenizer: Any, text: str, spliced: dict[int, Remembered],
-            sentinels: dict[int, str], think_start: str | None,
+MAX_SPLICE_RETRIES = 3
+
+
+def _find_turn(tokenizer: Any, segment: str, candidates: Candidates, memory: TurnMemory,
+               think_start: str | None, prefix: PrefixHash
+               ) -> tuple[Remembered, list[int]] | None:
+    """The remembered turn that followed exactly the tokens so far (`prefix`) and what
+    `segment` (the text before its sentinel) adds up to its opening; tried per opening."""
+    for opening in candidates.openings:
+        located = _locate_opening(segment, opening, think_start)
+        if located is None:
+            continue
+        cut, extra = located
+        segment_ids = _encode(tokenizer, segment[:cut] + extra)
+        turn = memory.find(candidates, opening, prefix.with_added(segment_ids))
+        if turn is not None:
+            return turn, segment_ids
+    return None
+
+
+def _splice(tokenizer: Any, text: str, spliced: dict[int, Candidates],
+            sentinels: dict[int, str], memory: TurnMemory | None, options: RenderOptions,
             turn_ends: tuple[str, ...] = ()) -> Rendered | int:
     """The spliced ids, or the index of a message that cannot be spliced."""
     ids: list[int] = []
+    prefix = PrefixHash()
     pos = 0
     num_tokens = 0
     order = sorted(spliced)
     for n, i in enumerate(order):
         at = text.find(sentinels[i], pos)
-        if at < 0 or text.count(sentinels[i]) != 1:
+        if at < 0 or text.count(sentinels[i]) != 1 or memory is None:
             return i
-        turn = spliced[i]
-        located = _locate_opening(text[pos:at], turn.opening, think_start)
-        if located is None:
+        found = _find_turn(tokenizer, text[pos:at], spliced[i], memory, options.think_start,
+                           prefix)
+        if found is None:
             return i
-        cut, extra = located
-        ids += _encode(tokenizer, text[pos:pos + cut] + extra)
+        turn, segment_ids = found
+        if turn.has_reasoning and not options.keep_reasoning:
+            return i
+        ids += segment_ids
         ids += turn.body
+        prefix.add(segment_ids)
+        prefix.add(turn.body)
         num_tokens += len(turn.body)
         pos = at + len(sentinels[i])
         if turn.calls and turn_ends:  # skip the template's calls, up to where the model stopped
@@ -411,8 +571,10 @@ def _splice(tokenizer: Any, text: str, spliced: dict[int, Remembered],
             if not ends:
                 return i
             pos = min(ends)
-    ids += _encode(tokenizer, text[pos:])
-    return Rendered(ids, "", None, len(spliced), num_tokens)
+    tail_ids = _encode(tokenizer, text[pos:])
+    ids += tail_ids
+    prefix.add(tail_ids)
+    return Rendered(ids, "", None, len(spliced), num_tokens, prefix=prefix.digest())
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

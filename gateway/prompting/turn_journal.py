@@ -9,7 +9,8 @@ such reply: it pays a re-read although its pages are in a slot or on disk.
 `<runtime dir>/turns-<first 8 hex of the tokenizer identity>.journal` (the group's private 0700
 directory, which outlives its processes; what it holds is as sensitive as the page files' token
 ids): a header (magic, which is also the format version, the tokenizer's identity), then
-records: length, blake2b-128 checksum, msgpack body. A record is a remembered turn, or names an
+records: length, blake2b-128 checksum, msgpack body. A record is a remembered turn (with the
+digest of the prompt tokens it followed: the conversation it belongs to), or names an
 earlier turn record by its offset in the file: "forgotten" (the memory's LRU let it go, one per
 turn remembered once the memory is full: it does not load back, so a restarted memory holds
 just the turns the old one held, not the last `max_turns` remembered), or "used" (looked up: it
@@ -52,7 +53,9 @@ import structlog
 
 log = structlog.get_logger()
 
-MAGIC = b"SYTURNS2"  # 2: "used" records (turns load back in LRU order), one file per tokenizer
+# 2: "used" records (turns load back in LRU order), one file per tokenizer; 3: a turn names
+# the prompt tokens it followed (its prefix digest). A file of an older format loads as empty.
+MAGIC = b"SYTURNS3"
 _NAME = re.compile(r"turns-[0-9a-f]{8}\.journal")
 _FIRST_FORMAT_NAME = "turns.journal"
 KEEP_JOURNALS = 4  # tokenizers whose journals a runtime dir keeps (the most recently used)
@@ -70,6 +73,7 @@ class TurnRecord(msgspec.Struct, array_like=True, tag=0):
     body: bytes  # int32 token ids
     opening: str | None
     has_reasoning: bool
+    prefix: bytes  # history.prefix_digest of the prompt tokens the turn followed
 
     def body_ids(self) -> array:
         ids = array("i")
@@ -90,9 +94,10 @@ _decoder = msgspec.msgpack.Decoder(TurnRecord | Used | Forgotten)
 
 
 def make_record(key: str, calls: Iterable[tuple[str, Any]], call_ids: Iterable[str],
-                body: Iterable[int], opening: str | None, has_reasoning: bool) -> TurnRecord:
+                body: Iterable[int], opening: str | None, has_reasoning: bool,
+                prefix: bytes) -> TurnRecord:
     return TurnRecord(key, json.dumps([list(c) for c in calls], default=str), list(call_ids),
-                      array("i", body).tobytes(), opening, has_reasoning)
+                      array("i", body).tobytes(), opening, has_reasoning, prefix)
 
 
 def record_calls(record: TurnRecord) -> tuple[tuple[str, Any], ...]:

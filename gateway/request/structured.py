@@ -124,7 +124,7 @@ def openai_response_format(value: Any, param: str = "response_format") -> Constr
     if not isinstance(value, dict):
         raise invalid(f"'{param}' must be an object", param=param, code="invalid_type")
     kind = value.get("type")
-    if kind in (None, "text"):
+    if kind == "text":
         return None
     if kind == "json_object":
         return json_schema({"type": "object"}, param)
@@ -133,6 +133,7 @@ def openai_response_format(value: Any, param: str = "response_format") -> Constr
         if not isinstance(spec, dict) or "schema" not in spec:
             raise invalid(f"'{param}.json_schema.schema' is required", param=param,
                           code="missing_required_parameter")
+        _check_name_and_strict(spec, f"{param}.json_schema")
         return json_schema(spec["schema"], f"{param}.json_schema.schema")
     raise invalid(f"'{param}.type' must be 'text', 'json_object' or 'json_schema'",
                   param=param, code="invalid_value")
@@ -148,8 +149,18 @@ def responses_text_format(value: Any, param: str = "text.format") -> Constraint 
         if "schema" not in value:
             raise invalid(f"'{param}.schema' is required", param=param,
                           code="missing_required_parameter")
+        _check_name_and_strict(value, param)
         return json_schema(value["schema"], f"{param}.schema")
     return openai_response_format(value, param)
+
+
+def _check_name_and_strict(spec: dict[str, Any], param: str) -> None:
+    """`name` and `strict` are not used (output is always held to the schema) but must have
+    their declared types, as /openapi.json states them."""
+    for key, kind, what in (("name", str, "a string"), ("strict", bool, "a boolean")):
+        if spec.get(key) is not None and not isinstance(spec[key], kind):
+            raise invalid(f"'{param}.{key}' must be {what}", param=f"{param}.{key}",
+                          code="invalid_type")
 
 
 _GUIDED = {"json": json_schema, "regex": regex, "grammar": lark, "choice": choice}

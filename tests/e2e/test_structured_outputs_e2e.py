@@ -172,3 +172,35 @@ def test_bad_schemas_are_400s_in_each_apis_format(oa, an):
     # Nothing stored was lost: the server answers the next request.
     assert oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                       max_tokens=2).choices
+
+
+def test_a_forced_call_cut_by_max_tokens_says_length(oa, an):
+    """Issue 23, finding 10: a forced strict call the token limit cuts is never a complete call
+    with `{}`: "length" (Anthropic: max_tokens, Responses: incomplete) and the partial
+    arguments, as far as the model wrote them."""
+    edit = {"type": "object", "properties": {"path": {"type": "string"},
+                                             "line": {"type": "integer"}},
+            "required": ["path", "line"], "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "edit", "strict": True, "parameters": edit}}
+    reply = oa.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "edit"}], tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "edit"}}, max_tokens=3)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "edit" and call.function.arguments.startswith("{")
+    assert call.function.arguments != "{}"
+    response = oa.responses.create(
+        model=MODEL, input="edit", max_output_tokens=3, tool_choice={"type": "function",
+                                                                     "name": "edit"},
+        tools=[{"type": "function", "name": "edit", "strict": True, "parameters": edit}])
+    assert response.status == "incomplete"
+    (item,) = [i for i in response.output if i.type == "function_call"]
+    assert item.status == "incomplete" and item.arguments.startswith("{")
+    message = an.messages.create(
+        model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "edit"}],
+        tools=[{"name": "edit", "input_schema": edit, "strict": True}],
+        tool_choice={"type": "tool", "name": "edit"})
+    assert message.stop_reason == "max_tokens"
+    (use,) = [b for b in message.content if b.type == "tool_use"]
+    assert use.name == "edit" and set(use.input) <= {"path"}  # never a member half written

@@ -1,11 +1,12 @@
 """schemathesis against the live gateway's own /openapi.json (the scripted fake scheduler of
 test_gateway behind it): every check, a bounded number of generated requests per operation,
-deterministic. The spec must tell the truth: what it allows is accepted, what it declares is
-answered (issue 12).
+deterministic, valid requests (all accepted) and schema-violating ones (all refused). The spec
+must tell the truth: what it allows is accepted, what it declares is answered, what it
+forbids is refused (issues 12 and 23).
 
 JSON Schema cannot say that a named tool_choice must name one of `tools`, nor that a
-previous_response_id must be one the server still keeps; each generated case is made to
-follow those two rules before it is sent (the spec's descriptions state them)."""
+previous_response_id must be one the server still keeps; each generated valid case is made to
+follow those two rules before it is sent (the spec documents both as 400s)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402  (after the importorskip)
+from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import CHECKS  # noqa: E402
 
 from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir  # noqa: E402
@@ -26,6 +28,14 @@ from tests.integration.test_gateway import FakeScheduler, wait_until  # noqa: E4
 from tests.integration.test_gateway_security import serving  # noqa: E402
 
 MAX_EXAMPLES = 15  # per operation: bounded for CI
+MAX_NEGATIVE_EXAMPLES = 10  # schema-violating requests per operation
+POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+               "/v1/messages/count_tokens")
+MINIMAL = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+           "/v1/completions": {"prompt": "hi"},
+           "/v1/responses": {"input": "hi"},
+           "/v1/messages": {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+           "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]}}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +73,10 @@ def follow_unstateable_rules(body) -> None:
         return
     body.pop("previous_response_id", None)
     names = []
-    for tool in body.get("tools") or ():
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") not in (None, "custom", "function"):
+            continue  # a server tool: skipped, not callable
         function = tool.get("function", tool) if isinstance(tool, dict) else {}
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             names.append(function["name"])
@@ -88,6 +101,70 @@ def test_the_published_spec_tells_the_truth(live_schema):
             case.call_and_validate(checks=checks, timeout=30)
 
         run()
+
+
+def test_schema_violating_requests_are_refused(live_schema):
+    """Negative generation: every request the spec forbids is refused (no "schema-violating
+    request accepted"), and none is a server error."""
+    checks = CHECKS.get_all()
+    for result in live_schema.get_all_operations():
+        operation = result.ok()
+        if operation.method.upper() != "POST":
+            continue
+
+        @given(case=operation.as_strategy(generation_mode=GenerationMode.NEGATIVE))
+        @settings(max_examples=MAX_NEGATIVE_EXAMPLES, deadline=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck), database=None)
+        def run(case):
+            case.call_and_validate(checks=checks, timeout=30)
+
+        run()
+
+
+def _request_schema(spec: dict, path: str) -> dict:
+    return spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_optional_fields_given_null_are_declared_and_accepted(live_schema, path):
+    """Issue 23, finding 11: `priority: null`, `thinking: null` (and every other optional
+    field) are read as absent, and the spec says they may be null."""
+    import jsonschema
+
+    url = live_schema.location.rsplit("/openapi.json", 1)[0]
+    schema = _request_schema(live_schema.raw_schema, path)
+    optional = [name for name in schema["properties"] if name not in schema["required"]]
+    assert ("priority" in optional) == (path != "/v1/messages/count_tokens")
+    assert ("thinking" in optional) == path.startswith("/v1/messages")
+    for name in optional:
+        body = {**MINIMAL[path], name: None}
+        jsonschema.validate(body, schema)
+        response = httpx.post(url + path, json=body, timeout=30)
+        assert response.status_code == 200, (name, response.text)
+
+
+def test_semantic_400s_are_documented(live_schema):
+    spec = live_schema.raw_schema
+    for path in POST_ROUTES:
+        documented = spec["paths"][path]["post"]["responses"]["400"]["description"]
+        assert "tool_choice names a function that is not in tools" in documented
+        assert "previous_response_id" in documented
+
+
+def test_a_name_only_tool_with_thinking_and_one_assistant_message_is_no_server_error(
+        live_schema):
+    """Issue 23, finding 11: the body schemathesis found a 500 with."""
+    url = live_schema.location.rsplit("/openapi.json", 1)[0]
+    for content in ("", "x", [{"type": "text", "text": "x"}],
+                    [{"type": "thinking", "thinking": "t"}],
+                    [{"type": "tool_use", "id": "t1", "name": "a", "input": {}}]):
+        for choice in (None, {"type": "any"}, {"type": "tool", "name": "a"}):
+            body = {"max_tokens": 4, "tools": [{"name": "a"}], "thinking": {"type": "enabled"},
+                    "messages": [{"role": "assistant", "content": content}],
+                    **({"tool_choice": choice} if choice else {})}
+            for path in ("/v1/messages", "/v1/messages/count_tokens"):
+                response = httpx.post(url + path, json=body, timeout=30)
+                assert response.status_code == 200, (body, response.text)
 
 
 def test_security_is_declared_only_with_a_key():

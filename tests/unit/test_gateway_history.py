@@ -82,7 +82,8 @@ def render(tokenizer, messages, memory, tools=None, template=None, **options):
 
 def first_turn(tokenizer, memory, body, message, template=None, tools=None):
     rendered = render(tokenizer, [SYSTEM, USER], memory, tools=tools, template=template)
-    memory.remember(message, body, rendered.opening, bool(message.get("reasoning_content")))
+    memory.remember(message, body, rendered.opening, bool(message.get("reasoning_content")),
+                    rendered.prefix)
     return rendered
 
 
@@ -120,7 +121,7 @@ def test_three_turns_and_lookup_by_hash(tokenizer):
     assert second.ids[:len(first.ids) + len(body1)] == first.ids + body1
     body2 = odd_body(tokenizer, "Rain, probably.", 2)
     reply2 = {"role": "assistant", "content": "Rain, probably."}
-    memory.remember(reply2, body2, second.opening, False)
+    memory.remember(reply2, body2, second.opening, False, second.prefix)
     third = render(tokenizer, [SYSTEM, USER, sent_back, user2, reply2,
                                {"role": "user", "content": "Thanks"}], memory)
     assert third.num_spliced == 2
@@ -220,7 +221,7 @@ def test_template_that_rejects_the_call_sentinel_gets_the_plain_one(tokenizer):
     returned = {"role": "assistant", "content": "Let me check.\n", "tool_calls": [CALL]}
     first = render(tokenizer, [SYSTEM, USER], memory, tools=TOOLS, template=picky,
                    turn_ends=("<|im_end|>",))
-    memory.remember(returned, body, first.opening, False)
+    memory.remember(returned, body, first.opening, False, first.prefix)
     history = [SYSTEM, USER, returned, {"role": "tool", "tool_call_id": "call_1",
                                         "content": "18C"}]
     second = render(tokenizer, history, memory, tools=TOOLS, template=picky,
@@ -268,3 +269,78 @@ def test_template_without_tools_replays_calls_written_as_text(tokenizer, as_text
                    **options)
     assert tokenizer.decode(plain.ids) == tokenizer.decode(first.ids + body + encode(
         tokenizer, rest))
+
+
+def test_a_template_variable_cannot_blow_the_rendering_past_the_context(tokenizer):
+    """A value the template repeats or loops over (here `repeat`) makes a rendering longer than
+    ctx tokens can hold: refused before any of it is tokenized (issue 23, finding 1)."""
+    bomb = "{% for m in messages %}{{ m.content * repeat }}{% endfor %}"
+    original = tokenizer.chat_template
+    tokenizer.chat_template = bomb
+    try:
+        options = RenderOptions(max_chars=10_000)
+        ok = render_prompt(tokenizer, [USER], None, {"repeat": 10}, options)
+        assert ok.ids
+        with pytest.raises(APIError) as raised:
+            render_prompt(tokenizer, [USER], None, {"repeat": 100_000}, options)
+        assert raised.value.code == "context_length_exceeded"
+    finally:
+        tokenizer.chat_template = original
+
+
+def test_reasoning_the_template_drops_is_noted_unseen(tokenizer):
+    """Qwen3-like templates drop reasoning of turns before the last user query: the model
+    never sees it (the Responses store then does not keep it: issue 23, finding 5)."""
+    early = {"role": "assistant", "content": "a1", "reasoning_content": "early thoughts"}
+    late = {"role": "assistant", "content": "a2", "reasoning_content": "late thoughts"}
+    messages = [USER, early, {"role": "user", "content": "more"}, late]
+    original = tokenizer.chat_template
+    tokenizer.chat_template = QWEN3_LIKE
+    try:
+        rendered = render_prompt(tokenizer, messages, None, {}, RenderOptions(note_unseen=True))
+        assert rendered.unseen_reasoning == {1}
+        plain = render_prompt(tokenizer, messages, None, {}, RenderOptions())
+        assert plain.unseen_reasoning == frozenset()
+    finally:
+        tokenizer.chat_template = original
+
+
+def test_a_reply_is_spliced_only_after_the_tokens_it_followed(tokenizer):
+    """Issue 23, finding 6: conversation B's "Done." carried private reasoning; conversation A
+    sends its own history with the reply "Done.": A renders as the template renders it
+    (B's hidden tokens never reach A's prompt), and B still gets its own tokens back."""
+    memory = TurnMemory()
+    secret = encode(tokenizer, "<think>\nB's private plan\n</think>\n\nDone.")
+    done = {"role": "assistant", "content": "Done."}
+    b_first = render(tokenizer, [SYSTEM, {"role": "user", "content": "B asks"}], memory)
+    memory.remember(done, secret, b_first.opening, True, b_first.prefix)
+    a_history = [SYSTEM, {"role": "user", "content": "A asks"}, done,
+                 {"role": "user", "content": "next"}]
+    a = render(tokenizer, a_history, memory)
+    assert a.num_spliced == 0
+    assert a.ids == render(tokenizer, a_history, memory, prefix_stable=False).ids
+    assert "private" not in tokenizer.decode(a.ids)
+    b = render(tokenizer, [SYSTEM, {"role": "user", "content": "B asks"}, done,
+                           {"role": "user", "content": "next"}], memory)
+    assert b.num_spliced == 1 and b.ids[:len(b_first.ids) + len(secret)] == \
+        b_first.ids + secret
+
+
+def test_many_replies_matching_other_conversations_cost_bounded_renderings(tokenizer,
+                                                                              monkeypatch):
+    from switchyard.gateway.prompting import history
+
+    memory = TurnMemory()
+    done = {"role": "assistant", "content": "Done."}
+    first = render(tokenizer, [SYSTEM, {"role": "user", "content": "B"}], memory)
+    memory.remember(done, encode(tokenizer, "Done."), first.opening, False, first.prefix)
+    calls = []
+    real = history.apply_template
+    monkeypatch.setattr(history, "apply_template",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    messages = [SYSTEM]
+    for i in range(40):
+        messages += [{"role": "user", "content": f"A {i}"}, done]
+    rendered = render(tokenizer, messages, memory)
+    assert rendered.num_spliced == 0
+    assert len(calls) <= history.MAX_SPLICE_RETRIES + 3  # probes of the opening included

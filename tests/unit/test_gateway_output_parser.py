@@ -186,6 +186,28 @@ def test_forced_named_call_closed_by_stop_token():
     assert parser.num_repaired == 0
 
 
+def test_a_forced_call_cut_by_the_token_limit_is_incomplete_not_repaired():
+    """Issue 23, finding 10: the model wrote digits until max_tokens; the call is returned as
+    far as it was written, incomplete, never as `{}` presented as complete."""
+    forced = Forced(opening='\n{"name": "get_weather", "arguments": ', name="get_weather")
+    parser = make(forced=forced, parallel=False)
+    events = run(parser, ['{"path": "a.py", "line": 12', "34567"], truncated=True)
+    (done,) = [e for e in events if isinstance(e, ToolCallDone)]
+    assert done.call.arguments == '{"path": "a.py", "line": 1234567'
+    assert not done.call.complete and parser.truncated_call and parser.num_repaired == 0
+    assert done.call.input == {"path": "a.py"}  # members written in full only
+    # `required` with several tools: the model was writing the name as well.
+    parser = make(forced=Forced(opening='\n{"name": "', name=None))
+    events = run(parser, ['search_web", "arguments": {"query": "q', 'uic'], truncated=True)
+    (done,) = [e for e in events if isinstance(e, ToolCallDone)]
+    assert (done.call.name, done.call.arguments) == ("search_web", '{"query": "quic')
+    assert not done.call.complete and done.call.input == {}
+    # Cut by the limit after the call closed: a complete call, as before.
+    parser = make(forced=forced, parallel=False)
+    events = run(parser, ['{"city": "Oslo"}}\n</tool_call>'], truncated=True)
+    assert parser.calls[0].complete and not parser.truncated_call
+
+
 def test_forced_call_with_its_end_marker_in_the_text():
     forced = Forced(opening='\n{"name": "', name=None)
     parser = make(forced=forced)

@@ -184,3 +184,13 @@ def test_required_call_picks_the_closest_tool():
 def test_best_tool():
     assert best_tool("get_w", ["search", "get_weather", "get_time"]) == "get_weather"
     assert best_tool("get_time", ["get_timezone", "get_time"]) == "get_time"
+
+
+@pytest.mark.parametrize("text,members", [
+    ('{"a": 1, "b": "x', {"a": 1}), ('{"a": [1, 2], "b": 3}', {"a": [1, 2], "b": 3}),
+    ('{"a": {"b": 1', {}), ('{"n": 12', {}), ('{"n": 12,', {"n": 12}), ("", {}),
+    ('{"a": true', {}), ('{"s": "done", ', {"s": "done"}), ("[1, 2", {})])
+def test_partial_object_keeps_only_members_written_in_full(text, members):
+    from switchyard.gateway.output.tools import partial_object
+
+    assert partial_object(text) == members

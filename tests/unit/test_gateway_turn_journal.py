@@ -238,3 +238,24 @@ def test_the_journals_of_models_not_used_lately_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [journal_path(tmp_path, i).name for i in identities[1:]] + ["status.json"])
     assert len(in_dir(tmp_path, identities[1])) == 1  # the rest keep their turns
+
+
+def test_a_journal_of_the_previous_format_loads_as_empty(tmp_path):
+    """Format 3 keys a turn by the prompt tokens it followed; a format-2 journal's turns have
+    no such key: they load as nothing (never as turns any conversation could get), and the
+    file starts again in the new format."""
+    import hashlib
+    import struct
+
+    path = journal_path(tmp_path)
+    body = b"\x93\x00\xa3key\xa2[]"  # any msgpack: the header already decides
+    old = struct.pack("<8s16s", b"SYTURNS2", ID) + struct.pack(
+        "<I16s", len(body), hashlib.blake2b(body, digest_size=16).digest()) + body
+    path.write_bytes(old)
+    m = memory(path)
+    assert len(m) == 0
+    m.remember(reply(1), [1, 2], None, False, b"p" * 16)
+    again = memory(path)
+    assert len(again) == 1 and again.lookup(reply(1), b"p" * 16) is not None
+    assert again.lookup(reply(1)) is None  # another conversation (prefix) finds nothing
+    assert path.read_bytes()[:8] == b"SYTURNS3"

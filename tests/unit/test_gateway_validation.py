@@ -121,10 +121,20 @@ def test_options_are_parsed():
     assert chat(stop=["a", "", "b"]).options.stop == ("a", "b")
 
 
-def test_template_kwargs_cannot_override_reserved_arguments():
-    request = chat(chat_template_kwargs={"enable_thinking": False, "messages": [],
-                                         "add_generation_prompt": False})
-    assert request.template_kwargs == {"enable_thinking": False}
+def test_template_kwargs_cannot_replace_the_template_or_its_arguments():
+    request = chat(chat_template_kwargs={"enable_thinking": False, "reasoning_effort": "low"})
+    assert request.template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
+    for key in ("chat_template", "messages", "add_generation_prompt", "tokenize", "tools",
+                "tokenizer_kwargs", "continue_final_message"):
+        error = error_of(chat, chat_template_kwargs={key: "{{ 'ab ' * 3000 }}"})
+        assert error.status == 400 and error.param == f"chat_template_kwargs.{key}"
+    error = error_of(chat, chat_template="{{ messages }}")
+    assert error.status == 400 and error.param == "chat_template"
+
+
+def test_template_kwargs_values_are_bounded():
+    error = error_of(chat, chat_template_kwargs={"system_hint": "x" * 20_000})
+    assert error.status == 400 and "larger than" in error.message
 
 
 @pytest.mark.parametrize("prompt,expected", [

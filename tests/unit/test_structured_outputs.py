@@ -268,3 +268,18 @@ def test_json_argument_formats_force_calls_that_parse(family_vocabs, fmt, mode, 
         for call_name, arguments in calls:
             assert name is None or call_name == name
             jsonschema.validate(json.loads(arguments), schemas[call_name])
+
+
+def test_json_schema_name_and_strict_have_their_declared_types():
+    """Schemathesis found them accepted with any type while /openapi.json declares a string
+    and a boolean (issue 23, finding 11)."""
+    schema = {"type": "object"}
+    for bad in ({"name": True}, {"strict": "yes"}):
+        error = error_of(structured.openai_response_format,
+                         {"type": "json_schema", "json_schema": {"schema": schema, **bad}})
+        assert error.status == 400 and error.code == "invalid_type"
+        error = error_of(structured.responses_text_format,
+                         {"type": "json_schema", "schema": schema, **bad})
+        assert error.status == 400
+    assert structured.openai_response_format({"type": "json_schema", "json_schema": {
+        "schema": schema, "name": None, "strict": True}}).grammar
