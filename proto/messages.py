@@ -15,8 +15,9 @@ import msgspec
 
 from switchyard.proto.tokens import TokenIds, as_token_ids
 
-# 2: msgspec structs, token lists packed as uint32 `bin` values.
-PROTOCOL_VERSION = 3
+# 2: msgspec structs, token lists packed as uint32 `bin` values. 4: speculative decoding
+# (DecodeItem.draft, SubmitRequest.speculative, WorkerReady.speculation).
+PROTOCOL_VERSION = 4
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -97,6 +98,10 @@ class DecodeItem(Value):
     sample_index: int
     burst_limit: int = 1
     stop_token_ids: tuple[int, ...] = ()
+    # Speculative decoding: tokens proposed to follow `token_id`, checked in this step's one
+    # forward pass; the worker keeps the longest accepted prefix plus the model's next token
+    # (docs/design.md "Speculative decoding"). A step with drafts runs one decode iteration.
+    draft: tuple[int, ...] = ()
 
 
 class SampledToken(Value):
