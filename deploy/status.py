@@ -195,11 +195,23 @@ def format_counters(snapshot: dict) -> list[str]:
              + (f" ({_kv(finished)})" if finished else "")
              + f", {sum(failed.values())} failed" + (f" ({_kv(failed)})" if failed else "")]
     lines.append("tokens: " + "  ".join(f"{k} {tokens.get(k, 0):,}" for k in TOKEN_KINDS))
+    lines.append(format_speculation(snapshot.get("speculation", {}), tokens))
     if ttft.get("count"):
         lines.append(f"ttft: mean {ttft['sum'] / ttft['count']:.3f}s over {ttft['count']}")
     restarts = stats.get("restarts", {})
     lines.append("restarts seen: " + (_kv(restarts) if restarts else "none"))
     return lines
+
+
+def format_speculation(speculation: dict, tokens: dict) -> str:
+    mode = speculation.get("mode", "off")
+    if mode == "off":
+        return "speculative decoding: off"
+    proposed, accepted = tokens.get("draft_proposed", 0), tokens.get("draft_accepted", 0)
+    where = "every decoding sequence" if mode == "batched" else "a lone decoding sequence"
+    rate = f" ({accepted / proposed:.0%})" if proposed else ""
+    return (f"speculative decoding: {where}, up to {speculation.get('max_draft_tokens', 0)} "
+            f"draft tokens; {proposed:,} proposed, {accepted:,} accepted{rate}")
 
 
 def _kv(counts: dict) -> str:

@@ -214,6 +214,7 @@ class SubmitRequest(Message, tag="submit_request"):
     sampling: SamplingParams
     stop_token_ids: tuple[int, ...] = ()
     priority: str = PRIORITY_INTERACTIVE
+    speculative: bool = True  # False: this request opts out of speculative decoding
 
     def __post_init__(self):
         _pack_tokens(self, "prompt_token_ids")
@@ -310,6 +311,10 @@ class WorkerReady(Message, tag="worker_ready"):
     # order, rank 0 included. Empty for a single worker.
     ranks: tuple[RankInfo, ...] = ()
     parallel: str = ""  # "tensor" | "pipeline" for a group
+    # Speculative decoding (docs/design.md "Speculative decoding"): "batched" (every decoding
+    # sequence may carry a draft), "alone" (only a lone decoding sequence: recurrent states
+    # and rings) or "" (off: the setting, or a cache kind without an undo).
+    speculation: str = ""
 
 
 class StepDone(Message, tag="step_done"):
@@ -321,6 +326,7 @@ class StepDone(Message, tag="step_done"):
     decode_s: float = 0.0  # the batched decode (forward and sampling)
     prefill_s: float = 0.0  # the prefill chunks
     load_s: float = 0.0  # the page loads (disk restores) into slots
+    num_verified_tokens: int = 0  # draft tokens fed to verify passes
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------

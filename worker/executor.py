@@ -19,7 +19,7 @@ from switchyard.worker.constraints import ConstraintEngine
 from switchyard.worker.page_io import PageLayout
 from switchyard.worker.sampling import sample_lazy
 from switchyard.worker.slots import SlotStore
-from switchyard.worker.verify import verified
+from switchyard.proto.speculation import verified
 
 
 class StepExecutor:
@@ -66,6 +66,7 @@ class StepExecutor:
             step=step.step, sampled=sampled,
             num_prefill_tokens=sum(len(c.token_ids) for c in step.prefills),
             num_decode_tokens=len(step.decodes), duration_s=done - started,
+            num_verified_tokens=sum(len(d.draft) for d in step.decodes),
             decode_s=prefill_started - decode_started, prefill_s=done - prefill_started,
             load_s=decode_started - load_started)
 
@@ -181,7 +182,7 @@ class StepExecutor:
         decoding"): row = input token + draft; the model's token at each position is sampled
         as a plain decode would sample it (same filters, mask and key), and each sequence
         keeps its draft up to the first disagreement plus the model's own next token
-        (worker/verify.py). Rejected tokens leave the slots' caches."""
+        (proto/speculation.py). Rejected tokens leave the slots' caches."""
         drafts = []
         for item in items:
             draft = list(item.draft[:max(0, item.burst_limit - 1)])

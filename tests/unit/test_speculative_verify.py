@@ -1,7 +1,7 @@
-"""The verifier core (worker/verify.py): scripted proposals accepted fully, partly and not at
+"""The verifier core (proto/speculation.py): scripted proposals accepted fully, partly and not at
 all; stop tokens and limits cut what a verify pass emits."""
 
-from switchyard.worker.verify import num_accepted, verified
+from switchyard.proto.speculation import num_accepted, verified
 
 DRAFT = [11, 12, 13, 14]
 
