@@ -99,4 +99,5 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
         rid=rid, prompt_token_ids=TokenIds(prompt_ids),
         max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,
         stop_token_ids=stop_token_ids,
-        priority=options.priority or priority or PRIORITY_INTERACTIVE)
+        priority=options.priority or priority or PRIORITY_INTERACTIVE,
+        speculative=options.speculative)
