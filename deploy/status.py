@@ -26,7 +26,7 @@ from switchyard.deploy.runtime import pid_alive, read_pid_file
 from switchyard.deploy.supervisor import ROLES
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.settings import Settings, format_size
-from switchyard.proto.status import TOKEN_KINDS, Status, read_status
+from switchyard.proto.status import TOKEN_KINDS, SpeculationStatus, Status, TokenCounts, read_status
 
 EXIT_NOT_RUNNING = 1
 STALE_AFTER_S = 10.0  # a status.json older than this is reported as stale
@@ -188,11 +188,23 @@ def format_counters(snapshot: Status) -> list[str]:
              + f", {sum(failed.values())} failed" + (f" ({_kv(failed)})" if failed else "")]
     lines.append("tokens: " + "  ".join(f"{k} {getattr(stats.tokens, k):,}"
                                          for k in TOKEN_KINDS))
+    lines.append(format_speculation(snapshot.speculation, stats.tokens))
     if ttft.count:
         lines.append(f"ttft: mean {ttft.sum / ttft.count:.3f}s over {ttft.count}")
     restarts = stats.restarts
     lines.append("restarts seen: " + (_kv(restarts) if restarts else "none"))
     return lines
+
+
+def format_speculation(speculation: SpeculationStatus | None, tokens: TokenCounts) -> str:
+    if speculation is None or speculation.mode == "off":
+        return "speculative decoding: off"
+    proposed, accepted = tokens.draft_proposed, tokens.draft_accepted
+    where = "every decoding sequence" if speculation.mode == "batched" \
+        else "a lone decoding sequence"
+    rate = f" ({accepted / proposed:.0%})" if proposed else ""
+    return (f"speculative decoding: {where}, up to {speculation.max_draft_tokens} "
+            f"draft tokens; {proposed:,} proposed, {accepted:,} accepted{rate}")
 
 
 def _kv(counts: dict) -> str:

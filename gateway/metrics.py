@@ -7,7 +7,7 @@ Two sources, one registry per app:
   reads the status the request's `request.finished` log line carries;
 - a collector that reads the scheduler's `status.json` (rewritten every heartbeat) on each
   scrape: TTFT and step-time histograms, tokens by where their KV came from (reused, copied,
-  restored, prefilled) and generated, slot occupancy, queue depth, disk bytes and budget,
+  restored, prefilled) and generated, draft tokens proposed and accepted, slot occupancy, queue depth, disk bytes and budget,
   evictions and thrash events, component restarts the scheduler saw.
 
 The scheduler's counters start from zero when it restarts (Prometheus treats that as a counter
@@ -151,6 +151,11 @@ def _stats_families(stats: Stats) -> list[Metric]:
                   "from another slot, restored from disk or prefilled; generated", "kind",
                   [(kind, getattr(stats.tokens, kind)) for kind in TOKEN_KINDS]),
         CounterMetricFamily("switchyard_steps", "worker steps run", value=stats.num_steps),
+        _labelled(CounterMetricFamily, "switchyard_speculative_tokens",
+                  "draft tokens of finished requests (speculative decoding): proposed and "
+                  "verified, and accepted", "kind",
+                  [("proposed", stats.tokens.draft_proposed),
+                   ("accepted", stats.tokens.draft_accepted)]),
         _labelled(CounterMetricFamily, "switchyard_component_restarts",
                   "restarts of a component the scheduler saw (a new boot id)", "component",
                   [(role, restarts.get(role, 0)) for role in

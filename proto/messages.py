@@ -18,8 +18,9 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 
 # 2: msgspec structs, token lists packed uint32 (a msgpack ext). 3: DecodeItem.burst_limit.
 # 4: images (ImageSpan, ImageData) in requests, prefill chunks, loads and slot contents;
-# page writes' image ids.
-PROTOCOL_VERSION = 4
+# page writes' image ids. 5: speculative decoding (DecodeItem.draft, SubmitRequest.speculative,
+# WorkerReady.speculation).
+PROTOCOL_VERSION = 5
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -130,6 +131,10 @@ class DecodeItem(Value):
     sample_index: int
     burst_limit: int = 1
     stop_token_ids: tuple[int, ...] = ()
+    # Speculative decoding: tokens proposed to follow `token_id`, checked in this step's one
+    # forward pass; the worker keeps the longest accepted prefix plus the model's next token
+    # (docs/design.md "Speculative decoding"). A step with drafts runs one decode iteration.
+    draft: tuple[int, ...] = ()
 
 
 class SampledToken(Value):
@@ -251,6 +256,7 @@ class SubmitRequest(Message, tag="submit_request"):
     # one file per distinct image.
     images: tuple[ImageSpan, ...] = ()
     image_data: tuple[ImageData, ...] = ()
+    speculative: bool = True  # False: this request opts out of speculative decoding
 
     def __post_init__(self):
         _pack_tokens(self, "prompt_token_ids")
@@ -347,6 +353,10 @@ class WorkerReady(Message, tag="worker_ready"):
     # order, rank 0 included. Empty for a single worker.
     ranks: tuple[RankInfo, ...] = ()
     parallel: str = ""  # "tensor" | "pipeline" for a group
+    # Speculative decoding (docs/design.md "Speculative decoding"): "batched" (every decoding
+    # sequence may carry a draft), "alone" (only a lone decoding sequence: recurrent states
+    # and rings) or "" (off: the setting, or a cache kind without an undo).
+    speculation: str = ""
 
 
 class SlotFailure(Value):
@@ -370,6 +380,7 @@ class StepDone(Message, tag="step_done"):
     encode_s: float = 0.0  # the vision encoder's runs for the prefill chunks
     num_encoded_tokens: int = 0  # the placeholder tokens of the images it encoded
     failed: tuple[SlotFailure, ...] = ()  # chunks not run: their slots are as before them
+    num_verified_tokens: int = 0  # draft tokens fed to verify passes
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------

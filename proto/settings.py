@@ -68,6 +68,11 @@ def _user_runtime_dir() -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-{os.getuid()}"
 
 
+# Speculative decoding's proposers (docs/design.md "Speculative decoding"); those of
+# SPECULATIVE_LATER are refused with one line.
+SPECULATIVE_MODES = ("auto", "suffix", "off")
+SPECULATIVE_LATER = ("draft", "mtp")
+
 # The model families' output formats (gateway/output/formats.py has their syntax).
 CHAT_FORMATS = ("auto", "hermes", "qwen3_coder", "harmony", "glm", "deepseek_v31", "minimax_m2",
                 "mistral", "mistral_args", "llama3_json", "gemma3", "gemma4")
@@ -118,6 +123,11 @@ class Settings:
     decode_burst: int = _opt("decode iterations the worker may run per step when nothing "
                              "else waits (fewer round trips; new work waits at most this "
                              "many tokens)", default=8)
+    speculative: str = _opt("speculative decoding: auto (whatever the model allows), suffix "
+                            "(drafts copied from the conversations' own text) or off; draft "
+                            "and mtp are not available yet", default="auto")
+    num_draft_tokens: int = _opt("most tokens proposed for one sequence in one step "
+                                 "(speculative decoding's upper bound)", default=8)
     decode_share: float = _opt("while others prefill, decoding streams keep at least this "
                                "share of their solo speed (0 disables the limit)", default=0.5)
     overtake_limit: float = _opt("shorter newcomers may prefill ahead of a waiting request "
@@ -221,6 +231,13 @@ class Settings:
             problems.append("--kv-group-size must be 32, 64 or 128")
         if self.decode_burst < 1:
             problems.append("--decode-burst must be at least 1")
+        if self.speculative in SPECULATIVE_LATER:
+            problems.append(f"--speculative {self.speculative} is not available yet (no draft "
+                            "model or multi-token-prediction proposer); use auto, suffix or off")
+        elif self.speculative not in SPECULATIVE_MODES:
+            problems.append(f"--speculative must be one of {', '.join(SPECULATIVE_MODES)}")
+        if not 1 <= self.num_draft_tokens <= 64:
+            problems.append("--num-draft-tokens must be 1..64")
         if self.overtake_limit < 0 or self.background_wait < 0:
             problems.append("--overtake-limit and --background-wait must not be negative")
         if not 0 <= self.decode_share < 1:

@@ -99,9 +99,23 @@ class TokenCounts(_Doc):
     restored: int = 0
     prefilled: int = 0
     generated: int = 0
+    # Speculative decoding: draft tokens verified, and those kept (docs/design.md
+    # "Speculative decoding").
+    draft_proposed: int = 0
+    draft_accepted: int = 0
 
 
-TOKEN_KINDS: tuple[str, ...] = TokenCounts.__struct_fields__
+# The prompt's sources and the generated tokens (the draft counts are reported apart).
+TOKEN_KINDS: tuple[str, ...] = ("prompt", "reused", "copied", "restored", "prefilled",
+                                "generated")
+
+
+class SpeculationStatus(_Doc):
+    """How this group speculates: "off", "batched" (every decoding sequence) or "lone" (only
+    a sequence decoding alone), and the most draft tokens a step proposes."""
+
+    mode: str
+    max_draft_tokens: int
 
 
 class RecentRequest(_Doc):
@@ -141,6 +155,7 @@ class Status(_Doc):
     disk: DiskStatus
     ranks: list[RankStatus]  # a worker group's ranks; empty for a single worker
     stats: Stats
+    speculation: SpeculationStatus | None = None
 
 
 _decoder = msgspec.json.Decoder(Status)

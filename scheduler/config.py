@@ -23,6 +23,10 @@ class CoreConfig:
     # Prefill order and background bound (scheduler.fairness, docs/design.md "Scheduling").
     overtake_limit: float = 1.0
     background_wait_s: float = 30.0
+    # Speculative decoding: drafts of at most this many tokens (0: off), when the worker
+    # can verify them ("batched", "alone": WorkerReady.speculation).
+    num_draft_tokens: int = 0
+    speculation: str = ""
     # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
     # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
     wait_for_index: bool = False

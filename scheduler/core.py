@@ -38,7 +38,9 @@ from switchyard.proto.messages import (
     TokensGenerated,
     WorkerReady,
 )
-from switchyard.proto.status import DiskStatus, QueuedRequest, SlotState, SlotStatus
+from switchyard.proto.speculation import num_accepted
+from switchyard.proto.status import (DiskStatus, QueuedRequest, SlotState, SlotStatus,
+                                     SpeculationStatus)
 from switchyard.scheduler.events import (
     Effects,
     Event,
@@ -55,6 +57,7 @@ from switchyard.scheduler.fairness import admission_key, interactive_now, oldest
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_cache import PageCache
 from switchyard.scheduler.prefill_plan import plan_prefills, state_points
+from switchyard.scheduler.proposer import Proposer, ProposerConfig
 from switchyard.scheduler.requests import Request, Slot
 from switchyard.scheduler.restore import DiskReads, load_of
 from switchyard.scheduler.step_budget import PrefillBudget
@@ -68,6 +71,7 @@ class CoreSnapshot:
     queue: list[QueuedRequest]
     oldest_waiting_s: float
     disk: DiskStatus
+    speculation: SpeculationStatus
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ class FinishedRecord:
     prefill_wait_s: float = 0.0
     prefill_s: float = 0.0
     num_waited_tokens: int = 0
+    # Speculative decoding: draft tokens verified for it, and how many it kept.
+    num_proposed_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 class SchedulerCore:
@@ -112,6 +119,9 @@ class SchedulerCore:
         self._planned_at = 0.0
         self._done_at = 0.0
         self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
+        # Speculative decoding's drafts (docs/design.md "Speculative decoding").
+        self.proposer = (Proposer(ProposerConfig(max_draft=config.num_draft_tokens))
+                         if config.num_draft_tokens > 0 else None)
         self.index_overdue = False  # kvstore's index is long overdue: place without it
 
     def handle(self, event: Event, now: float) -> Effects:
@@ -172,8 +182,11 @@ class SchedulerCore:
                                prompt_tokens=len(self.requests[rid].prompt))
                  for rid in self.waiting]
         # Queued, restoring or prefilling: what a starving request shows as (issue 14).
+        speculation = SpeculationStatus(
+            mode=(self.config.speculation or "off") if self.proposer is not None else "off",
+            max_draft_tokens=self.config.num_draft_tokens)
         return CoreSnapshot(slots, queue, oldest_waiting_s(self.requests.values(), now),
-                            self.pages.disk_status())
+                            self.pages.disk_status(), speculation)
 
     def _state(self, req: Request) -> SlotState:
         if req.restoring:
@@ -199,11 +212,13 @@ class SchedulerCore:
                 msg.rid, "queue_full", f"{len(self.waiting)} requests are waiting; try again "
                 "shortly", True, cfg.retry_after_s))
             return
-        self.requests[msg.rid] = Request(
+        req = self.requests[msg.rid] = Request(
             rid=msg.rid, prompt=msg.prompt_token_ids, max_tokens=max(1, msg.max_tokens),
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority, arrived_at=now, images=msg.images,
-            image_data={d.image_id: d for d in msg.image_data})
+            image_data={d.image_id: d for d in msg.image_data}, speculative=msg.speculative)
+        if self.proposer is not None and req.speculative:
+            self.proposer.start(req.rid, req.feed)
         self.waiting.append(msg.rid)
 
     def _reject(self, rid: str, code: str, message: str) -> None:
@@ -240,7 +255,7 @@ class SchedulerCore:
         plan, self.inflight = self.inflight, None
         if plan is None or done.step != plan.step:
             return  # a stale reply from before a restart
-        self._observe_step(done, now)
+        self._observe_step(done, plan, now)
         for load in plan.loads:
             self.slots[load.slot].tokens.extend(load.token_ids)
             self.pages.release(load.buffers)
@@ -254,14 +269,20 @@ class SchedulerCore:
         for item in plan.decodes:
             slot = self.slots[item.slot]
             tokens = sampled.get(item.slot, [])
-            # The worker fed the input and every sampled token but the last back in.
+            # The worker fed the input and every sampled token but the last back in (of a
+            # verify pass: the input and the accepted draft tokens, which equal them).
             slot.tokens.append(item.token_id)
             slot.tokens.extend(tokens[:-1])
             slot.last_used = now
+            req = self.requests.get(slot.rid) if slot.rid is not None else None
+            if item.draft and req is not None:
+                self._observe_draft(req, item.draft, tokens)
             for token in tokens:
                 if slot.rid is None:
                     break  # finished (stop, length or cancelled) at an earlier token
                 self._accept_token(self.requests[slot.rid], token, now)
+            if self.proposer is not None and slot.rid is not None:
+                self.proposer.extend(slot.rid)
         for failure in failed.values():
             rid = self.slots[failure.slot].rid
             if rid is not None:
@@ -278,15 +299,19 @@ class SchedulerCore:
             self.outbox.send(TokensGenerated(rid, tuple(tokens)))
         self._unsent.clear()
 
-    def _observe_step(self, done: StepDone, now: float) -> None:
+    def _observe_step(self, done: StepDone, plan: RunStep, now: float) -> None:
         """Feed the prefill budget. What a decoding stream sees is the whole cycle from one
         token to the next (worker compute, messages, this planning), not only the forward
-        pass, so decode-only steps are measured as cycles here."""
+        pass, so decode-only steps are measured as cycles here. A step that verified drafts
+        is one pass, however many tokens it kept: its cycle is what a prefill chunk must not
+        stretch (the budget counts the verified tokens' time, not the tokens kept)."""
         cycle = now - self._planned_at
         if now - self._planned_at < 1.0 and self._planned_at - self._done_at < 0.05:
             cycle = now - self._done_at  # planned right after the previous step: a full cycle
         self._done_at = now
         iterations = max(1, len(done.sampled) // max(1, done.num_decode_tokens))
+        if any(d.draft for d in plan.decodes):
+            iterations = 1
         decode_cycle = cycle / iterations if done.num_prefill_tokens == 0 else 0.0
         self.budget.observe(done.num_decode_tokens, decode_cycle, done.num_prefill_tokens,
                             done.prefill_s, done.num_encoded_tokens, done.encode_s)
@@ -295,7 +320,8 @@ class SchedulerCore:
         """A worker (re)started, or greets a restarted scheduler: its shape and slots."""
         self.config = dataclasses.replace(self.config, trimmable=msg.trimmable,
                                           num_slots=msg.num_slots, ctx=msg.ctx,
-                                          page_size=msg.page_size)
+                                          page_size=msg.page_size,
+                                          speculation=msg.speculation)
         self.pages.page_size = msg.page_size
         self._worker_restarted(msg.slots, msg.namespace, msg.shm_name, msg.num_buffers,
                                msg.buffer_bytes, msg.state_bytes)
@@ -404,7 +430,10 @@ class SchedulerCore:
         first_tokens = any(not self.requests[self.slots[d.slot].rid].generated for d in decodes)
         burst = 1 if (prefills or loads or self.waiting or self.reads or first_tokens) \
             else self.config.decode_burst
-        if burst > 1:
+        drafted = self._with_drafts(decodes)
+        if drafted is not None:  # one verify pass (docs/design.md "Speculative decoding")
+            decodes, burst = drafted, 1
+        elif burst > 1:
             decodes = [self._with_burst(d, burst) for d in decodes]
         self.inflight = RunStep(self._next_step, tuple(prefills), tuple(decodes),
                                 tuple(stages), tuple(copies), tuple(loads), burst)
@@ -526,6 +555,33 @@ class SchedulerCore:
                           sampling=req.sampling, sample_index=len(req.generated),
                           stop_token_ids=tuple(req.stop_token_ids))
 
+    def _with_drafts(self, decodes: list[DecodeItem]) -> list[DecodeItem] | None:
+        """This step's decodes with the proposer's drafts, or None when none was proposed
+        (or the worker cannot verify them here: "alone" verifies only a lone sequence).
+        A sequence's draft leaves room for the model's own next token within its
+        max_tokens and the context; a request's first token comes alone (its prompt's tail
+        is staged exactly)."""
+        mode = self.config.speculation
+        if self.proposer is None or not decodes or not mode or \
+                (mode == "alone" and len(decodes) > 1):
+            return None
+        out, proposed = [], False
+        for item in decodes:
+            req = self.requests[self.slots[item.slot].rid]
+            room = self.config.ctx - (item.position + 1)
+            limit = min(req.max_tokens - len(req.generated), room)
+            draft = self.proposer.propose(req.rid, limit - 1) \
+                if req.generated and limit > 1 else ()
+            proposed |= bool(draft)
+            out.append(msgspec.structs.replace(item, draft=draft, burst_limit=1 + len(draft)))
+        return out if proposed else None
+
+    def _observe_draft(self, req: Request, draft: tuple[int, ...], tokens: list[int]) -> None:
+        kept = num_accepted(draft, tokens)
+        req.num_proposed += len(draft)
+        req.num_accepted += kept
+        self.proposer.observe(req.rid, len(draft), kept)
+
     def _with_burst(self, item: DecodeItem, burst: int) -> DecodeItem:
         req = self.requests[self.slots[item.slot].rid]
         room = self.config.ctx - (item.position + 1)  # tokens the slot can still take
@@ -548,6 +604,8 @@ class SchedulerCore:
             self._finish(req, "length", now)
 
     def _finish(self, req: Request, reason: str, now: float, notify: bool = True) -> None:
+        if self.proposer is not None:
+            self.proposer.finish(req.rid)  # its text stays to copy from
         if req.slot is not None:
             slot = self.slots[req.slot]
             slot.rid = None
@@ -568,7 +626,8 @@ class SchedulerCore:
             num_generated_tokens=len(req.generated), queue_s=started - req.arrived_at,
             restore_s=req.restore_s,
             ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrived_at,
-            duration_s=now - req.arrived_at, **_prefill_times(req)))
+            duration_s=now - req.arrived_at, num_proposed_tokens=req.num_proposed,
+            num_accepted_tokens=req.num_accepted, **_prefill_times(req)))
         unsent = self._unsent.pop(req.rid, None)
         if notify:
             if unsent:

@@ -23,6 +23,9 @@ class Request:
     # (docs/design.md "Images").
     images: tuple[ImageSpan, ...] = ()
     image_data: dict[bytes, ImageData] = field(default_factory=dict)
+    speculative: bool = True  # drafts may be proposed for it (docs/design.md "Speculative decoding")
+    num_proposed: int = 0  # draft tokens verified for it, and how many of them it kept
+    num_accepted: int = 0
     slot: int | None = None
     cancelled: bool = False
     # Where the context's KV came from (tokens): kept in the slot, copied from another slot,

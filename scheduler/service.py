@@ -97,7 +97,8 @@ class SchedulerService:
             protect_window_s=settings.kv_protect_hours * 3600,
             state_interval=settings.state_interval, decode_share=settings.decode_share,
             decode_burst=settings.decode_burst, overtake_limit=settings.overtake_limit,
-            background_wait_s=settings.background_wait, wait_for_index=True))
+            background_wait_s=settings.background_wait, wait_for_index=True,
+            num_draft_tokens=settings.num_draft_tokens if settings.speculative != "off" else 0))
         self.started_at = time.time()
         self.stats = SchedulerStats()
         self.peer_boot: dict[str, str] = {}
@@ -213,6 +214,7 @@ class SchedulerService:
             self.stats.step_done(msg.duration_s)
             # plan_ms + done_ms: the scheduler's own time per step (docs/design.md "Scheduling").
             self.log.debug("step.finished", step=msg.step, batch=msg.num_decode_tokens,
+                           num_verified_tokens=msg.num_verified_tokens,
                            num_prefill_tokens=msg.num_prefill_tokens,
                            step_ms=round(msg.duration_s * 1e3, 2),
                            decode_ms=round(msg.decode_s * 1e3, 2),
@@ -267,6 +269,7 @@ class SchedulerService:
         self.worker_down_since = None
         self.log.info("worker.ready", worker_boot_id=msg.boot_id, model_type=msg.model_type,
                       slots=msg.num_slots, ctx=msg.ctx, trimmable=msg.trimmable,
+                      speculation=msg.speculation or "off",
                       resident_tokens=sum(len(s.token_ids) for s in msg.slots),
                       num_page_buffers=msg.num_buffers, page_buffer_bytes=msg.buffer_bytes)
         if not msg.num_buffers:  # the model's cache cannot be paged: nothing goes to disk

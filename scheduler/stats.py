@@ -49,7 +49,9 @@ class SchedulerStats:
     def __init__(self) -> None:
         self.finished = Counter()  # finish reason -> requests
         self.failed = Counter()  # failure code -> requests
-        self.tokens = Counter()  # prompt, reused, copied, restored, prefilled, generated
+        # prompt, reused, copied, restored, prefilled, generated; draft_proposed and
+        # draft_accepted (speculative decoding)
+        self.tokens = Counter()
         self.ttft = BucketCounter(TTFT_BUCKETS_S)
         self.step_time = BucketCounter(STEP_BUCKETS_S)
         self.num_steps = 0
@@ -61,7 +63,9 @@ class SchedulerStats:
         self.tokens.update(prompt=rec.num_prompt_tokens, reused=rec.num_reused_tokens,
                            copied=rec.num_copied_tokens, restored=rec.num_restored_tokens,
                            prefilled=rec.num_prefilled_tokens,
-                           generated=rec.num_generated_tokens)
+                           generated=rec.num_generated_tokens,
+                           draft_proposed=rec.num_proposed_tokens,
+                           draft_accepted=rec.num_accepted_tokens)
         if rec.ttft_s is not None:
             self.ttft.observe(rec.ttft_s)
             self.recent.append(RecentRequest(

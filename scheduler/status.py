@@ -24,4 +24,5 @@ def build_status(service, now: float) -> Status:
         ranks=service.stores.rank_status(now, service.last_seen,
                                          service.settings.peer_timeout_s),
         stats=service.stats.snapshot(),
+        speculation=core.speculation,
     )

@@ -59,6 +59,53 @@ def drop_last_token(cache: list, saved: list) -> None:
             c.cache, c.left_padding, c.lengths = list(state[0]), state[1], state[2]
 
 
+# --- speculative decoding (docs/design.md "Speculative decoding") -------------------------------
+
+def verifiable(cache: list) -> str:
+    """Where a verify pass can undo the draft tokens a sequence rejects: "batched" when every
+    layer is per-token attention KV (cut back per row, worker/batch_kv.py); "alone" when
+    recurrent states or rings are among them (a lone sequence's are restored, then its
+    accepted tokens fed again: `before_verify` / `undo_verify`); "" for any other kind."""
+    if rewindable(cache):
+        return "batched"
+    if all(is_attention_kv(c) or type(c) in (RotatingKVCache, ArraysCache)
+           for c in leaves(cache)):
+        return "alone"
+    return ""
+
+
+def before_verify(cache: list) -> list | None:
+    """What `undo_verify` needs to take a lone sequence's verify pass back: each recurrent
+    layer's state arrays and each ring's arrays and indexes, by reference. A verify pass
+    feeds several tokens, which mlx-lm writes into a ring by concatenation, never in place,
+    and into a recurrent state as new arrays, so the references stay as they were. None when
+    every layer is attention KV (a trim undoes them)."""
+    layers = leaves(cache)
+    if all(is_attention_kv(c) for c in layers):
+        return None
+    saved = []
+    for c in layers:
+        if type(c) is ArraysCache:
+            saved.append((list(c.cache), c.left_padding, c.lengths))
+        elif type(c) is RotatingKVCache:
+            saved.append((c.keys, c.values, c.offset, c._idx))
+        else:
+            saved.append(None)
+    return saved
+
+
+def undo_verify(cache: list, saved: list | None, num_fed: int) -> None:
+    """Take back the `num_fed` tokens of a verify pass: attention layers trim them, recurrent
+    layers and rings get back what `before_verify` kept."""
+    for c, state in zip(leaves(cache), saved or [None] * len(leaves(cache))):
+        if type(c) is ArraysCache:
+            c.cache, c.left_padding, c.lengths = list(state[0]), state[1], state[2]
+        elif type(c) is RotatingKVCache:
+            c.keys, c.values, c.offset, c._idx = state
+        else:
+            c.trim(num_fed)
+
+
 # --- sliding windows -------------------------------------------------------------------------
 
 def window_shapes(c: RotatingKVCache) -> list[tuple[tuple[int, ...], mx.Dtype]]:

@@ -104,6 +104,47 @@ class ConstraintEngine:
 
     # --- masks -----------------------------------------------------------------------------
 
+    def draft_prefix(self, slot: int, draft: list[int]) -> int:
+        """How many of `draft`'s tokens the grammar accepts in turn (docs/design.md
+        "Speculative decoding": a draft is cut before the first one it rejects). Walked on a
+        copy: the slot's matcher moves only with the tokens a step emits (`accept`)."""
+        walk = self._walk(slot)
+        if walk is None:
+            return len(draft)
+        for i, token in enumerate(draft):
+            if walk.matcher is not None and walk.matcher.validate_tokens([token]) != 1:
+                return i
+            self._advance(walk, token)
+        return len(draft)
+
+    def draft_masks(self, slot: int, draft: list[int], vocab_size: int
+                    ) -> list[np.ndarray | None]:
+        """The row's mask at each of the len(draft) + 1 verify positions (the input token's,
+        then each draft token's); None where it is unconstrained (before a trigger). The
+        draft is normally one `draft_prefix` accepts whole."""
+        walk = self._walk(slot)
+        if walk is None:
+            return [None] * (len(draft) + 1)
+        masks: list[np.ndarray | None] = []
+        for i in range(len(draft) + 1):
+            mask = self._allowed(walk.matcher, vocab_size) if walk.matcher is not None else None
+            masks.append(mask)
+            if i == len(draft):
+                break
+            if mask is not None and not mask[draft[i]]:
+                # Not cut (a worker group's rows): the mask rejects d_i, so nothing after it
+                # is kept, whatever the positions past it are sampled under.
+                return masks + [None] * (len(draft) - i)
+            self._advance(walk, draft[i])
+        return masks
+
+    def _walk(self, slot: int) -> SlotConstraint | None:
+        state = self._slots.get(slot)
+        if state is None:
+            return None
+        return SlotConstraint(state.grammar, state.trigger, list(state.generated),
+                              state.matcher.deep_copy() if state.matcher is not None else None)
+
     def masks(self, slots: list[int], vocab_size: int) -> np.ndarray | None:
         """[len(slots), vocab_size] booleans: True where a token is allowed; None when no
         row is constrained right now (the logits are used as they are)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import mlx.core as mx
+import numpy as np
 
 from switchyard.proto.messages import DecodeItem, RunStep, SampledToken, SlotFailure, StepDone
 from switchyard.proto.shm import PageBufferPool
@@ -19,6 +20,7 @@ from switchyard.worker.errors import ImageInputError
 from switchyard.worker.page_io import PageLayout
 from switchyard.worker.sampling import sample_lazy
 from switchyard.worker.slots import SlotStore
+from switchyard.proto.speculation import verified
 
 
 class StepExecutor:
@@ -31,6 +33,9 @@ class StepExecutor:
         self.constraints = constraints
         # A worker group: rank 0's sampled tokens to every rank, lazily (worker/group.py).
         self.share_tokens = share_tokens or (lambda tokens: tokens)
+        # In a group every rank must feed the same rows: rank 0 alone knows the grammars, so
+        # there a draft the grammar rejects is not cut short; the mask rejects it instead.
+        self.cut_drafts = share_tokens is None
 
     def _buffer(self, index: int):
         return self.pool.array(index, "uint8", self.pool.buffer_bytes)
@@ -67,6 +72,7 @@ class StepExecutor:
             step=step.step, sampled=sampled,
             num_prefill_tokens=sum(len(c.token_ids) for c in step.prefills),
             num_decode_tokens=len(step.decodes), duration_s=done - started,
+            num_verified_tokens=sum(len(d.draft) for d in step.decodes),
             decode_s=prefill_started - decode_started,
             prefill_s=done - prefill_started - encode_s, load_s=decode_started - load_started,
             encode_s=encode_s, num_encoded_tokens=num_encoded, failed=tuple(failed))
@@ -74,6 +80,8 @@ class StepExecutor:
     def _decode(self, step: RunStep) -> tuple[SampledToken, ...]:
         """Batched decode iterations; a sequence drops out at a stop token or its limit."""
         constrained = self._sync_constraints(step.decodes)
+        if any(d.draft for d in step.decodes):
+            return self._verify(step.decodes, constrained)
         if len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.drops_last_token:
             return self._decode_pipelined(step.decodes[0], step.num_decode_steps, constrained)
         active = [[d, d.position, d.token_id, 0] for d in step.decodes]  # item, pos, input, n
@@ -173,4 +181,52 @@ class StepExecutor:
             fed.append(token)
             y = sample(following, i + 1) if constrained else following
         store.record(item.slot, fed)
+        return tuple(sampled)
+
+    def _verify(self, items: tuple[DecodeItem, ...], constrained: bool
+                ) -> tuple[SampledToken, ...]:
+        """One forward pass that checks every sequence's draft (docs/design.md "Speculative
+        decoding"): row = input token + draft; the model's token at each position is sampled
+        as a plain decode would sample it (same filters, mask and key), and each sequence
+        keeps its draft up to the first disagreement plus the model's own next token
+        (proto/speculation.py). Rejected tokens leave the slots' caches."""
+        drafts = []
+        for item in items:
+            draft = list(item.draft[:max(0, item.burst_limit - 1)])
+            if constrained and self.cut_drafts:  # cut before a token the grammar rejects
+                draft = draft[:self.constraints.draft_prefix(item.slot, draft)]
+            drafts.append(draft)
+        rows = [[item.token_id, *draft] for item, draft in zip(items, drafts)]
+        slots = [item.slot for item in items]
+        logits = self.store.verify(slots, [item.position for item in items], rows)
+        width, vocab = logits.shape[1], logits.shape[-1]
+        picked = [r * width + j for r, row in enumerate(rows) for j in range(len(row))]
+        flat = logits.reshape(-1, vocab)
+        if len(picked) < flat.shape[0]:
+            flat = mx.take(flat, mx.array(picked), axis=0)
+        if constrained:  # the masks are computed while the forward pass runs
+            mx.async_eval(flat)
+            masks = [m for item, draft in zip(items, drafts)
+                     for m in self.constraints.draft_masks(item.slot, draft, vocab)]
+            if any(m is not None for m in masks):
+                allowed = np.ones((len(masks), vocab), dtype=bool)
+                for i, m in enumerate(masks):
+                    if m is not None:
+                        allowed[i] = m
+                flat = mx.where(mx.array(allowed), flat, mx.array(-mx.inf, dtype=flat.dtype))
+        params = [item.sampling for item, row in zip(items, rows) for _ in row]
+        indexes = [item.sample_index + j for item, row in zip(items, rows)
+                   for j in range(len(row))]
+        targets = self.share_tokens(sample_lazy(flat, params, indexes)).tolist()
+        sampled, kept, start = [], [], 0
+        for item, draft, row in zip(items, drafts, rows):
+            emitted = verified(draft, targets[start:start + len(row)], item.stop_token_ids,
+                               item.burst_limit)
+            start += len(row)
+            kept.append(len(emitted))  # the input and the accepted draft tokens
+            for token in emitted:
+                sampled.append(SampledToken(item.slot, token))
+                if constrained:
+                    self.constraints.accept(item.slot, token)
+        self.store.keep(slots, rows, kept)
         return tuple(sampled)

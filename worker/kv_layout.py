@@ -11,8 +11,8 @@ threshold. Layers whose cache is not a `KVCache` (recurrent `ArraysCache` state,
 windows) keep their own, unquantized form.
 
 mlx-lm has no batched quantized cache (its server decodes one sequence at a time when
-`--kv-bits` is set); `BatchQuantizedKVCache` is that batch, built like `BatchKVCache`: rows
-left-padded with zeros that the mask hides, merged from and extracted to per-slot caches.
+`--kv-bits` is set); worker/batch_kv.py's `BatchQuantizedKV` is that batch, merged from and
+extracted to per-slot caches like the full-precision one.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, _BaseCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+from switchyard.worker.batch_kv import BatchQuantizedKV
 
 KV_GROUP_SIZES = (32, 64, 128)
 
@@ -50,8 +51,8 @@ class QuantizedSlotCache(QuantizedKVCache):
     """mlx-lm's QuantizedKVCache with the batch merge mlx-lm lacks."""
 
     @classmethod
-    def merge(cls, caches: list) -> "BatchQuantizedKVCache":
-        return BatchQuantizedKVCache.merge(caches)
+    def merge(cls, caches: list) -> BatchQuantizedKV:
+        return BatchQuantizedKV.merge(caches)
 
 
 def apply_quant(cache: list, quant: KVQuant | None) -> list:
@@ -111,122 +112,3 @@ def kv_bytes_per_token(cache: list) -> int:
     """Bytes one token adds to the attention layers of `cache` (which has seen a token)."""
     return sum(a.shape[1] * a.shape[3] * a.dtype.size
                for c in cache if is_attention_kv(c) for a in token_arrays(c))
-
-
-class BatchQuantizedKVCache(_BaseCache):
-    """Quantized KV of several sequences decoded together (cf. mlx-lm's BatchKVCache)."""
-
-    step = 256
-
-    def __init__(self, left_padding: list[int], group_size: int, bits: int):
-        self.keys = self.values = None
-        self.left_padding = mx.array(left_padding)
-        self.offset = mx.array([-p for p in left_padding])
-        self._idx = 0
-        self.group_size, self.bits = group_size, bits
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        prev, num = self._idx, keys.shape[2]
-        if self.keys is None or prev + num > self.keys[0].shape[2]:
-            self._grow(keys, values, num)
-        self._idx += num
-        self.offset = self.offset + num
-        for ours, new in ((self.keys, keys), (self.values, values)):
-            quantized = mx.quantize(new, group_size=self.group_size, bits=self.bits)
-            for target, part in zip(ours, quantized):
-                target[..., prev:self._idx, :] = part
-        return self._used(self.keys), self._used(self.values)
-
-    def _grow(self, keys: mx.array, values: mx.array, num: int) -> None:
-        room = (self.step + num - 1) // self.step * self.step
-        per_int = 32 // self.bits
-        batch, heads = keys.shape[:2]
-
-        def empty(dim: int, dtype) -> tuple[mx.array, ...]:
-            groups = dim // self.group_size
-            return (mx.zeros((batch, heads, room, dim // per_int), mx.uint32),
-                    mx.zeros((batch, heads, room, groups), dtype),
-                    mx.zeros((batch, heads, room, groups), dtype))
-
-        new_k, new_v = empty(keys.shape[3], keys.dtype), empty(values.shape[3], values.dtype)
-        if self.keys is None:
-            self.keys, self.values = new_k, new_v
-            return
-        self.keys = tuple(mx.concatenate([a[..., :self._idx, :], b], axis=2)
-                          for a, b in zip(self.keys, new_k))
-        self.values = tuple(mx.concatenate([a[..., :self._idx, :], b], axis=2)
-                            for a, b in zip(self.values, new_v))
-
-    def _used(self, arrays: tuple[mx.array, ...]) -> tuple[mx.array, ...]:
-        return tuple(a[..., :self._idx, :] for a in arrays)
-
-    def make_mask(self, N: int, return_array: bool = False, **kwargs):
-        return create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
-
-    @classmethod
-    def merge(cls, caches: list[QuantizedKVCache]) -> "BatchQuantizedKVCache":
-        first = caches[0]
-        lengths = [c.offset for c in caches]
-        longest = max(lengths)
-        padding = [longest - n for n in lengths]
-        batch = cls(padding, first.group_size, first.bits)
-        filled = [c for c in caches if c.keys is not None and c.offset]
-        if not filled:
-            return batch
-        sample = filled[0]
-
-        def rows(pick) -> tuple[mx.array, ...]:
-            merged = []
-            for j, a in enumerate(pick(sample)):
-                out = mx.zeros((len(caches), a.shape[1], longest, a.shape[3]), a.dtype)
-                for i, (pad, c) in enumerate(zip(padding, caches)):
-                    if c.keys is not None and c.offset:
-                        out[i:i + 1, :, pad:] = pick(c)[j][..., :c.offset, :]
-                merged.append(out)
-            return tuple(merged)
-
-        batch.keys = rows(lambda c: c.keys)
-        batch.values = rows(lambda c: c.values)
-        batch._idx = longest
-        batch.offset = batch.offset + longest
-        return batch
-
-    def extract(self, idx: int) -> QuantizedSlotCache:
-        cache = QuantizedSlotCache(self.group_size, self.bits)
-        if self.keys is None:
-            return cache
-        pad = self.left_padding.tolist()[idx]
-        cache.keys = tuple(mx.contiguous(a[idx:idx + 1, :, pad:self._idx]) for a in self.keys)
-        cache.values = tuple(mx.contiguous(a[idx:idx + 1, :, pad:self._idx])
-                             for a in self.values)
-        cache.offset = self._idx - pad
-        return cache
-
-    @property
-    def state(self):
-        return self.keys, self.values, self.offset, self.left_padding
-
-    @state.setter
-    def state(self, v):
-        self.keys, self.values, self.offset, self.left_padding = v
-
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        n = min(self._idx, n)
-        self._idx -= n
-        self.offset = self.offset - n
-        return n
-
-    def size(self) -> int:
-        return self._idx
-
-    def empty(self) -> bool:
-        return self.keys is None
-
-    @property
-    def nbytes(self) -> int:
-        if self.keys is None:
-            return 0
-        return sum(a.nbytes for a in (*self.keys, *self.values))

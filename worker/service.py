@@ -107,6 +107,33 @@ def unpaged_bytes_per_token(loaded: LoadedModel, num_tokens: int = 256) -> int:
     return max(0, -(-(sizes[1] - sizes[0]) // num_tokens))
 
 
+def speculation_mode(settings: Settings, verifiable: str, kinds: str, log,
+                     vision: bool = False) -> str:
+    """What speculative decoding this worker does (docs/design.md "Speculative decoding"):
+    "batched", "alone" or "" (off), with one line saying why when it is less than batched.
+    `--speculative suffix` on a model that cannot take rejected tokens back is refused; so is
+    a vision-language model (its decode positions are bound per slot, worker/vision/slots.py,
+    and verify passes do not bind them yet)."""
+    if settings.speculative == "off":
+        return ""
+    if vision:
+        verifiable = ""
+        reason = "vision-language models do not verify drafts yet"
+    else:
+        reason = (f"this model's layer caches ({kinds}) cannot take back rejected draft "
+                  f"tokens exactly")
+    if not verifiable:
+        if settings.speculative == "suffix":
+            raise ModelLoadError(f"--speculative suffix: {reason}; serve it with "
+                                 f"--speculative auto or off")
+        log.warning("speculation.off", reason=reason)
+    elif verifiable == "alone":
+        log.info("speculation.alone", reason=f"recurrent states and sliding-window rings "
+                 f"({kinds}) are taken back for a lone decoding sequence only: steps that "
+                 f"decode several sequences verify no drafts")
+    return verifiable
+
+
 def cache_kinds(loaded: LoadedModel) -> str:
     """Layer cache kinds and counts, e.g. "KVCache x2, RotatingKVCache x2"."""
     names = [type(c).__name__ for c in leaves(loaded.make_cache())]
@@ -233,6 +260,13 @@ def run(settings: Settings) -> None:
         log.error("worker.group_lost", reason=str(exc))
         sys.exit(1)
     store = make_store(loaded, settings, log)
+    try:
+        speculation = speculation_mode(settings, store.verifiable, cache_kinds(loaded), log,
+                                       vision=loaded.processor is not None)
+    except ModelLoadError as exc:
+        log.error("worker.refused_to_start", reason=str(exc))
+        print(f"switchyard worker: {exc}", file=sys.stderr)
+        sys.exit(2)
     constraints = ConstraintEngine(lambda: llguidance_tokenizer(str(loaded.path)))
     layout_tag_ = layout_tag(group.parallel, group.size, group.rank) if group else ""
     namespace = kv_namespace(loaded, layout, settings.page_size, layout_tag_)
@@ -240,7 +274,8 @@ def run(settings: Settings) -> None:
              vision=loaded.processor is not None,
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
-             kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging)
+             kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging,
+             speculation=speculation or "off")
     if group is None:
         executor = StepExecutor(store, layout, pool, constraints)
         ranks: tuple[RankInfo, ...] = ()
@@ -258,7 +293,7 @@ def run(settings: Settings) -> None:
             boot_id=boot_id, namespace=namespace,
             model_type=loaded.model_type, num_slots=settings.slots, ctx=settings.ctx,
             page_size=settings.page_size, kv_bytes_per_token=loaded.kv_bytes_per_token,
-            trimmable=store.trimmable,
+            trimmable=store.trimmable, speculation=speculation,
             slots=tuple(SlotContents(i, t, store.slot_images(i))
                         for i, t in enumerate(store.contents())),
             shm_name=pool.name if pool else "", num_buffers=pool.num_buffers if pool else 0,

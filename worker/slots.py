@@ -1,8 +1,9 @@
 """Slot KV memory: one mlx-lm prompt cache per slot, batched for decode on demand.
 
 A slot's KV lives either in its own cache list ("parked") or, while several slots decode
-together, as a row of one merged batch cache (mlx-lm's BatchKVCache / ArraysCache merge;
-quantized KV: worker/kv_layout.py's BatchQuantizedKVCache, which mlx-lm lacks).
+together, as a row of one merged batch cache (attention KV: worker/batch_kv.py, whose rows each
+have their own length, so a verify pass can keep a different number of tokens per row;
+recurrent states and rings: mlx-lm's ArraysCache / BatchRotatingKVCache merge).
 The batch is kept while its membership is unchanged and split back into parked caches when
 it changes, so the copy cost is paid per join/leave, not per step. A lone decoding slot runs
 on its parked cache directly: the same code path as mlx_lm.generate, hence the same tokens.
@@ -14,11 +15,25 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache
 
 from switchyard.proto.messages import PrefillChunk
-from switchyard.worker.cache_kinds import drops_last_token, rewindable
+from switchyard.worker.batch_kv import BatchKV, BatchQuantizedKV
+from switchyard.worker.cache_kinds import (
+    before_verify,
+    drops_last_token,
+    leaves,
+    rewindable,
+    undo_verify,
+    verifiable,
+)
 from switchyard.worker.kv_layout import is_attention_kv
 from switchyard.worker.page_io import copy_prefix
+
+
+# Junk columns a row of the decode batch may carry (rows that kept fewer verified tokens than
+# the longest) before the batch is split and merged again.
+_MAX_LAG = 256
 
 
 class SlotError(RuntimeError):
@@ -39,6 +54,10 @@ class SlotStore:
         # is never cut back (mlx-lm's is_trimmable() is True for a ring that has not wrapped).
         self.trimmable = rewindable(self._parked[0])
         self.drops_last_token = drops_last_token(self._parked[0])
+        # Speculative decoding: "batched", "alone" (only a lone decoding sequence) or ""
+        # (worker/cache_kinds.py `verifiable`).
+        self.verifiable = verifiable(self._parked[0])
+        self._before_verify: list | None = None
 
     @property
     def num_slots(self) -> int:
@@ -90,6 +109,50 @@ class SlotStore:
             self.tokens[slot].append(tok)
         return logits
 
+    def verify(self, slots: list[int], positions: list[int], rows: list[list[int]]) -> mx.array:
+        """Feed each slot its row (the input token, then its draft) at its position, all in
+        one forward pass, and return the logits of every position, [len(slots), longest row,
+        vocab]; shorter rows are padded (their padding's logits are junk). `keep` must follow,
+        saying how much of each row the slots keep (docs/design.md "Speculative decoding")."""
+        for slot, pos, row in zip(slots, positions, rows):
+            self.truncate(slot, pos)
+            self._check_room(slot, len(row))
+        if len(slots) > 1 and self.verifiable != "batched":
+            raise SlotError("this model's caches are verified one sequence at a time")
+        cache = self._cache_for(tuple(slots))
+        if len(slots) == 1:
+            self._before_verify = before_verify(cache)
+        width = max(len(r) for r in rows)
+        padded = [list(r) + [r[-1]] * (width - len(r)) for r in rows]
+        return self.model(mx.array(padded), cache=cache)
+
+    def keep(self, slots: list[int], rows: list[list[int]], kept: list[int]) -> None:
+        """After `verify`: slot i keeps the first kept[i] tokens of its row (its input and the
+        accepted draft); the rest of the row, and the padding, are cut from its cache."""
+        width = max(len(r) for r in rows)
+        cuts = [width - k for k in kept]
+        if len(slots) == 1:
+            cache = self._parked[slots[0]]
+            if cuts[0] and self._before_verify is not None:
+                # Recurrent states and rings cannot be cut at a token: the whole pass is taken
+                # back and the kept tokens fed again (their logits are not needed).
+                undo_verify(cache, self._before_verify, width)
+                self.model(mx.array([rows[0][:kept[0]]]), cache=cache)
+                mx.eval([c.state for c in leaves(cache)])
+            elif cuts[0]:
+                for c in leaves(cache):
+                    c.trim(cuts[0])
+            self._before_verify = None
+        else:
+            for layer in leaves(self._batch):
+                layer.trim_rows(cuts)
+        for slot, row, k in zip(slots, rows, kept):
+            self.tokens[slot].extend(row[:k])
+        if len(slots) > 1 and max(getattr(c, "lag", 0) for c in leaves(self._batch)) > _MAX_LAG:
+            # Rows that kept fewer tokens than others carry junk columns up to the longest
+            # row; splitting the batch drops them (it is merged again at the next step).
+            self._unbatch()
+
     def record(self, slot: int, token_ids: list[int]) -> None:
         """Note tokens a caller fed into the slot's parked cache itself."""
         self.tokens[slot].extend(token_ids)
@@ -126,8 +189,7 @@ class SlotStore:
         if slots != self._batch_slots:
             self._unbatch()
             caches = [self._parked.pop(s) for s in slots]
-            self._batch = [type(layer[0]).merge(list(layer)) if hasattr(layer[0], "merge")
-                           else _not_batchable(layer[0]) for layer in zip(*caches)]
+            self._batch = [_merged(list(layer)) for layer in zip(*caches)]
             self._batch_slots = slots
         return self._batch
 
@@ -166,6 +228,21 @@ def _emptied(old: list, fresh: list) -> list:
         if is_attention_kv(c):
             c.offset = 0
     return [o if is_attention_kv(o) else f for o, f in zip(old, fresh)]
+
+
+def _merged(caches: list):
+    """One batch cache of the slots' caches of one layer."""
+    first = caches[0]
+    if type(first) is KVCache:
+        return BatchKV.merge(caches)
+    if isinstance(first, QuantizedKVCache):
+        return BatchQuantizedKV.merge(caches)
+    if type(first) is CacheList:
+        return CacheList(*(_merged([c.caches[i] for c in caches])
+                           for i in range(len(first.caches))))
+    if hasattr(first, "merge"):
+        return type(first).merge(caches)
+    return _not_batchable(first)
 
 
 def _not_batchable(cache) -> None:

@@ -285,7 +285,8 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
         top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
         top_k=_default(f.integer("top_k", lo=0, hi=2**31 - 1), 0),
         stop=tuple(s for s in stops if s), stream=bool(f.boolean("stream")),
-        priority=parse_priority(body.get("priority"), "priority"))
+        priority=parse_priority(body.get("priority"), "priority"),
+        speculative=f.boolean("speculative") is not False)
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel,
                        template_kwargs=template_kwargs(_thinking_kwargs(body.get("thinking"))),

@@ -57,6 +57,8 @@ _TEMPERATURE = {"type": "number", "minimum": 0, "maximum": 2}
 _TOP_P = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
 _TOP_K = {"type": "integer", "minimum": 0, "maximum": INT32_MAX}
 _PRIORITY = {"enum": ["interactive", "background"]}
+_SPECULATIVE = {"type": "boolean", "description": "false: no speculative decoding for this "
+                "request (the output is the same either way; this only changes speed)"}
 _MAX_TOKENS = {"type": "integer", "minimum": 1}
 _STOP = _any(_STR, _arr(_STR, maxItems=MAX_STOP))
 _NO_CALLS = _arr(_OBJ, maxItems=0)
@@ -66,7 +68,7 @@ def _sampling(**extra: Any) -> dict[str, Any]:
     return dict(temperature=_TEMPERATURE, top_p=_TOP_P, top_k=_TOP_K,
                 min_p={"type": "number", "minimum": 0, "maximum": 1},
                 seed={"type": "integer", "minimum": INT64_MIN, "maximum": UINT64_MAX},
-                stream=_BOOL, priority=_PRIORITY, **extra)
+                stream=_BOOL, priority=_PRIORITY, speculative=_SPECULATIVE, **extra)
 
 
 _RESPONSE_FORMAT = {
@@ -197,7 +199,8 @@ _A_COMMON = dict(model=_MODEL, messages=_arr(_A_MESSAGE, minItems=1),
 MESSAGES_REQUEST = _schema(
     ["max_tokens", "messages"], max_tokens=_MAX_TOKENS,
     stop_sequences=_arr(_STR, maxItems=MAX_STOP), metadata=_OBJ, temperature=_TEMPERATURE,
-    top_p=_TOP_P, top_k=_TOP_K, stream=_BOOL, priority=_PRIORITY, **_A_COMMON) | _A_NEEDS_TOOLS
+    top_p=_TOP_P, top_k=_TOP_K, stream=_BOOL, priority=_PRIORITY, speculative=_SPECULATIVE,
+    **_A_COMMON) | _A_NEEDS_TOOLS
 COUNT_TOKENS_REQUEST = _schema(["messages"], **_A_COMMON) | _A_NEEDS_TOOLS
 
 
@@ -237,7 +240,7 @@ RESPONSES_REQUEST = _schema(
         _schema(["type", "schema"], type={"const": "json_schema"}, name=_STR, strict=_BOOL,
                 schema=_OBJ)]}), reasoning=_OBJ,
     metadata=_OBJ, user=_STR, temperature=_TEMPERATURE, top_p=_TOP_P, stream=_BOOL,
-    priority=_PRIORITY) | _R_NEEDS_TOOLS
+    priority=_PRIORITY, speculative=_SPECULATIVE) | _R_NEEDS_TOOLS
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:

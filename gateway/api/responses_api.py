@@ -222,7 +222,8 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Respo
         temperature=_default(f.number("temperature", 0.0, 2.0), 1.0),
         top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
         stream=bool(f.boolean("stream")),
-        priority=parse_priority(body.get("priority"), "priority"), user=f.string("user"))
+        priority=parse_priority(body.get("priority"), "priority"), user=f.string("user"),
+        speculative=f.boolean("speculative") is not False)
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel is not False,
                        constraint=structured.one_of(answer_format, structured.guided(body),

@@ -195,6 +195,7 @@ def parse_options(f: Fields) -> Options:
         priority=parse_priority(f.get("priority"), "priority"),
         user=f.string("user"),
         logit_bias=parse_logit_bias(f),
+        speculative=f.boolean("speculative") is not False,
     )
 
 

@@ -101,4 +101,4 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
         max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,
         stop_token_ids=stop_token_ids,
         priority=options.priority or priority or PRIORITY_INTERACTIVE,
-        images=images, image_data=image_data)
+        images=images, image_data=image_data, speculative=options.speculative)

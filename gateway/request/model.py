@@ -31,6 +31,7 @@ class Options:
     priority: str | None = None
     user: str | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unchecked here
+    speculative: bool = True  # False: no speculative decoding for this request
 
 
 @dataclass(frozen=True)

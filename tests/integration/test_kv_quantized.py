@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from switchyard.proto.messages import SamplingParams
-from switchyard.worker.kv_layout import BatchQuantizedKVCache, kv_quant, token_arrays
+from switchyard.worker.batch_kv import BatchQuantizedKV
+from switchyard.worker.kv_layout import kv_quant, token_arrays
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.model_loading import load_model
 from switchyard.worker.page_io import PageLayout
@@ -92,7 +93,7 @@ def test_batch_rows_are_the_slots_exactly(tiny_model_dir):
     alone = [_greedy(store, [2], 7)[0][0], _greedy(store, [3], 7)[0][0]]
     assert together == alone
     parked = [store.parked(s)[0] for s in (0, 1)]
-    batch = BatchQuantizedKVCache.merge(parked)
+    batch = BatchQuantizedKV.merge(parked)
     for row, cache in enumerate(parked):
         back = batch.extract(row)
         assert back.offset == cache.offset

@@ -252,3 +252,26 @@ def test_an_integral_number_is_an_integer():
     """JSON has one number type: 10.0 is 10 (JSON Schema, and the published spec, agree)."""
     assert chat(max_tokens=10.0).options.max_tokens == 10
     assert isinstance(chat(max_tokens=10.0).options.max_tokens, int)
+
+
+def test_a_request_may_opt_out_of_speculative_decoding_in_every_api():
+    from switchyard.gateway.api.anthropic_api import parse_messages_request
+    from switchyard.gateway.api.responses_api import parse_responses_request
+    from switchyard.gateway.request.response_store import ResponseStore
+
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse_chat_request(chat).options.speculative is True
+    assert parse_chat_request(chat | {"speculative": False}).options.speculative is False
+    assert parse_completion_request({"prompt": "x", "speculative": False}).options.speculative \
+        is False
+    anthropic = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_messages_request(anthropic | {"speculative": False}).chat.options.speculative \
+        is False
+    store = ResponseStore(4)
+    assert parse_responses_request({"input": "hi", "speculative": False},
+                                   store).chat.options.speculative is False
+    with pytest.raises(APIError, match="speculative"):
+        parse_chat_request(chat | {"speculative": "no"})
+    request = build_submit("r", [1], Options(speculative=False), ctx=10, default_max_tokens=5,
+                           stop_token_ids=(), priority=None)
+    assert request.speculative is False

@@ -34,7 +34,8 @@ API_KEY = "sekret"
 def record(**kw):
     fields = dict(finish_reason="stop", num_prompt_tokens=100, num_reused_tokens=0,
                   num_copied_tokens=0, num_restored_tokens=0, num_prefilled_tokens=100,
-                  num_generated_tokens=5, num_cached_tokens=0, ttft_s=0.2, priority="interactive")
+                  num_generated_tokens=5, num_cached_tokens=0, ttft_s=0.2, priority="interactive",
+                  num_proposed_tokens=0, num_accepted_tokens=0)
     return SimpleNamespace(**(fields | kw))
 
 
@@ -42,7 +43,8 @@ def snapshot(now: float) -> Status:
     stats = SchedulerStats()
     stats.request_finished(record(), now)
     stats.request_finished(record(num_reused_tokens=60, num_restored_tokens=32,
-                                  num_prefilled_tokens=8, ttft_s=0.03), now)
+                                  num_prefilled_tokens=8, ttft_s=0.03,
+                                  num_proposed_tokens=40, num_accepted_tokens=31), now)
     stats.request_finished(record(finish_reason="length", ttft_s=7.0), now)
     stats.request_failed("queue_full")
     for duration in (0.004, 0.02, 0.02):
@@ -90,6 +92,8 @@ def test_families_from_a_snapshot():
               for kind in metrics.TOKEN_KINDS}
     assert tokens == {"prompt": 300, "reused": 60, "copied": 0, "restored": 32,
                       "prefilled": 208, "generated": 15}
+    assert got[("switchyard_speculative_tokens_total", (("kind", "proposed"),))] == 40
+    assert got[("switchyard_speculative_tokens_total", (("kind", "accepted"),))] == 31
     assert got[("switchyard_requests_finished_total", (("reason", "stop"),))] == 2
     assert got[("switchyard_requests_finished_total", (("reason", "length"),))] == 1
     assert got[("switchyard_requests_failed_total", (("code", "queue_full"),))] == 1

@@ -16,6 +16,7 @@ import pytest
 from switchyard.deploy import cli
 from switchyard.deploy import status as status_cli
 from switchyard.proto.status import (
+    SpeculationStatus,
     STATUS_VERSION,
     DiskStatus,
     PeerStatus,
@@ -31,7 +32,8 @@ from switchyard.scheduler.stats import SchedulerStats
 def record(**kw):
     fields = dict(finish_reason="stop", num_prompt_tokens=100, num_reused_tokens=0,
                   num_copied_tokens=0, num_restored_tokens=0, num_prefilled_tokens=100,
-                  num_generated_tokens=5, num_cached_tokens=0, ttft_s=0.2, priority="interactive")
+                  num_generated_tokens=5, num_cached_tokens=0, ttft_s=0.2, priority="interactive",
+                  num_proposed_tokens=0, num_accepted_tokens=0)
     return SimpleNamespace(**(fields | kw))
 
 
@@ -39,7 +41,8 @@ def snapshot(now: float) -> Status:
     stats = SchedulerStats()
     stats.request_finished(record(), now - 5)
     stats.request_finished(record(num_reused_tokens=90, num_prefilled_tokens=10,
-                                  num_cached_tokens=90, ttft_s=0.02), now - 2)
+                                  num_cached_tokens=90, ttft_s=0.02, num_proposed_tokens=40,
+                                  num_accepted_tokens=30), now - 2)
     stats.request_failed("queue_full")
     stats.step_done(0.01)
     return Status(
@@ -59,6 +62,7 @@ def snapshot(now: float) -> Status:
                         writable=True, num_evicted=7, num_thrash=1, num_writing=2),
         ranks=[],
         stats=stats.snapshot(),
+        speculation=SpeculationStatus(mode="batched", max_draft_tokens=8),
     )
 
 
@@ -98,6 +102,8 @@ def test_report_text():
     assert "1 thrash events" in text
     assert "2 finished (stop 2), 1 failed (queue_full 1)" in text
     assert "reused 90" in text and "prefilled 110" in text
+    assert "speculative decoding: every decoding sequence, up to 8 draft tokens; 40 proposed, " \
+           "30 accepted (75%)" in text
     report["snapshot_age_s"] = 60
     assert "STALE" in status_cli.format_report(report)
 

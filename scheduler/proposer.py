@@ -1,0 +1,242 @@
+"""Draft proposals for speculative decoding, copied from text already seen (docs/design.md
+"Speculative decoding"). Pure: no I/O, no MLX.
+
+An agent's replies are largely copies: a file rewritten with one change, paths and identifiers
+from the tool results above, the same JSON keys in every call, sub-agents repeating each
+other's calls. So the proposer looks the last few tokens of a sequence up among recent text
+and proposes what followed them there.
+
+- **Where it looks**: the request's own context (the last `window` tokens of its prompt, and
+  all it generated) and, shared by all, every other request's, running or recently finished.
+- **How**: one fixed-size hash table of n-grams (orders 8, 4 and 2): each entry names the
+  sequence and position where that n-gram was last seen. Indexing a new token costs one hash
+  per order; a prompt's window is indexed once, vectorized, when the request arrives. A lookup
+  tries the longest order first and checks the tokens themselves (a hash collision is a miss),
+  then extends the match backwards (at most MAX_MATCH tokens) to measure it. Per step the work
+  is O(orders + draft), never O(context). Memory is bounded: the table, plus the windows of the
+  most recent finished requests up to `keep_tokens`.
+- **How much**: the draft length maximizes the expected tokens per verify pass over its cost,
+  E(k) / (1 + cost * k) with E(k) = 1 + a + ... + a^k, where a, the chance each next draft
+  token is accepted, blends the match length (a longer match is likelier to go on) with the
+  request's recent acceptance (their odds multiplied). Nothing is proposed where nothing matches or where no length
+  pays (E / cost below `min_gain`): such a step costs what a plain decode costs.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+ORDERS = (8, 4, 2)
+MAX_MATCH = 32
+_P = 1_000_003  # polynomial hash base (odd): tokens are small ints
+_MASK = (1 << 64) - 1
+_ORDER_SALT = 0x9E3779B97F4A7C15
+_EWMA = 0.15  # weight of each new draft-token outcome in a request's acceptance rate
+
+
+@dataclass
+class ProposerConfig:
+    max_draft: int = 8
+    table_bits: int = 20  # 1M entries, ~16 MB
+    window: int = 8192  # prompt tokens indexed per request (its end)
+    keep_tokens: int = 1 << 20  # tokens of finished requests kept to copy from
+    verify_cost: float = 0.1  # one more verified token, relative to a decode pass
+    min_gain: float = 1.1  # expected tokens per pass cost a draft must reach
+
+
+@dataclass
+class _Source:
+    tokens: list | array  # a running request's feed (grown in place) or a finished copy
+    base: int = 0  # position of tokens[0] in the sequence
+    acceptance: float = 0.6  # recent fraction of draft tokens accepted
+    proposed: int = 0
+    accepted: int = 0
+
+    def get(self, pos: int) -> int | None:
+        i = pos - self.base
+        return self.tokens[i] if 0 <= i < len(self.tokens) else None
+
+
+def _hash(tokens, order: int) -> int:
+    h = 0
+    for t in tokens:
+        h = (h * _P + t + 1) & _MASK
+    return h ^ ((order * _ORDER_SALT) & _MASK)
+
+
+def _hashes(tokens: np.ndarray, order: int) -> np.ndarray:
+    """The hash of every n-gram of `order` in `tokens` (uint64), by n-gram end."""
+    n = len(tokens) - order + 1
+    h = np.zeros(n, dtype=np.uint64)
+    for j in range(order):
+        h = h * np.uint64(_P) + tokens[j:j + n].astype(np.uint64) + np.uint64(1)
+    return h ^ np.uint64((order * _ORDER_SALT) & _MASK)
+
+
+class Proposer:
+    def __init__(self, config: ProposerConfig | None = None):
+        self.config = config or ProposerConfig()
+        size = 1 << self.config.table_bits
+        self._mask = size - 1
+        self._keys = np.zeros(size, dtype=np.uint64)
+        self._src = np.full(size, -1, dtype=np.int64)
+        self._pos = np.zeros(size, dtype=np.int64)
+        self._sources: dict[int, _Source] = {}
+        self._indexed: dict[int, int] = {}  # source id -> tokens whose n-grams are in
+        self._finished: OrderedDict[int, int] = OrderedDict()  # source id -> tokens kept
+        self._finished_tokens = 0
+        self._ids: dict[str, int] = {}
+        self._next_id = 0
+
+    # --- sequences -------------------------------------------------------------------------
+
+    def start(self, rid: str, feed: list[int]) -> None:
+        """A request arrives: index the end of its context. `feed` is its token list, which
+        the caller grows in place; `extend` indexes what was added."""
+        sid = self._next_id
+        self._next_id += 1
+        self._ids[rid] = sid
+        start = max(0, len(feed) - self.config.window)
+        self._sources[sid] = _Source(feed, 0)
+        self._indexed[sid] = start
+        self._index_range(sid, feed, start, len(feed))
+
+    def extend(self, rid: str) -> None:
+        """Index the tokens the request's feed gained since the last call."""
+        sid = self._ids.get(rid)
+        if sid is None:
+            return
+        feed = self._sources[sid].tokens
+        self._index_range(sid, feed, self._indexed[sid], len(feed))
+
+    def finish(self, rid: str) -> None:
+        """The request ended: keep its window to copy from (bounded by `keep_tokens`)."""
+        sid = self._ids.pop(rid, None)
+        if sid is None:
+            return
+        source = self._sources[sid]
+        base = max(0, len(source.tokens) - self.config.window - 2 * MAX_MATCH)
+        source.tokens = array("l", source.tokens[base:])
+        source.base = base
+        self._finished[sid] = len(source.tokens)
+        self._finished_tokens += len(source.tokens)
+        while self._finished_tokens > self.config.keep_tokens and self._finished:
+            old, n = self._finished.popitem(last=False)
+            self._finished_tokens -= n
+            del self._sources[old]
+            del self._indexed[old]
+
+    def _index_range(self, sid: int, tokens, begin: int, end: int) -> None:
+        """Index the n-grams ending at positions p in [begin - 1, end - 2] (whose next token,
+        what a proposal copies, exists), for n-grams starting at or after the window."""
+        first = max(0, begin - 1)
+        last = end - 2
+        self._indexed[sid] = max(self._indexed[sid], end)
+        if last < first:
+            return
+        if last - first > 64:  # a prompt: vectorized
+            lo = max(0, first - ORDERS[0] + 1)
+            chunk = np.asarray(tokens[lo:last + 1], dtype=np.int64)
+            for order in ORDERS:
+                if len(chunk) < order:
+                    continue
+                h = _hashes(chunk, order)
+                ends = np.arange(lo + order - 1, last + 1)
+                keep = ends >= first
+                h, ends = h[keep], ends[keep]
+                slots = (h ^ (h >> np.uint64(29))).astype(np.int64) & self._mask
+                self._keys[slots] = h
+                self._src[slots] = sid
+                self._pos[slots] = ends
+            return
+        for p in range(first, last + 1):
+            for order in ORDERS:
+                if p - order + 1 < 0:
+                    continue
+                h = _hash(tokens[p - order + 1:p + 1], order)
+                slot = (h ^ (h >> 29)) & self._mask
+                self._keys[slot] = h
+                self._src[slot] = sid
+                self._pos[slot] = p
+
+    # --- proposals -------------------------------------------------------------------------
+
+    def propose(self, rid: str, limit: int) -> tuple[int, ...]:
+        """The draft for the request's next step: at most `limit` tokens to follow its last
+        token; () when nothing matches or no draft length pays."""
+        sid = self._ids.get(rid)
+        limit = min(limit, self.config.max_draft)
+        if sid is None or limit <= 0:
+            return ()
+        me = self._sources[sid]
+        feed = me.tokens
+        n = len(feed)
+        for order in ORDERS:
+            if n < order:
+                continue
+            suffix = feed[n - order:]
+            h = _hash(suffix, order)
+            slot = (h ^ (h >> 29)) & self._mask
+            if int(self._keys[slot]) != h:
+                continue
+            source = self._sources.get(int(self._src[slot]))
+            pos = int(self._pos[slot])
+            if source is None or any(source.get(pos - order + 1 + j) != suffix[j]
+                                     for j in range(order)):
+                continue  # evicted, or a hash collision
+            matched = order
+            while matched < MAX_MATCH and n - matched - 1 >= 0:
+                t = source.get(pos - matched)
+                if t is None or t != feed[n - matched - 1]:
+                    break
+                matched += 1
+            size = self._draft_size(me, matched, limit)
+            draft = []
+            for j in range(1, size + 1):
+                t = source.get(pos + j)
+                if t is None:
+                    break
+                draft.append(t)
+            return tuple(draft)
+        return ()
+
+    def _draft_size(self, me: _Source, matched: int, limit: int) -> int:
+        # Two pieces of evidence, their odds multiplied: a longer match is likelier to go on,
+        # and a request whose drafts were accepted lately is likelier to accept this one.
+        prior = matched / (matched + 3.0)
+        recent = min(0.99, max(0.01, me.acceptance))
+        odds = prior / (1 - prior) * recent / (1 - recent)
+        a = min(0.98, odds / (1 + odds))
+        cost = self.config.verify_cost
+        best, best_gain, expected = 0, 1.0, 1.0
+        for k in range(1, limit + 1):
+            expected += a ** k
+            gain = expected / (1.0 + cost * k)
+            if gain > best_gain:
+                best, best_gain = k, gain
+        return best if best_gain >= self.config.min_gain else 0
+
+    def observe(self, rid: str, num_proposed: int, num_accepted: int) -> None:
+        """A verify pass kept `num_accepted` of the `num_proposed` draft tokens: each token
+        tried is an outcome (accepted ones, then the one rejected)."""
+        sid = self._ids.get(rid)
+        if sid is None or not num_proposed:
+            return
+        me = self._sources[sid]
+        me.proposed += num_proposed
+        me.accepted += num_accepted
+        outcomes = [1.0] * num_accepted + ([0.0] if num_accepted < num_proposed else [])
+        for x in outcomes:
+            me.acceptance += _EWMA * (x - me.acceptance)
+
+    def counts(self, rid: str) -> tuple[int, int]:
+        """Draft tokens proposed to and accepted by the request so far."""
+        sid = self._ids.get(rid)
+        if sid is None:
+            return 0, 0
+        me = self._sources[sid]
+        return me.proposed, me.accepted
