@@ -3,6 +3,7 @@ verifies drafts the way the real one does (proto/speculation.py) against a "mode
 copies text; the core proposes, keeps only accepted tokens in its slots, and never emits
 past a stop token or max_tokens."""
 
+from switchyard.proto.status import SpeculationStatus
 from switchyard.proto.messages import (
     CancelRequest,
     RequestFinished,
@@ -191,5 +192,6 @@ def test_cancelling_a_speculating_request_ends_it_after_its_step():
 
 
 def test_the_status_snapshot_says_how_speculation_runs():
-    assert make_core().snapshot(0.0)["speculation"] == {"mode": "batched", "max_draft_tokens": 8}
-    assert make_core(num_draft_tokens=0).snapshot(0.0)["speculation"]["mode"] == "off"
+    assert make_core().snapshot(0.0).speculation == SpeculationStatus(mode="batched",
+                                                                       max_draft_tokens=8)
+    assert make_core(num_draft_tokens=0).snapshot(0.0).speculation.mode == "off"

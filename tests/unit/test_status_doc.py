@@ -31,7 +31,8 @@ def document(now: float = 1000.0) -> Status:
     stats.request_finished(SimpleNamespace(
         finish_reason="stop", num_prompt_tokens=40, num_reused_tokens=32, num_copied_tokens=0,
         num_restored_tokens=0, num_prefilled_tokens=8, num_generated_tokens=3,
-        num_cached_tokens=32, ttft_s=0.05, priority="interactive"), now - 1)
+        num_cached_tokens=32, ttft_s=0.05, priority="interactive", num_proposed_tokens=6,
+        num_accepted_tokens=4), now - 1)
     stats.step_done(0.01)
     return Status(
         version=STATUS_VERSION, at=now, boot_id="s" * 16, pid=os.getpid(), started_at=now - 9,
@@ -63,7 +64,7 @@ def test_json_field_names_are_the_documented_ones():
     raw = json.loads(encode_status(document()))
     assert list(raw) == ["version", "at", "boot_id", "pid", "started_at", "worker_ready",
                          "kvstore_ready", "peers", "slots", "queue", "oldest_waiting_s",
-                         "disk", "ranks", "stats"]
+                         "disk", "ranks", "stats", "speculation"]
     assert set(raw["slots"][0]) == {"slot", "num_tokens", "conversation", "last_used", "rid",
                                     "priority", "state", "waiting_s"}
     assert set(raw["disk"]) == {"bytes", "budget_bytes", "num_pages", "writable",
@@ -72,7 +73,8 @@ def test_json_field_names_are_the_documented_ones():
     assert set(stats) == {"requests_finished", "requests_failed", "tokens", "ttft",
                           "step_time", "num_steps", "restarts", "recent_requests"}
     assert stats["tokens"] == {"prompt": 40, "reused": 32, "copied": 0, "restored": 0,
-                               "prefilled": 8, "generated": 3}
+                               "prefilled": 8, "generated": 3, "draft_proposed": 6,
+                               "draft_accepted": 4}
     assert set(stats["ttft"]) == {"bounds", "counts", "sum", "count"}
     assert stats["recent_requests"] == [{"at": 999.0, "ttft_s": 0.05, "cause": "reused",
                                          "prompt_tokens": 40, "cached_tokens": 32,
