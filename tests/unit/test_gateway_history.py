@@ -251,7 +251,7 @@ def test_template_without_tools_replays_calls_written_as_text(tokenizer, as_text
     first = render(tokenizer, [SYSTEM, USER], memory, tools=TOOLS, template=CHATML_NO_TOOLS,
                    **options)
     assert ("get_weather" in tokenizer.decode(first.ids)) == as_text  # the model sees its tools
-    memory.remember(returned, body, first.opening, False)
+    memory.remember(returned, body, first.opening, False, first.prefix)
     history = [SYSTEM, USER, returned, {"role": "tool", "tool_call_id": "call_1",
                                         "content": "18C"}]
     second = render(tokenizer, history, memory, tools=TOOLS, template=CHATML_NO_TOOLS,
