@@ -274,7 +274,8 @@ class Text:
         return "\n".join(lines)
 
     def file(self, tokens: int, start: int = 1) -> str:
-        return self.sized(tokens, lambda i: f"{start + i:>6}\t{self.code_line(self.rng.randrange(2))}")
+        return self.sized(
+            tokens, lambda i: f"{start + i:>6}\t{self.code_line(self.rng.randrange(2))}")
 
     def grep(self, tokens: int) -> str:
         return self.sized(tokens, lambda i: f"{ROOT}/{self.rng.choice(MODULES)}:"
@@ -287,13 +288,15 @@ class Text:
         def line(i: int) -> str:
             r = self.rng
             if i == 0:
-                return f"============ test session starts ============ platform linux, {r.randrange(50, 400)} items"
+                return ("============ test session starts ============ platform linux, "
+                        f"{r.randrange(50, 400)} items")
             if r.random() < 0.12:
                 return (f"FAILED tests/test_{self.w()}.py::test_{self.w()}_{self.w()} - "
                         f"AssertionError: assert {r.randrange(99)} == {r.randrange(99)}")
             if r.random() < 0.3:
                 return f"E       {self.code_line(0).strip()}"
-            return f"tests/test_{self.w()}.py::test_{self.w()}_{self.w()} PASSED [{r.randrange(100):>3}%]"
+            return (f"tests/test_{self.w()}.py::test_{self.w()}_{self.w()} PASSED "
+                    f"[{r.randrange(100):>3}%]")
         return self.sized(tokens, line)
 
     def edit(self, tokens: int, path: str) -> str:
@@ -368,8 +371,8 @@ class Workload:
         return len(self.tok.encode(text, add_special_tokens=False))
 
     def _id(self) -> str:
-        return "toolu_01" + "".join(self.rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz123456789")
-                                    for _ in range(22))
+        alphabet = "ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz123456789"
+        return "toolu_01" + "".join(self.rng.choice(alphabet) for _ in range(22))
 
     def _instructions(self, tokens: int) -> str:
         t = self.text
@@ -462,18 +465,20 @@ class Workload:
         return out
 
 
-# --- rendering: Anthropic for Switchyard, OpenAI chat for the peers -----------------------------------
+# --- rendering: Anthropic for Switchyard, OpenAI chat for the peers ------------------------------
 
 
 def billing_line(n: int) -> str:
-    return f"x-anthropic-billing-header: cc_version=2.0.{n % 97}.a1b; cc_entrypoint=cli; cch={n:05x};"
+    return (f"x-anthropic-billing-header: cc_version=2.0.{n % 97}.a1b; cc_entrypoint=cli; "
+            f"cch={n:05x};")
 
 
 def anthropic_body(w: Workload, msgs: list[Msg], n: int) -> dict:
     messages = []
     for m in msgs:
         if m.role == "user":
-            messages.append({"role": "user", "content": [{"type": "text", "text": t} for t in m.texts]})
+            messages.append({"role": "user",
+                             "content": [{"type": "text", "text": t} for t in m.texts]})
         elif m.role == "assistant":
             messages.append({"role": "assistant", "content": [
                 *({"type": "text", "text": t} for t in m.texts),
@@ -622,7 +627,8 @@ def run(server: str, url: str, w: Workload, reqs: dict, log, model: str = ""
         if server == "switchyard":
             res = anthropic_stream(url, anthropic_body(w, r.messages, next(counter)), client)
         else:
-            res = stream(url, "/v1/chat/completions", openai_body(w, r.messages, model), client=client)
+            res = stream(url, "/v1/chat/completions", openai_body(w, r.messages, model),
+                         client=client)
         if res.error:
             errors.append(f"{r.conv} turn {r.turn}: {res.error}")
             return False
@@ -703,6 +709,52 @@ def summarize(name: str, done: list[Done], wall: float, mem: TreeMemory) -> tupl
     return row, fig
 
 
+def residency(done: list[Done], admitted: dict[str, float], turns: int, k: int) -> list[str]:
+    """Issue 21's agent-aware residency, measured before it is built: with RAM for `k`
+    conversations, how many returning requests find theirs gone, and how many tokens those
+    would restore (or re-read without a disk tier), under LRU, under "evict the conversations
+    whose last reply ended the turn first, then LRU", and under Belady's furthest-next-use
+    bound; requests in the order Switchyard admitted them (`admitted`: rid -> time)."""
+    seq = sorted(done, key=lambda d: admitted.get(d.res.rid or "", d.res.sent))
+    final = {d.req.conv: max(x.req.turn for x in done if x.req.conv == d.req.conv)
+             for d in done}
+    later = sum(1 for d in seq if d.req.turn > 0)
+    lines = []
+    for policy in ("LRU", "agent-aware", "Belady"):
+        held: dict[str, tuple[float, bool, int]] = {}  # conv -> (last end, ended turn, next)
+        last_prompt: dict[str, int] = {}
+        misses = tokens = 0
+        for i, d in enumerate(seq):
+            c = d.req.conv
+            if d.req.turn > 0 and c not in held:
+                misses += 1
+                tokens += last_prompt.get(c, 0)
+            nxt = next((j for j in range(i + 1, len(seq)) if seq[j].req.conv == c), len(seq))
+            held[c] = (d.res.finished, d.req.turn == final[c], nxt)
+            last_prompt[c] = d.prompt
+            while len(held) > k:
+                others = [x for x in held if x != c]
+                if policy == "LRU":
+                    victim = min(others, key=lambda x: held[x][0])
+                elif policy == "agent-aware":
+                    victim = min(others, key=lambda x: (not held[x][1], held[x][0]))
+                else:
+                    victim = max(others, key=lambda x: held[x][2])
+                del held[victim]
+        lines.append(f"residency for {k} conversations, {policy}: {misses} of {later} returning "
+                     f"requests miss, {tokens} tokens to restore (re-read without a disk tier)")
+    return lines
+
+
+def admission_times(group: ServerGroup, done: list[Done]) -> dict[str, float]:
+    """rid -> when Switchyard's scheduler admitted the request (sent + its queue_s)."""
+    from bench._common import log_events
+
+    queue = {e["rid"]: e["queue_s"] for e in log_events(group.log_path, "request.finished")
+             if e.get("role") == "scheduler" and "rid" in e}
+    return {d.res.rid: d.res.sent + queue[d.res.rid] for d in done if d.res.rid in queue}
+
+
 def switchyard_detail(group: ServerGroup, worst: Done) -> list[str]:
     from bench._common import log_events
 
@@ -741,6 +793,9 @@ def main() -> int:
     ap.add_argument("--reply", type=int, default=16, help="max_tokens of every request")
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--residency", type=int, default=4, metavar="K",
+                    help="simulate LRU / agent-aware / Belady residency for K conversations "
+                    "over Switchyard's admission order")
     ap.add_argument("--disk-budget", default="16GiB", help="Switchyard --kv-disk-budget")
     ap.add_argument("--ssd-gb", type=float, default=16, help="vllm-mlx --ssd-cache-max-gb")
     ap.add_argument("--extra", default="", help="more switchyard serve flags, space-separated")
@@ -789,6 +844,7 @@ def main() -> int:
                     keep(args, server, group.log_text())
                 row, figs[server] = summarize(f"switchyard --slots {args.slots}", done, wall, mem)
                 notes += switchyard_detail(group, figs[server]["worst"])
+                notes += residency(done, admission_times(group, done), args.turns, args.residency)
         else:
             peer = (mlx_lm_server(peer_model, args.peer_extra.split()) if server == "mlx_lm"
                     else vllm_mlx_server(peer_model, args.ssd_gb, args.peer_extra.split()))
