@@ -97,6 +97,16 @@ def read_gguf_tokenizer_metadata(path: Path) -> dict:
 
 def _load_gguf_tokenizer(path: Path) -> "TokenizerWrapper":
     from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="switchyard-tok-") as tmp:
+        eos = save_gguf_tokenizer(path, Path(tmp))
+        return mlx_load_tokenizer(Path(tmp), eos_token_ids=eos)
+
+
+def save_gguf_tokenizer(path: Path, out_dir: Path) -> list[int]:
+    """Write a GGUF file's tokenizer as a Hugging Face tokenizer directory (tokenizer.json,
+    tokenizer_config.json with the chat template) into `out_dir`; returns the ids that end
+    generation (what a directory lists in generation_config.json's eos_token_id)."""
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
@@ -118,9 +128,8 @@ def _load_gguf_tokenizer(path: Path) -> "TokenizerWrapper":
         add_eos_token=bool(meta.get("add_eos_token", False)),
         clean_up_tokenization_spaces=False,
     )
-    with tempfile.TemporaryDirectory(prefix="switchyard-tok-") as tmp:
-        fast.save_pretrained(tmp)
-        return mlx_load_tokenizer(Path(tmp), eos_token_ids=_gguf_eos_ids(meta))
+    fast.save_pretrained(str(out_dir))
+    return _gguf_eos_ids(meta)
 
 
 def _gguf_eos_ids(meta: dict) -> list[int]:
