@@ -44,7 +44,7 @@ from typing import Any
 
 import structlog
 
-from switchyard.gateway.errors import invalid
+from switchyard.gateway.errors import Abandoned, invalid
 from switchyard.gateway.output.reasoning import without_reasoning
 from switchyard.gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
                                             record_calls)
@@ -319,6 +319,12 @@ class RenderOptions:
     # rendering cannot fit the context and is refused before it is tokenized.
     max_chars: int | None = None
     note_unseen: bool = False  # find Rendered.unseen_reasoning
+    # Set when the request's client left: rendering stops at its next step (Abandoned).
+    abandoned: threading.Event | None = None
+
+    def check_abandoned(self) -> None:
+        if self.abandoned is not None and self.abandoned.is_set():
+            raise Abandoned()
 
 
 class TemplateError(Exception):
@@ -449,6 +455,7 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                 continue
             raise invalid(f"The chat template rejected the messages: {exc}", param="messages",
                           code="invalid_messages") from None
+        options.check_abandoned()
         if options.max_chars is not None and len(text) > options.max_chars:
             raise context_length_exceeded_chars(len(text), options.max_chars)
         result = _splice(tokenizer, text, spliced, sentinels, memory, options, turn_ends)
@@ -536,6 +543,7 @@ def _splice(tokenizer: Any, text: str, spliced: dict[int, Candidates],
         at = text.find(sentinels[i], pos)
         if at < 0 or text.count(sentinels[i]) != 1 or memory is None:
             return i
+        options.check_abandoned()
         found = _find_turn(tokenizer, text[pos:at], spliced[i], memory, options.think_start,
                            prefix)
         if found is None:
