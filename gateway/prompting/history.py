@@ -46,6 +46,7 @@ import structlog
 
 from switchyard.gateway.errors import Abandoned, invalid
 from switchyard.gateway.output.reasoning import without_reasoning
+from switchyard.gateway.output.tools import partial_object
 from switchyard.gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
                                             record_calls)
 
@@ -60,11 +61,15 @@ _PROBE = [{"role": "user", "content": "x"}]
 
 
 def _canonical_arguments(arguments: Any) -> Any:
+    """Arguments as an object. A call the token limit cut has the start of one: its members
+    written in full, as an Anthropic client sends such a call back (its `input`), while a
+    Chat client sends the text: both name the same turn."""
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
         except ValueError:
-            return arguments
+            return partial_object(arguments) if arguments.lstrip().startswith("{") \
+                else arguments
     return arguments
 
 
