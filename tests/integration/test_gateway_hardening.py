@@ -235,3 +235,64 @@ def test_tokenizing_is_abandoned_when_the_client_leaves(served, fake):
     (finished,) = [e for e in logs if e.get("event") == "request.finished"]
     assert finished["status"] == 499 and finished["disconnected"]
     assert ran == [] and fake.submits() == []
+
+
+# -- 9. at --max-connections: each API's error format, Retry-After, a share for other clients ----
+
+def test_requests_beyond_the_limit_get_a_503_in_their_apis_format(tokenizer):
+    import contextlib
+    import shutil
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+    from tests.integration.test_gateway import FakeScheduler, Hold, wait_until
+
+    own_dir = Path(tempfile.mkdtemp(prefix="sy-cap-", dir="/tmp"))
+    scheduler = FakeScheduler(Endpoints(ensure_runtime_dir(own_dir)).scheduler, [1])
+    scheduler.script = lambda submit: [Hold()]
+    scheduler.start()
+    scheduler.ready.wait(5)
+    settings = make_settings(own_dir, max_connections=3, read_timeout_s=60.0)
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, own_dir, ignore_errors=True)
+        stack.callback(scheduler.stop)
+        url, app = stack.enter_context(serving(settings, tokenizer))
+        limits = app.state.connection_limits
+        assert limits.per_client == 2  # one of 3 kept for other clients
+        held = []
+
+        def hold():
+            with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                    "POST", url + "/v1/chat/completions", timeout=60,
+                    json={**CHAT, "stream": True}) as response:
+                held.append(response)
+                for _ in response.iter_bytes():
+                    pass
+
+        threads = [threading.Thread(target=hold, daemon=True) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(scheduler.submits()) == 2)
+        response = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=20)
+        error = assert_error(response, 503, "overloaded")
+        assert "other clients" in error["message"]
+        assert response.headers["retry-after"] == "1"
+        assert response.headers["connection"] == "close"
+        response = httpx.post(url + "/v1/messages", json={"max_tokens": 4, **CHAT}, timeout=20)
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert response.json()["error"]["type"] == "overloaded_error"
+        try:  # another client host (loopback aliases: Linux routes all of 127/8 here)
+            other = httpx.HTTPTransport(local_address="127.0.0.2")
+            with httpx.Client(transport=other, timeout=20) as client:
+                response = client.get(url + "/v1/models")
+            assert response.status_code == 200, response.text
+        except httpx.ConnectError:
+            pass  # no 127.0.0.2 on this machine (macOS): the share is not reachable
+        for response in held:  # the clients leave: their requests are cancelled
+            response.close()
+        for thread in threads:
+            thread.join(30)
+        wait_until(lambda: not limits.requests)  # every request ended, its share returned
+        assert httpx.get(url + "/v1/models").status_code == 200
