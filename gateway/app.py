@@ -28,6 +28,7 @@ from switchyard.gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord,
 from switchyard.gateway.driver import STATUS_CLIENT_CLOSED
 from switchyard.gateway.errors import APIError, api_style
 from switchyard.gateway.guard import GuardPolicy
+from switchyard.gateway.http_limits import RETRY_AFTER_S, ConnectionLimits, host_of
 from switchyard.gateway.prompting.history import TurnMemory
 from switchyard.gateway.prompting.tool_text import text_syntax
 from switchyard.gateway.prompting.turn_journal import TurnJournal, tokenizer_identity
@@ -51,10 +52,12 @@ class RequestLogMiddleware:
     and logs `request.finished` for every HTTP request."""
 
     def __init__(self, app: ASGIApp, api_key: str = "",
-                 guard: GuardPolicy | None = None) -> None:
+                 guard: GuardPolicy | None = None,
+                 limits: ConnectionLimits | None = None) -> None:
         self.app = app
         self.api_key = api_key
         self.guard = guard
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,13 +71,26 @@ class RequestLogMiddleware:
                 record.status = message["status"]
             await send(message)
 
+        host = host_of(scope.get("client"))
+        refusal = self.limits.refusal(host) if self.limits is not None else None
         try:
             error = self.guard.check(scope) if self.guard is not None else None
+            if error is None and refusal is not None:
+                error = APIError(503, f"The server is at its connection limit: {refusal}; "
+                                      f"try again shortly", type="server_error",
+                                 code="overloaded", retry_after_s=RETRY_AFTER_S,
+                                 headers={"Connection": "close"})
             if error is None and not self._authorized(scope):
                 error = APIError(401, "Incorrect or missing API key", type="authentication_error",
                                  code="invalid_api_key")
             if error is None:
-                await self.app(scope, receive, send_and_note)
+                if self.limits is not None:
+                    self.limits.started(host)
+                try:
+                    await self.app(scope, receive, send_and_note)
+                finally:
+                    if self.limits is not None:
+                        self.limits.ended(host)
             else:
                 record.fail(error)
                 await error.response(api_style(scope["path"]))(scope, receive, send_and_note)
@@ -195,8 +211,9 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
             await client.close()
             gateway.shutdown()
 
+    limits = ConnectionLimits(settings.max_connections)
     middleware = [Middleware(RequestLogMiddleware, api_key=settings.api_key,
-                             guard=GuardPolicy.from_settings(settings))]
+                             guard=GuardPolicy.from_settings(settings), limits=limits)]
     if settings.allowed_origins:  # answers preflights before the guard sees them
         middleware.insert(0, Middleware(
             CORSMiddleware, allow_origins=sorted(GuardPolicy.from_settings(settings).origins),
@@ -209,6 +226,7 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
         lifespan=lifespan,
     )
     app.state.gateway = gateway
+    app.state.connection_limits = limits  # shared with the server's protocol (service.py)
     metrics.mount(app, settings)  # GET /metrics, requests counted by endpoint and status
     dashboard.mount(app, settings)  # GET /dashboard, GET /v1/switchyard/status
     return app

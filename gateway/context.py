@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from switchyard.gateway.errors import APIError, invalid
+from switchyard.gateway.errors import Abandoned, APIError, invalid
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
 from switchyard.gateway.request.response_store import ResponseStore
 from switchyard.gateway.scheduler_client import SchedulerClient
+from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
 from switchyard.proto.messages import SubmitRequest
 from switchyard.proto.settings import Settings
@@ -62,15 +64,35 @@ class Gateway:
     _max_token_chars: int | None = None
 
     async def run_tokenizer(self, fn: Callable[..., T], tokenizer: Any, *args: Any,
-                            size: int = 0) -> T:
+                            size: int = 0, request: Request | None = None,
+                            abandoned: threading.Event | None = None) -> T:
         """`fn(tokenizer, *args)` off the event loop (tokenizing a 100K-token conversation
         takes a while), on the large lane when the prompt has `size` >= LARGE_PROMPT_CHARS
-        characters (there with that lane's own copy of `tokenizer`)."""
+        characters (there with that lane's own copy of `tokenizer`).
+
+        With `request`, the work is abandoned when its client leaves (issue 23, finding 3):
+        not started if it still waits for its lane, and `abandoned` is set for `fn` to stop
+        at its next step; the request then ends as disconnected (ClientDisconnect)."""
         loop = asyncio.get_running_loop()
+        abandoned = abandoned or threading.Event()
+
+        def job(lane_tokenizer: Any) -> T:
+            if abandoned.is_set():
+                raise Abandoned()
+            return fn(lane_tokenizer, *args)
+
         if size < LARGE_PROMPT_CHARS or tokenizer is not self.tokenizer:
-            return await loop.run_in_executor(self.executor, fn, tokenizer, *args)
-        return await loop.run_in_executor(self.large_executor,
-                                          lambda: fn(self._large_lane_tokenizer(), *args))
+            work = loop.run_in_executor(self.executor, job, tokenizer)
+        else:
+            work = loop.run_in_executor(self.large_executor,
+                                        lambda: job(self._large_lane_tokenizer()))
+        if request is None:
+            return await work
+        try:
+            return await until_disconnect(request.receive, work)
+        except ClientDisconnected:
+            abandoned.set()
+            raise ClientDisconnect() from None
 
     def _large_lane_tokenizer(self) -> Any:
         if self._large_tokenizer is None:  # made in the lane's own thread, on first use

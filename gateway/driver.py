@@ -9,6 +9,8 @@ still get their own HTTP status.
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -24,7 +26,7 @@ from switchyard.gateway.prompting.prompts import build_submit, check_chat_templa
 from switchyard.gateway.scheduler_client import RequestStream
 from switchyard.gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
                                until_disconnect)
-from switchyard.gateway.turn import ChatTurn, TurnResult, TurnUpdate, plan_turn
+from switchyard.gateway.turn import ChatTurn, TurnPlan, TurnResult, TurnUpdate, plan_turn
 from switchyard.gateway.vision.inputs import PromptImages
 from switchyard.gateway.request.model import ChatRequest, header_priority
 from switchyard.proto.logs import content_allowed
@@ -76,23 +78,46 @@ def header_flag(headers: Any, name: str, default: bool) -> bool:
 
 
 async def prepare_images(gw: Gateway, chat: ChatRequest):
-    """The request as its template takes it and its images, decoded (gateway/vision/)."""
+    """The request as its template takes it (each image a marker) and its images, decoded
+    (gateway/vision/)."""
     if gw.images is None:
         return chat, None
     return await gw.images.prepare(chat)
 
 
-def chat_chars(chat: ChatRequest) -> int:
-    """Characters of the messages' text: a lower bound of what the template renders (text
-    parts of messages with images too)."""
-    total = 0
-    for m in chat.messages:
-        content = m.get("content")
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            total += sum(len(p["text"]) for p in content
-                         if isinstance(p, dict) and isinstance(p.get("text"), str))
+# What a template writes around each message (role markers, separators), at least: counts
+# for the lane choice, so a million empty messages are a large prompt.
+MESSAGE_MARKER_CHARS = 8
+
+
+def text_chars(value: Any) -> int:
+    """The characters of every string in a JSON value (keys included)."""
+    stack, total = [value], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total
+
+
+def chat_chars(chat: ChatRequest, *, with_reasoning: bool = True) -> int:
+    """Characters a chat's rendering may hold, judged on everything the template may render
+    and the tokenizer read (issue 23, finding 3): every message of every role with its tool
+    calls, names and (`with_reasoning`) reasoning, the tool definitions and the template's
+    variables, and a few per message. Without reasoning (which templates often drop) and the
+    per-message allowance it is what the context check refuses on."""
+    total = text_chars(chat.tools) + text_chars(chat.template_kwargs)
+    for message in chat.messages:
+        fields = message if with_reasoning else {
+            k: v for k, v in message.items() if k not in ("reasoning_content", "thinking")}
+        total += text_chars(fields)
+    if with_reasoning:
+        total += MESSAGE_MARKER_CHARS * len(chat.messages)
     return total
 
 
@@ -111,20 +136,35 @@ def render_options(request: Request, note_unseen: bool = False,
         max_chars=gw.settings.ctx * gw.max_token_chars(), note_unseen=note_unseen)
 
 
+async def plan_chat(request: Request, chat: ChatRequest, *, param: str = "messages",
+                    note_unseen: bool = False, images: PromptImages | None = None) -> TurnPlan:
+    """Render and tokenize a chat (plan_turn) on a tokenizer lane chosen by its whole size,
+    after refusing one that cannot fit the context, abandoned if its client leaves. `chat` is
+    as prepare_images leaves it (images as markers, expanded with `images` when rendered).
+    `note_unseen`: find the messages whose reasoning the template did not render."""
+    gw = gateway_of(request)
+    check_chat_template(gw.tokenizer)
+    if len(chat.messages) > gw.settings.ctx:
+        raise invalid(f"The conversation has {len(chat.messages)} messages: each takes at least "
+                      f"one token of the {gw.settings.ctx}-token context", param=param,
+                      code="context_length_exceeded")
+    gw.check_prompt_chars(chat_chars(chat, with_reasoning=False), param)
+    abandoned = threading.Event()
+    options = dataclasses.replace(render_options(request, note_unseen, images),
+                                  abandoned=abandoned)
+    return await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
+                                  gw.think, size=chat_chars(chat), request=request,
+                                  abandoned=abandoned)
+
+
 async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                      id_prefix: str = "call_", param: str = "messages",
                      note_unseen: bool = False) -> tuple[ChatTurn, SubmitRequest]:
-    """Render and plan a chat turn for any API; the caller answers with `respond`.
-    `note_unseen`: find the messages whose reasoning the template did not render."""
+    """Render and plan a chat turn for any API; the caller answers with `respond`."""
     gw = gateway_of(request)
     record = record_of(request)
-    check_chat_template(gw.tokenizer)
     chat, images = await prepare_images(gw, chat)
-    options = render_options(request, note_unseen, images)
-    num_chars = chat_chars(chat)
-    gw.check_prompt_chars(num_chars, param)
-    plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
-                                  gw.think, size=num_chars)
+    plan = await plan_chat(request, chat, param=param, note_unseen=note_unseen, images=images)
     record.num_spliced_turns = plan.rendered.num_spliced or None
     record.num_spliced_tokens = plan.rendered.num_spliced_tokens or None
     spans, files = images.attach(plan.prompt_ids) if images is not None else ((), ())

@@ -121,3 +121,7 @@ def from_failure(failed: RequestFailed) -> APIError:
                            code=failed.code, retry_after_s=retry_after)
     return APIError(500, failed.message or "Internal server error", type="server_error",
                     code=failed.code or "internal_error")
+
+
+class Abandoned(Exception):
+    """Request work (rendering, tokenizing) whose client left: stopped at its next step."""

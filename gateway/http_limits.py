@@ -1,17 +1,30 @@
 """Connection limits a server on a shared machine needs (docs/design.md "Security").
 
-uvicorn bounds concurrent connections (`limit_concurrency`: beyond it, 503), idle keep-alive
-connections (`timeout_keep_alive`) and the size of an incomplete request head (h11), but gives
-a client unlimited time to finish sending its headers: a few hundred connections that trickle
-one byte a second (slowloris) hold file descriptors forever, before any API key is checked.
-`DeadlineH11Protocol` closes a connection whose request head is not complete `read_timeout_s`
-after the connection opened or its previous response ended (as nginx's
-`client_header_timeout`). The body has its own deadline in `Gateway.read_body` (a 408).
+uvicorn bounds idle keep-alive connections (`timeout_keep_alive`) and the size of an
+incomplete request head (h11), but gives a client unlimited time to finish sending its headers:
+a few hundred connections that trickle one byte a second (slowloris) hold file descriptors
+forever, before any API key is checked. `DeadlineH11Protocol` closes a connection whose
+request head is not complete `read_timeout_s` after the connection opened or its previous
+response ended (as nginx's `client_header_timeout`). The body has its own deadline in
+`Gateway.read_body` (a 408).
+
+`--max-connections` is `ConnectionLimits`' (uvicorn's `limit_concurrency` answers a plain-text
+503 without `Retry-After`, and lets one client hold every connection: issue 23, finding 9):
+
+- a connection that would pass the limit first closes an idle one (no request in progress:
+  between requests, or a head still arriving) of the client host holding the most, the
+  longest idle first, so connections nobody uses never keep a request out;
+- a request is refused with a 503 in its API's error format, `Retry-After` and `Connection:
+  close` when requests in progress or open connections are at the limit, or when its client
+  host already has all but an eighth of them in progress (the eighth is kept for other hosts:
+  one client cannot hold every slot; local processes all come from one loopback host).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import Counter
 from typing import Any
 
 import h11
@@ -22,17 +35,100 @@ MAX_HEAD_BYTES = 16 * 1024
 KEEP_ALIVE_S = 5
 
 
+RETRY_AFTER_S = 1
+
+
+class ConnectionLimits:
+    """Open connections and requests in progress, per client host, against one limit."""
+
+    def __init__(self, max_connections: int) -> None:
+        self.max_connections = max_connections
+        # Requests one client host may have in progress: all but an eighth (at least one).
+        self.per_client = max(1, max_connections - max(1, max_connections // 8))
+        self.connections: dict[Any, float] = {}  # protocol -> when it last went idle
+        self.requests: Counter[str] = Counter()  # client host -> requests in progress
+
+    # --- connections (the protocol) ----------------------------------------------------------
+
+    def opened(self, protocol: Any) -> None:
+        self.connections[protocol] = time.monotonic()
+        if len(self.connections) > self.max_connections:
+            victim = self._idle_victim(protocol)
+            if victim is not None:
+                victim.close_idle()
+
+    def closed(self, protocol: Any) -> None:
+        self.connections.pop(protocol, None)
+
+    def went_idle(self, protocol: Any) -> None:
+        if protocol in self.connections:
+            self.connections[protocol] = time.monotonic()
+
+    def _idle_victim(self, newcomer: Any) -> Any | None:
+        per_host = Counter(host_of(p.client) for p in self.connections)
+        idle = [p for p in self.connections if p is not newcomer and p.is_idle()]
+        if not idle:
+            return None
+        return min(idle, key=lambda p: (-per_host[host_of(p.client)], self.connections[p]))
+
+    # --- requests (the app) ------------------------------------------------------------------
+
+    def refusal(self, host: str) -> str | None:
+        """Why a new request of `host` is refused now, or None (then `started`/`ended`)."""
+        if len(self.connections) > self.max_connections:
+            return f"all {self.max_connections} connections are in use"
+        if sum(self.requests.values()) >= self.max_connections:
+            return f"{self.max_connections} requests are in progress"
+        if self.requests[host] >= self.per_client:
+            return (f"this client already has {self.requests[host]} requests in progress "
+                    f"(of {self.max_connections}; the rest are kept for other clients)")
+        return None
+
+    def started(self, host: str) -> None:
+        self.requests[host] += 1
+
+    def ended(self, host: str) -> None:
+        self.requests[host] -= 1
+        if self.requests[host] <= 0:
+            del self.requests[host]
+
+
+def host_of(client: Any) -> str:
+    return client[0] if client else ""
+
+
 class DeadlineH11Protocol(H11Protocol):
     read_timeout_s: float = 30.0  # set per server by `protocol_class`
+    limits: ConnectionLimits | None = None  # likewise
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_deadline: asyncio.TimerHandle | None = None
         self._arm_head_deadline()
+        if self.limits is not None:
+            self.limits.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_deadline()
+        if self.limits is not None:
+            self.limits.closed(self)
         super().connection_lost(exc)
+
+    def is_idle(self) -> bool:
+        """No request in progress: between requests, or a request head still arriving."""
+        return not self.transport.is_closing() and (
+            self.cycle is None or self.cycle.response_complete)
+
+    def close_idle(self) -> None:
+        """Close this idle connection to make room for a new one (at --max-connections)."""
+        self._disarm_head_deadline()
+        if self.limits is not None:
+            self.limits.closed(self)
+        try:
+            self.conn.send(h11.ConnectionClosed())
+        except h11.LocalProtocolError:
+            pass
+        self.transport.close()
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -43,6 +139,8 @@ class DeadlineH11Protocol(H11Protocol):
         super().on_response_complete()
         if not self.transport.is_closing():
             self._arm_head_deadline()  # the next request's head must come in time too
+            if self.limits is not None:
+                self.limits.went_idle(self)
 
     def _arm_head_deadline(self) -> None:
         self._disarm_head_deadline()
@@ -67,12 +165,14 @@ class DeadlineH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def protocol_class(read_timeout_s: float) -> type[DeadlineH11Protocol]:
+def protocol_class(read_timeout_s: float,
+                   limits: ConnectionLimits | None = None) -> type[DeadlineH11Protocol]:
     return type("DeadlineH11Protocol", (DeadlineH11Protocol,),
-                {"read_timeout_s": read_timeout_s})
+                {"read_timeout_s": read_timeout_s, "limits": limits})
 
 
-def server_limits(max_connections: int, read_timeout_s: float) -> dict[str, Any]:
-    """uvicorn.Config keywords for these limits."""
-    return {"http": protocol_class(read_timeout_s), "limit_concurrency": max_connections,
+def server_limits(limits: ConnectionLimits, read_timeout_s: float) -> dict[str, Any]:
+    """uvicorn.Config keywords for these limits (the app refuses requests past `limits`:
+    app.RequestLogMiddleware)."""
+    return {"http": protocol_class(read_timeout_s, limits),
             "timeout_keep_alive": KEEP_ALIVE_S, "h11_max_incomplete_event_size": MAX_HEAD_BYTES}

@@ -71,7 +71,7 @@ def make_server(app: Starlette, host: str, port: int) -> uvicorn.Server:
     config = uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None,
                             lifespan="on", loop="asyncio",
                             timeout_graceful_shutdown=GRACE_S + 2.0,
-                            **server_limits(gateway.settings.max_connections,
+                            **server_limits(app.state.connection_limits,
                                             gateway.settings.read_timeout_s))
     client = gateway.client
     return _Server(config, on_grace_expired=client.fail_in_flight)

@@ -22,12 +22,14 @@ def _configure(sock: zmq.Socket) -> zmq.Socket:
     return sock
 
 
-def bind_router(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+def bind_router(ctx: zmq.Context, endpoint: str | None) -> zmq.Socket:
+    """A ROUTER bound to `endpoint` (None: not bound yet, for security options first)."""
     sock = _configure(ctx.socket(zmq.ROUTER))
     # A peer that reconnects with the same identity replaces the stale one.
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.bind(endpoint)
+    if endpoint is not None:
+        sock.bind(endpoint)
     return sock
 
 

@@ -1,9 +1,15 @@
 """The scheduler process: the ZeroMQ shell around `SchedulerCore`.
 
-It binds the group's one ROUTER socket. Gateway, worker and kvstore connect as DEALERs with
-their role as identity and open with `Hello`. A peer's restart shows as a new `boot_id`; a
-peer that is silent past `--peer-timeout-s` is treated as gone. The core decides everything;
-this module only moves messages, keeps time and writes logs.
+It binds the group's ROUTER socket on its runtime dir's ipc path. Gateway, worker and kvstore
+connect as DEALERs with their role as identity and open with `Hello`. A peer's restart shows
+as a new `boot_id`; a peer that is silent past `--peer-timeout-s` is treated as gone. The core
+decides everything; this module only moves messages, keeps time and writes logs.
+
+A worker group with another host also binds `--scheduler-address`, a second ROUTER socket
+(CURVE, the group key). The key lets in the kvstores of the other hosts' ranks and nothing else
+(docs/design.md "Security"): a peer there whose identity is not one of those kvstores is never
+heard, and, the identities of the two sockets being apart, never takes the gateway's or the
+worker's route. An identity that is not UTF-8 is dropped and logged, on either socket.
 """
 
 from __future__ import annotations
@@ -66,9 +72,25 @@ from switchyard.scheduler.events import (
 )
 from switchyard.scheduler.eviction import budget_report
 from switchyard.scheduler.outbox import Addressed
-from switchyard.scheduler.page_stores import PageStores, kvstore_rank
+from switchyard.scheduler.page_stores import PageStores, kvstore_identity, kvstore_rank
 from switchyard.scheduler.stats import SchedulerStats
 from switchyard.scheduler.status import build_status
+
+# What each role may send besides Hello and Heartbeat; a peer of no known role is not heard.
+_SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest), ROLE_WORKER: (StepDone, WorkerReady)}
+_SENT_BY_KVSTORES = (PagesWritten, PagesRead, InventoryDescribed, PagesDeleted)
+
+
+def may_send(role: str, kind: type) -> bool:
+    """Whether a peer of `role` may send a message of type `kind` (issue 23, finding 7)."""
+    if kvstore_rank(role) is not None:
+        allowed = _SENT_BY_KVSTORES
+    elif role in _SENT_BY:
+        allowed = _SENT_BY[role]
+    else:
+        return False
+    return issubclass(kind, (Hello, Heartbeat, *allowed))
+
 
 # Where each outgoing message type goes.
 _DESTINATION = {
@@ -112,16 +134,26 @@ class SchedulerService:
         # A worker group's kvstores (one per rank) are one page store to the core.
         self.stores = PageStores(group=bool(settings.hostfile), outbox=self.core.outbox)
         self.tcp_address = remote_kvstore_address(settings)
+        # The identities the group key lets in over TCP: the other hosts' ranks' kvstores.
+        self.tcp_identities = remote_kvstore_identities(settings) if self.tcp_address \
+            else frozenset()
         self.endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
         group_key = read_group_key(settings.group_key_file) if self.tcp_address else None
         self.ctx = zmq.Context()
         self.auth = None
         self.sock = bind_router(self.ctx, self.endpoints.scheduler)
+        self.tcp_sock = None
         self.refusals = None  # handshakes the TCP endpoint refused, reported in the log
+        self.unknown_peers: dict[str, int] = {}  # frames dropped per peer, reported per beat
         if group_key:  # other hosts' kvstores, CURVE only (docs/design.md "Pages per rank")
             self.auth = start_authenticator(self.ctx, group_key)
-            self.refusals = self.sock.get_monitor_socket(REFUSED_EVENTS)
-            bind_curve(self.sock, self.tcp_address, group_key)
+            self.tcp_sock = bind_router(self.ctx, None)
+            self.refusals = self.tcp_sock.get_monitor_socket(REFUSED_EVENTS)
+            bind_curve(self.tcp_sock, self.tcp_address, group_key)
+        self.poller = zmq.Poller()
+        for sock in (self.sock, self.tcp_sock):
+            if sock is not None:
+                self.poller.register(sock, zmq.POLLIN)
 
     @property
     def worker_ready(self) -> bool:
@@ -130,8 +162,9 @@ class SchedulerService:
     # --- sending ---------------------------------------------------------------------------
 
     def _send(self, role: str, message) -> bool:
+        sock = self.tcp_sock if role in self.tcp_identities else self.sock
         try:
-            send_to(self.sock, role.encode(), message)
+            send_to(sock, role.encode(), message)
             return True
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
@@ -331,6 +364,10 @@ class SchedulerService:
         for reason, count in reasons.items():
             self.log.warning("scheduler.connection_refused", address=self.tcp_address,
                              reason=reason, count=count)
+        for peer, count in self.unknown_peers.items():
+            self.log.warning("scheduler.peer_refused", peer=peer, num_frames=count,
+                             reason="not a role this endpoint's key allows")
+        self.unknown_peers.clear()
 
     def write_status(self) -> None:
         write_status(self.endpoints.status_file, build_status(self, time.time()))
@@ -350,19 +387,8 @@ class SchedulerService:
                 self.write_status()
                 next_heartbeat = now + self.settings.heartbeat_s
             timeout_ms = max(0, int((next_heartbeat - now) * 1000))
-            if self.sock.poll(timeout_ms):
-                while True:
-                    try:
-                        identity, frame = self.sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    try:
-                        msg = codec.decode(frame)
-                    except codec.ProtocolError as exc:
-                        self.log.error("peer.bad_frame", peer=identity.decode(errors="replace"),
-                                       error=str(exc))
-                        continue
-                    self.handle(identity.decode(), msg, time.time())
+            for sock, _ in self.poller.poll(timeout_ms):
+                self._receive_all(sock)
             if self.worker_ready:
                 t0 = time.perf_counter()
                 effects = self.core.handle(PlanStep(), time.time())
@@ -370,11 +396,50 @@ class SchedulerService:
                     self._plan_s = time.perf_counter() - t0
                 self.apply(effects)
 
+    def _receive_all(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                identity, frame = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except ValueError:  # not [identity, frame]: no peer of ours sends that
+                continue
+            role = self._peer_role(sock, identity)
+            if role is None:
+                continue
+            try:
+                msg = codec.decode(frame)
+            except codec.ProtocolError as exc:
+                self.log.error("peer.bad_frame", peer=role, error=str(exc))
+                continue
+            if not may_send(role, type(msg)):
+                name = f"{role[:64]} ({type(msg).__name__})"
+                self.unknown_peers[name] = self.unknown_peers.get(name, 0) + 1
+                continue
+            self.handle(role, msg, time.time())
+
+    def _peer_role(self, sock: zmq.Socket, identity: bytes) -> str | None:
+        """The peer's role, or None when a frame from it is dropped: an identity that is not
+        UTF-8 (it crashed the scheduler: issue 23, finding 7), or on the TCP endpoint one the
+        group key does not allow there (only the other hosts' kvstores)."""
+        try:
+            role = identity.decode()
+        except UnicodeDecodeError:
+            self.log.warning("peer.bad_identity", identity=identity[:64].hex())
+            return None
+        if sock is self.tcp_sock and role not in self.tcp_identities:
+            name = role[:64]
+            self.unknown_peers[name] = self.unknown_peers.get(name, 0) + 1
+            return None
+        return role
+
     def close(self) -> None:
         self.endpoints.status_file.unlink(missing_ok=True)
         if self.refusals is not None:
-            self.sock.disable_monitor()
+            self.tcp_sock.disable_monitor()
             self.refusals.close(0)
+        if self.tcp_sock is not None:
+            self.tcp_sock.close(0)
         self.sock.close(0)
         if self.auth is not None:
             self.auth.stop()
@@ -404,6 +469,14 @@ def remote_kvstore_address(settings: Settings) -> str:
             f"another machine; give --scheduler-address tcp://IP:PORT with this machine's IP "
             f"on the link to it (a Thunderbolt bridge)")
     return settings.scheduler_address if remote else ""
+
+
+def remote_kvstore_identities(settings: Settings) -> frozenset[str]:
+    """The identities of the kvstores of the hostfile's ranks on other machines."""
+    from switchyard.proto.hostfile import is_local, read_hostfile
+
+    return frozenset(kvstore_identity(h.rank) for h in read_hostfile(settings.hostfile).hosts
+                     if not is_local(h))
 
 
 def run(settings: Settings) -> None:

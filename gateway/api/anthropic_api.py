@@ -25,17 +25,16 @@ from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.request import structured
 from switchyard.gateway.context import gateway_of
-from switchyard.gateway.driver import (chat_chars, prepare_images, render_options, respond,
-                                       start_chat)
+from switchyard.gateway.driver import plan_chat, prepare_images, respond, start_chat
 from switchyard.gateway.errors import APIError, invalid, invalid_type
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
-from switchyard.gateway.prompting.prompts import check_chat_template
 from switchyard.gateway.streaming import sse_event
 from switchyard.gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_choice, check_tool_fields,
                                   function_tool, strict_tool_names)
-from switchyard.gateway.turn import TurnResult, plan_turn
-from switchyard.gateway.api.validation import Fields, parse_json, template_kwargs
+from switchyard.gateway.turn import TurnResult
+from switchyard.gateway.api.json_body import chat_limits, read_json
+from switchyard.gateway.api.validation import Fields, template_kwargs
 from switchyard.gateway.vision.parts import anthropic_image_block, has_part, mixed_parts
 from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
 
@@ -435,7 +434,7 @@ class AnthropicFormat:
 
 async def messages(request: Request) -> Response:
     gw = gateway_of(request)
-    parsed = parse_messages_request(parse_json(await gw.read_body(request)))
+    parsed = parse_messages_request(await read_json(request, chat_limits(gw.settings.ctx)))
     message_id = "msg_" + secrets.token_hex(12)
     turn, submit = await start_chat(request, parsed.chat, rid=message_id, id_prefix="toolu_")
     fmt = AnthropicFormat(message_id, parsed.model or gw.model_id,
@@ -445,10 +444,9 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     gw = gateway_of(request)
-    parsed = parse_messages_request(parse_json(await gw.read_body(request)), count_only=True)
-    check_chat_template(gw.tokenizer)
+    parsed = parse_messages_request(await read_json(request, chat_limits(gw.settings.ctx)),
+                                    count_only=True)
     chat, images = await prepare_images(gw, parsed.chat)
-    options = render_options(request, images=images)
-    plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options,
-                                  gw.tool_syntax, gw.think, size=chat_chars(chat))
+    # The same bounds as a turn (issue 23, #3).
+    plan = await plan_chat(request, chat, images=images)
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

@@ -16,14 +16,15 @@ from switchyard.gateway.errors import model_not_found
 from switchyard.gateway.prompting.prompts import build_submit, check_model, encode_prompt
 from switchyard.gateway.api.responses import ChatFormat, CompletionFormat, model_card, models_body
 from switchyard.gateway.turn import TextTurn
-from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request, parse_json
+from switchyard.gateway.api.json_body import chat_limits, per_token, read_json
+from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request
 from switchyard.gateway.request.model import header_priority
 from switchyard.proto.ids import new_rid
 
 
 async def chat_completions(request: Request) -> Response:
     gw = gateway_of(request)
-    chat = parse_chat_request(parse_json(await gw.read_body(request)))
+    chat = parse_chat_request(await read_json(request, chat_limits(gw.settings.ctx)))
     check_model(chat.options.model, gw.model_id, gw.model_aliases)
     rid = new_rid("chatcmpl")
     turn, submit = await start_chat(request, chat, rid=rid)
@@ -33,13 +34,14 @@ async def chat_completions(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     gw = gateway_of(request)
-    completion = parse_completion_request(parse_json(await gw.read_body(request)))
+    completion = parse_completion_request(await read_json(
+        request, {"prompt": per_token(gw.settings.ctx)}))
     check_model(completion.options.model, gw.model_id, gw.model_aliases)
     priority = header_priority(request.headers)
     if isinstance(completion.prompt, str):
         gw.check_prompt_chars(len(completion.prompt), "prompt")
     prompt_ids = await gw.run_tokenizer(encode_prompt, gw.tokenizer, completion,
-                                        size=len(completion.prompt))
+                                        size=len(completion.prompt), request=request)
     rid = new_rid("cmpl")
     submit = build_submit(rid, prompt_ids, completion.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,

@@ -32,7 +32,8 @@ from switchyard.gateway.streaming import sse_event
 from switchyard.gateway.output.tools import (ToolChoice, check_tool_fields, function_tool,
                                   parse_openai_tool_choice, strict_tool_names)
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
-from switchyard.gateway.api.validation import Fields, join_text_parts, parse_json
+from switchyard.gateway.api.json_body import chat_limits, read_json
+from switchyard.gateway.api.validation import Fields, join_text_parts
 from switchyard.gateway.vision.parts import has_part, mixed_parts, responses_image_part
 from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
 from switchyard.proto.ids import new_rid
@@ -455,7 +456,8 @@ def seen_messages(messages: list[dict[str, Any]], unseen: frozenset[int]
 
 async def create_response(request: Request) -> Response:
     gw = gateway_of(request)
-    parsed = parse_responses_request(parse_json(await gw.read_body(request)), gw.responses)
+    parsed = parse_responses_request(
+        await read_json(request, chat_limits(gw.settings.ctx, "input")), gw.responses)
     check_model(parsed.chat.options.model, gw.model_id, gw.model_aliases)
     response_id = _new_id("resp_")
     # The scheduler's rid is shown in status snapshots: never the response id, which is a

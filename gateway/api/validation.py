@@ -39,7 +39,8 @@ MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; NaN and Infinity are not JSON and are refused."""
+    """The body as a JSON object; NaN and Infinity are not JSON and are refused. (Large bodies
+    are parsed by api/json_body.py, which yields to the event loop.)"""
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not valid JSON")
 
@@ -49,18 +50,32 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         text = raw.decode(json.detect_encoding(raw))
         body = json.loads(text, parse_constant=no_constants)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise invalid(f"We could not parse the JSON body of your request: {exc}",
-                      code="invalid_json") from None
+        raise invalid_json(exc) from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", code="invalid_json")
-    if _SURROGATE_ESCAPE.search(raw):  # only a \\uD800-\\uDFFF escape can make one
+    if SURROGATE_ESCAPE.search(raw):  # only a \\uD800-\\uDFFF escape can make one
         _refuse_lone_surrogates(body)
     return body
 
 
+def invalid_json(exc: Exception) -> Exception:
+    return invalid(f"We could not parse the JSON body of your request: {exc}",
+                   code="invalid_json")
+
+
 # JSON may spell a lone UTF-16 surrogate ("\\ud800"), which Python keeps in its str but which is
 # not text: no tokenizer or encoder takes it (issue 12, finding 11).
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(text: str) -> None:
+    """A 400 if `text` holds a lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid("The JSON body holds a lone UTF-16 surrogate (an unpaired "
+                      "\\ud800-\\udfff escape), which is not text.",
+                      code="invalid_json") from None
 
 
 def _refuse_lone_surrogates(body: Any) -> None:
@@ -73,12 +88,7 @@ def _refuse_lone_surrogates(body: Any) -> None:
         elif isinstance(item, list):
             stack.extend(item)
         elif isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise invalid("The JSON body holds a lone UTF-16 surrogate (an unpaired "
-                              "\\ud800-\\udfff escape), which is not text.",
-                              code="invalid_json") from None
+            lone_surrogate(item)
 
 
 class Fields:

@@ -44,9 +44,9 @@ from typing import Any
 
 import structlog
 
-from switchyard.gateway.errors import invalid
+from switchyard.gateway.errors import Abandoned, invalid
 from switchyard.gateway.output.reasoning import without_reasoning
-from switchyard.gateway.output.tools import ToolSyntax
+from switchyard.gateway.output.tools import ToolSyntax, partial_object
 from switchyard.gateway.prompting.tool_text import messages_with_tools_as_text
 from switchyard.gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
                                             record_calls)
@@ -62,11 +62,15 @@ _PROBE = [{"role": "user", "content": "x"}]
 
 
 def _canonical_arguments(arguments: Any) -> Any:
+    """Arguments as an object. A call the token limit cut has the start of one: its members
+    written in full, as an Anthropic client sends such a call back (its `input`), while a
+    Chat client sends the text: both name the same turn."""
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
         except ValueError:
-            return arguments
+            return partial_object(arguments) if arguments.lstrip().startswith("{") \
+                else arguments
     return arguments
 
 
@@ -327,6 +331,12 @@ class RenderOptions:
     # rendering cannot fit the context and is refused before it is tokenized.
     max_chars: int | None = None
     note_unseen: bool = False  # find Rendered.unseen_reasoning
+    # Set when the request's client left: rendering stops at its next step (Abandoned).
+    abandoned: threading.Event | None = None
+
+    def check_abandoned(self) -> None:
+        if self.abandoned is not None and self.abandoned.is_set():
+            raise Abandoned()
 
 
 class TemplateError(Exception):
@@ -462,6 +472,7 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                 continue
             raise invalid(f"The chat template rejected the messages: {exc}", param="messages",
                           code="invalid_messages") from None
+        options.check_abandoned()
         if options.image_text is not None:
             text = options.image_text(text)
         if options.max_chars is not None and len(text) > options.max_chars:
@@ -551,6 +562,7 @@ def _splice(tokenizer: Any, text: str, spliced: dict[int, Candidates],
         at = text.find(sentinels[i], pos)
         if at < 0 or text.count(sentinels[i]) != 1 or memory is None:
             return i
+        options.check_abandoned()
         found = _find_turn(tokenizer, text[pos:at], spliced[i], memory, options.think_start,
                            prefix)
         if found is None:

@@ -11,12 +11,12 @@ themselves are tested on recorded outputs in tests/unit/test_chat_formats.py.
 
 from __future__ import annotations
 
-import json
 
 import openai
 import pytest
 
 from fixtures.chat_formats import write_tokenizer
+from tests.helpers.calls import assert_forced_call
 from tests.helpers.group import ServerGroup
 
 TIMEOUT_S = 180.0
@@ -55,21 +55,21 @@ def test_forced_call_comes_back_as_a_call(client):
         model="tiny-gpt-oss-format", messages=MESSAGES, tools=[WEATHER, SEARCH],
         tool_choice=FORCE_WEATHER, max_tokens=MAX_TOKENS, temperature=0)
     choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls"
     [call] = choice.message.tool_calls
     assert call.function.name == "get_weather"
-    assert isinstance(json.loads(call.function.arguments), dict)
+    assert_forced_call(choice.finish_reason, call.function.arguments)
 
 
 def test_required_call_streams(client):
-    stream = client.chat.completions.create(
+    stream = list(client.chat.completions.create(
         model="tiny-gpt-oss-format", messages=MESSAGES, tools=[SEARCH],
-        tool_choice="required", max_tokens=MAX_TOKENS, temperature=0, stream=True)
+        tool_choice="required", max_tokens=MAX_TOKENS, temperature=0, stream=True))
     deltas = [c.choices[0].delta for c in stream if c.choices]
     calls = [tc for d in deltas for tc in d.tool_calls or ()]
     assert calls and calls[0].function.name == "search_web"
     arguments = "".join(tc.function.arguments or "" for tc in calls)
-    assert isinstance(json.loads(arguments), dict)
+    assert_forced_call([c.choices[0].finish_reason for c in stream if c.choices][-1],
+                       arguments)
 
 
 def test_auto_tools_never_fail(client):

@@ -124,3 +124,175 @@ def test_one_conversation_never_renders_anothers_remembered_reply(http, fake, to
     http.post("/v1/chat/completions", json={"messages": other})
     (submit,) = fake.submits()
     assert "launch code" not in tokenizer.decode(list(submit.prompt_token_ids))
+
+
+# -- 3. request size is judged on everything tokenized; abandoned work stops ---------------------
+
+@pytest.fixture
+def rendering(served):
+    """The calls to the tokenizer's template and encoder while the test runs."""
+    tokenizer = served[1].state.gateway.tokenizer
+    calls = []
+    real = tokenizer.apply_chat_template, tokenizer.encode
+    tokenizer.apply_chat_template = lambda *a, **k: calls.append("render") or real[0](*a, **k)
+    tokenizer.encode = lambda *a, **k: calls.append("encode") or real[1](*a, **k)
+    try:
+        yield calls
+    finally:
+        tokenizer.apply_chat_template, tokenizer.encode = real
+
+
+def test_many_empty_messages_are_refused_before_tokenizing(http, served, fake, rendering):
+    ctx = served[1].state.gateway.settings.ctx
+    many = {"messages": [{"role": "user", "content": ""}] * (ctx + 1)}
+    for path in ("/v1/chat/completions", "/v1/messages/count_tokens"):
+        response = http.post(path, json=many)
+        assert_api_error(response, path, 400, "context_length_exceeded")
+    response = http.post("/v1/responses", json={"input": many["messages"]})
+    assert_error(response, 400, "context_length_exceeded")
+    assert fake.submits() == [] and rendering == []
+
+
+@pytest.mark.parametrize("where", ["tool", "tool_call", "count_tokens"])
+def test_tools_and_calls_count_toward_the_context(http, served, fake, where, rendering):
+    gateway = served[1].state.gateway
+    big = "d" * (gateway.settings.ctx * gateway.max_token_chars() + 1)
+    if where == "tool_call":
+        body = {"messages": [{"role": "user", "content": "hi"}, {
+            "role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+                "name": "f", "arguments": big}}]}, {"role": "tool", "tool_call_id": "c",
+                                                    "content": "ok"}]}
+    else:
+        body = {**CHAT, "tools": [{"type": "function", "function": {
+            "name": "f", "description": big}}]}
+    path = "/v1/chat/completions"
+    if where == "count_tokens":
+        path, body = "/v1/messages/count_tokens", {**CHAT, "tools": [
+            {"name": "f", "description": big}]}
+    response = http.post(path, json=body)
+    assert_api_error(response, path, 400, "context_length_exceeded")
+    assert fake.submits() == [] and rendering == []
+
+
+def test_reasoning_and_tools_choose_the_large_lane(served, monkeypatch):
+    import asyncio
+
+    from switchyard.gateway import driver
+    from switchyard.gateway.context import LARGE_PROMPT_CHARS
+    from switchyard.gateway.request.model import ChatRequest, Options
+
+    sizes = []
+    gateway = served[1].state.gateway
+    monkeypatch.setattr(type(gateway), "run_tokenizer",
+                        lambda self, *a, size=0, **k: sizes.append(size) or asyncio.sleep(0))
+    reasoning = {"role": "assistant", "content": "", "reasoning_content": "r" * LARGE_PROMPT_CHARS}
+    chat = ChatRequest(messages=[{"role": "user", "content": "hi"}, reasoning],
+                       options=Options())
+
+    class FakeRequest:
+        headers: dict = {}
+        app = served[1]
+        scope: dict = {}
+
+    asyncio.run(driver.plan_chat(FakeRequest(), chat))
+    assert sizes == [driver.chat_chars(chat)] and sizes[0] > LARGE_PROMPT_CHARS
+
+
+def test_tokenizing_is_abandoned_when_the_client_leaves(served, fake):
+    """A request queued on the tokenizer lane whose client closes its connection is never
+    tokenized, and ends logged as disconnected (not as its 400 or 200)."""
+    import socket
+    import threading
+    import time
+
+    import structlog
+
+    from tests.integration.test_gateway import wait_until
+
+    gateway = served[1].state.gateway
+    release, started = threading.Event(), threading.Event()
+    ran = []
+    gateway.executor.submit(lambda: (started.set(), release.wait(30)))
+    started.wait(5)
+    body = b'{"messages": [{"role": "user", "content": "leave"}]}'
+    port = int(served[0].rsplit(":", 1)[1])
+    real = gateway.tokenizer.encode
+    try:
+        gateway.tokenizer.encode = lambda *a, **k: ran.append(1) or real(*a, **k)
+        with structlog.testing.capture_logs() as logs:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                time.sleep(0.3)
+            wait_until(lambda: any(e.get("event") == "request.finished"
+                                   and e.get("disconnected") for e in logs))
+            release.set()
+            time.sleep(0.3)
+    finally:
+        release.set()
+        gateway.tokenizer.encode = real
+    (finished,) = [e for e in logs if e.get("event") == "request.finished"]
+    assert finished["status"] == 499 and finished["disconnected"]
+    assert ran == [] and fake.submits() == []
+
+
+# -- 9. at --max-connections: each API's error format, Retry-After, a share for other clients ----
+
+def test_requests_beyond_the_limit_get_a_503_in_their_apis_format(tokenizer):
+    import contextlib
+    import shutil
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+    from tests.integration.test_gateway import FakeScheduler, Hold, wait_until
+
+    own_dir = Path(tempfile.mkdtemp(prefix="sy-cap-", dir="/tmp"))
+    scheduler = FakeScheduler(Endpoints(ensure_runtime_dir(own_dir)).scheduler, [1])
+    scheduler.script = lambda submit: [Hold()]
+    scheduler.start()
+    scheduler.ready.wait(5)
+    settings = make_settings(own_dir, max_connections=3, read_timeout_s=60.0)
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, own_dir, ignore_errors=True)
+        stack.callback(scheduler.stop)
+        url, app = stack.enter_context(serving(settings, tokenizer))
+        limits = app.state.connection_limits
+        assert limits.per_client == 2  # one of 3 kept for other clients
+        held = []
+
+        def hold():
+            with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                    "POST", url + "/v1/chat/completions", timeout=60,
+                    json={**CHAT, "stream": True}) as response:
+                held.append(response)
+                for _ in response.iter_bytes():
+                    pass
+
+        threads = [threading.Thread(target=hold, daemon=True) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(scheduler.submits()) == 2)
+        response = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=20)
+        error = assert_error(response, 503, "overloaded")
+        assert "other clients" in error["message"]
+        assert response.headers["retry-after"] == "1"
+        assert response.headers["connection"] == "close"
+        response = httpx.post(url + "/v1/messages", json={"max_tokens": 4, **CHAT}, timeout=20)
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert response.json()["error"]["type"] == "overloaded_error"
+        try:  # another client host (loopback aliases: Linux routes all of 127/8 here)
+            other = httpx.HTTPTransport(local_address="127.0.0.2")
+            with httpx.Client(transport=other, timeout=20) as client:
+                response = client.get(url + "/v1/models")
+            assert response.status_code == 200, response.text
+        except httpx.ConnectError:
+            pass  # no 127.0.0.2 on this machine (macOS): the share is not reachable
+        for response in held:  # the clients leave: their requests are cancelled
+            response.close()
+        for thread in threads:
+            thread.join(30)
+        wait_until(lambda: not limits.requests)  # every request ended, its share returned
+        assert httpx.get(url + "/v1/models").status_code == 200

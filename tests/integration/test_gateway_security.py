@@ -178,7 +178,9 @@ def test_a_body_that_never_arrives_gets_a_408(served):
         assert reply.startswith(b"HTTP/1.1 408"), reply
 
 
-def test_connections_beyond_the_limit_get_503(tmp_path_factory, tokenizer):
+def test_idle_connections_at_the_limit_make_room(tmp_path_factory, tokenizer):
+    """Connections that send nothing never keep a request out: at --max-connections the
+    longest idle one is closed (issue 23, finding 9; busy ones: test_gateway_hardening)."""
     own_dir = Path(tempfile.mkdtemp(prefix="sy-lim-", dir="/tmp"))  # its own fake scheduler
     scheduler = FakeScheduler(Endpoints(ensure_runtime_dir(own_dir)).scheduler, [1])
     scheduler.start()
@@ -190,12 +192,12 @@ def test_connections_beyond_the_limit_get_503(tmp_path_factory, tokenizer):
         url, _ = stack.enter_context(serving(settings, tokenizer))
         idle = [socket.create_connection(("127.0.0.1", port_of(url))) for _ in range(3)]
         try:
-            response = httpx.get(url + "/v1/models", timeout=20)
-            assert response.status_code == 503
+            for _ in range(3):
+                response = httpx.get(url + "/v1/models", timeout=20)
+                assert response.status_code == 200, response.text
         finally:
             for sock in idle:
                 sock.close()
-        wait_until(lambda: httpx.get(url + "/v1/models").status_code == 200)
 
 
 # -- 6. the chat-template opening cache is bounded ----------------------------------------------

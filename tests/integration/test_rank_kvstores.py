@@ -357,3 +357,91 @@ def test_only_a_kvstore_holding_the_group_key_reaches_the_scheduler_over_tcp():
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_group_key_holder_is_only_a_kvstore_and_odd_identities_are_dropped():
+    """Issue 23, finding 7: over TCP the group key lets in the other hosts' kvstores and
+    nothing else: a key holder greeting as `gateway` or `worker` is never heard and never
+    gets their route; on the ipc socket a non-UTF-8 identity, or a role sending what it may
+    not, is dropped and logged, and the scheduler keeps serving."""
+    from switchyard.proto.group_key import curve_client, read_group_key, write_group_key
+    from switchyard.proto.messages import Heartbeat, SamplingParams, SubmitRequest
+    from switchyard.proto.tokens import TokenIds
+    from tests.helpers.group import free_port
+
+    tmp = short_tmp_dir("syid")
+    hostfile = tmp / "host-a.json"  # rank 1 on another machine: the TCP endpoint is bound
+    hostfile.write_text('[{"ssh": "mac-a", "ips": ["127.0.0.1"]}, '
+                        '{"ssh": "mac-b", "ips": ["192.0.2.9"]}]')
+    key = tmp / "group.key"
+    write_group_key(str(key))
+    address = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp / "group.log"
+    runtime = tmp / "rt"
+    proc = start("scheduler", runtime, tmp / "kv", log, "--hostfile", str(hostfile),
+                 "--scheduler-address", address, "--group-key-file", str(key))
+    ctx = zmq.Context()
+    socks = []
+
+    def dealer(identity: bytes, endpoint: str, secure: bool = False) -> zmq.Socket:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.setsockopt(zmq.LINGER, 0)
+        if secure:
+            curve_client(sock, read_group_key(str(key)))
+        sock.connect(endpoint)
+        socks.append(sock)
+        return sock
+
+    def hello(sock: zmq.Socket, role: str, boot: str) -> None:
+        sock.send(codec.encode(Hello(PROTOCOL_VERSION, boot, role, os.getpid())))
+
+    def received(sock: zmq.Socket) -> list:
+        out = []
+        while sock.poll(0):
+            out.append(type(codec.decode(sock.recv())).__name__)
+        return out
+
+    submit = SubmitRequest("rid-1", TokenIds([1, 2, 3]), 4, SamplingParams(), (0,), "background")
+    try:
+        status_file = Endpoints(ensure_runtime_dir(runtime)).status_file
+        deadline = time.monotonic() + 60
+        while read_status(status_file) is None:
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        rogue_gateway = dealer(b"gateway", address, secure=True)
+        rogue_worker = dealer(b"worker", address, secure=True)
+        odd = dealer(b"\xff\xfe-not-utf8", Endpoints(runtime).scheduler)
+        kvstore_submits = dealer(b"kvstore", Endpoints(runtime).scheduler)
+        gateway = dealer(b"gateway", Endpoints(runtime).scheduler)
+        for _ in range(3):
+            hello(rogue_gateway, "gateway", "rogue-gateway")
+            rogue_gateway.send(codec.encode(submit))
+            hello(rogue_worker, "worker", "rogue-worker")
+            hello(odd, "gateway", "rogue-odd")
+            hello(kvstore_submits, "kvstore", "boot-kvstore")
+            kvstore_submits.send(codec.encode(submit))
+            time.sleep(0.3)
+        hello(gateway, "gateway", "boot-gateway")
+        while "GroupState" not in received(gateway):  # the gateway's route is the real one's
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
+            gateway.send(codec.encode(Heartbeat("boot-gateway")))
+            time.sleep(0.2)
+        text = log.read_text()
+        while text.count('"scheduler.peer_refused"') < 3 or '"peer.bad_identity"' not in text:
+            assert time.monotonic() < deadline and proc.poll() is None, text[-3000:]
+            time.sleep(0.2)
+            text = log.read_text()
+        assert received(rogue_gateway) == [] and received(rogue_worker) == []
+        time.sleep(0.5)  # a status file written after all of the above
+        status = read_status(status_file)
+        assert status["peers"]["gateway"]["boot_id"] == "boot-gateway"
+        assert "rogue" not in json.dumps(status) and "rid-1" not in json.dumps(status)
+        assert "kvstore (SubmitRequest)" in text and proc.poll() is None
+    finally:
+        for sock in socks:
+            sock.close(0)
+        ctx.term()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)

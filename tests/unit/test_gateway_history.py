@@ -344,3 +344,18 @@ def test_many_replies_matching_other_conversations_cost_bounded_renderings(token
     rendered = render(tokenizer, messages, memory)
     assert rendered.num_spliced == 0
     assert len(calls) <= history.MAX_SPLICE_RETRIES + 3  # probes of the opening included
+
+
+def test_a_cut_call_is_found_as_either_api_sends_it_back():
+    """A forced call the token limit cut: a Chat client sends back its text, an Anthropic
+    client the members written in full (`input`); both find the remembered turn."""
+    memory = TurnMemory()
+    cut = '{"path": "a.py", "line": 12'
+    call = {"id": "toolu_1", "type": "function", "function": {"name": "edit", "arguments": cut}}
+    memory.remember({"role": "assistant", "content": "", "tool_calls": [call]}, [1, 2], None,
+                    False, b"p")
+    as_chat = {"role": "assistant", "content": None, "tool_calls": [call]}
+    as_anthropic = {"role": "assistant", "content": "", "tool_calls": [
+        {**call, "function": {"name": "edit", "arguments": json.dumps({"path": "a.py"})}}]}
+    assert memory.lookup(as_chat, b"p") is not None
+    assert memory.lookup(as_anthropic, b"p") is not None

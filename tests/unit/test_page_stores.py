@@ -313,3 +313,16 @@ def test_rank_page_directories_and_the_scheduler_address(tmp_path):
                               endpoints) == endpoints.scheduler
     assert scheduler_endpoint(Settings(hostfile=str(elsewhere), scheduler_address=address,
                                        rank=1), endpoints) == address
+
+
+def test_each_role_may_send_only_its_own_messages():
+    """Issue 23, finding 7: a peer is heard only in its role (the scheduler drops the rest)."""
+    from switchyard.proto.messages import Heartbeat, PagesDeleted, StepDone, SubmitRequest
+    from switchyard.scheduler.service import may_send
+
+    beat, step, submit, deleted = Heartbeat, StepDone, SubmitRequest, PagesDeleted
+    assert may_send("gateway", submit) and may_send("gateway", beat)
+    assert may_send("worker", step) and not may_send("worker", submit)
+    assert may_send("kvstore.1", deleted) and not may_send("kvstore.1", submit)
+    assert not may_send("kvstore.1", step) and may_send("kvstore", beat)
+    assert not may_send("stranger", beat) and not may_send("kvstore.0", beat)

@@ -208,3 +208,40 @@ def test_uvicorn_logs_through_structlog(capsys):
     record = json.loads(line)
     assert record["event"] == "library.log" and record["role"] == "gateway"
     assert record["error_type"] == "ValueError" and "secret" not in line
+
+
+def test_connection_limits_close_the_longest_idle_of_the_busiest_client():
+    """Issue 23, finding 9: at --max-connections a new connection closes an idle one of the
+    client host holding the most; requests keep an eighth of the slots for other hosts."""
+    from switchyard.gateway.http_limits import ConnectionLimits
+
+    class Conn:
+        def __init__(self, host, idle=True):
+            self.client, self.idle, self.closed = (host, 1), idle, False
+
+        def is_idle(self):
+            return self.idle
+
+        def close_idle(self):
+            self.closed = True
+            limits.closed(self)
+
+    limits = ConnectionLimits(4)
+    a1, a2, a3, b1 = Conn("a"), Conn("a"), Conn("a", idle=False), Conn("b")
+    for conn in (a1, a2, a3, b1):
+        limits.opened(conn)
+    newcomer = Conn("b")
+    limits.opened(newcomer)
+    assert a1.closed and not (a2.closed or a3.closed or b1.closed or newcomer.closed)
+    for conn in (a2, b1, newcomer):
+        conn.idle = False
+    limits.opened(Conn("c"))  # nothing idle: the request on it will be refused
+    assert limits.refusal("c") is not None
+    limits = ConnectionLimits(16)
+    assert limits.per_client == 14
+    for _ in range(14):
+        assert limits.refusal("a") is None
+        limits.started("a")
+    assert "other clients" in limits.refusal("a") and limits.refusal("b") is None
+    limits.ended("a")
+    assert limits.refusal("a") is None

@@ -1,0 +1,167 @@
+"""A request's JSON body, parsed without holding the event loop, its top-level lists bounded.
+
+`json.loads` holds the GIL from the first byte to the last: 32 MB of empty messages took 1.4 s
+here, during which no other request got a byte (issue 23, finding 3). A small body is parsed
+at once; a large one field by field, and each top-level list (messages, input items, tools,
+a prompt's token ids) element by element, yielding to the event loop every few milliseconds.
+A list longer than its limit (a message takes at least one token of the context; tools have
+their own bound) is refused as soon as it is passed, so parsing one costs work in proportion to
+the limit, not to the body. One element is parsed in one go (a single message holding
+millions of content parts still costs its parse at once; the body limit bounds it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from typing import Any
+
+from switchyard.gateway.api.validation import (SURROGATE_ESCAPE, invalid_json, lone_surrogate,
+                                               parse_json)
+from switchyard.gateway.context import gateway_of
+from switchyard.gateway.errors import invalid
+from switchyard.gateway.output.tools import MAX_TOOLS
+
+COOPERATIVE_BYTES = 256 * 1024  # smaller bodies parse in a few milliseconds: at once
+SLICE_S = 0.005  # parsing between two yields to the event loop
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+class ListLimit:
+    """At most `limit` elements in a top-level list; `reason` says why (for the 400)."""
+
+    def __init__(self, limit: int, reason: str, code: str = "invalid_value") -> None:
+        self.limit = limit
+        self.reason = reason
+        self.code = code
+
+    def error(self, key: str) -> Exception:
+        return invalid(f"'{key}' has more than {self.limit} items: {self.reason}", param=key,
+                       code=self.code)
+
+
+async def parse_body(raw: bytes, limits: dict[str, ListLimit]) -> dict[str, Any]:
+    """The body as a JSON object (400 `invalid_json` if it is not one), with every top-level
+    list within its limit."""
+    if len(raw) < COOPERATIVE_BYTES:
+        body = parse_json(raw)
+    else:
+        body = await _Cooperative(raw, limits).parse()
+    for key, limit in limits.items():
+        if isinstance(body.get(key), list) and len(body[key]) > limit.limit:
+            raise limit.error(key)
+    return body
+
+
+class _Cooperative:
+    def __init__(self, raw: bytes, limits: dict[str, ListLimit]) -> None:
+        self.raw = raw
+        self.limits = limits
+        self.decoder = json.JSONDecoder(parse_constant=_no_constants)
+        self.deadline = time.perf_counter() + SLICE_S
+
+    async def parse(self) -> dict[str, Any]:
+        try:
+            text = self.raw.decode(json.detect_encoding(self.raw))
+            body = await self._object(text)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise invalid_json(exc) from None
+        if SURROGATE_ESCAPE.search(self.raw):
+            await self._refuse_lone_surrogates(body)
+        return body
+
+    async def _yield(self) -> None:
+        if time.perf_counter() > self.deadline:
+            await asyncio.sleep(0)
+            self.deadline = time.perf_counter() + SLICE_S
+
+    def _ws(self, text: str, pos: int) -> int:
+        return _WS.match(text, pos).end()
+
+    def _expect(self, text: str, pos: int, chars: str) -> str:
+        if pos >= len(text) or text[pos] not in chars:
+            raise ValueError(f"Expecting one of {chars!r}: char {pos}")
+        return text[pos]
+
+    async def _object(self, text: str) -> dict[str, Any]:
+        pos = self._ws(text, 0)
+        if self._expect(text, pos, "{[\"-0123456789tfn") != "{":
+            raise ValueError("The request body must be a JSON object")
+        body: dict[str, Any] = {}
+        pos = self._ws(text, pos + 1)
+        if text[pos:pos + 1] == "}":
+            pos += 1
+        else:
+            while True:
+                self._expect(text, pos, '"')
+                key, pos = self.decoder.raw_decode(text, pos)
+                pos = self._ws(text, pos)
+                self._expect(text, pos, ":")
+                pos = self._ws(text, pos + 1)
+                if text[pos:pos + 1] == "[":
+                    body[key], pos = await self._list(text, pos, key)
+                else:
+                    body[key], pos = self.decoder.raw_decode(text, pos)
+                    await self._yield()
+                pos = self._ws(text, pos)
+                if self._expect(text, pos, ",}") == "}":
+                    pos += 1
+                    break
+                pos = self._ws(text, pos + 1)
+        if self._ws(text, pos) != len(text):
+            raise ValueError(f"Extra data: char {pos}")
+        return body
+
+    async def _list(self, text: str, pos: int, key: str) -> tuple[list[Any], int]:
+        limit = self.limits.get(key)
+        items: list[Any] = []
+        pos = self._ws(text, pos + 1)
+        if text[pos:pos + 1] == "]":
+            return items, pos + 1
+        while True:
+            item, pos = self.decoder.raw_decode(text, pos)
+            items.append(item)
+            if limit is not None and len(items) > limit.limit:
+                raise limit.error(key)
+            pos = self._ws(text, pos)
+            if self._expect(text, pos, ",]") == "]":
+                return items, pos + 1
+            pos = self._ws(text, pos + 1)
+            await self._yield()
+
+    async def _refuse_lone_surrogates(self, body: Any) -> None:
+        stack = [body]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, str):
+                lone_surrogate(item)
+            await self._yield()
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def per_token(ctx: int) -> ListLimit:
+    """A list each element of which takes at least one token of the context (messages, input
+    items, a prompt's token ids)."""
+    return ListLimit(ctx, f"each takes at least one token of the {ctx}-token context",
+                     "context_length_exceeded")
+
+
+def chat_limits(ctx: int, key: str = "messages") -> dict[str, ListLimit]:
+    return {key: per_token(ctx), "tools": ListLimit(MAX_TOOLS, "the most tools one request "
+                                                                "may define")}
+
+
+async def read_json(request: Any, limits: dict[str, ListLimit]) -> dict[str, Any]:
+    """The request's body (Gateway.read_body bounds its size and time) as a JSON object,
+    parsed as `parse_body` does."""
+    return await parse_body(await gateway_of(request).read_body(request), limits)

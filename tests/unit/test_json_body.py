@@ -1,0 +1,72 @@
+"""Large JSON bodies parse without holding the event loop, their top-level lists bounded
+(gateway/api/json_body.py; issue 23, finding 3)."""
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from switchyard.gateway.api.json_body import COOPERATIVE_BYTES, ListLimit, parse_body
+from switchyard.gateway.errors import APIError
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": f"message {i} \u00e9\U0001f99c"}
+                                   for i in range(20_000)],
+        "tools": [], "nested": {"a": [1, 2.5, None, True, "x"]}, "empty": {}, "s": "\\n"}
+
+
+def parse(raw: bytes, limits=None):
+    return asyncio.run(parse_body(raw, limits or {}))
+
+
+def test_a_large_body_parses_as_json_loads_does():
+    raw = json.dumps(BODY, ensure_ascii=False, indent=1).encode()
+    assert len(raw) > COOPERATIVE_BYTES
+    assert parse(raw) == BODY
+    assert parse(json.dumps(BODY).encode()) == BODY
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2]", b'{"a": 1} x', b'{"a": 1,}', b'{"a" 1}', b"{",
+                                 b'{"a": NaN}', b'{"a": "\xed\xa0\x80"}', b'{"a": "\\ud800"}',
+                                 b'{1: 2}'])
+def test_what_is_not_a_json_object_is_a_400_however_large(raw):
+    padded = raw[:-1] + b" " * COOPERATIVE_BYTES + raw[-1:] if raw.endswith(b"}") else raw
+    for body in (raw, padded):
+        with pytest.raises(APIError) as caught:
+            parse(body)
+        assert caught.value.status == 400 and caught.value.code == "invalid_json"
+
+
+def test_a_list_past_its_limit_is_refused_at_the_limit():
+    raw = json.dumps({"messages": [{}] * 200_000}).encode()
+    started = time.perf_counter()
+    with pytest.raises(APIError) as caught:
+        parse(raw, {"messages": ListLimit(100, "too many", "context_length_exceeded")})
+    assert caught.value.param == "messages" and caught.value.code == "context_length_exceeded"
+    small = json.dumps({"messages": [{}] * 101}).encode()
+    with pytest.raises(APIError):
+        parse(small, {"messages": ListLimit(100, "too many")})
+    assert time.perf_counter() - started < 60  # (a bound for a hung parse, not a benchmark)
+
+
+def test_the_event_loop_runs_while_a_large_body_parses():
+    raw = json.dumps({"messages": [{"role": "user", "content": ""}] * 300_000}).encode()
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.ensure_future(tick())
+        await asyncio.sleep(0)
+        before = ticks
+        body = await parse_body(raw, {})
+        ticker.cancel()
+        return len(body["messages"]), ticks - before
+
+    count, ticks = asyncio.run(main())
+    assert count == 300_000 and ticks > 1
