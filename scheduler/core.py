@@ -310,8 +310,11 @@ class SchedulerCore:
             cycle = now - self._done_at  # planned right after the previous step: a full cycle
         self._done_at = now
         iterations = max(1, len(done.sampled) // max(1, done.num_decode_tokens))
-        if any(d.draft for d in plan.decodes):
+        width = 1 + max((len(d.draft) for d in plan.decodes), default=0)
+        if width > 1:
             iterations = 1
+        if self.proposer is not None and plan.decodes and not plan.prefills:
+            self.proposer.observe_cost(len(plan.decodes), done.decode_s / iterations, width)
         decode_cycle = cycle / iterations if done.num_prefill_tokens == 0 else 0.0
         self.budget.observe(done.num_decode_tokens, decode_cycle, done.num_prefill_tokens,
                             done.prefill_s, done.num_encoded_tokens, done.encode_s)
@@ -565,16 +568,21 @@ class SchedulerCore:
         if self.proposer is None or not decodes or not mode or \
                 (mode == "alone" and len(decodes) > 1):
             return None
-        out, proposed = [], False
+        proposals = []
         for item in decodes:
             req = self.requests[self.slots[item.slot].rid]
             room = self.config.ctx - (item.position + 1)
             limit = min(req.max_tokens - len(req.generated), room)
-            draft = self.proposer.propose(req.rid, limit - 1) \
-                if req.generated and limit > 1 else ()
-            proposed |= bool(draft)
+            proposals.append(self.proposer.propose(req.rid, limit - 1)
+                             if req.generated and limit > 1 else None)
+        width = self.proposer.width(proposals)
+        if width == 1:
+            return None
+        out = []
+        for item, proposal in zip(decodes, proposals):
+            draft = proposal.tokens[:width - 1] if proposal is not None else ()
             out.append(msgspec.structs.replace(item, draft=draft, burst_limit=1 + len(draft)))
-        return out if proposed else None
+        return out
 
     def _observe_draft(self, req: Request, draft: tuple[int, ...], tokens: list[int]) -> None:
         kept = num_accepted(draft, tokens)

@@ -15,11 +15,14 @@ and proposes what followed them there.
   then extends the match backwards (at most MAX_MATCH tokens) to measure it. Per step the work
   is O(orders + draft), never O(context). Memory is bounded: the table, plus the windows of the
   most recent finished requests up to `keep_tokens`.
-- **How much**: the draft length maximizes the expected tokens per verify pass over its cost,
-  E(k) / (1 + cost * k) with E(k) = 1 + a + ... + a^k, where a, the chance each next draft
+- **How much**: a step's verify pass has one width for all its rows (shorter rows are padded),
+  chosen to maximize the tokens expected per unit of pass time: the sum over rows of
+  E(k) = 1 + a + ... + a^k over 1 + c * rows * (width - 1), where a, the chance each next draft
   token is accepted, blends the match length (a longer match is likelier to go on) with the
-  request's recent acceptance (their odds multiplied). Nothing is proposed where nothing matches or where no length
-  pays (E / cost below `min_gain`): such a step costs what a plain decode costs.
+  request's recent acceptance (their odds multiplied), and c, what a row's extra token costs
+  relative to a plain pass, is measured from the steps themselves (a GPU verifies many rows
+  for nearly the price of one; a CPU does not). Nothing is proposed where nothing matches or
+  where no width pays (by `min_gain`): such a step costs what a plain decode costs.
 """
 
 from __future__ import annotations
@@ -44,8 +47,16 @@ class ProposerConfig:
     table_bits: int = 20  # 1M entries, ~16 MB
     window: int = 8192  # prompt tokens indexed per request (its end)
     keep_tokens: int = 1 << 20  # tokens of finished requests kept to copy from
-    verify_cost: float = 0.1  # one more verified token, relative to a decode pass
+    # One more token per row in a pass, relative to a plain decode pass: where measurements
+    # start (`observe_cost` follows the machine: ~0.15 on a CPU, far less on a GPU).
+    verify_cost: float = 0.1
     min_gain: float = 1.1  # expected tokens per pass cost a draft must reach
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: tuple[int, ...]  # what followed the match, up to the limit asked
+    acceptance: float  # the chance each next token is accepted
 
 
 @dataclass
@@ -91,6 +102,8 @@ class Proposer:
         self._finished_tokens = 0
         self._ids: dict[str, int] = {}
         self._next_id = 0
+        self._pass_s: dict[int, float] = {}  # plain decode pass time, by batch size
+        self._row_s: float | None = None  # what a row beyond the first costs a pass
 
     # --- sequences -------------------------------------------------------------------------
 
@@ -165,13 +178,14 @@ class Proposer:
 
     # --- proposals -------------------------------------------------------------------------
 
-    def propose(self, rid: str, limit: int) -> tuple[int, ...]:
-        """The draft for the request's next step: at most `limit` tokens to follow its last
-        token; () when nothing matches or no draft length pays."""
+    def propose(self, rid: str, limit: int) -> Proposal | None:
+        """What could follow the request's last token: at most `limit` tokens copied from
+        where its last tokens were seen, and the chance that each is accepted; None when
+        nothing matches. `width` then says how much of it the step verifies."""
         sid = self._ids.get(rid)
         limit = min(limit, self.config.max_draft)
         if sid is None or limit <= 0:
-            return ()
+            return None
         me = self._sources[sid]
         feed = me.tokens
         n = len(feed)
@@ -194,31 +208,73 @@ class Proposer:
                 if t is None or t != feed[n - matched - 1]:
                     break
                 matched += 1
-            size = self._draft_size(me, matched, limit)
-            draft = []
-            for j in range(1, size + 1):
+            tokens = []
+            for j in range(1, limit + 1):
                 t = source.get(pos + j)
                 if t is None:
                     break
-                draft.append(t)
-            return tuple(draft)
-        return ()
+                tokens.append(t)
+            if not tokens:
+                return None
+            return Proposal(tuple(tokens), self._acceptance(me, matched))
+        return None
 
-    def _draft_size(self, me: _Source, matched: int, limit: int) -> int:
-        # Two pieces of evidence, their odds multiplied: a longer match is likelier to go on,
-        # and a request whose drafts were accepted lately is likelier to accept this one.
+    @staticmethod
+    def _acceptance(me: _Source, matched: int) -> float:
+        """The chance each next draft token is accepted. Two pieces of evidence, their odds
+        multiplied: a longer match is likelier to go on, and a request whose drafts were
+        accepted lately is likelier to accept this one."""
         prior = matched / (matched + 3.0)
         recent = min(0.99, max(0.01, me.acceptance))
         odds = prior / (1 - prior) * recent / (1 - recent)
-        a = min(0.98, odds / (1 + odds))
-        cost = self.config.verify_cost
-        best, best_gain, expected = 0, 1.0, 1.0
-        for k in range(1, limit + 1):
-            expected += a ** k
-            gain = expected / (1.0 + cost * k)
+        return min(0.98, odds / (1 + odds))
+
+    def width(self, proposals: list[Proposal | None]) -> int:
+        """How many tokens per row the step's verify pass takes (1: no drafts). Every row of a
+        pass is as wide as its widest (shorter ones are padded), so the width is chosen for
+        the whole step: the one that maximizes the tokens expected per unit of pass time,
+        sum over rows of 1 + a + ... + a^k (k: the row's draft, cut to width - 1) over
+        1 + row_cost * rows * (width - 1); 1 unless that beats a plain pass by `min_gain`."""
+        batch = len(proposals)
+        longest = max((len(p.tokens) for p in proposals if p is not None), default=0)
+        if not longest:
+            return 1
+        row_cost = self.row_cost(batch)
+        best, best_gain = 1, float(batch)
+        expected = [1.0] * batch  # tokens each row yields at the width tried
+        for w in range(2, longest + 2):
+            for r, p in enumerate(proposals):
+                if p is not None and len(p.tokens) >= w - 1:
+                    expected[r] += p.acceptance ** (w - 1)
+            gain = sum(expected) / (1.0 + row_cost * batch * (w - 1))
             if gain > best_gain:
-                best, best_gain = k, gain
-        return best if best_gain >= self.config.min_gain else 0
+                best, best_gain = w, gain
+        return best if best_gain >= self.config.min_gain * batch else 1
+
+    # --- what a pass costs -----------------------------------------------------------------
+
+    def row_cost(self, batch: int) -> float:
+        """One more token per row's share of a pass, relative to a plain pass of `batch`
+        rows (measured: `observe_cost`; `verify_cost` until then)."""
+        plain = self._pass_s.get(batch) or self._pass_s.get(1)
+        if self._row_s is None or not plain:
+            return self.config.verify_cost
+        return min(1.0, max(0.002, self._row_s / plain))
+
+    def observe_cost(self, batch: int, pass_s: float, width: int) -> None:
+        """A decode step's time per pass: a plain pass (width 1) or a verify pass of `width`
+        tokens per row. Plain passes are averaged per batch size, and what each padded or
+        draft row beyond the first costs, in seconds (moving averages)."""
+        if pass_s <= 0:
+            return
+        plain = self._pass_s.get(batch)
+        if width <= 1:
+            self._pass_s[batch] = pass_s if plain is None else plain + _EWMA * (pass_s - plain)
+            return
+        if plain is None:
+            return
+        row_s = max(0.0, pass_s - plain) / (batch * (width - 1))
+        self._row_s = row_s if self._row_s is None else self._row_s + _EWMA * (row_s - self._row_s)
 
     def observe(self, rid: str, num_proposed: int, num_accepted: int) -> None:
         """A verify pass kept `num_accepted` of the `num_proposed` draft tokens: each token

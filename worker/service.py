@@ -28,6 +28,8 @@ from switchyard.proto.settings import Settings, parse_size
 from switchyard.proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
 from switchyard.worker.cache_kinds import leaves, window_bytes
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
+from switchyard.worker.cpu_weights import add_float_copies, copy_bytes
+from switchyard.worker.cpu_weights import wanted as float_copies_wanted
 from switchyard.worker.executor import StepExecutor
 from switchyard.worker.group import GroupError, GroupMismatch, RankGroup, resolve_backend
 from switchyard.worker.group_loop import GroupLead, follow, gather_ranks, log_comm_probe, start_watchdog
@@ -151,7 +153,9 @@ def buffer_count(layout: PageLayout | None, settings: Settings,
 
 
 def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | None,
-                num_buffers: int | None = None):
+                num_buffers: int | None = None, float_copies: int = 0):
+    """`float_copies`: bytes of the CPU's float32 copies of quantized matrices
+    (worker/cpu_weights.py), counted with the weights."""
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
@@ -165,7 +169,8 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     plan = make_plan(
         vision=vision_bytes(loaded, settings),
         # Measured after the model ran once, so the weights are resident: count them once.
-        runtime=max(0, resident_bytes() - weights), weights=weights, kv_bytes_per_token=per_token,
+        runtime=max(0, resident_bytes() - weights), weights=weights + float_copies,
+        kv_bytes_per_token=per_token,
         recurrent_bytes_per_slot=recurrent, num_slots=settings.slots, ctx=settings.ctx,
         prefill_chunk=settings.prefill_chunk,
         num_heads=int(text_cfg.get("num_attention_heads", 1)),
@@ -239,7 +244,17 @@ def run(settings: Settings) -> None:
         layout, paging = page_layout(loaded, settings, log)
         largest = group.all_max(layout.buffer_bytes if layout else 0) if group else 0
         num_buffers = buffer_count(layout, settings, largest)
-        plan = plan_memory(loaded, settings, layout, num_buffers)
+        copies = copy_bytes(loaded.model) if float_copies_wanted() else 0
+        plan = plan_memory(loaded, settings, layout, num_buffers, copies)
+        if copies and plan.total > plan.limit - plan.headroom:
+            log.warning("worker.float_copies_skipped", bytes=copies,
+                        reason="float32 copies of the quantized weights (CPU backend: its "
+                               "quantized matmul is slow for more than one row) do not fit "
+                               "the memory plan; forward passes use the quantized kernels")
+            copies = 0
+            plan = plan_memory(loaded, settings, layout, num_buffers)
+        if copies:
+            add_float_copies(loaded.model)
         log.info("worker.memory_plan", kv_quant=kv_form(loaded),
                  kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
         check_plan(plan, settings.slots, settings.ctx, settings.kv_bits)
@@ -275,7 +290,7 @@ def run(settings: Settings) -> None:
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
              kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging,
-             speculation=speculation or "off")
+             speculation=speculation or "off", cpu_float_copies_bytes=copies)
     if group is None:
         executor = StepExecutor(store, layout, pool, constraints)
         ranks: tuple[RankInfo, ...] = ()

@@ -1,7 +1,16 @@
 """The suffix/n-gram proposer (scheduler/proposer.py): what it copies, from where, how much,
 and that its memory and per-step work stay bounded."""
 
-from switchyard.scheduler.proposer import MAX_MATCH, Proposer, ProposerConfig
+from switchyard.scheduler.proposer import MAX_MATCH, Proposal, Proposer, ProposerConfig
+
+
+def draft(p: Proposer, rid: str, limit: int, batch: int = 1) -> tuple[int, ...]:
+    """What a lone request (or one of `batch` alike) would verify: the proposal cut to the
+    step's width."""
+    proposal = p.propose(rid, limit)
+    if proposal is None:
+        return ()
+    return proposal.tokens[:p.width([proposal] * batch) - 1]
 
 FILE = [100 + (i * 7919) % 5000 for i in range(600)]  # a "file": no n-gram repeats
 
@@ -12,8 +21,8 @@ def test_a_reply_that_copies_its_prompt_gets_the_rest_of_the_copy_proposed():
     p.start("r", feed)
     feed += FILE[:20]
     p.extend("r")
-    draft = p.propose("r", limit=8)
-    assert draft and list(draft) == FILE[20:20 + len(draft)]
+    got = draft(p, "r", 8)
+    assert got and list(got) == FILE[20:20 + len(got)]
 
 
 def test_longer_matches_and_good_acceptance_give_longer_drafts():
@@ -22,12 +31,12 @@ def test_longer_matches_and_good_acceptance_give_longer_drafts():
     p.start("r", feed)
     feed += FILE[:2]  # two tokens of the copy: a short match
     p.extend("r")
-    short = p.propose("r", limit=16)
+    short = draft(p, "r", 16)
     feed += FILE[2:40]
     p.extend("r")
     for _ in range(6):
         p.observe("r", 8, 8)
-    long = p.propose("r", limit=16)
+    long = draft(p, "r", 16)
     assert 0 < len(short) < len(long) == 16
     assert list(long) == FILE[40:56]
 
@@ -38,16 +47,16 @@ def test_poor_acceptance_stops_proposals_where_matches_are_short():
     p.start("r", feed)
     feed.append(6)
     p.extend("r")
-    assert p.propose("r", limit=8)  # "5 6" was followed by 7 and 9: something is proposed
+    assert draft(p, "r", 8)  # "5 6" was followed by 7 and 9: something is proposed
     for _ in range(10):
         p.observe("r", 2, 0)
-    assert p.propose("r", limit=8) == ()
+    assert draft(p, "r", 8) == ()
 
 
 def test_nothing_matches_nothing_is_proposed():
     p = Proposer()
     p.start("r", list(FILE[:50]))
-    assert p.propose("r", limit=8) == ()
+    assert draft(p, "r", 8) == ()
 
 
 def test_the_limit_caps_the_draft():
@@ -56,8 +65,8 @@ def test_the_limit_caps_the_draft():
     p.start("r", feed)
     for _ in range(5):
         p.observe("r", 4, 4)
-    assert len(p.propose("r", limit=3)) == 3
-    assert p.propose("r", limit=0) == ()
+    assert len(draft(p, "r", 3)) == 3
+    assert draft(p, "r", 0) == ()
 
 
 def test_conversations_help_each_other():
@@ -71,8 +80,8 @@ def test_conversations_help_each_other():
     p.finish("a")  # finished requests stay to copy from
     b = [9, 8, 7, 6] + call[:6]
     p.start("b", b)
-    draft = p.propose("b", limit=8)
-    assert draft and list(draft) == call[6:6 + len(draft)]
+    got = draft(p, "b", 8)
+    assert got and list(got) == call[6:6 + len(got)]
 
 
 def test_finished_requests_are_kept_up_to_a_token_budget():
@@ -85,18 +94,18 @@ def test_finished_requests_are_kept_up_to_a_token_budget():
     assert kept <= 1000
     # The oldest are gone: their n-grams no longer match anything.
     p.start("q", [10_000 + j for j in range(200, 210)])
-    assert p.propose("q", limit=8) == ()
+    assert draft(p, "q", 8) == ()
     p.start("q2", [100_000 + j for j in range(200, 210)])
-    assert p.propose("q2", limit=8)
+    assert draft(p, "q2", 8)
 
 
 def test_a_prompt_is_indexed_only_in_its_window():
     p = Proposer(ProposerConfig(window=100))
     prompt = list(FILE[:500])
     p.start("r", prompt + FILE[10:20])  # repeats text from before the window
-    assert p.propose("r", limit=8) == ()
+    assert draft(p, "r", 8) == ()
     p.start("s", prompt + FILE[450:460])  # repeats text inside it
-    assert p.propose("s", limit=8)
+    assert draft(p, "s", 8)
 
 
 def test_a_match_is_measured_backwards_at_most_max_match_tokens():
@@ -104,7 +113,7 @@ def test_a_match_is_measured_backwards_at_most_max_match_tokens():
     text = list(FILE[:200])
     feed = text + text[:150]
     p.start("r", feed)
-    assert p.propose("r", limit=4) == tuple(text[150:154])
+    assert draft(p, "r", 4) == tuple(text[150:154])
     assert MAX_MATCH < 150  # the backward walk stopped early: O(MAX_MATCH), not O(context)
 
 
@@ -116,3 +125,29 @@ def test_counts_follow_what_was_observed():
     assert p.counts("r") == (7, 5)
     p.finish("r")
     assert p.counts("r") == (0, 0)
+
+
+def test_the_width_follows_what_a_pass_costs_on_this_machine():
+    """Where a row's extra token costs nearly nothing (a GPU), long drafts pay even for a
+    batch; where it costs a sixth of a pass (a CPU), one copying row does not pay for padding
+    three others (a lone one still drafts), and an uncertain draft is cut shorter."""
+    copying = Proposer(ProposerConfig(max_draft=8))
+    copying.start("r", list(FILE[:200]) + FILE[:40])
+    for _ in range(8):
+        copying.observe("r", 8, 8)
+    proposal = copying.propose("r", 8)
+    assert proposal is not None and proposal.acceptance > 0.9
+    batch = [proposal, None, None, None]
+    for pass_s, row_s in ((0.020, 0.0001), (0.30, 0.05)):
+        copying._pass_s, copying._row_s = {}, None
+        for b in (1, 4):
+            copying.observe_cost(b, pass_s, 1)
+            copying.observe_cost(b, pass_s + row_s * b * 4, 5)
+        assert abs(copying.row_cost(1) - row_s / pass_s) < 1e-9
+        unsure = Proposal(proposal.tokens, 0.6)
+        if row_s < 0.001:
+            assert copying.width([proposal]) == 9 and copying.width(batch) == 9
+            assert copying.width([unsure]) == 9
+        else:
+            assert copying.width([proposal]) > 1 and copying.width(batch) == 1
+            assert 1 < copying.width([unsure]) < 5

@@ -1,0 +1,265 @@
+"""Speculative decoding on a real model: decode tok/s with drafts / without, same bytes.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        .venv/bin/python bench/speculative.py --model PATH.gguf [--tokens 160] [--rounds 2]
+
+Three workloads on one server (`--slots 4`), greedy and streamed through /v1/chat/completions:
+
+- **edit**: a ~600-token Python file in a tool result; the reply rewrites it with one rename;
+- **tools**: a tool-call loop whose earlier calls repeat paths and JSON keys; the reply is the
+  next call;
+- **chat**: free-form prose, where copying rarely helps (speculation must not cost there).
+
+Each request is sent twice, with and without speculation (the request field
+`"speculative": false`: same server, same weights, same prompt bytes; the order alternates
+per round), so machine noise hits both alike. Reported per workload: decode tok/s (tokens after
+the first over the time from the first to the last streamed chunk) with and without, their
+ratio (median of the per-pair ratios), the share of draft tokens accepted (from the server's
+`request.finished` lines) and whether the outputs are equal. Then 4 concurrent streams of
+each workload, all with or all without: aggregate decode tok/s. Every round uses other files,
+paths and topics, so a request cannot copy its own twin of an earlier round.
+
+Targets (issue 19): edit >= 2.0x, tools >= 1.5x, chat >= 0.95x, 4 concurrent edits >= 1.5x.
+The default model is `switchyard.deploy.default_model.default_model_path()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import httpx  # noqa: E402
+
+from tests.helpers.group import ServerGroup  # noqa: E402
+
+NAMES = ["config", "session", "invoice", "report", "cache", "profile", "order", "ticket",
+         "payment", "schedule", "inventory", "message"]
+TOPICS = ["a lighthouse keeper who finds a message in a bottle",
+          "a baker who opens a shop on the moon", "two rival chess clubs in a small town",
+          "a robot learning to paint", "a storm that stops every clock in a city",
+          "a librarian who can hear books", "a fox that runs a train station",
+          "a girl who maps underground rivers"]
+
+
+# --- workloads ---------------------------------------------------------------------------------
+
+def python_file(rng: random.Random, name: str) -> str:
+    """A plausible ~600-token module about `name`."""
+    cls = name.capitalize()
+    lines = [f'"""Loading, validating and saving {name} records."""', "",
+             "from __future__ import annotations", "", "import json", "import logging",
+             "from dataclasses import dataclass, field", "from pathlib import Path", "",
+             "log = logging.getLogger(__name__)", "", "", "@dataclass",
+             f"class {cls}:", f'    """One {name} record as stored on disk."""', "",
+             "    key: str", "    owner: str", "    created: float",
+             "    tags: list[str] = field(default_factory=list)",
+             "    payload: dict = field(default_factory=dict)", ""]
+    for verb in rng.sample(["load", "save", "validate", "merge", "describe", "archive"], 4):
+        lines += ["", f"def {verb}_{name}(path: Path, record: {cls} | None = None) -> {cls}:",
+                  f'    """{verb.capitalize()} a {name} at `path`."""',
+                  "    if not path.exists():",
+                  f'        raise FileNotFoundError(f"no {name} at {{path}}")',
+                  "    data = json.loads(path.read_text())",
+                  f"    record = record or {cls}(key=data['key'], owner=data['owner'],",
+                  f"{' ' * (19 + len(cls))}created=data['created'])",
+                  f"    log.info(\"{verb} {name} %s for %s\", record.key, record.owner)",
+                  "    for tag in data.get('tags', []):",
+                  "        if tag not in record.tags:",
+                  "            record.tags.append(tag)",
+                  "    return record"]
+    return "\n".join(lines) + "\n"
+
+
+def edit_messages(rng: random.Random, name: str) -> list[dict]:
+    source = python_file(rng, name)
+    path = f"src/records/{name}_store.py"
+    return [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": f"Show me {path}."},
+        {"role": "assistant", "content": f"read_file({path!r})"},
+        {"role": "tool", "content": f"```python\n{source}```"},
+        {"role": "user", "content": f"Rewrite the whole file with `load_{name}` renamed to "
+                                    f"`read_{name}`."},
+    ]
+
+
+def tool_messages(rng: random.Random, name: str) -> list[dict]:
+    base = f"src/app/handlers/{name}"
+    calls, messages = [], [
+        {"role": "system", "content": "You are a coding agent. Answer with exactly one tool "
+                                      "call as JSON: {\"tool\": ..., \"path\": ..., "
+                                      "\"old_string\": ..., \"new_string\": ...}."}]
+    for i, part in enumerate(rng.sample(["views", "models", "forms", "urls", "tests", "admin"], 4)):
+        path = f"{base}/{part}.py"
+        call = {"tool": "edit_file", "path": path, "old_string": f"from {name}.legacy import "
+                f"{part}_helper", "new_string": f"from {name}.core import {part}_helper"}
+        messages += [{"role": "user", "content": f"Update the import in {path}."},
+                     {"role": "assistant", "content": json.dumps(call)},
+                     {"role": "tool", "content": f"ok: {path} edited (1 replacement)"}]
+        calls.append(call)
+    messages.append({"role": "user", "content": f"Update the import in {base}/serializers.py "
+                                                f"the same way."})
+    return messages
+
+
+def chat_messages(rng: random.Random, topic: str) -> list[dict]:
+    return [{"role": "user", "content": f"Write a short story about {topic}."}]
+
+
+WORKLOADS = {"edit": (edit_messages, NAMES), "tools": (tool_messages, NAMES),
+             "chat": (chat_messages, TOPICS)}
+
+
+# --- requests ----------------------------------------------------------------------------------
+
+MODEL_ID: list[str] = []  # the served model's name, asked once
+
+
+def stream_chat(url: str, messages: list[dict], max_tokens: int, speculative: bool) -> dict:
+    if not MODEL_ID:
+        MODEL_ID.append(httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"])
+    body = {"model": MODEL_ID[0], "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            "speculative": speculative}
+    stamps, text, usage, rid = [], [], None, None
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            rid = rid or chunk.get("id")
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                piece = choice.get("delta", {}).get("content")
+                if piece:
+                    stamps.append(time.perf_counter())
+                    text.append(piece)
+    return {"rid": rid, "text": "".join(text), "stamps": stamps,
+            "tokens": usage["completion_tokens"] if usage else 0}
+
+
+def decode_tps(r: dict) -> float:
+    if len(r["stamps"]) < 2:
+        return float("nan")
+    return (r["tokens"] - 1) / (r["stamps"][-1] - r["stamps"][0])
+
+
+def acceptance(group: ServerGroup, rids: list[str]) -> tuple[int, int]:
+    proposed = accepted = 0
+    wanted = set(rids)
+    for rec in group.log_events("request.finished"):
+        if rec.get("rid") in wanted and "num_proposed_tokens" in rec:
+            proposed += rec["num_proposed_tokens"]
+            accepted += rec["num_accepted_tokens"]
+    return proposed, accepted
+
+
+def concurrent(url: str, conversations: list[list[dict]], max_tokens: int,
+               speculative: bool) -> list[dict]:
+    results = [None] * len(conversations)
+
+    def one(i: int) -> None:
+        results[i] = stream_chat(url, conversations[i], max_tokens, speculative)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(conversations))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def aggregate_tps(results: list[dict]) -> float:
+    first = min(r["stamps"][0] for r in results if r["stamps"])
+    last = max(r["stamps"][-1] for r in results if r["stamps"])
+    return sum(max(0, r["tokens"] - 1) for r in results) / (last - first)
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+def run_workload(group: ServerGroup, kind: str, args, rng: random.Random) -> dict:
+    make, subjects = WORKLOADS[kind]
+    picks = rng.sample(subjects, args.rounds + 4)
+    ratios, on_tps, off_tps, equal, rids = [], [], [], [], []
+    for i in range(args.rounds):
+        messages = make(random.Random(i), picks[i])
+        order = (False, True) if i % 2 == 0 else (True, False)
+        got = {spec: stream_chat(group.url, messages, args.tokens, spec) for spec in order}
+        off, on = got[False], got[True]
+        off_tps.append(decode_tps(off))
+        on_tps.append(decode_tps(on))
+        ratios.append(on_tps[-1] / off_tps[-1])
+        equal.append(off["text"] == on["text"])
+        rids.append(on["rid"])
+        print(f"  {kind} round {i}: off {off_tps[-1]:.2f} tok/s, on {on_tps[-1]:.2f} tok/s, "
+              f"x{ratios[-1]:.2f}, {on['tokens']} tokens, equal {equal[-1]}", flush=True)
+    proposed, accepted = acceptance(group, rids)
+    batch = [make(random.Random(100 + j), picks[args.rounds + j]) for j in range(4)]
+    for messages in batch:  # prefilled first: the 4 streams then only decode
+        stream_chat(group.url, messages, 1, False)
+    agg = {}
+    for spec in (False, True):
+        results = concurrent(group.url, batch, args.tokens, spec)
+        agg[spec] = (aggregate_tps(results), [r["text"] for r in results])
+    print(f"  {kind} x4: off {agg[False][0]:.2f} tok/s, on {agg[True][0]:.2f} tok/s", flush=True)
+    return {"kind": kind, "off": statistics.median(off_tps), "on": statistics.median(on_tps),
+            "ratio": statistics.median(ratios), "proposed": proposed, "accepted": accepted,
+            "equal": all(equal), "x4_off": agg[False][0], "x4_on": agg[True][0],
+            "x4_ratio": agg[True][0] / agg[False][0], "x4_equal": agg[False][1] == agg[True][1]}
+
+
+TARGETS = {"edit": (2.0, 1.5), "tools": (1.5, None), "chat": (0.95, None)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="model path (default: the default model)")
+    ap.add_argument("--tokens", type=int, default=160, help="max_tokens of every reply")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--num-draft-tokens", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=19)
+    ap.add_argument("--keep-log", help="copy the server's JSON log here")
+    args = ap.parse_args()
+    model = args.model
+    if not model:
+        from switchyard.deploy.default_model import default_model_path
+
+        model = str(default_model_path())
+    extra = ["--prefill-chunk", "1024"]
+    if args.num_draft_tokens:
+        extra += ["--num-draft-tokens", str(args.num_draft_tokens)]
+    rng = random.Random(args.seed)
+    rows = []
+    with ServerGroup(model, slots=4, ctx=4096, extra=extra) as group:
+        stream_chat(group.url, chat_messages(rng, "warming up"), 4, False)
+        for kind in args.workloads:
+            rows.append(run_workload(group, kind, args, rng))
+        if args.keep_log:
+            Path(args.keep_log).write_text(group.log_text())
+    print(f"\nmodel {model}, {args.tokens} tokens per reply, {args.rounds} rounds, greedy")
+    print(f"{'workload':>8} | {'off tok/s':>9} | {'on tok/s':>8} | {'x':>5} | {'target':>6} | "
+          f"{'accepted':>13} | {'equal':>5} | {'x4 off':>6} | {'x4 on':>6} | {'x4 x':>5} | x4 equal")
+    for r in rows:
+        target, x4_target = TARGETS[r["kind"]]
+        rate = f"{r['accepted']}/{r['proposed']}" if r["proposed"] else "0/0"
+        x4 = f"{r['x4_ratio']:.2f}" + (f" (>= {x4_target})" if x4_target else "")
+        print(f"{r['kind']:>8} | {r['off']:9.2f} | {r['on']:8.2f} | {r['ratio']:5.2f} | "
+              f">= {target:<3} | {rate:>13} | {str(r['equal']):>5} | {r['x4_off']:6.2f} | "
+              f"{r['x4_on']:6.2f} | {x4} | {r['x4_equal']}")
+
+
+if __name__ == "__main__":
+    main()
