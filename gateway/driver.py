@@ -149,6 +149,7 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
     gw = gateway_of(request)
     record = record_of(request)
     plan = await plan_chat(request, chat, param=param, note_unseen=note_unseen)
+    await gw.check_grammar(plan.constraint, request)
     record.num_spliced_turns = plan.rendered.num_spliced or None
     record.num_spliced_tokens = plan.rendered.num_spliced_tokens or None
     submit = build_submit(rid, plan.prompt_ids, chat.options, ctx=gw.settings.ctx,

@@ -15,8 +15,9 @@ import msgspec
 
 from switchyard.proto.tokens import TokenIds, as_token_ids
 
-# 2: msgspec structs, token lists packed as uint32 `bin` values.
-PROTOCOL_VERSION = 3
+# 2: msgspec structs, token lists packed as uint32 `bin` values. 4: grammars are compiled by
+# the worker before their request is placed (PrepareGrammar, GrammarPrepared, ReleaseGrammar).
+PROTOCOL_VERSION = 4
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -272,6 +273,21 @@ class RunStep(Message, tag="run_step"):
 # --- worker -> scheduler ----------------------------------------------------------------------
 
 
+class PrepareGrammar(Message, tag="prepare_grammar"):
+    """Compile `grammar` (a request's SamplingParams.grammar) for request `rid`, off the step
+    loop; answered with GrammarPrepared. The request is placed only after that, so no step
+    ever compiles a grammar (docs/design.md "Structured outputs")."""
+
+    rid: str
+    grammar: str
+
+
+class ReleaseGrammar(Message, tag="release_grammar"):
+    """Request `rid` ended: its grammar need not be kept for it any longer."""
+
+    rid: str
+
+
 class RankInfo(Value):
     """One rank of a worker group: its share's page namespace and buffer pool
     (docs/design.md "Worker groups")."""
@@ -319,6 +335,14 @@ class StepDone(Message, tag="step_done"):
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------
+
+
+class GrammarPrepared(Message, tag="grammar_prepared"):
+    """The worker compiled request `rid`'s grammar (`error` empty) or could not (why)."""
+
+    rid: str
+    error: str = ""
+    compile_s: float = 0.0
 
 
 class DescribeInventory(Message, tag="describe_inventory"):
@@ -387,8 +411,11 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     RequestFailed,
     GroupState,
     RunStep,
+    PrepareGrammar,
+    ReleaseGrammar,
     WorkerReady,
     StepDone,
+    GrammarPrepared,
     DescribeInventory,
     InventoryDescribed,
     AttachBuffers,
