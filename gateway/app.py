@@ -209,6 +209,7 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
             yield
         finally:
             await client.close()
+            await gateway.grammars.aclose()
             gateway.shutdown()
 
     limits = ConnectionLimits(settings.max_connections)

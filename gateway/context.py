@@ -17,7 +17,9 @@ from switchyard.gateway.errors import Abandoned, APIError, invalid
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
+from switchyard.gateway.request.grammar_check import GrammarChecker
 from switchyard.gateway.request.response_store import ResponseStore
+from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
@@ -53,6 +55,7 @@ class Gateway:
     responses: ResponseStore = field(default_factory=ResponseStore)
     # Images in requests (gateway/vision/inputs.py): refused for a text-only model.
     images: Any = None
+    grammars: GrammarChecker = field(default_factory=GrammarChecker)
     # Hugging Face fast tokenizers are not safe to call from several threads at once: each
     # lane (thread) has its own tokenizer. Prompts of LARGE_PROMPT_CHARS or more take the
     # large lane, so one huge prompt never delays everyone else's turn (issue 12, finding 9).
@@ -119,6 +122,16 @@ class Gateway:
             executor.shutdown(wait=False, cancel_futures=True)
         if self.images is not None:
             self.images.shutdown()
+
+    async def check_grammar(self, constraint: Constraint | None, request: Request) -> None:
+        """A 400 unless `constraint`'s grammar checks (grammar_check.py: another process,
+        bounded in time), abandoned when the client leaves (ClientDisconnect)."""
+        if constraint is None:
+            return
+        try:
+            await until_disconnect(request.receive, self.grammars.check(constraint))
+        except ClientDisconnected:
+            raise ClientDisconnect() from None
 
     async def read_body(self, request: Request) -> bytes:
         """The whole body, or a 413 as soon as it is known to be too large."""

@@ -165,6 +165,7 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
     record = record_of(request)
     chat, images = await prepare_images(gw, chat)
     plan = await plan_chat(request, chat, param=param, note_unseen=note_unseen, images=images)
+    await gw.check_grammar(plan.constraint, request)
     record.num_spliced_turns = plan.rendered.num_spliced or None
     record.num_spliced_tokens = plan.rendered.num_spliced_tokens or None
     spans, files = images.attach(plan.prompt_ids) if images is not None else ((), ())

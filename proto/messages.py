@@ -19,8 +19,9 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 2: msgspec structs, token lists packed uint32 (a msgpack ext). 3: DecodeItem.burst_limit.
 # 4: images (ImageSpan, ImageData) in requests, prefill chunks, loads and slot contents;
 # page writes' image ids. 5: speculative decoding (DecodeItem.draft, SubmitRequest.speculative,
-# WorkerReady.speculation).
-PROTOCOL_VERSION = 5
+# WorkerReady.speculation). 6: grammars are compiled by the worker before their request is
+# placed (PrepareGrammar, GrammarPrepared, ReleaseGrammar).
+PROTOCOL_VERSION = 6
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -320,6 +321,21 @@ class RunStep(Message, tag="run_step"):
 # --- worker -> scheduler ----------------------------------------------------------------------
 
 
+class PrepareGrammar(Message, tag="prepare_grammar"):
+    """Compile `grammar` (a request's SamplingParams.grammar) for request `rid`, off the step
+    loop; answered with GrammarPrepared. The request is placed only after that, so no step
+    ever compiles a grammar (docs/design.md "Structured outputs")."""
+
+    rid: str
+    grammar: str
+
+
+class ReleaseGrammar(Message, tag="release_grammar"):
+    """Request `rid` ended: its grammar need not be kept for it any longer."""
+
+    rid: str
+
+
 class RankInfo(Value):
     """One rank of a worker group: its share's page namespace and buffer pool
     (docs/design.md "Worker groups")."""
@@ -384,6 +400,14 @@ class StepDone(Message, tag="step_done"):
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------
+
+
+class GrammarPrepared(Message, tag="grammar_prepared"):
+    """The worker compiled request `rid`'s grammar (`error` empty) or could not (why)."""
+
+    rid: str
+    error: str = ""
+    compile_s: float = 0.0
 
 
 class DescribeInventory(Message, tag="describe_inventory"):
@@ -452,8 +476,11 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     RequestFailed,
     GroupState,
     RunStep,
+    PrepareGrammar,
+    ReleaseGrammar,
     WorkerReady,
     StepDone,
+    GrammarPrepared,
     DescribeInventory,
     InventoryDescribed,
     AttachBuffers,

@@ -26,9 +26,12 @@ from switchyard.proto.messages import (
     CopyPrefix,
     DecodeItem,
     DescribeInventory,
+    GrammarPrepared,
     InventoryDescribed,
     PagesRead,
     PagesWritten,
+    PrepareGrammar,
+    ReleaseGrammar,
     RequestFailed,
     RequestFinished,
     RunStep,
@@ -142,6 +145,8 @@ class SchedulerCore:
                 self._pages_written(event, now)
             case WorkerReady():
                 self._worker_ready(event)
+            case GrammarPrepared():
+                self._grammar_prepared(event, now)
             case InventoryDescribed():
                 self._inventory(event, now)
             case KvstoreRestarted():
@@ -220,6 +225,9 @@ class SchedulerCore:
         if self.proposer is not None and req.speculative:
             self.proposer.start(req.rid, req.feed)
         self.waiting.append(msg.rid)
+        if msg.sampling.grammar:  # placed once the worker compiled it, off its steps
+            req.grammar_ready = False
+            self.outbox.send(PrepareGrammar(msg.rid, msg.sampling.grammar))
 
     def _reject(self, rid: str, code: str, message: str) -> None:
         self.outbox.send(RequestFailed(rid, code, message, False))
@@ -345,11 +353,27 @@ class SchedulerCore:
                 self._unplace(self.requests[slot.rid], release=False)  # a new pool
                 slot.rid = None
         self.waiting.extendleft(reversed(requeue))
+        for req in self.requests.values():  # the new worker compiles them again
+            if req.sampling.grammar:
+                req.grammar_ready = False
+                self.outbox.send(PrepareGrammar(req.rid, req.sampling.grammar))
         if len(self.slots) != self.config.num_slots:
             self.slots = [Slot(i) for i in range(self.config.num_slots)]
         for slot in self.slots:
             held = contents.get(slot.index)
             slot.replace(held.token_ids if held else (), (), held.images if held else ())
+
+    def _grammar_prepared(self, msg: GrammarPrepared, now: float) -> None:
+        req = self.requests.get(msg.rid)
+        if req is None or req.grammar_ready:
+            return
+        if msg.error:  # the gateway checked it: only the worker's own limits could refuse it
+            self._finish(req, "failed", now, notify=False)
+            self.outbox.send(RequestFailed(msg.rid, "invalid_grammar", msg.error, False))
+            return
+        req.grammar_ready = True
+        if msg.compile_s >= 0.1:
+            self.outbox.log("grammar.compiled", rid=msg.rid, compile_s=round(msg.compile_s, 3))
 
     # --- events: kvstore -------------------------------------------------------------------
 
@@ -465,6 +489,8 @@ class SchedulerCore:
             self.pages.sync_slot(slot)
         for rid in order:
             req = self.requests[rid]
+            if not req.grammar_ready:
+                continue  # the worker is compiling its grammar (it never does in a step)
             decision = place(req, self.slots, self.pages, self.config)
             if decision is None and self._interactive(req, now) and \
                     self._preempt_background(now):
@@ -624,6 +650,8 @@ class SchedulerCore:
         if req.rid in self.waiting:
             self.waiting.remove(req.rid)
         del self.requests[req.rid]
+        if req.sampling.grammar:
+            self.outbox.send(ReleaseGrammar(req.rid))
         started = req.admitted_at if req.admitted_at is not None else now
         num_prefilled = max(0, len(req.prompt) - req.num_cached) if req.admitted_at else 0
         self.outbox.finished(FinishedRecord(

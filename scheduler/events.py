@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from switchyard.proto.messages import (
     CancelRequest,
+    GrammarPrepared,
     InventoryDescribed,
     PagesRead,
     PagesWritten,
@@ -61,9 +62,9 @@ class IndexOverdue:
     overdue: bool
 
 
-Event = (SubmitRequest | CancelRequest | StepDone | WorkerReady | InventoryDescribed
-         | PagesRead | PagesWritten | PlanStep | GatewayRestarted | WorkerLost
-         | KvstoreRestarted | FailAll | IndexOverdue)
+Event = (SubmitRequest | CancelRequest | StepDone | WorkerReady | GrammarPrepared
+         | InventoryDescribed | PagesRead | PagesWritten | PlanStep | GatewayRestarted
+         | WorkerLost | KvstoreRestarted | FailAll | IndexOverdue)
 
 
 @dataclass

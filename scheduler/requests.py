@@ -28,6 +28,7 @@ class Request:
     num_accepted: int = 0
     slot: int | None = None
     cancelled: bool = False
+    grammar_ready: bool = True  # False while the worker compiles its grammar (PrepareGrammar)
     # Where the context's KV came from (tokens): kept in the slot, copied from another slot,
     # restored from disk. Set at the first placement; `num_cached` is what usage reports.
     num_reused: int = 0

@@ -38,6 +38,7 @@ from switchyard.proto.messages import (
     CancelRequest,
     DeletePages,
     DescribeInventory,
+    GrammarPrepared,
     GroupState,
     Heartbeat,
     Hello,
@@ -45,7 +46,9 @@ from switchyard.proto.messages import (
     PagesDeleted,
     PagesRead,
     PagesWritten,
+    PrepareGrammar,
     ReadPages,
+    ReleaseGrammar,
     RequestFailed,
     RequestFinished,
     RunStep,
@@ -77,7 +80,8 @@ from switchyard.scheduler.stats import SchedulerStats
 from switchyard.scheduler.status import build_status
 
 # What each role may send besides Hello and Heartbeat; a peer of no known role is not heard.
-_SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest), ROLE_WORKER: (StepDone, WorkerReady)}
+_SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest),
+            ROLE_WORKER: (StepDone, WorkerReady, GrammarPrepared)}
 _SENT_BY_KVSTORES = (PagesWritten, PagesRead, InventoryDescribed, PagesDeleted)
 
 
@@ -95,7 +99,7 @@ def may_send(role: str, kind: type) -> bool:
 # Where each outgoing message type goes.
 _DESTINATION = {
     TokensGenerated: ROLE_GATEWAY, RequestFinished: ROLE_GATEWAY, RequestFailed: ROLE_GATEWAY,
-    RunStep: ROLE_WORKER,
+    RunStep: ROLE_WORKER, PrepareGrammar: ROLE_WORKER, ReleaseGrammar: ROLE_WORKER,
     AttachBuffers: ROLE_KVSTORE, DescribeInventory: ROLE_KVSTORE, ReadPages: ROLE_KVSTORE,
     WritePages: ROLE_KVSTORE, DeletePages: ROLE_KVSTORE, TouchPages: ROLE_KVSTORE,
 }
@@ -255,6 +259,8 @@ class SchedulerService:
                            plan_ms=round(self._plan_s * 1e3, 3), done_ms=round(done_s * 1e3, 3))
         elif isinstance(msg, WorkerReady):
             self._on_worker_ready(msg)
+        elif isinstance(msg, GrammarPrepared):
+            self.apply(self.core.handle(msg, now))
         elif isinstance(msg, PagesDeleted):
             self.log.debug("kv.deleted", num_pages=len(msg.page_ids),
                            freed_bytes=msg.freed_bytes)

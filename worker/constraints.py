@@ -1,11 +1,18 @@
 """Grammar-constrained sampling (structured outputs): one llguidance matcher per constrained slot.
 
 A request's constraint travels in its `SamplingParams` (`grammar`, an llguidance grammar the
-gateway compiled and checked; `grammar_trigger`, token ids after which it applies). The worker
-keeps a matcher per slot and computes each row's allowed-token mask on the CPU while the forward
-pass runs on MLX's stream, then masks the logits before sampling (docs/design.md "Structured
-outputs"). Nothing here is stored: a matcher is rebuilt from the tokens the slot's request
-generated so far, so constraints survive preemption, restores and worker restarts.
+gateway built and checked under a time bound; `grammar_trigger`, token ids after which it
+applies). Compiling one is never a step's work: the scheduler sends `PrepareGrammar` when the
+request arrives, the grammar is compiled here on a thread of its own (llguidance releases the
+GIL while it compiles) and `GrammarPrepared` lets the scheduler place the request; the compiled
+grammar is kept while a request of it lives (`ReleaseGrammar`), and a few more for reuse. A
+step finds it compiled (a step that does not is logged, and compiles it then).
+
+The worker keeps a matcher per slot and computes each row's allowed-token mask on the CPU while
+the forward pass runs on MLX's stream, then masks the logits before sampling (docs/design.md
+"Structured outputs"). Nothing about a matcher is stored: it is rebuilt from the tokens the
+slot's request generated so far, so constraints survive preemption, restores and worker
+restarts.
 
 With a trigger (a tool-call marker, or the end of a reasoning block) the output is free until
 the trigger's tokens appear; from the token after it the grammar is in force to the end. Once
@@ -14,16 +21,23 @@ the grammar is complete the matcher allows only end-of-sequence tokens, so the t
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+import structlog
 
 from switchyard.proto.grammar_limits import parser_limits
 from switchyard.proto.messages import SamplingParams
 
-MAX_COMPILED_GRAMMARS = 64  # matcher templates kept, most recently used first
+log = structlog.get_logger()
+
+MAX_UNUSED_GRAMMARS = 64  # compiled grammars no live request holds, kept for reuse (LRU)
 
 
 @dataclass
@@ -41,10 +55,107 @@ class ConstraintEngine:
     def __init__(self, tokenizer_loader: Callable[[], tuple[object, list[int]]]):
         self._load_tokenizer = tokenizer_loader
         self._tokenizer = None
+        self._tokenizer_lock = threading.Lock()
         self._eos: list[int] = []
         self._slots: dict[int, SlotConstraint] = {}
-        self._compiled: OrderedDict[str, object] = OrderedDict()  # grammar -> fresh matcher
+        # Compiled grammars (key -> fresh matcher): those of live requests, and the unused.
+        self._compiled: dict[bytes, object] = {}
+        self._holders: dict[bytes, set[str]] = {}  # key -> requests that hold it
+        self._unused: OrderedDict[bytes, None] = OrderedDict()
+        self._rids: dict[str, bytes] = {}  # request -> the key of its grammar
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self._compiling: dict[bytes, Future] = {}
+        self._waiting: dict[str, bytes] = {}  # requests whose GrammarPrepared is not sent
+        self._failed: dict[bytes, str] = {}  # key -> why it did not compile (while held)
+        self._seconds: dict[bytes, float] = {}  # key -> compile time, until reported
         self.num_errors = 0
+        self.num_compiled_in_step = 0
+
+    # --- compiling, off the step loop ------------------------------------------------------
+
+    def prepare(self, rid: str, grammar: str) -> None:
+        """Hold `grammar` for request `rid`, compiling it on the grammar thread if it is new;
+        `prepared()` says when it is done."""
+        key = grammar_key(grammar)
+        if self._rids.get(rid) == key:
+            self._waiting[rid] = key  # asked again (a restarted scheduler): answer again
+            return
+        self.release(rid)
+        self._rids[rid] = key
+        self._holders.setdefault(key, set()).add(rid)
+        self._unused.pop(key, None)
+        self._waiting[rid] = key
+        if key not in self._compiled and key not in self._compiling:
+            self._compiling[key] = self._compiler.submit(self._compile, grammar)
+
+    def release(self, rid: str) -> None:
+        key = self._rids.pop(rid, None)
+        self._waiting.pop(rid, None)
+        if key is None:
+            return
+        holders = self._holders.get(key, set())
+        holders.discard(rid)
+        if not holders:
+            self._holders.pop(key, None)
+            self._failed.pop(key, None)
+            if key in self._compiled:
+                self._keep_unused(key)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a GrammarPrepared is still to come (the loop then polls `prepared` often)."""
+        return bool(self._waiting)
+
+    def prepared(self) -> list[tuple[str, str, float]]:
+        """(rid, error, compile seconds) of the requests whose grammar is now compiled (error
+        empty) or failed to compile."""
+        for key, future in list(self._compiling.items()):
+            if future.done():
+                del self._compiling[key]
+                template, error, seconds = future.result()
+                self._seconds[key] = seconds
+                if template is None:
+                    self._failed[key] = error
+                else:
+                    self._compiled[key] = template
+                    if key not in self._holders:
+                        self._keep_unused(key)
+        done = []
+        for rid, key in list(self._waiting.items()):
+            if key in self._compiling:
+                continue
+            error = "" if key in self._compiled else self._failed.get(key, "not compiled")
+            done.append((rid, error, self._seconds.pop(key, 0.0)))
+            del self._waiting[rid]
+        return done
+
+    def _keep_unused(self, key: bytes) -> None:
+        self._unused[key] = None
+        self._unused.move_to_end(key)
+        while len(self._unused) > MAX_UNUSED_GRAMMARS:
+            self._compiled.pop(self._unused.popitem(last=False)[0], None)
+
+    def _compile(self, grammar: str) -> tuple[object | None, str, float]:
+        started = time.perf_counter()
+        try:
+            template = self._build(grammar)
+        except Exception as exc:  # the thread's boundary: report, never lose the request
+            return None, f"{type(exc).__name__}: {exc}", time.perf_counter() - started
+        if template.is_error():
+            return None, template.get_error(), time.perf_counter() - started
+        return template, "", time.perf_counter() - started
+
+    def _build(self, grammar: str):
+        import llguidance
+
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                self._tokenizer, self._eos = self._load_tokenizer()
+        return llguidance.LLMatcher(self._tokenizer, grammar, limits=parser_limits(),
+                                    log_level=0)
+
+    def close(self) -> None:
+        self._compiler.shutdown(wait=False, cancel_futures=True)
 
     # --- state -----------------------------------------------------------------------------
 
@@ -87,19 +198,16 @@ class ConstraintEngine:
             state.matcher = self._new_matcher(state.grammar)
 
     def _new_matcher(self, grammar: str):
-        import llguidance
-
-        if self._tokenizer is None:
-            self._tokenizer, self._eos = self._load_tokenizer()
-        template = self._compiled.get(grammar)
-        if template is None:
-            template = llguidance.LLMatcher(self._tokenizer, grammar, limits=parser_limits(),
-                                            log_level=0)
-            self._compiled[grammar] = template
-            while len(self._compiled) > MAX_COMPILED_GRAMMARS:
-                self._compiled.popitem(last=False)
-        else:
-            self._compiled.move_to_end(grammar)
+        key = grammar_key(grammar)
+        template = self._compiled.get(key)
+        if template is None:  # never prepared (a scheduler of an older protocol?): compile
+            self.num_compiled_in_step += 1
+            log.warning("constraints.compiled_in_step", grammar_bytes=len(grammar))
+            template = self._build(grammar)
+            self._compiled[key] = template
+            self._keep_unused(key)
+        elif key in self._unused:
+            self._unused.move_to_end(key)
         return template.deep_copy()
 
     # --- masks -----------------------------------------------------------------------------
@@ -178,6 +286,10 @@ class ConstraintEngine:
             return allowed[:vocab_size]
         # The model's embedding may be padded past the tokenizer's vocabulary: never allowed.
         return np.concatenate([allowed, np.zeros(vocab_size - allowed.size, dtype=bool)])
+
+
+def grammar_key(grammar: str) -> bytes:
+    return hashlib.blake2b(grammar.encode(), digest_size=16).digest()
 
 
 def llguidance_tokenizer(model_ref: str) -> tuple[object, list[int]]:

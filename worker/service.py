@@ -21,7 +21,8 @@ from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
 from switchyard.proto.hostfile import Hostfile, HostfileError, layout_tag, read_hostfile
 from switchyard.proto.ids import new_boot_id
 from switchyard.proto.logs import configure_logging
-from switchyard.proto.messages import ROLE_WORKER, RankInfo, RunStep, SlotContents, WorkerReady
+from switchyard.proto.messages import (ROLE_WORKER, GrammarPrepared, PrepareGrammar, RankInfo,
+                                       ReleaseGrammar, RunStep, SlotContents, WorkerReady)
 from switchyard.proto.page_ids import kv_namespace as page_namespace
 from switchyard.proto.service_loop import SchedulerLink, StopFlag
 from switchyard.proto.settings import Settings, parse_size
@@ -339,15 +340,30 @@ def run(settings: Settings) -> None:
         log.info("worker.stopped")
 
 
+GRAMMAR_POLL_S = 0.005  # how often the loop looks for a finished grammar while one compiles
+
+
 def _serve(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
            stop: StopFlag, lead: GroupLead | None) -> None:
     """The worker's loop, the one that talks to the scheduler: a single worker's, or rank 0's
     of a group, whose share of each step `lead` does (worker/group_loop.py)."""
     link = SchedulerLink(settings, ROLE_WORKER, boot_id, log, greeting=lambda: [ready()])
+    constraints = executor.constraints
+    tick_s = lead.tick_s if lead is not None else settings.heartbeat_s
+    next_tick = time.monotonic() + tick_s
     try:
         while not stop.requested:
-            message = link.receive(lead.tick_s if lead is not None else settings.heartbeat_s)
-            if isinstance(message, RunStep):
+            # While a grammar compiles (on its own thread), look for it often.
+            busy = constraints is not None and constraints.busy
+            message = link.receive(GRAMMAR_POLL_S if busy else tick_s)
+            if constraints is not None:
+                for rid, error, seconds in constraints.prepared():
+                    link.send(GrammarPrepared(rid, error, seconds))
+            if isinstance(message, PrepareGrammar) and constraints is not None:
+                constraints.prepare(message.rid, message.grammar)
+            elif isinstance(message, ReleaseGrammar) and constraints is not None:
+                constraints.release(message.rid)
+            elif isinstance(message, RunStep):
                 cpu_started = time.process_time()  # all threads: the step's work on a busy machine
                 done = lead.run(message) if lead is not None else executor.run(message)
                 link.send(done)
@@ -358,9 +374,12 @@ def _serve(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
                           step_ms=round(done.duration_s * 1e3, 2),
                           cpu_ms=round((time.process_time() - cpu_started) * 1e3, 2),
                           **(lead.step_fields() if lead is not None else {}))
-            elif message is None and lead is not None:
+            elif message is None and lead is not None and time.monotonic() >= next_tick:
                 lead.idle()  # the idle tick; it also finds a lost rank while idle
+                next_tick = time.monotonic() + tick_s
     finally:
+        if constraints is not None:
+            constraints.close()
         link.close()
         if lead is not None:
             lead.stop()

@@ -40,6 +40,7 @@ async def completions(request: Request) -> Response:
     priority = header_priority(request.headers)
     if isinstance(completion.prompt, str):
         gw.check_prompt_chars(len(completion.prompt), "prompt")
+    await gw.check_grammar(completion.constraint, request)
     prompt_ids = await gw.run_tokenizer(encode_prompt, gw.tokenizer, completion,
                                         size=len(completion.prompt), request=request)
     rid = new_rid("cmpl")

@@ -5,9 +5,11 @@ Every API's spelling lands here: OpenAI `response_format` (json_object, json_sch
 `structured_outputs` object, the Responses API's `text.format`, Anthropic's `output_format`
 (and `output_config.format`). Tool calls get their grammars from `gateway.output.call_grammar`.
 
-A grammar is checked here, in the gateway, under the same resource limits the worker uses, so
-an invalid or unsupported schema is a 400 naming what is wrong, and a hostile one cannot stall
-a step (docs/design.md "Structured outputs").
+Building a grammar here is cheap and bounded (inputs of at most 64 KB, `guided_choice` at most
+1024 options); checking it is not, and happens later, off the event loop, under a time bound and
+the same resource limits the worker uses (grammar_check.py), so an invalid or unsupported
+schema is a 400 naming what is wrong, and a hostile one never reaches the worker
+(docs/design.md "Structured outputs").
 """
 
 from __future__ import annotations
@@ -30,10 +32,14 @@ CACHED_GRAMMARS = 256
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+MAX_CHOICES = 1024  # guided_choice options (their text: MAX_SCHEMA_BYTES in all)
+
+
 @dataclass(frozen=True)
 class Constraint:
-    grammar: str  # llguidance grammar (its JSON form)
+    grammar: str  # llguidance grammar (its JSON form), not yet checked (grammar_check.py)
     trigger: str = ""  # text after which the grammar applies ("" = from the first token)
+    param: str = ""  # the request field it came from, for the 400 when it does not check
 
 
 def _llg():
@@ -42,8 +48,9 @@ def _llg():
     return llguidance
 
 
-@functools.lru_cache(maxsize=CACHED_GRAMMARS)
-def _validation_error(grammar: str) -> str:
+def validation_error(grammar: str) -> str:
+    """Why llguidance refuses `grammar` under the group's limits ("" if it does not), at once
+    and without a time bound: the gateway uses grammar_check.py instead."""
     return _llg().LLMatcher.validate_grammar(grammar, None, limits=parser_limits())
 
 
@@ -53,12 +60,19 @@ def _json_grammar(schema_text: str) -> str:
 
 
 def checked(grammar: str, param: str, trigger: str = "") -> Constraint:
-    """The grammar if llguidance accepts it under the limits; else a 400 saying why."""
-    error = _validation_error(grammar)
+    """The constraint of a grammar built from field `param` (checked later)."""
+    return Constraint(grammar, trigger, param)
+
+
+def check_now(constraint: Constraint) -> Constraint:
+    """`constraint` if its grammar validates, else the 400 grammar_check gives: at once,
+    unbounded (tests, and grammars the gateway builds itself)."""
+    error = validation_error(constraint.grammar)
     if error:
+        param = constraint.param
         raise invalid(f"Unsupported or invalid '{param}': {error.splitlines()[0]}",
                       param=param, code="invalid_grammar")
-    return Constraint(grammar, trigger)
+    return constraint
 
 
 def _schema_text(schema: Any, param: str) -> str:
@@ -113,6 +127,10 @@ def choice(options: Any, param: str) -> Constraint:
             or not all(isinstance(o, str) and o for o in options)):
         raise invalid(f"'{param}' must be a non-empty array of non-empty strings", param=param,
                       code="invalid_type")
+    if len(options) > MAX_CHOICES:  # 100,000 options held /health for 3.6 s (issue 23, #2)
+        raise invalid(f"'{param}' has more than {MAX_CHOICES} options", param=param,
+                      code="invalid_value")
+    _bounded("".join(options), param)
     alternatives = " | ".join(json.dumps(o) for o in options)
     return checked(_llg().LLMatcher.grammar_from_lark(f"start: {alternatives}\n"), param)
 

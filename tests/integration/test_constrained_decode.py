@@ -105,3 +105,41 @@ def test_a_constrained_burst_equals_single_steps(model):
     one_by_one = decode(single, 0, PROMPT, sampling, [], 200)
     assert decode(burst, 0, PROMPT, sampling, [], 200, burst=8) == one_by_one
     assert burst.store.tokens[0] == single.store.tokens[0]
+
+
+def test_grammars_are_compiled_off_the_step_and_released(model):
+    """Issue 23, finding 2: PrepareGrammar compiles on the grammar thread; a step of that
+    request finds it compiled; a grammar no request holds stays only among the few kept for
+    reuse; one that does not compile is reported, not raised."""
+    import time
+
+    from switchyard.worker.constraints import MAX_UNUSED_GRAMMARS, grammar_key
+
+    ex = executor(model)
+    engine = ex.constraints
+    grammar = structured.json_schema(SCHEMA, "s").grammar
+    engine.prepare("r1", grammar)
+    assert engine.busy
+    deadline = time.monotonic() + 120
+    done = []
+    while not done:
+        assert time.monotonic() < deadline
+        done = engine.prepared()
+        time.sleep(0.01)
+    assert done[0][:2] == ("r1", "") and not engine.busy
+    ex.run(RunStep(0, prefills=(PrefillChunk(0, 0, tuple(PROMPT[:-1])),)))
+    out = decode(ex, 0, PROMPT, SamplingParams(grammar=grammar), [], 200)
+    jsonschema.validate(json.loads(ex_decode(model, out[:-1])), SCHEMA)
+    assert engine.num_compiled_in_step == 0
+    engine.release("r1")
+    assert grammar_key(grammar) in engine._compiled  # kept for reuse, not held
+    for i in range(MAX_UNUSED_GRAMMARS + 1):
+        engine._compiled[bytes([i % 256, i // 256]) * 8] = object()
+        engine._keep_unused(bytes([i % 256, i // 256]) * 8)
+    assert grammar_key(grammar) not in engine._compiled
+    engine.prepare("bad", '{"grammars": [{"lark_grammar": "start: ("}]}')
+    while engine.busy:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+        done = engine.prepared() or done
+    assert done[0][0] == "bad" and done[0][1]

@@ -296,3 +296,38 @@ def test_requests_beyond_the_limit_get_a_503_in_their_apis_format(tokenizer):
             thread.join(30)
         wait_until(lambda: not limits.requests)  # every request ended, its share returned
         assert httpx.get(url + "/v1/models").status_code == 200
+
+
+# -- 2. grammars: checked off the event loop, within a bound; guided_choice bounded -------------
+
+def pattern_bomb(num_patterns: int) -> dict:
+    return {"type": "object", "additionalProperties": False, "patternProperties": {
+        f"^p{i}_[a-z]+[0-9]*$": {"type": "integer"} for i in range(num_patterns)}}
+
+
+def test_a_schema_bomb_is_refused_while_the_server_keeps_answering(http, served, fake):
+    import threading
+
+    outcome = {}
+
+    def bomb():
+        with httpx.Client(base_url=served[0], timeout=60) as client:
+            outcome["response"] = client.post("/v1/chat/completions", json={
+                **CHAT, "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "b", "schema": pattern_bomb(450)}}})
+
+    thread = threading.Thread(target=bomb)
+    thread.start()
+    answered_meanwhile = 0
+    while thread.is_alive():
+        if http.get("/health").status_code == 200 and thread.is_alive():
+            answered_meanwhile += 1
+    thread.join()
+    error = assert_error(outcome["response"], 400, "invalid_grammar")
+    assert "too complex" in error["message"]
+    assert answered_meanwhile > 0 and fake.submits() == []
+    response = http.post("/v1/chat/completions", json={
+        **CHAT, "guided_choice": [str(i) for i in range(2_000)]})
+    assert_error(response, 400, "invalid_value")
+    ok = http.post("/v1/chat/completions", json={**CHAT, "guided_choice": ["a", "b"]})
+    assert ok.status_code == 200 and fake.submits()[-1].sampling.grammar

@@ -346,3 +346,34 @@ def test_gateway_restart_ends_requests_without_answers():
     effects = core.handle(GatewayRestarted(), 1.0)
     assert effects.messages == [] and [r.finish_reason for r in effects.finished] == [
         "cancelled"]
+
+
+def test_a_constrained_request_is_placed_only_once_its_grammar_is_compiled():
+    """Issue 23, finding 2: the worker compiles a grammar off its steps (PrepareGrammar);
+    until GrammarPrepared the request waits (others are placed), its end releases the
+    grammar, a restarted worker compiles it again, and one the worker cannot compile fails."""
+    from switchyard.proto.messages import GrammarPrepared, PrepareGrammar, ReleaseGrammar
+
+    core = make_core()
+    w = ScriptedWorker(core)
+    grammar = 'start: "x"'
+    sent = core.handle(SubmitRequest("g", (1, 2, 3), 2, SamplingParams(grammar=grammar),
+                                     (EOS,)), 0.0).messages
+    assert sent == [PrepareGrammar("g", grammar)]
+    submit(core, "free", [4, 5, 6], max_tokens=1)
+    plan, _ = w.step()
+    assert [core.slots[c.slot].rid for c in plan.prefills] == ["free"]
+    assert core.requests["g"].slot is None and "g" in core.waiting
+    core.handle(GrammarPrepared("g", "", 0.01), 1.0)
+    msgs = w.run()
+    assert generated(msgs, "g") and ReleaseGrammar("g") in msgs
+    # A worker restart: what still waits is compiled again before it is placed.
+    sent = core.handle(SubmitRequest("h", (7, 8, 9), 2, SamplingParams(grammar=grammar),
+                                     (EOS,)), 2.0).messages
+    assert PrepareGrammar("h", grammar) in sent
+    core.handle(GrammarPrepared("h", "", 0.0), 2.0)
+    again = worker_ready(core).messages
+    assert PrepareGrammar("h", grammar) in again and not core.requests["h"].grammar_ready
+    failed = core.handle(GrammarPrepared("h", "too complex", 0.0), 3.0).messages
+    assert any(isinstance(m, RequestFailed) and m.code == "invalid_grammar" for m in failed)
+    assert ReleaseGrammar("h") in failed and "h" not in core.requests

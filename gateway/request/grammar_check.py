@@ -1,0 +1,119 @@
+"""Checking a request's grammar off the event loop, within a time bound, abandoned with its client.
+
+Every grammar a request brings (a response format, a guided constraint, strict tools' calls) is
+validated under the group's parser limits before the request is submitted, so a bad one is a
+400 naming what is wrong and a hostile one never reaches the worker. Validation can take
+without bound (llguidance's limits do not cover a JSON schema's `patternProperties`: 600
+patterns took 105 s, issue 23, finding 2), so it runs in a child process
+(`grammar_child.py`) that is killed when a check takes longer than `CHECK_TIMEOUT_S` (the
+grammar is then refused as too complex) or when the request's client leaves. A few children
+check at once; results are cached by the grammar's digest, refusals too, so a repeated grammar
+(an agent's tools, every turn) or a repeated bomb costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sys
+from collections import OrderedDict
+
+import structlog
+
+from switchyard.gateway.errors import invalid
+from switchyard.gateway.request.grammar_child import _LENGTH
+from switchyard.gateway.request.structured import Constraint
+
+log = structlog.get_logger()
+
+CHECK_TIMEOUT_S = 1.5  # a grammar that takes longer to validate is refused as too complex
+NUM_CHILDREN = 2
+CACHED_RESULTS = 256
+_CHILD = "switchyard.gateway.request.grammar_child"
+
+
+class _Child:
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls) -> "_Child":
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", _CHILD, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        child = cls(process)
+        await child.read()  # ready: llguidance imported
+        return child
+
+    async def check(self, grammar: str) -> str:
+        body = grammar.encode()
+        self.process.stdin.write(_LENGTH.pack(len(body)) + body)
+        await self.process.stdin.drain()
+        return (await self.read()).decode()
+
+    async def read(self) -> bytes:
+        (length,) = _LENGTH.unpack(await self.process.stdout.readexactly(_LENGTH.size))
+        return await self.process.stdout.readexactly(length)
+
+    def kill(self) -> asyncio.Future:
+        """Kill it; the future is its reaping (awaited by `GrammarChecker.aclose`)."""
+        if self.process.returncode is None:
+            self.process.kill()
+        return asyncio.ensure_future(self.process.wait())
+
+
+class GrammarChecker:
+    def __init__(self, num_children: int = NUM_CHILDREN,
+                 timeout_s: float = CHECK_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._slots = asyncio.Semaphore(num_children)
+        self._idle: list[_Child] = []
+        self._results: OrderedDict[bytes, str] = OrderedDict()  # digest -> error ("" valid)
+        self._reaping: set[asyncio.Future] = set()
+        self.num_killed = 0
+
+    async def check(self, constraint: Constraint) -> None:
+        """A 400 naming `constraint.param` unless its grammar is valid (cached)."""
+        digest = hashlib.blake2b(constraint.grammar.encode(), digest_size=16).digest()
+        error = self._results.get(digest)
+        if error is None:
+            error = await self._check(constraint.grammar)
+            self._results[digest] = error
+            while len(self._results) > CACHED_RESULTS:
+                self._results.popitem(last=False)
+        else:
+            self._results.move_to_end(digest)
+        if error:
+            param = constraint.param
+            raise invalid(f"Unsupported or invalid '{param}': {error.splitlines()[0]}",
+                          param=param, code="invalid_grammar")
+
+    async def _check(self, grammar: str) -> str:
+        async with self._slots:
+            child = self._idle.pop() if self._idle else await _Child.start()
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    error = await child.check(grammar)
+            except TimeoutError:
+                self._kill(child, "timeout")
+                return (f"the grammar is too complex: it did not compile within "
+                        f"{self.timeout_s:g} s")
+            except BaseException:  # the client left (cancelled), or the child died
+                self._kill(child, "abandoned")
+                raise
+            self._idle.append(child)
+            return error
+
+    def _kill(self, child: _Child, reason: str) -> None:
+        reaped = child.kill()
+        self._reaping.add(reaped)
+        reaped.add_done_callback(self._reaping.discard)
+        self.num_killed += 1
+        log.info("grammar.check_stopped", reason=reason)
+
+    async def aclose(self) -> None:
+        """Stop every child (they also end on their own when the gateway's pipes close)."""
+        waits = [child.kill() for child in self._idle] + list(self._reaping)
+        self._idle.clear()
+        if waits:
+            await asyncio.gather(*waits, return_exceptions=True)

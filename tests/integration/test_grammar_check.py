@@ -1,0 +1,80 @@
+"""Grammars are checked in a child process, within a time bound, abandoned with their client
+(gateway/request/grammar_check.py; issue 23, finding 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from switchyard.gateway.errors import APIError
+from switchyard.gateway.request import structured
+from switchyard.gateway.request.grammar_check import GrammarChecker
+
+
+def pattern_bomb(num_patterns: int) -> dict:
+    """The issue's payload: validation cost grows steeply with the patterns (600: 105 s)."""
+    return {"type": "object", "additionalProperties": False, "patternProperties": {
+        f"^p{i}_[a-z]+[0-9]*$": {"type": "integer"} for i in range(num_patterns)}}
+
+
+def test_valid_invalid_and_cached():
+    async def main():
+        checker = GrammarChecker(num_children=1)
+        try:
+            await checker.check(structured.json_schema({"type": "object"}, "response_format"))
+            with pytest.raises(APIError) as caught:
+                await checker.check(structured.json_schema(
+                    {"type": "object", "$dynamicRef": "#x"}, "response_format"))
+            assert caught.value.param == "response_format" and "$dynamicRef" in \
+                caught.value.message
+            with pytest.raises(APIError):  # cached: no child is asked again
+                checker._idle.clear()
+                checker._slots = None
+                await checker.check(structured.json_schema(
+                    {"type": "object", "$dynamicRef": "#x"}, "response_format"))
+        finally:
+            await checker.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_schema_bomb_is_refused_within_the_bound_and_the_next_check_works():
+    async def main():
+        checker = GrammarChecker(num_children=1, timeout_s=1.0)
+        try:
+            bomb = structured.json_schema(pattern_bomb(450), "response_format")
+            started = time.monotonic()
+            with pytest.raises(APIError) as caught:
+                await checker.check(bomb)
+            took = time.monotonic() - started
+            assert "too complex" in caught.value.message and checker.num_killed == 1
+            with pytest.raises(APIError):  # the refusal is remembered: no second try
+                await checker.check(bomb)
+            assert checker.num_killed == 1
+            await checker.check(structured.choice(["a", "b"], "guided_choice"))
+            return took
+        finally:
+            await checker.aclose()
+
+    assert asyncio.run(main()) < 60  # (a bound for a hung check, not a benchmark)
+
+
+def test_a_check_whose_client_left_stops_its_child():
+    async def main():
+        checker = GrammarChecker(num_children=1, timeout_s=60.0)
+        try:
+            task = asyncio.ensure_future(checker.check(
+                structured.json_schema(pattern_bomb(600), "response_format")))
+            await asyncio.sleep(1.0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert checker.num_killed == 1 and not checker._idle
+            await checker.check(structured.json_schema({"type": "integer"}, "p"))
+        finally:
+            await checker.aclose()
+
+    asyncio.run(main())
+
