@@ -43,8 +43,11 @@ class CopiedEmbedding(nn.QuantizedEmbedding):
 
 
 def quantized_modules(model: nn.Module) -> list[nn.Module]:
+    """Quantized matrices without a copy yet (those the loader gave the CPU's block path,
+    worker/cpu_quantized.py, included: with a copy they use it instead)."""
     return [m for _, m in model.named_modules()
-            if type(m) in (nn.QuantizedLinear, nn.QuantizedEmbedding)]
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+            and not isinstance(m, (CopiedLinear, CopiedEmbedding))]
 
 
 def wanted() -> bool:
@@ -66,6 +69,6 @@ def add_float_copies(model: nn.Module) -> int:
         weight = weight.astype(mx.float32)
         mx.eval(weight)
         m._float_copy = _Copy(weight)
-        m.__class__ = CopiedLinear if type(m) is nn.QuantizedLinear else CopiedEmbedding
+        m.__class__ = CopiedLinear if isinstance(m, nn.QuantizedLinear) else CopiedEmbedding
         total += weight.nbytes
     return total
