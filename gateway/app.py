@@ -7,6 +7,7 @@ scheduler client and closes it again. The app never holds the model.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 from collections.abc import AsyncIterator
@@ -205,10 +206,12 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await client.start()
+        warming = asyncio.ensure_future(gateway.grammars.warm())
         try:
             yield
         finally:
             await client.close()
+            warming.cancel()
             await gateway.grammars.aclose()
             gateway.shutdown()
 

@@ -2,12 +2,11 @@
 
 `json.loads` holds the GIL from the first byte to the last: 32 MB of empty messages took 1.4 s
 here, during which no other request got a byte (issue 23, finding 3). A small body is parsed
-at once; a large one field by field, and each top-level list (messages, input items, tools,
-a prompt's token ids) element by element, yielding to the event loop every few milliseconds.
-A list longer than its limit (a message takes at least one token of the context; tools have
-their own bound) is refused as soon as it is passed, so parsing one costs work in proportion to
-the limit, not to the body. One element is parsed in one go (a single message holding
-millions of content parts still costs its parse at once; the body limit bounds it).
+at once; a large one member by member down to a message's content parts, yielding to the
+event loop every few milliseconds. A top-level list (messages, input items, tools, a prompt's
+token ids) longer than its limit (a message takes at least one token of the context; tools
+have their own bound) is refused as soon as it is passed, so parsing one costs work in
+proportion to the limit, not to the body.
 """
 
 from __future__ import annotations
@@ -25,6 +24,9 @@ from switchyard.gateway.errors import invalid
 from switchyard.gateway.output.tools import MAX_TOOLS
 
 COOPERATIVE_BYTES = 256 * 1024  # smaller bodies parse in a few milliseconds: at once
+# Levels parsed member by member: the body, its lists (messages), their elements (a message),
+# and their lists (its content parts); deeper values (a part, a tool's schema) at once.
+MAX_DEPTH = 4
 SLICE_S = 0.005  # parsing between two yields to the event loop
 _WS = re.compile(r"[ \t\n\r]*")
 
@@ -89,39 +91,48 @@ class _Cooperative:
         pos = self._ws(text, 0)
         if self._expect(text, pos, "{[\"-0123456789tfn") != "{":
             raise ValueError("The request body must be a JSON object")
-        body: dict[str, Any] = {}
-        pos = self._ws(text, pos + 1)
-        if text[pos:pos + 1] == "}":
-            pos += 1
-        else:
-            while True:
-                self._expect(text, pos, '"')
-                key, pos = self.decoder.raw_decode(text, pos)
-                pos = self._ws(text, pos)
-                self._expect(text, pos, ":")
-                pos = self._ws(text, pos + 1)
-                if text[pos:pos + 1] == "[":
-                    body[key], pos = await self._list(text, pos, key)
-                else:
-                    body[key], pos = self.decoder.raw_decode(text, pos)
-                    await self._yield()
-                pos = self._ws(text, pos)
-                if self._expect(text, pos, ",}") == "}":
-                    pos += 1
-                    break
-                pos = self._ws(text, pos + 1)
+        body, pos = await self._members(text, pos, depth=0)
         if self._ws(text, pos) != len(text):
             raise ValueError(f"Extra data: char {pos}")
         return body
 
-    async def _list(self, text: str, pos: int, key: str) -> tuple[list[Any], int]:
-        limit = self.limits.get(key)
+    async def _value(self, text: str, pos: int, depth: int, key: str | None = None
+                     ) -> tuple[Any, int]:
+        """A value at `pos`: objects and lists down to MAX_DEPTH member by member (a message
+        with a million content parts is one element of `messages`), the rest at once."""
+        if depth < MAX_DEPTH and text[pos:pos + 1] == "[":
+            return await self._list(text, pos, depth + 1, key if depth == 0 else None)
+        if depth < MAX_DEPTH and text[pos:pos + 1] == "{":
+            return await self._members(text, pos, depth + 1)
+        value, pos = self.decoder.raw_decode(text, pos)
+        await self._yield()
+        return value, pos
+
+    async def _members(self, text: str, pos: int, depth: int) -> tuple[dict[str, Any], int]:
+        members: dict[str, Any] = {}
+        pos = self._ws(text, pos + 1)
+        if text[pos:pos + 1] == "}":
+            return members, pos + 1
+        while True:
+            self._expect(text, pos, '"')
+            key, pos = self.decoder.raw_decode(text, pos)
+            pos = self._ws(text, pos)
+            self._expect(text, pos, ":")
+            members[key], pos = await self._value(text, self._ws(text, pos + 1), depth, key)
+            pos = self._ws(text, pos)
+            if self._expect(text, pos, ",}") == "}":
+                return members, pos + 1
+            pos = self._ws(text, pos + 1)
+
+    async def _list(self, text: str, pos: int, depth: int, key: str | None
+                    ) -> tuple[list[Any], int]:
+        limit = self.limits.get(key) if key is not None else None
         items: list[Any] = []
         pos = self._ws(text, pos + 1)
         if text[pos:pos + 1] == "]":
             return items, pos + 1
         while True:
-            item, pos = self.decoder.raw_decode(text, pos)
+            item, pos = await self._value(text, pos, depth)
             items.append(item)
             if limit is not None and len(items) > limit.limit:
                 raise limit.error(key)
@@ -129,7 +140,6 @@ class _Cooperative:
             if self._expect(text, pos, ",]") == "]":
                 return items, pos + 1
             pos = self._ws(text, pos + 1)
-            await self._yield()
 
     async def _refuse_lone_surrogates(self, body: Any) -> None:
         stack = [body]
