@@ -370,8 +370,8 @@ class WorkerReady(Message, tag="worker_ready"):
     ranks: tuple[RankInfo, ...] = ()
     parallel: str = ""  # "tensor" | "pipeline" for a group
     # Speculative decoding (docs/design.md "Speculative decoding"): "batched" (every decoding
-    # sequence may carry a draft), "alone" (only a lone decoding sequence: recurrent states
-    # and rings) or "" (off: the setting, or a cache kind without an undo).
+    # sequence may carry a draft), "alone" (only a lone decoding sequence: sliding-window
+    # rings) or "" (off: the setting, or a cache kind without an undo).
     speculation: str = ""
 
 

@@ -63,25 +63,26 @@ def drop_last_token(cache: list, saved: list) -> None:
 
 def verifiable(cache: list) -> str:
     """Where a verify pass can undo the draft tokens a sequence rejects: "batched" when every
-    layer is per-token attention KV (cut back per row, worker/batch_kv.py); "alone" when
-    recurrent states or rings are among them (a lone sequence's are restored, then its
-    accepted tokens fed again: `before_verify` / `undo_verify`); "" for any other kind."""
-    if rewindable(cache):
+    layer is per-token attention KV (cut back per row, worker/batch_kv.py) or a recurrent
+    state (a row that rejected tokens gets its state back and its kept tokens fed again);
+    "alone" when there are sliding-window rings (mlx-lm's batched ring is filled in place,
+    so only a lone sequence's ring is taken back); "" for any other kind."""
+    layers = leaves(cache)
+    if all(is_attention_kv(c) or type(c) is ArraysCache for c in layers):
         return "batched"
-    if all(is_attention_kv(c) or type(c) in (RotatingKVCache, ArraysCache)
-           for c in leaves(cache)):
+    if all(is_attention_kv(c) or type(c) in (RotatingKVCache, ArraysCache) for c in layers):
         return "alone"
     return ""
 
 
 def before_verify(cache: list) -> list | None:
-    """What `undo_verify` needs to take a lone sequence's verify pass back: each recurrent
-    layer's state arrays and each ring's arrays and indexes, by reference. A verify pass
-    feeds several tokens, which mlx-lm writes into a ring by concatenation, never in place,
-    and into a recurrent state as new arrays, so the references stay as they were. None when
-    every layer is attention KV (a trim undoes them)."""
+    """What `undo_verify` needs to take a verify pass back: each recurrent layer's state
+    arrays and each ring's arrays and indexes, by reference. A verify pass feeds several
+    tokens, which mlx-lm writes into a ring by concatenation, never in place, and into a
+    recurrent state as new arrays, so the references stay as they were. None when every layer
+    is attention KV (cutting it back undoes it)."""
     layers = leaves(cache)
-    if all(is_attention_kv(c) for c in layers):
+    if all(is_attention_kv(c) or hasattr(c, "trim_rows") for c in layers):
         return None
     saved = []
     for c in layers:
@@ -94,16 +95,24 @@ def before_verify(cache: list) -> list | None:
     return saved
 
 
-def undo_verify(cache: list, saved: list | None, num_fed: int) -> None:
-    """Take back the `num_fed` tokens of a verify pass: attention layers trim them, recurrent
-    layers and rings get back what `before_verify` kept."""
-    for c, state in zip(leaves(cache), saved or [None] * len(leaves(cache))):
+def undo_verify(cache: list, saved: list, rows: list[bool], cuts: list[int]) -> None:
+    """Take a verify pass back for the rows marked in `rows`: recurrent layers and rings get
+    back what `before_verify` kept (rings: a lone sequence only); attention layers cut each
+    row back by cuts[row] tokens (a marked row: all it was fed; another: its padding)."""
+    mask = mx.array(rows)
+    for c, state in zip(leaves(cache), saved):
         if type(c) is ArraysCache:
-            c.cache, c.left_padding, c.lengths = list(state[0]), state[1], state[2]
+            if all(rows):
+                c.cache = list(state[0])
+            else:  # the marked rows' state from before the pass, the others' from after it
+                c.cache = [mx.where(mask.reshape(-1, *([1] * (new.ndim - 1))), old, new)
+                           for old, new in zip(state[0], c.cache)]
         elif type(c) is RotatingKVCache:
             c.keys, c.values, c.offset, c._idx = state
+        elif hasattr(c, "trim_rows"):
+            c.trim_rows(cuts)
         else:
-            c.trim(num_fed)
+            c.trim(cuts[0])
 
 
 # --- sliding windows -------------------------------------------------------------------------

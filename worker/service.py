@@ -131,9 +131,9 @@ def speculation_mode(settings: Settings, verifiable: str, kinds: str, log,
                                  f"--speculative auto or off")
         log.warning("speculation.off", reason=reason)
     elif verifiable == "alone":
-        log.info("speculation.alone", reason=f"recurrent states and sliding-window rings "
-                 f"({kinds}) are taken back for a lone decoding sequence only: steps that "
-                 f"decode several sequences verify no drafts")
+        log.info("speculation.alone", reason=f"sliding-window rings ({kinds}) are taken back "
+                 f"for a lone decoding sequence only: steps that decode several sequences "
+                 f"verify no drafts")
     return verifiable
 
 

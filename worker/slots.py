@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache
 
 from switchyard.proto.messages import PrefillChunk
 from switchyard.worker.batch_kv import BatchKV, BatchQuantizedKV
@@ -120,38 +120,61 @@ class SlotStore:
         if len(slots) > 1 and self.verifiable != "batched":
             raise SlotError("this model's caches are verified one sequence at a time")
         cache = self._cache_for(tuple(slots))
-        if len(slots) == 1:
-            self._before_verify = before_verify(cache)
+        self._before_verify = before_verify(cache)
         width = max(len(r) for r in rows)
         padded = [list(r) + [r[-1]] * (width - len(r)) for r in rows]
-        return self.model(mx.array(padded), cache=cache)
+        return self._forward(cache, padded, [len(r) for r in rows])
+
+    def _forward(self, cache: list, rows: list[list[int]], lengths: list[int]) -> mx.array:
+        """A forward pass of right-padded rows. Recurrent layers of a batch are told each
+        row's length (mlx-lm's ArraysCache `lengths`), so padding never enters a state."""
+        states = [c for c in leaves(cache) if type(c) is ArraysCache] if len(rows) > 1 else []
+        for c in states:
+            c.lengths = mx.array(lengths)
+        try:
+            return self.model(mx.array(rows), cache=cache)
+        finally:
+            for c in states:
+                c.lengths = None
 
     def keep(self, slots: list[int], rows: list[list[int]], kept: list[int]) -> None:
         """After `verify`: slot i keeps the first kept[i] tokens of its row (its input and the
-        accepted draft); the rest of the row, and the padding, are cut from its cache."""
+        accepted draft); the rest of the row, and the padding, are cut from its cache.
+        Recurrent states and rings cannot be cut at a token: a row that rejected tokens gets
+        them back as they were before the pass, and its kept tokens are fed again (their
+        logits are not needed)."""
         width = max(len(r) for r in rows)
-        cuts = [width - k for k in kept]
-        if len(slots) == 1:
-            cache = self._parked[slots[0]]
-            if cuts[0] and self._before_verify is not None:
-                # Recurrent states and rings cannot be cut at a token: the whole pass is taken
-                # back and the kept tokens fed again (their logits are not needed).
-                undo_verify(cache, self._before_verify, width)
-                self.model(mx.array([rows[0][:kept[0]]]), cache=cache)
-                mx.eval([c.state for c in leaves(cache)])
-            elif cuts[0]:
-                for c in leaves(cache):
-                    c.trim(cuts[0])
-            self._before_verify = None
+        cache = self._parked[slots[0]] if len(slots) == 1 else self._batch
+        redo = [k < len(r) for k, r in zip(kept, rows)]
+        saved, self._before_verify = self._before_verify, None
+        if saved is not None and any(redo):
+            undo_verify(cache, saved, redo,
+                        [width if r else width - k for k, r in zip(kept, redo)])
+            again = max(k for k, r in zip(kept, redo) if r)
+            rows_again = [row[:k] + [row[0]] * (again - k) if r else [row[0]] * again
+                          for row, k, r in zip(rows, kept, redo)]
+            self._forward(cache, rows_again, [k if r else 0 for k, r in zip(kept, redo)])
+            mx.eval([c.state for c in leaves(cache)])
+            self._cut(cache, [again - k if r else again for k, r in zip(kept, redo)])
         else:
-            for layer in leaves(self._batch):
-                layer.trim_rows(cuts)
+            self._cut(cache, [width - k for k in kept])
         for slot, row, k in zip(slots, rows, kept):
             self.tokens[slot].extend(row[:k])
         if len(slots) > 1 and max(getattr(c, "lag", 0) for c in leaves(self._batch)) > _MAX_LAG:
             # Rows that kept fewer tokens than others carry junk columns up to the longest
             # row; splitting the batch drops them (it is merged again at the next step).
             self._unbatch()
+
+    @staticmethod
+    def _cut(cache: list, counts: list[int]) -> None:
+        """Cut each row's attention KV back by counts[row]."""
+        for c in leaves(cache):
+            if not is_attention_kv(c) and not hasattr(c, "trim_rows"):
+                continue
+            if hasattr(c, "trim_rows"):
+                c.trim_rows(counts)
+            elif counts[0]:
+                c.trim(counts[0])
 
     def record(self, slot: int, token_ids: list[int]) -> None:
         """Note tokens a caller fed into the slot's parked cache itself."""

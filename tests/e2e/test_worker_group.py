@@ -2,7 +2,7 @@
 
 Greedy output through the HTTP API equals the 1-rank answer (mlx_lm's own greedy tokens, as in
 test_parity: the 1-rank server is held to those) for tensor parallelism (qwen3 and qwen3_moe
-twins) and pipeline parallelism (qwen3_moe); kill -9 of rank 1 restarts the whole local group
+twins) and pipeline parallelism (qwen3_moe), also where drafts are verified; kill -9 of rank 1 restarts the whole local group
 and the next turn succeeds with the same tokens; so does a rank 1 that stops answering without
 closing its connection (SIGSTOP: a powered-off or frozen Mac), through rank 0's watchdog. One
 group per (model, mode), shared by the module's checks: each start loads MLX in two worker
@@ -89,6 +89,22 @@ def test_group_greedy_tokens_equal_one_rank(groups, reference, tiny_model_dir, a
     ready = [e for e in group.log_events("worker.group_ready")]
     assert sorted(e["rank"] for e in ready) == [0, 1]
     assert {e["parallel"] for e in ready} == {mode}
+
+
+def test_the_ranks_keep_the_same_verified_tokens(groups, reference, tiny_model_dir):
+    """Speculative decoding in a group: rank 0 samples every verify position and shares the
+    tokens, so every rank keeps the same ones (docs/design.md "Speculative decoding"). A
+    prompt sent a second time is drafted from the first time's reply."""
+    group = groups("qwen3", "tensor")
+    model, tokenizer = reference(tiny_model_dir("qwen3"))
+    prompt_ids = tokenizer.encode(LONG_TEXT + " Again:")
+    expected = greedy_reference(model, tokenizer, prompt_ids, MAX_TOKENS)
+    served_completion(group, prompt_ids)
+    reply = served_completion(group, prompt_ids)
+    assert_same_as_reference(reply, tokenizer, expected, MAX_TOKENS)
+    [done] = [e for e in group.log_events("request.finished")
+              if e.get("rid") == reply.id and "num_accepted_tokens" in e]
+    assert done["num_accepted_tokens"] > MAX_TOKENS // 2
 
 
 def test_losing_a_rank_restarts_the_group_and_the_next_turn_succeeds(

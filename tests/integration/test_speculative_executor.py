@@ -1,7 +1,8 @@
 """Speculative decoding in the worker, in-process on the family twins (docs/design.md
 "Speculative decoding"): a decode step that verifies proposed tokens gives, token for token,
 the greedy output of plain decode steps, for every cache kind, batched (rows keeping different
-numbers of tokens in one pass) and alone, under a JSON-schema constraint, and with --kv-bits 8;
+numbers of tokens in one pass, recurrent states included) and alone (sliding-window rings),
+under a JSON-schema constraint, and with --kv-bits 8;
 a seeded sampled request gives the same tokens with or without drafts.
 
 A verify pass multiplies several rows at once, so its float rounding may differ from single
@@ -33,9 +34,12 @@ NEAR_TIE = 1e-4
 STOP = (4087, 4089)  # the twins' eos ids
 # Longer than the sliding-window twins' window (128): their rings have wrapped.
 PROMPTS = [[20 + (i * 37 + s * 11) % 900 for i in range(140 + 9 * s)] for s in range(4)]
+# Attention KV (cut back per row) and hybrids (a row's recurrent state taken back and its kept
+# tokens fed again): every decoding sequence verifies in one pass.
 BATCHED = ["qwen3", "qwen2", "llama", "qwen3_moe", "glm4_moe", "minimax", "mistral3",
-           "deepseek_v3", "deepseek_v32"]
-ALONE = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "gpt_oss", "gemma3_text", "gemma4_text"]
+           "deepseek_v3", "deepseek_v32", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
+# Sliding-window rings: a lone decoding sequence.
+ALONE = ["gpt_oss", "gemma3_text", "gemma4_text"]
 
 
 class Driver:
@@ -137,7 +141,7 @@ def test_batched_verification_gives_the_greedy_tokens_of_plain_decode(tiny_model
 
 
 @pytest.mark.parametrize("arch", ALONE)
-def test_a_lone_sequence_verifies_on_recurrent_states_and_rings(tiny_model_dir, arch):
+def test_a_lone_sequence_verifies_on_sliding_window_rings(tiny_model_dir, arch):
     d = Driver(tiny_model_dir(arch), 1)
     assert d.store.verifiable == "alone"
     ref, gaps = d.plain(24)
