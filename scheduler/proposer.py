@@ -44,7 +44,7 @@ _EWMA = 0.15  # weight of each new draft-token outcome in a request's acceptance
 @dataclass
 class ProposerConfig:
     max_draft: int = 8
-    table_bits: int = 20  # 1M entries, ~16 MB
+    table_bits: int = 20  # 1M entries of 16 bytes
     window: int = 8192  # prompt tokens indexed per request (its end)
     keep_tokens: int = 1 << 20  # tokens of finished requests kept to copy from
     # One more token per row in a pass, relative to a plain decode pass: where measurements
@@ -94,8 +94,8 @@ class Proposer:
         size = 1 << self.config.table_bits
         self._mask = size - 1
         self._keys = np.zeros(size, dtype=np.uint64)
-        self._src = np.full(size, -1, dtype=np.int64)
-        self._pos = np.zeros(size, dtype=np.int64)
+        self._src = np.full(size, -1, dtype=np.int32)
+        self._pos = np.zeros(size, dtype=np.int32)
         self._sources: dict[int, _Source] = {}
         self._indexed: dict[int, int] = {}  # source id -> tokens whose n-grams are in
         self._finished: OrderedDict[int, int] = OrderedDict()  # source id -> tokens kept
@@ -133,15 +133,15 @@ class Proposer:
             return
         source = self._sources[sid]
         base = max(0, len(source.tokens) - self.config.window - 2 * MAX_MATCH)
-        source.tokens = array("l", source.tokens[base:])
+        source.tokens = array("i", source.tokens[base:])
         source.base = base
+        del self._indexed[sid]  # nothing more to index
         self._finished[sid] = len(source.tokens)
         self._finished_tokens += len(source.tokens)
         while self._finished_tokens > self.config.keep_tokens and self._finished:
             old, n = self._finished.popitem(last=False)
             self._finished_tokens -= n
             del self._sources[old]
-            del self._indexed[old]
 
     def _index_range(self, sid: int, tokens, begin: int, end: int) -> None:
         """Index the n-grams ending at positions p in [begin - 1, end - 2] (whose next token,

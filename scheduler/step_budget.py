@@ -8,6 +8,10 @@ prefill cost per token. Both are moving averages (the cycle as the scheduler see
 prefill cost as the worker reports it), so the budget follows the machine and the context
 length (attention makes long-context tokens dearer).
 
+With speculative decoding a step may verify several draft tokens per stream in one pass: the
+decode cycle measured is that pass, however many tokens it kept, so the verified tokens' time
+counts as decode time and a prefill chunk stretches it by no more than the share allows.
+
 The allowance accrues in a bucket: when a step's allowance is smaller than a useful chunk
 (`min_tokens`; tiny chunks waste the matmuls), decode-only steps alternate with chunk steps,
 which keeps the average. With nothing decoding there is no one to protect: full chunks.

@@ -138,6 +138,12 @@ function renderCache(data) {
   const legend = clear($("cache-legend"));
   for (const k of SOURCES) legend.appendChild(legendItem(k, `${k} ${fmtInt(tokens[k])}`));
   legend.appendChild(el("li", { class: "muted" }, `generated ${fmtInt(tokens.generated)}`));
+  const proposed = tokens.draft_proposed || 0;  // speculative decoding
+  if (proposed) {
+    const accepted = tokens.draft_accepted || 0;
+    legend.appendChild(el("li", { class: "muted" }, `drafts: ${fmtInt(accepted)} of ` +
+      `${fmtInt(proposed)} accepted (${(100 * accepted / proposed).toFixed(0)}%)`));
+  }
 }
 
 function renderDisk(data) {

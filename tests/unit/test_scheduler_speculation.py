@@ -195,3 +195,21 @@ def test_the_status_snapshot_says_how_speculation_runs():
     assert make_core().snapshot(0.0).speculation == SpeculationStatus(mode="batched",
                                                                        max_draft_tokens=8)
     assert make_core(num_draft_tokens=0).snapshot(0.0).speculation.mode == "off"
+
+
+def test_a_verify_step_is_one_pass_to_the_prefill_budget():
+    """Decode-first fairness: the budget protects a stream's token-to-token cycle. A verify
+    step is one pass however many tokens it kept, so its whole duration is the cycle a
+    prefill chunk must not stretch; a burst of plain steps is that many passes."""
+    core = make_core()
+    submit(core, "a")
+    w = CopyingWorker(core, {"a": FILE[:60] + [EOS]})
+    while not any(w.drafts()):
+        w.step()
+    plan = core.handle(PlanStep(), 10.0).step
+    assert plan.decodes[0].draft
+    kept = verified(plan.decodes[0].draft, plan.decodes[0].draft + (77,), (), 99)
+    done = StepDone(plan.step, tuple(SampledToken(plan.decodes[0].slot, t) for t in kept), 0, 1,
+                    0.3, decode_s=0.3)
+    core.handle(done, 10.3)
+    assert abs(core.budget.decode_s - 0.3) < 1e-9

@@ -64,3 +64,16 @@ def test_kv_bits_and_group_size_are_checked():
         _parse(["--kv-bits", "3"])
     with pytest.raises(SettingsError, match="--kv-group-size must be 32, 64 or 128"):
         _parse(["--kv-bits", "4", "--kv-group-size", "48"])
+
+
+def test_speculative_modes_are_checked_and_the_later_ones_refused_in_one_line():
+    assert Settings().speculative == "auto" and Settings().num_draft_tokens == 8
+    Settings(speculative="off").validate()
+    Settings(speculative="suffix", num_draft_tokens=16).validate()
+    for later in ("draft", "mtp"):
+        with pytest.raises(SettingsError, match=f"--speculative {later} is not available yet"):
+            Settings(speculative=later).validate()
+    with pytest.raises(SettingsError, match="--speculative must be one of auto, suffix, off"):
+        Settings(speculative="ngram").validate()
+    with pytest.raises(SettingsError, match="--num-draft-tokens must be 1..64"):
+        Settings(num_draft_tokens=0).validate()
