@@ -77,7 +77,7 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     if decision.branch_point is not None:
         req.branch_point = decision.branch_point
     req.restore_pages = list(decision.restore_pages)
-    pages.drop_passed_tails(list(decision.chain), req.feed, req.images,
+    pages.drop_passed_tails(list(decision.chain),
                             set(pinned) | {page.page_id for page in decision.restore_pages})
     slot = slots[p.slot]
     copy = None

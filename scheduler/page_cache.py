@@ -249,37 +249,21 @@ class PageCache:
             if not self.tails[parent]:
                 del self.tails[parent]
 
-    def drop_passed_tails(self, chain: list[bytes], tokens, images, pinned: set[bytes]
-                          ) -> None:
-        """A request whose context (`tokens`, whose full pages are `chain`) has full pages past
-        a tail of its own conversation has moved that conversation on: such a tail is
-        superseded, so it goes now and disk stays linear in unique tokens (F1). A tail is the
-        request's own when its tokens are the request's at that place (the page id says so).
-        Other conversations' tails under a shared page (a system prompt) stay: theirs to
-        resume from; the disk budget takes superseded ones first. Tails after the request's
-        last full page stay: they are where this very request may resume."""
-        P = self.page_size
-        parents = [ROOT_ID, *chain[:-1]]
-
-        def own(parent_index: int, parent: bytes, tail_id: bytes, n: int) -> bool:
-            start = parent_index * P
-            return start + n <= len(tokens) and page_id(
-                self.namespace, parent, tokens[start:start + n],
-                page_image_ids(images, start, start + n)) == tail_id
-
-        dead = [tid for i, parent in enumerate(parents)
-                for tid, n in self.tails.get(parent, {}).items()
-                if tid not in pinned and own(i, parent, tid, n)]
+    def drop_passed_tails(self, chain: list[bytes], pinned: set[bytes]) -> None:
+        """A request whose context has full pages past a tail's parent has moved the
+        conversation on: tails there are superseded (or a branch it left), so they go now and
+        disk stays linear in unique tokens (F1). Tails after its last full page stay: they are
+        where this very request may resume."""
+        passed = {ROOT_ID, *chain[:-1]}
+        dead = [tid for parent in passed for tid in self.tails.get(parent, {})
+                if tid not in pinned]
         if dead:
             for tid in dead:
                 self._remove(tid)
             self.outbox.send(DeletePages(tuple(dead)))
-        index = {parent: i for i, parent in enumerate(parents)}
         for pending in [*self.staged.values(), *self.writing.values()]:
             write = pending.write
-            i = index.get(write.parent_id)
-            if len(write.token_ids) < P and i is not None and \
-                    own(i, write.parent_id, write.page_id, len(write.token_ids)):
+            if len(write.token_ids) < self.page_size and write.parent_id in passed:
                 pending.doomed = True
 
     def superseded_tails(self) -> set[bytes]:

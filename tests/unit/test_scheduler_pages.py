@@ -505,29 +505,6 @@ def test_tails_passed_by_a_conversation_are_deleted():
     assert any(isinstance(m, DeletePages) for m in g.msgs)
 
 
-def test_another_conversations_tail_under_a_shared_page_stays():
-    """Two conversations share their first page (a system prompt) and each ended a turn in a
-    tail under it. A grows past that page: only A's own tail is superseded; B's is where B
-    resumes, so B's next turn is restored, not re-read (found by bench/agent_traffic.py: a
-    main session waiting on its sub-agents lost its tail to them)."""
-    g = Group(num_slots=1)
-    system = conv(1, P)
-    a, b = system + conv(2, P // 4), system + conv(3, P // 3)  # tails under the shared page
-    for rid, hist in (("a1", a), ("b1", b)):
-        g.submit(rid, hist)
-        g.run()
-    b_next = b + g.reply("b1") + conv(4, 5)
-    tails_before = {i.page_id for i in g.disk.values() if i.num_tokens < P}
-    g.submit("a2", a + g.reply("a1") + conv(5, P + 20))  # A past the shared page
-    g.run()
-    tails_after = {i.page_id for i in g.disk.values() if i.num_tokens < P}
-    assert len(tails_before - tails_after) >= 1  # A's superseded tail went...
-    g.submit("b2", b_next)
-    g.run()
-    fin = g.finished("b2")
-    assert fin.num_cached_tokens >= len(b) + len(g.reply("b1")) - 1  # ...B's stayed
-
-
 def test_the_next_batch_is_read_while_the_last_one_loads():
     g = Group(num_slots=1, num_buffers=8)  # batches of 4 pages: half the pool
     a = conv(1, 20 * P + 2)
