@@ -51,6 +51,9 @@ class ProposerConfig:
     # start (`observe_cost` follows the machine: ~0.15 on a CPU, far less on a GPU).
     verify_cost: float = 0.1
     min_gain: float = 1.1  # expected tokens per pass cost a draft must reach
+    # `--speculative suffix`: verify every whole proposal (up to max_draft), whatever a pass
+    # costs and however often this request's drafts were rejected.
+    always: bool = False
 
 
 @dataclass(frozen=True)
@@ -237,8 +240,8 @@ class Proposer:
         1 + row_cost * rows * (width - 1); 1 unless that beats a plain pass by `min_gain`."""
         batch = len(proposals)
         longest = max((len(p.tokens) for p in proposals if p is not None), default=0)
-        if not longest:
-            return 1
+        if not longest or self.config.always:
+            return longest + 1
         row_cost = self.row_cost(batch)
         best, best_gain = 1, float(batch)
         expected = [1.0] * batch  # tokens each row yields at the width tried

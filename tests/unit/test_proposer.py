@@ -151,3 +151,17 @@ def test_the_width_follows_what_a_pass_costs_on_this_machine():
         else:
             assert copying.width([proposal]) > 1 and copying.width(batch) == 1
             assert 1 < copying.width([unsure]) < 5
+
+
+def test_always_verifies_every_whole_proposal():
+    """--speculative suffix: the whole proposal, however poor this request's acceptance and
+    however dear a row (auto would not draft here)."""
+    p = Proposer(ProposerConfig(max_draft=8, always=True))
+    feed = list(FILE[:100]) + FILE[:30]
+    p.start("r", feed)
+    for _ in range(10):
+        p.observe("r", 4, 0)
+    p.observe_cost(1, 0.02, 1)
+    p.observe_cost(1, 0.02 + 8 * 0.05, 9)
+    proposal = p.propose("r", 8)
+    assert p.width([proposal, None]) == 9 and p.width([None, None]) == 1
