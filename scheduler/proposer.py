@@ -38,6 +38,7 @@ MAX_MATCH = 32
 _P = 1_000_003  # polynomial hash base (odd): tokens are small ints
 _MASK = (1 << 64) - 1
 _ORDER_SALT = 0x9E3779B97F4A7C15
+_RELAX = 0.02  # per plain pass: how fast a row cost measured long ago returns to the prior
 _EWMA = 0.15  # weight of each new draft-token outcome in a request's acceptance rate
 
 
@@ -273,6 +274,12 @@ class Proposer:
         plain = self._pass_s.get(batch)
         if width <= 1:
             self._pass_s[batch] = pass_s if plain is None else plain + _EWMA * (pass_s - plain)
+            if self._row_s is not None:
+                # No verify pass measures the row cost while none is run: it relaxes toward
+                # the prior, so one noisy measurement (a busy machine) cannot turn drafts off
+                # for good.
+                prior = self.config.verify_cost * self._pass_s[batch]
+                self._row_s += _RELAX * (prior - self._row_s)
             return
         if plain is None:
             return

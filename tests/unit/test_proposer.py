@@ -142,6 +142,7 @@ def test_the_width_follows_what_a_pass_costs_on_this_machine():
         copying._pass_s, copying._row_s = {}, None
         for b in (1, 4):
             copying.observe_cost(b, pass_s, 1)
+        for b in (1, 4):
             copying.observe_cost(b, pass_s + row_s * b * 4, 5)
         assert abs(copying.row_cost(1) - row_s / pass_s) < 1e-9
         unsure = Proposal(proposal.tokens, 0.6)
@@ -165,3 +166,20 @@ def test_always_verifies_every_whole_proposal():
     p.observe_cost(1, 0.02 + 8 * 0.05, 9)
     proposal = p.propose("r", 8)
     assert p.width([proposal, None]) == 9 and p.width([None, None]) == 1
+
+
+def test_a_row_cost_measured_on_a_busy_moment_relaxes_back():
+    """One verify pass timed while the machine was busy says a row costs a whole pass: no
+    width pays, so no verify pass would measure it again. Plain passes bring it back toward
+    the prior, and drafts return."""
+    copying = Proposer(ProposerConfig(max_draft=8))
+    copying.start("r", list(FILE[:200]) + FILE[:40])
+    for _ in range(8):
+        copying.observe("r", 8, 8)
+    proposal = copying.propose("r", 8)
+    copying.observe_cost(1, 0.02, 1)
+    copying.observe_cost(1, 0.02 + 8 * 0.05, 9)  # a row as dear as 2.5 passes
+    assert copying.width([proposal]) == 1
+    for _ in range(200):
+        copying.observe_cost(1, 0.02, 1)
+    assert copying.width([proposal]) > 1
