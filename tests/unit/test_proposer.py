@@ -169,16 +169,20 @@ def test_always_verifies_every_whole_proposal():
 
 
 def test_a_row_cost_measured_on_a_busy_moment_relaxes_back():
-    """One verify pass timed while the machine was busy says a row costs a whole pass: no
-    width pays, so no verify pass would measure it again. Plain passes bring it back toward
-    the prior, and drafts return."""
+    """One verify pass timed while the machine was busy (a row as dear as 2.5 passes) moves
+    the estimate little: drafts go on. Rows that stay dear turn drafts off; then no verify
+    pass would measure them again, so plain passes bring the estimate back toward the prior,
+    and drafts return."""
     copying = Proposer(ProposerConfig(max_draft=8))
     copying.start("r", list(FILE[:200]) + FILE[:40])
     for _ in range(8):
         copying.observe("r", 8, 8)
     proposal = copying.propose("r", 8)
     copying.observe_cost(1, 0.02, 1)
-    copying.observe_cost(1, 0.02 + 8 * 0.05, 9)  # a row as dear as 2.5 passes
+    copying.observe_cost(1, 0.02 + 8 * 0.05, 9)
+    assert copying.width([proposal]) > 1
+    for _ in range(30):
+        copying.observe_cost(1, 0.02 + 8 * 0.05, 9)
     assert copying.width([proposal]) == 1
     for _ in range(200):
         copying.observe_cost(1, 0.02, 1)
