@@ -16,8 +16,9 @@ per round), so machine noise hits both alike. Reported per workload: decode tok/
 the first over the time from the first to the last streamed chunk) with and without, their
 ratio (median of the per-pair ratios), the share of draft tokens accepted (from the server's
 `request.finished` lines) and whether the outputs are equal. Then 4 concurrent streams of
-each workload, all with or all without: aggregate decode tok/s. Every round uses other files,
-paths and topics, so a request cannot copy its own twin of an earlier round.
+each workload, all with or all without (the order alternating over `--x4-rounds`): aggregate
+decode tok/s and the median ratio. Every round uses other files, paths and topics, so a
+request cannot copy its own twin of an earlier round.
 
 Targets (issue 19): edit >= 2.0x, tools >= 1.5x, chat >= 0.95x, 4 concurrent edits >= 1.5x.
 The default model is `switchyard.deploy.default_model.default_model_path()`.
@@ -48,7 +49,11 @@ TOPICS = ["a lighthouse keeper who finds a message in a bottle",
           "a baker who opens a shop on the moon", "two rival chess clubs in a small town",
           "a robot learning to paint", "a storm that stops every clock in a city",
           "a librarian who can hear books", "a fox that runs a train station",
-          "a girl who maps underground rivers"]
+          "a girl who maps underground rivers", "an old ferry that refuses to sink",
+          "a garden that grows only on Tuesdays", "a detective who is afraid of maps",
+          "twin sisters who run rival bakeries", "a whale that sings in Morse code",
+          "a clockmaker's last commission", "a village where it snows upward",
+          "a mail carrier on Mars"]
 
 
 # --- workloads ---------------------------------------------------------------------------------
@@ -191,7 +196,7 @@ def aggregate_tps(results: list[dict]) -> float:
 
 def run_workload(group: ServerGroup, kind: str, args, rng: random.Random) -> dict:
     make, subjects = WORKLOADS[kind]
-    picks = rng.sample(subjects, args.rounds + 4)
+    picks = rng.sample(subjects, args.rounds + 4 * args.x4_rounds)
     ratios, on_tps, off_tps, equal, rids = [], [], [], [], []
     for i in range(args.rounds):
         messages = make(random.Random(i), picks[i])
@@ -206,18 +211,27 @@ def run_workload(group: ServerGroup, kind: str, args, rng: random.Random) -> dic
         print(f"  {kind} round {i}: off {off_tps[-1]:.2f} tok/s, on {on_tps[-1]:.2f} tok/s, "
               f"x{ratios[-1]:.2f}, {on['tokens']} tokens, equal {equal[-1]}", flush=True)
     proposed, accepted = acceptance(group, rids)
-    batch = [make(random.Random(100 + j), picks[args.rounds + j]) for j in range(4)]
-    for messages in batch:  # prefilled first: the 4 streams then only decode
-        stream_chat(group.url, messages, 1, False)
-    agg = {}
-    for spec in (False, True):
-        results = concurrent(group.url, batch, args.tokens, spec)
-        agg[spec] = (aggregate_tps(results), [r["text"] for r in results])
-    print(f"  {kind} x4: off {agg[False][0]:.2f} tok/s, on {agg[True][0]:.2f} tok/s", flush=True)
+    agg = {False: [], True: []}
+    x4_ratios, x4_equal = [], True
+    for j in range(args.x4_rounds):  # 4 new conversations each time, the order alternating
+        batch = [make(random.Random(100 + 4 * j + b), picks[args.rounds + 4 * j + b])
+                 for b in range(4)]
+        for messages in batch:  # prefilled first: the 4 streams then only decode
+            stream_chat(group.url, messages, 1, False)
+        got = {}
+        for spec in ((False, True) if j % 2 == 0 else (True, False)):
+            results = concurrent(group.url, batch, args.tokens, spec)
+            got[spec] = (aggregate_tps(results), [r["text"] for r in results])
+            agg[spec].append(got[spec][0])
+        x4_ratios.append(got[True][0] / got[False][0])
+        x4_equal &= got[False][1] == got[True][1]
+        print(f"  {kind} x4 round {j}: off {got[False][0]:.2f} tok/s, on {got[True][0]:.2f} "
+              f"tok/s, x{x4_ratios[-1]:.2f}", flush=True)
     return {"kind": kind, "off": statistics.median(off_tps), "on": statistics.median(on_tps),
             "ratio": statistics.median(ratios), "proposed": proposed, "accepted": accepted,
-            "equal": all(equal), "x4_off": agg[False][0], "x4_on": agg[True][0],
-            "x4_ratio": agg[True][0] / agg[False][0], "x4_equal": agg[False][1] == agg[True][1]}
+            "equal": all(equal), "x4_off": statistics.median(agg[False]),
+            "x4_on": statistics.median(agg[True]), "x4_ratio": statistics.median(x4_ratios),
+            "x4_equal": x4_equal}
 
 
 TARGETS = {"edit": (2.0, 1.5), "tools": (1.5, None), "chat": (0.95, None)}
@@ -228,6 +242,7 @@ def main() -> None:
     ap.add_argument("--model", help="model path (default: the default model)")
     ap.add_argument("--tokens", type=int, default=160, help="max_tokens of every reply")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--x4-rounds", type=int, default=2, help="rounds of 4 concurrent streams")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--num-draft-tokens", type=int, default=None)
     ap.add_argument("--seed", type=int, default=19)

@@ -123,9 +123,11 @@ class Settings:
     decode_burst: int = _opt("decode iterations the worker may run per step when nothing "
                              "else waits (fewer round trips; new work waits at most this "
                              "many tokens)", default=8)
-    speculative: str = _opt("speculative decoding: auto (whatever the model allows), suffix "
-                            "(drafts copied from the conversations' own text) or off; draft "
-                            "and mtp are not available yet", default="auto")
+    speculative: str = _opt("speculative decoding: auto (drafts copied from the "
+                            "conversations' own text, as long as they pay on this machine), "
+                            "suffix (every such draft whole, whatever a verify pass costs; "
+                            "refused where the model cannot verify) or off; draft and mtp are "
+                            "not available yet", default="auto")
     num_draft_tokens: int = _opt("most tokens proposed for one sequence in one step "
                                  "(speculative decoding's upper bound)", default=8)
     decode_share: float = _opt("while others prefill, decoding streams keep at least this "

@@ -27,6 +27,7 @@ class CoreConfig:
     # can verify them ("batched", "alone": WorkerReady.speculation).
     num_draft_tokens: int = 0
     speculation: str = ""
+    always_draft: bool = False  # --speculative suffix: every proposal whole, cost unweighed
     # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
     # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
     wait_for_index: bool = False

@@ -123,7 +123,8 @@ class SchedulerCore:
         self._done_at = 0.0
         self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
         # Speculative decoding's drafts (docs/design.md "Speculative decoding").
-        self.proposer = (Proposer(ProposerConfig(max_draft=config.num_draft_tokens))
+        self.proposer = (Proposer(ProposerConfig(max_draft=config.num_draft_tokens,
+                                                 always=config.always_draft))
                          if config.num_draft_tokens > 0 else None)
         self.index_overdue = False  # kvstore's index is long overdue: place without it
 

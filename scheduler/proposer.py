@@ -52,6 +52,9 @@ class ProposerConfig:
     # start (`observe_cost` follows the machine: ~0.15 on a CPU, far less on a GPU).
     verify_cost: float = 0.1
     min_gain: float = 1.1  # expected tokens per pass cost a draft must reach
+    # `--speculative suffix`: verify every whole proposal (up to max_draft), whatever a pass
+    # costs and however often this request's drafts were rejected.
+    always: bool = False
 
 
 @dataclass(frozen=True)
@@ -238,8 +241,8 @@ class Proposer:
         1 + row_cost * rows * (width - 1); 1 unless that beats a plain pass by `min_gain`."""
         batch = len(proposals)
         longest = max((len(p.tokens) for p in proposals if p is not None), default=0)
-        if not longest:
-            return 1
+        if not longest or self.config.always:
+            return longest + 1
         row_cost = self.row_cost(batch)
         best, best_gain = 1, float(batch)
         expected = [1.0] * batch  # tokens each row yields at the width tried
@@ -265,11 +268,15 @@ class Proposer:
     def observe_cost(self, batch: int, pass_s: float, width: int) -> None:
         """A decode step's time per pass: a plain pass (width 1) or a verify pass of `width`
         tokens per row. Plain passes are averaged per batch size, and what each padded or
-        draft row beyond the first costs, in seconds (moving averages)."""
+        draft row beyond the first costs, in seconds (moving averages). A measurement counts
+        at most twice (or half) the current estimate: one step timed while the machine was
+        busy moves the estimate by at most 15%, a lasting change in a few steps."""
         if pass_s <= 0:
             return
         plain = self._pass_s.get(batch)
         if width <= 1:
+            if plain is not None:
+                pass_s = min(max(pass_s, plain / 2), plain * 2)
             self._pass_s[batch] = pass_s if plain is None else plain + _EWMA * (pass_s - plain)
             if self._row_s is not None:
                 # No verify pass measures the row cost while none is run: it relaxes toward
@@ -281,6 +288,8 @@ class Proposer:
         if plain is None:
             return
         row_s = max(0.0, pass_s - plain) / (batch * (width - 1))
+        bound = 2 * (self._row_s if self._row_s is not None else self.config.verify_cost * plain)
+        row_s = min(row_s, bound)
         self._row_s = row_s if self._row_s is None else self._row_s + _EWMA * (row_s - self._row_s)
 
     def observe(self, rid: str, num_proposed: int, num_accepted: int) -> None:

@@ -8,7 +8,9 @@ in-process: tests/integration/test_speculative_executor.py.)
 
 A random-weight model copies nothing on its own, so drafts come from the other requests the
 proposer has seen: a prompt sent a second time is continued by the first time's output, which
-the proposer proposes (and the model accepts, being greedy).
+the proposer proposes (and the model accepts, being greedy). The groups run with `--speculative
+suffix`, which verifies every whole proposal: `auto` weighs each draft against what a verify
+pass costs, measured from step times, which a loaded machine makes vary from run to run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ MODEL = "tiny-qwen3"
 MAX_TOKENS = 48
 PROMPTS = [" ".join(f"{w}{i}" for i in range(n)) for w, n in
            (("river", 40), ("stone", 55), ("lamp", 30), ("mill", 70))]
+
+
+SPECULATIVE = ("--speculative", "suffix")
+
+
+@pytest.fixture(scope="module")
+def group(tiny_qwen3):
+    with ServerGroup(tiny_qwen3, slots=4, ctx=4096, extra=SPECULATIVE) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +104,7 @@ def test_a_json_schema_constrained_reply_is_the_same_with_drafts(oa, group):
 
 @pytest.fixture(scope="module")
 def one_slot(tiny_qwen3):
-    with ServerGroup(tiny_qwen3, slots=1, ctx=4096) as running:
+    with ServerGroup(tiny_qwen3, slots=1, ctx=4096, extra=SPECULATIVE) as running:
         yield running
 
 

@@ -154,17 +154,35 @@ def test_the_width_follows_what_a_pass_costs_on_this_machine():
             assert 1 < copying.width([unsure]) < 5
 
 
+def test_always_verifies_every_whole_proposal():
+    """--speculative suffix: the whole proposal, however poor this request's acceptance and
+    however dear a row (auto would not draft here)."""
+    p = Proposer(ProposerConfig(max_draft=8, always=True))
+    feed = list(FILE[:100]) + FILE[:30]
+    p.start("r", feed)
+    for _ in range(10):
+        p.observe("r", 4, 0)
+    p.observe_cost(1, 0.02, 1)
+    p.observe_cost(1, 0.02 + 8 * 0.05, 9)
+    proposal = p.propose("r", 8)
+    assert p.width([proposal, None]) == 9 and p.width([None, None]) == 1
+
+
 def test_a_row_cost_measured_on_a_busy_moment_relaxes_back():
-    """One verify pass timed while the machine was busy says a row costs a whole pass: no
-    width pays, so no verify pass would measure it again. Plain passes bring it back toward
-    the prior, and drafts return."""
+    """One verify pass timed while the machine was busy (a row as dear as 2.5 passes) moves
+    the estimate little: drafts go on. Rows that stay dear turn drafts off; then no verify
+    pass would measure them again, so plain passes bring the estimate back toward the prior,
+    and drafts return."""
     copying = Proposer(ProposerConfig(max_draft=8))
     copying.start("r", list(FILE[:200]) + FILE[:40])
     for _ in range(8):
         copying.observe("r", 8, 8)
     proposal = copying.propose("r", 8)
     copying.observe_cost(1, 0.02, 1)
-    copying.observe_cost(1, 0.02 + 8 * 0.05, 9)  # a row as dear as 2.5 passes
+    copying.observe_cost(1, 0.02 + 8 * 0.05, 9)
+    assert copying.width([proposal]) > 1
+    for _ in range(30):
+        copying.observe_cost(1, 0.02 + 8 * 0.05, 9)
     assert copying.width([proposal]) == 1
     for _ in range(200):
         copying.observe_cost(1, 0.02, 1)
