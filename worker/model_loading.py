@@ -9,6 +9,7 @@ quantized layers multiply many rows at once through BLAS too (worker/cpu_quantiz
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -27,9 +28,11 @@ from switchyard.worker.kv_layout import (
     KVQuant,
     KVQuantError,
     apply_quant,
+    attention_head_dims,
     check_quantizable,
     is_attention_kv,
     kv_bytes_per_token,
+    rotate_keys,
 )
 
 FINGERPRINT_VERSION = b"switchyard-fingerprint-v1"
@@ -116,7 +119,8 @@ def load_model(ref: str, kv_quant: KVQuant | None = None, prepare=None) -> Loade
             check_quantizable(probe, kv_quant)
         except KVQuantError as exc:
             raise ModelLoadError(f"{path}: {exc}") from None
-        loaded.kv_quant = kv_quant
+        rotated = rotate_keys(model, attention_head_dims(probe))
+        loaded.kv_quant = dataclasses.replace(kv_quant, rotated=rotated)
     return loaded
 
 

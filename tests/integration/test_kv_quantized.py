@@ -118,3 +118,27 @@ def test_group_size_that_does_not_divide_the_heads_is_refused(tiny_model_dir):
     with pytest.raises(ModelLoadError, match="--kv-group-size 128 does not divide the "
                                              "attention head dimension 64; use 32 or 64"):
         load_model(str(tiny_model_dir("qwen3")), kv_quant(8, 128))
+
+
+def test_quantized_kv_rotates_keys_without_changing_attention(tiny_model_dir):
+    """With --kv-bits every RoPE is followed by a Hadamard rotation of queries and keys: the
+    cache holds rotated keys (what is quantized), attention gives what it gave (dot products
+    are kept), and the KV form names the rotation (pages of unrotated keys never match)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from switchyard.worker.kv_layout import RotatedRoPE, hadamard
+
+    h = hadamard(64)
+    assert mx.allclose(h @ h, mx.eye(64), atol=1e-6)
+    plain = load_model(str(tiny_model_dir("qwen3")))
+    rotated = load_model(str(tiny_model_dir("qwen3")), kv_quant(8, 64))
+    assert rotated.kv_quant.rotated and rotated.kv_quant.tag == "q8g64-h"
+    ropes = [m for _, m in rotated.model.named_modules() if isinstance(m, RotatedRoPE)]
+    assert len(ropes) == len(rotated.model.layers)
+    tokens = mx.array([[int(t) for t in np.random.default_rng(3).integers(5, 3000, 40)]])
+    caches = [make_prompt_cache(plain.model), make_prompt_cache(rotated.model)]
+    want = plain.model(tokens, cache=caches[0])
+    got = rotated.model(tokens, cache=caches[1])  # float caches: only the rotation differs
+    assert mx.allclose(got, want, atol=1e-3, rtol=1e-4)
+    keys = caches[1][0].keys[..., :40, :]
+    assert mx.allclose(keys @ h, caches[0][0].keys[..., :40, :], atol=1e-4)
