@@ -72,6 +72,7 @@ class GrammarChecker:
         self._idle: list[_Child] = []
         self._results: OrderedDict[bytes, str] = OrderedDict()  # digest -> error ("" valid)
         self._reaping: set[asyncio.Future] = set()
+        self._spares: set[asyncio.Future] = set()
         self.num_killed = 0
 
     async def warm(self) -> None:
@@ -119,9 +120,16 @@ class GrammarChecker:
         reaped.add_done_callback(self._reaping.discard)
         self.num_killed += 1
         log.info("grammar.check_stopped", reason=reason)
+        # A replacement starts now: the next check's bound is validation, not a start.
+        spare = asyncio.ensure_future(self.warm())
+        self._spares.add(spare)
+        spare.add_done_callback(self._spares.discard)
 
     async def aclose(self) -> None:
         """Stop every child (they also end on their own when the gateway's pipes close)."""
+        for spare in list(self._spares):
+            spare.cancel()
+        await asyncio.gather(*self._spares, return_exceptions=True)
         waits = [child.kill() for child in self._idle] + list(self._reaping)
         self._idle.clear()
         if waits:
