@@ -2,11 +2,11 @@
 
 `json.loads` holds the GIL from the first byte to the last: 32 MB of empty messages took 1.4 s
 here, during which no other request got a byte (issue 23, finding 3). A small body is parsed
-at once; a large one member by member down to a message's content parts, yielding to the
-event loop every few milliseconds. A top-level list (messages, input items, tools, a prompt's
-token ids) longer than its limit (a message takes at least one token of the context; tools
-have their own bound) is refused as soon as it is passed, so parsing one costs work in
-proportion to the limit, not to the body.
+at once; a large one member by member down to a message's content parts (a value whose end
+is near is parsed at once, at C speed), yielding to the event loop every few milliseconds. A
+list longer than its limit (messages, input items, a prompt's token ids and a message's
+content parts at the context's tokens; tools at 512) is refused as soon as it is passed, so
+parsing one costs work in proportion to the limit, not to the body.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ COOPERATIVE_BYTES = 256 * 1024  # smaller bodies parse in a few milliseconds: at
 # Levels parsed member by member: the body, its lists (messages), their elements (a message),
 # and their lists (its content parts); deeper values (a part, a tool's schema) at once.
 MAX_DEPTH = 4
+SMALL_CHARS = 4096  # a value whose end is this near is parsed at once (C speed)
 SLICE_S = 0.005  # parsing between two yields to the event loop
 _WS = re.compile(r"[ \t\n\r]*")
 
@@ -80,6 +81,8 @@ class _Cooperative:
             self.deadline = time.perf_counter() + SLICE_S
 
     def _ws(self, text: str, pos: int) -> int:
+        if pos < len(text) and text[pos] not in " \t\n\r":
+            return pos
         return _WS.match(text, pos).end()
 
     def _expect(self, text: str, pos: int, chars: str) -> str:
@@ -100,13 +103,30 @@ class _Cooperative:
                      ) -> tuple[Any, int]:
         """A value at `pos`: objects and lists down to MAX_DEPTH member by member (a message
         with a million content parts is one element of `messages`), the rest at once."""
-        if depth < MAX_DEPTH and text[pos:pos + 1] == "[":
-            return await self._list(text, pos, depth + 1, key if depth == 0 else None)
-        if depth < MAX_DEPTH and text[pos:pos + 1] == "{":
+        opening = text[pos:pos + 1]
+        if depth < MAX_DEPTH and opening in ("[", "{"):
+            small = self._small(text, pos, "]" if opening == "[" else "}")
+            if small is not None and (depth > 0 or opening == "{"):
+                return small
+            if opening == "[":
+                return await self._list(text, pos, depth + 1, key)
             return await self._members(text, pos, depth + 1)
         value, pos = self.decoder.raw_decode(text, pos)
         await self._yield()
         return value, pos
+
+    def _small(self, text: str, pos: int, closing: str) -> tuple[Any, int] | None:
+        """The value at `pos` if it ends at the first `closing` within SMALL_CHARS: parsed at
+        once from that slice (whole, or not at all: a bracket inside a string, or a nested
+        value, makes the slice incomplete, and the value is parsed member by member)."""
+        end = text.find(closing, pos, pos + SMALL_CHARS)
+        if end < 0:
+            return None
+        try:
+            value, used = self.decoder.raw_decode(text[pos:end + 1])
+        except ValueError:
+            return None
+        return (value, end + 1) if used == end + 1 - pos else None
 
     async def _members(self, text: str, pos: int, depth: int) -> tuple[dict[str, Any], int]:
         members: dict[str, Any] = {}
@@ -140,6 +160,7 @@ class _Cooperative:
             if self._expect(text, pos, ",]") == "]":
                 return items, pos + 1
             pos = self._ws(text, pos + 1)
+            await self._yield()
 
     async def _refuse_lone_surrogates(self, body: Any) -> None:
         stack = [body]
@@ -167,8 +188,10 @@ def per_token(ctx: int) -> ListLimit:
 
 
 def chat_limits(ctx: int, key: str = "messages") -> dict[str, ListLimit]:
-    return {key: per_token(ctx), "tools": ListLimit(MAX_TOOLS, "the most tools one request "
-                                                                "may define")}
+    """Messages (or input items), tools, and any message's content parts (each adds to the
+    prompt: a million empty parts in one message took seconds to parse and join)."""
+    return {key: per_token(ctx), "content": per_token(ctx),
+            "tools": ListLimit(MAX_TOOLS, "the most tools one request may define")}
 
 
 async def read_json(request: Any, limits: dict[str, ListLimit]) -> dict[str, Any]:

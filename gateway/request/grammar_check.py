@@ -7,7 +7,7 @@ without bound (llguidance's limits do not cover a JSON schema's `patternProperti
 patterns took 105 s, issue 23, finding 2), so it runs in a child process
 (`grammar_child.py`) that is killed when a check takes longer than `CHECK_TIMEOUT_S` (the
 grammar is then refused as too complex) or when the request's client leaves. A few children
-check at once (one is started with the gateway, the others on demand); results are cached by the grammar's digest, refusals too, so a repeated grammar
+check at once (started with the gateway, and each killed one replaced at once); results are cached by the grammar's digest, refusals too, so a repeated grammar
 (an agent's tools, every turn) or a repeated bomb costs nothing.
 """
 
@@ -68,18 +68,34 @@ class GrammarChecker:
     def __init__(self, num_children: int = NUM_CHILDREN,
                  timeout_s: float = CHECK_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
+        self.num_children = num_children
         self._slots = asyncio.Semaphore(num_children)
         self._idle: list[_Child] = []
         self._results: OrderedDict[bytes, str] = OrderedDict()  # digest -> error ("" valid)
         self._reaping: set[asyncio.Future] = set()
+        self._spares: set[asyncio.Future] = set()  # children being started
         self.num_killed = 0
 
     async def warm(self) -> None:
-        """Start one child ahead of the first check (the gateway's start): a check's bound
-        is then all validation, not a process start."""
-        async with self._slots:
-            if not self._idle:
-                self._idle.append(await _Child.start())
+        """Start the children ahead of the checks (the gateway's start, and a replacement for
+        each one killed): a check's bound is then all validation, never a process start."""
+        while len(self._idle) + len(self._spares) < self.num_children:
+            self._start_spare()
+        await asyncio.gather(*self._spares, return_exceptions=True)
+
+    def _start_spare(self) -> None:
+        async def start() -> None:
+            self._idle.append(await _Child.start())
+
+        spare = asyncio.ensure_future(start())
+        self._spares.add(spare)
+        spare.add_done_callback(self._spares.discard)
+
+    async def _take(self) -> _Child:
+        """An idle child; one being started if none is (rather than start another)."""
+        while not self._idle and self._spares:
+            await asyncio.wait(set(self._spares), return_when=asyncio.FIRST_COMPLETED)
+        return self._idle.pop() if self._idle else await _Child.start()
 
     async def check(self, constraint: Constraint) -> None:
         """A 400 naming `constraint.param` unless its grammar is valid (cached)."""
@@ -99,7 +115,7 @@ class GrammarChecker:
 
     async def _check(self, grammar: str) -> str:
         async with self._slots:
-            child = self._idle.pop() if self._idle else await _Child.start()
+            child = await self._take()
             try:
                 async with asyncio.timeout(self.timeout_s):
                     error = await child.check(grammar)
@@ -119,9 +135,13 @@ class GrammarChecker:
         reaped.add_done_callback(self._reaping.discard)
         self.num_killed += 1
         log.info("grammar.check_stopped", reason=reason)
+        self._start_spare()  # its replacement starts now, not when the next check comes
 
     async def aclose(self) -> None:
         """Stop every child (they also end on their own when the gateway's pipes close)."""
+        for spare in list(self._spares):
+            spare.cancel()
+        await asyncio.gather(*self._spares, return_exceptions=True)
         waits = [child.kill() for child in self._idle] + list(self._reaping)
         self._idle.clear()
         if waits:

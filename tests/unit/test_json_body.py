@@ -74,3 +74,16 @@ def test_the_event_loop_runs_while_a_large_body_parses(body):
 
     result, ticks = asyncio.run(main())
     assert result == body and ticks > 1
+
+
+def test_a_messages_content_parts_are_bounded_too():
+    from switchyard.gateway.api.json_body import chat_limits
+
+    raw = json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": ""}] * 50_000}]}).encode()
+    with pytest.raises(APIError) as caught:
+        parse(raw, chat_limits(1000))
+    assert caught.value.param == "content" and caught.value.code == "context_length_exceeded"
+    fine = json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x"}] * 10}] * 30_000}).encode()
+    assert len(parse(fine, chat_limits(40_000))["messages"]) == 30_000
