@@ -21,9 +21,8 @@ import math
 from dataclasses import dataclass
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
-
 from switchyard.worker.batch_kv import BatchQuantizedKV
 
 KV_GROUP_SIZES = (32, 64, 128)

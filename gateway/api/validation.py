@@ -167,8 +167,9 @@ class Fields:
 
 def as_integer(value: Any) -> Any:
     """JSON has one number type: 5.0 is the integer 5 (as JSON Schema and OpenAI's API take
-    it). Anything else is returned as it is, for the caller to judge."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**64:
+    it), however large: 1e20 is judged by the field's range as 10**20 would be. Anything else
+    is returned as it is, for the caller to judge."""
+    if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 

@@ -290,6 +290,9 @@ def test_requests_beyond_the_limit_get_a_503_in_their_apis_format(tokenizer):
             assert response.status_code == 200, response.text
         except httpx.ConnectError:
             pass  # no 127.0.0.2 on this machine (macOS): the share is not reachable
+        # A stream's headers come with its first event or the first keepalive (5 s, Hold
+        # sends nothing): the clients can leave once they have them.
+        wait_until(lambda: len(held) == 2, timeout=30)
         for response in held:  # the clients leave: their requests are cancelled
             response.close()
         for thread in threads:

@@ -252,6 +252,7 @@ def test_an_integral_number_is_an_integer():
     """JSON has one number type: 10.0 is 10 (JSON Schema, and the published spec, agree)."""
     assert chat(max_tokens=10.0).options.max_tokens == 10
     assert isinstance(chat(max_tokens=10.0).options.max_tokens, int)
+    assert chat(max_tokens=1e20).options.max_tokens == 10**20  # limited later, by the context
 
 
 def test_a_request_may_opt_out_of_speculative_decoding_in_every_api():
