@@ -203,7 +203,7 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
             num_skipped += 1  # Anthropic's server tools (web search, ...): not available here
             continue
         check_tool_fields(tool.get("name"), tool.get("description"), tool.get("input_schema"),
-                          f"tools[{i}]", "input_schema")
+                          f"tools[{i}]", "input_schema", strict=tool.get("strict"))
         tools.append(function_tool(tool["name"], tool.get("description"),
                                    tool.get("input_schema")))
     if num_skipped:

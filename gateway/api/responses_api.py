@@ -182,7 +182,7 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
         if tool["type"] != "function":
             continue  # web search, file search, ...: not available here
         check_tool_fields(tool.get("name"), tool.get("description"), tool.get("parameters"),
-                          f"tools[{i}]")
+                          f"tools[{i}]", strict=tool.get("strict"))
         tools.append(function_tool(tool["name"], tool.get("description"),
                                    tool.get("parameters")))
     return tools or None

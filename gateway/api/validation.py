@@ -27,7 +27,7 @@ _INT32_MAX = 2**31 - 1  # every integer that reaches the wire must fit msgpack
 # model's template (`chat_template`: the client's own Jinja, run with no time or memory
 # bound) or what the gateway passes it: refused (issue 23, finding 1). Templates come from the
 # model or the operator, never a request.
-_RESERVED_TEMPLATE_KEYS = frozenset({
+RESERVED_TEMPLATE_KEYS = frozenset({
     "chat_template", "messages", "conversation", "tools", "documents",
     "add_generation_prompt", "continue_final_message", "tokenize", "sanitize_control_tokens",
     "padding", "truncation", "max_length", "return_tensors", "return_dict",
@@ -285,7 +285,7 @@ def template_kwargs(kwargs: dict[str, Any], param: str = "chat_template_kwargs"
                     ) -> dict[str, Any]:
     """The template variables a request sets; a reserved key or oversized values are a 400."""
     for key in kwargs:
-        if key in _RESERVED_TEMPLATE_KEYS:
+        if key in RESERVED_TEMPLATE_KEYS:
             raise invalid(f"'{param}.{key}' is not accepted: '{param}' sets the chat "
                           f"template's variables, not the template or its arguments",
                           param=f"{param}.{key}", code="invalid_value")
