@@ -199,6 +199,8 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(value):
         if not isinstance(tool, dict):
             raise invalid_type(f"tools[{i}]", "an object")
+        if tool.get("type") is not None and not isinstance(tool["type"], str):
+            raise invalid_type(f"tools[{i}].type", "a string")
         if tool.get("type") not in (None, "custom"):
             num_skipped += 1  # Anthropic's server tools (web search, ...): not available here
             continue

@@ -209,3 +209,15 @@ def test_strict_must_be_a_boolean_in_every_api():
     body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
             "tools": [{"name": "f", "strict": "yes"}]}
     assert error_of(parse_messages_request, body).param == "tools[0].strict"
+
+
+def test_an_anthropic_tool_type_that_is_not_a_string_is_a_400():
+    """schemathesis: `type: {}` was taken for a server tool and skipped (the spec says a
+    string)."""
+    from switchyard.gateway.api.anthropic_api import parse_messages_request
+
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f"}, {"type": {}, "name": "g"}]}
+    assert error_of(parse_messages_request, body).param == "tools[1].type"
+    body["tools"][1] = {"type": "web_search_20250305", "name": "web_search"}
+    assert parse_messages_request(body).chat.tools[0]["function"]["name"] == "f"
