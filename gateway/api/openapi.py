@@ -198,7 +198,11 @@ def chat_request(vocab_size: int, images: bool = False) -> dict[str, Any]:
 def completion_request(vocab_size: int) -> dict[str, Any]:
     token_ids = _arr({"type": "integer", "minimum": 0, "maximum": vocab_size - 1}, minItems=1)
     return _schema(
-        ["prompt"], model=_MODEL, prompt=_any(_NONEMPTY, token_ids), max_tokens=_MAX_TOKENS,
+        ["prompt"], model=_MODEL,
+        prompt={**_any(_NONEMPTY, token_ids, _arr(_NONEMPTY, minItems=1, maxItems=1),
+                       _arr(token_ids, minItems=1, maxItems=1)),
+                "description": "one prompt: text or token ids, alone or as a batch of one"},
+        max_tokens=_MAX_TOKENS,
         n={"const": 1}, stop=_STOP, stream_options=_schema([], include_usage=_BOOL), user=_STR,
         logprobs={"const": 0}, echo={"const": False}, suffix={"const": ""},
         best_of={"const": 1}, response_format=_RESPONSE_FORMAT,

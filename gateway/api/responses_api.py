@@ -136,7 +136,7 @@ class _InputBuilder:
                                   "content": _content("" if output is None else output,
                                                       f"{param}.output")})
         elif kind == "reasoning":
-            texts = [_text(item.get(key) or [], f"{param}.{key}")
+            texts = [_text([] if item.get(key) is None else item[key], f"{param}.{key}")
                      for key in ("content", "summary")]
             text = texts[0] or texts[1]
             message = self._open_assistant()  # even empty: the input is never no messages

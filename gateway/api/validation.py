@@ -185,9 +185,11 @@ def parse_options(f: Fields) -> Options:
     n = f.integer("n")
     if n is not None and n != 1:
         raise invalid("Only n=1 is supported", param="n", code="invalid_value")
+    # max_completion_tokens wins over the older max_tokens; both are checked.
+    legacy = f.integer("max_tokens", lo=1)
     max_tokens = f.integer("max_completion_tokens", lo=1)
     if max_tokens is None:
-        max_tokens = f.integer("max_tokens", lo=1)
+        max_tokens = legacy
     stream = bool(f.boolean("stream"))
     stream_options = f.obj("stream_options") or {}
     include_usage = Fields(stream_options, "stream_options.").boolean("include_usage")

@@ -276,3 +276,24 @@ def test_a_request_may_opt_out_of_speculative_decoding_in_every_api():
     request = build_submit("r", [1], Options(speculative=False), ctx=10, default_max_tokens=5,
                            stop_token_ids=(), priority=None)
     assert request.speculative is False
+
+
+@pytest.mark.parametrize("summary", [{}, 0, False])
+def test_a_reasoning_item_whose_text_is_not_text_is_a_400(summary):
+    """schemathesis: a reasoning item with `summary: {}` was read as no summary (a falsy value
+    taken for absent); the spec says a string or text parts."""
+    from switchyard.gateway.api.responses_api import parse_input
+
+    with pytest.raises(APIError) as raised:
+        parse_input([{"type": "reasoning", "summary": summary}])
+    assert raised.value.param == "input[0].summary"
+    assert parse_input([{"type": "reasoning", "summary": None, "content": ""}])
+
+
+def test_max_tokens_is_checked_beside_max_completion_tokens():
+    """schemathesis: `max_tokens: 0` was accepted when `max_completion_tokens` was given."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1}
+    with pytest.raises(APIError) as raised:
+        parse_chat_request(body | {"max_tokens": 0})
+    assert raised.value.param == "max_tokens"
+    assert parse_chat_request(body | {"max_tokens": 50}).options.max_tokens == 1
