@@ -284,9 +284,10 @@ def _r_item(images: bool) -> dict[str, Any]:
     """Images in user messages and function call outputs."""
     with_images = _with_images(_R_PART, _R_IMAGE, images)
     return {"oneOf": [
-        _schema(["type", "role", "content"], type={"const": "message"},
+        # A message's `type` may be left out (OpenAI's EasyInputMessage).
+        _schema(["role", "content"], type={"const": "message"},
                 role={"enum": ["system", "developer", "assistant"]}, content=_R_TEXT),
-        _schema(["type", "role", "content"], type={"const": "message"},
+        _schema(["role", "content"], type={"const": "message"},
                 role={"const": "user"}, content=with_images),
         _schema(["type", "call_id", "name"], type={"const": "function_call"},
                 call_id=_NONEMPTY, name=_NONEMPTY, arguments=_STR),

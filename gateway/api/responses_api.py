@@ -98,7 +98,9 @@ class _InputBuilder:
     def add(self, item: Any, param: str) -> None:
         if not isinstance(item, dict):
             raise invalid_type(param, "an object")
-        kind = item.get("type", "message" if "role" in item else None)
+        kind = item.get("type")
+        if kind is None and "role" in item:  # `type` left out or null: a message
+            kind = "message"
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):

@@ -345,6 +345,9 @@ def parse_tool_call(call: Any, param: str) -> dict[str, Any]:
     """An assistant message's tool call; arguments become a JSON string."""
     if not isinstance(call, dict):
         raise invalid_type(param, "an object")
+    if call.get("type") not in (None, "function"):
+        raise invalid(f"'{param}.type' must be 'function'", param=f"{param}.type",
+                      code="invalid_value")
     function = call.get("function")
     if not isinstance(function, dict):
         raise invalid_type(f"{param}.function", "an object")

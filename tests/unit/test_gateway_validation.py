@@ -297,3 +297,25 @@ def test_max_tokens_is_checked_beside_max_completion_tokens():
         parse_chat_request(body | {"max_tokens": 0})
     assert raised.value.param == "max_tokens"
     assert parse_chat_request(body | {"max_tokens": 50}).options.max_tokens == 1
+
+
+def test_an_assistant_tool_call_of_another_type_is_a_400():
+    """schemathesis: a tool call with `type: {}` was accepted (the spec says "function")."""
+    call = {"id": "c1", "function": {"name": "f", "arguments": "{}"}}
+    for kind in ({}, "retrieval", 1):
+        with pytest.raises(APIError) as raised:
+            parse_chat_request({"messages": [{"role": "assistant", "content": None,
+                                              "tool_calls": [call | {"type": kind}]}]})
+        assert raised.value.param == "messages[0].tool_calls[0].type"
+    for kind in ("function", None):
+        parse_chat_request({"messages": [{"role": "assistant", "content": None,
+                                          "tool_calls": [call | {"type": kind}]}]})
+
+
+def test_a_responses_message_may_leave_out_its_type():
+    """OpenAI's EasyInputMessage: `type` left out, or null (the spec declares it optional)."""
+    from switchyard.gateway.api.responses_api import parse_input
+
+    for item in ({"role": "user", "content": "hi"},
+                 {"type": None, "role": "user", "content": "hi"}):
+        assert parse_input([item]) == [{"role": "user", "content": "hi"}]
