@@ -382,12 +382,13 @@ def openapi_spec(model_id: str, version: str = "1", *, vocab_size: int = 2**31,
                 "Chat completion (OpenAI)",
                 "Tools with tool_choice auto/none/required/named and parallel_tool_calls; "
                 "reasoning returned as reasoning_content; n must be 1.",
-                chat_request(vocab_size, images), _schema(["id", "choices", "usage"], choices=_arr(_OBJ),
-                                      usage=_OBJ), OPENAI_ERROR),
+                chat_request(vocab_size, images),
+                _schema(["id", "choices", "usage"], choices=_arr(_OBJ), usage=_OBJ),
+                OPENAI_ERROR),
             "/v1/completions": _post(
                 "Text completion (OpenAI)", "One prompt (text or token ids) per request.",
-                completion_request(vocab_size), _schema(["id", "choices", "usage"], choices=_arr(_OBJ)),
-                OPENAI_ERROR),
+                completion_request(vocab_size),
+                _schema(["id", "choices", "usage"], choices=_arr(_OBJ)), OPENAI_ERROR),
             "/v1/responses": _post(
                 "Response (OpenAI Responses API)",
                 "Input items: messages, function_call, function_call_output, reasoning. "
