@@ -320,11 +320,12 @@ def parse_message(message: Any, index: int) -> dict[str, Any]:
                       code="missing_required_parameter")
     f.string("name")
     f.string("tool_call_id")
-    reasoning = message.get("reasoning_content", message.get("reasoning"))
+    # Both names checked (either may be given, or null); reasoning_content wins.
+    reasoning = f.string("reasoning_content")
+    if reasoning is None:
+        reasoning = f.string("reasoning")
     out.pop("reasoning", None)
     if reasoning is not None:
-        if not isinstance(reasoning, str):
-            raise invalid_type(f"{prefix}.reasoning_content", "a string")
         if role == "assistant" and reasoning:
             out["reasoning_content"] = reasoning
         else:

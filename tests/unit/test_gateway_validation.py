@@ -319,3 +319,17 @@ def test_a_responses_message_may_leave_out_its_type():
     for item in ({"role": "user", "content": "hi"},
                  {"type": None, "role": "user", "content": "hi"}):
         assert parse_input([item]) == [{"role": "user", "content": "hi"}]
+
+
+def test_reasoning_is_checked_under_both_names():
+    """schemathesis: `reasoning: {}` beside `reasoning_content: null` was accepted."""
+    base = {"role": "assistant", "content": "x"}
+    for extra, param in (({"reasoning_content": None, "reasoning": {}}, "reasoning"),
+                         ({"reasoning": 3}, "reasoning"), ({"reasoning_content": []},
+                                                          "reasoning_content")):
+        with pytest.raises(APIError) as raised:
+            parse_chat_request({"messages": [base | extra]})
+        assert raised.value.param == f"messages[0].{param}"
+    chat = parse_chat_request({"messages": [base | {"reasoning_content": None,
+                                                    "reasoning": "thought"}]})
+    assert chat.messages[0]["reasoning_content"] == "thought"
