@@ -199,11 +199,13 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(value):
         if not isinstance(tool, dict):
             raise invalid_type(f"tools[{i}]", "an object")
+        if tool.get("type") is not None and not isinstance(tool["type"], str):
+            raise invalid_type(f"tools[{i}].type", "a string")
         if tool.get("type") not in (None, "custom"):
             num_skipped += 1  # Anthropic's server tools (web search, ...): not available here
             continue
         check_tool_fields(tool.get("name"), tool.get("description"), tool.get("input_schema"),
-                          f"tools[{i}]", "input_schema")
+                          f"tools[{i}]", "input_schema", strict=tool.get("strict"))
         tools.append(function_tool(tool["name"], tool.get("description"),
                                    tool.get("input_schema")))
     if num_skipped:

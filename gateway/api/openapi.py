@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from switchyard.gateway.api.validation import MAX_TEMPLATE_KWARGS_BYTES, RESERVED_TEMPLATE_KEYS
+
 _OBJ = {"type": "object"}
 _STR = {"type": "string"}
 _NONEMPTY = {"type": "string", "minLength": 1}
@@ -81,6 +83,34 @@ _RESPONSE_FORMAT = {
                    "naming what it does not)"}
 
 
+# -- images (a vision-language model's spec only; gateway/vision/parts.py) --------------------
+
+_IMAGE_URL = {"type": "string", "pattern": "^(data:[^,]*;base64,|[Hh][Tt][Tt][Pp][Ss]?://)",
+              "description": "a data: URL (data:image/png;base64,...) or, when the server "
+                             "fetches images (--image-fetch), an http(s) URL; the image is PNG, "
+                             "JPEG, WebP, GIF or BMP"}
+_DETAIL = {"enum": ["auto", "low", "high"],
+           "description": "accepted as in OpenAI's API; the model sees every image at the "
+                          "resolution its processor makes of it"}
+_IMAGE_URL_PART = _schema(["type", "image_url"], type={"const": "image_url"},
+                          image_url=_any(_schema(["url"], url=_IMAGE_URL, detail=_DETAIL),
+                                         _IMAGE_URL))
+_A_IMAGE = _schema(["type", "source"], type={"const": "image"}, source={"oneOf": [
+    _schema(["type", "media_type", "data"], type={"const": "base64"},
+            media_type={"type": "string", "pattern": "^image/",
+                        "description": "image/png, image/jpeg, image/webp, image/gif, ..."},
+            data={"type": "string", "minLength": 1, "contentEncoding": "base64"}),
+    _schema(["type", "url"], type={"const": "url"}, url=_IMAGE_URL)]})
+_R_IMAGE = _schema(["type", "image_url"], type={"const": "input_image"}, image_url=_IMAGE_URL,
+                   detail=_DETAIL)
+
+
+def _with_images(text_part: dict[str, Any], image_part: dict[str, Any],
+                 images: bool) -> dict[str, Any]:
+    """Content: a string, or parts (text, and images when the model takes them)."""
+    return _any(_STR, _arr(_any(text_part, image_part) if images else text_part))
+
+
 def _logit_bias(vocab_size: int) -> dict[str, Any]:
     # Keys are token ids; with fewer digits than the vocabulary's size, every id is in it.
     digits = max(1, len(str(vocab_size)) - 1)
@@ -97,16 +127,25 @@ _CHAT_CONTENT = _any(_STR, _arr(_TEXT_PART))
 _CHAT_TOOL_CALL = _schema(
     ["function"], id=_STR, type={"const": "function"},
     function=_schema(["name"], name=_NONEMPTY, arguments=_any(_STR, _OBJ)))
-_CHAT_MESSAGE = {"oneOf": [
-    _schema(["role", "content"], role={"enum": ["system", "developer", "user", "tool",
-                                                "function"]},
-            content=_CHAT_CONTENT, name=_STR, tool_call_id=_STR, reasoning_content=_STR,
-            reasoning=_STR, tool_calls=_NO_CALLS),
-    _schema(["role"], role={"const": "assistant"}, content=_any(_CHAT_CONTENT, _NULL),
-            name=_STR, tool_call_id=_STR, reasoning_content=_STR, reasoning=_STR,
-            tool_calls=_arr(_CHAT_TOOL_CALL)),
-]}
-_FUNCTION = _schema(["name"], name=_NONEMPTY, description=_STR, parameters=_OBJ)
+
+
+def _chat_message(images: bool) -> dict[str, Any]:
+    """Images only in user messages and tool results."""
+    def message(roles: list[str], content: dict[str, Any]) -> dict[str, Any]:
+        return _schema(["role", "content"], role={"enum": roles}, content=content, name=_STR,
+                       tool_call_id=_STR, reasoning_content=_STR, reasoning=_STR,
+                       tool_calls=_NO_CALLS)
+
+    return {"oneOf": [
+        message(["system", "developer", "function"], _CHAT_CONTENT),
+        message(["user", "tool"], _with_images(_TEXT_PART, _IMAGE_URL_PART, images)),
+        _schema(["role"], role={"const": "assistant"}, content=_any(_CHAT_CONTENT, _NULL),
+                name=_STR, tool_call_id=_STR, reasoning_content=_STR, reasoning=_STR,
+                tool_calls=_arr(_CHAT_TOOL_CALL)),
+    ]}
+
+_FUNCTION = _schema(["name"], name=_NONEMPTY, description=_STR, parameters=_OBJ,
+                    strict=_BOOL)
 _CHAT_TOOL = _schema(["function"], type={"const": "function"}, function=_FUNCTION)
 _CHAT_TOOL_CHOICE = _any(
     {"enum": ["auto", "none", "required"]},
@@ -136,14 +175,21 @@ _TOOL_CHOICE_RULE = ("'required' or a named function needs 'tools', and the name
                      "of them")
 
 
-def chat_request(vocab_size: int) -> dict[str, Any]:
+_TEMPLATE_KWARGS = {
+    "type": "object", "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KEYS)}},
+    "description": "the chat template's variables (enable_thinking, reasoning_effort, ...), "
+                   "never the template or an argument of its rendering; at most "
+                   f"{MAX_TEMPLATE_KWARGS_BYTES // 1024} KiB as JSON (else a 400)"}
+
+
+def chat_request(vocab_size: int, images: bool = False) -> dict[str, Any]:
     return _schema(
-        ["messages"], model=_MODEL, messages=_arr(_CHAT_MESSAGE, minItems=1),
+        ["messages"], model=_MODEL, messages=_arr(_chat_message(images), minItems=1),
         max_tokens=_MAX_TOKENS, max_completion_tokens=_MAX_TOKENS, n={"const": 1},
         stop=_STOP, stream_options=_schema([], include_usage=_BOOL),
         tools=_arr(_CHAT_TOOL, maxItems=MAX_TOOLS),
         tool_choice={**_CHAT_TOOL_CHOICE, "description": _TOOL_CHOICE_RULE},
-        parallel_tool_calls=_BOOL, chat_template_kwargs=_OBJ, user=_STR,
+        parallel_tool_calls=_BOOL, chat_template_kwargs=_TEMPLATE_KWARGS, user=_STR,
         logprobs={"const": False}, top_logprobs={"const": 0},
         response_format=_RESPONSE_FORMAT,
         logit_bias=_logit_bias(vocab_size), **_sampling()) | _NEEDS_TOOLS
@@ -152,7 +198,11 @@ def chat_request(vocab_size: int) -> dict[str, Any]:
 def completion_request(vocab_size: int) -> dict[str, Any]:
     token_ids = _arr({"type": "integer", "minimum": 0, "maximum": vocab_size - 1}, minItems=1)
     return _schema(
-        ["prompt"], model=_MODEL, prompt=_any(_NONEMPTY, token_ids), max_tokens=_MAX_TOKENS,
+        ["prompt"], model=_MODEL,
+        prompt={**_any(_NONEMPTY, token_ids, _arr(_NONEMPTY, minItems=1, maxItems=1),
+                       _arr(token_ids, minItems=1, maxItems=1)),
+                "description": "one prompt: text or token ids, alone or as a batch of one"},
+        max_tokens=_MAX_TOKENS,
         n={"const": 1}, stop=_STOP, stream_options=_schema([], include_usage=_BOOL), user=_STR,
         logprobs={"const": 0}, echo={"const": False}, suffix={"const": ""},
         best_of={"const": 1}, response_format=_RESPONSE_FORMAT,
@@ -162,11 +212,16 @@ def completion_request(vocab_size: int) -> dict[str, Any]:
 # -- Anthropic Messages -----------------------------------------------------------------------
 
 _A_TEXT = _schema(["type", "text"], type={"const": "text"}, text=_STR)
-_A_USER_BLOCK = {"oneOf": [
-    _A_TEXT,
-    _schema(["type", "tool_use_id"], type={"const": "tool_result"}, tool_use_id=_NONEMPTY,
-            content=_any(_STR, _arr(_A_TEXT))),
-]}
+
+
+def _a_user_block(images: bool) -> dict[str, Any]:
+    """Images in user turns and in tool results."""
+    return {"oneOf": [
+        _A_TEXT, *([_A_IMAGE] if images else []),
+        _schema(["type", "tool_use_id"], type={"const": "tool_result"}, tool_use_id=_NONEMPTY,
+                content=_with_images(_A_TEXT, _A_IMAGE, images)),
+    ]}
+
 _A_ASSISTANT_BLOCK = {"oneOf": [
     _A_TEXT,
     _schema(["type", "thinking"], type={"const": "thinking"}, thinking=_STR),
@@ -174,14 +229,18 @@ _A_ASSISTANT_BLOCK = {"oneOf": [
     _schema(["type", "id", "name"], type={"const": "tool_use"}, id=_NONEMPTY, name=_NONEMPTY,
             input=_OBJ),
 ]}
-_A_MESSAGE = {"oneOf": [
-    _schema(["role", "content"], role={"const": "user"},
-            content=_any(_STR, _arr(_A_USER_BLOCK))),
-    _schema(["role", "content"], role={"const": "assistant"},
-            content=_any(_STR, _arr(_A_ASSISTANT_BLOCK))),
-]}
+
+
+def _a_message(images: bool) -> dict[str, Any]:
+    return {"oneOf": [
+        _schema(["role", "content"], role={"const": "user"},
+                content=_any(_STR, _arr(_a_user_block(images)))),
+        _schema(["role", "content"], role={"const": "assistant"},
+                content=_any(_STR, _arr(_A_ASSISTANT_BLOCK))),
+    ]}
+
 _A_TOOL = {"anyOf": [
-    _schema(["name"], name=_NONEMPTY, description=_STR, input_schema=_OBJ,
+    _schema(["name"], name=_NONEMPTY, description=_STR, input_schema=_OBJ, strict=_BOOL,
             type={"const": "custom"}),
     _schema(["type"], type={"type": "string", "not": {"const": "custom"}})],
     "description": "a server tool (any other type: web search, ...) is not available here "
@@ -193,15 +252,24 @@ _A_TOOL_CHOICE = {"oneOf": [
             disable_parallel_tool_use=_BOOL),
 ], "description": "'any' or 'tool' needs 'tools', and a tool's name must be one of them"}
 _A_THINKING = _schema(["type"], type={"enum": ["enabled", "disabled", "adaptive"]})
-_A_COMMON = dict(model=_MODEL, messages=_arr(_A_MESSAGE, minItems=1),
-                 system=_any(_STR, _arr(_A_TEXT)), tools=_arr(_A_TOOL),
-                 tool_choice=_A_TOOL_CHOICE, thinking=_A_THINKING)
-MESSAGES_REQUEST = _schema(
-    ["max_tokens", "messages"], max_tokens=_MAX_TOKENS,
-    stop_sequences=_arr(_STR, maxItems=MAX_STOP), metadata=_OBJ, temperature=_TEMPERATURE,
-    top_p=_TOP_P, top_k=_TOP_K, stream=_BOOL, priority=_PRIORITY, speculative=_SPECULATIVE,
-    **_A_COMMON) | _A_NEEDS_TOOLS
-COUNT_TOKENS_REQUEST = _schema(["messages"], **_A_COMMON) | _A_NEEDS_TOOLS
+
+
+def _a_common(images: bool) -> dict[str, Any]:
+    return dict(model=_MODEL, messages=_arr(_a_message(images), minItems=1),
+                system=_any(_STR, _arr(_A_TEXT)), tools=_arr(_A_TOOL),
+                tool_choice=_A_TOOL_CHOICE, thinking=_A_THINKING)
+
+
+def messages_request(images: bool = False) -> dict[str, Any]:
+    return _schema(
+        ["max_tokens", "messages"], max_tokens=_MAX_TOKENS,
+        stop_sequences=_arr(_STR, maxItems=MAX_STOP), metadata=_OBJ, temperature=_TEMPERATURE,
+        top_p=_TOP_P, top_k=_TOP_K, stream=_BOOL, priority=_PRIORITY, speculative=_SPECULATIVE,
+        **_a_common(images)) | _A_NEEDS_TOOLS
+
+
+def count_tokens_request(images: bool = False) -> dict[str, Any]:
+    return _schema(["messages"], **_a_common(images)) | _A_NEEDS_TOOLS
 
 
 # -- OpenAI Responses -------------------------------------------------------------------------
@@ -210,15 +278,24 @@ _R_PART = _schema(["type", "text"], type={"enum": ["input_text", "output_text", 
                                                    "summary_text", "reasoning_text"]},
                   text=_STR)
 _R_TEXT = _any(_STR, _arr(_R_PART))
-_R_ITEM = {"oneOf": [
-    _schema(["type", "role", "content"], type={"const": "message"},
-            role={"enum": ["user", "system", "developer", "assistant"]}, content=_R_TEXT),
-    _schema(["type", "call_id", "name"], type={"const": "function_call"}, call_id=_NONEMPTY,
-            name=_NONEMPTY, arguments=_STR),
-    _schema(["type", "call_id"], type={"const": "function_call_output"}, call_id=_NONEMPTY,
-            output=_R_TEXT),
-    _schema(["type"], type={"const": "reasoning"}, content=_R_TEXT, summary=_R_TEXT),
-]}
+
+
+def _r_item(images: bool) -> dict[str, Any]:
+    """Images in user messages and function call outputs."""
+    with_images = _with_images(_R_PART, _R_IMAGE, images)
+    return {"oneOf": [
+        # A message's `type` may be left out (OpenAI's EasyInputMessage).
+        _schema(["role", "content"], type={"const": "message"},
+                role={"enum": ["system", "developer", "assistant"]}, content=_R_TEXT),
+        _schema(["role", "content"], type={"const": "message"},
+                role={"const": "user"}, content=with_images),
+        _schema(["type", "call_id", "name"], type={"const": "function_call"},
+                call_id=_NONEMPTY, name=_NONEMPTY, arguments=_STR),
+        _schema(["type", "call_id"], type={"const": "function_call_output"},
+                call_id=_NONEMPTY, output=with_images),
+        _schema(["type"], type={"const": "reasoning"}, content=_R_TEXT, summary=_R_TEXT),
+    ]}
+
 _R_TOOL = {"anyOf": [
     _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY, description=_STR,
             parameters=_OBJ, strict=_BOOL),
@@ -228,19 +305,23 @@ _R_TOOL = {"anyOf": [
 _R_TOOL_CHOICE = _any(
     {"enum": ["auto", "none", "required"]},
     _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY))
-RESPONSES_REQUEST = _schema(
-    ["input"], model=_MODEL, input=_any(_STR, _arr(_R_ITEM, minItems=1)), instructions=_STR,
-    previous_response_id={**_STR, "description": "a response this server still keeps "
-                                                 "(recent ones, in memory); else a 400"},
-    max_output_tokens=_MAX_TOKENS, tools=_arr(_R_TOOL),
-    tool_choice={**_R_TOOL_CHOICE, "description": _TOOL_CHOICE_RULE},
-    parallel_tool_calls=_BOOL, store=_BOOL,
-    text=_schema([], format={"oneOf": [
-        _schema(["type"], type={"enum": ["text", "json_object"]}),
-        _schema(["type", "schema"], type={"const": "json_schema"}, name=_STR, strict=_BOOL,
-                schema=_OBJ)]}), reasoning=_OBJ,
-    metadata=_OBJ, user=_STR, temperature=_TEMPERATURE, top_p=_TOP_P, stream=_BOOL,
-    priority=_PRIORITY, speculative=_SPECULATIVE) | _R_NEEDS_TOOLS
+
+
+def responses_request(images: bool = False) -> dict[str, Any]:
+    return _schema(
+        ["input"], model=_MODEL, input=_any(_STR, _arr(_r_item(images), minItems=1)),
+        instructions=_STR,
+        previous_response_id={**_STR, "description": "a response this server still keeps "
+                                                     "(recent ones, in memory); else a 400"},
+        max_output_tokens=_MAX_TOKENS, tools=_arr(_R_TOOL),
+        tool_choice={**_R_TOOL_CHOICE, "description": _TOOL_CHOICE_RULE},
+        parallel_tool_calls=_BOOL, store=_BOOL,
+        text=_schema([], format={"oneOf": [
+            _schema(["type"], type={"enum": ["text", "json_object"]}),
+            _schema(["type", "schema"], type={"const": "json_schema"}, name=_STR,
+                    strict=_BOOL, schema=_OBJ)]}), reasoning=_OBJ,
+        metadata=_OBJ, user=_STR, temperature=_TEMPERATURE, top_p=_TOP_P, stream=_BOOL,
+        priority=_PRIORITY, speculative=_SPECULATIVE) | _R_NEEDS_TOOLS
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
@@ -254,7 +335,12 @@ _SEMANTIC_400S = (
     "tool_choice names a function that is not in tools; a previous_response_id is not one "
     "this server still keeps; the prompt does not fit the context; a structured-output "
     "schema or grammar uses what the grammar compiler does not support, or is too complex "
-    "to compile within its time bound; the chat template rejects the messages.")
+    "to compile within its time bound; the chat template rejects the messages; "
+    "chat_template_kwargs is larger than its bound; an image "
+    "(a vision model's) is not one this server takes: bytes that are not a PNG, JPEG, WebP, "
+    "GIF or BMP image, a data URL that is not base64, more pixels than --max-image-pixels, "
+    "more images in the request than --max-images, or an http(s) URL while fetching is off "
+    "(--image-fetch).")
 
 
 def _post(summary: str, description: str, request: dict[str, Any], ok: dict[str, Any],
@@ -274,9 +360,11 @@ def _post(summary: str, description: str, request: dict[str, Any], ok: dict[str,
 
 def openapi_spec(model_id: str, version: str = "1", *, vocab_size: int = 2**31,
                  api_key: bool = False, images: bool = False) -> dict[str, Any]:
-    """The description; security is declared only when the server requires a key. The request
-    schemas describe text content: image parts (a vision model's; `images`) are named in the
-    description, since no schema can say which bytes decode to an image."""
+    """The description; security is declared only when the server requires a key. With
+    `images` (a vision-language model) the request schemas take image content in each API's
+    own shape (Chat `image_url` parts, Messages `image` blocks, also in tool results, Responses
+    `input_image`); whether the bytes are an image the server takes no schema can say (a 400,
+    `_SEMANTIC_400S`)."""
     spec = {
         "openapi": "3.1.0",
         "info": {"title": "Switchyard", "version": version,
@@ -286,36 +374,39 @@ def openapi_spec(model_id: str, version: str = "1", *, vocab_size: int = 2**31,
                                 "tokens in each API's own fields." + (
                                     " The model takes images: Chat image_url parts, "
                                     "Messages image blocks (user turns, tool results), "
-                                    "Responses input_image parts, as data: URLs (base64)."
+                                    "Responses input_image parts, as data: URLs (base64) "
+                                    "and, when the server fetches images, http(s) URLs."
                                     if images else "")},
         "paths": {
             "/v1/chat/completions": _post(
                 "Chat completion (OpenAI)",
                 "Tools with tool_choice auto/none/required/named and parallel_tool_calls; "
                 "reasoning returned as reasoning_content; n must be 1.",
-                chat_request(vocab_size), _schema(["id", "choices", "usage"], choices=_arr(_OBJ),
-                                      usage=_OBJ), OPENAI_ERROR),
+                chat_request(vocab_size, images),
+                _schema(["id", "choices", "usage"], choices=_arr(_OBJ), usage=_OBJ),
+                OPENAI_ERROR),
             "/v1/completions": _post(
                 "Text completion (OpenAI)", "One prompt (text or token ids) per request.",
-                completion_request(vocab_size), _schema(["id", "choices", "usage"], choices=_arr(_OBJ)),
-                OPENAI_ERROR),
+                completion_request(vocab_size),
+                _schema(["id", "choices", "usage"], choices=_arr(_OBJ)), OPENAI_ERROR),
             "/v1/responses": _post(
                 "Response (OpenAI Responses API)",
                 "Input items: messages, function_call, function_call_output, reasoning. "
                 "A previous_response_id the server no longer has is a 400: send the full "
                 "input.",
-                RESPONSES_REQUEST, _schema(["id", "output", "status"], output=_arr(_OBJ)),
+                responses_request(images), _schema(["id", "output", "status"], output=_arr(_OBJ)),
                 OPENAI_ERROR),
             "/v1/messages": _post(
                 "Message (Anthropic Messages API)",
-                "Text, tool_use, tool_result and thinking blocks; any model name is "
+                "Text, image (a vision model), tool_use, tool_result and thinking blocks; "
+                "any model name is "
                 "accepted and echoed. Volatile billing-header lines at the start of the "
                 "system prompt are removed.",
-                MESSAGES_REQUEST, _schema(["id", "content", "usage"], content=_arr(_OBJ)),
+                messages_request(images), _schema(["id", "content", "usage"], content=_arr(_OBJ)),
                 ANTHROPIC_ERROR),
             "/v1/messages/count_tokens": _post(
                 "Count prompt tokens (Anthropic)", "The prompt as it would be rendered.",
-                COUNT_TOKENS_REQUEST, _schema(["input_tokens"], input_tokens=_INT),
+                count_tokens_request(images), _schema(["input_tokens"], input_tokens=_INT),
                 ANTHROPIC_ERROR, streams=False),
             "/v1/models": {"get": {"summary": "List models", "responses": {
                 "200": {"description": "OK", **_json(_schema(["data"], data=_arr(_OBJ)))}}}},

@@ -98,7 +98,9 @@ class _InputBuilder:
     def add(self, item: Any, param: str) -> None:
         if not isinstance(item, dict):
             raise invalid_type(param, "an object")
-        kind = item.get("type", "message" if "role" in item else None)
+        kind = item.get("type")
+        if kind is None and "role" in item:  # `type` left out or null: a message
+            kind = "message"
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
@@ -136,7 +138,7 @@ class _InputBuilder:
                                   "content": _content("" if output is None else output,
                                                       f"{param}.output")})
         elif kind == "reasoning":
-            texts = [_text(item.get(key) or [], f"{param}.{key}")
+            texts = [_text([] if item.get(key) is None else item[key], f"{param}.{key}")
                      for key in ("content", "summary")]
             text = texts[0] or texts[1]
             message = self._open_assistant()  # even empty: the input is never no messages
@@ -182,7 +184,7 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
         if tool["type"] != "function":
             continue  # web search, file search, ...: not available here
         check_tool_fields(tool.get("name"), tool.get("description"), tool.get("parameters"),
-                          f"tools[{i}]")
+                          f"tools[{i}]", strict=tool.get("strict"))
         tools.append(function_tool(tool["name"], tool.get("description"),
                                    tool.get("parameters")))
     return tools or None

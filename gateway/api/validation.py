@@ -27,7 +27,7 @@ _INT32_MAX = 2**31 - 1  # every integer that reaches the wire must fit msgpack
 # model's template (`chat_template`: the client's own Jinja, run with no time or memory
 # bound) or what the gateway passes it: refused (issue 23, finding 1). Templates come from the
 # model or the operator, never a request.
-_RESERVED_TEMPLATE_KEYS = frozenset({
+RESERVED_TEMPLATE_KEYS = frozenset({
     "chat_template", "messages", "conversation", "tools", "documents",
     "add_generation_prompt", "continue_final_message", "tokenize", "sanitize_control_tokens",
     "padding", "truncation", "max_length", "return_tensors", "return_dict",
@@ -185,9 +185,11 @@ def parse_options(f: Fields) -> Options:
     n = f.integer("n")
     if n is not None and n != 1:
         raise invalid("Only n=1 is supported", param="n", code="invalid_value")
+    # max_completion_tokens wins over the older max_tokens; both are checked.
+    legacy = f.integer("max_tokens", lo=1)
     max_tokens = f.integer("max_completion_tokens", lo=1)
     if max_tokens is None:
-        max_tokens = f.integer("max_tokens", lo=1)
+        max_tokens = legacy
     stream = bool(f.boolean("stream"))
     stream_options = f.obj("stream_options") or {}
     include_usage = Fields(stream_options, "stream_options.").boolean("include_usage")
@@ -285,7 +287,7 @@ def template_kwargs(kwargs: dict[str, Any], param: str = "chat_template_kwargs"
                     ) -> dict[str, Any]:
     """The template variables a request sets; a reserved key or oversized values are a 400."""
     for key in kwargs:
-        if key in _RESERVED_TEMPLATE_KEYS:
+        if key in RESERVED_TEMPLATE_KEYS:
             raise invalid(f"'{param}.{key}' is not accepted: '{param}' sets the chat "
                           f"template's variables, not the template or its arguments",
                           param=f"{param}.{key}", code="invalid_value")
@@ -318,11 +320,12 @@ def parse_message(message: Any, index: int) -> dict[str, Any]:
                       code="missing_required_parameter")
     f.string("name")
     f.string("tool_call_id")
-    reasoning = message.get("reasoning_content", message.get("reasoning"))
+    # Both names checked (either may be given, or null); reasoning_content wins.
+    reasoning = f.string("reasoning_content")
+    if reasoning is None:
+        reasoning = f.string("reasoning")
     out.pop("reasoning", None)
     if reasoning is not None:
-        if not isinstance(reasoning, str):
-            raise invalid_type(f"{prefix}.reasoning_content", "a string")
         if role == "assistant" and reasoning:
             out["reasoning_content"] = reasoning
         else:
@@ -343,6 +346,9 @@ def parse_tool_call(call: Any, param: str) -> dict[str, Any]:
     """An assistant message's tool call; arguments become a JSON string."""
     if not isinstance(call, dict):
         raise invalid_type(param, "an object")
+    if call.get("type") not in (None, "function"):
+        raise invalid(f"'{param}.type' must be 'function'", param=f"{param}.type",
+                      code="invalid_value")
     function = call.get("function")
     if not isinstance(function, dict):
         raise invalid_type(f"{param}.function", "an object")

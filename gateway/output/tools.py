@@ -111,7 +111,10 @@ def function_tool(name: str, description: str | None, parameters: Any) -> dict[s
 
 
 def check_tool_fields(name: Any, description: Any, parameters: Any, param: str,
-                      parameters_key: str = "parameters") -> None:
+                      parameters_key: str = "parameters", strict: Any = None) -> None:
+    """`strict`: a boolean when given (true: the arguments follow `parameters` exactly)."""
+    if strict is not None and not isinstance(strict, bool):
+        raise invalid_type(f"{param}.strict", "a boolean")
     if not isinstance(name, str) or not name:
         raise invalid(f"'{param}.name' must be a non-empty string", param=f"{param}.name",
                       code="invalid_value")
@@ -139,7 +142,8 @@ def parse_openai_tools(value: Any, param: str = "tools") -> list[dict[str, Any]]
         if not isinstance(function, dict):
             raise invalid_type(f"{param}[{i}].function", "an object")
         check_tool_fields(function.get("name"), function.get("description"),
-                          function.get("parameters"), f"{param}[{i}].function")
+                          function.get("parameters"), f"{param}[{i}].function",
+                          strict=function.get("strict"))
         tools.append(function_tool(function["name"], function.get("description"),
                                    function.get("parameters")))
     return tools or None

@@ -81,10 +81,23 @@ def decode_base64(text: Any, param: str) -> bytes:
 # --- each API's shape --------------------------------------------------------------------------
 
 
+DETAILS = ("auto", "low", "high")
+
+
+def check_detail(holder: dict[str, Any], param: str) -> None:
+    """OpenAI's `detail` (auto, low, high), checked as OpenAI does; the model sees every image
+    at the resolution its processor makes of it, whatever the detail."""
+    detail = holder.get("detail")
+    if detail is not None and detail not in DETAILS:
+        raise invalid(f"'{param}.detail' must be one of {', '.join(DETAILS)}",
+                      param=f"{param}.detail", code="invalid_value")
+
+
 def openai_image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
     """Chat Completions' `image_url` part."""
     value = part.get("image_url")
     if isinstance(value, dict):
+        check_detail(value, f"{param}.image_url")
         return image_part(from_url(value.get("url"), f"{param}.image_url.url"))
     return image_part(from_url(value, f"{param}.image_url"))
 
@@ -95,6 +108,7 @@ def responses_image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
         raise invalid(f"'{param}.file_id': uploaded files are not served here; send the image "
                       f"as a data: URL in 'image_url'", param=f"{param}.file_id",
                       code="unsupported_content")
+    check_detail(part, param)
     return image_part(from_url(part.get("image_url"), f"{param}.image_url"))
 
 

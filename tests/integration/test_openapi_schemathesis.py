@@ -4,12 +4,16 @@ deterministic, valid requests (all accepted) and schema-violating ones (all refu
 must tell the truth: what it allows is accepted, what it declares is answered, what it
 forbids is refused (issues 12 and 23).
 
-JSON Schema cannot say that a named tool_choice must name one of `tools`, nor that a
-previous_response_id must be one the server still keeps; each generated valid case is made to
-follow those two rules before it is sent (the spec documents both as 400s)."""
+JSON Schema cannot say that a named tool_choice must name one of `tools`, that a
+previous_response_id must be one the server still keeps, nor that an image's bytes are an image;
+each generated valid case is made to follow those rules before it is sent (the spec documents
+them as 400s). The spec of a vision-language model (a tiny Qwen2.5-VL twin's directory behind
+the same fake scheduler) takes image content in each API's shape, and is checked the same way
+(issue 20)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,6 +28,8 @@ from schemathesis.checks import CHECKS  # noqa: E402
 
 from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir  # noqa: E402
 from switchyard.proto.settings import Settings  # noqa: E402
+from tests.helpers.openapi_rules import (MAX_IMAGES, PNG_BASE64, PNG_URL,  # noqa: E402
+                                         follow_unstateable_rules)
 from tests.integration.test_gateway import FakeScheduler, wait_until  # noqa: E402
 from tests.integration.test_gateway_security import serving  # noqa: E402
 
@@ -48,17 +54,17 @@ def tokenizer(tmp_path_factory):
                                               "qwen3"))
 
 
-@pytest.fixture(scope="module")
-def live_schema(tokenizer):
+@contextlib.contextmanager
+def live(model: str, tokenizer):
     runtime = Path(tempfile.mkdtemp(prefix="sy-st-", dir="/tmp"))
     fake = FakeScheduler(Endpoints(ensure_runtime_dir(runtime)).scheduler,
                          tokenizer.encode("Hello world", add_special_tokens=False))
     fake.start()
     fake.ready.wait(5)
     # No key (the loopback default): the spec then declares no security either.
-    settings_ = Settings(model="/models/tiny-qwen3", runtime_dir=str(runtime), ctx=32768,
+    settings_ = Settings(model=model, runtime_dir=str(runtime), ctx=32768,
                          page_size=16, max_body_bytes=256 * 1024, default_max_tokens=4,
-                         heartbeat_s=0.05, peer_timeout_s=5.0)
+                         heartbeat_s=0.05, peer_timeout_s=5.0, max_images=MAX_IMAGES)
     try:
         with serving(settings_, tokenizer) as (url, _):
             wait_until(lambda: httpx.get(url + "/health").status_code == 200)
@@ -68,31 +74,38 @@ def live_schema(tokenizer):
         shutil.rmtree(runtime, ignore_errors=True)
 
 
-def follow_unstateable_rules(body) -> None:
-    if not isinstance(body, dict):
-        return
-    body.pop("previous_response_id", None)
-    names = []
-    tools = body.get("tools")
-    for tool in tools if isinstance(tools, list) else ():
-        if isinstance(tool, dict) and tool.get("type") not in (None, "custom", "function"):
-            continue  # a server tool: skipped, not callable
-        function = tool.get("function", tool) if isinstance(tool, dict) else {}
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            names.append(function["name"])
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict) and names:
-        if isinstance(choice.get("function"), dict):
-            choice["function"]["name"] = names[0]
-        elif "name" in choice:
-            choice["name"] = names[0]
+@pytest.fixture(scope="module")
+def live_schema(tokenizer):
+    with live("/models/tiny-qwen3", tokenizer) as schema:
+        yield schema
+
+
+@pytest.fixture(scope="module")
+def live_vision_schema(tmp_path_factory):
+    """A vision model's gateway: the tiny Qwen2.5-VL twin's directory (its processor configs
+    size the images' placeholders), the fake scheduler behind it."""
+    pytest.importorskip("mlx_vlm")
+    from mlx_lm.utils import load_tokenizer
+
+    from fixtures.tiny_models import generate_tiny_model
+
+    model = generate_tiny_model(tmp_path_factory.mktemp("v") / "tiny-qwen2_5_vl", "qwen2_5_vl")
+    with live(str(model), load_tokenizer(model)) as schema:
+        yield schema
 
 
 def test_the_published_spec_tells_the_truth(live_schema):
-    operations = [result.ok() for result in live_schema.get_all_operations()]
+    check_positive(live_schema, lambda path: True)
+
+
+def check_positive(schema, wanted) -> None:
+    operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 8
     checks = CHECKS.get_all()
     for operation in operations:
+        if not wanted(operation.path):
+            continue
+
         @given(case=operation.as_strategy())
         @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
                   suppress_health_check=list(HealthCheck), database=None)
@@ -106,10 +119,14 @@ def test_the_published_spec_tells_the_truth(live_schema):
 def test_schema_violating_requests_are_refused(live_schema):
     """Negative generation: every request the spec forbids is refused (no "schema-violating
     request accepted"), and none is a server error."""
+    check_negative(live_schema, lambda path: True)
+
+
+def check_negative(schema, wanted) -> None:
     checks = CHECKS.get_all()
-    for result in live_schema.get_all_operations():
+    for result in schema.get_all_operations():
         operation = result.ok()
-        if operation.method.upper() != "POST":
+        if operation.method.upper() != "POST" or not wanted(operation.path):
             continue
 
         @given(case=operation.as_strategy(generation_mode=GenerationMode.NEGATIVE))
@@ -119,6 +136,70 @@ def test_schema_violating_requests_are_refused(live_schema):
             case.call_and_validate(checks=checks, timeout=30)
 
         run()
+
+
+# --- a vision model's spec (issue 20) ------------------------------------------------------------
+
+IMAGE_ROUTES = ("/v1/chat/completions", "/v1/responses", "/v1/messages",
+                "/v1/messages/count_tokens")
+_CALL = {"id": "call_1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}
+_A_TURNS = [
+    {"role": "user", "content": [
+        {"type": "text", "text": "look"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": PNG_BASE64}}]},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot",
+                                       "input": {}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "text", "text": "here"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": PNG_BASE64}}]}]}]
+IMAGE_BODIES = {
+    "/v1/chat/completions": {"messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "low"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [
+            {"type": "image_url", "image_url": PNG_URL}]}]},
+    "/v1/responses": {"input": [
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "look"},
+            {"type": "input_image", "image_url": PNG_URL, "detail": "auto"}]},
+        {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_text", "text": "here"},
+            {"type": "input_image", "image_url": PNG_URL}]}]},
+    "/v1/messages": {"max_tokens": 4, "messages": _A_TURNS},
+    "/v1/messages/count_tokens": {"messages": _A_TURNS},
+}
+
+
+@pytest.mark.parametrize("path", IMAGE_ROUTES)
+def test_a_vision_models_spec_takes_images_in_each_apis_shape(live_schema, live_vision_schema,
+                                                              path):
+    """Chat image_url parts (user, tool), Messages image blocks (user turns, tool results),
+    Responses input_image (user messages, function call outputs): in the vision model's spec
+    and accepted by its server; not in a text model's spec (whose server refuses them)."""
+    import jsonschema
+
+    body = IMAGE_BODIES[path]
+    jsonschema.validate(body, _request_schema(live_vision_schema.raw_schema, path))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(body, _request_schema(live_schema.raw_schema, path))
+    url = live_vision_schema.location.rsplit("/openapi.json", 1)[0]
+    response = httpx.post(url + path, json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    text_url = live_schema.location.rsplit("/openapi.json", 1)[0]
+    assert httpx.post(text_url + path, json=body, timeout=30).status_code == 400
+
+
+def test_the_vision_models_spec_tells_the_truth(live_vision_schema):
+    check_positive(live_vision_schema, lambda path: path in IMAGE_ROUTES)
+
+
+def test_schema_violating_image_requests_are_refused(live_vision_schema):
+    check_negative(live_vision_schema, lambda path: path in IMAGE_ROUTES)
 
 
 def _request_schema(spec: dict, path: str) -> dict:

@@ -84,6 +84,22 @@ def test_bad_image_urls(bad, code):
     assert error.code == code and error.param == "messages[0].content[0].image_url.url"
 
 
+def test_detail_is_checked_as_openai_does():
+    """The published spec says auto, low or high (an image's `detail`): anything else is a
+    400, in Chat and in Responses (schemathesis: a schema-violating request is refused)."""
+    for detail in ("auto", "low", "high", None):
+        parse_chat_request({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url(png()), "detail": detail}}]}]})
+        parse_input([{"role": "user", "content": [
+            {"type": "input_image", "image_url": url(png()), "detail": detail}]}])
+    error = error_of(parse_chat_request, {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url(png()), "detail": "ultra"}}]}]})
+    assert error.param == "messages[0].content[0].image_url.detail"
+    error = error_of(parse_input, [{"role": "user", "content": [
+        {"type": "input_image", "image_url": url(png()), "detail": 3}]}])
+    assert error.param == "input[0].content[0].detail"
+
+
 def test_anthropic_image_blocks_in_user_turns_and_tool_results():
     data = base64.b64encode(png()).decode()
     parsed = parse_messages_request({"max_tokens": 4, "messages": [

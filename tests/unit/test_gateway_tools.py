@@ -52,6 +52,8 @@ def test_openai_tools_are_normalized():
     ([{"type": "function", "function": {"name": ""}}], "tools[0].function.name"),
     ([{"type": "function", "function": {"name": "f", "parameters": []}}],
      "tools[0].function.parameters"),
+    ([{"type": "function", "function": {"name": "f", "strict": {}}}],
+     "tools[0].function.strict"),
 ])
 def test_bad_tools_are_a_400_naming_the_field(tools, param):
     error = error_of(parse_openai_tools, tools)
@@ -194,3 +196,28 @@ def test_partial_object_keeps_only_members_written_in_full(text, members):
     from switchyard.gateway.output.tools import partial_object
 
     assert partial_object(text) == members
+
+
+def test_strict_must_be_a_boolean_in_every_api():
+    """schemathesis: `strict: {}` on a Responses tool was accepted (the spec says boolean)."""
+    from switchyard.gateway.api.anthropic_api import parse_messages_request
+    from switchyard.gateway.api.responses_api import parse_tools
+
+    assert parse_tools([{"type": "function", "name": "f", "strict": True}])
+    assert error_of(parse_tools, [{"type": "function", "name": "f", "strict": {}}]).param \
+        == "tools[0].strict"
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "strict": "yes"}]}
+    assert error_of(parse_messages_request, body).param == "tools[0].strict"
+
+
+def test_an_anthropic_tool_type_that_is_not_a_string_is_a_400():
+    """schemathesis: `type: {}` was taken for a server tool and skipped (the spec says a
+    string)."""
+    from switchyard.gateway.api.anthropic_api import parse_messages_request
+
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f"}, {"type": {}, "name": "g"}]}
+    assert error_of(parse_messages_request, body).param == "tools[1].type"
+    body["tools"][1] = {"type": "web_search_20250305", "name": "web_search"}
+    assert parse_messages_request(body).chat.tools[0]["function"]["name"] == "f"

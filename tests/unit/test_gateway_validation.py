@@ -276,3 +276,60 @@ def test_a_request_may_opt_out_of_speculative_decoding_in_every_api():
     request = build_submit("r", [1], Options(speculative=False), ctx=10, default_max_tokens=5,
                            stop_token_ids=(), priority=None)
     assert request.speculative is False
+
+
+@pytest.mark.parametrize("summary", [{}, 0, False])
+def test_a_reasoning_item_whose_text_is_not_text_is_a_400(summary):
+    """schemathesis: a reasoning item with `summary: {}` was read as no summary (a falsy value
+    taken for absent); the spec says a string or text parts."""
+    from switchyard.gateway.api.responses_api import parse_input
+
+    with pytest.raises(APIError) as raised:
+        parse_input([{"type": "reasoning", "summary": summary}])
+    assert raised.value.param == "input[0].summary"
+    assert parse_input([{"type": "reasoning", "summary": None, "content": ""}])
+
+
+def test_max_tokens_is_checked_beside_max_completion_tokens():
+    """schemathesis: `max_tokens: 0` was accepted when `max_completion_tokens` was given."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1}
+    with pytest.raises(APIError) as raised:
+        parse_chat_request(body | {"max_tokens": 0})
+    assert raised.value.param == "max_tokens"
+    assert parse_chat_request(body | {"max_tokens": 50}).options.max_tokens == 1
+
+
+def test_an_assistant_tool_call_of_another_type_is_a_400():
+    """schemathesis: a tool call with `type: {}` was accepted (the spec says "function")."""
+    call = {"id": "c1", "function": {"name": "f", "arguments": "{}"}}
+    for kind in ({}, "retrieval", 1):
+        with pytest.raises(APIError) as raised:
+            parse_chat_request({"messages": [{"role": "assistant", "content": None,
+                                              "tool_calls": [call | {"type": kind}]}]})
+        assert raised.value.param == "messages[0].tool_calls[0].type"
+    for kind in ("function", None):
+        parse_chat_request({"messages": [{"role": "assistant", "content": None,
+                                          "tool_calls": [call | {"type": kind}]}]})
+
+
+def test_a_responses_message_may_leave_out_its_type():
+    """OpenAI's EasyInputMessage: `type` left out, or null (the spec declares it optional)."""
+    from switchyard.gateway.api.responses_api import parse_input
+
+    for item in ({"role": "user", "content": "hi"},
+                 {"type": None, "role": "user", "content": "hi"}):
+        assert parse_input([item]) == [{"role": "user", "content": "hi"}]
+
+
+def test_reasoning_is_checked_under_both_names():
+    """schemathesis: `reasoning: {}` beside `reasoning_content: null` was accepted."""
+    base = {"role": "assistant", "content": "x"}
+    for extra, param in (({"reasoning_content": None, "reasoning": {}}, "reasoning"),
+                         ({"reasoning": 3}, "reasoning"), ({"reasoning_content": []},
+                                                          "reasoning_content")):
+        with pytest.raises(APIError) as raised:
+            parse_chat_request({"messages": [base | extra]})
+        assert raised.value.param == f"messages[0].{param}"
+    chat = parse_chat_request({"messages": [base | {"reasoning_content": None,
+                                                    "reasoning": "thought"}]})
+    assert chat.messages[0]["reasoning_content"] == "thought"

@@ -43,3 +43,43 @@ def test_dropping_an_entry_frees_what_only_it_held():
     assert store.get("a") is None
     store.put("d", [user("4")])  # "b" goes: `shared` is freed
     assert store.num_bytes == message_bytes(user("3" * 500)) + message_bytes(user("4"))
+
+
+def image_message(data: bytes, text: str = "look"):
+    from switchyard.gateway.vision.parts import ImageRef, image_part
+
+    return {"role": "user", "content": [image_part(ImageRef("input[0].content[0]", data=data)),
+                                        {"type": "text", "text": text}]}
+
+
+def test_image_files_count_toward_the_byte_bound():
+    """Issue 20: a stored image's file is bytes like any other; before, an image part counted
+    8 bytes, so 256 responses with a 10 MB screenshot each were all kept."""
+    store = ResponseStore(max_responses=100, max_bytes=50_000)
+    for i in range(10):
+        assert store.put(f"r{i}", [image_message(bytes([i]) * 20_000)])
+    assert store.num_bytes <= 50_000 and store.num_bytes > 2 * 20_000
+    assert store.get("r9") is not None and store.get("r0") is None
+    assert not store.put("huge", [image_message(b"x" * 60_000)])
+
+
+def test_the_same_image_in_new_inputs_is_kept_once_by_content_hash():
+    store = ResponseStore(max_responses=100, max_bytes=100_000)
+    screenshot = b"\x89PNG" + b"s" * 30_000
+    for i in range(5):  # each request a new input holding an equal copy of the file
+        assert store.put(f"r{i}", [image_message(bytes(screenshot), f"turn {i}")])
+    assert store.num_files == 1 and store.num_bytes < 30_000 + 5 * 200
+    files = [store.get(f"r{i}")[0]["content"][0]["image"].data for i in range(5)]
+    assert all(f is files[0] for f in files) and files[0] == screenshot
+    for i in range(5):  # the file goes with the last entry that holds it
+        store._drop(f"r{i}")
+    assert store.num_files == 0 and store.num_bytes == 0
+
+
+def test_a_stored_history_with_images_keeps_its_identity_for_the_next_response():
+    store = ResponseStore(max_responses=10, max_bytes=100_000)
+    store.put("r1", [image_message(b"i" * 10_000), user("reply")])
+    once = store.num_bytes
+    store.put("r2", store.get("r1") + [user("more")])
+    assert store.get("r2")[0] is store.get("r1")[0]
+    assert store.num_bytes == once + message_bytes(user("more"))

@@ -1,0 +1,22 @@
+"""Hooks for the schemathesis CLI run by hand against a live group (docs/design.md "HTTP API"):
+
+    SCHEMATHESIS_HOOKS=tests.helpers.schemathesis_hooks PYTHONPATH=. \
+        .venv/bin/schemathesis run http://127.0.0.1:PORT/openapi.json --checks all
+
+Each schema-valid generated request is made to follow what the spec can only state in words
+(tests/helpers/openapi_rules.py), as the CI test does; schema-violating ones are sent as
+generated.
+"""
+
+from __future__ import annotations
+
+import schemathesis
+
+from tests.helpers.openapi_rules import follow_unstateable_rules
+
+
+@schemathesis.hook
+def before_call(ctx, case, **kwargs):
+    meta = getattr(case, "_meta", None)
+    if meta is None or not meta.generation.mode.is_negative:
+        follow_unstateable_rules(case.body)
