@@ -227,11 +227,13 @@ def run_workload(group: ServerGroup, kind: str, args, rng: random.Random) -> dic
         x4_equal &= got[False][1] == got[True][1]
         print(f"  {kind} x4 round {j}: off {got[False][0]:.2f} tok/s, on {got[True][0]:.2f} "
               f"tok/s, x{x4_ratios[-1]:.2f}", flush=True)
+    nan = float("nan")
     return {"kind": kind, "off": statistics.median(off_tps), "on": statistics.median(on_tps),
             "ratio": statistics.median(ratios), "proposed": proposed, "accepted": accepted,
-            "equal": all(equal), "x4_off": statistics.median(agg[False]),
-            "x4_on": statistics.median(agg[True]), "x4_ratio": statistics.median(x4_ratios),
-            "x4_equal": x4_equal}
+            "equal": all(equal), "x4_off": statistics.median(agg[False]) if x4_ratios else nan,
+            "x4_on": statistics.median(agg[True]) if x4_ratios else nan,
+            "x4_ratio": statistics.median(x4_ratios) if x4_ratios else nan,
+            "x4_equal": x4_equal if x4_ratios else "-"}
 
 
 TARGETS = {"edit": (2.0, 1.5), "tools": (1.5, None), "chat": (0.95, None)}
@@ -242,28 +244,33 @@ def main() -> None:
     ap.add_argument("--model", help="model path (default: the default model)")
     ap.add_argument("--tokens", type=int, default=160, help="max_tokens of every reply")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--x4-rounds", type=int, default=2, help="rounds of 4 concurrent streams")
+    ap.add_argument("--x4-rounds", type=int, default=2,
+                    help="rounds of 4 concurrent streams (0: none)")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--num-draft-tokens", type=int, default=None)
     ap.add_argument("--seed", type=int, default=19)
     ap.add_argument("--keep-log", help="copy the server's JSON log here")
+    ap.add_argument("--step-log", action="store_true",
+                    help="the server logs every step (step.finished: pass and cycle times)")
     args = ap.parse_args()
     model = args.model
     if not model:
         from switchyard.deploy.default_model import default_model_path
 
         model = str(default_model_path())
-    extra = ["--prefill-chunk", "1024"]
+    extra = ["--prefill-chunk", "1024"] + (["--log-level", "debug"] if args.step_log else [])
     if args.num_draft_tokens:
         extra += ["--num-draft-tokens", str(args.num_draft_tokens)]
     rng = random.Random(args.seed)
     rows = []
     with ServerGroup(model, slots=4, ctx=4096, extra=extra) as group:
-        stream_chat(group.url, chat_messages(rng, "warming up"), 4, False)
-        for kind in args.workloads:
-            rows.append(run_workload(group, kind, args, rng))
-        if args.keep_log:
-            Path(args.keep_log).write_text(group.log_text())
+        try:
+            stream_chat(group.url, chat_messages(rng, "warming up"), 4, False)
+            for kind in args.workloads:
+                rows.append(run_workload(group, kind, args, rng))
+        finally:  # also when a request failed: the log says why
+            if args.keep_log:
+                Path(args.keep_log).write_text(group.log_text())
     print(f"\nmodel {model}, {args.tokens} tokens per reply, {args.rounds} rounds, greedy")
     print(f"{'workload':>8} | {'off tok/s':>9} | {'on tok/s':>8} | {'x':>5} | {'target':>6} | "
           f"{'accepted':>13} | {'equal':>5} | {'x4 off':>6} | {'x4 on':>6} | {'x4 x':>5} | x4 equal")
