@@ -14,8 +14,9 @@ Each request is sent twice, with and without speculation (the request field
 `"speculative": false`: same server, same weights, same prompt bytes; the order alternates
 per round), so machine noise hits both alike. Reported per workload: decode tok/s (tokens after
 the first over the time from the first to the last streamed chunk) with and without, their
-ratio (median of the per-pair ratios), the share of draft tokens accepted (from the server's
-`request.finished` lines) and whether the outputs are equal. Then 4 concurrent streams of
+ratio (median of the per-pair ratios; also over the worker's CPU time in the same span, which
+the shared machine's other load moves far less), the share of draft tokens accepted (from the
+server's `request.finished` lines) and whether the outputs are equal. Then 4 concurrent streams of
 each workload, all with or all without (the order alternating over `--x4-rounds`): aggregate
 decode tok/s and the median ratio. Every round uses other files, paths and topics, so a
 request cannot copy its own twin of an earlier round.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -128,6 +130,16 @@ WORKLOADS = {"edit": (edit_messages, NAMES), "tools": (tool_messages, NAMES),
 # --- requests ----------------------------------------------------------------------------------
 
 MODEL_ID: list[str] = []  # the served model's name, asked once
+WORKER_PID: list[int] = []  # the worker's pid: its CPU time is read around each decode
+
+
+def worker_cpu_s() -> float:
+    """The worker's CPU seconds so far (user + system, /proc; 0 where there is none)."""
+    try:
+        fields = Path(f"/proc/{WORKER_PID[0]}/stat").read_text().rsplit(")", 1)[1].split()
+    except (IndexError, OSError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stream_chat(url: str, messages: list[dict], max_tokens: int, speculative: bool) -> dict:
@@ -136,7 +148,7 @@ def stream_chat(url: str, messages: list[dict], max_tokens: int, speculative: bo
     body = {"model": MODEL_ID[0], "messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
             "speculative": speculative}
-    stamps, text, usage, rid = [], [], None, None
+    stamps, text, usage, rid, cpu = [], [], None, None, []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as resp:
         resp.raise_for_status()
         for line in resp.iter_lines():
@@ -151,7 +163,10 @@ def stream_chat(url: str, messages: list[dict], max_tokens: int, speculative: bo
                 if piece:
                     stamps.append(time.perf_counter())
                     text.append(piece)
-    return {"rid": rid, "text": "".join(text), "stamps": stamps,
+                    if len(stamps) == 1:
+                        cpu.append(worker_cpu_s())
+    cpu.append(worker_cpu_s())
+    return {"rid": rid, "text": "".join(text), "stamps": stamps, "cpu_s": cpu[-1] - cpu[0],
             "tokens": usage["completion_tokens"] if usage else 0}
 
 
@@ -159,6 +174,12 @@ def decode_tps(r: dict) -> float:
     if len(r["stamps"]) < 2:
         return float("nan")
     return (r["tokens"] - 1) / (r["stamps"][-1] - r["stamps"][0])
+
+
+def decode_tpcs(r: dict) -> float:
+    """Tokens after the first per second of the worker's CPU time over the same span: what
+    the decode cost, whatever else ran on the machine meanwhile (a lone stream only)."""
+    return (r["tokens"] - 1) / r["cpu_s"] if r["cpu_s"] > 0 else float("nan")
 
 
 def acceptance(group: ServerGroup, rids: list[str]) -> tuple[int, int]:
@@ -197,7 +218,7 @@ def aggregate_tps(results: list[dict]) -> float:
 def run_workload(group: ServerGroup, kind: str, args, rng: random.Random) -> dict:
     make, subjects = WORKLOADS[kind]
     picks = rng.sample(subjects, args.rounds + 4 * args.x4_rounds)
-    ratios, on_tps, off_tps, equal, rids = [], [], [], [], []
+    ratios, cpu_ratios, on_tps, off_tps, equal, rids = [], [], [], [], [], []
     for i in range(args.rounds):
         messages = make(random.Random(i), picks[i])
         order = (False, True) if i % 2 == 0 else (True, False)
@@ -206,10 +227,12 @@ def run_workload(group: ServerGroup, kind: str, args, rng: random.Random) -> dic
         off_tps.append(decode_tps(off))
         on_tps.append(decode_tps(on))
         ratios.append(on_tps[-1] / off_tps[-1])
+        cpu_ratios.append(decode_tpcs(on) / decode_tpcs(off))
         equal.append(off["text"] == on["text"])
         rids.append(on["rid"])
         print(f"  {kind} round {i}: off {off_tps[-1]:.2f} tok/s, on {on_tps[-1]:.2f} tok/s, "
-              f"x{ratios[-1]:.2f}, {on['tokens']} tokens, equal {equal[-1]}", flush=True)
+              f"x{ratios[-1]:.2f} (worker CPU time: x{cpu_ratios[-1]:.2f}), {on['tokens']} "
+              f"tokens, equal {equal[-1]}", flush=True)
     proposed, accepted = acceptance(group, rids)
     agg = {False: [], True: []}
     x4_ratios, x4_equal = [], True
@@ -227,11 +250,14 @@ def run_workload(group: ServerGroup, kind: str, args, rng: random.Random) -> dic
         x4_equal &= got[False][1] == got[True][1]
         print(f"  {kind} x4 round {j}: off {got[False][0]:.2f} tok/s, on {got[True][0]:.2f} "
               f"tok/s, x{x4_ratios[-1]:.2f}", flush=True)
+    nan = float("nan")
     return {"kind": kind, "off": statistics.median(off_tps), "on": statistics.median(on_tps),
-            "ratio": statistics.median(ratios), "proposed": proposed, "accepted": accepted,
-            "equal": all(equal), "x4_off": statistics.median(agg[False]),
-            "x4_on": statistics.median(agg[True]), "x4_ratio": statistics.median(x4_ratios),
-            "x4_equal": x4_equal}
+            "ratio": statistics.median(ratios), "cpu_ratio": statistics.median(cpu_ratios),
+            "proposed": proposed, "accepted": accepted,
+            "equal": all(equal), "x4_off": statistics.median(agg[False]) if x4_ratios else nan,
+            "x4_on": statistics.median(agg[True]) if x4_ratios else nan,
+            "x4_ratio": statistics.median(x4_ratios) if x4_ratios else nan,
+            "x4_equal": x4_equal if x4_ratios else "-"}
 
 
 TARGETS = {"edit": (2.0, 1.5), "tools": (1.5, None), "chat": (0.95, None)}
@@ -242,37 +268,45 @@ def main() -> None:
     ap.add_argument("--model", help="model path (default: the default model)")
     ap.add_argument("--tokens", type=int, default=160, help="max_tokens of every reply")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--x4-rounds", type=int, default=2, help="rounds of 4 concurrent streams")
+    ap.add_argument("--x4-rounds", type=int, default=2,
+                    help="rounds of 4 concurrent streams (0: none)")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--num-draft-tokens", type=int, default=None)
     ap.add_argument("--seed", type=int, default=19)
     ap.add_argument("--keep-log", help="copy the server's JSON log here")
+    ap.add_argument("--step-log", action="store_true",
+                    help="the server logs every step (step.finished: pass and cycle times)")
     args = ap.parse_args()
     model = args.model
     if not model:
         from switchyard.deploy.default_model import default_model_path
 
         model = str(default_model_path())
-    extra = ["--prefill-chunk", "1024"]
+    extra = ["--prefill-chunk", "1024"] + (["--log-level", "debug"] if args.step_log else [])
     if args.num_draft_tokens:
         extra += ["--num-draft-tokens", str(args.num_draft_tokens)]
     rng = random.Random(args.seed)
     rows = []
     with ServerGroup(model, slots=4, ctx=4096, extra=extra) as group:
-        stream_chat(group.url, chat_messages(rng, "warming up"), 4, False)
-        for kind in args.workloads:
-            rows.append(run_workload(group, kind, args, rng))
-        if args.keep_log:
-            Path(args.keep_log).write_text(group.log_text())
+        try:
+            WORKER_PID.append(group.pid_of("worker"))
+            stream_chat(group.url, chat_messages(rng, "warming up"), 4, False)
+            for kind in args.workloads:
+                rows.append(run_workload(group, kind, args, rng))
+        finally:  # also when a request failed: the log says why
+            if args.keep_log:
+                Path(args.keep_log).write_text(group.log_text())
     print(f"\nmodel {model}, {args.tokens} tokens per reply, {args.rounds} rounds, greedy")
-    print(f"{'workload':>8} | {'off tok/s':>9} | {'on tok/s':>8} | {'x':>5} | {'target':>6} | "
-          f"{'accepted':>13} | {'equal':>5} | {'x4 off':>6} | {'x4 on':>6} | {'x4 x':>5} | x4 equal")
+    print(f"{'workload':>8} | {'off tok/s':>9} | {'on tok/s':>8} | {'x':>5} | {'x cpu':>5} | "
+          f"{'target':>6} | {'accepted':>13} | {'equal':>5} | {'x4 off':>6} | {'x4 on':>6} | "
+          f"{'x4 x':>5} | x4 equal")
     for r in rows:
         target, x4_target = TARGETS[r["kind"]]
         rate = f"{r['accepted']}/{r['proposed']}" if r["proposed"] else "0/0"
         x4 = f"{r['x4_ratio']:.2f}" + (f" (>= {x4_target})" if x4_target else "")
         print(f"{r['kind']:>8} | {r['off']:9.2f} | {r['on']:8.2f} | {r['ratio']:5.2f} | "
-              f">= {target:<3} | {rate:>13} | {str(r['equal']):>5} | {r['x4_off']:6.2f} | "
+              f"{r['cpu_ratio']:5.2f} | >= {target:<3} | {rate:>13} | {str(r['equal']):>5} | "
+              f"{r['x4_off']:6.2f} | "
               f"{r['x4_on']:6.2f} | {x4} | {r['x4_equal']}")
 
 

@@ -324,6 +324,7 @@ class SchedulerCore:
             iterations = 1
         if self.proposer is not None and plan.decodes and not plan.prefills:
             self.proposer.observe_cost(len(plan.decodes), done.decode_s / iterations, width)
+            self.proposer.observe_trip(cycle - done.duration_s)
         decode_cycle = cycle / iterations if done.num_prefill_tokens == 0 else 0.0
         self.budget.observe(done.num_decode_tokens, decode_cycle, done.num_prefill_tokens,
                             done.prefill_s, done.num_encoded_tokens, done.encode_s)
@@ -458,7 +459,7 @@ class SchedulerCore:
         first_tokens = any(not self.requests[self.slots[d.slot].rid].generated for d in decodes)
         burst = 1 if (prefills or loads or self.waiting or self.reads or first_tokens) \
             else self.config.decode_burst
-        drafted = self._with_drafts(decodes)
+        drafted = self._with_drafts(decodes, burst)
         if drafted is not None:  # one verify pass (docs/design.md "Speculative decoding")
             decodes, burst = drafted, 1
         elif burst > 1:
@@ -585,12 +586,12 @@ class SchedulerCore:
                           sampling=req.sampling, sample_index=len(req.generated),
                           stop_token_ids=tuple(req.stop_token_ids))
 
-    def _with_drafts(self, decodes: list[DecodeItem]) -> list[DecodeItem] | None:
+    def _with_drafts(self, decodes: list[DecodeItem], burst: int) -> list[DecodeItem] | None:
         """This step's decodes with the proposer's drafts, or None when none was proposed
         (or the worker cannot verify them here: "alone" verifies only a lone sequence).
         A sequence's draft leaves room for the model's own next token within its
         max_tokens and the context; a request's first token comes alone (its prompt's tail
-        is staged exactly)."""
+        is staged exactly). `burst`: the passes the step would run without drafts."""
         mode = self.config.speculation
         if self.proposer is None or not decodes or not mode or \
                 (mode == "alone" and len(decodes) > 1):
@@ -602,7 +603,7 @@ class SchedulerCore:
             limit = min(req.max_tokens - len(req.generated), room)
             proposals.append(self.proposer.propose(req.rid, limit - 1)
                              if req.generated and limit > 1 else None)
-        width = self.proposer.width(proposals)
+        width = self.proposer.width(proposals, burst)
         if width == 1:
             return None
         out = []

@@ -21,8 +21,10 @@ and proposes what followed them there.
   token is accepted, blends the match length (a longer match is likelier to go on) with the
   request's recent acceptance (their odds multiplied), and c, what a row's extra token costs
   relative to a plain pass, is measured from the steps themselves (a GPU verifies many rows
-  for nearly the price of one; a CPU does not). Nothing is proposed where nothing matches or
-  where no width pays (by `min_gain`): such a step costs what a plain decode costs.
+  for nearly the price of one; a CPU does not). A verify step also pays the round trip to the
+  scheduler, which plain steps share over a decode burst: measured too, it counts against
+  drafts where passes are short. Nothing is proposed where nothing matches or where no width
+  pays (by `min_gain`): such a step costs what a plain decode costs.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class Proposer:
         self._next_id = 0
         self._pass_s: dict[int, float] = {}  # plain decode pass time, by batch size
         self._row_s: float | None = None  # what a row beyond the first costs a pass
+        self._trip_s: float | None = None  # a step's round trip outside the worker
 
     # --- sequences -------------------------------------------------------------------------
 
@@ -233,27 +236,32 @@ class Proposer:
         odds = prior / (1 - prior) * recent / (1 - recent)
         return min(0.98, odds / (1 + odds))
 
-    def width(self, proposals: list[Proposal | None]) -> int:
+    def width(self, proposals: list[Proposal | None], burst: int = 1) -> int:
         """How many tokens per row the step's verify pass takes (1: no drafts). Every row of a
         pass is as wide as its widest (shorter ones are padded), so the width is chosen for
-        the whole step: the one that maximizes the tokens expected per unit of pass time,
+        the whole step: the one that maximizes the tokens expected per unit of time,
         sum over rows of 1 + a + ... + a^k (k: the row's draft, cut to width - 1) over
-        1 + row_cost * rows * (width - 1); 1 unless that beats a plain pass by `min_gain`."""
+        1 + row_cost * rows * (width - 1) + trip; 1 unless that beats plain steps by
+        `min_gain`. `trip` is the round trip to the scheduler per step, relative to a plain
+        pass; a verify step pays it whole, while plain steps would run `burst` passes in the
+        worker per trip (nothing else waiting), paying a share of it per pass."""
         batch = len(proposals)
         longest = max((len(p.tokens) for p in proposals if p is not None), default=0)
         if not longest or self.config.always:
             return longest + 1
         row_cost = self.row_cost(batch)
-        best, best_gain = 1, float(batch)
+        trip = self.trip_cost(batch)
+        plain_gain = batch / (1.0 + trip / max(1, burst))
+        best, best_gain = 1, plain_gain
         expected = [1.0] * batch  # tokens each row yields at the width tried
         for w in range(2, longest + 2):
             for r, p in enumerate(proposals):
                 if p is not None and len(p.tokens) >= w - 1:
                     expected[r] += p.acceptance ** (w - 1)
-            gain = sum(expected) / (1.0 + row_cost * batch * (w - 1))
+            gain = sum(expected) / (1.0 + row_cost * batch * (w - 1) + trip)
             if gain > best_gain:
                 best, best_gain = w, gain
-        return best if best_gain >= self.config.min_gain * batch else 1
+        return best if best_gain >= self.config.min_gain * plain_gain else 1
 
     # --- what a pass costs -----------------------------------------------------------------
 
@@ -264,6 +272,24 @@ class Proposer:
         if self._row_s is None or not plain:
             return self.config.verify_cost
         return min(1.0, max(0.002, self._row_s / plain))
+
+    def trip_cost(self, batch: int) -> float:
+        """A step's time outside the worker's forward passes (messages, planning, streaming),
+        relative to a plain pass of `batch` rows (measured: `observe_trip`; 0 until then)."""
+        plain = self._pass_s.get(batch) or self._pass_s.get(1)
+        if self._trip_s is None or not plain:
+            return 0.0
+        return self._trip_s / plain
+
+    def observe_trip(self, seconds: float) -> None:
+        """One decode step's cycle minus the worker's time for it (moving average; a
+        measurement counts at most twice the estimate, as in `observe_cost`)."""
+        seconds = max(0.0, seconds)
+        if self._trip_s is None:
+            self._trip_s = seconds
+            return
+        seconds = min(seconds, 2 * self._trip_s + 1e-3)
+        self._trip_s += _EWMA * (seconds - self._trip_s)
 
     def observe_cost(self, batch: int, pass_s: float, width: int) -> None:
         """A decode step's time per pass: a plain pass (width 1) or a verify pass of `width`

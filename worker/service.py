@@ -110,21 +110,16 @@ def unpaged_bytes_per_token(loaded: LoadedModel, num_tokens: int = 256) -> int:
     return max(0, -(-(sizes[1] - sizes[0]) // num_tokens))
 
 
-def speculation_mode(settings: Settings, verifiable: str, kinds: str, log,
-                     vision: bool = False) -> str:
+def speculation_mode(settings: Settings, verifiable: str, kinds: str, log) -> str:
     """What speculative decoding this worker does (docs/design.md "Speculative decoding"):
     "batched", "alone" or "" (off), with one line saying why when it is less than batched.
-    `--speculative suffix` on a model that cannot take rejected tokens back is refused; so is
-    a vision-language model (its decode positions are bound per slot, worker/vision/slots.py,
-    and verify passes do not bind them yet)."""
+    `--speculative suffix` on a model that cannot take rejected tokens back is refused.
+    (A vision-language model verifies as its caches allow: a verify pass positions each row
+    after its slot's images as a plain decode does, worker/vision/slots.py.)"""
     if settings.speculative == "off":
         return ""
-    if vision:
-        verifiable = ""
-        reason = "vision-language models do not verify drafts yet"
-    else:
-        reason = (f"this model's layer caches ({kinds}) cannot take back rejected draft "
-                  f"tokens exactly")
+    reason = (f"this model's layer caches ({kinds}) cannot take back rejected draft tokens "
+              f"exactly")
     if not verifiable:
         if settings.speculative == "suffix":
             raise ModelLoadError(f"--speculative suffix: {reason}; serve it with "
@@ -277,8 +272,7 @@ def run(settings: Settings) -> None:
         sys.exit(1)
     store = make_store(loaded, settings, log)
     try:
-        speculation = speculation_mode(settings, store.verifiable, cache_kinds(loaded), log,
-                                       vision=loaded.processor is not None)
+        speculation = speculation_mode(settings, store.verifiable, cache_kinds(loaded), log)
     except ModelLoadError as exc:
         log.error("worker.refused_to_start", reason=str(exc))
         print(f"switchyard worker: {exc}", file=sys.stderr)

@@ -16,7 +16,9 @@ import structlog
 
 from switchyard.gateway.vision.prompt import image_prompt_for
 from switchyard.proto.images import image_id, open_rgb
-from switchyard.proto.messages import ImageData, ImageSpan, PrefillChunk
+from switchyard.proto.messages import (DecodeItem, ImageData, ImageSpan, PrefillChunk, RunStep,
+                                       SamplingParams)
+from switchyard.worker.executor import StepExecutor
 from switchyard.worker.model_loading import load_model
 from switchyard.worker.vision.encoder import ImageEncoder
 from switchyard.worker.vision.positions import positions
@@ -181,3 +183,51 @@ def test_batched_decode_positions_each_row_after_its_own_images(twins, arch):
         got[1].append(last[1])
     assert got[0][:len(expected_a)] == expected_a
     assert got[1][:len(expected_b)] == expected_b
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_drafts_verify_to_mlx_vlms_greedy_tokens(twins, arch):
+    """Speculative decoding on a vision twin (docs/design.md "Speculative decoding"): verify
+    passes position their rows after the images as plain decode does, so drafts accepted
+    fully, partly and not at all give mlx-vlm's greedy tokens. A Qwen-VL slot with an image
+    verifies in one pass with a text-only slot (their M-RoPE offsets differ); Gemma 3's
+    sliding-window rings verify a lone sequence."""
+    _, loaded, reference = twins(arch)
+    images = [picture(9, 72, 52)]
+    messages, ids_a, inputs = prompt_of(reference, images)
+    expected_a, _ = reference.generate(messages, images, MAX_TOKENS)
+    text = [{"role": "user", "content": "A text-only question about boats."}]
+    expected_b, _ = reference.generate(text, [], MAX_TOKENS)
+    ids_b = [int(t) for t in np.asarray(reference.prompt(text, [])["input_ids"]).reshape(-1)]
+    spans = spans_of(loaded, ids_a, images, inputs)
+    store = store_of(loaded)
+    store.prefill_chunk(PrefillChunk(0, 0, tuple(ids_a[:-1]), spans,
+                                     (ImageData(spans[0].image_id, images[0]),)))
+    store.prefill_chunk(PrefillChunk(1, 0, tuple(ids_b[:-1])))
+    batched = store.verifiable == "batched"
+    assert store.verifiable == ("alone" if arch == "gemma3" else "batched")
+    seqs = [(0, ids_a, expected_a)] + ([(1, ids_b, expected_b)] if batched else [])
+    executor = StepExecutor(store, None, None)
+    got = {slot: [] for slot, _, _ in seqs}
+    drafts = iter([lambda e, n: e[n:n + 4],  # accepted fully
+                   lambda e, n: e[n:n + 2] + [e[n + 2] + 1] if n + 2 < len(e) else [],  # partly
+                   lambda e, n: [e[n] + 1] if n < len(e) else []])  # not at all
+    step, proposed = 0, 0
+    while any(len(got[s]) < len(e) for s, _, e in seqs):
+        make = next(drafts, lambda e, n: e[n:n + 3])
+        items = []
+        for slot, ids, expected in seqs:
+            n = len(got[slot])
+            if n >= len(expected):
+                continue
+            draft = tuple(make(expected, n))
+            proposed += len(draft)
+            items.append(DecodeItem(slot, len(ids) - 1 + n, got[slot][-1] if n else ids[-1],
+                                    SamplingParams(), n, burst_limit=len(expected) - n,
+                                    draft=draft))
+        step += 1
+        for t in executor.run(RunStep(step, decodes=tuple(items))).sampled:
+            got[t.slot].append(t.token_id)
+    for slot, _, expected in seqs:
+        assert got[slot] == expected, slot
+    assert step < len(expected_a) and proposed  # drafts were verified and kept

@@ -187,3 +187,25 @@ def test_a_row_cost_measured_on_a_busy_moment_relaxes_back():
     for _ in range(200):
         copying.observe_cost(1, 0.02, 1)
     assert copying.width([proposal]) > 1
+
+
+def test_a_round_trip_a_burst_would_share_counts_against_drafts():
+    """Where passes are short (a GPU) the round trip to the scheduler is a large part of a
+    step. Plain steps share it over a decode burst; a verify step pays it whole. So an
+    uncertain draft that beats one plain pass does not beat a burst, and is verified where
+    the step pays the trip anyway (others waiting: a burst of 1). A sure copy still pays."""
+    p = Proposer(ProposerConfig(max_draft=8))
+    p.start("r", list(FILE[:200]) + FILE[:40])
+    for _ in range(8):
+        p.observe("r", 8, 8)
+    sure = p.propose("r", 8)
+    unsure = Proposal(sure.tokens, 0.35)
+    p.observe_cost(1, 0.010, 1)
+    p.observe_cost(1, 0.010 + 8 * 0.0002, 9)  # a GPU: a row costs 2% of a pass
+    assert p.width([unsure], burst=8) > 1  # no trip measured yet: as before
+    for _ in range(5):
+        p.observe_trip(0.005)  # half a pass
+    assert abs(p.trip_cost(1) - 0.5) < 1e-9
+    assert p.width([unsure], burst=8) == 1
+    assert p.width([unsure], burst=1) > 1
+    assert p.width([sure], burst=8) > 1
