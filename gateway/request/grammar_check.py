@@ -30,6 +30,10 @@ log = structlog.get_logger()
 # usual kinds takes well under 0.1 s; 300 patternProperties took 5.6 s.
 CHECK_TIMEOUT_S = 1.0
 NUM_CHILDREN = 2
+# Children kept started beyond those checking: back-to-back schema bombs kill a child a
+# second, and a replacement takes about as long to start on a busy machine (bench/abuse.py:
+# with none spare, the third bomb in a row waited for one, 2.7 s).
+SPARE_CHILDREN = 1
 CACHED_RESULTS = 256
 _CHILD = "switchyard.gateway.request.grammar_child"
 
@@ -79,7 +83,7 @@ class GrammarChecker:
     async def warm(self) -> None:
         """Start the children ahead of the checks (the gateway's start, and a replacement for
         each one killed): a check's bound is then all validation, never a process start."""
-        while len(self._idle) + len(self._spares) < self.num_children:
+        while len(self._idle) + len(self._spares) < self.num_children + SPARE_CHILDREN:
             self._start_spare()
         await asyncio.gather(*self._spares, return_exceptions=True)
 
