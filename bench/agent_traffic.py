@@ -815,7 +815,10 @@ def main() -> int:
         from switchyard.deploy.default_model import default_model_path
 
         model = default_model_path()
-    peer_model = hf_export(model, args.weights) if model.suffix == ".gguf" else model
+    peers = set(servers) - {"switchyard"}
+    # The peers' directory is built only for a run that has peers (or dequantized weights).
+    peer_model = hf_export(model, args.weights) if model.suffix == ".gguf" and (
+        peers or args.weights != "same") else model
     ours = model if args.weights == "same" else peer_model
 
     from switchyard.proto.tokenizer_loading import load_tokenizer
