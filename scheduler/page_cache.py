@@ -273,8 +273,13 @@ class PageCache:
         """The context `tokens[:n]` (full pages `chain`) is a request being placed: every
         remembered turn whose prompt context it starts with is its own conversation's, now
         superseded, and forgotten (its tails are nobody's unless another turn ended there)."""
+        mine: dict[int, Anchor | None] = {}  # the context's anchor at each length asked
         for a in self.turns.under([ROOT_ID, *chain]):
-            if a.num_tokens <= n and self.anchor(chain, tokens, a.num_tokens, images) == a:
+            if a.num_tokens > n:
+                continue
+            if a.num_tokens not in mine:
+                mine[a.num_tokens] = self.anchor(chain, tokens, a.num_tokens, images)
+            if mine[a.num_tokens] == a:
                 self.turns.retire(a)
 
     def drop_passed_tails(self, chain: list[bytes], pinned: set[bytes]) -> None:
