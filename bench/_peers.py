@@ -35,9 +35,9 @@ PEER_WEIGHTS = ("same", "f16", "f32")
 
 
 def bench_cache() -> Path:
-    from switchyard.deploy.default_model import cache_root
+    from switchyard.proto.settings import user_cache_dir
 
-    return cache_root() / "bench"
+    return user_cache_dir() / "bench"
 
 
 # --- a GGUF as a Hugging Face directory ---------------------------------------------------------

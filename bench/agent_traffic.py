@@ -517,11 +517,20 @@ def openai_body(w: Workload, msgs: list[Msg], model: str) -> dict:
 
 
 def render_ids(w: Workload, msgs: list[Msg]) -> list[int]:
+    from switchyard.gateway.output.formats import detect_format
+    from switchyard.gateway.prompting.tool_text import messages_with_tools_as_text, text_syntax
+
     m = openai_messages(w, msgs)
     for msg in m:  # as templates receive them (switchyard.gateway.prompting.history)
         for c in msg.get("tool_calls") or []:
             c["function"]["arguments"] = json.loads(c["function"]["arguments"])
-    text = w.tok.apply_chat_template(m, tools=OPENAI_TOOLS, add_generation_prompt=True,
+    tools = OPENAI_TOOLS
+    # A template that renders no tools (SmolLM2's ChatML) gets them as text, as the gateway
+    # writes them: otherwise every prompt here would miss the tool list.
+    syntax = text_syntax(w.tok, detect_format(w.tok).tools)
+    if syntax is not None:
+        m, tools = messages_with_tools_as_text(m, tools, syntax), None
+    text = w.tok.apply_chat_template(m, tools=tools, add_generation_prompt=True,
                                      tokenize=False)
     return list(w.tok.encode(text, add_special_tokens=False))
 
@@ -815,7 +824,10 @@ def main() -> int:
         from switchyard.deploy.default_model import default_model_path
 
         model = default_model_path()
-    peer_model = hf_export(model, args.weights) if model.suffix == ".gguf" else model
+    peers = set(servers) - {"switchyard"}
+    # The peers' directory is built only for a run that has peers (or dequantized weights).
+    peer_model = hf_export(model, args.weights) if model.suffix == ".gguf" and (
+        peers or args.weights != "same") else model
     ours = model if args.weights == "same" else peer_model
 
     from switchyard.proto.tokenizer_loading import load_tokenizer

@@ -77,8 +77,14 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     if decision.branch_point is not None:
         req.branch_point = decision.branch_point
     req.restore_pages = list(decision.restore_pages)
-    pages.drop_passed_tails(list(decision.chain),
-                            set(pinned) | {page.page_id for page in decision.restore_pages})
+    # The turns this request continues are superseded, then the tails it passes that are
+    # nobody's go (docs/design.md "KV pages"); its own turn is remembered from here.
+    chain = list(decision.chain)
+    turn = pages.anchor(chain, req.feed, len(req.prompt) - 1, req.images)
+    pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images)
+    pages.drop_passed_tails(chain, set(pinned) | {page.page_id for page in decision.restore_pages})
+    if turn is not None:
+        pages.turns.begin(turn)
     slot = slots[p.slot]
     copy = None
     if p.copy_from is not None:
@@ -87,7 +93,7 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         copy = CopyPrefix(p.copy_from, p.slot, p.copied)
     else:
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
-    slot.rid, slot.last_used = req.rid, now
+    slot.rid, slot.last_used, slot.turn = req.rid, now, turn
     slot.images = req.images  # the slot's kept tokens are this request's: so are its images
     req.slot = p.slot
     if req.admitted_at is None:

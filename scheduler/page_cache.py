@@ -33,6 +33,7 @@ from switchyard.scheduler.eviction import EvictionPlan, plan_eviction
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_tree import DiskPageTree
 from switchyard.scheduler.requests import Slot
+from switchyard.scheduler.turns import Anchor, RecentTurns
 
 # Page ids match slots to requests even with no page store (no worker namespace yet).
 _LOCAL_NAMESPACE = b"switchyard-local"
@@ -71,6 +72,8 @@ class PageCache:
         # Tails: the last, partial page of a conversation as its turn ended (parent -> ids).
         self.tails: dict[bytes, dict[bytes, int]] = {}
         self.tail_parent: dict[bytes, bytes] = {}
+        # The turns that ended in them: whose conversation may still resume there.
+        self.turns = RecentTurns()
         self.staged: dict[bytes, _Pending] = {}   # staged by the step in flight
         self.writing: dict[bytes, _Pending] = {}  # sent to kvstore, not yet written
         # Sent to kvstore from a worker's pool that is gone: they still reach the disk, so
@@ -248,28 +251,64 @@ class PageCache:
             del self.tails[parent][pid]
             if not self.tails[parent]:
                 del self.tails[parent]
+            self.turns.forget_tail(pid)
+
+    # --- turns and their tails (scheduler.turns) -------------------------------------------
+
+    def anchor(self, chain: list[bytes], tokens, n: int, images=()) -> Anchor | None:
+        """The anchor of the context `tokens[:n]` (whose full pages start `chain`); None for
+        an empty one (every request would extend it)."""
+        if n <= 0:
+            return None
+        P = self.page_size
+        k, rest = divmod(n, P)
+        if not rest:
+            return Anchor(n, chain[k - 1], b"")
+        parent = chain[k - 1] if k else ROOT_ID
+        start = k * P
+        return Anchor(n, parent, page_id(self.chain_namespace, parent, tokens[start:n],
+                                         page_image_ids(images, start, n)))
+
+    def supersede(self, chain: list[bytes], tokens, n: int, images=()) -> None:
+        """The context `tokens[:n]` (full pages `chain`) is a request being placed: every
+        remembered turn whose prompt context it starts with is its own conversation's, now
+        superseded, and forgotten (its tails are nobody's unless another turn ended there)."""
+        mine: dict[int, Anchor | None] = {}  # the context's anchor at each length asked
+        for a in self.turns.under([ROOT_ID, *chain]):
+            if a.num_tokens > n:
+                continue
+            if a.num_tokens not in mine:
+                mine[a.num_tokens] = self.anchor(chain, tokens, a.num_tokens, images)
+            if mine[a.num_tokens] == a:
+                self.turns.retire(a)
 
     def drop_passed_tails(self, chain: list[bytes], pinned: set[bytes]) -> None:
-        """A request whose context has full pages past a tail's parent has moved the
-        conversation on: tails there are superseded (or a branch it left), so they go now and
-        disk stays linear in unique tokens (F1). Tails after its last full page stay: they are
-        where this very request may resume."""
+        """A request whose context has full pages past a tail's parent has moved its
+        conversation on: its own tails there are superseded (the turns it continues were
+        retired by `supersede`), and so are tails no remembered turn ended in (a branch a
+        conversation left, one long forgotten), so they go now and disk stays linear in unique
+        tokens (F1). Tails other conversations ended in stay: a main session's under the system
+        prompt its sub-agents share is where it resumes. Tails after the request's last full
+        page stay: they are where this very request may resume."""
         passed = {ROOT_ID, *chain[:-1]}
         dead = [tid for parent in passed for tid in self.tails.get(parent, {})
-                if tid not in pinned]
+                if tid not in pinned and not self.turns.owned(tid)]
         if dead:
             for tid in dead:
                 self._remove(tid)
             self.outbox.send(DeletePages(tuple(dead)))
         for pending in [*self.staged.values(), *self.writing.values()]:
             write = pending.write
-            if len(write.token_ids) < self.page_size and write.parent_id in passed:
+            if len(write.token_ids) < self.page_size and write.parent_id in passed and \
+                    not self.turns.owned(write.page_id):
                 pending.doomed = True
 
     def superseded_tails(self) -> set[bytes]:
-        """Tails whose conversation has grown past them: another page follows their parent."""
+        """Tails whose conversation has grown past them: another page follows their parent,
+        and no remembered turn ended in them."""
         return {tid for parent, ids in self.tails.items() if parent != ROOT_ID
-                and self.tree.num_children(parent) > 1 for tid in ids}
+                and self.tree.num_children(parent) > 1 for tid in ids
+                if not self.turns.owned(tid)}
 
     def awaited(self, contexts: Iterable[tuple[list[bytes], object, int, tuple]],
                 trimmable: bool) -> set[bytes]:
@@ -374,6 +413,8 @@ class PageCache:
         tokens = tuple(slot.tokens[start:])
         images = page_image_ids(slot.images, start, len(slot.tokens))
         pid = page_id(self.namespace, parent, tokens, images)
+        if slot.turn is not None:
+            self.turns.ended_in(slot.turn, pid)
         if pid in self.tree or pid in self.staged or pid in self.writing:
             return True
         return self._stage_page(slot.index, start, pid, parent, tokens,
@@ -449,6 +490,7 @@ class PageCache:
             if pending is not None:
                 self._release([pending.write.buffer])
                 if pending.doomed:
+                    self.turns.forget_tail(info.page_id)
                     self.outbox.send(DeletePages((info.page_id,)))
                     continue
             self._add(info)

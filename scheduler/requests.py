@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from switchyard.proto.messages import PRIORITY_INTERACTIVE, ImageData, ImageSpan, SamplingParams
 from switchyard.proto.page_ids import ROOT_ID, chain_page_ids
+from switchyard.scheduler.turns import Anchor
 
 
 @dataclass
@@ -123,6 +124,8 @@ class Slot:
     num_persisted: int = 0
     # A prompt or a turn ended here: store the partial last page too (next step's stages).
     tail_wanted: bool = False
+    # The turn whose tokens these are (scheduler.turns): the tails stored from here are its.
+    turn: Anchor | None = None
     # The images among (and past) `tokens`: the request's that filled the slot last (its
     # tokens agree with that request's up to the slot's length); their ids are in page ids.
     images: tuple[ImageSpan, ...] = ()
@@ -144,6 +147,7 @@ class Slot:
         self.page_ids = list(page_ids)
         self.num_persisted = 0
         self.images = tuple(images)
+        self.turn = None
 
     def shared_prefix(self, chain: list[bytes], tokens: list[int], n: int,
                       page_size: int, images: tuple[ImageSpan, ...] = ()) -> int:

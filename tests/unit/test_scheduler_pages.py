@@ -610,3 +610,65 @@ def test_a_hybrid_conversation_back_before_its_tail_lands_waits_for_it():
     chain = g.core.pages.chain(a + g.reply("a1"))
     assert chain[5] in g.disk and not g.disk[chain[5]].flags, "page 5 should be plain"
     _back_before_its_writes_land(g, a, held_back, deliver)
+
+
+def tails_on_disk(g):
+    return {pid for pid, info in g.disk.items() if info.num_tokens < P}
+
+
+def test_sub_agents_under_a_shared_page_leave_each_others_tails():
+    """A main session M and sub-agents S0..S2 share their first page (a system prompt) and
+    each ended a turn in a tail under it. Each sub-agent's next turn grows past that page:
+    it supersedes its own tail there, never M's or another sub-agent's, so every next turn
+    is restored, not re-read (found by bench/agent_traffic.py: a main session waiting on its
+    sub-agents lost its tail to them, and the sub-agents each other's)."""
+    g = Group(num_slots=1)  # every turn after the first of each conversation is a restore
+    system = conv(1, P)
+    m = system + conv(2, P // 4)
+    subs = [system + conv(10 + i, P // 3 + i) for i in range(3)]
+    for rid, hist in (("m1", m), *((f"s{i}a", s) for i, s in enumerate(subs))):
+        g.submit(rid, hist)
+        g.run()
+        if rid == "m1":
+            m_tails = tails_on_disk(g)
+    sub_tails = tails_on_disk(g) - m_tails
+    assert len(m_tails) == 2 and len(sub_tails) == 6  # each: where its prompt and turn ended
+    for i, s in enumerate(subs):  # each past the shared page: tool result of a page and more
+        g.submit(f"s{i}b", s + g.reply(f"s{i}a") + conv(20 + i, P + 7))
+        g.run()
+        assert g.finished(f"s{i}b").num_cached_tokens >= len(s) + len(g.reply(f"s{i}a")) - 1
+    g.submit("m2", m + g.reply("m1") + conv(3, 5))
+    g.run()
+    assert g.finished("m2").num_cached_tokens >= len(m) + len(g.reply("m1")) - 1
+    # The sub-agents' first tails were superseded by their own next turns and went with the
+    # next one past the shared page; the last restored from stays until one passes again.
+    assert len(sub_tails & tails_on_disk(g)) <= 1
+
+
+def test_a_conversation_that_moved_to_a_new_branch_loses_its_old_tails():
+    """A conversation whose client sent back a tool call of its own, not the model's reply,
+    left the reply's branch: its next turn, past the shared page, deletes its old tails
+    (disk stays linear in unique tokens) while a bystander's tail under that page stays."""
+    g = Group(num_slots=1)
+    system = conv(1, P)
+    a, b = system + conv(2, P // 4), system + conv(3, P // 5)
+    g.submit("a1", a)
+    g.run()
+    a_tails = tails_on_disk(g)
+    assert len(a_tails) == 2  # where the prompt ended and where the turn ended
+    left = max(a_tails, key=lambda pid: g.disk[pid].num_tokens)  # the reply's branch
+    g.submit("b1", b)
+    g.run()
+    b_tails = tails_on_disk(g) - a_tails
+    g.submit("a2", a + conv(4, 6) + conv(5, P + 10))  # not the reply: a branch of its own
+    g.run()
+    assert g.finished("a2").num_cached_tokens >= len(a) - 1
+    on_disk = tails_on_disk(g)
+    assert left not in on_disk
+    assert b_tails <= on_disk  # the bystander's stay
+    # Its prompt's tail, which a2 restored from, is nobody's now: the next turn past the
+    # shared page takes it, the bystander's own next turn here.
+    g.submit("b2", b + g.reply("b1") + conv(6, P + 4))
+    g.run()
+    assert g.finished("b2").num_cached_tokens >= len(b) + len(g.reply("b1")) - 1
+    assert not a_tails & tails_on_disk(g)
