@@ -2,11 +2,20 @@
 unconstrained, single stream and 4 concurrent, plus the time to compile a typical tool schema.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
-        .venv/bin/python bench/structured_outputs.py [--rounds 3]
+        .venv/bin/python bench/structured_outputs.py [--model PATH.gguf] [--rounds 3]
+            [--speculative off|on|both] [--streams 4] [--tokens N]
 
-Both runs use the same server, prompt and number of tokens (the constrained output's length),
-alternating rounds so machine noise hits both alike (target: ratio >= 0.9). The masks are
-computed on the CPU while each forward pass runs (docs/design.md "Structured outputs").
+Both sides use the same server, prompt and number of tokens (the constrained output's length);
+within each round the order of constrained and unconstrained alternates (constrained first in
+even rounds, second in odd ones) so machine noise hits both alike (target: ratio >= 0.9). The
+masks are computed on the CPU while each forward pass runs (docs/design.md "Structured
+outputs").
+
+Speculative decoding is off by default: every request carries `"speculative": false`, so the
+ratio is the grammar's own cost (mask computation, masking) on plain decode steps. With it on,
+the ratio mostly measures how well suffix drafts predict each text (free text that falls into
+repetition is drafted whole, JSON much less), not the grammar. `--speculative on` measures
+that side, `both` runs the two in one sitting (off, then on, on the same server).
 """
 
 from __future__ import annotations
@@ -41,10 +50,11 @@ TOOL = {"type": "object", "properties": {
     "required": ["path", "mode"], "additionalProperties": False}
 
 
-def stream_tps(url: str, seed: int, max_tokens: int, constrained: bool) -> tuple[float, int]:
+def stream_tps(url: str, seed: int, max_tokens: int, constrained: bool,
+               speculative: bool = False) -> tuple[float, int]:
     """(decode tokens/s after the first content chunk, completion tokens) of one stream."""
     body = {"messages": [{"role": "user", "content": f"List {seed}."}], "max_tokens": max_tokens,
-            "temperature": 0, "seed": seed}
+            "temperature": 0, "seed": seed, "speculative": speculative}
     if constrained:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "list", "schema": SCHEMA}}
@@ -55,11 +65,12 @@ def stream_tps(url: str, seed: int, max_tokens: int, constrained: bool) -> tuple
     return (tokens - 1) / (run.stamps[-1] - run.stamps[0]), tokens
 
 
-def concurrent_tps(url: str, n: int, seed: int, max_tokens: int, constrained: bool) -> float:
+def concurrent_tps(url: str, n: int, seed: int, max_tokens: int, constrained: bool,
+                   speculative: bool = False) -> float:
     with ThreadPoolExecutor(n) as pool:
         started = time.perf_counter()
-        results = list(pool.map(lambda i: stream_tps(url, seed + i, max_tokens, constrained),
-                                range(n)))
+        results = list(pool.map(
+            lambda i: stream_tps(url, seed + i, max_tokens, constrained, speculative), range(n)))
         elapsed = time.perf_counter() - started
     return sum(t for _, t in results) / elapsed
 
@@ -76,27 +87,54 @@ def compile_ms(rounds: int = 20) -> float:
     return statistics.median(times)
 
 
+def measure(url: str, rounds: int, length: int, speculative: bool, streams: int
+            ) -> dict[str, dict[bool, list[float]]]:
+    """Per-round tok/s of each side, single stream and `streams` concurrent (0: skipped); the
+    order of the two sides alternates from round to round."""
+    single: dict[bool, list[float]] = {True: [], False: []}
+    multi: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(rounds):
+        for constrained in ((True, False) if r % 2 == 0 else (False, True)):
+            single[constrained].append(
+                stream_tps(url, 100 + r, length, constrained, speculative)[0])
+            if streams:
+                multi[constrained].append(concurrent_tps(url, streams, 200 + 10 * r, length,
+                                                         constrained, speculative))
+    return {"single stream": single, f"{streams} concurrent": multi}
+
+
+def report(label: str, results: dict[str, dict[bool, list[float]]]) -> None:
+    for name, runs in results.items():
+        if not runs[True]:
+            continue
+        c, u = statistics.median(runs[True]), statistics.median(runs[False])
+        per_round = " ".join(f"{a / b:.2f}" for a, b in zip(runs[True], runs[False]))
+        print(f"speculation {label:3s} {name:14s} constrained {c:7.1f} tok/s  unconstrained "
+              f"{u:7.1f} tok/s  ratio {c / u:.3f}  (rounds: {per_round})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--model", default=None, help="model directory (default: the tiny qwen3)")
+    ap.add_argument("--model", default=None, help="model directory or GGUF (default: the tiny "
+                    "qwen3)")
+    ap.add_argument("--speculative", choices=("off", "on", "both"), default="off",
+                    help="the requests' speculative field (default off: the grammar's own cost)")
+    ap.add_argument("--streams", type=int, default=4, help="concurrent streams (0: skip)")
+    ap.add_argument("--tokens", type=int, default=2000,
+                    help="tokens per stream (at most the constrained output's length, ~300)")
     args = ap.parse_args()
     model = model_dir("tiny", args.model)
-    print(f"typical tool schema compiles in {compile_ms():.2f} ms (median of 20)")
+    print(f"typical tool schema compiles in {compile_ms():.2f} ms (median of 20)", flush=True)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.speculative]
     with ServerGroup(model, slots=4, ctx=4096) as group:
         url = group.url
-        _, length = stream_tps(url, 0, 2000, True)  # warm up; the constrained length
-        single = {True: [], False: []}
-        multi = {True: [], False: []}
-        for r in range(args.rounds):
-            for constrained in (True, False):
-                single[constrained].append(stream_tps(url, 100 + r, length, constrained)[0])
-                multi[constrained].append(concurrent_tps(url, 4, 200 + 10 * r, length,
-                                                         constrained))
-    for name, runs in (("single stream", single), ("4 concurrent", multi)):
-        c, u = statistics.median(runs[True]), statistics.median(runs[False])
-        print(f"{name:14s} constrained {c:7.1f} tok/s  unconstrained {u:7.1f} tok/s  "
-              f"ratio {c / u:.3f}")
+        # Warm up both sides; the constrained output's length is every stream's.
+        _, length = stream_tps(url, 0, args.tokens, True)
+        stream_tps(url, 0, length, False)
+        for speculative in modes:
+            report("on" if speculative else "off",
+                   measure(url, args.rounds, length, speculative, args.streams))
     print(f"({length} tokens per stream, {args.rounds} rounds, medians)")
 
 
