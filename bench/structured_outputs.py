@@ -1,5 +1,7 @@
 """Structured outputs: decode tokens/s of a JSON-schema-constrained stream / the same stream
 unconstrained, single stream and 4 concurrent, plus the time to compile a typical tool schema.
+Four concurrent streams are reported twice: decode (tokens emitted while all four decode /
+that window) and wall (all tokens / sent-to-done, so prefill waits and first-token times count).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/structured_outputs.py [--model PATH.gguf] [--rounds 3]
@@ -21,6 +23,7 @@ that side, `both` runs the two in one sitting (off, then on, on the same server)
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -50,9 +53,9 @@ TOOL = {"type": "object", "properties": {
     "required": ["path", "mode"], "additionalProperties": False}
 
 
-def stream_tps(url: str, seed: int, max_tokens: int, constrained: bool,
-               speculative: bool = False) -> tuple[float, int]:
-    """(decode tokens/s after the first content chunk, completion tokens) of one stream."""
+def stream_run(url: str, seed: int, max_tokens: int, constrained: bool,
+               speculative: bool = False):
+    """One streamed chat request; its `Streamed` record (chunk arrival times, usage)."""
     body = {"messages": [{"role": "user", "content": f"List {seed}."}], "max_tokens": max_tokens,
             "temperature": 0, "seed": seed, "speculative": speculative}
     if constrained:
@@ -61,18 +64,36 @@ def stream_tps(url: str, seed: int, max_tokens: int, constrained: bool,
     run = stream(url, "/v1/chat/completions", body)
     if run.error:
         raise RuntimeError(run.error)
+    return run
+
+
+def stream_tps(url: str, seed: int, max_tokens: int, constrained: bool,
+               speculative: bool = False) -> tuple[float, int]:
+    """(decode tokens/s after the first content chunk, completion tokens) of one stream."""
+    run = stream_run(url, seed, max_tokens, constrained, speculative)
     tokens = run.usage["completion_tokens"]
     return (tokens - 1) / (run.stamps[-1] - run.stamps[0]), tokens
 
 
 def concurrent_tps(url: str, n: int, seed: int, max_tokens: int, constrained: bool,
-                   speculative: bool = False) -> float:
+                   speculative: bool = False) -> tuple[float, float]:
+    """(decode, wall) aggregate tokens/s of `n` concurrent streams. Decode: tokens emitted
+    while all n streams were decoding (from the last one's first token to the first one's
+    end) / that window, so prefill waits and staggered first tokens do not count; wall: all
+    tokens / sent-to-last-done."""
     with ThreadPoolExecutor(n) as pool:
         started = time.perf_counter()
-        results = list(pool.map(
-            lambda i: stream_tps(url, seed + i, max_tokens, constrained, speculative), range(n)))
+        runs = list(pool.map(
+            lambda i: stream_run(url, seed + i, max_tokens, constrained, speculative), range(n)))
         elapsed = time.perf_counter() - started
-    return sum(t for _, t in results) / elapsed
+    wall = sum(r.usage["completion_tokens"] for r in runs) / elapsed
+    t0, t1 = max(r.stamps[0] for r in runs), min(r.stamps[-1] for r in runs)
+    if t1 <= t0:
+        return float("nan"), wall
+    # A chunk may carry more than one token: scale each stream's chunks to its tokens.
+    emitted = sum(r.count_between(t0, t1) * r.usage["completion_tokens"] / len(r.stamps)
+                  for r in runs)
+    return emitted / (t1 - t0), wall
 
 
 def compile_ms(rounds: int = 20) -> float:
@@ -93,19 +114,24 @@ def measure(url: str, rounds: int, length: int, speculative: bool, streams: int
     order of the two sides alternates from round to round."""
     single: dict[bool, list[float]] = {True: [], False: []}
     multi: dict[bool, list[float]] = {True: [], False: []}
+    wall: dict[bool, list[float]] = {True: [], False: []}
     for r in range(rounds):
         for constrained in ((True, False) if r % 2 == 0 else (False, True)):
             single[constrained].append(
                 stream_tps(url, 100 + r, length, constrained, speculative)[0])
             if streams:
-                multi[constrained].append(concurrent_tps(url, streams, 200 + 10 * r, length,
-                                                         constrained, speculative))
-    return {"single stream": single, f"{streams} concurrent": multi}
+                decode, total = concurrent_tps(url, streams, 200 + 10 * r, length,
+                                               constrained, speculative)
+                multi[constrained].append(decode)
+                wall[constrained].append(total)
+    return {"single stream": single, f"{streams} concurrent": multi,
+            f"{streams} conc. wall": wall}
 
 
 def report(label: str, results: dict[str, dict[bool, list[float]]]) -> None:
     for name, runs in results.items():
-        if not runs[True]:
+        runs = {side: [x for x in xs if not math.isnan(x)] for side, xs in runs.items()}
+        if not runs[True] or not runs[False]:
             continue
         c, u = statistics.median(runs[True]), statistics.median(runs[False])
         per_round = " ".join(f"{a / b:.2f}" for a, b in zip(runs[True], runs[False]))
