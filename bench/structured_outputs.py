@@ -87,13 +87,19 @@ def concurrent_tps(url: str, n: int, seed: int, max_tokens: int, constrained: bo
             lambda i: stream_run(url, seed + i, max_tokens, constrained, speculative), range(n)))
         elapsed = time.perf_counter() - started
     wall = sum(r.usage["completion_tokens"] for r in runs) / elapsed
+    return all_decoding_tps(runs), wall
+
+
+def all_decoding_tps(runs: list) -> float:
+    """Tokens the streams emitted from the last one's first token to the first one's end /
+    that window (NaN when they never all decoded at once)."""
     t0, t1 = max(r.stamps[0] for r in runs), min(r.stamps[-1] for r in runs)
     if t1 <= t0:
-        return float("nan"), wall
+        return float("nan")
     # A chunk may carry more than one token: scale each stream's chunks to its tokens.
     emitted = sum(r.count_between(t0, t1) * r.usage["completion_tokens"] / len(r.stamps)
                   for r in runs)
-    return emitted / (t1 - t0), wall
+    return emitted / (t1 - t0)
 
 
 def compile_ms(rounds: int = 20) -> float:
