@@ -136,11 +136,13 @@ def measure(url: str, rounds: int, length: int, speculative: bool, streams: int
 
 def report(label: str, results: dict[str, dict[bool, list[float]]]) -> None:
     for name, runs in results.items():
-        runs = {side: [x for x in xs if not math.isnan(x)] for side, xs in runs.items()}
-        if not runs[True] or not runs[False]:
+        # Rounds where both sides have a figure (the decode window may be empty: NaN).
+        pairs = [(a, b) for a, b in zip(runs[True], runs[False])
+                 if not (math.isnan(a) or math.isnan(b))]
+        if not pairs:
             continue
-        c, u = statistics.median(runs[True]), statistics.median(runs[False])
-        per_round = " ".join(f"{a / b:.2f}" for a, b in zip(runs[True], runs[False]))
+        c, u = statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs)
+        per_round = " ".join(f"{a / b:.2f}" for a, b in pairs)
         print(f"speculation {label:3s} {name:14s} constrained {c:7.1f} tok/s  unconstrained "
               f"{u:7.1f} tok/s  ratio {c / u:.3f}  (rounds: {per_round})", flush=True)
 
