@@ -15,8 +15,8 @@ outputs").
 
 Speculative decoding is off by default: every request carries `"speculative": false`, so the
 ratio is the grammar's own cost (mask computation, masking) on plain decode steps. With it on,
-the ratio mostly measures how well suffix drafts predict each text (free text that falls into
-repetition is drafted whole, JSON much less), not the grammar. `--speculative on` measures
+the ratio mostly measures how well suffix drafts predict each text (the JSON's repeated keys,
+or free text that fell into repetition), not the grammar, and swings from run to run. `--speculative on` measures
 that side, `both` runs the two in one sitting (off, then on, on the same server).
 """
 
