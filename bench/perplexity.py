@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from bench._common import fmt, preload_note, table  # noqa: E402
+from bench._common import preload_note, table  # noqa: E402
 from switchyard.deploy.default_model import default_model_path  # noqa: E402
 from switchyard.proto.tokenizer_loading import load_tokenizer  # noqa: E402
 from switchyard.worker.kv_layout import kv_quant  # noqa: E402

@@ -30,7 +30,6 @@ from switchyard.worker.kv_layout import (
     apply_quant,
     attention_head_dims,
     check_quantizable,
-    is_attention_kv,
     kv_bytes_per_token,
     rotate_keys,
 )

@@ -190,6 +190,7 @@ def test_switching_turns_prefill_only_new_tokens():
     each conversation prefills only its new tokens plus at most one partial page (F4)."""
     g = Group(num_slots=1)
     hist = {"A": conv(1, 6 * P + 5), "B": conv(2, 7 * P + 9)}
+    prev_len: dict[str, int] = {}  # each conversation's previous prompt + reply
     for turn in range(8):
         name = "AB"[turn % 2]
         rid = f"{name}{turn}"
@@ -202,7 +203,6 @@ def test_switching_turns_prefill_only_new_tokens():
             # Stored tails: exactly the new tokens, plus the last reply token never fed back.
             assert g.prefilled_in(before) <= new + 1, (turn, g.prefilled_in(before), new)
             assert fin.num_cached_tokens >= len(hist[name]) - new - P
-        prev_len = locals().get("prev_len", {})
         prev_len[name] = len(hist[name]) + len(g.reply(rid))
         # next turn: the reply, then a ~tool result of 3 pages
         hist[name] = hist[name] + g.reply(rid) + conv(10 + turn, 3 * P + 1)
