@@ -159,12 +159,10 @@ def test_a_slots_images_follow_copies_and_truncation(twins):
     assert store.slot_images(0) == ()
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "gemma3"])
-def test_batched_decode_positions_each_row_after_its_own_images(twins, arch):
-    """A slot with images and a slot without decode in one batch: each row gives the tokens it
-    gives alone (a Qwen-VL row's text positions are offset by its images, the other's not)."""
-    _, loaded, reference = twins(arch)
-    images = [picture(8, 80, 56)]
+def image_and_text_slots(loaded, reference, image):
+    """A store whose slot 0 holds a prompt with `image` and slot 1 a text-only prompt, each
+    prefilled up to its last token; with each prompt's ids and mlx-vlm's greedy tokens."""
+    images = [image]
     messages, ids_a, inputs = prompt_of(reference, images)
     expected_a, _ = reference.generate(messages, images, MAX_TOKENS)
     text = [{"role": "user", "content": "A text-only question about boats."}]
@@ -173,8 +171,18 @@ def test_batched_decode_positions_each_row_after_its_own_images(twins, arch):
     spans = spans_of(loaded, ids_a, images, inputs)
     store = store_of(loaded)
     store.prefill_chunk(PrefillChunk(0, 0, tuple(ids_a[:-1]), spans,
-                                     (ImageData(spans[0].image_id, images[0]),)))
+                                     (ImageData(spans[0].image_id, image),)))
     store.prefill_chunk(PrefillChunk(1, 0, tuple(ids_b[:-1])))
+    return store, (ids_a, expected_a), (ids_b, expected_b)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "gemma3"])
+def test_batched_decode_positions_each_row_after_its_own_images(twins, arch):
+    """A slot with images and a slot without decode in one batch: each row gives the tokens it
+    gives alone (a Qwen-VL row's text positions are offset by its images, the other's not)."""
+    _, loaded, reference = twins(arch)
+    store, (ids_a, expected_a), (ids_b, expected_b) = image_and_text_slots(
+        loaded, reference, picture(8, 80, 56))
     got, last = ([], []), [ids_a[-1], ids_b[-1]]
     for _ in range(MAX_TOKENS):
         logits = store.decode([0, 1], [len(store.tokens[0]), len(store.tokens[1])], last)
@@ -193,17 +201,8 @@ def test_drafts_verify_to_mlx_vlms_greedy_tokens(twins, arch):
     verifies in one pass with a text-only slot (their M-RoPE offsets differ); Gemma 3's
     sliding-window rings verify a lone sequence."""
     _, loaded, reference = twins(arch)
-    images = [picture(9, 72, 52)]
-    messages, ids_a, inputs = prompt_of(reference, images)
-    expected_a, _ = reference.generate(messages, images, MAX_TOKENS)
-    text = [{"role": "user", "content": "A text-only question about boats."}]
-    expected_b, _ = reference.generate(text, [], MAX_TOKENS)
-    ids_b = [int(t) for t in np.asarray(reference.prompt(text, [])["input_ids"]).reshape(-1)]
-    spans = spans_of(loaded, ids_a, images, inputs)
-    store = store_of(loaded)
-    store.prefill_chunk(PrefillChunk(0, 0, tuple(ids_a[:-1]), spans,
-                                     (ImageData(spans[0].image_id, images[0]),)))
-    store.prefill_chunk(PrefillChunk(1, 0, tuple(ids_b[:-1])))
+    store, (ids_a, expected_a), (ids_b, expected_b) = image_and_text_slots(
+        loaded, reference, picture(9, 72, 52))
     batched = store.verifiable == "batched"
     assert store.verifiable == ("alone" if arch == "gemma3" else "batched")
     seqs = [(0, ids_a, expected_a)] + ([(1, ids_b, expected_b)] if batched else [])
