@@ -123,9 +123,8 @@ def test_family_serves_pages_and_switches(tiny_model_dir, family_groups, arch):
         assert again.usage.prompt_tokens_details.cached_tokens == held
         assert again.choices[0].text == tokenizer.decode(expected_follow,
                                                          skip_special_tokens=True)
-        restored = [e["num_restored_tokens"] for e in group.log_events("request.finished")
-                    if e.get("role") == "scheduler"]
-        assert restored[-1] == held, restored
+        [done] = group.wait_events("request.finished", rid=again.id, role="scheduler")
+        assert done["num_restored_tokens"] == held, done
     finally:
         family_groups.retire(group)
 

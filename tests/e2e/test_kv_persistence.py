@@ -91,8 +91,8 @@ def test_switching_turns_prefill_only_their_new_tokens(one_slot):
             assert prefilled(conv, i) <= new_tokens(conv, i) + P, (turn, conv.prompt_tokens,
                                                                    conv.cached_tokens)
         conv.add_tool_result(turn, as_tool_call=turn % 4 < 2)
-    restored = [e["num_restored_tokens"] for e in one_slot.log_events("request.finished")
-                if e.get("role") == "scheduler"]
+    restored = [e["num_restored_tokens"]
+                for e in one_slot.wait_events("request.finished", 8, role="scheduler")]
     assert sum(1 for r in restored if r > 0) >= 6, "every switch restores from disk"
 
 

@@ -39,12 +39,7 @@ def test_switching_turns_reread_only_new_tokens(kv8):
             assert prefilled(conv, i) <= new_tokens(conv, i) + P, (conv.prompt_tokens,
                                                                    conv.cached_tokens)
         conv.add_tool_result(turn, as_tool_call=turn % 2 == 0)
-    deadline = time.monotonic() + 30  # the scheduler logs a request after its reply
-    while True:
-        finished = [e for e in kv8.log_events("request.finished") if e.get("role") == "scheduler"]
-        if len(finished) >= 4 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    finished = kv8.wait_events("request.finished", 4, role="scheduler")
     assert [e["num_restored_tokens"] > 0 for e in finished] == [False, False, True, True]
 
 

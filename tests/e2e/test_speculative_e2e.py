@@ -55,8 +55,8 @@ def complete(oa, prompt, speculative: bool, max_tokens: int = MAX_TOKENS):
 
 
 def drafts_of(group, rid: str) -> tuple[int, int]:
-    [rec] = [r for r in group.log_events("request.finished")
-             if r.get("rid") == rid and "num_proposed_tokens" in r]
+    [rec] = [r for r in group.wait_events("request.finished", rid=rid, role="scheduler")
+             if "num_proposed_tokens" in r]
     return rec["num_proposed_tokens"], rec["num_accepted_tokens"]
 
 

@@ -104,8 +104,8 @@ def test_the_ranks_keep_the_same_verified_tokens(groups, reference, tiny_model_d
     served_completion(group, prompt_ids)
     reply = served_completion(group, prompt_ids)
     assert_same_as_reference(reply, tokenizer, expected, MAX_TOKENS)
-    [done] = [e for e in group.log_events("request.finished")
-              if e.get("rid") == reply.id and "num_accepted_tokens" in e]
+    [done] = [e for e in group.wait_events("request.finished", rid=reply.id, role="scheduler")
+              if "num_accepted_tokens" in e]
     assert done["num_accepted_tokens"] > MAX_TOKENS // 2
 
 

@@ -150,6 +150,20 @@ class ServerGroup:
                     events.append(record)
         return events
 
+    def wait_events(self, event: str, at_least: int = 1, timeout_s: float = 30.0,
+                    **fields) -> list[dict]:
+        """The `event` lines whose fields equal `fields`, once there are `at_least` of them
+        (or whatever there is after `timeout_s`). A service logs a request just after its
+        reply, and the log reaches the file through the supervisor, so a test that has its
+        reply may not have the line yet."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = [e for e in self.log_events(event)
+                     if all(e.get(k) == v for k, v in fields.items())]
+            if len(found) >= at_least or time.monotonic() > deadline:
+                return found
+            time.sleep(0.1)
+
     # -- processes ---------------------------------------------------------------------------
 
     @property
