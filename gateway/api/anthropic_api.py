@@ -33,7 +33,7 @@ from switchyard.gateway.streaming import sse_event
 from switchyard.gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_choice, check_tool_fields,
                                   function_tool, strict_tool_names)
 from switchyard.gateway.turn import TurnResult
-from switchyard.gateway.api.json_body import chat_limits, read_json
+from switchyard.gateway.api.json_body import message_limits, read_json
 from switchyard.gateway.api.validation import Fields, template_kwargs
 from switchyard.gateway.vision.parts import anthropic_image_block, has_part, mixed_parts
 from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
@@ -436,7 +436,7 @@ class AnthropicFormat:
 
 async def messages(request: Request) -> Response:
     gw = gateway_of(request)
-    parsed = parse_messages_request(await read_json(request, chat_limits(gw.settings.ctx)))
+    parsed = parse_messages_request(await read_json(request, message_limits(request)))
     message_id = "msg_" + secrets.token_hex(12)
     turn, submit = await start_chat(request, parsed.chat, rid=message_id, id_prefix="toolu_")
     fmt = AnthropicFormat(message_id, parsed.model or gw.model_id,
@@ -446,7 +446,7 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     gw = gateway_of(request)
-    parsed = parse_messages_request(await read_json(request, chat_limits(gw.settings.ctx)),
+    parsed = parse_messages_request(await read_json(request, message_limits(request)),
                                     count_only=True)
     chat, images = await prepare_images(gw, parsed.chat)
     # The same bounds as a turn (issue 23, #3).

@@ -180,18 +180,29 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def per_token(ctx: int) -> ListLimit:
-    """A list each element of which takes at least one token of the context (messages, input
-    items, a prompt's token ids)."""
-    return ListLimit(ctx, f"each takes at least one token of the {ctx}-token context",
-                     "context_length_exceeded")
+def per_token(ctx: int, num_tokens: int = 1) -> ListLimit:
+    """A list each element of which takes at least `num_tokens` tokens of the context
+    (messages, input items, a prompt's token ids)."""
+    if num_tokens == 1:
+        return ListLimit(ctx, f"each takes at least one token of the {ctx}-token context",
+                         "context_length_exceeded")
+    return ListLimit(ctx // num_tokens, f"each takes at least {num_tokens} tokens of the "
+                     f"{ctx}-token context", "context_length_exceeded")
 
 
-def chat_limits(ctx: int, key: str = "messages") -> dict[str, ListLimit]:
-    """Messages (or input items), tools, and any message's content parts (each adds to the
-    prompt: a million empty parts in one message took seconds to parse and join)."""
-    return {key: per_token(ctx), "content": per_token(ctx),
+def chat_limits(ctx: int, key: str = "messages", message_tokens: int = 1
+                ) -> dict[str, ListLimit]:
+    """Messages (or input items: `message_tokens` each, the fewest a chat message costs under
+    the model's template), tools, and any message's content parts (each adds to the prompt:
+    a million empty parts in one message took seconds to parse and join)."""
+    return {key: per_token(ctx, message_tokens), "content": per_token(ctx),
             "tools": ListLimit(MAX_TOOLS, "the most tools one request may define")}
+
+
+def message_limits(request: Any) -> dict[str, ListLimit]:
+    """`chat_limits` of a chat request's `messages` under the model's own chat template."""
+    gw = gateway_of(request)
+    return chat_limits(gw.settings.ctx, message_tokens=gw.message_tokens)
 
 
 async def read_json(request: Any, limits: dict[str, ListLimit]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from switchyard.gateway.errors import model_not_found
 from switchyard.gateway.prompting.prompts import build_submit, check_model, encode_prompt
 from switchyard.gateway.api.responses import ChatFormat, CompletionFormat, model_card, models_body
 from switchyard.gateway.turn import TextTurn
-from switchyard.gateway.api.json_body import chat_limits, per_token, read_json
+from switchyard.gateway.api.json_body import message_limits, per_token, read_json
 from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request
 from switchyard.gateway.request.model import header_priority
 from switchyard.proto.ids import new_rid
@@ -24,7 +24,7 @@ from switchyard.proto.ids import new_rid
 
 async def chat_completions(request: Request) -> Response:
     gw = gateway_of(request)
-    chat = parse_chat_request(await read_json(request, chat_limits(gw.settings.ctx)))
+    chat = parse_chat_request(await read_json(request, message_limits(request)))
     check_model(chat.options.model, gw.model_id, gw.model_aliases)
     rid = new_rid("chatcmpl")
     turn, submit = await start_chat(request, chat, rid=rid)

@@ -59,6 +59,28 @@ def render_chat(tokenizer: Any, chat: ChatRequest) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def fewest_tokens_per_message(tokenizer: Any) -> int:
+    """The fewest tokens one more message adds to a prompt under this chat template: an empty
+    user, assistant or tool message, each measured after the one its role follows (1 when the
+    template renders none of them, or has none). A request's message list can be refused
+    at the context over this before it is parsed whole (gateway/api/json_body.py)."""
+    def num_tokens(messages: list[dict]) -> int:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=False,
+                                             tokenize=False)
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    user, assistant = {"role": "user", "content": ""}, {"role": "assistant", "content": ""}
+    tool = {"role": "tool", "tool_call_id": "0", "content": ""}
+    costs = []
+    for before, message in (([user], assistant), ([user, assistant], user),
+                            ([user, assistant], tool)):
+        try:
+            costs.append(num_tokens(before + [message]) - num_tokens(before))
+        except Exception:  # a template that refuses this role or order: it costs nothing here
+            continue
+    return max(1, min(costs, default=1))
+
+
 def encode_prompt(tokenizer: Any, request: CompletionRequest) -> list[int]:
     """A completion prompt: text is encoded as the tokenizer does by default (BOS included)."""
     if isinstance(request.prompt, str):

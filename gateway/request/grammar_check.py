@@ -5,30 +5,39 @@ validated under the group's parser limits before the request is submitted, so a 
 400 naming what is wrong and a hostile one never reaches the worker. Validation can take
 without bound (llguidance's limits do not cover a JSON schema's `patternProperties`: 600
 patterns took 105 s, issue 23, finding 2), so it runs in a child process
-(`grammar_child.py`) that is killed when a check takes longer than `CHECK_TIMEOUT_S` (the
-grammar is then refused as too complex) or when the request's client leaves. A few children
-check at once (started with the gateway, and each killed one replaced at once); results are cached by the grammar's digest, refusals too, so a repeated grammar
-(an agent's tools, every turn) or a repeated bomb costs nothing.
+(`grammar_child.py`) at the lowest CPU priority, which the kernel ends when a check has used
+`CHECK_CPU_S` of CPU (the grammar is then refused as too complex), and which is killed when the
+request's client leaves. The bound is CPU, not wall time: checks only get what CPU the serving
+processes leave (a bomb beside a neighbour's prefill waits for it), so a busy machine makes a
+check slower, never a refusal. A check still waiting after `CHECK_TIMEOUT_S` is a 503 (busy;
+not remembered). A few children check at once (started with the gateway, and each ended one
+replaced at once); results are cached by the grammar's digest, refusals too, so a repeated
+grammar (an agent's tools, every turn) or a repeated bomb costs nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import signal
 import sys
 from collections import OrderedDict
 
 import structlog
 
-from switchyard.gateway.errors import invalid
+from switchyard.gateway.errors import APIError, invalid
 from switchyard.gateway.request.grammar_child import _LENGTH
 from switchyard.gateway.request.structured import Constraint
 
 log = structlog.get_logger()
 
-# A grammar that takes longer to validate is refused as too complex: a 64 KB schema of the
-# usual kinds takes well under 0.1 s; 300 patternProperties took 5.6 s.
-CHECK_TIMEOUT_S = 1.0
+# A grammar whose validation takes more CPU is refused as too complex: a 64 KB schema of the
+# usual kinds takes well under 0.1 s; 300 patternProperties took 5.6 s. (The kernel counts
+# whole seconds: a check may use between 1 and 2 s.)
+CHECK_CPU_S = 1.0
+# A check still waiting for its answer after this long (a machine too busy to give the child
+# CPU) is a 503, not remembered.
+CHECK_TIMEOUT_S = 30.0
 NUM_CHILDREN = 2
 # Children kept started beyond those checking: back-to-back schema bombs kill a child a
 # second, and a replacement takes about as long to start on a busy machine (bench/abuse.py:
@@ -43,9 +52,9 @@ class _Child:
         self.process = process
 
     @classmethod
-    async def start(cls) -> "_Child":
+    async def start(cls, cpu_s: float) -> "_Child":
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", _CHILD, stdin=asyncio.subprocess.PIPE,
+            sys.executable, "-m", _CHILD, "--cpu-s", str(cpu_s), stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         child = cls(process)
         await child.read()  # ready: llguidance imported
@@ -69,8 +78,9 @@ class _Child:
 
 
 class GrammarChecker:
-    def __init__(self, num_children: int = NUM_CHILDREN,
+    def __init__(self, num_children: int = NUM_CHILDREN, cpu_s: float = CHECK_CPU_S,
                  timeout_s: float = CHECK_TIMEOUT_S) -> None:
+        self.cpu_s = cpu_s
         self.timeout_s = timeout_s
         self.num_children = num_children
         self._slots = asyncio.Semaphore(num_children)
@@ -89,7 +99,7 @@ class GrammarChecker:
 
     def _start_spare(self) -> None:
         async def start() -> None:
-            self._idle.append(await _Child.start())
+            self._idle.append(await _Child.start(self.cpu_s))
 
         spare = asyncio.ensure_future(start())
         self._spares.add(spare)
@@ -99,7 +109,7 @@ class GrammarChecker:
         """An idle child; one being started if none is (rather than start another)."""
         while not self._idle and self._spares:
             await asyncio.wait(set(self._spares), return_when=asyncio.FIRST_COMPLETED)
-        return self._idle.pop() if self._idle else await _Child.start()
+        return self._idle.pop() if self._idle else await _Child.start(self.cpu_s)
 
     async def check(self, constraint: Constraint) -> None:
         """A 400 naming `constraint.param` unless its grammar is valid (cached)."""
@@ -123,11 +133,18 @@ class GrammarChecker:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     error = await child.check(grammar)
-            except TimeoutError:
-                self._kill(child, "timeout")
+            except asyncio.IncompleteReadError:  # the child ended: its CPU bound, or a crash
+                returncode = await child.process.wait()
+                self._kill(child, "cpu" if returncode == -signal.SIGXCPU else "crashed")
                 return (f"the grammar is too complex: it did not compile within "
-                        f"{self.timeout_s:g} s")
-            except BaseException:  # the client left (cancelled), or the child died
+                        f"{self.cpu_s:g} s of CPU")
+            except TimeoutError:
+                self._kill(child, "busy")
+                raise APIError(503, f"The server is too busy to check this grammar now "
+                                    f"(waited {self.timeout_s:g} s); try again shortly",
+                               type="server_error", code="overloaded",
+                               retry_after_s=5) from None
+            except BaseException:  # the client left (cancelled)
                 self._kill(child, "abandoned")
                 raise
             self._idle.append(child)

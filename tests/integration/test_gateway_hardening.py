@@ -7,6 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from switchyard.gateway.prompting.prompts import fewest_tokens_per_message
+
 from tests.integration.test_gateway import CHAT, JSON_TYPE, Finish, Tokens, assert_error
 from tests.integration.test_gateway_security import (  # noqa: F401  (module-scoped fixtures)
     fake, make_settings, runtime_dir, served, serving, tokenizer)
@@ -143,14 +145,28 @@ def rendering(served):
 
 
 def test_many_empty_messages_are_refused_before_tokenizing(http, served, fake, rendering):
-    ctx = served[1].state.gateway.settings.ctx
-    many = {"messages": [{"role": "user", "content": ""}] * (ctx + 1)}
+    gateway = served[1].state.gateway
+    ctx, per_message = gateway.settings.ctx, gateway.message_tokens
+    assert per_message > 1  # ChatML: a message is at least its role markers
+    many = {"messages": [{"role": "user", "content": ""}] * (ctx // per_message + 1)}
     for path in ("/v1/chat/completions", "/v1/messages/count_tokens"):
         response = http.post(path, json=many)
-        assert_api_error(response, path, 400, "context_length_exceeded")
-    response = http.post("/v1/responses", json={"input": many["messages"]})
+        error = assert_api_error(response, path, 400, "context_length_exceeded")
+        assert f"at least {per_message} tokens" in error["message"]
+    response = http.post("/v1/responses", json={"input": [many["messages"][0]] * (ctx + 1)})
     assert_error(response, 400, "context_length_exceeded")
     assert fake.submits() == [] and rendering == []
+
+
+def test_the_fewest_tokens_a_message_costs_is_a_true_bound(tokenizer):
+    """Alternating empty messages under the template cost at least `fewest_tokens_per_message`
+    each, so refusing `ctx // that + 1` of them before rendering refuses nothing that fits."""
+    per_message = fewest_tokens_per_message(tokenizer)
+    for count in (1, 2, 7, 40):
+        messages = [{"role": ("user", "assistant")[i % 2], "content": ""} for i in range(count)]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=False,
+                                             tokenize=False)
+        assert len(tokenizer.encode(text, add_special_tokens=False)) >= count * per_message
 
 
 @pytest.mark.parametrize("where", ["tool", "tool_call", "count_tokens"])

@@ -87,3 +87,15 @@ def test_a_messages_content_parts_are_bounded_too():
     fine = json.dumps({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "x"}] * 10}] * 30_000}).encode()
     assert len(parse(fine, chat_limits(40_000))["messages"]) == 30_000
+
+
+def test_messages_are_bounded_by_the_fewest_tokens_one_costs():
+    from switchyard.gateway.api.json_body import chat_limits
+
+    def body(count: int) -> bytes:
+        return json.dumps({"messages": [{"role": "user", "content": ""}] * count}).encode()
+
+    with pytest.raises(APIError) as caught:
+        parse(body(201), chat_limits(1000, message_tokens=5))
+    assert caught.value.param == "messages" and "at least 5 tokens" in caught.value.message
+    assert len(parse(body(200), chat_limits(1000, message_tokens=5))["messages"]) == 200
