@@ -61,8 +61,9 @@ def cut_before_images(req: Request, start: int, end: int, room: int, budget: Pre
                       ) -> tuple[int, int]:
     """Where a chunk ends so that the images whose encoding it starts fit its room (their
     cost counts as prefill tokens: step_budget.py), and that cost. An image that does not fit
-    waits for a later step, unless the chunk starts with it: then it goes now and the budget
-    takes the debt (an encoding cannot be split)."""
+    waits for a later step. One that starts the chunk and costs more than any step's room
+    (an encoding cannot be split) goes once the budget can afford it whole: no chunk
+    (`start`) until then."""
     cost = 0
     for image in req.images:
         if not start <= image.start < end:
@@ -70,6 +71,8 @@ def cut_before_images(req: Request, start: int, end: int, room: int, budget: Pre
         image_cost = budget.encode_tokens(image.num_tokens)
         if image.start > start and (image.start - start) + cost + image_cost > room:
             return image.start, cost
+        if image.start == start and image_cost > room and not budget.afford(image_cost):
+            return start, 0
         cost += image_cost
     return end, cost
 

@@ -17,9 +17,12 @@ The allowance accrues in a bucket: when a step's allowance is smaller than a use
 which keeps the average. With nothing decoding there is no one to protect: full chunks.
 
 An image's encoding (a vision model) counts as prefill tokens of the same cost: its measured
-seconds per placeholder token over the prefill's. It cannot be split, so a large image may
-spend more than the bucket holds; the bucket then goes into debt, and the steps after it decode
-only until the debt is paid, which keeps the average (docs/design.md "Images").
+seconds per placeholder token over the prefill's. It cannot be split, so while streams are
+protected, an encoding that costs more than a step's grant waits until the bucket has saved its
+whole cost (decode-only steps first, the stall after them): paying afterwards kept the average
+too, but a neighbour's request that ended right after an encoding left its stall unpaid inside
+its own window (bench/vision_interference.py measured 0.40 of solo speed). With nothing to
+protect it runs at once, and the bucket takes the debt (docs/design.md "Images").
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class PrefillBudget:
         self.prefill_token_s: float | None = None
         self.encode_token_s: float | None = None
         self.credit = 0.0
+        self.limited = False  # this step's grant protects decoding streams
+        self.saving = 0  # an encoding's cost the bucket saves up for (afford), 0: none
 
     def observe(self, num_decodes: int, decode_cycle_s: float, num_prefill: int,
                 prefill_s: float, num_encoded: int = 0, encode_s: float = 0.0) -> None:
@@ -69,11 +74,22 @@ class PrefillBudget:
     def grant(self, num_protected_decodes: int) -> int:
         """Tokens this step may prefill; call `spend` with what was used."""
         allowance = self.allowance(num_protected_decodes)
-        if allowance >= self.max_tokens:
+        self.limited = allowance < self.max_tokens
+        saving, self.saving = self.saving, 0  # asked for again by `afford` while it waits
+        if not self.limited:
             self.credit = 0.0
             return self.max_tokens
-        self.credit = min(self.credit + allowance, float(self.max_tokens))
-        return int(self.credit) if self.credit >= self.min_tokens else 0
+        self.credit = min(self.credit + allowance, float(max(self.max_tokens, saving)))
+        return min(int(self.credit), self.max_tokens) if self.credit >= self.min_tokens else 0
+
+    def afford(self, cost: int) -> bool:
+        """Whether an encoding of `cost` tokens that starts a chunk may run in this step:
+        the bucket holds its cost, or no stream is protected (then it takes the debt).
+        Otherwise the bucket saves up for it beyond a step's chunk, and it waits."""
+        if not self.limited or self.credit >= cost:
+            return True
+        self.saving = max(self.saving, cost)
+        return False
 
     def spend(self, num_tokens: int) -> None:
         """Tokens used, of this step's grant or beyond it (an image's encoding: a debt)."""

@@ -151,6 +151,34 @@ def test_an_image_that_does_not_fit_the_step_waits_for_the_next():
     assert budget.grant(1) == 0
 
 
+def test_an_encoding_dearer_than_a_step_waits_until_the_budget_has_saved_it():
+    """While a stream decodes, an image that costs more than a step's chunk is encoded only
+    once decode-only steps have saved its cost: the neighbour's stall comes after its share of
+    the time, never before it (a window ending right after an encoding stays at pace)."""
+    budget = PrefillBudget(64, 0.5)
+    budget.observe(1, 0.01, 100, 0.1)  # allowance: 0.85 * 10 ms of 1 ms tokens, 8.5 a step
+    budget.observe(0, 0.0, 0, 0.0, num_encoded=100, encode_s=0.2)  # 2 ms/token: 200 tokens
+    req = Request("r", tuple(range(300)), 4, SamplingParams(), frozenset(), "interactive", 0.0,
+                  images=(ImageSpan(X, 0, 100),))
+    steps = 0
+    while True:
+        steps += 1
+        room = budget.grant(1)
+        end, cost = cut_before_images(req, 0, 64, room, budget)
+        if end > 0:
+            break
+        assert room <= 64  # a saving bucket never grants a chunk beyond the step's
+        assert steps < 100
+    assert cost == 200 and steps == 24  # 200 / 8.5 steps of saving, then the encoding
+    budget.spend(64 + cost)
+    assert budget.grant(1) == 0  # the chunk's tokens are still owed
+    # With nothing decoding there is nothing to protect: at once, and the bucket takes it.
+    fresh = PrefillBudget(64, 0.5)
+    fresh.observe(1, 0.01, 100, 0.1)
+    fresh.observe(0, 0.0, 0, 0.0, num_encoded=100, encode_s=0.2)
+    assert cut_before_images(req, 0, 64, fresh.grant(0), fresh) == (64, 200)
+
+
 class RefusingWorker(Group):
     """A worker whose image processor refuses every image: chunks that carry files fail."""
 
