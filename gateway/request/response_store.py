@@ -28,26 +28,6 @@ DEFAULT_MAX_RESPONSES = 256
 DEFAULT_MAX_BYTES = 64 << 20
 
 
-def message_bytes(value: Any) -> int:
-    """About what a message holds: the length of its strings and byte strings (image files),
-    each occurrence counted (a bound's unit, not exact)."""
-    stack, total = [value], 0
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str | bytes):
-            total += len(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-            total += 8 * len(item)
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
-            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
-        else:
-            total += 8
-    return total
-
-
 @dataclass
 class _Held:
     message: dict[str, Any]
@@ -98,6 +78,14 @@ class _Interned:
             return dataclasses.replace(value, **changes) if changes else value
         self.size += 8
         return value
+
+
+def message_bytes(value: Any) -> int:
+    """About what a message holds, by the store's rule (`_Interned`: the length of its strings,
+    a few bytes per key or other value), its files counted at every occurrence."""
+    interned = _Interned({})
+    interned.copy(value)
+    return interned.size + sum(len(interned.files[d]) for d in interned.digests)
 
 
 class ResponseStore:
