@@ -57,7 +57,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="model path (default: the default model, fetched once)")
     ap.add_argument("--chunk", type=int, default=512, help="prefill chunk, as --prefill-chunk")
-    ap.add_argument("--kv-group-size", type=int, default=64)
+    ap.add_argument("--kv-group-size", type=int, default=0,
+                    help="0: as the server chooses (32 with 4 bits, 64 with 8)")
     ap.add_argument("--texts", nargs="*", default=sorted(p.name for p in TEXTS.glob("*.txt")))
     args = ap.parse_args()
     if preload_note():

@@ -76,7 +76,8 @@ def _plan(args: argparse.Namespace) -> int:
         overhead += state * snapshots / math.ceil(args.tokens / args.page_size)
     need = plan_budget(bpt, args.conversations, args.tokens, int(overhead), args.page_size)
     print(f"model            {ref} ({loaded.model_type})")
-    bits = f" ({args.kv_bits}-bit, groups of {args.kv_group_size})" if args.kv_bits else ""
+    bits = (f" ({args.kv_bits}-bit, groups of {loaded.kv_quant.group_size})" if args.kv_bits
+            else "")
     print(f"KV per token     {bpt:,} bytes{bits}" + (
         f" + {snapshots} state snapshots per conversation" if snapshots else ""))
     print(f"one conversation {format_size(need / args.conversations)} "

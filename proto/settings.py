@@ -113,7 +113,8 @@ class Settings:
     kv_bits: int = _opt("quantize attention KV in slots and pages to 8 or 4 bits (0: the "
                         "model's dtype); pages of another setting are never matched", default=0)
     kv_group_size: int = _opt("elements per quantization scale and bias with --kv-bits "
-                              "(32, 64 or 128; must divide the head dimension)", default=64)
+                              "(32, 64 or 128; must divide the head dimension; 0: 32 with "
+                              "4 bits, 64 with 8, or what divides it)", default=0)
     state_interval: int = _opt("hybrid models: tokens between recurrent-state snapshots of a "
                                "long prefill", default=4096)
     kv_protect_hours: float = _opt("pages of conversations active this recently are evicted "
@@ -229,8 +230,8 @@ class Settings:
             problems.append("--prefill-chunk must be at least 1")
         if self.kv_bits not in (0, 4, 8):
             problems.append("--kv-bits must be 8 or 4 (0 keeps the model's dtype)")
-        if self.kv_group_size not in (32, 64, 128):
-            problems.append("--kv-group-size must be 32, 64 or 128")
+        if self.kv_group_size not in (0, 32, 64, 128):
+            problems.append("--kv-group-size must be 32, 64 or 128 (0: chosen for --kv-bits)")
         if self.decode_burst < 1:
             problems.append("--decode-burst must be at least 1")
         if self.speculative in SPECULATIVE_LATER:

@@ -17,8 +17,12 @@ extracted to per-slot caches like the full-precision one.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 import mlx.core as mx
 from mlx import nn
@@ -26,6 +30,9 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from switchyard.worker.batch_kv import BatchQuantizedKV
 
 KV_GROUP_SIZES = (32, 64, 128)
+# `--kv-group-size 0`: the first of these that divides every head dimension. 4-bit keys need
+# the finer groups: SmolLM2's perplexity on code is +5.6% at 64, +4.3% at 32 (centred keys).
+PREFERRED_GROUP_SIZES = {8: (64, 32, 128), 4: (32, 64, 128)}
 
 
 class KVQuantError(ValueError):
@@ -37,16 +44,32 @@ class KVQuant:
     bits: int
     group_size: int
     rotated: bool = False  # keys (and queries) leave RoPE Hadamard-rotated: rotate_keys
+    centre: str = ""  # digest of the mean subtracted from every key (center_keys), or ""
 
     @property
     def tag(self) -> str:
-        """The setting as it enters the page namespace and logs: `q8g64`, `q4g32-h`."""
-        return f"q{self.bits}g{self.group_size}" + ("-h" if self.rotated else "")
+        """The setting as it enters the page namespace and logs: `q8g64`, `q4g32-h`,
+        `q4g64-hc1a2b3c4d` (keys centred by the mean with that digest)."""
+        return (f"q{self.bits}g{self.group_size}" + ("-h" if self.rotated else "")
+                + (f"c{self.centre}" if self.centre else ""))
 
 
-def kv_quant(bits: int, group_size: int) -> KVQuant | None:
-    """The quantization for `--kv-bits` (0: none) and `--kv-group-size`."""
+def kv_quant(bits: int, group_size: int = 0) -> KVQuant | None:
+    """The quantization for `--kv-bits` (0: none) and `--kv-group-size` (0: chosen by
+    `fit_group_size` once the head dimensions are known)."""
     return KVQuant(bits, group_size) if bits else None
+
+
+def fit_group_size(probe: list, quant: KVQuant) -> KVQuant:
+    """`quant` with its group size chosen when it is 0: the first preferred one for its bits
+    that divides every attention head dimension of `probe` (check_quantizable refuses the
+    model if none does)."""
+    if quant.group_size:
+        return quant
+    dims = attention_head_dims(probe)
+    preferred = PREFERRED_GROUP_SIZES[quant.bits]
+    fits = [g for g in preferred if all(d % g == 0 for d in dims)]
+    return dataclasses.replace(quant, group_size=(fits or preferred)[0])
 
 
 class QuantizedSlotCache(QuantizedKVCache):
@@ -111,10 +134,22 @@ class RotatedRoPE(nn.Module):
     def __init__(self, rope) -> None:
         super().__init__()
         self.inner = rope
+        # Subtracted from keys (center_keys): `[kv heads, 1, head dim]`. Keys are told from
+        # queries by their head count (fewer, grouped-query attention). Underscored names are
+        # not parameters of an MLX module.
+        self._key_shift: mx.array | None = None
+        self._sums: dict[int, tuple[mx.array, int]] | None = None  # calibrating: heads -> sum
 
     def __call__(self, x: mx.array, *args, **kwargs) -> mx.array:
         x = self.inner(x, *args, **kwargs)
-        return x @ hadamard(x.shape[-1], x.dtype)
+        x = x @ hadamard(x.shape[-1], x.dtype)
+        if self._sums is not None and x.ndim == 4:
+            total, count = self._sums.get(x.shape[1], (0, 0))
+            self._sums[x.shape[1]] = (total + x.astype(mx.float32).sum(axis=(0, 2)),
+                                      count + x.shape[0] * x.shape[2])
+        if self._key_shift is not None and x.ndim == 4 and x.shape[1] == len(self._key_shift):
+            x = x - self._key_shift
+        return x
 
 
 def rotate_keys(model: nn.Module, head_dims: list[int]) -> bool:
@@ -128,6 +163,75 @@ def rotate_keys(model: nn.Module, head_dims: list[int]) -> bool:
     for owner in owners:
         owner.rope = RotatedRoPE(owner.rope)
     return bool(owners)
+
+
+def center_keys(model: nn.Module, tokens: list[int]) -> str:
+    """Subtract from every key its layer's mean key, measured on `tokens`; the mean's digest
+    (for the KV form), or "" when nothing was centred.
+
+    A vector subtracted from every key changes each query's scores by one constant, which
+    softmax ignores, so attention is unchanged; what the mean removes is the part of the keys
+    that is the same for every token, which per-token quantization groups cannot (SmolLM2's
+    4-bit KV: docs/design.md "Quantized KV"). Only where keys have fewer heads than queries
+    (told apart by that), and only if the model's output on `tokens` is unchanged: attention
+    sinks or soft-capped scores would break the invariance, and then nothing is centred."""
+    ropes = [m for _, m in model.named_modules() if isinstance(m, RotatedRoPE)]
+    if not ropes:
+        return ""
+    inputs = mx.array(tokens)[None]
+    for rope in ropes:
+        rope._sums = {}
+    try:
+        plain = model(inputs)
+        mx.eval(plain)
+        shifts = [_key_mean(rope._sums) for rope in ropes]
+    finally:
+        for rope in ropes:
+            rope._sums = None
+    if any(shift is None for shift in shifts):
+        return ""
+    dtype = plain.dtype
+    shifts = [shift.astype(mx.float16).astype(dtype) for shift in shifts]  # fewer stray bits
+    for rope, shift in zip(ropes, shifts):
+        rope._key_shift = shift
+    centred = model(inputs)
+    if not _same_output(plain, centred):
+        for rope in ropes:
+            rope._key_shift = None
+        return ""
+    digest = hashlib.blake2b(digest_size=4)
+    for shift in shifts:
+        digest.update(np.asarray(shift.astype(mx.float32)).tobytes())
+    return digest.hexdigest()
+
+
+CALIBRATION_TOKENS = 512
+
+
+def calibration_tokens(vocab_size: int) -> list[int]:
+    """The fixed tokens the key means are measured on (seeded: the same on every start, so a
+    model's pages keep their KV form)."""
+    rng = np.random.default_rng(20261201)
+    return [int(t) for t in rng.integers(0, vocab_size, CALIBRATION_TOKENS)]
+
+
+def _key_mean(sums: dict[int, tuple[mx.array, int]]) -> mx.array | None:
+    """The mean key `[kv heads, 1, dim]`: of the calls with the fewest heads, when queries
+    (more heads) were seen too."""
+    if len(sums) != 2:
+        return None
+    total, count = sums[min(sums)]
+    return (total / count)[:, None, :]
+
+
+def _same_output(want: mx.array, got: mx.array) -> bool:
+    """Log-probabilities equal to the dtype's rounding (a broken invariance moves them by
+    far more)."""
+    tolerance = 1e-2 if want.dtype == mx.float32 else 0.25
+    want, got = (x.astype(mx.float32) for x in (want, got))
+    want = want - mx.logsumexp(want, axis=-1, keepdims=True)
+    got = got - mx.logsumexp(got, axis=-1, keepdims=True)
+    return float(mx.max(mx.abs(want - got)).item()) <= tolerance
 
 
 def attention_head_dims(probe: list) -> list[int]:

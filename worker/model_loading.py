@@ -30,6 +30,9 @@ from switchyard.worker.kv_layout import (
     apply_quant,
     attention_head_dims,
     check_quantizable,
+    fit_group_size,
+    calibration_tokens,
+    center_keys,
     kv_bytes_per_token,
     rotate_keys,
 )
@@ -113,13 +116,18 @@ def load_model(ref: str, kv_quant: KVQuant | None = None, prepare=None) -> Loade
     )
     if kv_quant is not None:
         probe = loaded.make_cache()
-        model(mx.array([[0]]), cache=probe)
+        vocab_size = model(mx.array([[0]]), cache=probe).shape[-1]
+        kv_quant = fit_group_size(probe, kv_quant)
         try:
             check_quantizable(probe, kv_quant)
         except KVQuantError as exc:
             raise ModelLoadError(f"{path}: {exc}") from None
         rotated = rotate_keys(model, attention_head_dims(probe))
-        loaded.kv_quant = dataclasses.replace(kv_quant, rotated=rotated)
+        # Not in a worker group: each rank holds some heads, and measuring the means runs
+        # the model, which there is a collective step of every rank.
+        centre = (center_keys(model, calibration_tokens(vocab_size))
+                  if rotated and prepare is None else "")
+        loaded.kv_quant = dataclasses.replace(kv_quant, rotated=rotated, centre=centre)
     return loaded
 
 

@@ -22,10 +22,11 @@ def test_cache_plan_sizes_linearly(tiny_model_dir, capsys):
 
 def test_cache_plan_counts_quantized_kv(tiny_model_dir, capsys):
     model = str(tiny_model_dir("qwen3"))
-    for bits, per_token in ((8, "1,152"), (4, "640")):  # packed + float32 scale and bias / 64
+    # packed + float32 scale and bias per group: of 64 with 8 bits, of 32 with 4 (the default)
+    for bits, per_token, group in ((8, "1,152", 64), (4, "768", 32)):
         assert main(["cache", "plan", "--model", model, "--conversations", "10",
                      "--tokens", "100000", "--kv-bits", str(bits)]) == 0
-        assert f"{per_token} bytes ({bits}-bit, groups of 64)" in capsys.readouterr().out
+        assert f"{per_token} bytes ({bits}-bit, groups of {group})" in capsys.readouterr().out
 
 
 def test_cache_plan_rejects_bad_numbers(capsys):

@@ -120,10 +120,12 @@ def test_group_size_that_does_not_divide_the_heads_is_refused(tiny_model_dir):
         load_model(str(tiny_model_dir("qwen3")), kv_quant(8, 128))
 
 
-def test_quantized_kv_rotates_keys_without_changing_attention(tiny_model_dir):
-    """With --kv-bits every RoPE is followed by a Hadamard rotation of queries and keys: the
-    cache holds rotated keys (what is quantized), attention gives what it gave (dot products
-    are kept), and the KV form names the rotation (pages of unrotated keys never match)."""
+def test_quantized_kv_rotates_and_centres_keys_without_changing_attention(tiny_model_dir):
+    """With --kv-bits every RoPE is followed by a Hadamard rotation of queries and keys, and
+    keys lose their layer's mean key: the cache holds rotated, centred keys (what is
+    quantized), attention gives what it gave (dot products are kept; a shift of every key
+    moves a query's scores by a constant), and the KV form names both (pages of other keys
+    never match)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from switchyard.worker.kv_layout import RotatedRoPE, hadamard
@@ -132,7 +134,12 @@ def test_quantized_kv_rotates_keys_without_changing_attention(tiny_model_dir):
     assert mx.allclose(h @ h, mx.eye(64), atol=1e-6)
     plain = load_model(str(tiny_model_dir("qwen3")))
     rotated = load_model(str(tiny_model_dir("qwen3")), kv_quant(8, 64))
-    assert rotated.kv_quant.rotated and rotated.kv_quant.tag == "q8g64-h"
+    centre = rotated.kv_quant.centre
+    assert rotated.kv_quant.rotated and len(centre) == 8
+    assert rotated.kv_quant.tag == f"q8g64-hc{centre}"
+    again = load_model(str(tiny_model_dir("qwen3")), kv_quant(4))
+    assert again.kv_quant.centre == centre  # the same mean on every start: pages still match
+    assert again.kv_quant.group_size == 32  # 4 bits: the finer groups, by default
     ropes = [m for _, m in rotated.model.named_modules() if isinstance(m, RotatedRoPE)]
     assert len(ropes) == len(rotated.model.layers)
     tokens = mx.array([[int(t) for t in np.random.default_rng(3).integers(5, 3000, 40)]])
@@ -140,5 +147,14 @@ def test_quantized_kv_rotates_keys_without_changing_attention(tiny_model_dir):
     want = plain.model(tokens, cache=caches[0])
     got = rotated.model(tokens, cache=caches[1])  # float caches: only the rotation differs
     assert mx.allclose(got, want, atol=1e-3, rtol=1e-4)
-    keys = caches[1][0].keys[..., :40, :]
+    shift = rotated.model.layers[0].self_attn.rope._key_shift
+    keys = caches[1][0].keys[..., :40, :] + shift
     assert mx.allclose(keys @ h, caches[0][0].keys[..., :40, :], atol=1e-4)
+    assert float(mx.abs(shift).max()) > 0
+
+
+def test_keys_are_not_centred_where_scores_are_not_shift_invariant(tiny_model_dir):
+    """gpt-oss's attention sinks take part in the softmax without a key: shifting every key
+    would change attention, which the check at load sees, so its keys are only rotated."""
+    loaded = load_model(str(tiny_model_dir("gpt_oss")), kv_quant(8, 32))
+    assert loaded.kv_quant.rotated and loaded.kv_quant.centre == ""

@@ -59,7 +59,7 @@ def test_served_model_names_repeat_and_round_trip(tmp_path):
 
 
 def test_kv_bits_and_group_size_are_checked():
-    assert (_parse(["--kv-bits", "8"]).kv_bits, _parse([]).kv_group_size) == (8, 64)
+    assert (_parse(["--kv-bits", "8"]).kv_bits, _parse([]).kv_group_size) == (8, 0)
     with pytest.raises(SettingsError, match="--kv-bits must be 8 or 4"):
         _parse(["--kv-bits", "3"])
     with pytest.raises(SettingsError, match="--kv-group-size must be 32, 64 or 128"):
