@@ -7,6 +7,11 @@ family's config is shrunk (4-6 layers, hidden 256, 8 experts) but keeps its shap
 windows, MoE, MLA, gated-delta layers, KV-shared layers, nested `text_config`. Every weight
 matrix is scaled by 4: at the default init greedy decoding collapses into repeating one token,
 which would make token-equality tests meaningless.
+
+`mtp=True` (qwen3_5, qwen3_5_moe) adds the multi-token-prediction head the published
+checkpoints carry: `mtp.*` tensors in Hugging Face's layout (RMSNorm weights stored as offsets
+from 1), drawn from mlx-vlm's own MTP drafter class, which also reads them back
+(worker/mtp.py); mlx-lm's loader drops them from the main model as it does for the real ones.
 """
 
 from __future__ import annotations
@@ -142,6 +147,8 @@ _ARCH_CONFIG = {
                                      "mscale": 1.0, "mscale_all_dim": 1.0,
                                      "llama_4_scaling_beta": 0.1}},
 }
+# Families whose published checkpoints carry `mtp.*` tensors the twin can imitate.
+MTP_ARCHS = ("qwen3_5", "qwen3_5_moe")
 # Published with the text model's config under `text_config` (vision parts left out).
 _NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "mistral3": "ministral3"}
 
@@ -208,6 +215,30 @@ def make_weights(config: dict, seed: int) -> dict[str, mx.array]:
     return weights
 
 
+def make_mtp_weights(config: dict, seed: int) -> dict[str, mx.array]:
+    """`mtp.*` tensors of a qwen3_5-family config, as a published checkpoint stores them.
+
+    The parameters of a freshly initialised mlx-vlm MTP drafter (its own class, so names and
+    shapes are what it loads), matrices scaled like the main model's, norms stored as HF's
+    zero-centred offsets (the drafter's sanitize adds the 1 back). Reseeds MLX's generator."""
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp import Model, ModelConfig
+
+    text = config["text_config"]
+    mx.random.seed(seed)
+    drafter = Model(ModelConfig.from_dict({"text_config": text}))
+    weights = {}
+    for name, w in tree_flatten(drafter.parameters()):
+        w = w.astype(mx.float32)
+        if w.ndim >= 2:
+            w = w * WEIGHT_SCALE
+        elif name.endswith("norm.weight") or name.endswith("norm_embedding.weight") \
+                or name.endswith("norm_hidden.weight"):
+            w = w - 1.0
+        weights[f"mtp.{name}"] = w
+    mx.eval(weights)
+    return weights
+
+
 def write_tiny_mlx(out: Path, arch: str = "qwen3", seed: int = 0, **sizes) -> Path:
     """Write a tiny MLX model directory to `out` and return it.
 
@@ -229,8 +260,11 @@ def write_tiny_mlx(out: Path, arch: str = "qwen3", seed: int = 0, **sizes) -> Pa
     return out
 
 
-def tiny_model_parts(arch: str = "qwen3", seed: int = 0, **sizes):
-    """(tokenizer files, special token ids, config, float32 weights) of a tiny model."""
+def tiny_model_parts(arch: str = "qwen3", seed: int = 0, mtp: bool = False, **sizes):
+    """(tokenizer files, special token ids, config, float32 weights) of a tiny model; `mtp`:
+    with the family's multi-token-prediction head (MTP_ARCHS)."""
+    if mtp and arch not in MTP_ARCHS:
+        raise ValueError(f"no MTP head for {arch!r}; supported: {', '.join(MTP_ARCHS)}")
     if arch in VISION_ARCHS:
         from switchyard.deploy.tiny_vision import vision_model_parts
 
@@ -238,11 +272,17 @@ def tiny_model_parts(arch: str = "qwen3", seed: int = 0, **sizes):
     files = tiny_tokenizer.tokenizer_files()
     token_ids = tiny_tokenizer.token_ids(files["tokenizer.json"])
     config = tiny_config(arch, token_ids, **sizes)
+    if mtp:  # as published: one MTP layer, sharing the main model's embeddings
+        config["text_config"] |= {"mtp_num_hidden_layers": 1,
+                                  "mtp_use_dedicated_embeddings": False}
     num_tokens = max(token_ids.values()) + 1
     # Larger is fine: unused rows, as in Qwen's vocabularies.
     if config.get("text_config", config)["vocab_size"] < num_tokens:
         raise ValueError(f"vocab_size must be at least the tokenizer's {num_tokens}")
-    return files, token_ids, config, make_weights(config, seed)
+    weights = make_weights(config, seed)
+    if mtp:
+        weights |= make_mtp_weights(config, seed + 1)
+    return files, token_ids, config, weights
 
 
 def _write_mlx_dir(d: Path, config: dict, weights: dict, files: dict[str, bytes], ids: dict) -> None:
