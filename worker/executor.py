@@ -149,8 +149,13 @@ class StepExecutor:
         store.truncate(item.slot, item.position)
         cache = store.parked(item.slot)
 
+        hiddens = []  # final hidden states per fed token, for an MTP drafter
+
         def logits_of(token: mx.array) -> mx.array:
-            return store.model(token[:, None], cache=cache)[:, -1, :]
+            logits = store.forward(token[:, None], cache)[:, -1, :]
+            if store.mtp is not None:
+                hiddens.append(store.last_hidden)
+            return logits
 
         def sample(logits: mx.array, index: int) -> mx.array:
             if constrained:
@@ -180,7 +185,8 @@ class StepExecutor:
                 break
             fed.append(token)
             y = sample(following, i + 1) if constrained else following
-        store.record(item.slot, fed)
+        store.record(item.slot, fed,
+                     mx.concatenate(hiddens[:len(fed)], axis=1) if hiddens else None)
         return tuple(sampled)
 
     def _verify(self, items: tuple[DecodeItem, ...], constrained: bool
