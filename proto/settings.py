@@ -70,8 +70,8 @@ def _user_runtime_dir() -> Path:
 
 # Speculative decoding's proposers (docs/design.md "Speculative decoding"); those of
 # SPECULATIVE_LATER are refused with one line.
-SPECULATIVE_MODES = ("auto", "suffix", "off")
-SPECULATIVE_LATER = ("draft", "mtp")
+SPECULATIVE_MODES = ("auto", "suffix", "mtp", "off")
+SPECULATIVE_LATER = ("draft",)
 
 # The model families' output formats (gateway/output/formats.py has their syntax).
 CHAT_FORMATS = ("auto", "hermes", "qwen3_coder", "harmony", "glm", "deepseek_v31", "minimax_m2",
@@ -126,7 +126,9 @@ class Settings:
     speculative: str = _opt("speculative decoding: auto (drafts copied from the "
                             "conversations' own text, as long as they pay on this machine), "
                             "suffix (every such draft whole, whatever a verify pass costs; "
-                            "refused where the model cannot verify) or off; draft and mtp are "
+                            "refused where the model cannot verify), mtp (drafts from the "
+                            "multi-token-prediction head the checkpoint ships: Qwen3.5's "
+                            "mtp.* tensors; refused where it ships none) or off; draft is "
                             "not available yet", default="auto")
     num_draft_tokens: int = _opt("most tokens proposed for one sequence in one step "
                                  "(speculative decoding's upper bound)", default=8)
@@ -235,7 +237,7 @@ class Settings:
             problems.append("--decode-burst must be at least 1")
         if self.speculative in SPECULATIVE_LATER:
             problems.append(f"--speculative {self.speculative} is not available yet (no draft "
-                            "model or multi-token-prediction proposer); use auto, suffix or off")
+                            "model proposer); use auto, suffix, mtp or off")
         elif self.speculative not in SPECULATIVE_MODES:
             problems.append(f"--speculative must be one of {', '.join(SPECULATIVE_MODES)}")
         if not 1 <= self.num_draft_tokens <= 64:

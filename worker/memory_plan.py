@@ -35,16 +35,20 @@ class MemoryPlan:
     # A vision-language model: the encoder's kept features and its activations for the
     # largest image (worker/vision/memory.py); its weights are in `weights`.
     vision: int = 0
+    # A drafter in the worker (worker/mtp.py: an MTP head): its weights and its KV for every
+    # slot at full context.
+    drafter: int = 0
 
     @property
     def total(self) -> int:
         return (self.runtime + self.weights + self.slot_kv + self.batch_kv + self.recurrent
-                + self.activations + self.page_buffers + self.vision)
+                + self.activations + self.page_buffers + self.vision + self.drafter)
 
     def as_fields(self) -> dict[str, int]:
         return {"runtime": self.runtime, "weights": self.weights, "slot_kv": self.slot_kv, "batch_kv": self.batch_kv,
                 "recurrent": self.recurrent, "activations": self.activations,
-                "page_buffers": self.page_buffers, "vision": self.vision, "total": self.total,
+                "page_buffers": self.page_buffers, "vision": self.vision,
+                "drafter": self.drafter, "total": self.total,
                 "limit": self.limit, "headroom": self.headroom}
 
     def describe(self) -> str:
@@ -74,7 +78,7 @@ def make_plan(*, runtime: int, weights: int, kv_bytes_per_token: int,
               recurrent_bytes_per_slot: int,
               num_slots: int, ctx: int, prefill_chunk: int, num_heads: int,
               hidden: int, intermediate: int, vocab: int, page_buffers: int,
-              limit: int, headroom: int, vision: int = 0) -> MemoryPlan:
+              limit: int, headroom: int, vision: int = 0, drafter: int = 0) -> MemoryPlan:
     slot_kv = num_slots * ctx * kv_bytes_per_token
     # While several slots decode together their KV is also held as one merged batch.
     batch_kv = slot_kv if num_slots > 1 else 0
@@ -85,7 +89,8 @@ def make_plan(*, runtime: int, weights: int, kv_bytes_per_token: int,
     activations = scores + mlp + num_slots * vocab * 4 * 2
     return MemoryPlan(runtime=runtime, weights=weights, slot_kv=slot_kv, batch_kv=batch_kv,
                       recurrent=num_slots * recurrent_bytes_per_slot, activations=activations,
-                      page_buffers=page_buffers, limit=limit, headroom=headroom, vision=vision)
+                      page_buffers=page_buffers, limit=limit, headroom=headroom, vision=vision,
+                      drafter=drafter)
 
 
 def check_plan(plan: MemoryPlan, num_slots: int, ctx: int, kv_bits: int = 0) -> None:

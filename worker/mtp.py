@@ -56,6 +56,24 @@ def ships_mtp(path: Path, model_type: str) -> bool:
     return model_type in MTP_MODEL_TYPES and bool(mtp_tensor_names(path))
 
 
+def mtp_drafter_for(loaded, speculative: str, in_group: bool) -> MTPDrafter | None:
+    """The MTP drafter `--speculative` asks for: with `mtp`, the checkpoint's head, refused in
+    one line where it ships none or this worker cannot run it; otherwise none."""
+    if speculative != "mtp":
+        return None
+    name = loaded.path.name
+    if not ships_mtp(loaded.path, loaded.model_type):
+        raise ModelLoadError(f"--speculative mtp: {name} ships no MTP heads; serve it with "
+                             f"--speculative auto, suffix or off")
+    if loaded.processor is not None:
+        raise ModelLoadError(f"--speculative mtp: {name} is served as a vision-language "
+                             f"model, whose passes do not hand their hidden states to an MTP "
+                             f"head yet; serve it with --speculative auto, suffix or off")
+    if in_group:
+        raise ModelLoadError("--speculative mtp runs on one worker; serve it without --hostfile")
+    return load_mtp_drafter(loaded.path, loaded.config, loaded.model)
+
+
 def _mtp_tensors(path: Path) -> dict[str, mx.array]:
     tensors = {}
     for f in sorted(path.glob("*.safetensors")):
@@ -80,8 +98,13 @@ def body_and_head(model: nn.Module):
 def load_mtp_drafter(path: Path, config: dict, model: nn.Module) -> MTPDrafter:
     """The checkpoint's MTP head as mlx-vlm's drafter class, bound to the main model's
     embedding and lm_head (it has none of its own)."""
-    from mlx_vlm.speculative.drafters.qwen3_5_mtp import Model, ModelConfig
+    try:
+        from mlx_vlm.speculative.drafters.qwen3_5_mtp import Model, ModelConfig
+    except ImportError as exc:
+        from switchyard.worker.vision.model import INSTALL_HINT
 
+        raise ModelLoadError(f"--speculative mtp runs the MTP head with mlx-vlm's class "
+                             f"({exc.name} is missing): {INSTALL_HINT}") from None
     tensors = _mtp_tensors(path)
     if not tensors:
         raise ModelLoadError(f"{path} ships no MTP heads")

@@ -45,6 +45,7 @@ from switchyard.worker.memory_plan import (
 )
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.model_loading import LoadedModel, load_model
+from switchyard.worker.mtp import mtp_drafter_for
 from switchyard.worker.sharding import check_splittable, split
 from switchyard.worker.slots import SlotStore
 from switchyard.worker.vision.memory import vision_bytes
@@ -121,9 +122,9 @@ def speculation_mode(settings: Settings, verifiable: str, kinds: str, log) -> st
     reason = (f"this model's layer caches ({kinds}) cannot take back rejected draft tokens "
               f"exactly")
     if not verifiable:
-        if settings.speculative == "suffix":
-            raise ModelLoadError(f"--speculative suffix: {reason}; serve it with "
-                                 f"--speculative auto or off")
+        if settings.speculative in ("suffix", "mtp"):
+            raise ModelLoadError(f"--speculative {settings.speculative}: {reason}; serve it "
+                                 f"with --speculative auto or off")
         log.warning("speculation.off", reason=reason)
     elif verifiable == "alone":
         log.info("speculation.alone", reason=f"sliding-window rings ({kinds}) are taken back "
@@ -149,9 +150,10 @@ def buffer_count(layout: PageLayout | None, settings: Settings,
 
 
 def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | None,
-                num_buffers: int | None = None, float_copies: int = 0):
+                num_buffers: int | None = None, float_copies: int = 0, drafter=None):
     """`float_copies`: bytes of the CPU's float32 copies of quantized matrices
-    (worker/cpu_weights.py), counted with the weights."""
+    (worker/cpu_weights.py), counted with the weights; `drafter`: an MTP head
+    (worker/mtp.py), its weights and its KV for every slot at full context."""
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
@@ -164,6 +166,8 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     per_token = loaded.kv_bytes_per_token + (0 if layout else unpaged_bytes_per_token(loaded))
     plan = make_plan(
         vision=vision_bytes(loaded, settings),
+        drafter=drafter.nbytes + settings.slots * settings.ctx * drafter.kv_bytes_per_token()
+        if drafter is not None else 0,
         # Measured after the model ran once, so the weights are resident: count them once.
         runtime=max(0, resident_bytes() - weights), weights=weights + float_copies,
         kv_bytes_per_token=per_token,
@@ -241,14 +245,15 @@ def run(settings: Settings) -> None:
         largest = group.all_max(layout.buffer_bytes if layout else 0) if group else 0
         num_buffers = buffer_count(layout, settings, largest)
         copies = copy_bytes(loaded.model) if float_copies_wanted() else 0
-        plan = plan_memory(loaded, settings, layout, num_buffers, copies)
+        drafter = mtp_drafter_for(loaded, settings.speculative, group is not None)
+        plan = plan_memory(loaded, settings, layout, num_buffers, copies, drafter)
         if copies and plan.total > plan.limit - plan.headroom:
             log.warning("worker.float_copies_skipped", bytes=copies,
                         reason="float32 copies of the quantized weights (CPU backend: its "
                                "quantized matmul is slow for more than one row) do not fit "
                                "the memory plan; forward passes use the quantized kernels")
             copies = 0
-            plan = plan_memory(loaded, settings, layout, num_buffers)
+            plan = plan_memory(loaded, settings, layout, num_buffers, drafter=drafter)
         if copies:
             add_float_copies(loaded.model)
         log.info("worker.memory_plan", kv_quant=kv_form(loaded),
@@ -271,6 +276,8 @@ def run(settings: Settings) -> None:
         log.error("worker.group_lost", reason=str(exc))
         sys.exit(1)
     store = make_store(loaded, settings, log)
+    if drafter is not None:
+        store.attach_mtp(drafter)
     try:
         speculation = speculation_mode(settings, store.verifiable, cache_kinds(loaded), log)
     except ModelLoadError as exc:

@@ -25,7 +25,7 @@ from switchyard.worker.drafters import DraftRow
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.executor import StepExecutor
 from switchyard.worker.model_loading import load_model
-from switchyard.worker.mtp import load_mtp_drafter, ships_mtp
+from switchyard.worker.mtp import load_mtp_drafter, mtp_drafter_for, ships_mtp
 from switchyard.worker.slots import SlotStore
 
 NEAR_TIE = 1e-4
@@ -143,6 +143,27 @@ def test_twin_head_loads_and_main_model_is_the_same(tiny_model_dir):
     assert drafter.nbytes > 0 and drafter.kv_bytes_per_token() > 0
     with pytest.raises(ModelLoadError, match="ships no MTP heads"):
         load_mtp_drafter(without.path, without.config, without.model)
+
+
+def test_speculative_mtp_loads_the_head_or_is_refused_in_one_line(tiny_model_dir):
+    from switchyard.proto.settings import Settings
+    from switchyard.worker.service import plan_memory
+
+    with_head = load_model(str(mtp_twin(tiny_model_dir)))
+    assert mtp_drafter_for(with_head, "auto", False) is None  # asked for by `mtp` only
+    drafter = mtp_drafter_for(with_head, "mtp", False)
+    settings = Settings(model=str(with_head.path), slots=2, ctx=1024, speculative="mtp")
+    plan = plan_memory(with_head, settings, None, 0, drafter=drafter)
+    assert plan.drafter == drafter.nbytes + 2 * 1024 * drafter.kv_bytes_per_token()
+    assert plan.total == plan_memory(with_head, settings, None, 0).total + plan.drafter
+    with pytest.raises(ModelLoadError, match="runs on one worker"):
+        mtp_drafter_for(with_head, "mtp", True)
+    for arch in ("qwen3_5", "qwen3"):
+        without = load_model(str(tiny_model_dir(arch)))
+        with pytest.raises(ModelLoadError) as exc:
+            mtp_drafter_for(without, "mtp", False)
+        assert str(exc.value) == (f"--speculative mtp: {without.path.name} ships no MTP heads; "
+                                  f"serve it with --speculative auto, suffix or off")
 
 
 def test_first_draft_is_mlx_vlms(tiny_model_dir):
