@@ -43,8 +43,8 @@ class Drafter(Protocol):
 
     def catch_up(self, slot: int, tokens: Sequence[int]) -> bool:
         """Bring the slot's state toward `tokens` (cutting what differs, feeding at most the
-        drafter's per-step bound); True when it holds all but the last token, i.e. the row
-        can be drafted for."""
+        drafter's per-step bound); True when the row can be drafted for in this step (what
+        it still lacks is a few tokens the draft pass itself feeds)."""
         ...
 
     def cut(self, slot: int, length: int) -> None:
@@ -66,3 +66,21 @@ def draft_end(draft: Sequence[int], stop_token_ids: Sequence[int]) -> int:
         if token in stop_token_ids:
             return i + 1
     return len(draft)
+
+
+def vocab_difference(model_vocab: dict[str, int], model_eos: set[int],
+                     draft_vocab: dict[str, int], draft_eos: set[int]) -> str:
+    """Why a draft model's tokenizer cannot draft for the model ('' when it can): its drafts
+    are token ids the model must read as the same text, and it must stop where the model does.
+    Compared: the vocabulary's size, its token -> id map, and the end-of-sequence ids."""
+    if len(model_vocab) != len(draft_vocab):
+        return f"vocabularies of {len(draft_vocab)} and {len(model_vocab)} tokens"
+    if model_vocab != draft_vocab:
+        token = next(t for t, i in sorted(draft_vocab.items(), key=lambda kv: kv[1])
+                     if model_vocab.get(t) != i)
+        return (f"token {token!r} is id {draft_vocab[token]} in the draft model's vocabulary "
+                f"and {model_vocab.get(token)} in the model's")
+    if set(model_eos) != set(draft_eos):
+        return (f"end-of-sequence ids {sorted(draft_eos)} (draft model) and "
+                f"{sorted(model_eos)} (model)")
+    return ""

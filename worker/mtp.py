@@ -56,21 +56,28 @@ def ships_mtp(path: Path, model_type: str) -> bool:
     return model_type in MTP_MODEL_TYPES and bool(mtp_tensor_names(path))
 
 
-def mtp_drafter_for(loaded, speculative: str, in_group: bool) -> MTPDrafter | None:
-    """The MTP drafter `--speculative` asks for: with `mtp`, the checkpoint's head, refused in
-    one line where it ships none or this worker cannot run it; otherwise none."""
-    if speculative != "mtp":
+def mtp_drafter_for(loaded, speculative: str, in_group: bool, log=None) -> MTPDrafter | None:
+    """The MTP drafter `--speculative` allows: the checkpoint's head with `mtp`, refused in
+    one line where it ships none or this worker cannot run it; with `auto`, the head where it
+    ships one and the worker can run it (a line says why not otherwise); none for the rest."""
+    if speculative not in ("mtp", "auto") or not ships_mtp(loaded.path, loaded.model_type):
+        if speculative == "mtp":
+            raise ModelLoadError(f"--speculative mtp: {loaded.path.name} ships no MTP heads; "
+                                 f"serve it with --speculative auto, suffix or off")
         return None
-    name = loaded.path.name
-    if not ships_mtp(loaded.path, loaded.model_type):
-        raise ModelLoadError(f"--speculative mtp: {name} ships no MTP heads; serve it with "
-                             f"--speculative auto, suffix or off")
+    why = ""
     if loaded.processor is not None:
-        raise ModelLoadError(f"--speculative mtp: {name} is served as a vision-language "
-                             f"model, whose passes do not hand their hidden states to an MTP "
-                             f"head yet; serve it with --speculative auto, suffix or off")
-    if in_group:
-        raise ModelLoadError("--speculative mtp runs on one worker; serve it without --hostfile")
+        why = ("it is served as a vision-language model, whose passes do not hand their "
+               "hidden states to an MTP head yet")
+    elif in_group:
+        why = "MTP drafts run on a single worker, not in a worker group"
+    if why and speculative == "mtp":
+        raise ModelLoadError(f"--speculative mtp: {loaded.path.name}: {why}; serve it with "
+                             f"--speculative auto, suffix or off")
+    if why:
+        if log is not None:
+            log.info("speculation.mtp_unused", reason=why)
+        return None
     return load_mtp_drafter(loaded.path, loaded.config, loaded.model)
 
 
@@ -149,6 +156,14 @@ class MTPDrafter:
         self._slots: dict[int, _Pairs] = {}
         self._seconds = 0.0
         self._passes = 0
+
+    @property
+    def pass_bytes(self) -> int:
+        """Bytes one draft pass reads: the head's weights and the model's lm_head."""
+        head = getattr(self.logits, "__self__", self.logits)  # embed_tokens.as_linear
+        from mlx.utils import tree_flatten
+
+        return self.nbytes + sum(v.nbytes for _, v in tree_flatten(head.parameters()))
 
     @property
     def nbytes(self) -> int:

@@ -104,6 +104,23 @@ class SlotStore:
             raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         del self.tokens[slot][length:]
 
+    def cut_back(self, slot: int, length: int) -> None:
+        """`truncate` for a slot that may be a row of the decode batch: where every layer of
+        the batch cuts rows (attention KV), the row is cut there and the batch kept (a draft
+        model's rejected tokens, every step); otherwise the slot is truncated."""
+        held = len(self.tokens[slot])
+        if length >= held:
+            return
+        batch = self._batch if slot in self._batch_slots else None
+        if batch is None or not self.trimmable or \
+                not all(hasattr(c, "trim_rows") for c in leaves(batch)):
+            self.truncate(slot, length)
+            return
+        self._cut(batch, [held - length if s == slot else 0 for s in self._batch_slots])
+        del self.tokens[slot][length:]
+        if max(c.lag for c in leaves(batch)) > _MAX_LAG:
+            self._unbatch()
+
     def prefill_chunk(self, chunk: PrefillChunk) -> None:
         """A step's prefill chunk (a vision store adds its images: worker/vision/slots.py)."""
         self.prefill(chunk.slot, chunk.start, list(chunk.token_ids))

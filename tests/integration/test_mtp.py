@@ -48,7 +48,7 @@ class Driver:
             edit(loaded.model, self.drafter.head)
         self.store = SlotStore(loaded.model, loaded.make_cache, 2 * num_seqs, 1024)
         self.store.attach_mtp(self.drafter)
-        self.ex = StepExecutor(self.store, None, None)
+        self.ex = StepExecutor(self.store, None, None, drafter=self.drafter)
         self.n = num_seqs
         self.step = 0
         for s in range(num_seqs):
@@ -95,18 +95,13 @@ class Driver:
                 items = [DecodeItem(self.n + s, len(PROMPTS[s]) - 1 + len(out[s]), inputs[s],
                                     greedy, len(out[s]), burst_limit=min(3, length - len(out[s])))]
                 done = self.run(decodes=tuple(items), num_decode_steps=3)
-            else:
-                rows = [DraftRow(self.n + s, self.store.tokens[self.n + s] + [inputs[s]],
-                                 min(k, length - len(out[s]) - 1), STOP) for s in live]
-                assert all(self.drafter.catch_up(r.slot, r.tokens) for r in rows)
-                drafts = self.drafter.propose(rows)
-                items = []
-                for s, draft in zip(live, drafts):
-                    stats["proposed"] += len(draft)
-                    items.append(DecodeItem(self.n + s, len(PROMPTS[s]) - 1 + len(out[s]),
-                                            inputs[s], greedy, len(out[s]),
-                                            burst_limit=length - len(out[s]),
-                                            stop_token_ids=STOP, draft=draft))
+            else:  # the worker's drafter drafts for the rows that ask (draft_tokens)
+                for s in live:
+                    assert self.drafter.catch_up(self.n + s, self.store.tokens[self.n + s]
+                                                 + [inputs[s]])
+                items = [DecodeItem(self.n + s, len(PROMPTS[s]) - 1 + len(out[s]), inputs[s],
+                                    greedy, len(out[s]), burst_limit=length - len(out[s]),
+                                    stop_token_ids=STOP, draft_tokens=k) for s in live]
                 done = self.run(decodes=tuple(items))
             stats["steps"] += 1
             emitted = {item.slot: [] for item in items}
@@ -114,8 +109,10 @@ class Driver:
                 emitted[t.slot].append(t.token_id)
                 out[t.slot - self.n].append(t.token_id)
                 inputs[t.slot - self.n] = t.token_id
+            for draft in done.drafts:
+                stats["proposed"] += len(draft.token_ids)
+                stats["accepted"] += num_accepted(draft.token_ids, emitted[draft.slot])
             for item in items:
-                stats["accepted"] += num_accepted(item.draft, emitted[item.slot])
                 s = item.slot - self.n
                 assert self.store.tokens[item.slot] == PROMPTS[s] + out[s][:-1]
         return [o[:length] for o in out], stats
@@ -150,16 +147,19 @@ def test_speculative_mtp_loads_the_head_or_is_refused_in_one_line(tiny_model_dir
     from switchyard.worker.service import plan_memory
 
     with_head = load_model(str(mtp_twin(tiny_model_dir)))
-    assert mtp_drafter_for(with_head, "auto", False) is None  # asked for by `mtp` only
     drafter = mtp_drafter_for(with_head, "mtp", False)
-    settings = Settings(model=str(with_head.path), slots=2, ctx=1024, speculative="mtp")
-    plan = plan_memory(with_head, settings, None, 0, drafter=drafter)
-    assert plan.drafter == drafter.nbytes + 2 * 1024 * drafter.kv_bytes_per_token()
-    assert plan.total == plan_memory(with_head, settings, None, 0).total + plan.drafter
-    with pytest.raises(ModelLoadError, match="runs on one worker"):
+    assert mtp_drafter_for(with_head, "auto", False) is not None  # auto: where shipped
+    assert mtp_drafter_for(with_head, "suffix", False) is None
+    assert mtp_drafter_for(with_head, "auto", True) is None  # a group: not there
+    with pytest.raises(ModelLoadError, match="single worker"):
         mtp_drafter_for(with_head, "mtp", True)
+    settings = Settings(model=str(with_head.path), slots=2, ctx=1024, speculative="mtp")
+    plan = plan_memory(with_head, settings, None, 0, mtp=drafter)
+    assert plan.draft == drafter.nbytes + 2 * 1024 * drafter.kv_bytes_per_token()
+    assert plan.total == plan_memory(with_head, settings, None, 0).total + plan.draft
     for arch in ("qwen3_5", "qwen3"):
         without = load_model(str(tiny_model_dir(arch)))
+        assert mtp_drafter_for(without, "auto", False) is None
         with pytest.raises(ModelLoadError) as exc:
             mtp_drafter_for(without, "mtp", False)
         assert str(exc.value) == (f"--speculative mtp: {without.path.name} ships no MTP heads; "

@@ -66,17 +66,17 @@ def test_kv_bits_and_group_size_are_checked():
         _parse(["--kv-bits", "4", "--kv-group-size", "48"])
 
 
-def test_speculative_modes_are_checked_and_the_later_ones_refused_in_one_line():
+def test_speculative_modes_are_checked():
     assert Settings().speculative == "auto" and Settings().num_draft_tokens == 8
     Settings(speculative="off").validate()
     Settings(speculative="suffix", num_draft_tokens=16).validate()
     # mtp is a valid setting; whether the model ships MTP heads is the worker's to say
     # (tests/integration/test_mtp.py)
     assert _parse(["--speculative", "mtp"]).speculative == "mtp"
-    for later in ("draft",):
-        with pytest.raises(SettingsError, match=f"--speculative {later} is not available yet"):
-            Settings(speculative=later).validate()
-    with pytest.raises(SettingsError, match="--speculative must be one of auto, suffix, mtp, off"):
+    with pytest.raises(SettingsError, match="--draft-model is unused with --speculative mtp"):
+        Settings(speculative="mtp", draft_model="/models/small").validate()
+    with pytest.raises(SettingsError,
+                       match="--speculative must be one of auto, suffix, draft, mtp, off"):
         Settings(speculative="ngram").validate()
     with pytest.raises(SettingsError, match="--num-draft-tokens must be 1..64"):
         Settings(num_draft_tokens=0).validate()
