@@ -224,7 +224,7 @@ class MTPDrafter:
 
     def propose(self, rows: Sequence[DraftRow]) -> list[tuple[int, ...]]:
         started = time.perf_counter()
-        out = []
+        out, longest = [], 0
         for row in rows:
             if row.max_tokens < 1 or not self.ready(row.slot, len(row.tokens)):
                 out.append(())
@@ -240,8 +240,11 @@ class MTPDrafter:
             for c in pairs.cache:  # only pairs of the main model's hidden states stay
                 c.trim(row.max_tokens)
             del pairs.ids[before:]
-            self._passes += row.max_tokens
+            longest = max(longest, row.max_tokens)
             out.append(tuple(draft[:draft_end(draft, row.stop_token_ids)]))
+        # A "pass" drafts one token for every row (as a draft model's batched pass does):
+        # the scheduler weighs a draft token's cost by it.
+        self._passes += longest
         self._seconds += time.perf_counter() - started
         return out
 

@@ -66,6 +66,20 @@ def test_kv_bits_and_group_size_are_checked():
         _parse(["--kv-bits", "4", "--kv-group-size", "48"])
 
 
+def test_a_draft_model_goes_with_auto_or_draft_and_a_single_worker():
+    Settings(draft_model="small.gguf").validate()
+    Settings(draft_model="small.gguf", speculative="draft").validate()
+    with pytest.raises(SettingsError, match="--speculative draft needs --draft-model PATH"):
+        Settings(speculative="draft").validate()
+    for mode in ("suffix", "mtp", "off"):
+        with pytest.raises(SettingsError,
+                           match=f"--draft-model is unused with --speculative {mode}"):
+            Settings(draft_model="small.gguf", speculative=mode).validate()
+    with pytest.raises(SettingsError, match="--draft-model runs on a single worker"):
+        Settings(draft_model="small.gguf", hostfile="hosts.json").validate()
+    assert _parse(["--draft-model", "small.gguf"]).draft_model == "small.gguf"
+
+
 def test_speculative_modes_are_checked():
     assert Settings().speculative == "auto" and Settings().num_draft_tokens == 8
     Settings(speculative="off").validate()
@@ -73,8 +87,6 @@ def test_speculative_modes_are_checked():
     # mtp is a valid setting; whether the model ships MTP heads is the worker's to say
     # (tests/integration/test_mtp.py)
     assert _parse(["--speculative", "mtp"]).speculative == "mtp"
-    with pytest.raises(SettingsError, match="--draft-model is unused with --speculative mtp"):
-        Settings(speculative="mtp", draft_model="/models/small").validate()
     with pytest.raises(SettingsError,
                        match="--speculative must be one of auto, suffix, draft, mtp, off"):
         Settings(speculative="ngram").validate()
