@@ -1,6 +1,7 @@
 """Multi-token-prediction drafts (docs/design.md "Speculative decoding"): the MTP head a
-checkpoint ships beside its main model (Qwen3.5's `mtp.*` tensors, which mlx-lm drops when it
-loads the main model), run by mlx-vlm's own drafter class (mlx_vlm.speculative.drafters).
+checkpoint ships beside its main model (the `mtp.*` tensors of Qwen3.5 and Qwen3-Next, which
+mlx-lm drops when it loads the main model), read by mlx-vlm's own MTP splitter and run by its
+drafter class (mlx_vlm.speculative.drafters: qwen3_5_mtp).
 
 The head predicts the token after next from a pair: the main model's final hidden state at a
 position i and the embedding of the token at i + 1, (h_i, t_{i+1}) -> t_{i+2}, through an
@@ -34,8 +35,8 @@ from switchyard.worker.drafters import DraftRow, draft_end
 from switchyard.worker.errors import ModelLoadError
 
 # Model types (mlx-lm's, of the main model) whose checkpoints may ship an MTP head that
-# mlx-vlm's qwen3_5_mtp drafter class runs.
-MTP_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
+# mlx-vlm's qwen3_5_mtp drafter class runs (its splitters for them build that class).
+MTP_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 
 def mtp_tensor_names(path: Path) -> list[str]:
@@ -81,17 +82,6 @@ def mtp_drafter_for(loaded, speculative: str, in_group: bool, log=None) -> MTPDr
     return load_mtp_drafter(loaded.path, loaded.config, loaded.model)
 
 
-def _mtp_tensors(path: Path) -> dict[str, mx.array]:
-    tensors = {}
-    for f in sorted(path.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(size))
-        if any(k.startswith("mtp.") for k in header):
-            tensors |= {k: v for k, v in mx.load(str(f)).items() if k.startswith("mtp.")}
-    return tensors
-
-
 def body_and_head(model: nn.Module):
     """The main model split at its final hidden state: (body(inputs, cache) -> normed hidden
     [B, L, H], head(hidden) -> logits), computing exactly what model(inputs, cache) does."""
@@ -103,27 +93,22 @@ def body_and_head(model: nn.Module):
 
 
 def load_mtp_drafter(path: Path, config: dict, model: nn.Module) -> MTPDrafter:
-    """The checkpoint's MTP head as mlx-vlm's drafter class, bound to the main model's
-    embedding and lm_head (it has none of its own)."""
+    """The checkpoint's MTP head, as mlx-vlm's splitter loads it in memory (its tensors
+    selected, sanitized for the checkpoint's layout, quantized as the checkpoint says) into
+    its drafter class, bound to the main model's embedding and lm_head (it has none of its
+    own)."""
     try:
-        from mlx_vlm.speculative.drafters.qwen3_5_mtp import Model, ModelConfig
+        from mlx_vlm.speculative.drafters.mtp_split import detect_mtp_splitter
     except ImportError as exc:
         from switchyard.worker.vision.model import INSTALL_HINT
 
         raise ModelLoadError(f"--speculative mtp runs the MTP head with mlx-vlm's class "
                              f"({exc.name} is missing): {INSTALL_HINT}") from None
-    tensors = _mtp_tensors(path)
-    if not tensors:
+    splitter = detect_mtp_splitter(path) if mtp_tensor_names(path) else None
+    if splitter is None or splitter.output_model_type != "qwen3_5_mtp":
         raise ModelLoadError(f"{path} ships no MTP heads")
-    text = config.get("text_config", config)
-    head = Model(ModelConfig.from_dict({"text_config": text}))
-    weights = head.sanitize(tensors)  # HF layout: norms stored as offsets from 1, experts
-    quant = config.get("quantization")
-    if quant and any(k.endswith(".scales") for k in weights):
-        nn.quantize(head, group_size=quant["group_size"], bits=quant["bits"],
-                    class_predicate=lambda p, m: f"{p}.scales" in weights)
     try:
-        head.load_weights(list(weights.items()), strict=True)
+        head = splitter.load(path)
     except ValueError as exc:
         raise ModelLoadError(f"{path}: its mtp.* tensors do not fit the MTP head: {exc}") from None
     if mx.default_device().type == mx.DeviceType.cpu:  # as worker/model_loading.py does

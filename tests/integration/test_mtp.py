@@ -128,15 +128,26 @@ def assert_same(reference, gaps, got):
             assert out == ref
 
 
-def test_twin_head_loads_and_main_model_is_the_same(tiny_model_dir):
-    with_head = load_model(str(mtp_twin(tiny_model_dir)))
-    without = load_model(str(tiny_model_dir("qwen3_5")))
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+def test_twin_head_loads_and_main_model_is_the_same(tiny_model_dir, arch):
+    """qwen3_5: an MLX-layout checkpoint; qwen3_next: Hugging Face's layout, main model and
+    head (deploy/tiny_models.py)."""
+    with_head = load_model(str(mtp_twin(tiny_model_dir, arch)))
+    without = load_model(str(tiny_model_dir(arch)))
     assert ships_mtp(with_head.path, with_head.model_type)
     assert not ships_mtp(without.path, without.model_type)
     x = mx.array([PROMPTS[0]])
     assert mx.array_equal(with_head.model(x), without.model(x))  # mlx-lm dropped mtp.*
     drafter = load_mtp_drafter(with_head.path, with_head.config, with_head.model)
     assert type(drafter.head).__module__.startswith("mlx_vlm.speculative.drafters.qwen3_5_mtp")
+    # the head's weights are the drawn ones, whichever layout stored them
+    from mlx.utils import tree_flatten
+
+    from switchyard.deploy.tiny_models import make_mtp_weights
+
+    drawn = make_mtp_weights(with_head.config, 1)  # the twin's seed 0 + 1, MLX layout
+    for name, w in tree_flatten(drafter.head.parameters()):
+        assert mx.allclose(w, drawn[f"mtp.{name}"]), name
     assert drafter.nbytes > 0 and drafter.kv_bytes_per_token() > 0
     with pytest.raises(ModelLoadError, match="ships no MTP heads"):
         load_mtp_drafter(without.path, without.config, without.model)
@@ -190,7 +201,7 @@ def test_first_draft_is_mlx_vlms(tiny_model_dir):
         assert list(draft) == block[0].tolist()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
 def test_greedy_with_mtp_drafts_equals_plain(tiny_model_dir, arch):
     d = Driver(mtp_twin(tiny_model_dir, arch))
     reference, gaps = d.plain(24)
