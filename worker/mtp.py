@@ -208,28 +208,36 @@ class MTPDrafter:
         return self.ready(slot, len(tokens))
 
     def propose(self, rows: Sequence[DraftRow]) -> list[tuple[int, ...]]:
+        """Each ready row's draft: its chain of head passes, built lazily for every row and
+        evaluated together (the rows' head caches differ in length, so each row runs its own
+        passes); the chained entries are taken back afterwards."""
         started = time.perf_counter()
-        out, longest = [], 0
+        chains = []
         for row in rows:
             if row.max_tokens < 1 or not self.ready(row.slot, len(row.tokens)):
-                out.append(())
+                chains.append(None)
                 continue
             pairs = self._slots[row.slot]
-            before = len(pairs.ids)
-            token, h, draft = mx.array([[row.tokens[-1]]]), pairs.pending, []
-            for i in range(row.max_tokens):  # one lazy graph, evaluated once
+            token, h, chain = mx.array([[row.tokens[-1]]]), pairs.pending, []
+            for i in range(row.max_tokens):
                 h = self._forward(pairs, token, h, pairs.next_id + i)
                 token = mx.argmax(self.logits(h), axis=-1)
-                draft.append(token)
-            draft = mx.concatenate(draft, axis=1)[0].tolist()
-            for c in pairs.cache:  # only pairs of the main model's hidden states stay
-                c.trim(row.max_tokens)
-            del pairs.ids[before:]
-            longest = max(longest, row.max_tokens)
+                chain.append(token)
+            chains.append(mx.concatenate(chain, axis=1)[0])
+        mx.eval([c for c in chains if c is not None])
+        out = []
+        for row, chain in zip(rows, chains):
+            if chain is None:
+                out.append(())
+                continue
+            for c in self._slots[row.slot].cache:  # only pairs of the model's own hidden
+                c.trim(row.max_tokens)               # states stay
+            draft = chain.tolist()
             out.append(tuple(draft[:draft_end(draft, row.stop_token_ids)]))
         # A "pass" drafts one token for every row (as a draft model's batched pass does):
         # the scheduler weighs a draft token's cost by it.
-        self._passes += longest
+        self._passes += max((r.max_tokens for r, c in zip(rows, chains) if c is not None),
+                            default=0)
         self._seconds += time.perf_counter() - started
         return out
 
@@ -247,6 +255,11 @@ class MTPDrafter:
             c.trim(drop)
         del pairs.ids[len(pairs.ids) - drop:]
         pairs.next_id, pairs.pending = length - 1, None
+
+    def cache_tokens(self, slot: int) -> int:
+        """Pairs the slot's head KV holds."""
+        pairs = self._slots.get(slot)
+        return pairs.cache[0].offset if pairs is not None else 0
 
     def release(self, slot: int) -> None:
         self._slots.pop(slot, None)

@@ -238,3 +238,34 @@ def test_agreeing_head_gets_drafts_accepted(tiny_model_dir):
     got, stats = d.with_drafts(32)
     assert_same(reference, gaps, got)
     assert stats["accepted"] >= stats["proposed"] // 2 > 0, stats
+
+
+def test_the_heads_state_follows_the_slot_through_gaps_and_cuts(tiny_model_dir):
+    """Pairs exist only with the model's own hidden states: a slot whose tokens arrive
+    without them (pages loaded) drafts again once a pass gives one; a cut drops the pairs
+    past it and the hidden state it cut; a released slot starts over."""
+    loaded = load_model(str(mtp_twin(tiny_model_dir)))
+    drafter = load_mtp_drafter(loaded.path, loaded.config, loaded.model)
+    hidden = lambda n: mx.random.normal((1, n, 256))  # noqa: E731 (the twin's hidden size)
+    drafter.observe(0, 0, list(range(10, 20)), hidden(10))  # a prefill: pairs 0..8, h_9 kept
+    assert drafter.ready(0, 11) and not drafter.ready(0, 12)
+    assert drafter._slots[0].ids == list(range(9))
+    [draft] = drafter.propose([DraftRow(0, list(range(10, 21)), 3)])
+    assert len(draft) == 3 and drafter._slots[0].ids == list(range(9))  # taken back
+    drafter.observe(0, 10, [20], hidden(1))  # a decode step: pair 9, h_10 kept
+    assert drafter.ready(0, 12) and drafter._slots[0].ids == list(range(10))
+    drafter.observe(0, 30, [5, 6, 7], hidden(3))  # tokens 11..29 came from pages
+    assert drafter._slots[0].ids == list(range(10)) + [30, 31]
+    assert drafter.ready(0, 34) and drafter.catch_up(0, list(range(34)))
+    drafter.cut(0, 31)  # the slot keeps 31 tokens: pairs 30+ and h_32 go
+    assert drafter._slots[0].ids == list(range(10)) and not drafter.ready(0, 32)
+    assert drafter.propose([DraftRow(0, list(range(32)), 3)]) == [()]
+    drafter.observe(0, 31, [8], hidden(1))  # h_30 was cut: no pair 30, h_31 kept
+    assert drafter._slots[0].ids == list(range(10)) and drafter.ready(0, 33)
+    assert drafter.cache_tokens(0) == 10
+    drafter.cut(0, 5)
+    assert drafter._slots[0].ids == [0, 1, 2, 3] and drafter.cache_tokens(0) == 4
+    drafter.release(0)
+    assert not drafter.ready(0, 33) and drafter.cache_tokens(0) == 0
+    drafter.observe(0, 0, [1, 2], hidden(2))  # from the start again
+    assert drafter._slots[0].ids == [0] and drafter.ready(0, 3)
