@@ -2,7 +2,7 @@
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python bench/speculative.py --model PATH.gguf [--tokens 160] [--rounds 2] \\
-        [--draft-model PATH [--speculative draft]]
+        [--draft-model PATH [--speculative draft]] [--speculative mtp]
 
 Three workloads on one server (`--slots 4`), greedy and streamed through /v1/chat/completions:
 
@@ -26,7 +26,8 @@ With `--draft-model` the server also has a draft model (`--speculative auto`: co
 where they match, the draft model's elsewhere, each where it pays; `--speculative draft`: the
 draft model's for every row, whatever it costs). The model as its own draft model gives the
 exactness check (every draft token accepted, outputs equal) and the overhead bound: k draft
-passes as dear as the model's own pass buy k + 1 tokens per verify pass.
+passes as dear as the model's own pass buy k + 1 tokens per verify pass. `--speculative mtp`
+serves a model that ships an MTP head (Qwen3-Next, Qwen3.5 text checkpoints) with its drafts.
 
 Targets (issue 19): edit >= 2.0x, tools >= 1.5x, chat >= 0.95x, 4 concurrent edits >= 1.5x.
 The default model is `switchyard.deploy.default_model.default_model_path()`.
@@ -280,7 +281,7 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--num-draft-tokens", type=int, default=None)
     ap.add_argument("--draft-model", help="serve with this draft model (--draft-model)")
-    ap.add_argument("--speculative", choices=["auto", "suffix", "draft"], default=None,
+    ap.add_argument("--speculative", choices=["auto", "suffix", "draft", "mtp"], default=None,
                     help="the server's --speculative (default: its own, auto)")
     ap.add_argument("--seed", type=int, default=19)
     ap.add_argument("--keep-log", help="copy the server's JSON log here")
