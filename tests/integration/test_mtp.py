@@ -269,3 +269,32 @@ def test_the_heads_state_follows_the_slot_through_gaps_and_cuts(tiny_model_dir):
     assert not drafter.ready(0, 33) and drafter.cache_tokens(0) == 0
     drafter.observe(0, 0, [1, 2], hidden(2))  # from the start again
     assert drafter._slots[0].ids == [0] and drafter.ready(0, 3)
+
+
+def test_a_quantized_checkpoint_with_its_quantized_head(tmp_path, tiny_model_dir):
+    """An MLX 4-bit checkpoint that kept its head, quantized too (mlx-lm's converter for the
+    model, which drops the head; the head quantized as its module and stored beside it, as
+    mlx-vlm's own conversion keeps it): the head loads quantized, and greedy decoding with its
+    drafts gives the plain greedy tokens of the quantized model."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.convert import convert
+
+    src = mtp_twin(tiny_model_dir)
+    out = tmp_path / "q4"
+    convert(str(src), str(out), quantize=True, q_bits=4, q_group_size=64)
+    loaded = load_model(str(src))
+    head = load_mtp_drafter(loaded.path, loaded.config, loaded.model).head
+    nn.quantize(head, group_size=64, bits=4)
+    [shard] = out.glob("*.safetensors")
+    weights, meta = mx.load(str(shard), return_metadata=True)
+    assert not any(k.startswith("mtp.") for k in weights)  # mlx-lm dropped it
+    weights |= {f"mtp.{k}": v for k, v in tree_flatten(head.parameters())}
+    mx.save_safetensors(str(shard), weights, metadata=meta)
+
+    d = Driver(out)
+    assert isinstance(d.drafter.head.fc, nn.QuantizedLinear)
+    reference, gaps = d.plain(16)
+    got, stats = d.with_drafts(16)
+    assert stats["proposed"] > 0
+    assert_same(reference, gaps, got)
