@@ -30,6 +30,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from switchyard.worker.drafters import DraftRow, draft_end
 from switchyard.worker.errors import ModelLoadError
@@ -146,14 +147,10 @@ class MTPDrafter:
     def pass_bytes(self) -> int:
         """Bytes one draft pass reads: the head's weights and the model's lm_head."""
         head = getattr(self.logits, "__self__", self.logits)  # embed_tokens.as_linear
-        from mlx.utils import tree_flatten
-
         return self.nbytes + sum(v.nbytes for _, v in tree_flatten(head.parameters()))
 
     @property
     def nbytes(self) -> int:
-        from mlx.utils import tree_flatten
-
         return sum(v.nbytes for _, v in tree_flatten(self.head.parameters()))
 
     def kv_bytes_per_token(self) -> int:

@@ -246,7 +246,10 @@ def test_the_heads_state_follows_the_slot_through_gaps_and_cuts(tiny_model_dir):
     past it and the hidden state it cut; a released slot starts over."""
     loaded = load_model(str(mtp_twin(tiny_model_dir)))
     drafter = load_mtp_drafter(loaded.path, loaded.config, loaded.model)
-    hidden = lambda n: mx.random.normal((1, n, 256))  # noqa: E731 (the twin's hidden size)
+
+    def hidden(n: int) -> mx.array:  # hidden states of n positions (the twin's hidden size)
+        return mx.random.normal((1, n, 256))
+
     drafter.observe(0, 0, list(range(10, 20)), hidden(10))  # a prefill: pairs 0..8, h_9 kept
     assert drafter.ready(0, 11) and not drafter.ready(0, 12)
     assert drafter._slots[0].ids == list(range(9))
