@@ -419,6 +419,7 @@ class StepDone(Message, tag="step_done"):
     drafts: tuple[SlotDraft, ...] = ()  # drafts made in the worker (DecodeItem.draft_tokens)
     draft_s: float = 0.0  # the drafter's time in this step (within decode_s)
     num_draft_passes: int = 0  # the drafter's batched passes in this step
+    num_catch_up_tokens: int = 0  # tokens the drafter prefilled to catch its rows up
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------

@@ -336,7 +336,9 @@ class SchedulerCore:
                         + [len(d.token_ids) for d in done.drafts], default=0)
         if width > 1:
             iterations = 1
-        if self.proposer is not None and plan.decodes and not plan.prefills:
+        # (A step whose draft model caught rows up also prefilled: no measure of a pass.)
+        if self.proposer is not None and plan.decodes and not plan.prefills \
+                and not done.num_catch_up_tokens:
             # The verify pass alone: the draft model's passes are measured apart.
             self.proposer.observe_cost(len(plan.decodes),
                                        (done.decode_s - done.draft_s) / iterations, width)

@@ -35,7 +35,11 @@ class DraftModelDrafter:
 
     def __init__(self, store: SlotStore, catch_up_tokens: int, vocab_limit: int):
         self.store = store
+        # Most tokens prefilled to catch rows up in one step, all rows together (a step
+        # then costs at most about one more prefill chunk).
         self.catch_up_tokens = max(1, catch_up_tokens)
+        self._budget = self.catch_up_tokens  # what is left of it in this step
+        self._caught_up = 0  # tokens prefilled to catch up since the last take
         # Ids past the model's embedding (a draft model's padded vocabulary) are never drafted.
         self.vocab_limit = vocab_limit
         self._seconds = 0.0
@@ -49,15 +53,19 @@ class DraftModelDrafter:
         missing = len(tokens) - common
         if missing <= _TAIL:
             return True
-        fed = min(self.catch_up_tokens, missing - 1)
-        store.prefill(slot, common, list(tokens[common:common + fed]))
-        self._passes += 1
+        fed = min(self._budget, missing - 1)
+        if fed > 0:
+            store.prefill(slot, common, list(tokens[common:common + fed]))
+            self._budget -= fed
+            self._caught_up += fed
         return missing - fed <= _TAIL
 
     def propose(self, rows: Sequence[DraftRow]) -> list[tuple[int, ...]]:
         started = time.perf_counter()
         store = self.store
+        self._budget = self.catch_up_tokens
         ready = [r for r in rows if r.max_tokens > 0 and self.catch_up(r.slot, r.tokens)]
+        self._budget = self.catch_up_tokens
         drafts: dict[int, list[int]] = {}
         if ready:
             slots = [r.slot for r in ready]
@@ -100,6 +108,10 @@ class DraftModelDrafter:
         stats = (self._seconds, self._passes)
         self._seconds, self._passes = 0.0, 0
         return stats
+
+    def take_catch_up_tokens(self) -> int:
+        caught_up, self._caught_up = self._caught_up, 0
+        return caught_up
 
 
 def _done(draft: list[int], row: DraftRow) -> bool:

@@ -56,8 +56,13 @@ class Drafter(Protocol):
         ...
 
     def take_stats(self) -> tuple[float, int]:
-        """Seconds spent drafting and draft passes run since the last call."""
+        """Seconds spent drafting (catching up included) and batched draft passes run since
+        the last call."""
         ...
+
+    # Optional (the executor asks with getattr): `take_catch_up_tokens() -> int`, tokens
+    # prefilled to catch rows up since the last call; a step that caught up is not a measure
+    # of what a draft pass costs.
 
 
 def draft_end(draft: Sequence[int], stop_token_ids: Sequence[int]) -> int:

@@ -74,6 +74,7 @@ class StepExecutor:
         decodes = self._drafted(step.decodes)
         sampled = self._decode(step, decodes) if decodes else ()
         draft_s, draft_passes = self.drafter.take_stats() if self.drafter else (0.0, 0)
+        caught_up = getattr(self.drafter, "take_catch_up_tokens", lambda: 0)()
         prefill_started = time.perf_counter()
         failed = []
         for chunk in step.prefills:
@@ -90,6 +91,7 @@ class StepExecutor:
             num_verified_tokens=sum(len(d.draft) for d in step.decodes)
             + sum(len(d.token_ids) for d in self._drafts),
             drafts=tuple(self._drafts), draft_s=draft_s, num_draft_passes=draft_passes,
+            num_catch_up_tokens=caught_up,
             decode_s=prefill_started - decode_started,
             prefill_s=done - prefill_started - encode_s, load_s=decode_started - load_started,
             encode_s=encode_s, num_encoded_tokens=num_encoded, failed=tuple(failed))

@@ -24,6 +24,7 @@ import pytest
 from switchyard.proto.messages import CopyPrefix, DecodeItem, PrefillChunk, RunStep, SamplingParams
 from switchyard.proto.speculation import num_accepted
 from switchyard.worker.draft_model import DraftModelDrafter, load_drafter
+from switchyard.worker.drafters import DraftRow
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.executor import StepExecutor
 from switchyard.worker.model_loading import load_model
@@ -184,11 +185,17 @@ def test_a_slot_whose_contents_change_makes_the_drafter_catch_up_in_bounded_step
     path = tiny_model_dir("qwen3")
     d = Driver(path, path, 2, catch_up=16)
     ref, gaps = d.plain(24)
-    # Row 0 decodes 8 tokens with drafts; its drafter state reaches the slot (40-token
-    # prompt: 3 steps of at most 16 tokens without drafts first).
+    # Two rows far behind share one step's bound: 16 tokens prefilled in all, no drafts yet.
+    rows = [DraftRow(slot, d.store.tokens[slot] + [PROMPTS[s][-1]], 3, STOP)
+            for s, slot in ((0, 2), (1, 3))]
+    assert d.drafter.propose(rows) == [(), ()]
+    assert sum(len(d.drafter.store.tokens[slot]) for slot in (2, 3)) == 16
+    assert d.drafter.take_catch_up_tokens() == 16
+    # Row 0 decodes 8 tokens with drafts; its drafter state reaches the slot (40 tokens:
+    # 16 held, a step of 16 more without a draft first).
     first, stats = d.drafted(8, 3, slots=[2], prompts=[PROMPTS[0]])
     assert first[0] == ref[0][:len(first[0])]
-    assert stats["undrafted_steps"] >= 2
+    assert stats["undrafted_steps"] == 1
     # The conversation moves to slot 4 (a copy, as a restore or a fork brings it): the
     # drafter has nothing of it there and catches up, 16 tokens a step, then drafts again.
     held = len(d.store.tokens[2])
