@@ -1,7 +1,8 @@
 """Speculative decoding on a real model: decode tok/s with drafts / without, same bytes.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        .venv/bin/python bench/speculative.py --model PATH.gguf [--tokens 160] [--rounds 2]
+        .venv/bin/python bench/speculative.py --model PATH.gguf [--tokens 160] [--rounds 2] \\
+        [--draft-model PATH [--speculative draft]] [--speculative mtp]
 
 Three workloads on one server (`--slots 4`), greedy and streamed through /v1/chat/completions:
 
@@ -20,6 +21,13 @@ server's `request.finished` lines) and whether the outputs are equal. Then 4 con
 each workload, all with or all without (the order alternating over `--x4-rounds`): aggregate
 decode tok/s and the median ratio. Every round uses other files, paths and topics, so a
 request cannot copy its own twin of an earlier round.
+
+With `--draft-model` the server also has a draft model (`--speculative auto`: copied drafts
+where they match, the draft model's elsewhere, each where it pays; `--speculative draft`: the
+draft model's for every row, whatever it costs). The model as its own draft model gives the
+exactness check (every draft token accepted, outputs equal) and the overhead bound: k draft
+passes as dear as the model's own pass buy k + 1 tokens per verify pass. `--speculative mtp`
+serves a model that ships an MTP head (Qwen3-Next, Qwen3.5 text checkpoints) with its drafts.
 
 Targets (issue 19): edit >= 2.0x, tools >= 1.5x, chat >= 0.95x, 4 concurrent edits >= 1.5x.
 The default model is `switchyard.deploy.default_model.default_model_path()`.
@@ -272,6 +280,9 @@ def main() -> None:
                     help="rounds of 4 concurrent streams (0: none)")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--num-draft-tokens", type=int, default=None)
+    ap.add_argument("--draft-model", help="serve with this draft model (--draft-model)")
+    ap.add_argument("--speculative", choices=["auto", "suffix", "draft", "mtp"], default=None,
+                    help="the server's --speculative (default: its own, auto)")
     ap.add_argument("--seed", type=int, default=19)
     ap.add_argument("--keep-log", help="copy the server's JSON log here")
     ap.add_argument("--step-log", action="store_true",
@@ -285,6 +296,10 @@ def main() -> None:
     extra = ["--prefill-chunk", "1024"] + (["--log-level", "debug"] if args.step_log else [])
     if args.num_draft_tokens:
         extra += ["--num-draft-tokens", str(args.num_draft_tokens)]
+    if args.draft_model:
+        extra += ["--draft-model", args.draft_model]
+    if args.speculative:
+        extra += ["--speculative", args.speculative]
     rng = random.Random(args.seed)
     rows = []
     with ServerGroup(model, slots=4, ctx=4096, extra=extra) as group:
@@ -296,7 +311,9 @@ def main() -> None:
         finally:  # also when a request failed: the log says why
             if args.keep_log:
                 Path(args.keep_log).write_text(group.log_text())
-    print(f"\nmodel {model}, {args.tokens} tokens per reply, {args.rounds} rounds, greedy")
+    print(f"\nmodel {model}, {args.tokens} tokens per reply, {args.rounds} rounds, greedy"
+          + (f", draft model {args.draft_model}" if args.draft_model else "")
+          + (f", --speculative {args.speculative}" if args.speculative else ""))
     print(f"{'workload':>8} | {'off tok/s':>9} | {'on tok/s':>8} | {'x':>5} | {'x cpu':>5} | "
           f"{'target':>6} | {'accepted':>13} | {'equal':>5} | {'x4 off':>6} | {'x4 on':>6} | "
           f"{'x4 x':>5} | x4 equal")

@@ -143,6 +143,9 @@ def banner(settings: Settings, requested_model: str, roles: tuple[str, ...] = RO
         ("disk budget", f"{format_size(settings.kv_disk_budget_bytes)} of KV pages "
                         f"(--kv-disk-budget {settings.kv_disk_budget})"),
     ]
+    if settings.draft_model:
+        rows.insert(1, ("draft model", f"{settings.draft_model}  (--speculative "
+                                       f"{settings.speculative})"))
     if settings.hostfile:
         workers = [r for r in roles if r.startswith("worker")]
         rows.insert(2, ("worker group", f"{settings.parallel} parallel, local ranks: "

@@ -17,11 +17,14 @@ def with_concrete_paths(settings: Settings) -> Settings:
     # `tiny` names the generated model even where a ./tiny exists (that one is `./tiny`).
     if model and model != TINY and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
+    draft = settings.draft_model
+    if draft and Path(draft).expanduser().exists():
+        draft = str(Path(draft).expanduser().resolve())
     hostfile = settings.hostfile and str(Path(settings.hostfile).expanduser().absolute())
     group_key = settings.group_key_file and str(
         Path(settings.group_key_file).expanduser().absolute())
     return dataclasses.replace(
-        settings, model=model, hostfile=hostfile, group_key_file=group_key,
+        settings, model=model, draft_model=draft, hostfile=hostfile, group_key_file=group_key,
         runtime_dir=str(settings.runtime_path.expanduser().absolute()),
         kv_dir=str(settings.kv_path.expanduser().absolute()),
         cache_dir=str(settings.cache_path.expanduser().absolute()))

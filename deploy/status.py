@@ -203,8 +203,13 @@ def format_speculation(speculation: SpeculationStatus | None, tokens: TokenCount
     where = "every decoding sequence" if speculation.mode == "batched" \
         else "a lone decoding sequence"
     rate = f" ({accepted / proposed:.0%})" if proposed else ""
+    whose = {"suffix": "copied from the conversations", "draft": "from the draft model",
+             "suffix,draft": "copied, else from the draft model",
+             "mtp": "from the model's MTP head",
+             "suffix,mtp": "copied, else from the model's MTP head"}
+    whose = whose.get(speculation.proposers, speculation.proposers)
     return (f"speculative decoding: {where}, up to {speculation.max_draft_tokens} "
-            f"draft tokens; {proposed:,} proposed, {accepted:,} accepted{rate}")
+            f"draft tokens {whose}; {proposed:,} proposed, {accepted:,} accepted{rate}")
 
 
 def _kv(counts: dict) -> str:

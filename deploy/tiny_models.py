@@ -7,6 +7,15 @@ family's config is shrunk (4-6 layers, hidden 256, 8 experts) but keeps its shap
 windows, MoE, MLA, gated-delta layers, KV-shared layers, nested `text_config`. Every weight
 matrix is scaled by 4: at the default init greedy decoding collapses into repeating one token,
 which would make token-equality tests meaningless.
+
+`mtp=True` (qwen3_5, qwen3_5_moe, qwen3_next) adds the multi-token-prediction head the
+published checkpoints carry: `mtp.*` tensors drawn from mlx-vlm's own MTP drafter class, whose
+splitter reads them back (worker/mtp.py). The qwen3_5 twins keep MLX's layout (the file says
+format "mlx": the head's norms stored as applied, as an MLX conversion that kept the head
+stores them); the qwen3_next twin is written in Hugging Face's layout as Qwen3-Next is
+published (experts one by one, RMSNorm weights as offsets from 1, the conv kernel last, no
+"mlx" format tag), so mlx-lm's and mlx-vlm's conversions of a real checkpoint are what read
+it. mlx-lm's loader drops the head from the main model, as it does for the real ones.
 """
 
 from __future__ import annotations
@@ -142,6 +151,14 @@ _ARCH_CONFIG = {
                                      "mscale": 1.0, "mscale_all_dim": 1.0,
                                      "llama_4_scaling_beta": 0.1}},
 }
+# Families whose published checkpoints carry `mtp.*` tensors the twin can imitate; those of
+# _HF_LAYOUT_MTP are written in Hugging Face's layout (the main model too).
+MTP_ARCHS = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+_HF_LAYOUT_MTP = ("qwen3_next",)
+# RMSNorm weights Qwen3-Next's checkpoints store as offsets from 1 (mlx-lm adds the 1).
+_HF_OFFSET_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "norm.weight",
+                    ".q_norm.weight", ".k_norm.weight", "norm_embedding.weight",
+                    "norm_hidden.weight")
 # Published with the text model's config under `text_config` (vision parts left out).
 _NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "mistral3": "ministral3"}
 
@@ -208,6 +225,48 @@ def make_weights(config: dict, seed: int) -> dict[str, mx.array]:
     return weights
 
 
+def make_mtp_weights(config: dict, seed: int, hf_layout: bool = False) -> dict[str, mx.array]:
+    """`mtp.*` tensors for a qwen3_5-family or qwen3_next config: the parameters of a freshly
+    initialised mlx-vlm MTP drafter (its own class and its splitter's text config, so names
+    and shapes are what it loads), matrices scaled like the main model's; `hf_layout`: as
+    Hugging Face stores them (experts one by one, norms as offsets from 1). Reseeds MLX's
+    generator."""
+    from mlx_vlm.speculative.drafters.mtp_split import get_mtp_splitter
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp import Model, ModelConfig
+
+    text = get_mtp_splitter(source_config=config).read_text_config(config)
+    mx.random.seed(seed)
+    drafter = Model(ModelConfig.from_dict({"text_config": text}))
+    weights = {}
+    for name, w in tree_flatten(drafter.parameters()):
+        w = w.astype(mx.float32)
+        if w.ndim >= 2:
+            w = w * WEIGHT_SCALE
+        weights[f"mtp.{name}"] = w
+    if hf_layout:
+        weights = _hf_layout(weights)
+    mx.eval(weights)
+    return weights
+
+
+def _hf_layout(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """mlx-lm's sanitize of Qwen3-Next undone: stacked experts split one by one, zero-centred
+    norms, the conv kernel's axes as PyTorch has them."""
+    out = {}
+    for name, w in weights.items():
+        if ".switch_mlp." in name:
+            prefix, proj = name.split(".switch_mlp.")
+            for e in range(w.shape[0]):
+                out[f"{prefix}.experts.{e}.{proj}"] = w[e]
+            continue
+        if w.ndim == 1 and name.endswith(_HF_OFFSET_NORMS) and "linear_attn" not in name:
+            w = w - 1.0
+        elif "conv1d.weight" in name:
+            w = w.moveaxis(2, 1)
+        out[name] = w
+    return out
+
+
 def write_tiny_mlx(out: Path, arch: str = "qwen3", seed: int = 0, **sizes) -> Path:
     """Write a tiny MLX model directory to `out` and return it.
 
@@ -220,8 +279,9 @@ def write_tiny_mlx(out: Path, arch: str = "qwen3", seed: int = 0, **sizes) -> Pa
     files, token_ids, config, weights = tiny_model_parts(arch, seed, **sizes)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    hf = sizes.get("mtp") and arch in _HF_LAYOUT_MTP
     try:
-        _write_mlx_dir(tmp, config, weights, files, token_ids)
+        _write_mlx_dir(tmp, config, weights, files, token_ids, "pt" if hf else "mlx")
         tmp.chmod(0o755)  # mkdtemp makes it private; the model is meant to be shared
         os.rename(tmp, out)
     finally:
@@ -229,8 +289,11 @@ def write_tiny_mlx(out: Path, arch: str = "qwen3", seed: int = 0, **sizes) -> Pa
     return out
 
 
-def tiny_model_parts(arch: str = "qwen3", seed: int = 0, **sizes):
-    """(tokenizer files, special token ids, config, float32 weights) of a tiny model."""
+def tiny_model_parts(arch: str = "qwen3", seed: int = 0, mtp: bool = False, **sizes):
+    """(tokenizer files, special token ids, config, float32 weights) of a tiny model; `mtp`:
+    with the family's multi-token-prediction head (MTP_ARCHS)."""
+    if mtp and arch not in MTP_ARCHS:
+        raise ValueError(f"no MTP head for {arch!r}; supported: {', '.join(MTP_ARCHS)}")
     if arch in VISION_ARCHS:
         from switchyard.deploy.tiny_vision import vision_model_parts
 
@@ -238,15 +301,23 @@ def tiny_model_parts(arch: str = "qwen3", seed: int = 0, **sizes):
     files = tiny_tokenizer.tokenizer_files()
     token_ids = tiny_tokenizer.token_ids(files["tokenizer.json"])
     config = tiny_config(arch, token_ids, **sizes)
+    if mtp:  # as published: one MTP layer, sharing the main model's embeddings
+        config.get("text_config", config).update(mtp_num_hidden_layers=1,
+                                                 mtp_use_dedicated_embeddings=False)
     num_tokens = max(token_ids.values()) + 1
     # Larger is fine: unused rows, as in Qwen's vocabularies.
     if config.get("text_config", config)["vocab_size"] < num_tokens:
         raise ValueError(f"vocab_size must be at least the tokenizer's {num_tokens}")
-    return files, token_ids, config, make_weights(config, seed)
+    weights = make_weights(config, seed)
+    if mtp:
+        hf = arch in _HF_LAYOUT_MTP
+        weights = (_hf_layout(weights) if hf else weights) | make_mtp_weights(config, seed + 1, hf)
+    return files, token_ids, config, weights
 
 
-def _write_mlx_dir(d: Path, config: dict, weights: dict, files: dict[str, bytes], ids: dict) -> None:
-    mx.save_safetensors(str(d / "model.safetensors"), weights, metadata={"format": "mlx"})
+def _write_mlx_dir(d: Path, config: dict, weights: dict, files: dict[str, bytes], ids: dict,
+                   fmt: str = "mlx") -> None:
+    mx.save_safetensors(str(d / "model.safetensors"), weights, metadata={"format": fmt})
     generation = {
         "bos_token_id": ids["<|endoftext|>"],
         "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],

@@ -20,8 +20,9 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 4: images (ImageSpan, ImageData) in requests, prefill chunks, loads and slot contents;
 # page writes' image ids. 5: speculative decoding (DecodeItem.draft, SubmitRequest.speculative,
 # WorkerReady.speculation). 6: grammars are compiled by the worker before their request is
-# placed (PrepareGrammar, GrammarPrepared, ReleaseGrammar).
-PROTOCOL_VERSION = 6
+# placed (PrepareGrammar, GrammarPrepared, ReleaseGrammar). 7: drafts made in the worker (a draft
+# model: DecodeItem.draft_tokens, StepDone.drafts/draft_s, WorkerReady.drafter/draft_cost).
+PROTOCOL_VERSION = 7
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -136,6 +137,9 @@ class DecodeItem(Value):
     # forward pass; the worker keeps the longest accepted prefix plus the model's next token
     # (docs/design.md "Speculative decoding"). A step with drafts runs one decode iteration.
     draft: tuple[int, ...] = ()
+    # Drafts made in the worker (its drafter: a draft model): at most this many tokens, made
+    # for this row when `draft` is empty; the step's StepDone.drafts says what was proposed.
+    draft_tokens: int = 0
 
 
 class SampledToken(Value):
@@ -373,6 +377,11 @@ class WorkerReady(Message, tag="worker_ready"):
     # sequence may carry a draft), "alone" (only a lone decoding sequence: sliding-window
     # rings) or "" (off: the setting, or a cache kind without an undo).
     speculation: str = ""
+    # Drafts made in the worker: "draft" (--draft-model) or "" (none), and what one draft
+    # pass costs relative to a plain pass of the model (its weights' share: a prior the
+    # scheduler replaces by measurement).
+    drafter: str = ""
+    draft_cost: float = 0.0
 
 
 class SlotFailure(Value):
@@ -382,6 +391,16 @@ class SlotFailure(Value):
     slot: int
     code: str
     message: str
+
+
+class SlotDraft(Value):
+    """A draft the worker's drafter made for the decoding row of `slot` (and verified)."""
+
+    slot: int
+    token_ids: TokenIds
+
+    def __post_init__(self):
+        _pack_tokens(self, "token_ids")
 
 
 class StepDone(Message, tag="step_done"):
@@ -397,6 +416,10 @@ class StepDone(Message, tag="step_done"):
     num_encoded_tokens: int = 0  # the placeholder tokens of the images it encoded
     failed: tuple[SlotFailure, ...] = ()  # chunks not run: their slots are as before them
     num_verified_tokens: int = 0  # draft tokens fed to verify passes
+    drafts: tuple[SlotDraft, ...] = ()  # drafts made in the worker (DecodeItem.draft_tokens)
+    draft_s: float = 0.0  # the drafter's time in this step (within decode_s)
+    num_draft_passes: int = 0  # the drafter's batched passes in this step
+    num_catch_up_tokens: int = 0  # tokens the drafter prefilled to catch its rows up
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------

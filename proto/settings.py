@@ -68,14 +68,27 @@ def _user_runtime_dir() -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-{os.getuid()}"
 
 
-# Speculative decoding's proposers (docs/design.md "Speculative decoding"); those of
-# SPECULATIVE_LATER are refused with one line.
-SPECULATIVE_MODES = ("auto", "suffix", "off")
-SPECULATIVE_LATER = ("draft", "mtp")
+# Speculative decoding's proposers (docs/design.md "Speculative decoding").
+SPECULATIVE_MODES = ("auto", "suffix", "draft", "mtp", "off")
 
 # The model families' output formats (gateway/output/formats.py has their syntax).
 CHAT_FORMATS = ("auto", "hermes", "qwen3_coder", "harmony", "glm", "deepseek_v31", "minimax_m2",
                 "mistral", "mistral_args", "llama3_json", "gemma3", "gemma4")
+
+
+def draft_model_problems(settings: "Settings") -> list[str]:
+    """--draft-model and --speculative together (docs/design.md "Speculative decoding")."""
+    if settings.speculative == "draft" and not settings.draft_model:
+        return ["--speculative draft needs --draft-model PATH (a smaller model with the same "
+                "tokenizer)"]
+    if not settings.draft_model:
+        return []
+    if settings.speculative in ("suffix", "mtp", "off"):
+        return [f"--draft-model is unused with --speculative {settings.speculative}; use "
+                "--speculative auto or draft, or drop --draft-model"]
+    if settings.hostfile:
+        return ["--draft-model runs on a single worker; serve it without --hostfile"]
+    return []
 
 
 def _opt(help: str, **kw):
@@ -125,10 +138,17 @@ class Settings:
                              "else waits (fewer round trips; new work waits at most this "
                              "many tokens)", default=8)
     speculative: str = _opt("speculative decoding: auto (drafts copied from the "
-                            "conversations' own text, as long as they pay on this machine), "
-                            "suffix (every such draft whole, whatever a verify pass costs; "
-                            "refused where the model cannot verify) or off; draft and mtp are "
-                            "not available yet", default="auto")
+                            "conversations' own text, and with --draft-model the draft "
+                            "model's where no copy matches, as long as they pay on this "
+                            "machine), suffix (every copied draft whole, whatever a verify "
+                            "pass costs; refused where the model cannot verify), draft (every "
+                            "decoding sequence drafted by --draft-model, whatever it costs), "
+                            "mtp (drafts from the multi-token-prediction head the checkpoint "
+                            "ships, Qwen3.5's mtp.* tensors; refused where it ships none) "
+                            "or off", default="auto")
+    draft_model: str = _opt("a smaller model with the same tokenizer (any format --model "
+                            "takes) that drafts tokens in the worker for speculative decoding "
+                            "(--speculative auto or draft)", default="")
     num_draft_tokens: int = _opt("most tokens proposed for one sequence in one step "
                                  "(speculative decoding's upper bound)", default=8)
     decode_share: float = _opt("while others prefill, decoding streams keep at least this "
@@ -234,11 +254,9 @@ class Settings:
             problems.append("--kv-group-size must be 32, 64 or 128 (0: chosen for --kv-bits)")
         if self.decode_burst < 1:
             problems.append("--decode-burst must be at least 1")
-        if self.speculative in SPECULATIVE_LATER:
-            problems.append(f"--speculative {self.speculative} is not available yet (no draft "
-                            "model or multi-token-prediction proposer); use auto, suffix or off")
-        elif self.speculative not in SPECULATIVE_MODES:
+        if self.speculative not in SPECULATIVE_MODES:
             problems.append(f"--speculative must be one of {', '.join(SPECULATIVE_MODES)}")
+        problems.extend(draft_model_problems(self))
         if not 1 <= self.num_draft_tokens <= 64:
             problems.append("--num-draft-tokens must be 1..64")
         if self.overtake_limit < 0 or self.background_wait < 0:

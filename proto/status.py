@@ -112,10 +112,12 @@ TOKEN_KINDS: tuple[str, ...] = ("prompt", "reused", "copied", "restored", "prefi
 
 class SpeculationStatus(_Doc):
     """How this group speculates: "off", "batched" (every decoding sequence) or "lone" (only
-    a sequence decoding alone), and the most draft tokens a step proposes."""
+    a sequence decoding alone), the most draft tokens a step proposes, and whose drafts:
+    "suffix" (copied from the conversations' text), "draft" (a draft model) or both."""
 
     mode: str
     max_draft_tokens: int
+    proposers: str = "suffix"
 
 
 class RecentRequest(_Doc):

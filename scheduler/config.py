@@ -28,6 +28,11 @@ class CoreConfig:
     num_draft_tokens: int = 0
     speculation: str = ""
     always_draft: bool = False  # --speculative suffix: every proposal whole, cost unweighed
+    # A drafter in the worker ("draft": a draft model, "mtp": MTP heads; WorkerReady.drafter;
+    # "" none) and --speculative draft or mtp (every decoding row drafted by it, cost
+    # unweighed; no copied drafts).
+    drafter: str = ""
+    draft_only: bool = False
     # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
     # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
     wait_for_index: bool = False

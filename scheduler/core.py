@@ -103,6 +103,7 @@ class FinishedRecord:
     # Speculative decoding: draft tokens verified for it, and how many it kept.
     num_proposed_tokens: int = 0
     num_accepted_tokens: int = 0
+    proposers: str = ""  # whose drafts: "suffix", "draft" (a draft model), "mtp", or several
 
 
 class SchedulerCore:
@@ -124,7 +125,8 @@ class SchedulerCore:
         self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
         # Speculative decoding's drafts (docs/design.md "Speculative decoding").
         self.proposer = (Proposer(ProposerConfig(max_draft=config.num_draft_tokens,
-                                                 always=config.always_draft))
+                                                 always=config.always_draft,
+                                                 draft_only=config.draft_only))
                          if config.num_draft_tokens > 0 else None)
         self.index_overdue = False  # kvstore's index is long overdue: place without it
 
@@ -190,9 +192,17 @@ class SchedulerCore:
         # Queued, restoring or prefilling: what a starving request shows as (issue 14).
         speculation = SpeculationStatus(
             mode=(self.config.speculation or "off") if self.proposer is not None else "off",
-            max_draft_tokens=self.config.num_draft_tokens)
+            max_draft_tokens=self.config.num_draft_tokens,
+            proposers=self._proposer_kinds())
         return CoreSnapshot(slots, queue, oldest_waiting_s(self.requests.values(), now),
                             self.pages.disk_status(), speculation)
+
+    def _proposer_kinds(self) -> str:
+        """Whose drafts this group verifies: "suffix", the worker's drafter ("draft": a draft
+        model, "mtp": MTP heads) or both."""
+        if not self.config.drafter:
+            return "suffix"
+        return self.config.drafter if self.config.draft_only else f"suffix,{self.config.drafter}"
 
     def _state(self, req: Request) -> SlotState:
         if req.restoring:
@@ -275,6 +285,7 @@ class SchedulerCore:
         sampled: dict[int, list[int]] = {}
         for s in done.sampled:
             sampled.setdefault(s.slot, []).append(s.token_id)
+        worker_drafts = {d.slot: tuple(d.token_ids) for d in done.drafts}
         for item in plan.decodes:
             slot = self.slots[item.slot]
             tokens = sampled.get(item.slot, [])
@@ -286,6 +297,8 @@ class SchedulerCore:
             req = self.requests.get(slot.rid) if slot.rid is not None else None
             if item.draft and req is not None:
                 self._observe_draft(req, item.draft, tokens)
+            elif item.slot in worker_drafts and req is not None:  # the worker drafter's
+                self._observe_draft(req, worker_drafts[item.slot], tokens, self.config.drafter)
             for token in tokens:
                 if slot.rid is None:
                     break  # finished (stop, length or cancelled) at an earlier token
@@ -319,12 +332,20 @@ class SchedulerCore:
             cycle = now - self._done_at  # planned right after the previous step: a full cycle
         self._done_at = now
         iterations = max(1, len(done.sampled) // max(1, done.num_decode_tokens))
-        width = 1 + max((len(d.draft) for d in plan.decodes), default=0)
+        width = 1 + max([len(d.draft) for d in plan.decodes]
+                        + [len(d.token_ids) for d in done.drafts], default=0)
         if width > 1:
             iterations = 1
-        if self.proposer is not None and plan.decodes and not plan.prefills:
-            self.proposer.observe_cost(len(plan.decodes), done.decode_s / iterations, width)
+        # (A step whose draft model caught rows up also prefilled: no measure of a pass.)
+        if self.proposer is not None and plan.decodes and not plan.prefills \
+                and not done.num_catch_up_tokens:
+            # The verify pass alone: the draft model's passes are measured apart.
+            self.proposer.observe_cost(len(plan.decodes),
+                                       (done.decode_s - done.draft_s) / iterations, width)
             self.proposer.observe_trip(cycle - done.duration_s)
+            if done.num_draft_passes:
+                self.proposer.observe_draft_cost(len(plan.decodes),
+                                                 done.draft_s / done.num_draft_passes)
         decode_cycle = cycle / iterations if done.num_prefill_tokens == 0 else 0.0
         self.budget.observe(done.num_decode_tokens, decode_cycle, done.num_prefill_tokens,
                             done.prefill_s, done.num_encoded_tokens, done.encode_s)
@@ -334,7 +355,10 @@ class SchedulerCore:
         self.config = dataclasses.replace(self.config, trimmable=msg.trimmable,
                                           num_slots=msg.num_slots, ctx=msg.ctx,
                                           page_size=msg.page_size,
-                                          speculation=msg.speculation)
+                                          speculation=msg.speculation,
+                                          drafter=msg.drafter)
+        if self.proposer is not None and msg.drafter:
+            self.proposer.use_draft_model(msg.draft_cost)
         self.pages.page_size = msg.page_size
         self._worker_restarted(msg.slots, msg.namespace, msg.shm_name, msg.num_buffers,
                                msg.buffer_bytes, msg.state_bytes)
@@ -596,27 +620,42 @@ class SchedulerCore:
         if self.proposer is None or not decodes or not mode or \
                 (mode == "alone" and len(decodes) > 1):
             return None
-        proposals = []
+        draft_model = bool(self.config.drafter)
+        proposals, limits, rids = [], [], []
         for item in decodes:
             req = self.requests[self.slots[item.slot].rid]
             room = self.config.ctx - (item.position + 1)
             limit = min(req.max_tokens - len(req.generated), room)
-            proposals.append(self.proposer.propose(req.rid, limit - 1)
-                             if req.generated and limit > 1 else None)
-        width = self.proposer.width(proposals, burst)
+            wants = bool(req.generated) and limit > 1 and req.speculative
+            copied = wants and not (draft_model and self.config.draft_only)
+            proposals.append(self.proposer.propose(req.rid, limit - 1) if copied else None)
+            limits.append(min(limit - 1, self.config.num_draft_tokens) if wants else 0)
+            rids.append(req.rid)
+        if draft_model:  # the draft model's rows, or copied drafts (docs/design.md)
+            width, asked = self.proposer.draft_plan(rids, proposals, limits, burst)
+        else:
+            width, asked = self.proposer.width(proposals, burst), [0] * len(decodes)
         if width == 1:
             return None
         out = []
-        for item, proposal in zip(decodes, proposals):
+        for item, proposal, k in zip(decodes, proposals, asked):
+            if k:  # the worker's draft model drafts this row
+                out.append(msgspec.structs.replace(item, draft_tokens=k, burst_limit=1 + k))
+                continue
             draft = proposal.tokens[:width - 1] if proposal is not None else ()
             out.append(msgspec.structs.replace(item, draft=draft, burst_limit=1 + len(draft)))
         return out
 
-    def _observe_draft(self, req: Request, draft: tuple[int, ...], tokens: list[int]) -> None:
+    def _observe_draft(self, req: Request, draft: tuple[int, ...], tokens: list[int],
+                       kind: str = "suffix") -> None:
         kept = num_accepted(draft, tokens)
         req.num_proposed += len(draft)
         req.num_accepted += kept
-        self.proposer.observe(req.rid, len(draft), kept)
+        req.proposers.add(kind)
+        if kind != "suffix":  # the worker's drafter (a draft model, MTP heads)
+            self.proposer.observe_draft(req.rid, len(draft), kept)
+        else:
+            self.proposer.observe(req.rid, len(draft), kept)
 
     def _with_burst(self, item: DecodeItem, burst: int) -> DecodeItem:
         req = self.requests[self.slots[item.slot].rid]
@@ -665,7 +704,8 @@ class SchedulerCore:
             restore_s=req.restore_s,
             ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrived_at,
             duration_s=now - req.arrived_at, num_proposed_tokens=req.num_proposed,
-            num_accepted_tokens=req.num_accepted, **_prefill_times(req)))
+            num_accepted_tokens=req.num_accepted, proposers=",".join(sorted(req.proposers)),
+            **_prefill_times(req)))
         unsent = self._unsent.pop(req.rid, None)
         if notify:
             if unsent:

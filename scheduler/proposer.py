@@ -41,6 +41,7 @@ _P = 1_000_003  # polynomial hash base (odd): tokens are small ints
 _MASK = (1 << 64) - 1
 _ORDER_SALT = 0x9E3779B97F4A7C15
 _RELAX = 0.02  # per plain pass: how fast a row cost measured long ago returns to the prior
+_DRAFT_PRIOR = 0.6  # a draft model's acceptance per token before any is measured
 _EWMA = 0.15  # weight of each new draft-token outcome in a request's acceptance rate
 
 
@@ -57,6 +58,12 @@ class ProposerConfig:
     # `--speculative suffix`: verify every whole proposal (up to max_draft), whatever a pass
     # costs and however often this request's drafts were rejected.
     always: bool = False
+    # A draft model in the worker (WorkerReady.drafter; 0: none): what one of its batched
+    # passes costs relative to a plain pass (a prior until measured: `observe_draft_cost`).
+    draft_cost: float = 0.0
+    # `--speculative draft`: every decoding row drafted by the draft model, max_draft tokens,
+    # whatever it costs; copied drafts are not proposed.
+    draft_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,9 @@ class _Source:
     acceptance: float = 0.6  # recent fraction of draft tokens accepted
     proposed: int = 0
     accepted: int = 0
+    # The same for a draft model's drafts (its own kind of evidence); None: none yet, the
+    # draft model's acceptance over all requests stands for it.
+    draft_acceptance: float | None = None
 
     def get(self, pos: int) -> int | None:
         i = pos - self.base
@@ -111,6 +121,10 @@ class Proposer:
         self._pass_s: dict[int, float] = {}  # plain decode pass time, by batch size
         self._row_s: float | None = None  # what a row beyond the first costs a pass
         self._trip_s: float | None = None  # a step's round trip outside the worker
+        # The draft model: a pass's cost relative to a plain pass of the same batch, and its
+        # drafts' acceptance over all requests (a new request's prior).
+        self._draft_cost = self.config.draft_cost
+        self._draft_acceptance = _DRAFT_PRIOR
 
     # --- sequences -------------------------------------------------------------------------
 
@@ -262,6 +276,110 @@ class Proposer:
             if gain > best_gain:
                 best, best_gain = w, gain
         return best if best_gain >= self.config.min_gain * plain_gain else 1
+
+    def draft_plan(self, rids: list[str], proposals: list[Proposal | None],
+                   limits: list[int], burst: int = 1) -> tuple[int, list[int]]:
+        """A step with a draft model: its width (1: no drafts) and how many tokens each row
+        asks the draft model for (0: none; the row verifies its copied proposal, if any).
+        A row may use the draft model where it has no copied proposal at least as likely
+        accepted as the draft model's draft (the request's own draft-model acceptance);
+        `limits`: the draft tokens each row may take (0: none, e.g. it opted out).
+        Width w and draft length k <= w - 1 maximize the tokens expected per unit of time
+        as `width` does, the step's cost adding k draft passes: the sum over rows of
+        1 + a + ... + a^n (n: the row's copied draft cut to w - 1, or k for a draft-model
+        row) over 1 + row_cost * rows * (w - 1) + trip + draft_cost * k."""
+        batch = len(rids)
+        if self.config.draft_only:
+            width = 1 + min(self.config.max_draft, max(limits, default=0))
+            return width, [min(lim, width - 1) for lim in limits]
+        drafted, rates = [], []
+        for rid, p, lim in zip(rids, proposals, limits):
+            a = self.draft_acceptance(rid)
+            drafted.append(lim > 0 and (p is None or p.acceptance < a))
+            rates.append(a)
+        if not any(drafted):
+            self._relax_draft_acceptance(rids)
+            return self.width(proposals, burst), [0] * batch
+        row_cost, trip = self.row_cost(batch), self.trip_cost(batch)
+        plain_gain = batch / (1.0 + trip / max(1, burst))
+        longest = min(self.config.max_draft, max(
+            [len(p.tokens) for p, d in zip(proposals, drafted) if p is not None and not d]
+            + [lim for lim, d in zip(limits, drafted) if d]))
+        best, best_k, best_gain = 1, 0, plain_gain
+        copied = [1.0] * batch  # tokens each copied-draft row yields at the width tried
+        for w in range(2, longest + 2):
+            for r, p in enumerate(proposals):
+                if not drafted[r] and p is not None and len(p.tokens) >= w - 1:
+                    copied[r] += p.acceptance ** (w - 1)
+            base = 1.0 + row_cost * batch * (w - 1) + trip
+            drafts = [1.0 if d else 0.0 for d in drafted]  # draft-model rows at k tried
+            for k in range(0, w):
+                if k:
+                    for r in range(batch):
+                        if drafted[r] and limits[r] >= k:
+                            drafts[r] += rates[r] ** k
+                expected = sum(c if not d else x for c, d, x in zip(copied, drafted, drafts))
+                gain = expected / (base + self._draft_cost * k)
+                if gain > best_gain:
+                    best, best_k, best_gain = w, k, gain
+        if best_gain < self.config.min_gain * plain_gain:
+            best, best_k = 1, 0
+        if not best_k:
+            self._relax_draft_acceptance(rids)
+        return best, [min(best_k, lim) if d else 0 for d, lim in zip(drafted, limits)]
+
+    def _relax_draft_acceptance(self, rids: list[str]) -> None:
+        """A step that asked the draft model for nothing measured nothing: its acceptance
+        estimates drift back toward the prior, so a few rejected drafts (or a phase of text it
+        drafts badly) do not turn it off for good; it is tried again after some steps."""
+        self._draft_acceptance += _RELAX * (_DRAFT_PRIOR - self._draft_acceptance)
+        for rid in rids:
+            sid = self._ids.get(rid)
+            me = self._sources.get(sid) if sid is not None else None
+            if me is not None and me.draft_acceptance is not None:
+                me.draft_acceptance += _RELAX * (self._draft_acceptance - me.draft_acceptance)
+
+    def draft_acceptance(self, rid: str) -> float:
+        """The chance each next token of a draft-model draft is accepted for the request."""
+        sid = self._ids.get(rid)
+        own = self._sources[sid].draft_acceptance if sid is not None else None
+        return min(0.98, max(0.01, own if own is not None else self._draft_acceptance))
+
+    def observe_draft(self, rid: str, num_proposed: int, num_accepted: int) -> None:
+        """A verify pass kept `num_accepted` of the draft model's `num_proposed` tokens."""
+        sid = self._ids.get(rid)
+        if sid is None or not num_proposed:
+            return
+        me = self._sources[sid]
+        me.proposed += num_proposed
+        me.accepted += num_accepted
+        if me.draft_acceptance is None:
+            me.draft_acceptance = self._draft_acceptance
+        for x in [1.0] * num_accepted + ([0.0] if num_accepted < num_proposed else []):
+            me.draft_acceptance += _EWMA * (x - me.draft_acceptance)
+            self._draft_acceptance += _EWMA / 4 * (x - self._draft_acceptance)
+
+    def observe_draft_cost(self, batch: int, draft_pass_s: float) -> None:
+        """A step's draft passes took `draft_pass_s` each, for `batch` rows (moving average
+        of the ratio to a plain pass of that batch; bounded as in `observe_cost`)."""
+        plain = self._pass_s.get(batch) or self._pass_s.get(1)
+        if not plain or draft_pass_s <= 0:
+            return
+        ratio = draft_pass_s / plain
+        prior = self._draft_cost or ratio
+        ratio = min(max(ratio, prior / 2), 2 * prior)
+        self._draft_cost += _EWMA * (ratio - self._draft_cost) if self._draft_cost else ratio
+
+    @property
+    def draft_cost(self) -> float:
+        return self._draft_cost
+
+    def use_draft_model(self, cost: float) -> None:
+        """The worker has a draft model; `cost` is its prior (WorkerReady.draft_cost), kept
+        until a draft pass is measured."""
+        self.config.draft_cost = cost
+        if not self._draft_cost:
+            self._draft_cost = cost
 
     # --- what a pass costs -----------------------------------------------------------------
 

@@ -27,6 +27,7 @@ class Request:
     speculative: bool = True  # drafts may be proposed for it (docs/design.md "Speculative decoding")
     num_proposed: int = 0  # draft tokens verified for it, and how many of them it kept
     num_accepted: int = 0
+    proposers: set = field(default_factory=set)  # whose drafts were verified ("suffix", "draft", "mtp")
     slot: int | None = None
     cancelled: bool = False
     grammar_ready: bool = True  # False while the worker compiles its grammar (PrepareGrammar)

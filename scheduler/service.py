@@ -125,7 +125,8 @@ class SchedulerService:
             decode_burst=settings.decode_burst, overtake_limit=settings.overtake_limit,
             background_wait_s=settings.background_wait, wait_for_index=True,
             num_draft_tokens=settings.num_draft_tokens if settings.speculative != "off" else 0,
-            always_draft=settings.speculative == "suffix"))
+            always_draft=settings.speculative == "suffix",
+            draft_only=settings.speculative in ("draft", "mtp")))
         self.started_at = time.time()
         self.stats = SchedulerStats()
         self.peer_boot: dict[str, str] = {}
@@ -309,7 +310,8 @@ class SchedulerService:
         self.worker_down_since = None
         self.log.info("worker.ready", worker_boot_id=msg.boot_id, model_type=msg.model_type,
                       slots=msg.num_slots, ctx=msg.ctx, trimmable=msg.trimmable,
-                      speculation=msg.speculation or "off",
+                      speculation=msg.speculation or "off", drafter=msg.drafter,
+                      draft_cost=round(msg.draft_cost, 4),
                       resident_tokens=sum(len(s.token_ids) for s in msg.slots),
                       num_page_buffers=msg.num_buffers, page_buffer_bytes=msg.buffer_bytes)
         if not msg.num_buffers:  # the model's cache cannot be paged: nothing goes to disk

@@ -12,10 +12,14 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from switchyard.proto.messages import DecodeItem, RunStep, SampledToken, SlotFailure, StepDone
+import msgspec
+
+from switchyard.proto.messages import (DecodeItem, RunStep, SampledToken, SlotDraft, SlotFailure,
+                                       StepDone)
 from switchyard.proto.shm import PageBufferPool
 from switchyard.worker.cache_kinds import before_token, drop_last_token
 from switchyard.worker.constraints import ConstraintEngine
+from switchyard.worker.drafters import Drafter, DraftRow
 from switchyard.worker.errors import ImageInputError
 from switchyard.worker.page_io import PageLayout
 from switchyard.worker.sampling import sample_lazy
@@ -26,8 +30,13 @@ from switchyard.proto.speculation import verified
 class StepExecutor:
     def __init__(self, store: SlotStore, layout: PageLayout | None,
                  pool: PageBufferPool | None, constraints: ConstraintEngine | None = None,
-                 share_tokens=None):
+                 share_tokens=None, drafter: Drafter | None = None):
         self.store = store
+        # Drafts made in the worker (worker/drafters.py: a draft model), for the rows that
+        # ask for them (DecodeItem.draft_tokens).
+        self.drafter = drafter
+        self._drafts: list[SlotDraft] = []  # this step's drafter drafts, as verified
+        self._from_drafter: set[int] = set()  # slots whose draft the drafter made this step
         self.layout = layout
         self.pool = pool
         self.constraints = constraints
@@ -49,6 +58,9 @@ class StepExecutor:
         for copy in step.copies:
             store.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens)
         load_started = time.perf_counter()
+        if self.drafter is not None:  # a slot starting over: its drafter state goes with it
+            for slot in {x.slot for x in (*step.loads, *step.prefills) if x.start == 0}:
+                self.drafter.release(slot)
         for load in step.loads:
             cache = store.loaded(load.slot, load.start, list(load.token_ids), load.images)
             # Room for the context and an eighth more, within --ctx: a conversation that
@@ -58,7 +70,11 @@ class StepExecutor:
             self.layout.load(cache, load.start, [self._buffer(b) for b in load.buffers],
                              load.with_state, len(load.token_ids), max(0, reserve))
         decode_started = time.perf_counter()
-        sampled = self._decode(step) if step.decodes else ()
+        self._drafts, self._from_drafter = [], set()
+        decodes = self._drafted(step.decodes)
+        sampled = self._decode(step, decodes) if decodes else ()
+        draft_s, draft_passes = self.drafter.take_stats() if self.drafter else (0.0, 0)
+        caught_up = getattr(self.drafter, "take_catch_up_tokens", lambda: 0)()
         prefill_started = time.perf_counter()
         failed = []
         for chunk in step.prefills:
@@ -72,19 +88,39 @@ class StepExecutor:
             step=step.step, sampled=sampled,
             num_prefill_tokens=sum(len(c.token_ids) for c in step.prefills),
             num_decode_tokens=len(step.decodes), duration_s=done - started,
-            num_verified_tokens=sum(len(d.draft) for d in step.decodes),
+            num_verified_tokens=sum(len(d.draft) for d in step.decodes)
+            + sum(len(d.token_ids) for d in self._drafts),
+            drafts=tuple(self._drafts), draft_s=draft_s, num_draft_passes=draft_passes,
+            num_catch_up_tokens=caught_up,
             decode_s=prefill_started - decode_started,
             prefill_s=done - prefill_started - encode_s, load_s=decode_started - load_started,
             encode_s=encode_s, num_encoded_tokens=num_encoded, failed=tuple(failed))
 
-    def _decode(self, step: RunStep) -> tuple[SampledToken, ...]:
+    def _drafted(self, decodes: tuple[DecodeItem, ...]) -> tuple[DecodeItem, ...]:
+        """The step's decodes, those that ask the drafter for a draft given one (docs/design.md
+        "Speculative decoding": drafts made in the worker)."""
+        wanted = [i for i, d in enumerate(decodes)
+                  if d.draft_tokens and not d.draft and d.burst_limit > 1]
+        if self.drafter is None or not wanted:
+            return decodes
+        tokens = self.store.tokens
+        rows = [DraftRow(d.slot, tokens[d.slot][:d.position] + [d.token_id],
+                         min(d.draft_tokens, d.burst_limit - 1), d.stop_token_ids)
+                for d in (decodes[i] for i in wanted)]
+        out = list(decodes)
+        for i, draft in zip(wanted, self.drafter.propose(rows)):
+            out[i] = msgspec.structs.replace(out[i], draft=draft)
+        self._from_drafter = {decodes[i].slot for i in wanted}
+        return tuple(out)
+
+    def _decode(self, step: RunStep, decodes: tuple[DecodeItem, ...]) -> tuple[SampledToken, ...]:
         """Batched decode iterations; a sequence drops out at a stop token or its limit."""
-        constrained = self._sync_constraints(step.decodes)
-        if any(d.draft for d in step.decodes):
-            return self._verify(step.decodes, constrained)
-        if len(step.decodes) == 1 and step.num_decode_steps > 1 and self.store.drops_last_token:
-            return self._decode_pipelined(step.decodes[0], step.num_decode_steps, constrained)
-        active = [[d, d.position, d.token_id, 0] for d in step.decodes]  # item, pos, input, n
+        constrained = self._sync_constraints(decodes)
+        if any(d.draft for d in decodes):
+            return self._verify(decodes, constrained)
+        if len(decodes) == 1 and step.num_decode_steps > 1 and self.store.drops_last_token:
+            return self._decode_pipelined(decodes[0], step.num_decode_steps, constrained)
+        active = [[d, d.position, d.token_id, 0] for d in decodes]  # item, pos, input, n
         sampled = []
         for _ in range(step.num_decode_steps):
             if not active:
@@ -149,8 +185,13 @@ class StepExecutor:
         store.truncate(item.slot, item.position)
         cache = store.parked(item.slot)
 
+        hiddens = []  # final hidden states per fed token, for an MTP drafter
+
         def logits_of(token: mx.array) -> mx.array:
-            return store.model(token[:, None], cache=cache)[:, -1, :]
+            logits = store.forward(token[:, None], cache)[:, -1, :]
+            if store.mtp is not None:
+                hiddens.append(store.last_hidden)
+            return logits
 
         def sample(logits: mx.array, index: int) -> mx.array:
             if constrained:
@@ -180,7 +221,8 @@ class StepExecutor:
                 break
             fed.append(token)
             y = sample(following, i + 1) if constrained else following
-        store.record(item.slot, fed)
+        store.record(item.slot, fed,
+                     mx.concatenate(hiddens[:len(fed)], axis=1) if hiddens else None)
         return tuple(sampled)
 
     def _verify(self, items: tuple[DecodeItem, ...], constrained: bool
@@ -229,4 +271,10 @@ class StepExecutor:
                 if constrained:
                     self.constraints.accept(item.slot, token)
         self.store.keep(slots, rows, kept)
+        if self.drafter is not None:
+            for item, draft, k in zip(items, drafts, kept):
+                # The drafter's state past what the slot kept goes (rejected tokens).
+                self.drafter.cut(item.slot, item.position + k)
+                if item.slot in self._from_drafter and draft:
+                    self._drafts.append(SlotDraft(item.slot, tuple(draft)))
         return tuple(sampled)

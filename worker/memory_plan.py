@@ -35,16 +35,21 @@ class MemoryPlan:
     # A vision-language model: the encoder's kept features and its activations for the
     # largest image (worker/vision/memory.py); its weights are in `weights`.
     vision: int = 0
+    # A draft model (--draft-model): its weights and its own KV for every slot at full
+    # context, with its batch copy (worker/draft_model.py; never paged). An MTP head
+    # (worker/mtp.py): its weights and its KV per slot.
+    draft: int = 0
 
     @property
     def total(self) -> int:
         return (self.runtime + self.weights + self.slot_kv + self.batch_kv + self.recurrent
-                + self.activations + self.page_buffers + self.vision)
+                + self.activations + self.page_buffers + self.vision + self.draft)
 
     def as_fields(self) -> dict[str, int]:
         return {"runtime": self.runtime, "weights": self.weights, "slot_kv": self.slot_kv, "batch_kv": self.batch_kv,
                 "recurrent": self.recurrent, "activations": self.activations,
-                "page_buffers": self.page_buffers, "vision": self.vision, "total": self.total,
+                "page_buffers": self.page_buffers, "vision": self.vision, "draft": self.draft,
+                "total": self.total,
                 "limit": self.limit, "headroom": self.headroom}
 
     def describe(self) -> str:
@@ -74,7 +79,10 @@ def make_plan(*, runtime: int, weights: int, kv_bytes_per_token: int,
               recurrent_bytes_per_slot: int,
               num_slots: int, ctx: int, prefill_chunk: int, num_heads: int,
               hidden: int, intermediate: int, vocab: int, page_buffers: int,
-              limit: int, headroom: int, vision: int = 0) -> MemoryPlan:
+              limit: int, headroom: int, vision: int = 0, draft_weights: int = 0,
+              draft_kv_bytes_per_token: int = 0, draft_batched: bool = True) -> MemoryPlan:
+    """`draft_*`: a drafter in the worker, a draft model (whose slots are also merged into a
+    batch, `draft_batched`) or an MTP head (worker/mtp.py: its KV stays per slot)."""
     slot_kv = num_slots * ctx * kv_bytes_per_token
     # While several slots decode together their KV is also held as one merged batch.
     batch_kv = slot_kv if num_slots > 1 else 0
@@ -83,7 +91,10 @@ def make_plan(*, runtime: int, weights: int, kv_bytes_per_token: int,
     scores = prefill_chunk * ctx * num_heads * 4
     mlp = prefill_chunk * (3 * intermediate + 4 * hidden) * 4
     activations = scores + mlp + num_slots * vocab * 4 * 2
-    return MemoryPlan(runtime=runtime, weights=weights, slot_kv=slot_kv, batch_kv=batch_kv,
+    draft_kv = num_slots * ctx * draft_kv_bytes_per_token
+    draft = (draft_weights + draft_kv * (2 if num_slots > 1 and draft_batched else 1)
+             if draft_weights else 0)
+    return MemoryPlan(draft=draft,runtime=runtime, weights=weights, slot_kv=slot_kv, batch_kv=batch_kv,
                       recurrent=num_slots * recurrent_bytes_per_slot, activations=activations,
                       page_buffers=page_buffers, limit=limit, headroom=headroom, vision=vision)
 
@@ -98,6 +109,7 @@ def check_plan(plan: MemoryPlan, num_slots: int, ctx: int, kv_bits: int = 0) -> 
         f"available ({format_size(plan.limit)} device limit minus "
         f"{format_size(plan.headroom)} headroom); {format_size(over)} too much. "
         f"Lower --slots (now {num_slots}) or --ctx (now {ctx}), or --prefill-chunk"
+        + (", or use a smaller --draft-model" if plan.draft else "")
         + (f", or --kv-bits (now {kv_bits}). " if kv_bits == 8 else
            ". " if kv_bits else "; or quantize KV with --kv-bits 8. ")
         + plan.describe())

@@ -27,7 +27,7 @@ from switchyard.proto.page_ids import kv_namespace as page_namespace
 from switchyard.proto.service_loop import SchedulerLink, StopFlag
 from switchyard.proto.settings import Settings, parse_size
 from switchyard.proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
-from switchyard.worker.cache_kinds import leaves, window_bytes
+from switchyard.worker.cache_kinds import leaves, verifiable, window_bytes
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
 from switchyard.worker.cpu_weights import add_float_copies, copy_bytes
 from switchyard.worker.cpu_weights import wanted as float_copies_wanted
@@ -43,8 +43,10 @@ from switchyard.worker.memory_plan import (
     make_plan,
     resident_bytes,
 )
+from switchyard.worker.draft_model import load_drafter
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.model_loading import LoadedModel, load_model
+from switchyard.worker.mtp import MTPDrafter, mtp_drafter_for
 from switchyard.worker.sharding import check_splittable, split
 from switchyard.worker.slots import SlotStore
 from switchyard.worker.vision.memory import vision_bytes
@@ -113,7 +115,8 @@ def unpaged_bytes_per_token(loaded: LoadedModel, num_tokens: int = 256) -> int:
 def speculation_mode(settings: Settings, verifiable: str, kinds: str, log) -> str:
     """What speculative decoding this worker does (docs/design.md "Speculative decoding"):
     "batched", "alone" or "" (off), with one line saying why when it is less than batched.
-    `--speculative suffix` on a model that cannot take rejected tokens back is refused.
+    `--speculative suffix`, `draft` or `mtp` on a model that cannot take rejected tokens back
+    is refused.
     (A vision-language model verifies as its caches allow: a verify pass positions each row
     after its slot's images as a plain decode does, worker/vision/slots.py.)"""
     if settings.speculative == "off":
@@ -121,15 +124,40 @@ def speculation_mode(settings: Settings, verifiable: str, kinds: str, log) -> st
     reason = (f"this model's layer caches ({kinds}) cannot take back rejected draft tokens "
               f"exactly")
     if not verifiable:
-        if settings.speculative == "suffix":
-            raise ModelLoadError(f"--speculative suffix: {reason}; serve it with "
-                                 f"--speculative auto or off")
+        if settings.speculative in ("suffix", "draft", "mtp"):
+            raise ModelLoadError(f"--speculative {settings.speculative}: {reason}; serve it "
+                                 f"with --speculative auto or off")
         log.warning("speculation.off", reason=reason)
     elif verifiable == "alone":
         log.info("speculation.alone", reason=f"sliding-window rings ({kinds}) are taken back "
                  f"for a lone decoding sequence only: steps that decode several sequences "
                  f"verify no drafts")
     return verifiable
+
+
+def draft_cost(loaded: LoadedModel, draft: LoadedModel | None, drafter=None) -> float:
+    """A draft pass's cost relative to a plain pass of the model, before any is measured: the
+    share of the weights it reads (a decode pass reads every weight once; an MTP head's pass
+    reads its own and the model's lm_head)."""
+    weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
+    if isinstance(drafter, MTPDrafter):
+        return min(1.0, drafter.pass_bytes / max(1, weights))
+    if draft is None:
+        return 0.0
+    draft_weights = sum(v.nbytes for _, v in tree_flatten(draft.model.parameters()))
+    return min(1.0, draft_weights / max(1, weights))
+
+
+def draft_fields(draft: LoadedModel | None, drafter) -> dict:
+    """The start-up line's word on the draft model (or the MTP head)."""
+    if isinstance(drafter, MTPDrafter):
+        return {"draft_model": "", "mtp_head_bytes": drafter.nbytes,
+                "mtp_kv_bytes_per_token": drafter.kv_bytes_per_token()}
+    if draft is None:
+        return {"draft_model": ""}
+    return {"draft_model": str(draft.path), "draft_model_type": draft.model_type,
+            "draft_kv_bytes_per_token": draft.kv_bytes_per_token,
+            "draft_catch_up_tokens": drafter.catch_up_tokens}
 
 
 def cache_kinds(loaded: LoadedModel) -> str:
@@ -149,9 +177,13 @@ def buffer_count(layout: PageLayout | None, settings: Settings,
 
 
 def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | None,
-                num_buffers: int | None = None, float_copies: int = 0):
+                num_buffers: int | None = None, float_copies: int = 0,
+                draft: LoadedModel | None = None, draft_copies: int = 0,
+                mtp: MTPDrafter | None = None):
     """`float_copies`: bytes of the CPU's float32 copies of quantized matrices
-    (worker/cpu_weights.py), counted with the weights."""
+    (worker/cpu_weights.py), counted with the weights; `draft`: a draft model (its weights,
+    with `draft_copies`, and its KV per slot); `mtp`: an MTP head (its weights and its KV
+    per slot)."""
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
@@ -173,7 +205,12 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
         hidden=int(text_cfg.get("hidden_size", 0)),
         intermediate=int(text_cfg.get("intermediate_size", 0)),
         vocab=int(text_cfg.get("vocab_size", 0)), page_buffers=page_buffers,
-        limit=device_memory_limit(), headroom=parse_size(settings.memory_headroom))
+        limit=device_memory_limit(), headroom=parse_size(settings.memory_headroom),
+        draft_weights=(sum(v.nbytes for _, v in tree_flatten(draft.model.parameters()))
+                       + draft_copies) if draft is not None else mtp.nbytes if mtp else 0,
+        draft_kv_bytes_per_token=draft.kv_bytes_per_token if draft is not None
+        else mtp.kv_bytes_per_token() if mtp else 0,
+        draft_batched=mtp is None)
     return plan
 
 
@@ -237,20 +274,31 @@ def run(settings: Settings) -> None:
                               "--page-size": settings.page_size, "--kv-bits": settings.kv_bits,
                               "--kv-group-size": settings.kv_group_size})
         check_kv_quant_runs(loaded, settings)
+        speculation = speculation_mode(settings, verifiable(loaded.make_cache()),
+                                       cache_kinds(loaded), log)
+        drafter, draft = (load_drafter(settings, loaded)
+                          if settings.draft_model and speculation else (None, None))
+        mtp = mtp_drafter_for(loaded, settings.speculative, group is not None, log) \
+            if speculation and drafter is None else None
+        drafter = drafter or mtp
         layout, paging = page_layout(loaded, settings, log)
         largest = group.all_max(layout.buffer_bytes if layout else 0) if group else 0
         num_buffers = buffer_count(layout, settings, largest)
         copies = copy_bytes(loaded.model) if float_copies_wanted() else 0
-        plan = plan_memory(loaded, settings, layout, num_buffers, copies)
+        draft_copies = copy_bytes(draft.model) if draft is not None and copies else 0
+        plan = plan_memory(loaded, settings, layout, num_buffers, copies, draft, draft_copies,
+                           mtp)
         if copies and plan.total > plan.limit - plan.headroom:
             log.warning("worker.float_copies_skipped", bytes=copies,
                         reason="float32 copies of the quantized weights (CPU backend: its "
                                "quantized matmul is slow for more than one row) do not fit "
                                "the memory plan; forward passes use the quantized kernels")
-            copies = 0
-            plan = plan_memory(loaded, settings, layout, num_buffers)
+            copies = draft_copies = 0
+            plan = plan_memory(loaded, settings, layout, num_buffers, draft=draft, mtp=mtp)
         if copies:
             add_float_copies(loaded.model)
+        if draft_copies:
+            add_float_copies(draft.model)
         log.info("worker.memory_plan", kv_quant=kv_form(loaded),
                  kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
         check_plan(plan, settings.slots, settings.ctx, settings.kv_bits)
@@ -271,12 +319,8 @@ def run(settings: Settings) -> None:
         log.error("worker.group_lost", reason=str(exc))
         sys.exit(1)
     store = make_store(loaded, settings, log)
-    try:
-        speculation = speculation_mode(settings, store.verifiable, cache_kinds(loaded), log)
-    except ModelLoadError as exc:
-        log.error("worker.refused_to_start", reason=str(exc))
-        print(f"switchyard worker: {exc}", file=sys.stderr)
-        sys.exit(2)
+    if mtp is not None:  # the store hands it every pass's final hidden states
+        store.attach_mtp(mtp)
     constraints = ConstraintEngine(lambda: llguidance_tokenizer(str(loaded.path)))
     layout_tag_ = layout_tag(group.parallel, group.size, group.rank) if group else ""
     namespace = kv_namespace(loaded, layout, settings.page_size, layout_tag_)
@@ -285,9 +329,10 @@ def run(settings: Settings) -> None:
              slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
              kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging,
-             speculation=speculation or "off", cpu_float_copies_bytes=copies)
+             speculation=speculation or "off", cpu_float_copies_bytes=copies,
+             **draft_fields(draft, drafter))
     if group is None:
-        executor = StepExecutor(store, layout, pool, constraints)
+        executor = StepExecutor(store, layout, pool, constraints, drafter=drafter)
         ranks: tuple[RankInfo, ...] = ()
     else:
         # Constraints and logit_bias act on rank 0's logits alone: it samples for all.
@@ -304,6 +349,8 @@ def run(settings: Settings) -> None:
             model_type=loaded.model_type, num_slots=settings.slots, ctx=settings.ctx,
             page_size=settings.page_size, kv_bytes_per_token=loaded.kv_bytes_per_token,
             trimmable=store.trimmable, speculation=speculation,
+            drafter=drafter.kind if drafter is not None else "",
+            draft_cost=draft_cost(loaded, draft, drafter),
             slots=tuple(SlotContents(i, t, store.slot_images(i))
                         for i, t in enumerate(store.contents())),
             shm_name=pool.name if pool else "", num_buffers=pool.num_buffers if pool else 0,

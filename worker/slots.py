@@ -58,6 +58,26 @@ class SlotStore:
         # (worker/cache_kinds.py `verifiable`).
         self.verifiable = verifiable(self._parked[0])
         self._before_verify: list | None = None
+        # Multi-token prediction (worker/mtp.py): the model runs as body and head, and every
+        # pass's final hidden states are handed to the drafter.
+        self.mtp = None
+        self._body = self._head = None
+        self.last_hidden: mx.array | None = None
+        self._verify_hidden: mx.array | None = None
+
+    def attach_mtp(self, drafter) -> None:
+        from switchyard.worker.mtp import body_and_head
+
+        self.mtp = drafter
+        self._body, self._head = body_and_head(self.model)
+
+    def forward(self, inputs: mx.array, cache: list, **model_inputs) -> mx.array:
+        """The model's logits for `inputs`; with an MTP drafter also its final hidden states
+        (`last_hidden`), computed once for both."""
+        if self.mtp is None:
+            return self.model(inputs, cache=cache, **model_inputs)
+        self.last_hidden = self._body(inputs, cache=cache, **model_inputs)
+        return self._head(self.last_hidden)
 
     @property
     def num_slots(self) -> int:
@@ -73,6 +93,8 @@ class SlotStore:
         if length == held:
             return
         self._unbatch()
+        if self.mtp is not None:
+            self.mtp.cut(slot, length)
         if length == 0:
             self._parked[slot] = _emptied(self._parked[slot], self._make_cache())
         elif self.trimmable:
@@ -81,6 +103,23 @@ class SlotStore:
         else:
             raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         del self.tokens[slot][length:]
+
+    def cut_back(self, slot: int, length: int) -> None:
+        """`truncate` for a slot that may be a row of the decode batch: where every layer of
+        the batch cuts rows (attention KV), the row is cut there and the batch kept (a draft
+        model's rejected tokens, every step); otherwise the slot is truncated."""
+        held = len(self.tokens[slot])
+        if length >= held:
+            return
+        batch = self._batch if slot in self._batch_slots else None
+        if batch is None or not self.trimmable or \
+                not all(hasattr(c, "trim_rows") for c in leaves(batch)):
+            self.truncate(slot, length)
+            return
+        self._cut(batch, [held - length if s == slot else 0 for s in self._batch_slots])
+        del self.tokens[slot][length:]
+        if max(c.lag for c in leaves(batch)) > _MAX_LAG:
+            self._unbatch()
 
     def prefill_chunk(self, chunk: PrefillChunk) -> None:
         """A step's prefill chunk (a vision store adds its images: worker/vision/slots.py)."""
@@ -92,7 +131,9 @@ class SlotStore:
         self._check_room(slot, len(token_ids))
         self._unbatch_slot(slot)
         cache = self._parked[slot]
-        self.model(mx.array(token_ids)[None], cache=cache, **model_inputs)
+        self.forward(mx.array(token_ids)[None], cache, **model_inputs)
+        if self.mtp is not None:
+            self.mtp.observe(slot, start, token_ids, self.last_hidden)
         # Evaluate the cache only: the chunk's logits are never needed, so the lazy graph
         # skips the lm_head for prefill.
         mx.eval([c.state for c in cache])
@@ -104,9 +145,11 @@ class SlotStore:
             self.truncate(slot, pos)
             self._check_room(slot, 1)
         cache = self._cache_for(tuple(slots))
-        logits = self.model(mx.array(token_ids)[:, None], cache=cache)[:, -1, :]
-        for slot, tok in zip(slots, token_ids):
+        logits = self.forward(mx.array(token_ids)[:, None], cache)[:, -1, :]
+        for row, (slot, pos, tok) in enumerate(zip(slots, positions, token_ids)):
             self.tokens[slot].append(tok)
+            if self.mtp is not None:
+                self.mtp.observe(slot, pos, [tok], self.last_hidden[row:row + 1])
         return logits
 
     def verify(self, slots: list[int], positions: list[int], rows: list[list[int]]) -> mx.array:
@@ -123,7 +166,9 @@ class SlotStore:
         self._before_verify = before_verify(cache)
         width = max(len(r) for r in rows)
         padded = [list(r) + [r[-1]] * (width - len(r)) for r in rows]
-        return self._forward(cache, padded, [len(r) for r in rows])
+        logits = self._forward(cache, padded, [len(r) for r in rows])
+        self._verify_hidden = self.last_hidden
+        return logits
 
     def _forward(self, cache: list, rows: list[list[int]], lengths: list[int]) -> mx.array:
         """A forward pass of right-padded rows. Recurrent layers of a batch are told each
@@ -132,7 +177,7 @@ class SlotStore:
         for c in states:
             c.lengths = mx.array(lengths)
         try:
-            return self.model(mx.array(rows), cache=cache)
+            return self.forward(mx.array(rows), cache)
         finally:
             for c in states:
                 c.lengths = None
@@ -158,7 +203,10 @@ class SlotStore:
             self._cut(cache, [again - k if r else again for k, r in zip(kept, redo)])
         else:
             self._cut(cache, [width - k for k in kept])
-        for slot, row, k in zip(slots, rows, kept):
+        hidden, self._verify_hidden = self._verify_hidden, None
+        for r, (slot, row, k) in enumerate(zip(slots, rows, kept)):
+            if self.mtp is not None:  # the kept tokens' hidden states, from the verify pass
+                self.mtp.observe(slot, len(self.tokens[slot]), row[:k], hidden[r:r + 1, :k])
             self.tokens[slot].extend(row[:k])
         if len(slots) > 1 and max(getattr(c, "lag", 0) for c in leaves(self._batch)) > _MAX_LAG:
             # Rows that kept fewer tokens than others carry junk columns up to the longest
@@ -176,8 +224,11 @@ class SlotStore:
             elif counts[0]:
                 c.trim(counts[0])
 
-    def record(self, slot: int, token_ids: list[int]) -> None:
-        """Note tokens a caller fed into the slot's parked cache itself."""
+    def record(self, slot: int, token_ids: list[int], hidden: mx.array | None = None) -> None:
+        """Note tokens a caller fed into the slot's parked cache itself (`forward`), with
+        their final hidden states [1, len(token_ids), H] when there is an MTP drafter."""
+        if self.mtp is not None and hidden is not None:
+            self.mtp.observe(slot, len(self.tokens[slot]), token_ids, hidden)
         self.tokens[slot].extend(token_ids)
 
     def parked(self, slot: int) -> list:
@@ -192,6 +243,8 @@ class SlotStore:
             raise SlotError("recurrent state exists only at the end of a slot")
         source = self.parked(src)
         self._unbatch_slot(dst)
+        if self.mtp is not None:  # the head's pairs of the source are not copied
+            self.mtp.release(dst)
         self._parked[dst] = copy_prefix(source, num_tokens, self._make_cache())
         self.tokens[dst] = self.tokens[src][:num_tokens]
 

@@ -3,7 +3,9 @@ official `openai` client on the tiny random qwen3: greedy output with drafts is 
 without (the per-request opt-out `"speculative": false` gives the reference on the same
 server), with 4 streams decoded together and under a JSON-schema constraint; and a
 conversation decoded with drafts, switched out of its slot and restored from disk, continues
-exactly as mlx_lm continues it. (Every family twin, --kv-bits 8 and scripted drafts are proved
+exactly as mlx_lm continues it. A group with the twin as its own draft model (`--draft-model`)
+gives the same replies, every draft accepted, and a restored conversation continues exactly
+(the draft model catches up on the restored tokens). (Every family twin, --kv-bits 8 and scripted drafts are proved
 in-process: tests/integration/test_speculative_executor.py.)
 
 A random-weight model copies nothing on its own, so drafts come from the other requests the
@@ -128,3 +130,48 @@ def test_a_conversation_decoded_with_drafts_is_restored_and_continues_exactly(on
         nxt = complete(c, second, True)
     assert nxt.usage.prompt_tokens_details.cached_tokens >= len(first)  # restored
     assert_same_as_reference(nxt, tokenizer, expected, MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def drafting(tiny_qwen3):
+    """The twin as its own draft model (--speculative draft: every decoding row drafted)."""
+    with ServerGroup(tiny_qwen3, slots=2, ctx=4096,
+                     extra=("--speculative", "draft", "--draft-model", str(tiny_qwen3),
+                            "--num-draft-tokens", "4")) as running:
+        yield running
+
+
+def test_a_draft_model_drafts_for_streams_together_and_the_output_is_unchanged(drafting,
+                                                                              tiny_qwen3):
+    """The model drafting for itself: every draft token is accepted (greedy), and the replies
+    are those without drafts; a conversation restored from disk into a slot the draft model
+    knows nothing of continues as mlx_lm continues it (the draft model catches up)."""
+    model, tokenizer = mlx_load(str(tiny_qwen3))
+    first = tokenizer.encode(PROMPTS[0])
+    reply = greedy_reference(model, tokenizer, first, MAX_TOKENS)
+    second = first + reply + tokenizer.encode(" and then the river" * 3,
+                                              add_special_tokens=False)
+    expected = greedy_reference(model, tokenizer, second, MAX_TOKENS)
+    with openai.OpenAI(base_url=drafting.base_url, api_key="none", timeout=TIMEOUT_S,
+                       max_retries=0) as c:
+        with ThreadPoolExecutor(2) as pool:
+            with_drafts = list(pool.map(lambda p: complete(c, p, True), PROMPTS[:2]))
+        without = [complete(c, p, False) for p in PROMPTS[:2]]
+        for p in PROMPTS[2:]:  # both slots taken by other conversations
+            complete(c, p, False)
+        nxt = complete(c, second, True)
+    assert nxt.usage.prompt_tokens_details.cached_tokens >= len(first)  # restored
+    assert_same_as_reference(nxt, tokenizer, expected, MAX_TOKENS)
+    assert drafts_of(drafting, nxt.id)[1] > 0
+    for a, b in zip(with_drafts, without):
+        assert a.choices[0].text == b.choices[0].text
+    for reply in with_drafts:
+        proposed, accepted = drafts_of(drafting, reply.id)
+        assert proposed > MAX_TOKENS // 2 and accepted >= proposed - 4, (proposed, accepted)
+        [rec] = [r for r in drafting.wait_events("request.finished", rid=reply.id,
+                                                 role="scheduler") if "proposers" in r]
+        assert rec["proposers"] == "draft"
+    [started] = drafting.wait_events("worker.started")
+    assert started["draft_model"] == started["model"]
+    [plan] = drafting.wait_events("worker.memory_plan")
+    assert plan["draft"] > 0

@@ -1,6 +1,8 @@
 """The memory plan (F7): every slot at full context is counted, and a plan that does not fit
 refuses to start with a message naming what to lower."""
 
+import dataclasses
+
 import pytest
 
 from switchyard.worker.memory_plan import MemoryPlanError, check_plan, make_plan
@@ -44,3 +46,19 @@ def test_refusal_suggests_quantized_kv_until_4_bits():
     assert "quantize KV with --kv-bits 8" in hints[0]
     assert "--kv-bits (now 8)" in hints[1]
     assert "--kv-bits" not in hints[2]
+
+
+def test_a_draft_model_counts_its_weights_and_its_kv_per_slot():
+    base = plan(slots=4, ctx=8192)
+    with_draft = make_plan(runtime=100 << 20, weights=4 * GIB, kv_bytes_per_token=100_000,
+                           recurrent_bytes_per_slot=0, num_slots=4, ctx=8192,
+                           prefill_chunk=512, num_heads=32, hidden=4096, intermediate=12288,
+                           vocab=150_000, page_buffers=0, limit=64 * GIB, headroom=GIB,
+                           draft_weights=GIB, draft_kv_bytes_per_token=10_000)
+    # Its KV for every slot at full context, and the batch copy beside it.
+    assert with_draft.draft == GIB + 2 * 4 * 8192 * 10_000
+    assert with_draft.total - base.total == with_draft.draft
+    assert "draft " in with_draft.describe()
+    too_big = dataclasses.replace(with_draft, limit=with_draft.total)
+    with pytest.raises(MemoryPlanError, match="or use a smaller --draft-model"):
+        check_plan(too_big, 4, 8192)

@@ -102,8 +102,8 @@ def test_report_text():
     assert "1 thrash events" in text
     assert "2 finished (stop 2), 1 failed (queue_full 1)" in text
     assert "reused 90" in text and "prefilled 110" in text
-    assert "speculative decoding: every decoding sequence, up to 8 draft tokens; 40 proposed, " \
-           "30 accepted (75%)" in text
+    assert "speculative decoding: every decoding sequence, up to 8 draft tokens copied from " \
+           "the conversations; 40 proposed, 30 accepted (75%)" in text
     report["snapshot_age_s"] = 60
     assert "STALE" in status_cli.format_report(report)
 
@@ -177,3 +177,16 @@ def test_status_command(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["running"] and report["components"]["gateway"]["pid"] == os.getpid()
     assert report["snapshot"]["slots"][0]["conversation"] == "abcdef012345"
+
+
+def test_the_speculation_line_says_whose_drafts():
+    from switchyard.proto.status import TokenCounts
+
+    tokens = TokenCounts(draft_proposed=10, draft_accepted=9)
+    line = status_cli.format_speculation(
+        SpeculationStatus(mode="batched", max_draft_tokens=4, proposers="suffix,draft"), tokens)
+    assert line == ("speculative decoding: every decoding sequence, up to 4 draft tokens "
+                    "copied, else from the draft model; 10 proposed, 9 accepted (90%)")
+    line = status_cli.format_speculation(
+        SpeculationStatus(mode="alone", max_draft_tokens=4, proposers="draft"), tokens)
+    assert "a lone decoding sequence" in line and "from the draft model;" in line

@@ -66,14 +66,29 @@ def test_kv_bits_and_group_size_are_checked():
         _parse(["--kv-bits", "4", "--kv-group-size", "48"])
 
 
-def test_speculative_modes_are_checked_and_the_later_ones_refused_in_one_line():
+def test_a_draft_model_goes_with_auto_or_draft_and_a_single_worker():
+    Settings(draft_model="small.gguf").validate()
+    Settings(draft_model="small.gguf", speculative="draft").validate()
+    with pytest.raises(SettingsError, match="--speculative draft needs --draft-model PATH"):
+        Settings(speculative="draft").validate()
+    for mode in ("suffix", "mtp", "off"):
+        with pytest.raises(SettingsError,
+                           match=f"--draft-model is unused with --speculative {mode}"):
+            Settings(draft_model="small.gguf", speculative=mode).validate()
+    with pytest.raises(SettingsError, match="--draft-model runs on a single worker"):
+        Settings(draft_model="small.gguf", hostfile="hosts.json").validate()
+    assert _parse(["--draft-model", "small.gguf"]).draft_model == "small.gguf"
+
+
+def test_speculative_modes_are_checked():
     assert Settings().speculative == "auto" and Settings().num_draft_tokens == 8
     Settings(speculative="off").validate()
     Settings(speculative="suffix", num_draft_tokens=16).validate()
-    for later in ("draft", "mtp"):
-        with pytest.raises(SettingsError, match=f"--speculative {later} is not available yet"):
-            Settings(speculative=later).validate()
-    with pytest.raises(SettingsError, match="--speculative must be one of auto, suffix, off"):
+    # mtp is a valid setting; whether the model ships MTP heads is the worker's to say
+    # (tests/integration/test_mtp.py)
+    assert _parse(["--speculative", "mtp"]).speculative == "mtp"
+    with pytest.raises(SettingsError,
+                       match="--speculative must be one of auto, suffix, draft, mtp, off"):
         Settings(speculative="ngram").validate()
     with pytest.raises(SettingsError, match="--num-draft-tokens must be 1..64"):
         Settings(num_draft_tokens=0).validate()
