@@ -71,7 +71,9 @@ def cut_before_images(req: Request, start: int, end: int, room: int, budget: Pre
         image_cost = budget.encode_tokens(image.num_tokens)
         if image.start > start and (image.start - start) + cost + image_cost > room:
             return image.start, cost
-        if image.start == start and image_cost > room and not budget.afford(image_cost):
+        # The chunk's own tokens are saved for too: the step that encodes owes nothing after.
+        if (image.start == start and image_cost > room
+                and not budget.afford(image_cost + end - start)):
             return start, 0
         cost += image_cost
     return end, cost

@@ -169,9 +169,9 @@ def test_an_encoding_dearer_than_a_step_waits_until_the_budget_has_saved_it():
             break
         assert room <= 64  # a saving bucket never grants a chunk beyond the step's
         assert steps < 100
-    assert cost == 200 and steps == 24  # 200 / 8.5 steps of saving, then the encoding
+    assert cost == 200 and steps == 32  # (200 + 64) / 8.5 steps of saving, then the chunk
     budget.spend(64 + cost)
-    assert budget.grant(1) == 0  # the chunk's tokens are still owed
+    assert budget.credit >= 0  # nothing owed after it: the stall was paid for before
     # With nothing decoding there is nothing to protect: at once, and the bucket takes it.
     fresh = PrefillBudget(64, 0.5)
     fresh.observe(1, 0.01, 100, 0.1)
