@@ -6,8 +6,8 @@ one batch, as the verify pass has), holding a prefix of the slot's tokens. Per s
 brought to its slot's tokens (what differs is cut back, at most `catch_up_tokens` missing
 tokens are prefilled; a row further behind gets no draft this step), then one batched pass
 feeds each row's last few tokens (its input, and the last accepted draft token) and k - 1
-batched single-token passes follow, each feeding the previous pass's greedy token. The draft
-model's KV is never paged: it is rebuilt from tokens.
+batched single-token passes follow, each feeding the previous pass's greedy token, all queued
+before a token is read back. The draft model's KV is never paged: it is rebuilt from tokens.
 """
 
 from __future__ import annotations
@@ -73,19 +73,15 @@ class DraftModelDrafter:
             tails = [list(r.tokens[p:]) for r, p in zip(ready, positions)]
             logits = store.verify(slots, positions, tails)
             last = logits[mx.arange(len(tails)), mx.array([len(t) - 1 for t in tails])]
-            tokens = mx.argmax(last, axis=-1).tolist()
+            first = mx.argmax(last, axis=-1)
             store.keep(slots, tails, [len(t) for t in tails])
-            self._passes += 1
             longest = max(r.max_tokens for r in ready)
-            out = [[t] for t in tokens]
-            for _ in range(longest - 1):
-                if all(_done(o, r) for o, r in zip(out, ready)):
-                    break
-                logits = store.decode(slots, [len(store.tokens[s]) for s in slots], tokens)
-                tokens = mx.argmax(logits, axis=-1).tolist()
-                self._passes += 1
-                for o, t in zip(out, tokens):
-                    o.append(t)
+            # Every pass is queued before a token is read back (no sync per pass).
+            rest = store.decode_greedy(slots, first, longest - 1) if longest > 1 else None
+            self._passes += longest
+            drafted = first[:, None] if rest is None else \
+                mx.concatenate([first[:, None], rest], axis=1)
+            out = drafted.tolist()
             drafts = {r.slot: self._cut(o, r) for o, r in zip(out, ready)}
         self._seconds += time.perf_counter() - started
         return [tuple(drafts.get(r.slot, ())) for r in rows]
@@ -112,10 +108,6 @@ class DraftModelDrafter:
     def take_catch_up_tokens(self) -> int:
         caught_up, self._caught_up = self._caught_up, 0
         return caught_up
-
-
-def _done(draft: list[int], row: DraftRow) -> bool:
-    return len(draft) >= row.max_tokens or draft[-1] in row.stop_token_ids
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -152,6 +152,25 @@ class SlotStore:
                 self.mtp.observe(slot, pos, [tok], self.last_hidden[row:row + 1])
         return logits
 
+    def decode_greedy(self, slots: list[int], first: mx.array, steps: int) -> mx.array:
+        """`steps` batched single-token passes at the slots' ends, the first feeding `first`
+        (one token per slot, possibly not computed yet) and each next one the previous pass's
+        argmax, all queued before any token is read back (a draft model's drafts). Returns
+        the argmaxes, [len(slots), steps]; the slots then hold `first` and all but the last."""
+        for slot in slots:
+            self._check_room(slot, steps)
+        cache = self._cache_for(tuple(slots))
+        y, out = first, []
+        for _ in range(steps):
+            y = mx.argmax(self.model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+            mx.async_eval(y)
+            out.append(y)
+        drafted = mx.stack(out, axis=1)
+        fed = mx.concatenate([first[:, None], drafted[:, :-1]], axis=1).tolist()
+        for slot, tokens in zip(slots, fed):
+            self.tokens[slot].extend(tokens)
+        return drafted
+
     def verify(self, slots: list[int], positions: list[int], rows: list[list[int]]) -> mx.array:
         """Feed each slot its row (the input token, then its draft) at its position, all in
         one forward pass, and return the logits of every position, [len(slots), longest row,

@@ -16,13 +16,17 @@ import shutil
 import warnings
 from types import SimpleNamespace
 
+import jsonschema
 import mlx.core as mx
 from mlx.utils import tree_map
 import numpy as np
 import pytest
 
+from switchyard.gateway.request import structured
 from switchyard.proto.messages import CopyPrefix, DecodeItem, PrefillChunk, RunStep, SamplingParams
 from switchyard.proto.speculation import num_accepted
+from switchyard.proto.tokenizer_loading import load_tokenizer
+from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
 from switchyard.worker.draft_model import DraftModelDrafter, load_drafter
 from switchyard.worker.drafters import DraftRow
 from switchyard.worker.errors import ModelLoadError
@@ -40,7 +44,7 @@ class Driver:
     the draft model and verified."""
 
     def __init__(self, main_path, draft_path, num_seqs: int, catch_up: int = 512,
-                 noise: float = 0.0):
+                 noise: float = 0.0, constraints=None):
         main = load_model(str(main_path))
         draft = main if draft_path == main_path and not noise else load_model(str(draft_path))
         if noise:  # the model with its weights disturbed: drafts accepted partly
@@ -52,7 +56,7 @@ class Driver:
         self.store = SlotStore(main.model, main.make_cache, 2 * n + 1, 2048)
         self.drafter = DraftModelDrafter(
             SlotStore(draft.model, draft.make_cache, 2 * n + 1, 2048), catch_up, 1 << 20)
-        self.ex = StepExecutor(self.store, None, None, drafter=self.drafter)
+        self.ex = StepExecutor(self.store, None, None, constraints, drafter=self.drafter)
         self.step = 0
         for s in range(n):
             for slot in (s, n + s):
@@ -62,8 +66,9 @@ class Driver:
         self.step += 1
         return self.ex.run(RunStep(self.step, **kw))
 
-    def plain(self, length: int):
-        """Batched single-token steps: the tokens and each step's top-2 logit gap."""
+    def plain(self, length: int, sampling=SamplingParams()):
+        """Batched single-token steps: the tokens and each step's top-2 logit gap (a sampled
+        request: steps through the executor, no gaps)."""
         out = [[] for _ in range(self.n)]
         gaps = [[] for _ in range(self.n)]
         inputs = [p[-1] for p in PROMPTS[:self.n]]
@@ -72,6 +77,13 @@ class Driver:
             if not slots:
                 break
             positions = [len(PROMPTS[s]) - 1 + i for s in slots]
+            if sampling.temperature or sampling.grammar:
+                items = tuple(DecodeItem(s, p, inputs[s], sampling, i, stop_token_ids=STOP)
+                              for s, p in zip(slots, positions))
+                for t in self.run(decodes=items).sampled:
+                    out[t.slot].append(t.token_id)
+                    inputs[t.slot] = t.token_id
+                continue
             logits = np.array(self.store.decode(slots, positions, [inputs[s] for s in slots])
                               .astype(mx.float32))
             for row, s in enumerate(slots):
@@ -81,7 +93,8 @@ class Driver:
                 out[s].append(inputs[s])
         return out, gaps
 
-    def drafted(self, length: int, k: int, slots=None, prompts=None, done_before=None):
+    def drafted(self, length: int, k: int, slots=None, prompts=None, done_before=None,
+                sampling=SamplingParams()):
         """Steps whose rows ask the drafter for k tokens; the tokens and the counts."""
         slots = slots or [self.n + s for s in range(self.n)]
         prompts = prompts or PROMPTS[:self.n]
@@ -95,7 +108,7 @@ class Driver:
                 if m >= length or (out[r] and out[r][-1] in STOP):
                     continue
                 items.append(DecodeItem(slot, len(prompts[r]) - 1 + m, inputs[r],
-                                        SamplingParams(), m, burst_limit=min(k + 1, length - m),
+                                        sampling, m, burst_limit=min(k + 1, length - m),
                                         stop_token_ids=STOP, draft_tokens=k))
             done = self.run(decodes=tuple(items))
             stats["steps"] += 1
@@ -157,6 +170,42 @@ def test_a_disturbed_twin_drafts_partly_accepted_and_the_output_is_plain_decode(
     for s in range(4):
         assert_same_or_near_tie(spec[s], ref[s], gaps[s], f"row {s}")
     assert 0 < stats["accepted"] < stats["proposed"], stats
+
+
+def test_a_seeded_sampled_request_gives_the_same_tokens_with_draft_model_drafts(
+        tiny_model_dir):
+    """The drafts are greedy point masses: each verify position samples the model's token
+    with the plain step's key, so a seeded request's tokens do not depend on them."""
+    path = tiny_model_dir("qwen3")
+    sampling = SamplingParams(temperature=1.0, top_k=20, seed=1234)
+    d = Driver(path, path, 2, noise=0.01)
+    ref, _ = d.plain(30, sampling)
+    spec, stats = d.drafted(30, 4, sampling=sampling)
+    assert spec == ref
+    assert stats["proposed"] > 0 and stats["accepted"] > 0
+
+
+SCHEMA = {"type": "object", "properties": {
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 4},
+    "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["tags", "n"], "additionalProperties": False}
+
+
+def test_a_json_schema_constrained_reply_is_the_same_with_draft_model_drafts(tiny_model_dir):
+    """The draft model knows nothing of the grammar: its drafts are cut before the first
+    token the grammar rejects, and every verify position is masked as a plain step is."""
+    pytest.importorskip("llguidance")
+    path = tiny_model_dir("qwen3")
+    engine = ConstraintEngine(lambda: llguidance_tokenizer(str(path)))
+    sampling = SamplingParams(grammar=structured.json_schema(SCHEMA, "s").grammar)
+    d = Driver(path, path, 2, noise=0.03, constraints=engine)
+    ref, _ = d.plain(60, sampling)
+    spec, stats = d.drafted(60, 4, sampling=sampling)
+    assert spec == ref
+    assert stats["proposed"] > 0
+    text = load_tokenizer(str(path)).decode([t for t in spec[0] if t not in STOP])
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert engine.num_errors == 0
 
 
 @pytest.mark.parametrize("draft_arch", ["llama", "qwen3_next"])
