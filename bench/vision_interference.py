@@ -106,9 +106,12 @@ def main() -> int:
     model = twin(args.side)
     rows = []
     try:
-        # Rates count streamed chunks: one per token only without decode bursts.
+        # Rates count streamed chunks: one per token only without decode bursts, and without
+        # speculation (the twin's replies repeat themselves, so drafts would make X's rate
+        # swing with what the proposer finds, hiding what the encoder costs it).
         with ServerGroup(model, slots=2, ctx=8192,
-                         extra=["--log-level", "debug", "--decode-burst", "1"]) as group:
+                         extra=["--log-level", "debug", "--decode-burst", "1",
+                                "--speculative", "off"]) as group:
             x_text = pick_x(group.url, args)
             solo = stream(group.url, CHAT, x_body(x_text, args))
             ratios = []
