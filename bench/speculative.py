@@ -3,6 +3,7 @@
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python bench/speculative.py --model PATH.gguf [--tokens 160] [--rounds 2] \\
         [--draft-model PATH [--speculative draft]] [--speculative mtp]
+        [--peer mlx_lm [--weights f32] [--draft-model PATH]]
 
 Three workloads on one server (`--slots 4`), greedy and streamed through /v1/chat/completions:
 
@@ -28,6 +29,16 @@ draft model's for every row, whatever it costs). The model as its own draft mode
 exactness check (every draft token accepted, outputs equal) and the overhead bound: k draft
 passes as dear as the model's own pass buy k + 1 tokens per verify pass. `--speculative mtp`
 serves a model that ships an MTP head (Qwen3-Next, Qwen3.5 text checkpoints) with its drafts.
+
+`--peer mlx_lm` runs the same workloads instead beside mlx_lm.server of this venv, single
+stream, in one run (the order of the six requests of a round reversed every other round):
+Switchyard as it ships (`auto`, the request field on/off), Switchyard with
+`--draft-model --speculative draft` (field on/off), mlx_lm.server plain and mlx_lm.server with
+`--draft-model`, both with `--num-draft-tokens` as ours (default 8). The draft model is the
+model itself unless `--draft-model` names one; a GGUF reaches mlx_lm.server as a Hugging Face
+directory (bench/_peers.py, `--weights same`; `f32` on a CPU, where MLX's quantized prefill of
+the edit's prompt takes minutes). mlx_lm.server turns batching off when it has a draft model,
+hence the single stream; it reports no acceptance.
 
 Targets (issue 19): edit >= 2.0x, tools >= 1.5x, chat >= 0.95x, 4 concurrent edits >= 1.5x.
 The default model is `switchyard.deploy.default_model.default_model_path()`.
