@@ -3,6 +3,7 @@
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python bench/speculative.py --model PATH.gguf [--tokens 160] [--rounds 2] \\
         [--draft-model PATH [--speculative draft]] [--speculative mtp]
+        [--peer mlx_lm [--weights f32] [--draft-model PATH]]
 
 Three workloads on one server (`--slots 4`), greedy and streamed through /v1/chat/completions:
 
@@ -28,6 +29,16 @@ draft model's for every row, whatever it costs). The model as its own draft mode
 exactness check (every draft token accepted, outputs equal) and the overhead bound: k draft
 passes as dear as the model's own pass buy k + 1 tokens per verify pass. `--speculative mtp`
 serves a model that ships an MTP head (Qwen3-Next, Qwen3.5 text checkpoints) with its drafts.
+
+`--peer mlx_lm` runs the same workloads instead beside mlx_lm.server of this venv, single
+stream, in one run (the order of the six requests of a round reversed every other round):
+Switchyard as it ships (`auto`, the request field on/off), Switchyard with
+`--draft-model --speculative draft` (field on/off), mlx_lm.server plain and mlx_lm.server with
+`--draft-model`, both with `--num-draft-tokens` as ours (default 8). The draft model is the
+model itself unless `--draft-model` names one; a GGUF reaches mlx_lm.server as a Hugging Face
+directory (bench/_peers.py, `--weights same`; `f32` on a CPU, where MLX's quantized prefill of
+the edit's prompt takes minutes). mlx_lm.server turns batching off when it has a draft model,
+hence the single stream; it reports no acceptance.
 
 Targets (issue 19): edit >= 2.0x, tools >= 1.5x, chat >= 0.95x, 4 concurrent edits >= 1.5x.
 The default model is `switchyard.deploy.default_model.default_model_path()`.
@@ -141,21 +152,30 @@ MODEL_ID: list[str] = []  # the served model's name, asked once
 WORKER_PID: list[int] = []  # the worker's pid: its CPU time is read around each decode
 
 
-def worker_cpu_s() -> float:
-    """The worker's CPU seconds so far (user + system, /proc; 0 where there is none)."""
+def worker_cpu_s(pid: int | None = None) -> float:
+    """The worker's (or `pid`'s) CPU seconds so far (user + system, /proc; 0 where there is
+    none)."""
     try:
-        fields = Path(f"/proc/{WORKER_PID[0]}/stat").read_text().rsplit(")", 1)[1].split()
+        pid = pid if pid is not None else WORKER_PID[0]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (IndexError, OSError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stream_chat(url: str, messages: list[dict], max_tokens: int, speculative: bool) -> dict:
-    if not MODEL_ID:
-        MODEL_ID.append(httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"])
-    body = {"model": MODEL_ID[0], "messages": messages, "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-            "speculative": speculative}
+def stream_chat(url: str, messages: list[dict], max_tokens: int, speculative: bool | None,
+                model: str | None = None, pid: int | None = None) -> dict:
+    """One greedy streamed chat completion; `speculative` None sends no such field (a peer),
+    `model` the name to send (default: what the server lists first), `pid` the process whose
+    CPU time is read (default: the worker's)."""
+    if model is None:
+        if not MODEL_ID:
+            MODEL_ID.append(httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"])
+        model = MODEL_ID[0]
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if speculative is not None:
+        body["speculative"] = speculative
     stamps, text, usage, rid, cpu = [], [], None, None, []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as resp:
         resp.raise_for_status()
@@ -172,8 +192,8 @@ def stream_chat(url: str, messages: list[dict], max_tokens: int, speculative: bo
                     stamps.append(time.perf_counter())
                     text.append(piece)
                     if len(stamps) == 1:
-                        cpu.append(worker_cpu_s())
-    cpu.append(worker_cpu_s())
+                        cpu.append(worker_cpu_s(pid))
+    cpu.append(worker_cpu_s(pid))
     return {"rid": rid, "text": "".join(text), "stamps": stamps, "cpu_s": cpu[-1] - cpu[0],
             "tokens": usage["completion_tokens"] if usage else 0}
 
@@ -271,6 +291,98 @@ def run_workload(group: ServerGroup, kind: str, args, rng: random.Random) -> dic
 TARGETS = {"edit": (2.0, 1.5), "tools": (1.5, None), "chat": (0.95, None)}
 
 
+# --- beside mlx_lm.server --draft-model ----------------------------------------------------------
+
+# (arm, server, speculative field): each pair is one ratio, "on" over "off".
+PEER_ARMS = [("sy off", "auto", False), ("sy auto", "auto", True),
+             ("sy draft off", "draft", False), ("sy draft", "draft", True),
+             ("mlx plain", "mlx plain", None), ("mlx draft", "mlx draft", None)]
+PEER_PAIRS = [("auto", "sy off", "sy auto"), ("draft", "sy draft off", "sy draft"),
+              ("mlx_lm draft", "mlx plain", "mlx draft")]
+
+
+def run_peer(args, model: Path, rng: random.Random) -> None:
+    """Every workload, single stream, sent in one run to four servers on the same bytes:
+    Switchyard as it ships (`auto`: copied drafts, request field on/off), Switchyard with
+    `--draft-model --speculative draft` (field on/off), and mlx_lm.server of this venv plain and
+    with `--draft-model` (both `--num-draft-tokens` as ours). The six requests of a round go in
+    turn, the order reversed every other round."""
+    from contextlib import ExitStack
+
+    from bench._peers import hf_export, mlx_lm_server
+
+    draft = Path(args.draft_model) if args.draft_model else model
+    k = str(args.num_draft_tokens or 8)  # Switchyard's default bound
+    peer_model = hf_export(model, args.weights) if model.suffix == ".gguf" else model
+    peer_draft = hf_export(draft, args.weights) if draft.suffix == ".gguf" else draft
+    common = ["--prefill-chunk", "1024", "--num-draft-tokens", k]
+    servers: dict[str, tuple[str, str | None, int]] = {}  # name -> (url, model, pid)
+    groups: dict[str, ServerGroup] = {}
+    with ExitStack() as stack:
+        for name, extra in (("auto", common),
+                            ("draft", common + ["--draft-model", str(draft),
+                                                "--speculative", "draft"])):
+            group = stack.enter_context(ServerGroup(model, slots=4, ctx=4096, extra=extra))
+            groups[name] = group
+            info = httpx.get(f"{group.url}/v1/models", timeout=30).json()
+            servers[name] = (group.url, info["data"][0]["id"], group.pid_of("worker"))
+        for name, extra in (("mlx plain", ["--num-draft-tokens", k]),
+                            ("mlx draft", ["--draft-model", str(peer_draft),
+                                           "--num-draft-tokens", k])):
+            peer = mlx_lm_server(peer_model, extra)
+            stack.enter_context(peer)
+            stack.callback(peer.cleanup)
+            servers[name] = (peer.url, "default_model", peer.proc.pid)
+        for name, (url, served, pid) in servers.items():  # loads and compiles before timing
+            stream_chat(url, chat_messages(rng, "warming up"), 4,
+                        None if name.startswith("mlx") else False, served, pid)
+        rows = []
+        for kind in args.workloads:
+            rows.append(peer_workload(kind, args, rng, servers, groups))
+    print(f"\nmodel {model} (mlx_lm.server: {peer_model}, --weights {args.weights}), "
+          f"draft model {draft}, "
+          f"--num-draft-tokens {k}, {args.tokens} tokens per reply, {args.rounds} rounds, "
+          f"greedy, single stream (mlx_lm.server turns batching off with a draft model)")
+    print(f"{'workload':>8} | {'server':>12} | {'off tok/s':>9} | {'on tok/s':>8} | "
+          f"{'x':>5} | {'x cpu':>5} | {'accepted':>9} | equal")
+    for r in rows:
+        for label, off, on in PEER_PAIRS:
+            p = r[label]
+            print(f"{r['kind']:>8} | {label:>12} | {p['off']:9.2f} | {p['on']:8.2f} | "
+                  f"{p['ratio']:5.2f} | {p['cpu_ratio']:5.2f} | {p['rate']:>9} | {p['equal']}")
+        print(f"{r['kind']:>8} | mlx_lm plain output equals Switchyard's off: {r['same']}")
+
+
+def peer_workload(kind: str, args, rng: random.Random, servers: dict,
+                  groups: dict[str, ServerGroup]) -> dict:
+    make, subjects = WORKLOADS[kind]
+    picks = rng.sample(subjects, args.rounds)
+    runs: dict[str, list[dict]] = {arm: [] for arm, _, _ in PEER_ARMS}
+    for i in range(args.rounds):
+        messages = make(random.Random(i), picks[i])
+        for arm, server, spec in (PEER_ARMS if i % 2 == 0 else PEER_ARMS[::-1]):
+            url, served, pid = servers[server]
+            runs[arm].append(stream_chat(url, messages, args.tokens, spec, served, pid))
+            print(f"  {kind} round {i} {arm}: {decode_tps(runs[arm][-1]):.2f} tok/s, "
+                  f"{runs[arm][-1]['tokens']} tokens", flush=True)
+    row = {"kind": kind, "same": all(a["text"] == b["text"]
+                                     for a, b in zip(runs["mlx plain"], runs["sy off"]))}
+    for label, off, on in PEER_PAIRS:
+        offs, ons = runs[off], runs[on]
+        rate = "-"
+        if label in groups:
+            proposed, accepted = acceptance(groups[label], [r["rid"] for r in ons])
+            rate = f"{accepted}/{proposed}"
+        row[label] = {
+            "off": statistics.median(decode_tps(r) for r in offs),
+            "on": statistics.median(decode_tps(r) for r in ons),
+            "ratio": statistics.median(decode_tps(b) / decode_tps(a) for a, b in zip(offs, ons)),
+            "cpu_ratio": statistics.median(decode_tpcs(b) / decode_tpcs(a)
+                                           for a, b in zip(offs, ons)),
+            "rate": rate, "equal": all(a["text"] == b["text"] for a, b in zip(offs, ons))}
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="model path (default: the default model)")
@@ -287,12 +399,23 @@ def main() -> None:
     ap.add_argument("--keep-log", help="copy the server's JSON log here")
     ap.add_argument("--step-log", action="store_true",
                     help="the server logs every step (step.finished: pass and cycle times)")
+    ap.add_argument("--peer", choices=["mlx_lm"],
+                    help="instead: the same workloads, single stream, beside mlx_lm.server "
+                         "plain and with --draft-model (the model itself unless "
+                         "--draft-model names one)")
+    ap.add_argument("--weights", choices=["same", "f16", "f32"], default="same",
+                    help="with --peer: the GGUF's weights for mlx_lm.server (bench/_peers.py): "
+                         "same (as Switchyard loads them) or dequantized")
     args = ap.parse_args()
     model = args.model
     if not model:
         from switchyard.deploy.default_model import default_model_path
 
         model = str(default_model_path())
+    rng = random.Random(args.seed)
+    if args.peer:
+        run_peer(args, Path(model), rng)
+        return
     extra = ["--prefill-chunk", "1024"] + (["--log-level", "debug"] if args.step_log else [])
     if args.num_draft_tokens:
         extra += ["--num-draft-tokens", str(args.num_draft_tokens)]
@@ -300,7 +423,6 @@ def main() -> None:
         extra += ["--draft-model", args.draft_model]
     if args.speculative:
         extra += ["--speculative", args.speculative]
-    rng = random.Random(args.seed)
     rows = []
     with ServerGroup(model, slots=4, ctx=4096, extra=extra) as group:
         try:
