@@ -65,7 +65,7 @@ def main() -> None:
         kept = []
         reused = median_ms(lambda: round_trip(msg), args.rounds)
         fresh = median_ms(lambda: kept.append(round_trip(msg)), args.rounds)
-        del kept
+        kept.clear()
         pack = median_ms(lambda: TokenIds(ids), max(10, args.rounds // 10))
         wire = {"kind": "submit_request", "rid": msg.rid, "prompt_token_ids": ids,
                 "max_tokens": 256, "sampling": {"seed": 1}, "stop_token_ids": [0, 1]}

@@ -167,7 +167,7 @@ class Agent(threading.Thread):
                     resp = http.post(f"{self.url}/v1/chat/completions", json=body)
                     status, retry_after = resp.status_code, resp.headers.get("retry-after")
                     reply = _reply(resp.json()) if status == 200 else None
-            except (httpx.TransportError, json.JSONDecodeError) as exc:
+            except (httpx.TransportError, json.JSONDecodeError):
                 rec.retries += 1
                 time.sleep(0.5)
                 continue

@@ -8,7 +8,6 @@ nothing) for shell scripts (deploy/dev.sh).
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 import sysconfig

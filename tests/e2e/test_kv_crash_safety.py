@@ -12,7 +12,6 @@ import time
 import httpx
 
 import openai
-import pytest
 
 from switchyard.kvstore.pages import decode_header
 from switchyard.kvstore.store import PageStore, read_entries
