@@ -28,6 +28,9 @@ _ALPHA = 0.2  # weight of the newest measurement in the moving averages
 # Spend a little less than the computed allowance: the prefill cost per token grows with the
 # prefilling request's own context, and the moving average lags behind it.
 _MARGIN = 0.85
+# A decode burst runs at most about this long: a request arriving meanwhile waits no longer
+# for its step (bursts save round trips, which matter only while steps take milliseconds).
+BURST_WINDOW_S = 0.05
 
 
 class PrefillBudget:
@@ -74,6 +77,13 @@ class PrefillBudget:
             return self.max_tokens
         self.credit = min(self.credit + allowance, float(self.max_tokens))
         return int(self.credit) if self.credit >= self.min_tokens else 0
+
+    def burst(self, max_burst: int) -> int:
+        """Decode iterations one step may run while nothing else waits: `max_burst`, fewer
+        when the measured decode cycle would make a burst outlast `BURST_WINDOW_S`."""
+        if self.decode_s is None or self.decode_s <= 0:
+            return max_burst
+        return max(1, min(max_burst, int(BURST_WINDOW_S / self.decode_s)))
 
     def spend(self, num_tokens: int) -> None:
         """Tokens used, of this step's grant or beyond it (an image's encoding: a debt)."""
