@@ -137,7 +137,7 @@ class Settings:
                                  "tokens (0: first come, first served)", default=1.0)
     slice_tokens: int = _opt("time slicing: tokens a request generates in its slot before "
                              "it gives the slot to a request waiting for its first token "
-                             "(doubled each time it gives one up; 0: never)", default=4)
+                             "(doubled each time it gives one up; 0: never)", default=0)
     background_wait: float = _opt("seconds a background request waits before it is "
                                   "scheduled as interactive (0: no bound)", default=30.0)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
