@@ -512,24 +512,40 @@ def openai_messages(w: Workload, msgs: list[Msg]) -> list[dict]:
 
 
 def openai_body(w: Workload, msgs: list[Msg], model: str) -> dict:
-    return {"model": model, "messages": openai_messages(w, msgs), "tools": OPENAI_TOOLS,
-            "max_tokens": w.args.reply, "temperature": 0}
+    """The peers' request: the chat messages and tools their template renders, so they read
+    the same tokens as Switchyard (with a template that renders no tools, the tool list,
+    calls and results written as text, as Switchyard's gateway writes them)."""
+    messages, tools = template_messages(w, msgs, string_arguments=True)
+    body = {"model": model, "messages": messages, "max_tokens": w.args.reply,
+            "temperature": 0}
+    if tools:
+        body["tools"] = tools
+    return body
 
 
-def render_ids(w: Workload, msgs: list[Msg]) -> list[int]:
+def template_messages(w: Workload, msgs: list[Msg], string_arguments: bool = False
+                      ) -> tuple[list[dict], list[dict] | None]:
+    """The messages and tools the chat template gets for this request on Switchyard."""
     from switchyard.gateway.output.formats import detect_format
     from switchyard.gateway.prompting.tool_text import messages_with_tools_as_text, text_syntax
 
     m = openai_messages(w, msgs)
+    tools = OPENAI_TOOLS
+    syntax = text_syntax(w.tok, detect_format(w.tok).tools)
+    if syntax is None and string_arguments:
+        return m, tools  # the template renders tools and calls itself: OpenAI's shapes
     for msg in m:  # as templates receive them (switchyard.gateway.prompting.history)
         for c in msg.get("tool_calls") or []:
             c["function"]["arguments"] = json.loads(c["function"]["arguments"])
-    tools = OPENAI_TOOLS
     # A template that renders no tools (SmolLM2's ChatML) gets them as text, as the gateway
-    # writes them: otherwise every prompt here would miss the tool list.
-    syntax = text_syntax(w.tok, detect_format(w.tok).tools)
+    # writes them: otherwise every prompt would miss the tool list.
     if syntax is not None:
         m, tools = messages_with_tools_as_text(m, tools, syntax), None
+    return m, tools
+
+
+def render_ids(w: Workload, msgs: list[Msg]) -> list[int]:
+    m, tools = template_messages(w, msgs)
     text = w.tok.apply_chat_template(m, tools=tools, add_generation_prompt=True,
                                      tokenize=False)
     return list(w.tok.encode(text, add_special_tokens=False))

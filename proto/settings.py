@@ -156,6 +156,9 @@ class Settings:
     overtake_limit: float = _opt("shorter newcomers may prefill ahead of a waiting request "
                                  "until others got this many times its remaining prompt "
                                  "tokens (0: first come, first served)", default=1.0)
+    slice_tokens: int = _opt("time slicing: tokens a request generates in its slot before "
+                             "it gives the slot to a request waiting for its first token "
+                             "(doubled each time it gives one up; 0: never)", default=0)
     background_wait: float = _opt("seconds a background request waits before it is "
                                   "scheduled as interactive (0: no bound)", default=30.0)
     max_queue: int = _opt("waiting requests before new ones get 429", default=64)
@@ -259,6 +262,8 @@ class Settings:
         problems.extend(draft_model_problems(self))
         if not 1 <= self.num_draft_tokens <= 64:
             problems.append("--num-draft-tokens must be 1..64")
+        if self.slice_tokens < 0:
+            problems.append("--slice-tokens must not be negative")
         if self.overtake_limit < 0 or self.background_wait < 0:
             problems.append("--overtake-limit and --background-wait must not be negative")
         if not 0 <= self.decode_share < 1:

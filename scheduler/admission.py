@@ -98,7 +98,11 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     req.slot = p.slot
     if req.admitted_at is None:
         req.admitted_at = now
-    # Accounting follows the latest placement (a worker restart places a request again).
+    req.placed_generated = len(req.generated)
+    if req.generated:
+        return copy  # resumed mid-reply: its prompt was counted where it got its first token
+    # Accounting follows the latest placement before the first token (a worker restart
+    # places a request again).
     req.num_reused = p.reused if p.copy_from is None else 0
     req.num_copied = p.copied
     req.num_restored = 0

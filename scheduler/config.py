@@ -23,6 +23,10 @@ class CoreConfig:
     # Prefill order and background bound (scheduler.fairness, docs/design.md "Scheduling").
     overtake_limit: float = 1.0
     background_wait_s: float = 30.0
+    # Time slicing (scheduler.fairness): tokens a request generates in a slot before it gives
+    # the slot to a request waiting for its first token (0: never, the default: measured, it
+    # cost agent traffic more than it gave; docs/design.md "Scheduling").
+    slice_tokens: int = 0
     # Speculative decoding: drafts of at most this many tokens (0: off), when the worker
     # can verify them ("batched", "alone": WorkerReady.speculation).
     num_draft_tokens: int = 0

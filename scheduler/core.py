@@ -56,7 +56,8 @@ from switchyard.scheduler.events import (
 )
 from switchyard.scheduler.admission import apply, place
 from switchyard.scheduler.config import CoreConfig
-from switchyard.scheduler.fairness import admission_key, interactive_now, oldest_waiting_s
+from switchyard.scheduler.fairness import (admission_key, interactive_now, oldest_waiting_s,
+                                           preempts)
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_cache import PageCache
 from switchyard.scheduler.prefill_plan import plan_prefills, state_points
@@ -454,7 +455,9 @@ class SchedulerCore:
         if self.inflight is not None:
             return None
         # Stage before admitting: staging reads a slot as the last step left it, before a new
-        # request's copy, load or prefill overwrites it (write-back of a displaced tail).
+        # request's copy, load or prefill overwrites it (write-back of a displaced tail, and of
+        # the tail of a request that gave its slot up just now).
+        self._make_room(now)
         stages = self.pages.plan_stages(self.slots, self.config.trimmable, self._state_points,
                                         now)
         self._admit(now)
@@ -482,7 +485,7 @@ class SchedulerCore:
         # (A request's first token comes alone, so its prompt's tail is staged exactly.)
         first_tokens = any(not self.requests[self.slots[d.slot].rid].generated for d in decodes)
         burst = 1 if (prefills or loads or self.waiting or self.reads or first_tokens) \
-            else self.config.decode_burst
+            else self.budget.burst(self.config.decode_burst)
         drafted = self._with_drafts(decodes, burst)
         if drafted is not None:  # one verify pass (docs/design.md "Speculative decoding")
             decodes, burst = drafted, 1
@@ -505,51 +508,106 @@ class SchedulerCore:
 
     # --- admission -------------------------------------------------------------------------
 
+    def _can_admit(self) -> bool:
+        # Placed before kvstore's index is known, a request would miss every page on disk
+        # (issue 12).
+        return not self.config.wait_for_index or self.pages.kvstore_attached \
+            or self.index_overdue
+
+    def _admission_order(self, now: float) -> list[str]:
+        cfg = self.config
+        return sorted(self.waiting, key=lambda rid: admission_key(
+            self.requests[rid], now, cfg.background_wait_s, cfg.num_slots))
+
     def _admit(self, now: float) -> None:
-        if self.config.wait_for_index and not (self.pages.kvstore_attached
-                                               or self.index_overdue):
-            return  # placed now, a request would miss every page on disk (issue 12)
-        order = sorted(self.waiting, key=lambda rid: admission_key(
-            self.requests[rid], now, self.config.background_wait_s))
+        if not self._can_admit():
+            return
         for slot in self.slots:
             self.pages.sync_slot(slot)
-        for rid in order:
-            req = self.requests[rid]
+        order = deque(self._admission_order(now))
+        while order:
+            req = self.requests[order.popleft()]
             if not req.grammar_ready:
                 continue  # the worker is compiling its grammar (it never does in a step)
             decision = place(req, self.slots, self.pages, self.config)
-            if decision is None and self._interactive(req, now) and \
-                    self._preempt_background(now):
-                decision = place(req, self.slots, self.pages, self.config)
             if decision is None:
                 break
             copy = apply(req, decision, self.slots, self.pages,
                          self._pinned(placing=req), now)
             if copy is not None:
                 self._copies.append(copy)
-            self.waiting.remove(rid)
+            self.waiting.remove(req.rid)
+            if self._note_overtaken(req):  # one of them ranks higher from now on
+                order = deque(rid for rid in self._admission_order(now) if rid in order)
             # In use from now: a request that waited long must not find the pages it runs on
             # the least recently used while it runs (docs/design.md "Disk eviction policy").
             self.pages.touch(req.context_chain(self.pages.chain_namespace,
                                                self.config.page_size), now)
 
-    def _preempt_background(self, now: float) -> bool:
-        """Give an interactive request the slot of a background one (the newest to arrive).
+    def _note_overtaken(self, placed: Request) -> bool:
+        """Requests that gave their slot up before `placed` entered the queue were overtaken
+        once more (the slicing bound, scheduler.fairness); True if that made one of them
+        rank as waiting for its first token."""
+        bound, promoted = self.config.num_slots, False
+        for rid in self.waiting:
+            req = self.requests[rid]
+            if req.generated and req.queued_at < placed.queued_at:
+                req.num_overtaken += 1
+                promoted = promoted or req.num_overtaken == bound
+        return promoted
 
-        Nothing is lost: the background request's full pages are written through, so it
-        resumes from disk when a slot frees, continuing its reply where it stopped.
+    def _make_room(self, now: float) -> None:
+        """Free the slots that requests waiting for one take from running requests: an
+        interactive request the slot of a background one, a request waiting for its first
+        token the slot of one past its quantum (scheduler.fairness, docs/design.md
+        "Scheduling"). Runs before the step's stages, so a yielding slot's tail is staged
+        before the newcomer's copy, load or prefill overwrites it: it resumes from its pages.
         """
-        victims = [self.requests[s.rid] for s in self.slots
-                   if s.rid is not None and not self._interactive(self.requests[s.rid], now)]
-        if not victims:
-            return False
-        victim = max(victims, key=lambda r: r.arrived_at)
-        self.slots[victim.slot].rid = None
+        if not self.waiting or not self._can_admit():
+            return
+        free = sum(1 for s in self.slots if s.free)
+        for rid in self._admission_order(now):
+            req = self.requests[rid]
+            if not req.grammar_ready:
+                continue
+            if free:
+                free -= 1  # a free slot is there for it
+                continue
+            victim = self._victim(req, now)
+            if victim is None:
+                break  # admission keeps its order: nobody behind it is placed either
+            self._preempt(victim, now)
+
+    def _victim(self, waiter: Request, now: float) -> Request | None:
+        """The running request whose slot `waiter` takes, if any: background before
+        interactive, then the newest to arrive."""
+        cfg = self.config
+        running = [self.requests[s.rid] for s in self.slots if s.rid is not None]
+        victims = [r for r in running
+                   if preempts(waiter, r, now, cfg.background_wait_s, cfg.slice_tokens,
+                               cfg.num_slots)]
+        return max(victims, key=lambda r: (not self._interactive(r, now), r.arrived_at),
+                   default=None)
+
+    def _preempt(self, victim: Request, now: float) -> None:
+        """Take a running request out of its slot; it waits in the queue again.
+
+        Nothing is lost: its full pages are written through and its slot's tail is staged
+        next, so it resumes from its pages when placed again (in its old slot, if that still
+        holds them), continuing its reply where it stopped."""
+        slot = self.slots[victim.slot]
+        slot.rid = None
+        slot.tail_wanted = True
+        self.pages.sync_slot(slot)
+        self.pages.touch(slot.page_ids, now)
         self._unplace(victim)
+        if victim.generated:
+            victim.num_yields += 1
+        victim.queued_at, victim.num_overtaken = now, 0
         self.waiting.append(victim.rid)
         self.outbox.log("request.preempted", **{"rid": victim.rid,
-                                                  "num_generated": len(victim.generated)})
-        return True
+                                                  "num_generated": len(victim.generated),
+                                                  "num_yields": victim.num_yields})
 
     def _unplace(self, req: Request, release: bool = True) -> None:
         """Take a request out of its slot. Buffers of a read in flight stay with that read

@@ -56,6 +56,14 @@ class Request:
     first_chunk_at: float | None = None
     prefilled_at: float | None = None
     num_waited_tokens: int = 0
+    # Time slicing (scheduler.fairness): when it last entered the queue (its arrival, or when
+    # it last gave its slot up), the tokens it had generated when it was last placed, how
+    # often it gave a slot up after its first token, and how many requests that entered the
+    # queue after it were placed while it waited since.
+    queued_at: float = -1.0
+    placed_generated: int = 0
+    num_yields: int = 0
+    num_overtaken: int = 0
     # Every token the model must see: the prompt, then what it generated so far. All but the
     # last are prefilled into the slot; the last is the next decode input, so there is always
     # at least one token to run (F11) and the first output token comes from a one-token
@@ -70,6 +78,8 @@ class Request:
 
     def __post_init__(self) -> None:
         self.feed = [*self.prompt, *self.generated]
+        if self.queued_at < 0:
+            self.queued_at = self.arrived_at
 
     @property
     def restoring(self) -> bool:

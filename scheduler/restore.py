@@ -100,7 +100,8 @@ def load_of(req: Request, trimmable: bool) -> LoadPages:
     batch, req.loading = req.loading, []
     first, last = batch[0][0], batch[-1][0]
     tokens = req.feed[first.start:last.start + last.num_tokens]
-    req.num_restored += len(tokens)
+    if not req.generated:  # resumed mid-reply: its prompt was counted already
+        req.num_restored += len(tokens)
     with_state = not trimmable and not req.restore_pages
     # The slot makes room for the whole context at the restore's first load: later batches
     # and the prefill after them write in place instead of growing (copying) the slot.

@@ -123,7 +123,8 @@ class SchedulerService:
             protect_window_s=settings.kv_protect_hours * 3600,
             state_interval=settings.state_interval, decode_share=settings.decode_share,
             decode_burst=settings.decode_burst, overtake_limit=settings.overtake_limit,
-            background_wait_s=settings.background_wait, wait_for_index=True,
+            background_wait_s=settings.background_wait, slice_tokens=settings.slice_tokens,
+            wait_for_index=True,
             num_draft_tokens=settings.num_draft_tokens if settings.speculative != "off" else 0,
             always_draft=settings.speculative == "suffix",
             draft_only=settings.speculative in ("draft", "mtp")))

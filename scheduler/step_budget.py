@@ -31,6 +31,13 @@ _ALPHA = 0.2  # weight of the newest measurement in the moving averages
 # Spend a little less than the computed allowance: the prefill cost per token grows with the
 # prefilling request's own context, and the moving average lags behind it.
 _MARGIN = 0.85
+# A decode burst runs at most about this long: a request arriving meanwhile waits no longer
+# for its step (bursts save round trips, which matter only while steps take milliseconds).
+BURST_WINDOW_S = 0.05
+# A step's prefill takes about this long at most, whatever `max_tokens` allows: on a slow
+# machine a full chunk deep in a long context takes tens of seconds, and a worker silent for
+# a minute inside a step is taken for lost.
+MAX_STEP_PREFILL_S = 10.0
 
 
 class PrefillBudget:
@@ -63,24 +70,34 @@ class PrefillBudget:
             return num_placeholders
         return int(num_placeholders * self.encode_token_s / self.prefill_token_s + 0.5)
 
+    @property
+    def chunk_tokens(self) -> int:
+        """The most tokens one step prefills: `max_tokens`, fewer where the measured cost per
+        token would make them take longer than `MAX_STEP_PREFILL_S`."""
+        if not self.prefill_token_s:
+            return self.max_tokens
+        return max(self.min_tokens,
+                   min(self.max_tokens, int(MAX_STEP_PREFILL_S / self.prefill_token_s)))
+
     def allowance(self, num_protected_decodes: int) -> float:
         """Prefill tokens per step, on average, that keep this many streams at pace."""
+        largest = float(self.chunk_tokens)
         if (num_protected_decodes == 0 or self.decode_share <= 0 or self.decode_s is None
                 or self.prefill_token_s is None):
-            return float(self.max_tokens)
+            return largest
         allowed_s = _MARGIN * self.decode_s * (1.0 / self.decode_share - 1.0)
-        return min(float(self.max_tokens), allowed_s / self.prefill_token_s)
+        return min(largest, allowed_s / self.prefill_token_s)
 
     def grant(self, num_protected_decodes: int) -> int:
         """Tokens this step may prefill; call `spend` with what was used."""
-        allowance = self.allowance(num_protected_decodes)
-        self.limited = allowance < self.max_tokens
+        allowance, largest = self.allowance(num_protected_decodes), self.chunk_tokens
+        self.limited = allowance < largest
         saving, self.saving = self.saving, 0  # asked for again by `afford` while it waits
         if not self.limited:
             self.credit = 0.0
-            return self.max_tokens
-        self.credit = min(self.credit + allowance, float(max(self.max_tokens, saving)))
-        return min(int(self.credit), self.max_tokens) if self.credit >= self.min_tokens else 0
+            return largest
+        self.credit = min(self.credit + allowance, float(max(largest, saving)))
+        return min(int(self.credit), largest) if self.credit >= self.min_tokens else 0
 
     def afford(self, cost: int) -> bool:
         """Whether an encoding of `cost` tokens that starts a chunk may run in this step:
@@ -90,6 +107,13 @@ class PrefillBudget:
             return True
         self.saving = max(self.saving, cost)
         return False
+
+    def burst(self, max_burst: int) -> int:
+        """Decode iterations one step may run while nothing else waits: `max_burst`, fewer
+        when the measured decode cycle would make a burst outlast `BURST_WINDOW_S`."""
+        if self.decode_s is None or self.decode_s <= 0:
+            return max_burst
+        return max(1, min(max_burst, int(BURST_WINDOW_S / self.decode_s)))
 
     def spend(self, num_tokens: int) -> None:
         """Tokens used, of this step's grant or beyond it (an image's encoding: a debt)."""

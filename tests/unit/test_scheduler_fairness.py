@@ -75,7 +75,8 @@ def test_nearly_resident_turn_still_goes_before_a_cold_prompt():
 
 
 def test_background_waits_for_interactive_work_but_not_past_its_bound():
-    core = make_core(num_slots=1, background_wait_s=30.0)
+    # Without time slicing: the order of whole requests in the one slot.
+    core = make_core(num_slots=1, background_wait_s=30.0, slice_tokens=0)
     w = ScriptedWorker(core)
     submit(core, "fg0", range(1, 20), max_tokens=10, now=0.0)
     submit(core, "bg", range(100, 120), max_tokens=2, priority="background", now=1.0)

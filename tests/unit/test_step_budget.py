@@ -48,3 +48,12 @@ def test_share_zero_disables_the_limit():
     b = PrefillBudget(512, 0.0)
     b.observe(1, 0.010, 100, 1.0)
     assert b.grant(1) == 512
+
+
+def test_a_step_prefills_at_most_about_ten_seconds_of_tokens():
+    """A slow machine deep in a long context: chunks shrink to what fits the step bound."""
+    b = PrefillBudget(512, 0.5)
+    b.observe(0, 0.0, 512, 512 * 0.05)  # 50 ms per token: 512 tokens would take 25.6 s
+    assert b.grant(0) == 200
+    b.observe(0, 0.0, 16, 16 * 10.0)  # absurdly slow: still at least a minimum chunk
+    assert b.chunk_tokens == 16
