@@ -347,15 +347,13 @@ class Proposer:
 
     def observe_draft(self, rid: str, num_proposed: int, num_accepted: int) -> None:
         """A verify pass kept `num_accepted` of the draft model's `num_proposed` tokens."""
-        sid = self._ids.get(rid)
-        if sid is None or not num_proposed:
+        tallied = self._tally(rid, num_proposed, num_accepted)
+        if tallied is None:
             return
-        me = self._sources[sid]
-        me.proposed += num_proposed
-        me.accepted += num_accepted
+        me, outcomes = tallied
         if me.draft_acceptance is None:
             me.draft_acceptance = self._draft_acceptance
-        for x in [1.0] * num_accepted + ([0.0] if num_accepted < num_proposed else []):
+        for x in outcomes:
             me.draft_acceptance += _EWMA * (x - me.draft_acceptance)
             self._draft_acceptance += _EWMA / 4 * (x - self._draft_acceptance)
 
@@ -439,15 +437,25 @@ class Proposer:
     def observe(self, rid: str, num_proposed: int, num_accepted: int) -> None:
         """A verify pass kept `num_accepted` of the `num_proposed` draft tokens: each token
         tried is an outcome (accepted ones, then the one rejected)."""
+        tallied = self._tally(rid, num_proposed, num_accepted)
+        if tallied is None:
+            return
+        me, outcomes = tallied
+        for x in outcomes:
+            me.acceptance += _EWMA * (x - me.acceptance)
+
+    def _tally(self, rid: str, num_proposed: int, num_accepted: int
+               ) -> tuple[_Source, list[float]] | None:
+        """Count a verify pass's draft tokens for the request (whoever drafted them), and
+        its outcomes, one per token tried: the accepted ones, then the one rejected. None
+        when the request is unknown or nothing was proposed."""
         sid = self._ids.get(rid)
         if sid is None or not num_proposed:
-            return
+            return None
         me = self._sources[sid]
         me.proposed += num_proposed
         me.accepted += num_accepted
-        outcomes = [1.0] * num_accepted + ([0.0] if num_accepted < num_proposed else [])
-        for x in outcomes:
-            me.acceptance += _EWMA * (x - me.acceptance)
+        return me, [1.0] * num_accepted + ([0.0] if num_accepted < num_proposed else [])
 
     def counts(self, rid: str) -> tuple[int, int]:
         """Draft tokens proposed to and accepted by the request so far."""
