@@ -136,7 +136,9 @@ def banner(settings: Settings, requested_model: str, roles: tuple[str, ...] = RO
     model = settings.model + _model_note(requested_model)
     rows = [
         ("model", model),
-        ("slots", f"{settings.slots} x {settings.ctx} tokens"),
+        ("slots", f"{settings.slots} x {settings.ctx} tokens"
+                  + (f", {settings.worker_slots} running at once"
+                     if settings.worker_slots > settings.slots else "")),
         ("HTTP", url),
         ("runtime dir", f"{settings.runtime_path}  (sockets, pid files)"),
         ("kv dir", str(settings.kv_path)),

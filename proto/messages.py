@@ -22,7 +22,7 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # WorkerReady.speculation). 6: grammars are compiled by the worker before their request is
 # placed (PrepareGrammar, GrammarPrepared, ReleaseGrammar). 7: drafts made in the worker (a draft
 # model: DecodeItem.draft_tokens, StepDone.drafts/draft_s, WorkerReady.drafter/draft_cost).
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -309,7 +309,8 @@ class GroupState(Message, tag="group_state"):
 
 
 class RunStep(Message, tag="run_step"):
-    """One forward step. The worker runs, in order: stages, copies, loads, decodes, prefills."""
+    """One forward step. The worker runs, in order: stages, copies, releases, loads, decodes,
+    prefills."""
 
     step: int
     prefills: tuple[PrefillChunk, ...] = ()
@@ -320,6 +321,9 @@ class RunStep(Message, tag="run_step"):
     # Decode iterations in this step: more than one only when nothing else waits, so the
     # round trip to the scheduler is paid once per burst rather than once per token.
     num_decode_steps: int = 1
+    # Idle slots whose KV leaves memory (--max-running past --slots): the worker drops it and
+    # they hold nothing from here.
+    releases: tuple[int, ...] = ()
 
 
 # --- worker -> scheduler ----------------------------------------------------------------------

@@ -105,7 +105,12 @@ class Settings:
         "the model directory's or file's name)", default=())
     host: str = _opt("address the HTTP gateway binds", default="127.0.0.1")
     port: int = _opt("HTTP port", default=8000)
-    slots: int = _opt("resident sequences kept in memory and decoded in one batch", default=4)
+    slots: int = _opt("conversations whose KV stays in memory between turns; as many "
+                      "requests run (and decode in one batch) at once, unless --max-running "
+                      "says more", default=4)
+    max_running: int = _opt("requests run at once, each holding its KV in memory while it runs "
+                            "(0: --slots); past --slots, a finished request's KV leaves memory "
+                            "and its pages stay on disk", default=0)
     ctx: int = _opt("context length of every slot, in tokens", default=32768)
     kv_dir: str = _opt("directory of KV page files", default="")
     runtime_dir: str = _opt("directory for sockets and pid files (created 0700)", default="")
@@ -238,6 +243,13 @@ class Settings:
         return self.kv_path / f"rank-{self.rank}" if self.rank else self.kv_path
 
     @property
+    def worker_slots(self) -> int:
+        """Slots the worker holds: one per running request (--max-running), at least --slots;
+        the scheduler keeps at most --slots of them resident while idle (docs/design.md
+        "Running past the resident slots")."""
+        return max(self.slots, self.max_running)
+
+    @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else user_cache_dir()
 
@@ -245,6 +257,8 @@ class Settings:
         problems = []
         if self.slots < 1:
             problems.append("--slots must be at least 1")
+        if self.max_running < 0:
+            problems.append("--max-running must not be negative (0: --slots)")
         if self.ctx < 2 * self.page_size:
             problems.append("--ctx must hold at least two pages")
         if self.page_size < 16:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class CoreConfig:
-    num_slots: int
+    num_slots: int  # the worker's slots: as many requests run at once
     ctx: int
     prefill_chunk: int
     max_queue: int
@@ -37,6 +37,9 @@ class CoreConfig:
     # unweighed; no copied drafts).
     drafter: str = ""
     draft_only: bool = False
+    # Idle slots kept in memory, running ones counted (--slots where --max-running holds more
+    # slots; 0: every slot): the rest are released once their pages are on disk.
+    resident_slots: int = 0
     # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
     # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
     wait_for_index: bool = False

@@ -479,7 +479,8 @@ class SchedulerCore:
         prefills = plan_prefills(prefilling, decoding, self.slots, self.budget, self.config,
                                  now)
         copies, self._copies = self._copies, []
-        if not (stages or copies or loads or decodes or prefills):
+        releases = self._releases()
+        if not (stages or copies or releases or loads or decodes or prefills):
             return None
         # Nothing else waiting: let the worker decode a burst without coming back to us.
         # (A request's first token comes alone, so its prompt's tail is staged exactly.)
@@ -492,11 +493,34 @@ class SchedulerCore:
         elif burst > 1:
             decodes = [self._with_burst(d, burst) for d in decodes]
         self.inflight = RunStep(self._next_step, tuple(prefills), tuple(decodes),
-                                tuple(stages), tuple(copies), tuple(loads), burst)
+                                tuple(stages), tuple(copies), tuple(loads), burst,
+                                tuple(releases))
         self._planned_at = now
         self._next_step += 1
         self.outbox.send(self.inflight)
         return self.inflight
+
+    def _releases(self) -> list[int]:
+        """Idle slots whose KV leaves memory. With --max-running past --slots, at most --slots
+        conversations stay in memory, running ones counted: the least recently used idle
+        slots go, each once all its tokens are on disk or on their way (their next turn
+        restores them; docs/design.md "Running past the resident slots"). The worker makes
+        the step's copies first, so a slot copied from in this step may go too."""
+        keep = self.config.resident_slots
+        if not keep or keep >= len(self.slots):
+            return []
+        idle = sorted((s for s in self.slots if s.free and s.tokens), key=lambda s: s.last_used)
+        excess = len(idle) - max(keep - self.num_running, 0)
+        released = []
+        for slot in idle:
+            if len(released) >= excess:
+                break
+            if self.pages.enabled and not self.pages.all_on_disk(slot):
+                slot.tail_wanted = True  # staged when a buffer is free, then released
+                continue
+            slot.replace(())
+            released.append(slot.index)
+        return released
 
     def _interactive(self, req: Request, now: float) -> bool:
         return interactive_now(req, now, self.config.background_wait_s)

@@ -412,13 +412,30 @@ class PageCache:
         parent = slot.page_ids[-1] if start else ROOT_ID
         tokens = tuple(slot.tokens[start:])
         images = page_image_ids(slot.images, start, len(slot.tokens))
-        pid = page_id(self.namespace, parent, tokens, images)
+        pid = self._tail_id(slot, start)
         if slot.turn is not None:
             self.turns.ended_in(slot.turn, pid)
         if pid in self.tree or pid in self.staged or pid in self.writing:
             return True
         return self._stage_page(slot.index, start, pid, parent, tokens,
                                 with_state=not trimmable, out=out, image_ids=images)
+
+    def _tail_id(self, slot: Slot, start: int) -> bytes:
+        """The page id of the slot's tokens from `start` (a page boundary) to its end."""
+        parent = slot.page_ids[start // self.page_size - 1] if start else ROOT_ID
+        return page_id(self.namespace, parent, tuple(slot.tokens[start:]),
+                       page_image_ids(slot.images, start, len(slot.tokens)))
+
+    def all_on_disk(self, slot: Slot) -> bool:
+        """Whether every token of the slot is on disk or on its way there (its full pages and
+        its tail), as of the stages planned last: its KV can leave memory at no re-read."""
+        if slot.num_persisted < len(slot.page_ids):
+            return False
+        start = len(slot.tokens) // self.page_size * self.page_size
+        if start == len(slot.tokens):
+            return True
+        pid = self._tail_id(slot, start)
+        return pid in self.tree or pid in self.staged or pid in self.writing
 
     def _stage(self, slot: Slot, k: int, with_state: bool, out: list[StagePage]) -> bool:
         P = self.page_size

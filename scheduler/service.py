@@ -117,7 +117,8 @@ class SchedulerService:
         self.log = configure_logging(ROLE_SCHEDULER, self.boot_id, settings.log_level,
                                      settings.log_format, settings.log_content)
         self.core = SchedulerCore(CoreConfig(
-            num_slots=settings.slots, ctx=settings.ctx, prefill_chunk=settings.prefill_chunk,
+            num_slots=settings.worker_slots, resident_slots=settings.slots,
+            ctx=settings.ctx, prefill_chunk=settings.prefill_chunk,
             max_queue=settings.max_queue, page_size=settings.page_size,
             disk_budget_bytes=settings.kv_disk_budget_bytes,
             protect_window_s=settings.kv_protect_hours * 3600,
@@ -386,7 +387,8 @@ class SchedulerService:
 
     def serve(self, stop: StopFlag) -> None:
         self.log.info("scheduler.started", endpoint=self.endpoints.scheduler,
-                      slots=self.settings.slots, ctx=self.settings.ctx)
+                      slots=self.settings.slots,
+                      max_running=self.settings.worker_slots, ctx=self.settings.ctx)
         next_heartbeat = 0.0
         while not stop.requested:
             now = time.time()

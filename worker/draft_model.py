@@ -132,7 +132,7 @@ def load_drafter(settings, loaded: LoadedModel) -> tuple[DraftModelDrafter, Load
     if why:
         raise ModelLoadError(f"{name} cannot draft for {loaded.path}: their tokenizers differ "
                              f"({why})")
-    store = SlotStore(draft.model, draft.make_cache, settings.slots, settings.ctx)
+    store = SlotStore(draft.model, draft.make_cache, settings.worker_slots, settings.ctx)
     if not store.trimmable or store.verifiable != "batched":
         kinds = sorted({type(c).__name__ for c in leaves(draft.make_cache())})
         raise ModelLoadError(f"{name}: its layer caches ({', '.join(kinds)}) cannot be cut "

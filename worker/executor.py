@@ -57,6 +57,10 @@ class StepExecutor:
                               stage.with_state, stage.num_tokens)
         for copy in step.copies:
             store.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens)
+        for slot in step.releases:
+            store.release(slot)
+            if self.drafter is not None:
+                self.drafter.release(slot)
         load_started = time.perf_counter()
         if self.drafter is not None:  # a slot starting over: its drafter state goes with it
             for slot in {x.slot for x in (*step.loads, *step.prefills) if x.start == 0}:

@@ -99,7 +99,9 @@ def make_plan(*, runtime: int, weights: int, kv_bytes_per_token: int,
                       page_buffers=page_buffers, limit=limit, headroom=headroom, vision=vision)
 
 
-def check_plan(plan: MemoryPlan, num_slots: int, ctx: int, kv_bits: int = 0) -> None:
+def check_plan(plan: MemoryPlan, num_slots: int, ctx: int, kv_bits: int = 0,
+               max_running: int = 0) -> None:
+    """`num_slots`: --slots; `max_running`: --max-running, where it holds more slots."""
     available = plan.limit - plan.headroom
     if plan.total <= available:
         return
@@ -108,7 +110,9 @@ def check_plan(plan: MemoryPlan, num_slots: int, ctx: int, kv_bits: int = 0) -> 
         f"the memory plan needs {format_size(plan.total)} but {format_size(available)} is "
         f"available ({format_size(plan.limit)} device limit minus "
         f"{format_size(plan.headroom)} headroom); {format_size(over)} too much. "
-        f"Lower --slots (now {num_slots}) or --ctx (now {ctx}), or --prefill-chunk"
+        + (f"Lower --max-running (now {max_running}) " if max_running > num_slots else
+           f"Lower --slots (now {num_slots}) ")
+        + f"or --ctx (now {ctx}), or --prefill-chunk"
         + (", or use a smaller --draft-model" if plan.draft else "")
         + (f", or --kv-bits (now {kv_bits}). " if kv_bits == 8 else
            ". " if kv_bits else "; or quantize KV with --kv-bits 8. ")

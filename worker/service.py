@@ -199,7 +199,7 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
         # Measured after the model ran once, so the weights are resident: count them once.
         runtime=max(0, resident_bytes() - weights), weights=weights + float_copies,
         kv_bytes_per_token=per_token,
-        recurrent_bytes_per_slot=recurrent, num_slots=settings.slots, ctx=settings.ctx,
+        recurrent_bytes_per_slot=recurrent, num_slots=settings.worker_slots, ctx=settings.ctx,
         prefill_chunk=settings.prefill_chunk,
         num_heads=int(text_cfg.get("num_attention_heads", 1)),
         hidden=int(text_cfg.get("hidden_size", 0)),
@@ -217,13 +217,13 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
 def make_store(loaded: LoadedModel, settings: Settings, log) -> SlotStore:
     """The slots; a vision-language model's also hold their images (worker/vision/slots.py)."""
     if loaded.processor is None:
-        return SlotStore(loaded.model, loaded.make_cache, settings.slots, settings.ctx)
+        return SlotStore(loaded.model, loaded.make_cache, settings.worker_slots, settings.ctx)
     from switchyard.worker.vision.encoder import ImageEncoder
     from switchyard.worker.vision.slots import VisionSlotStore
 
     encoder = ImageEncoder(loaded.model.family, loaded.processor,
                            parse_size(settings.vision_cache), log)
-    return VisionSlotStore(loaded.model, loaded.make_cache, settings.slots, settings.ctx,
+    return VisionSlotStore(loaded.model, loaded.make_cache, settings.worker_slots, settings.ctx,
                            encoder)
 
 
@@ -270,7 +270,7 @@ def run(settings: Settings) -> None:
         group = joined[0] if joined else None
         if group is not None:  # every rank must hold the same slots, or steps would diverge
             group.check_same({"model": loaded.fingerprint, "--parallel": settings.parallel,
-                              "--slots": settings.slots, "--ctx": settings.ctx,
+                              "--slots": settings.worker_slots, "--ctx": settings.ctx,
                               "--page-size": settings.page_size, "--kv-bits": settings.kv_bits,
                               "--kv-group-size": settings.kv_group_size})
         check_kv_quant_runs(loaded, settings)
@@ -301,7 +301,7 @@ def run(settings: Settings) -> None:
             add_float_copies(draft.model)
         log.info("worker.memory_plan", kv_quant=kv_form(loaded),
                  kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
-        check_plan(plan, settings.slots, settings.ctx, settings.kv_bits)
+        check_plan(plan, settings.slots, settings.ctx, settings.kv_bits, settings.max_running)
         pool = None
         if layout is not None:
             prefix, record = _shm_names(endpoints, group)
@@ -326,7 +326,7 @@ def run(settings: Settings) -> None:
     namespace = kv_namespace(loaded, layout, settings.page_size, layout_tag_)
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              vision=loaded.processor is not None,
-             slots=settings.slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
+             slots=settings.worker_slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
              kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging,
              speculation=speculation or "off", cpu_float_copies_bytes=copies,
@@ -346,7 +346,7 @@ def run(settings: Settings) -> None:
     def ready() -> WorkerReady:
         return WorkerReady(
             boot_id=boot_id, namespace=namespace,
-            model_type=loaded.model_type, num_slots=settings.slots, ctx=settings.ctx,
+            model_type=loaded.model_type, num_slots=settings.worker_slots, ctx=settings.ctx,
             page_size=settings.page_size, kv_bytes_per_token=loaded.kv_bytes_per_token,
             trimmable=store.trimmable, speculation=speculation,
             drafter=drafter.kind if drafter is not None else "",

@@ -104,6 +104,15 @@ class SlotStore:
             raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         del self.tokens[slot][length:]
 
+    def release(self, slot: int) -> None:
+        """Drop the slot's KV and its memory: a conversation not kept resident (--slots with
+        --max-running); `truncate` to 0 keeps attention buffers for the slot's next one."""
+        self._unbatch_slot(slot)
+        if self.mtp is not None:
+            self.mtp.release(slot)
+        self._parked[slot] = self._make_cache()
+        self.tokens[slot] = []
+
     def cut_back(self, slot: int, length: int) -> None:
         """`truncate` for a slot that may be a row of the decode batch: where every layer of
         the batch cuts rows (attention KV), the row is cut there and the batch kept (a draft

@@ -36,6 +36,10 @@ class VisionSlotStore(SlotStore):
         super().truncate(slot, length)
         self.spans[slot] = tuple(s for s in self.spans[slot] if s.start < length)
 
+    def release(self, slot: int) -> None:
+        super().release(slot)
+        self.spans[slot] = ()
+
     def prefill_chunk(self, chunk: PrefillChunk) -> None:
         ids = list(chunk.token_ids)
         start, end = chunk.start, chunk.start + len(ids)

@@ -1,0 +1,98 @@
+"""--max-running past --slots: more requests run at once than conversations stay in memory.
+
+The core with scripted worker and kvstore (tests/unit/test_scheduler_pages.py): every running
+request has a slot of its own, and once idle, slots past --slots give their KV up, each only
+when all its tokens are on disk or on their way, so the conversation's next turn restores
+them instead of prefilling them again (docs/design.md "Running past the resident slots").
+"""
+
+from switchyard.proto.messages import WritePages
+from switchyard.scheduler.events import PlanStep
+from tests.unit.test_scheduler_pages import P, Group, conv
+
+
+def holding(g):
+    """Slots holding tokens, in the core's view (asserted equal to the worker's)."""
+    assert [s.tokens for s in g.core.slots] == g.slots
+    return [s.index for s in g.core.slots if s.tokens]
+
+
+def fan_out(g, n, system, max_tokens=6):
+    for i in range(n):
+        g.submit(f"sub{i}", system + conv(i, 20 + i), max_tokens=max_tokens)
+    g.run()
+    return {f"sub{i}": system + conv(i, 20 + i) for i in range(n)}
+
+
+def test_every_request_runs_at_once_and_only_the_resident_slots_stay():
+    g = Group(num_slots=6, resident_slots=2)
+    system = conv(99, 4 * P)
+    prompts = fan_out(g, 6, system, max_tokens=16)
+    widest = max(len(s.decodes) for s in g.steps)
+    assert widest == 6, "all six decode in one batch, not two at a time"
+    assert len(holding(g)) == 2, "idle, only --slots conversations stay in memory"
+    released = [slot for s in g.steps for slot in s.releases]
+    assert len(released) == 4
+    # The released conversations come back: their next turn restores every token it had
+    # (prompt and reply but its last token, which was never fed) and prefills only its own.
+    for rid, prompt in prompts.items():
+        before = len(g.steps)
+        g.submit(rid + "'", prompt + g.reply(rid) + [7, 8, 9], max_tokens=2)
+        g.run()
+        assert g.finished(rid + "'").num_cached_tokens >= len(prompt) + len(g.reply(rid)) - 1
+        assert g.prefilled_in(before) <= 4
+        assert len(holding(g)) <= 2
+
+
+def test_running_requests_count_against_the_resident_slots():
+    """While --slots or more requests run, no idle slot keeps its KV for long: each goes a
+    step or two after it finished (its last full page and tail are staged first)."""
+    g = Group(num_slots=5, resident_slots=2)
+    system = conv(98, 3 * P)
+    for i in range(5):
+        g.submit(f"r{i}", system + conv(i, 10), max_tokens=2 + 6 * i)  # finishing in turn
+    idle_for = {}  # slot -> consecutive steps idle with tokens while >= --slots run
+    for _ in range(400):
+        g.now += 1.0
+        g.do(PlanStep())
+        if not g.pump():
+            break
+        crowded = g.core.num_running >= 2
+        idle_for = {s.index: idle_for.get(s.index, 0) + 1 for s in g.core.slots
+                    if crowded and s.free and s.tokens}
+        assert max(idle_for.values(), default=0) <= 3, idle_for
+    assert len(holding(g)) == 2
+
+
+def test_a_slot_is_released_only_once_its_pages_are_on_disk():
+    """A slow disk holds every page buffer: finished slots keep their KV until their pages
+    are staged, then go, and their conversations restore all they had."""
+    g = Group(num_slots=3, resident_slots=1, num_buffers=4)
+    held_back, deliver = [], g._kvstore
+    g._kvstore = lambda msg: (held_back.append(msg) if isinstance(msg, WritePages)
+                              else deliver(msg))
+    prompts = fan_out(g, 3, conv(97, 2 * P), max_tokens=3)
+    assert len(holding(g)) == 3, "nothing released while its pages wait for a buffer"
+    g._kvstore = deliver
+    for msg in held_back:
+        deliver(msg)
+    g.run()
+    assert len(holding(g)) == 1
+    for rid, prompt in prompts.items():
+        g.submit(rid + "'", prompt + g.reply(rid) + [5], max_tokens=1)
+        g.run()
+        assert g.finished(rid + "'").num_cached_tokens >= len(prompt) + len(g.reply(rid)) - 1
+
+
+def test_without_max_running_every_slot_stays():
+    g = Group(num_slots=3)
+    fan_out(g, 3, conv(96, 2 * P))
+    assert len(holding(g)) == 3
+    assert not any(s.releases for s in g.steps)
+
+
+def test_without_pages_a_slot_past_the_resident_ones_is_released_at_once():
+    g = Group(num_slots=3, resident_slots=1)
+    g.core.pages.kvstore_attached = False  # kvstore gone: nothing can be kept on disk
+    fan_out(g, 3, conv(95, 2 * P), max_tokens=3)
+    assert len(holding(g)) == 1
