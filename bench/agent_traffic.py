@@ -21,7 +21,8 @@ Write, TodoWrite, WebFetch, ... with JSON schemas); `tool_use` / `tool_result` t
   assistant turns are scripted), so every server sees the same conversations.
 
 Servers, one at a time on the same machine:
-- `switchyard`: the model as given (`--model`, default the embedded default model), `--slots`.
+- `switchyard`: the model as given (`--model`, default the embedded default model), `--slots`,
+  `--max-running`.
 - `mlx_lm`: `mlx_lm.server` of this venv, default prompt-cache settings.
 - `vllm_mlx`: vllm-mlx 0.6.0 from its own venv (bench/_peers.py installs it once),
   `--continuous-batching --enable-prefix-cache --ssd-cache-dir --ssd-cache-max-gb`, own HOME.
@@ -817,6 +818,8 @@ def main() -> int:
                     help="a sub-agent's last prompt, tokens (about; within --ctx)")
     ap.add_argument("--reply", type=int, default=16, help="max_tokens of every request")
     ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--max-running", type=int, default=0,
+                    help="switchyard --max-running: requests run at once (0: --slots)")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--residency", type=int, default=4, metavar="K",
                     help="simulate LRU / agent-aware / Belady residency for K conversations "
@@ -856,13 +859,15 @@ def main() -> int:
           f"{args.turns} tool calls (+ a final turn), {len(reqs)} requests; system prompt "
           f"{w.count(w.system)} tokens + {len(TOOLS)} tools; prompts {min(sizes)}-{max(sizes)} "
           f"tokens, {sum(r.new for r in reqs.values())} new tokens in all; replies <= "
-          f"{args.reply} tokens; switchyard --slots {args.slots}", flush=True)
+          f"{args.reply} tokens; switchyard --slots {args.slots} --max-running "
+          f"{args.max_running}", flush=True)
 
     rows, figs, notes = [], {}, []
     for server in servers:
         print(f"\n== {server}", flush=True)
         if server == "switchyard":
-            extra = ["--kv-disk-budget", args.disk_budget, *args.extra.split()]
+            extra = ["--kv-disk-budget", args.disk_budget, "--max-running",
+                     str(args.max_running), *args.extra.split()]
             with ServerGroup(ours, slots=args.slots, ctx=args.ctx, extra=extra,
                              startup_timeout_s=600) as group:
                 try:
@@ -870,7 +875,9 @@ def main() -> int:
                         done, wall = run(server, group.url, w, reqs, log)
                 finally:
                     keep(args, server, group.log_text())
-                row, figs[server] = summarize(f"switchyard --slots {args.slots}", done, wall, mem)
+                label = f"switchyard --slots {args.slots}" + (
+                    f" --max-running {args.max_running}" if args.max_running else "")
+                row, figs[server] = summarize(label, done, wall, mem)
                 notes += switchyard_detail(group, figs[server]["worst"])
                 notes += residency(done, admission_times(group, done), args.turns, args.residency)
         else:

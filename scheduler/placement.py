@@ -68,11 +68,18 @@ def options_for(slot: Slot, src: Sources, persisted_beyond: int) -> list[Placeme
     base = dict(slot=slot.index, displaced=displaced, displaced_cost=lost)
     options = [Placement(reused=r, to_prefill=n - r, **base)]
     copies = [(m, i) for i, m in src.slot_matches.items() if i != slot.index and m > r]
+    P = src.page_size
     if copies:
         c, i = max(copies)
         options.append(Placement(reused=0, copy_from=i, copied=c, to_prefill=n - c, **base))
+        # The copy's whole pages, then the rest from disk: the prefix a busy sibling shares,
+        # then this conversation's own pages (a main session back among its sub-agents).
+        start = c // P * P
+        if src.trimmable and src.disk_tokens > c and start > r:
+            options.append(Placement(reused=0, copy_from=i, copied=start, restore_from=start,
+                                     restored=src.disk_tokens - start,
+                                     to_prefill=n - src.disk_tokens, **base))
     if src.disk_tokens > r:
-        P = src.page_size
         if src.trimmable:
             start = r // P * P
         else:  # state is restored with the last page: start from a page end the slot holds

@@ -83,3 +83,54 @@ def test_interactive_request_takes_a_background_slot(one_slot):
     order = [e["priority"] for e in one_slot.log_events("request.finished")
              if e.get("role") == "scheduler" and e["num_generated_tokens"] in (8, 1500)]
     assert order[-2:] == ["interactive", "background"]
+
+
+@pytest.fixture(scope="module")
+def running_past_slots(tiny_qwen3):
+    with ServerGroup(tiny_qwen3, slots=1, ctx=8192, extra=["--max-running", "3"]) as group:
+        yield group
+
+
+def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_past_slots):
+    """--slots 1 --max-running 3: three agents under one system prompt are placed at once
+    (none waits for another's reply), then only one conversation stays in memory; the
+    others' next turns restore theirs from disk."""
+    import openai
+
+    group = running_past_slots
+    system = "You are a careful coding agent. Follow the rules. " * 30
+    chats = [[{"role": "system", "content": system},
+              {"role": "user", "content": f"Task {i}: list the files under src/{i}."}]
+             for i in range(3)]
+    with openai.OpenAI(base_url=group.base_url, api_key="none", timeout=120) as client:
+        model = client.models.list().data[0].id
+
+        def ask(messages):
+            return client.chat.completions.create(model=model, messages=messages,
+                                                  max_tokens=48, temperature=0)
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            first = list(pool.map(ask, chats))
+        done = group.wait_events("request.finished", 3, role="scheduler")
+        assert len(done) == 3
+        # Each is placed as it arrives, not after another's 48 tokens.
+        assert max(e["queue_s"] for e in done) < 0.5 * min(e["duration_s"] for e in done), done
+        deadline = time.monotonic() + 30
+        while True:
+            status = read_status(group.runtime_dir / "status.json")
+            held = [s for s in status.slots if s.num_tokens] if status else None
+            if held is not None and len(held) <= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert status is not None and len(status.slots) == 3
+        assert len(held) == 1, "idle, one conversation stays in memory (--slots 1)"
+
+        follow = [chat + [{"role": "assistant", "content": r.choices[0].message.content},
+                          {"role": "user", "content": "Next step."}]
+                  for chat, r in zip(chats, first)]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            second = list(pool.map(ask, follow))
+    for reply, before in zip(second, first):
+        # At least the whole first prompt is cached (the system prompt alone could be copied
+        # from the slot kept in memory): the released ones restored theirs from disk.
+        assert reply.usage.prompt_tokens_details.cached_tokens >= before.usage.prompt_tokens

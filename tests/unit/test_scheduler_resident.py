@@ -96,3 +96,29 @@ def test_without_pages_a_slot_past_the_resident_ones_is_released_at_once():
     g.core.pages.kvstore_attached = False  # kvstore gone: nothing can be kept on disk
     fan_out(g, 3, conv(95, 2 * P), max_tokens=3)
     assert len(holding(g)) == 1
+
+
+def test_a_main_session_back_among_its_sub_agents_copies_their_prefix_and_restores_its_own():
+    """Its slot was released while its sub-agents ran; they hold the shared system prompt, so
+    its next turn copies those pages from one of them and restores only its own from disk."""
+    g = Group(num_slots=4, resident_slots=1)
+    system = conv(90, 4 * P)
+    main = system + conv(1, 2 * P + 5)
+    g.submit("main", main, max_tokens=2)
+    g.run()
+    for i in range(3):
+        g.submit(f"sub{i}", system + conv(10 + i, 20), max_tokens=400)
+    for _ in range(8):  # the sub-agents run; the main session's idle slot is released
+        g.now += 1.0
+        g.do(PlanStep())
+        g.pump()
+    assert g.core.num_running == 3 and len(holding(g)) == 3
+    before = len(g.steps)
+    g.submit("main2", main + g.reply("main") + [7, 8], max_tokens=2)
+    g.run()
+    steps = g.steps[before:]
+    copies = [c for s in steps for c in s.copies]
+    loads = [ld for s in steps for ld in s.loads]
+    assert copies and copies[0].num_tokens == len(system)
+    assert loads and loads[0].start == len(system)
+    assert g.finished("main2").num_cached_tokens >= len(main) + len(g.reply("main")) - 1
