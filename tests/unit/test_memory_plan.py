@@ -34,6 +34,8 @@ def test_a_plan_that_does_not_fit_refuses_and_names_the_settings():
     message = str(err.value)
     assert "--slots (now 8)" in message and "--ctx (now 131072)" in message
     assert "memory plan:" in message and "slot_kv" in message
+    with pytest.raises(MemoryPlanError, match=r"Lower --max-running \(now 8\) or --ctx"):
+        check_plan(too_big, 2, 131072, max_running=8)
 
 
 def test_refusal_suggests_quantized_kv_until_4_bits():

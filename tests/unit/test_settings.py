@@ -66,6 +66,14 @@ def test_kv_bits_and_group_size_are_checked():
         _parse(["--kv-bits", "4", "--kv-group-size", "48"])
 
 
+def test_max_running_sizes_the_workers_slots():
+    assert _parse([]).worker_slots == 4, "0: as many as --slots"
+    assert _parse(["--slots", "2", "--max-running", "12"]).worker_slots == 12
+    assert _parse(["--slots", "6", "--max-running", "3"]).worker_slots == 6
+    with pytest.raises(SettingsError, match="--max-running must not be negative"):
+        _parse(["--max-running", "-1"])
+
+
 def test_a_draft_model_goes_with_auto_or_draft_and_a_single_worker():
     Settings(draft_model="small.gguf").validate()
     Settings(draft_model="small.gguf", speculative="draft").validate()
