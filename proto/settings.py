@@ -111,6 +111,9 @@ class Settings:
     max_running: int = _opt("requests run at once, each holding its KV in memory while it runs "
                             "(0: --slots); past --slots, a finished request's KV leaves memory "
                             "and its pages stay on disk", default=0)
+    release_after_s: float = _opt("with --max-running past --slots: seconds an idle "
+                                  "conversation's KV stays in memory before it leaves (a tool "
+                                  "call's result comes back within seconds)", default=10.0)
     ctx: int = _opt("context length of every slot, in tokens", default=32768)
     kv_dir: str = _opt("directory of KV page files", default="")
     runtime_dir: str = _opt("directory for sockets and pid files (created 0700)", default="")
@@ -257,8 +260,8 @@ class Settings:
         problems = []
         if self.slots < 1:
             problems.append("--slots must be at least 1")
-        if self.max_running < 0:
-            problems.append("--max-running must not be negative (0: --slots)")
+        if self.max_running < 0 or self.release_after_s < 0:
+            problems.append("--max-running and --release-after-s must not be negative")
         if self.ctx < 2 * self.page_size:
             problems.append("--ctx must hold at least two pages")
         if self.page_size < 16:

@@ -40,6 +40,8 @@ class CoreConfig:
     # Idle slots kept in memory, running ones counted (--slots where --max-running holds more
     # slots; 0: every slot): the rest are released once their pages are on disk.
     resident_slots: int = 0
+    # ...each released once idle this long: a tool call's result comes back within seconds.
+    release_after_s: float = 10.0
     # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
     # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
     wait_for_index: bool = False

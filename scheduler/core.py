@@ -479,7 +479,7 @@ class SchedulerCore:
         prefills = plan_prefills(prefilling, decoding, self.slots, self.budget, self.config,
                                  now)
         copies, self._copies = self._copies, []
-        releases = self._releases()
+        releases = self._releases(now)
         if not (stages or copies or releases or loads or decodes or prefills):
             return None
         # Nothing else waiting: let the worker decode a burst without coming back to us.
@@ -500,20 +500,22 @@ class SchedulerCore:
         self.outbox.send(self.inflight)
         return self.inflight
 
-    def _releases(self) -> list[int]:
+    def _releases(self, now: float) -> list[int]:
         """Idle slots whose KV leaves memory. With --max-running past --slots, at most --slots
         conversations stay in memory, running ones counted: the least recently used idle
-        slots go, each once all its tokens are on disk or on their way (their next turn
-        restores them; docs/design.md "Running past the resident slots"). The worker makes
-        the step's copies first, so a slot copied from in this step may go too."""
-        keep = self.config.resident_slots
-        if not keep or keep >= len(self.slots):
+        slots go, each once idle for `release_after_s` (a reply that ended in a tool call is
+        back with its result within seconds, and finds its slot) and once all its tokens are
+        on disk or on their way (its next turn restores them; docs/design.md "Running past
+        the resident slots"). The worker makes the step's copies first, so a slot copied from
+        in this step may go too."""
+        cfg = self.config
+        if not cfg.resident_slots or cfg.resident_slots >= len(self.slots):
             return []
         idle = sorted((s for s in self.slots if s.free and s.tokens), key=lambda s: s.last_used)
-        excess = len(idle) - max(keep - self.num_running, 0)
+        excess = len(idle) - max(cfg.resident_slots - self.num_running, 0)
         released = []
         for slot in idle:
-            if len(released) >= excess:
+            if len(released) >= excess or now - slot.last_used < cfg.release_after_s:
                 break
             if self.pages.enabled and not self.pages.all_on_disk(slot):
                 slot.tail_wanted = True  # staged when a buffer is free, then released

@@ -118,6 +118,7 @@ class SchedulerService:
                                      settings.log_format, settings.log_content)
         self.core = SchedulerCore(CoreConfig(
             num_slots=settings.worker_slots, resident_slots=settings.slots,
+            release_after_s=settings.release_after_s,
             ctx=settings.ctx, prefill_chunk=settings.prefill_chunk,
             max_queue=settings.max_queue, page_size=settings.page_size,
             disk_budget_bytes=settings.kv_disk_budget_bytes,

@@ -87,14 +87,15 @@ def test_interactive_request_takes_a_background_slot(one_slot):
 
 @pytest.fixture(scope="module")
 def running_past_slots(tiny_qwen3):
-    with ServerGroup(tiny_qwen3, slots=1, ctx=8192, extra=["--max-running", "3"]) as group:
+    with ServerGroup(tiny_qwen3, slots=1, ctx=8192,
+                     extra=["--max-running", "3", "--release-after-s", "1"]) as group:
         yield group
 
 
 def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_past_slots):
     """--slots 1 --max-running 3: three agents under one system prompt are placed at once
-    (none waits for another's reply), then only one conversation stays in memory; the
-    others' next turns restore theirs from disk."""
+    (none waits for another's reply), then, idle past --release-after-s, only one
+    conversation stays in memory; the others' next turns restore theirs from disk."""
     import openai
 
     group = running_past_slots

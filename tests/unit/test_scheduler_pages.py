@@ -40,12 +40,13 @@ class Group:
     """The core plus scripted worker and kvstore peers, driven step by step."""
 
     def __init__(self, num_slots=1, budget_pages=10_000, trimmable=True, num_buffers=64,
-                 prefill_chunk=64, missing=(), resident_slots=0):
+                 prefill_chunk=64, missing=(), resident_slots=0, release_after_s=0.0):
         self.budget_bytes = budget_pages * (100 + 4096)
         self.core = SchedulerCore(CoreConfig(
             num_slots=num_slots, ctx=8192, prefill_chunk=prefill_chunk, max_queue=16,
             trimmable=trimmable, page_size=P, disk_budget_bytes=self.budget_bytes,
-            state_interval=4 * P, resident_slots=resident_slots))
+            state_interval=4 * P, resident_slots=resident_slots,
+            release_after_s=release_after_s))
         self.outbox = []  # messages from the core not yet delivered
         self.now = 1000.0
         self.do(InventoryDescribed("kv", ()))

@@ -4,6 +4,7 @@ The core with scripted worker and kvstore (tests/unit/test_scheduler_pages.py): 
 request has a slot of its own, and once idle, slots past --slots give their KV up, each only
 when all its tokens are on disk or on their way, so the conversation's next turn restores
 them instead of prefilling them again (docs/design.md "Running past the resident slots").
+Slots are released as soon as they may be (`release_after_s` 0) unless a test says otherwise.
 """
 
 from switchyard.proto.messages import WritePages
@@ -122,3 +123,27 @@ def test_a_main_session_back_among_its_sub_agents_copies_their_prefix_and_restor
     assert copies and copies[0].num_tokens == len(system)
     assert loads and loads[0].start == len(system)
     assert g.finished("main2").num_cached_tokens >= len(main) + len(g.reply("main")) - 1
+
+
+def idle(g, seconds):
+    """Let `seconds` pass with nothing new arriving (the shell plans a step every second)."""
+    for _ in range(int(seconds)):
+        g.now += 1.0
+        g.do(PlanStep())
+        g.pump()
+
+
+def test_an_idle_slot_stays_a_while_for_its_tool_result():
+    """A tool loop's next turn, back within `release_after_s`, finds its slot (reused, no
+    restore); one that ended its turn leaves memory after that."""
+    g = Group(num_slots=3, resident_slots=1, release_after_s=10.0)
+    prompts = fan_out(g, 3, conv(94, 2 * P), max_tokens=3)
+    assert len(holding(g)) == 3, "just finished: every slot is kept a while"
+    idle(g, 3)
+    rid, before = "sub1", len(g.steps)
+    g.submit(rid + "'", prompts[rid] + g.reply(rid) + [5], max_tokens=1)
+    g.run()
+    assert g.finished(rid + "'").num_cached_tokens >= len(prompts[rid]) + len(g.reply(rid)) - 1
+    assert not any(s.loads or s.copies for s in g.steps[before:]), "its own slot, kept"
+    idle(g, 12)
+    assert len(holding(g)) == 1, "idle past the grace: back to --slots conversations"

@@ -70,7 +70,7 @@ def test_max_running_sizes_the_workers_slots():
     assert _parse([]).worker_slots == 4, "0: as many as --slots"
     assert _parse(["--slots", "2", "--max-running", "12"]).worker_slots == 12
     assert _parse(["--slots", "6", "--max-running", "3"]).worker_slots == 6
-    with pytest.raises(SettingsError, match="--max-running must not be negative"):
+    with pytest.raises(SettingsError, match="--max-running and --release-after-s must not be"):
         _parse(["--max-running", "-1"])
 
 
