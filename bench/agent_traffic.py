@@ -426,7 +426,9 @@ class Workload:
         a = self.args
         names = [PLAN[(i + k) % len(PLAN)] for k in range(a.turns)]
         # Result sizes: the room left below --grow-to shared by weight, +-10% per agent.
-        base = self.count(self.system) + self.count(self.tasks[i]) + 40
+        # (The tool list is written into the prompt too: about its JSON's tokens.)
+        base = (self.count(self.system) + self.count(json.dumps(OPENAI_TOOLS))
+                + self.count(self.tasks[i]) + 40)
         room = max(0, a.grow_to - base - a.turns * 60)
         total = sum(WEIGHT[n] for n in names) or 1
         jitter = 0.9 + 0.2 * self.rng.random()
