@@ -137,7 +137,9 @@ def banner(settings: Settings, requested_model: str, roles: tuple[str, ...] = RO
     rows = [
         ("model", model),
         ("slots", f"{settings.slots} x {settings.ctx} tokens"
-                  + (f", {settings.worker_slots} running at once"
+                  + (f"; up to {settings.auto_running} running at once, as the memory plan holds"
+                     if not settings.max_running else
+                     f"; {settings.worker_slots} running at once"
                      if settings.worker_slots > settings.slots else "")),
         ("HTTP", url),
         ("runtime dir", f"{settings.runtime_path}  (sockets, pid files)"),

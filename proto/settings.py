@@ -108,9 +108,11 @@ class Settings:
     slots: int = _opt("conversations whose KV stays in memory between turns; as many "
                       "requests run (and decode in one batch) at once, unless --max-running "
                       "says more", default=4)
-    max_running: int = _opt("requests run at once, each holding its KV in memory while it runs "
-                            "(0: --slots); past --slots, a finished request's KV leaves memory "
-                            "and its pages stay on disk", default=0)
+    max_running: int = _opt("requests run at once, each holding its KV in memory while it runs; "
+                            "past --slots, an idle conversation's KV leaves memory and its "
+                            "pages stay on disk (0: as many as the memory plan holds, up to 4 x "
+                            "--slots; --slots with a draft model, MTP or a worker group)",
+                            default=0)
     release_after_s: float = _opt("with --max-running past --slots: seconds an idle "
                                   "conversation's KV stays in memory before it leaves (a tool "
                                   "call's result comes back within seconds)", default=10.0)
@@ -249,8 +251,14 @@ class Settings:
     def worker_slots(self) -> int:
         """Slots the worker holds: one per running request (--max-running), at least --slots;
         the scheduler keeps at most --slots of them resident while idle (docs/design.md
-        "Running past the resident slots")."""
+        "Running past the resident slots"). With --max-running 0 the worker decides
+        (`auto_running`) and tells the scheduler; until then this is --slots."""
         return max(self.slots, self.max_running)
+
+    @property
+    def auto_running(self) -> int:
+        """The most requests --max-running 0 runs at once, if the memory plan holds them."""
+        return 4 * self.slots
 
     @property
     def cache_path(self) -> Path:

@@ -389,7 +389,7 @@ class SchedulerService:
     def serve(self, stop: StopFlag) -> None:
         self.log.info("scheduler.started", endpoint=self.endpoints.scheduler,
                       slots=self.settings.slots,
-                      max_running=self.settings.worker_slots, ctx=self.settings.ctx)
+                      max_running=self.settings.max_running or "auto", ctx=self.settings.ctx)
         next_heartbeat = 0.0
         while not stop.requested:
             now = time.time()

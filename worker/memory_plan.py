@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from switchyard.proto.settings import format_size
@@ -97,6 +98,16 @@ def make_plan(*, runtime: int, weights: int, kv_bytes_per_token: int,
     return MemoryPlan(draft=draft,runtime=runtime, weights=weights, slot_kv=slot_kv, batch_kv=batch_kv,
                       recurrent=num_slots * recurrent_bytes_per_slot, activations=activations,
                       page_buffers=page_buffers, limit=limit, headroom=headroom, vision=vision)
+
+
+def widest_running(plan_for: Callable[[int], MemoryPlan], slots: int, most: int) -> int:
+    """--max-running 0: the most requests, at most `most` and at least `slots`, whose slots
+    the memory plan holds at full context (`plan_for(n)`: the plan with n slots)."""
+    for n in range(most, slots, -1):
+        plan = plan_for(n)
+        if plan.total <= plan.limit - plan.headroom:
+            return n
+    return slots
 
 
 def check_plan(plan: MemoryPlan, num_slots: int, ctx: int, kv_bits: int = 0,

@@ -11,6 +11,7 @@ import faulthandler
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -42,6 +43,7 @@ from switchyard.worker.memory_plan import (
     device_memory_limit,
     make_plan,
     resident_bytes,
+    widest_running,
 )
 from switchyard.worker.draft_model import load_drafter
 from switchyard.worker.errors import ModelLoadError
@@ -295,11 +297,20 @@ def run(settings: Settings) -> None:
                                "the memory plan; forward passes use the quantized kernels")
             copies = draft_copies = 0
             plan = plan_memory(loaded, settings, layout, num_buffers, draft=draft, mtp=mtp)
+        if settings.max_running == 0 and group is None and drafter is None:
+            # As many running requests as the plan holds (docs/design.md "Running past the
+            # resident slots"); a drafter's slots and a group's ranks keep --slots.
+            widest = widest_running(
+                lambda n: plan_memory(loaded, replace(settings, max_running=n), layout,
+                                      num_buffers, copies),
+                settings.slots, settings.auto_running)
+            settings = replace(settings, max_running=widest)
+            plan = plan_memory(loaded, settings, layout, num_buffers, copies)
         if copies:
             add_float_copies(loaded.model)
         if draft_copies:
             add_float_copies(draft.model)
-        log.info("worker.memory_plan", kv_quant=kv_form(loaded),
+        log.info("worker.memory_plan", kv_quant=kv_form(loaded), running=settings.worker_slots,
                  kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
         check_plan(plan, settings.slots, settings.ctx, settings.kv_bits, settings.max_running)
         pool = None

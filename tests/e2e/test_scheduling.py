@@ -88,17 +88,20 @@ def test_interactive_request_takes_a_background_slot(one_slot):
 @pytest.fixture(scope="module")
 def running_past_slots(tiny_qwen3):
     with ServerGroup(tiny_qwen3, slots=1, ctx=8192,
-                     extra=["--max-running", "3", "--release-after-s", "1"]) as group:
+                     extra=["--max-running", "0", "--release-after-s", "1"]) as group:
         yield group
 
 
 def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_past_slots):
-    """--slots 1 --max-running 3: three agents under one system prompt are placed at once
-    (none waits for another's reply), then, idle past --release-after-s, only one
-    conversation stays in memory; the others' next turns restore theirs from disk."""
+    """--slots 1 and --max-running 0, the default: the worker runs as many as its memory plan
+    holds, up to 4 x --slots (all 4 for the tiny model). Three agents under one system prompt
+    are placed at once (none waits for another's reply), then, idle past --release-after-s,
+    only one conversation stays in memory; the others' next turns restore theirs from disk."""
     import openai
 
     group = running_past_slots
+    plan = group.wait_events("worker.memory_plan", 1)
+    assert plan and plan[0]["running"] == 4
     system = "You are a careful coding agent. Follow the rules. " * 30
     chats = [[{"role": "system", "content": system},
               {"role": "user", "content": f"Task {i}: list the files under src/{i}."}]
@@ -123,7 +126,7 @@ def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_
             if held is not None and len(held) <= 1 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        assert status is not None and len(status.slots) == 3
+        assert status is not None and len(status.slots) == 4
         assert len(held) == 1, "idle, one conversation stays in memory (--slots 1)"
 
         follow = [chat + [{"role": "assistant", "content": r.choices[0].message.content},

@@ -105,6 +105,9 @@ class ServerGroup:
                      "--port", str(self.port),
                      "--runtime-dir", str(self.runtime_dir), "--kv-dir", str(self.kv_dir),
                      "--slots", str(slots), "--ctx", str(ctx), "--log-format", "json",
+                     # As many run at once as stay resident, unless a test says otherwise:
+                     # tests of queueing and preemption need the contention of --slots.
+                     *(() if "--max-running" in extra else ("--max-running", str(slots))),
                      *extra]
         self.entry = entry
         self.wait_for = wait_for

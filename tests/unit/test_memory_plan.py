@@ -64,3 +64,18 @@ def test_a_draft_model_counts_its_weights_and_its_kv_per_slot():
     too_big = dataclasses.replace(with_draft, limit=with_draft.total)
     with pytest.raises(MemoryPlanError, match="or use a smaller --draft-model"):
         check_plan(too_big, 4, 8192)
+
+
+def test_max_running_zero_runs_as_many_as_the_plan_holds():
+    from switchyard.worker.memory_plan import widest_running
+
+    def plan_for(n):
+        return plan(slots=n, ctx=8192)
+
+    per_slot = plan_for(3).total - plan_for(2).total
+    fits_six = dataclasses.replace(plan_for(6), limit=plan_for(6).total + GIB + per_slot // 2)
+    limited = lambda n: dataclasses.replace(plan_for(n), limit=fits_six.limit)  # noqa: E731
+    assert widest_running(limited, 4, 16) == 6
+    assert widest_running(limited, 4, 5) == 5, "never past the cap"
+    assert widest_running(lambda n: dataclasses.replace(plan_for(n), limit=0), 4, 16) == 4, \
+        "nothing fits: --slots, refused by check_plan with its advice"
