@@ -821,7 +821,8 @@ def main() -> int:
     ap.add_argument("--reply", type=int, default=16, help="max_tokens of every request")
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--max-running", type=int, default=0,
-                    help="switchyard --max-running: requests run at once (0: --slots)")
+                    help="switchyard --max-running: requests run at once (0: its default, as "
+                    "many as its memory plan holds, up to 4 x --slots)")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--residency", type=int, default=4, metavar="K",
                     help="simulate LRU / agent-aware / Belady residency for K conversations "
