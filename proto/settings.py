@@ -105,13 +105,13 @@ class Settings:
         "the model directory's or file's name)", default=())
     host: str = _opt("address the HTTP gateway binds", default="127.0.0.1")
     port: int = _opt("HTTP port", default=8000)
-    slots: int = _opt("conversations whose KV stays in memory between turns; as many "
-                      "requests run (and decode in one batch) at once, unless --max-running "
-                      "says more", default=4)
+    slots: int = _opt("conversations whose KV stays in memory between turns (how many run "
+                      "and decode in one batch at once: --max-running)", default=4)
     max_running: int = _opt("requests run at once, each holding its KV in memory while it runs; "
                             "past --slots, an idle conversation's KV leaves memory and its "
                             "pages stay on disk (0: as many as the memory plan holds, up to 4 x "
-                            "--slots; --slots with a draft model, MTP or a worker group)",
+                            "--slots; --slots with a draft model, MTP, a worker group or "
+                            "caches that cannot be batched)",
                             default=0)
     release_after_s: float = _opt("with --max-running past --slots: seconds an idle "
                                   "conversation's KV stays in memory before it leaves (a tool "

@@ -50,7 +50,7 @@ from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.model_loading import LoadedModel, load_model
 from switchyard.worker.mtp import MTPDrafter, mtp_drafter_for
 from switchyard.worker.sharding import check_splittable, split
-from switchyard.worker.slots import SlotStore
+from switchyard.worker.slots import SlotStore, batchable
 from switchyard.worker.vision.memory import vision_bytes
 
 # Bumped whenever the meaning of a page's bytes changes; part of every page namespace (F12).
@@ -297,7 +297,8 @@ def run(settings: Settings) -> None:
                                "the memory plan; forward passes use the quantized kernels")
             copies = draft_copies = 0
             plan = plan_memory(loaded, settings, layout, num_buffers, draft=draft, mtp=mtp)
-        if settings.max_running == 0 and group is None and drafter is None:
+        if settings.max_running == 0 and group is None and drafter is None and \
+                batchable(loaded.make_cache()):
             # As many running requests as the plan holds (docs/design.md "Running past the
             # resident slots"); a drafter's slots and a group's ranks keep --slots.
             widest = widest_running(

@@ -349,5 +349,11 @@ def _merged(caches: list):
     return _not_batchable(first)
 
 
+def batchable(cache: list) -> bool:
+    """Whether several slots of this cache form can decode as one batch (`_merged`)."""
+    return all(type(c) is KVCache or isinstance(c, QuantizedKVCache) or hasattr(c, "merge")
+               for c in leaves(cache))
+
+
 def _not_batchable(cache) -> None:
     raise SlotError(f"{type(cache).__name__} cannot be batched; run with --slots 1")
