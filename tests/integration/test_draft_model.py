@@ -180,7 +180,7 @@ def test_another_twin_with_the_same_tokenizer_drafts_and_the_output_is_plain_dec
     main = tiny_model_dir("qwen3")
     draft = tiny_model_dir(draft_arch, seed=1) if draft_arch == "llama" else None
     if draft is None:  # a hybrid model cannot be cut back at a token: refused as a draft
-        settings = SimpleNamespace(draft_model=str(tiny_model_dir(draft_arch)), slots=2,
+        settings = SimpleNamespace(draft_model=str(tiny_model_dir(draft_arch)), worker_slots=2,
                                    ctx=2048, prefill_chunk=64)
         with pytest.raises(ModelLoadError, match="cannot be cut back at a token"):
             load_drafter(settings, load_model(str(main)))
@@ -225,7 +225,7 @@ def test_a_slot_whose_contents_change_makes_the_drafter_catch_up_in_bounded_step
 
 def test_load_drafter_checks_the_tokenizers(tiny_model_dir, tmp_path):
     main = load_model(str(tiny_model_dir("qwen3")))
-    settings = SimpleNamespace(draft_model=str(tiny_model_dir("llama", seed=1)), slots=2,
+    settings = SimpleNamespace(draft_model=str(tiny_model_dir("llama", seed=1)), worker_slots=2,
                                ctx=2048, prefill_chunk=64)
     drafter, draft = load_drafter(settings, main)
     assert drafter.kind == "draft" and draft.model_type == "llama"
