@@ -4,7 +4,6 @@ refuses to start with a message naming what to lower."""
 import dataclasses
 
 import pytest
-
 from switchyard.worker.memory_plan import MemoryPlanError, check_plan, make_plan
 
 GIB = 2**30
@@ -74,7 +73,10 @@ def test_max_running_zero_runs_as_many_as_the_plan_holds():
 
     per_slot = plan_for(3).total - plan_for(2).total
     fits_six = dataclasses.replace(plan_for(6), limit=plan_for(6).total + GIB + per_slot // 2)
-    limited = lambda n: dataclasses.replace(plan_for(n), limit=fits_six.limit)  # noqa: E731
+
+    def limited(n):
+        return dataclasses.replace(plan_for(n), limit=fits_six.limit)
+
     assert widest_running(limited, 4, 16) == 6
     assert widest_running(limited, 4, 5) == 5, "never past the cap"
     assert widest_running(lambda n: dataclasses.replace(plan_for(n), limit=0), 4, 16) == 4, \

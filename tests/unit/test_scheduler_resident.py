@@ -9,7 +9,8 @@ Slots are released as soon as they may be (`release_after_s` 0) unless a test sa
 
 from switchyard.proto.messages import WritePages
 from switchyard.scheduler.events import PlanStep
-from tests.unit.test_scheduler_pages import P, Group, conv
+
+from tests.unit.test_scheduler_pages import Group, P, conv
 
 
 def holding(g):
