@@ -621,12 +621,7 @@ class SchedulerCore:
         Nothing is lost: its full pages are written through and its slot's tail is staged
         next, so it resumes from its pages when placed again (in its old slot, if that still
         holds them), continuing its reply where it stopped."""
-        slot = self.slots[victim.slot]
-        slot.rid = None
-        slot.tail_wanted = True
-        self.pages.sync_slot(slot)
-        self.pages.touch(slot.page_ids, now)
-        self._unplace(victim)
+        self._vacate(victim, now)
         if victim.generated:
             victim.num_yields += 1
         victim.queued_at, victim.num_overtaken = now, 0
@@ -634,6 +629,17 @@ class SchedulerCore:
         self.outbox.log("request.preempted", **{"rid": victim.rid,
                                                   "num_generated": len(victim.generated),
                                                   "num_yields": victim.num_yields})
+
+    def _vacate(self, req: Request, now: float) -> None:
+        """Take a request that stops running (finished or preempted) out of its slot. The
+        slot keeps its tokens: its tail is staged with the next step, its pages count as
+        used now."""
+        slot = self.slots[req.slot]
+        slot.rid = None
+        slot.tail_wanted = True
+        self.pages.sync_slot(slot)
+        self.pages.touch(slot.page_ids, now)
+        self._unplace(req)
 
     def _unplace(self, req: Request, release: bool = True) -> None:
         """Take a request out of its slot. Buffers of a read in flight stay with that read
@@ -766,12 +772,7 @@ class SchedulerCore:
         if self.proposer is not None:
             self.proposer.finish(req.rid)  # its text stays to copy from
         if req.slot is not None:
-            slot = self.slots[req.slot]
-            slot.rid = None
-            slot.tail_wanted = True
-            self.pages.sync_slot(slot)
-            self.pages.touch(slot.page_ids, now)
-            self._unplace(req)
+            self._vacate(req, now)
         if req.rid in self.waiting:
             self.waiting.remove(req.rid)
         del self.requests[req.rid]
