@@ -381,7 +381,7 @@ class PageCache:
                              and len(slot.tokens) in state_points(slot))
             for k in range(slot.num_persisted, len(slot.page_ids)):
                 pid = slot.page_ids[k]
-                if pid in self.tree or pid in self.staged or pid in self.writing:
+                if self._kept(pid):
                     if k == slot.num_persisted:
                         slot.num_persisted += 1
                     continue
@@ -405,37 +405,39 @@ class PageCache:
         """The partial last page where a prompt or a turn ended: the next turn resumes there
         (after the turn: if its history carries the reply's exact tokens; after the prompt:
         whatever the client made of the reply)."""
-        P = self.page_size
-        start = len(slot.tokens) // P * P
-        if start == len(slot.tokens):
+        tail = self._tail(slot)
+        if tail is None:
             return True
-        parent = slot.page_ids[-1] if start else ROOT_ID
-        tokens = tuple(slot.tokens[start:])
-        images = page_image_ids(slot.images, start, len(slot.tokens))
-        pid = self._tail_id(slot, start)
+        start, pid, parent, tokens, images = tail
         if slot.turn is not None:
             self.turns.ended_in(slot.turn, pid)
-        if pid in self.tree or pid in self.staged or pid in self.writing:
+        if self._kept(pid):
             return True
         return self._stage_page(slot.index, start, pid, parent, tokens,
                                 with_state=not trimmable, out=out, image_ids=images)
 
-    def _tail_id(self, slot: Slot, start: int) -> bytes:
-        """The page id of the slot's tokens from `start` (a page boundary) to its end."""
-        parent = slot.page_ids[start // self.page_size - 1] if start else ROOT_ID
-        return page_id(self.namespace, parent, tuple(slot.tokens[start:]),
-                       page_image_ids(slot.images, start, len(slot.tokens)))
+    def _tail(self, slot: Slot) -> tuple[int, bytes, bytes, tuple[int, ...], bytes] | None:
+        """The slot's partial last page: its start, page id, parent id, tokens and image ids;
+        None when the slot ends on a page boundary."""
+        start = len(slot.tokens) // self.page_size * self.page_size
+        if start == len(slot.tokens):
+            return None
+        parent = slot.page_ids[-1] if start else ROOT_ID
+        tokens = tuple(slot.tokens[start:])
+        images = page_image_ids(slot.images, start, len(slot.tokens))
+        return start, page_id(self.namespace, parent, tokens, images), parent, tokens, images
+
+    def _kept(self, pid: bytes) -> bool:
+        """On disk, or on its way there (staged or being written)."""
+        return pid in self.tree or pid in self.staged or pid in self.writing
 
     def all_on_disk(self, slot: Slot) -> bool:
         """Whether every token of the slot is on disk or on its way there (its full pages and
         its tail), as of the stages planned last: its KV can leave memory at no re-read."""
         if slot.num_persisted < len(slot.page_ids):
             return False
-        start = len(slot.tokens) // self.page_size * self.page_size
-        if start == len(slot.tokens):
-            return True
-        pid = self._tail_id(slot, start)
-        return pid in self.tree or pid in self.staged or pid in self.writing
+        tail = self._tail(slot)
+        return tail is None or self._kept(tail[1])
 
     def _stage(self, slot: Slot, k: int, with_state: bool, out: list[StagePage]) -> bool:
         P = self.page_size
