@@ -186,6 +186,16 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     (worker/cpu_weights.py), counted with the weights; `draft`: a draft model (its weights,
     with `draft_copies`, and its KV per slot); `mtp`: an MTP head (its weights and its KV
     per slot)."""
+    return make_plan(**plan_inputs(loaded, settings, layout, num_buffers, float_copies, draft,
+                                   draft_copies, mtp), num_slots=settings.worker_slots)
+
+
+def plan_inputs(loaded: LoadedModel, settings: Settings, layout: PageLayout | None,
+                num_buffers: int | None = None, float_copies: int = 0,
+                draft: LoadedModel | None = None, draft_copies: int = 0,
+                mtp: MTPDrafter | None = None) -> dict:
+    """What `make_plan` needs but the number of slots, measured once (it runs the model on a
+    token to measure the per-slot state): `plan_memory`'s arguments."""
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
@@ -196,24 +206,23 @@ def plan_memory(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
         num_buffers = buffer_count(layout, settings)
     page_buffers = num_buffers * (layout.buffer_bytes if layout else 0)
     per_token = loaded.kv_bytes_per_token + (0 if layout else unpaged_bytes_per_token(loaded))
-    plan = make_plan(
-        vision=vision_bytes(loaded, settings),
+    return {
+        "vision": vision_bytes(loaded, settings),
         # Measured after the model ran once, so the weights are resident: count them once.
-        runtime=max(0, resident_bytes() - weights), weights=weights + float_copies,
-        kv_bytes_per_token=per_token,
-        recurrent_bytes_per_slot=recurrent, num_slots=settings.worker_slots, ctx=settings.ctx,
-        prefill_chunk=settings.prefill_chunk,
-        num_heads=int(text_cfg.get("num_attention_heads", 1)),
-        hidden=int(text_cfg.get("hidden_size", 0)),
-        intermediate=int(text_cfg.get("intermediate_size", 0)),
-        vocab=int(text_cfg.get("vocab_size", 0)), page_buffers=page_buffers,
-        limit=device_memory_limit(), headroom=parse_size(settings.memory_headroom),
-        draft_weights=(sum(v.nbytes for _, v in tree_flatten(draft.model.parameters()))
-                       + draft_copies) if draft is not None else mtp.nbytes if mtp else 0,
-        draft_kv_bytes_per_token=draft.kv_bytes_per_token if draft is not None
-        else mtp.kv_bytes_per_token() if mtp else 0,
-        draft_batched=mtp is None)
-    return plan
+        "runtime": max(0, resident_bytes() - weights), "weights": weights + float_copies,
+        "kv_bytes_per_token": per_token,
+        "recurrent_bytes_per_slot": recurrent, "ctx": settings.ctx,
+        "prefill_chunk": settings.prefill_chunk,
+        "num_heads": int(text_cfg.get("num_attention_heads", 1)),
+        "hidden": int(text_cfg.get("hidden_size", 0)),
+        "intermediate": int(text_cfg.get("intermediate_size", 0)),
+        "vocab": int(text_cfg.get("vocab_size", 0)), "page_buffers": page_buffers,
+        "limit": device_memory_limit(), "headroom": parse_size(settings.memory_headroom),
+        "draft_weights": (sum(v.nbytes for _, v in tree_flatten(draft.model.parameters()))
+                          + draft_copies) if draft is not None else mtp.nbytes if mtp else 0,
+        "draft_kv_bytes_per_token": draft.kv_bytes_per_token if draft is not None
+                                    else mtp.kv_bytes_per_token() if mtp else 0,
+        "draft_batched": mtp is None}
 
 
 def make_store(loaded: LoadedModel, settings: Settings, log) -> SlotStore:
@@ -301,12 +310,11 @@ def run(settings: Settings) -> None:
                 batchable(loaded.make_cache()):
             # As many running requests as the plan holds (docs/design.md "Running past the
             # resident slots"); a drafter's slots and a group's ranks keep --slots.
-            widest = widest_running(
-                lambda n: plan_memory(loaded, replace(settings, max_running=n), layout,
-                                      num_buffers, copies),
-                settings.slots, settings.auto_running)
+            inputs = plan_inputs(loaded, settings, layout, num_buffers, copies)
+            widest = widest_running(lambda n: make_plan(**inputs, num_slots=n),
+                                    settings.slots, settings.auto_running)
             settings = replace(settings, max_running=widest)
-            plan = plan_memory(loaded, settings, layout, num_buffers, copies)
+            plan = make_plan(**inputs, num_slots=widest)
         if copies:
             add_float_copies(loaded.model)
         if draft_copies:
