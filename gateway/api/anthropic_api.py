@@ -122,9 +122,17 @@ def parse_message(message: Any, index: int) -> list[dict[str, Any]]:
     if not isinstance(message, dict):
         raise invalid_type(prefix, "an object")
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise invalid(f"{prefix}.role: must be 'user' or 'assistant'", param=f"{prefix}.role")
+    if role not in ("user", "assistant", "system"):
+        raise invalid(f"{prefix}.role: must be 'user', 'assistant' or 'system'",
+                      param=f"{prefix}.role")
     content = message.get("content")
+    if role == "system":  # between turns (Claude Code's agent list): kept where it stands
+        text = content if isinstance(content, str) else None
+        if isinstance(content, list):
+            text = "\n".join(_text_of_blocks(content, f"{prefix}.content"))
+        if text is None:
+            raise invalid_type(f"{prefix}.content", "a string or an array of text blocks")
+        return [{"role": "system", "content": text}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
