@@ -34,8 +34,9 @@ from switchyard.gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_
                                   function_tool, strict_tool_names)
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
-from switchyard.gateway.api.validation import (Fields, note_ignored, note_unknown_fields,
-                                               reasoning_effort, template_kwargs)
+from switchyard.gateway.api.validation import (Fields, as_integer, note_ignored,
+                                               note_unknown_fields, reasoning_effort,
+                                               template_kwargs)
 from switchyard.gateway.vision.parts import anthropic_image_block, has_part, mixed_parts
 from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
 
@@ -303,16 +304,17 @@ def clear_thinking(messages: list[dict[str, Any]], value: Any) -> list[dict[str,
         param = f"context_management.edits[{i}]"
         if not isinstance(edit, dict) or not isinstance(edit.get("type"), str):
             raise invalid(f"{param}: must be an object with a 'type'", param=param)
+        keep = edit.get("keep")
+        turns = as_integer(keep.get("value")) if isinstance(keep, dict) else None
+        if keep not in (None, "all") and (isinstance(turns, bool) or not isinstance(turns, int)
+                                          or turns < 0):
+            raise invalid(f"{param}.keep: must be 'all' or {{\"type\": ..., \"value\": N}} "
+                          f"with N >= 0", param=f"{param}.keep")
         if not edit["type"].startswith(CLEAR_THINKING):
             note_ignored(f"context_management.edits[].type={edit['type'][:64]}")
             continue
-        keep = edit.get("keep", "all")
-        if keep == "all" or keep is None:
+        if turns is None:  # "all" (the default)
             continue
-        turns = keep.get("value") if isinstance(keep, dict) else None
-        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 0:
-            raise invalid(f"{param}.keep: must be 'all' or {{\"type\": \"thinking_turns\", "
-                          f"\"value\": N}}", param=f"{param}.keep")
         with_thinking = [j for j, m in enumerate(messages) if m.get("reasoning_content")]
         cleared = set(with_thinking[:max(0, len(with_thinking) - turns)])
         messages = [{k: v for k, v in m.items() if k != "reasoning_content"}

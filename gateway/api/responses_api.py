@@ -217,18 +217,21 @@ def parse_tools(value: Any) -> ResponsesTools:
             add_function(tool, param, None)
         elif kind == "namespace":
             f = Fields(tool, f"{param}.")
+            f.string("description")
             name = f.string("name")
             if not name:
                 raise invalid(f"'{param}.name' is required", param=f"{param}.name",
                               code="missing_required_parameter")
             for j, inner in enumerate(f.array("tools") or ()):
                 inner_param = f"{param}.tools[{j}]"
-                if not isinstance(inner, dict):
-                    raise invalid_type(inner_param, "an object")
-                if inner.get("type") == "function":
+                if not isinstance(inner, dict) or not isinstance(inner.get("type"), str) \
+                        or inner["type"] == "namespace":
+                    raise invalid(f"'{inner_param}' must be a function or a built-in tool",
+                                  param=inner_param, code="invalid_value")
+                if inner["type"] == "function":
                     add_function(inner, inner_param, name)
                 else:
-                    builtins.add(str(inner.get("type"))[:64])
+                    builtins.add(inner["type"][:64])
         else:
             builtins.add(kind[:64])
     for kind in builtins:

@@ -338,6 +338,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     tool_choice = parse_openai_tool_choice(f.get("tool_choice"), tools)
     parallel = f.boolean("parallel_tool_calls")
     kwargs = f.obj("chat_template_kwargs") or {}
+    f.string("prompt_cache_key")
     effort = reasoning_effort(f.get("reasoning_effort"), "reasoning_effort")
     if effort and "reasoning_effort" not in kwargs:
         kwargs = {**kwargs, "reasoning_effort": effort}
