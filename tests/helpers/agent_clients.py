@@ -9,7 +9,7 @@ The clients are npm packages, installed with `npm install PKG@latest ...` into a
 cache directory (`~/.cache/switchyard/agent-clients/`, never the repository) at the versions npm
 gives on the day: an install older than a day is refreshed. Their configuration (environment
 variables, config files) is built here from the server's URL and the model name, and the
-README's section per client shows exactly what `readme_block(name)` renders for
+README's section per client shows exactly what `readme_blocks(name)` renders for
 `http://127.0.0.1:8000` and the model name `local` (tests/unit/test_client_corpus.py checks it).
 """
 
@@ -168,17 +168,17 @@ CLIENTS = {c.name: c for c in (
 )}
 
 
-def readme_block(name: str) -> str:
-    """The README's block for client `name` (URL README_URL, model README_MODEL)."""
+def readme_blocks(name: str) -> list[str]:
+    """The README's code blocks for client `name` (URL README_URL, model README_MODEL)."""
     url, model = README_URL, README_MODEL
     if name == "claude-code":
-        return _exports(claude_code_env(url, model)) + "claude\n"
+        return [_exports(claude_code_env(url, model)) + "claude\n"]
     if name == "codex":
-        return codex_config(url, model)
+        return [codex_config(url, model), "export SWITCHYARD_API_KEY=none\ncodex\n"]
     if name == "qwen-code":
-        return _exports(qwen_code_env(url, model)) + "qwen --auth-type openai\n"
+        return [_exports(qwen_code_env(url, model)) + "qwen\n", qwen_code_settings()]
     if name == "opencode":
-        return opencode_config(url, model)
+        return [opencode_config(url, model)]
     raise ValueError(name)
 
 
