@@ -142,8 +142,21 @@ def test_two_turns_and_the_second_reads_the_first_from_cache(name, server, tmp_p
         answered = [line for line in lines if not line.get("disconnected")]
         assert answered, (lines, said)
         turns.append(max(answered, key=lambda line: line["num_prompt_tokens"])
-                     | {"wall_s": wall_s, "num_requests": len(lines)})
+                     | {"wall_s": wall_s, "num_requests": len(lines),
+                        "client_usage": client_usage(name, done.stdout)})
     FIGURES[name] = turns
     first, second = turns
     assert second["num_prompt_tokens"] > first["num_prompt_tokens"]
     assert second["num_cached_tokens"] >= first["num_prompt_tokens"] - PAGE_SIZE, turns
+    if (second["client_usage"] or {}).get("cached") is not None:  # what the client was told
+        assert second["client_usage"]["cached"] >= first["num_prompt_tokens"] - PAGE_SIZE, turns
+
+
+def client_usage(name: str, stdout: str) -> dict | None:
+    """The turn's usage as Claude Code reports it in its JSON result (Anthropic's usage of the
+    turn's last request: uncached input and cache reads); None for the other clients, whose
+    figures are per session or per step."""
+    if name != "claude-code":
+        return None
+    usage = json.loads(stdout).get("usage") or {}
+    return {"input": usage.get("input_tokens"), "cached": usage.get("cache_read_input_tokens")}
