@@ -2,7 +2,8 @@
 bench/record_clients.py) replayed through the gateway's parsing and rendering: every request
 parses, renders with the tiny model's tokenizer and template, and each later request of a
 session (the second turn, a turn with a tool result) renders as an extension of the first
-turn's prompt, token for token, so the server finds the first turn's pages. Also: the
+turn's prompt, token for token up to at most one page before its end (where a client edits its
+own history), so the server finds the first turn's pages. Also: the
 README's section per client shows exactly the configuration the e2e tests use."""
 
 from __future__ import annotations
@@ -78,6 +79,13 @@ def test_recorded_requests_are_whole_and_hold_no_secrets(session):
     assert "constructed" in load(session, "tool_result.json")
 
 
+# How far before the end of turn 1's prompt a client's own edit of its history may start: one
+# KV page, the issue's "served from cache within one page". Qwen Code 0.24 moves its "current
+# date" <system-reminder> from the previous user message to the newest one (~120 tokens of
+# turn 1's end re-read); the tool-result turn, built from turn 1 itself, must extend it exactly.
+PAGE_SIZE = 256
+
+
 @pytest.mark.parametrize("session", SESSIONS, ids=[s.name for s in SESSIONS])
 def test_every_request_parses_and_later_turns_extend_the_first(session, tokenizer):
     first = render(tokenizer, load(session, "turn1.json"))
@@ -86,7 +94,8 @@ def test_every_request_parses_and_later_turns_extend_the_first(session, tokenize
         later = render(tokenizer, load(session, name))
         assert len(later) > len(first), name
         same = next((i for i, (a, b) in enumerate(zip(first, later)) if a != b), len(first))
-        assert same == len(first), (
+        allowed = 0 if name == "tool_result.json" else PAGE_SIZE
+        assert same >= len(first) - allowed, (
             f"{name} departs from turn 1's prompt at token {same} of {len(first)}: "
             f"{tokenizer.decode(first[max(0, same - 20):same + 20])!r} vs "
             f"{tokenizer.decode(later[max(0, same - 20):same + 20])!r}")
