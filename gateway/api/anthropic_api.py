@@ -36,7 +36,7 @@ from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
 from switchyard.gateway.api.validation import Fields, template_kwargs
 from switchyard.gateway.vision.parts import anthropic_image_block, has_part, mixed_parts
-from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
+from switchyard.gateway.request.model import ChatRequest, Options, parse_cache_salt, parse_priority
 
 log = structlog.get_logger()
 
@@ -287,7 +287,8 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
         top_k=_default(f.integer("top_k", lo=0, hi=2**31 - 1), 0),
         stop=tuple(s for s in stops if s), stream=bool(f.boolean("stream")),
         priority=parse_priority(body.get("priority"), "priority"),
-        speculative=f.boolean("speculative") is not False)
+        speculative=f.boolean("speculative") is not False,
+        cache_salt=parse_cache_salt(body.get("cache_salt")))
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel,
                        template_kwargs=template_kwargs(_thinking_kwargs(body.get("thinking"))),

@@ -35,7 +35,7 @@ from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.json_body import chat_limits, read_json
 from switchyard.gateway.api.validation import Fields, join_text_parts
 from switchyard.gateway.vision.parts import has_part, mixed_parts, responses_image_part
-from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
+from switchyard.gateway.request.model import ChatRequest, Options, parse_cache_salt, parse_priority
 from switchyard.proto.ids import new_rid
 
 # Content part type -> the key holding its text.
@@ -226,7 +226,8 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Respo
         top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
         stream=bool(f.boolean("stream")),
         priority=parse_priority(body.get("priority"), "priority"), user=f.string("user"),
-        speculative=f.boolean("speculative") is not False)
+        speculative=f.boolean("speculative") is not False,
+        cache_salt=parse_cache_salt(body.get("cache_salt")))
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel is not False,
                        constraint=structured.one_of(answer_format, structured.guided(body),

@@ -12,7 +12,8 @@ import re
 from typing import Any
 
 from switchyard.gateway.request import structured
-from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options, parse_priority
+from switchyard.gateway.request.model import (ChatRequest, CompletionRequest, Options,
+                                              parse_cache_salt, parse_priority)
 from switchyard.gateway.errors import invalid, invalid_type, out_of_range
 from switchyard.gateway.output.tools import (parse_openai_tool_choice, parse_openai_tools,
                                   strict_tool_names)
@@ -209,6 +210,7 @@ def parse_options(f: Fields) -> Options:
         user=f.string("user"),
         logit_bias=parse_logit_bias(f),
         speculative=f.boolean("speculative") is not False,
+        cache_salt=parse_cache_salt(f.get("cache_salt")),
     )
 
 
