@@ -197,6 +197,9 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
         aliases = tuple({settings.model} - {"", model_id})
     chat_format = detect_format(tokenizer, settings.chat_format)
     tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants)
+    if tenants.several:  # names only: an operator sees every line the key file made a key
+        log.info("gateway.tenants", num_tenants=len(tenants.tenants),
+                 names=[t.name for t in tenants.tenants], shared=sorted(tenants.shared))
     gateway = Gateway(settings=settings, tokenizer=tokenizer, client=client, model_id=model_id,
                       model_aliases=aliases, tenants=tenants,
                       stop_token_ids=eos_ids(tokenizer),
