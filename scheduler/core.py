@@ -42,8 +42,8 @@ from switchyard.proto.messages import (
     WorkerReady,
 )
 from switchyard.proto.speculation import num_accepted
-from switchyard.proto.status import (DiskStatus, QueuedRequest, SlotState, SlotStatus,
-                                     SpeculationStatus)
+from switchyard.proto.status import (DiskStatus, PrefillShareStatus, QueuedRequest, SlotState,
+                                     SlotStatus, SpeculationStatus)
 from switchyard.scheduler.events import (
     Effects,
     Event,
@@ -60,7 +60,7 @@ from switchyard.scheduler.fairness import (admission_key, interactive_now, oldes
                                            preempts)
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_cache import PageCache
-from switchyard.scheduler.prefill_plan import plan_prefills, state_points
+from switchyard.scheduler.prefill_plan import PrefillShare, plan_prefills, state_points
 from switchyard.scheduler.proposer import Proposer, ProposerConfig
 from switchyard.scheduler.requests import Request, Slot
 from switchyard.scheduler.restore import DiskReads, load_of
@@ -76,6 +76,7 @@ class CoreSnapshot:
     oldest_waiting_s: float
     disk: DiskStatus
     speculation: SpeculationStatus
+    prefill_share: PrefillShareStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class SchedulerCore:
         self.pages = PageCache(config.page_size, config.disk_budget_bytes,
                                config.protect_window_s, self.outbox)
         self.budget = PrefillBudget(config.prefill_chunk, config.decode_share)
+        self.prefill_share: tuple[float, PrefillShare] | None = None
         self._copies: list[CopyPrefix] = []
         self.reads = DiskReads(self.pages)
         self._next_step = 0
@@ -195,8 +197,14 @@ class SchedulerCore:
             mode=(self.config.speculation or "off") if self.proposer is not None else "off",
             max_draft_tokens=self.config.num_draft_tokens,
             proposers=self._proposer_kinds())
+        share = None
+        if self.prefill_share is not None:
+            at, split = self.prefill_share
+            share = PrefillShareStatus(decode_share=round(split.decode_share, 3),
+                                       num_protected=split.num_protected,
+                                       num_waiting=split.num_waiting, age_s=now - at)
         return CoreSnapshot(slots, queue, oldest_waiting_s(self.requests.values(), now),
-                            self.pages.disk_status(), speculation)
+                            self.pages.disk_status(), speculation, share)
 
     def _proposer_kinds(self) -> str:
         """Whose drafts this group verifies: "suffix", the worker's drafter ("draft": a draft
@@ -476,8 +484,10 @@ class SchedulerCore:
             else:
                 prefilling.append((req, remaining))
         decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
-        prefills = plan_prefills(prefilling, decoding, self.slots, self.budget, self.config,
-                                 now)
+        prefills, share = plan_prefills(prefilling, decoding, self.slots, self.budget,
+                                        self.config, now)
+        if share is not None and share.num_protected:
+            self.prefill_share = (now, share)  # for status: the latest split with streams
         copies, self._copies = self._copies, []
         releases = self._releases(now)
         if not (stages or copies or releases or loads or decodes or prefills):
