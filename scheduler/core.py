@@ -54,7 +54,7 @@ from switchyard.scheduler.events import (
     PlanStep,
     WorkerLost,
 )
-from switchyard.scheduler.admission import apply, place
+from switchyard.scheduler.admission import WaitForSibling, apply, place
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.fairness import (admission_key, interactive_now, oldest_waiting_s,
                                            preempts)
@@ -565,7 +565,10 @@ class SchedulerCore:
             req = self.requests[order.popleft()]
             if not req.grammar_ready:
                 continue  # the worker is compiling its grammar (it never does in a step)
-            decision = place(req, self.slots, self.pages, self.config)
+            decision = place(req, self.slots, self.pages, self.config, self._prefilling())
+            if isinstance(decision, WaitForSibling):
+                self._note_sibling_wait(req, decision)
+                continue  # the requests behind it may still take a slot
             if decision is None:
                 break
             copy = apply(req, decision, self.slots, self.pages,
@@ -579,6 +582,20 @@ class SchedulerCore:
             # the least recently used while it runs (docs/design.md "Disk eviction policy").
             self.pages.touch(req.context_chain(self.pages.chain_namespace,
                                                self.config.page_size), now)
+
+    def _prefilling(self) -> list[Request]:
+        """Requests in slots whose context is not all there yet (prefill, restore, load)."""
+        return [self.requests[s.rid] for s in self.slots
+                if s.rid is not None and self._remaining_prefill(self.requests[s.rid]) > 0]
+
+    def _prefilling_rids(self) -> set[str]:
+        return {req.rid for req in self._prefilling()}
+
+    def _note_sibling_wait(self, req: Request, wait: WaitForSibling) -> None:
+        if req.waits_for != wait.sibling:
+            req.waits_for = wait.sibling
+            self.outbox.log("request.waits_for_sibling", rid=req.rid, sibling=wait.sibling,
+                            num_shared_tokens=wait.shared)
 
     def _note_overtaken(self, placed: Request) -> bool:
         """Requests that gave their slot up before `placed` entered the queue were overtaken
@@ -604,8 +621,8 @@ class SchedulerCore:
         free = sum(1 for s in self.slots if s.free)
         for rid in self._admission_order(now):
             req = self.requests[rid]
-            if not req.grammar_ready:
-                continue
+            if not req.grammar_ready or req.waits_for in self._prefilling_rids():
+                continue  # not placed now: no slot is freed for it
             if free:
                 free -= 1  # a free slot is there for it
                 continue
