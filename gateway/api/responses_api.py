@@ -175,7 +175,6 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
 class ResponsesTools:
     functions: list[dict[str, Any]] | None  # as chat tools
     namespaces: dict[str, str]  # a function's name -> the namespace it was offered in
-    builtins: frozenset[str]  # the built-in tool types left out (web_search, ...)
 
 
 def parse_tools(value: Any) -> ResponsesTools:
@@ -189,17 +188,19 @@ def parse_tools(value: Any) -> ResponsesTools:
     namespaces: dict[str, str] = {}
     builtins: set[str] = set()
     if value is None:
-        return ResponsesTools(None, namespaces, frozenset())
+        return ResponsesTools(None, namespaces)
     if not isinstance(value, list):
         raise invalid_type("tools", "an array of objects")
+
+    names: set[str] = set()
 
     def add_function(tool: dict[str, Any], param: str, namespace: str | None) -> None:
         check_tool_fields(tool.get("name"), tool.get("description"), tool.get("parameters"),
                           param, strict=tool.get("strict"))
-        if tool["name"] in namespaces or any(f["function"]["name"] == tool["name"]
-                                             for f in functions):
+        if tool["name"] in names:
             raise invalid(f"'{param}.name': the function '{tool['name']}' is offered twice",
                           param=f"{param}.name", code="invalid_value")
+        names.add(tool["name"])
         functions.append(function_tool(tool["name"], tool.get("description"),
                                        tool.get("parameters")))
         if namespace is not None:
@@ -236,7 +237,7 @@ def parse_tools(value: Any) -> ResponsesTools:
             builtins.add(kind[:64])
     for kind in builtins:
         note_ignored(f"responses.tools[].type={kind}")
-    return ResponsesTools(functions or None, namespaces, frozenset(builtins))
+    return ResponsesTools(functions or None, namespaces)
 
 
 def parse_tool_choice(value: Any, tools: ResponsesTools) -> ToolChoice:
