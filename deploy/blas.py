@@ -2,7 +2,8 @@
 
 MLX's Linux CPU wheel ships a reference BLAS; Debian's OpenBLAS (package libopenblas0-pthread)
 loaded with LD_PRELOAD makes float32 matmul about 30x faster. The worker re-executes itself with
-it preloaded when the library is there. `python -m switchyard.deploy.blas` prints the library's path (or
+it preloaded when the library is there, and logs `worker.blas_missing` (naming the package)
+when it is not. `python -m switchyard.deploy.blas` prints the library's path (or
 nothing) for shell scripts (deploy/dev.sh).
 """
 
@@ -14,6 +15,7 @@ import sysconfig
 from pathlib import Path
 
 REEXEC_ENV = "SWITCHYARD_BLAS_REEXEC"
+BLAS_PACKAGE = "libopenblas0-pthread"  # Debian/Ubuntu; without it the worker warns at start
 
 
 def openblas_path() -> Path | None:

@@ -250,24 +250,36 @@ def run_component(role: str, settings: Settings, service: ServiceRun | None = No
 
 def _reexec_with_openblas(settings: Settings) -> None:
     """On Linux, re-execute this worker with Debian's OpenBLAS in LD_PRELOAD (once)."""
-    from switchyard.deploy.blas import REEXEC_ENV, openblas_path, preload_env
+    from switchyard.deploy.blas import BLAS_PACKAGE, REEXEC_ENV, openblas_path, preload_env
 
     lib = openblas_path()
-    if lib is None or os.environ.get(REEXEC_ENV):
+    if os.environ.get(REEXEC_ENV) or not sys.platform.startswith("linux"):
         return
-    env = preload_env(dict(os.environ), lib)
-    if env is None:
+    env = preload_env(dict(os.environ), lib) if lib is not None else None
+    if lib is not None and env is None:
         return
     from switchyard.proto.ids import new_boot_id
     from switchyard.proto.logs import configure_logging
 
-    env = env | {REEXEC_ENV: "1"}
     log = configure_logging("worker", new_boot_id(), settings.log_level, settings.log_format,
                             settings.log_content)
+    if lib is None:
+        if _mlx_runs_on_cpu():  # MLX's CUDA backend does not use the BLAS
+            log.warning("worker.blas_missing", package=BLAS_PACKAGE,
+                        effect="MLX's CPU matmul runs about 30x slower",
+                        fix=f"sudo apt-get install {BLAS_PACKAGE}")
+        return
+    env = env | {REEXEC_ENV: "1"}
     log.info("worker.blas_preloaded", library=str(lib), action="re-exec with LD_PRELOAD")
     argv = [sys.executable, "-m", "switchyard.deploy.cli", "run", "worker", *settings.to_args("worker")]
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)
+
+
+def _mlx_runs_on_cpu() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device() == mx.cpu
 
 
 def _url_host(host: str) -> str:

@@ -34,6 +34,7 @@ from switchyard.gateway.prompting.history import TurnMemory
 from switchyard.gateway.prompting.tool_text import text_syntax
 from switchyard.gateway.prompting.turn_journal import TurnJournal, tokenizer_identity
 from switchyard.gateway.api.openapi import openapi_spec
+from switchyard.gateway.prompting.system_turns import renders_system_in_place
 from switchyard.gateway.prompting.prompts import fewest_tokens_per_message, served_model_id
 from switchyard.gateway.vision.inputs import image_inputs
 from switchyard.gateway.vision.prompt import image_prompt_for, model_dir
@@ -208,6 +209,7 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                       hidden_ids=hidden_special_ids(tokenizer, chat_format),
                       turn_ends=token_texts(tokenizer, eos_ids(tokenizer)),
                       tools_as_text=text_syntax(tokenizer, chat_format.tools),
+                      system_in_place=renders_system_in_place(tokenizer),
                       message_tokens=fewest_tokens_per_message(tokenizer),
                       prefix_stable=settings.prefix_stable,
                       keep_reasoning=settings.keep_reasoning,

@@ -50,6 +50,7 @@ class Gateway:
     hidden_ids: tuple[int, ...] | None = None
     turn_ends: tuple[str, ...] = ()  # the stop tokens as text (history.py)
     tools_as_text: ToolSyntax | None = None  # a template that ignores tools (tool_text.py)
+    system_in_place: bool = True  # the template writes a later system turn (system_turns.py)
     message_tokens: int = 1  # the fewest tokens a chat message costs (prompts.py)
     # Prefix-stable rendering (history.py) and whether earlier reasoning is rendered.
     prefix_stable: bool = True

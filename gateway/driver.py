@@ -132,7 +132,7 @@ def render_options(request: Request, note_unseen: bool = False,
         memory=gw.memory, keep_reasoning=gw.keep_reasoning,
         prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
         think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
-        tools_as_text=gw.tools_as_text,
+        tools_as_text=gw.tools_as_text, system_in_place=gw.system_in_place,
         image_text=images.expand if images is not None else None,
         max_chars=gw.settings.ctx * gw.max_token_chars(), note_unseen=note_unseen)
 

@@ -120,6 +120,17 @@ class SpeculationStatus(_Doc):
     proposers: str = "suffix"
 
 
+class PrefillShareStatus(_Doc):
+    """How the latest step that prefilled split its time (scheduler/prefill_plan.py
+    `prefill_share`): each of `num_protected` decoding streams kept `decode_share` of its solo
+    speed while `num_waiting` requests waited for their first token; `age_s` ago."""
+
+    decode_share: float
+    num_protected: int
+    num_waiting: int
+    age_s: float
+
+
 class RecentRequest(_Doc):
     at: float
     ttft_s: float
@@ -158,6 +169,7 @@ class Status(_Doc):
     ranks: list[RankStatus]  # a worker group's ranks; empty for a single worker
     stats: Stats
     speculation: SpeculationStatus | None = None
+    prefill_share: PrefillShareStatus | None = None
 
 
 _decoder = msgspec.json.Decoder(Status)

@@ -7,7 +7,7 @@ calls them while it admits (docs/design.md "Scheduling").
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from switchyard.proto.messages import CopyPrefix
@@ -28,10 +28,51 @@ class Decision:
     chain: tuple[bytes, ...] = ()  # the context's full pages
 
 
-def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig) -> Decision | None:
+@dataclass(frozen=True)
+class WaitForSibling:
+    """The request waits in the queue, without a slot, while a running request prefills a
+    prefix they share; it copies that prefix once the sibling's slot holds it."""
+
+    sibling: str  # its rid
+    shared: int  # tokens of the prefix they share (whole pages)
+
+
+def sibling_prefilling(req: Request, chain: list[bytes], have: int,
+                       prefilling: Sequence[Request], slots: list[Slot], namespace: bytes,
+                       cfg: CoreConfig) -> WaitForSibling | None:
+    """A running request prefilling a prefix `req` (its context's page `chain`) shares
+    beyond the `have` tokens a slot or the disk gives it already, and that will hold it
+    no later than `req` would prefill it alone: its slot holds at least `have` tokens of it
+    (issue 29: six sub-agents arriving together under one system prompt prefill it once;
+    the other five copy it). Prefilling beside it instead, each would get half of every
+    step's chunk. Whole pages only; never for a model whose slots cannot give a prefix they
+    went past (recurrent state)."""
+    if not cfg.trimmable:
+        return None
+    best: WaitForSibling | None = None
+    for sibling in prefilling:
+        if sibling.slot is None or (req.interactive and not sibling.interactive):
+            continue  # a background sibling's prefill yields to interactive work
+        num_shared = 0
+        for mine, other in zip(chain, sibling.context_chain(namespace, cfg.page_size)):
+            if mine != other:
+                break
+            num_shared += 1
+        shared = num_shared * cfg.page_size
+        held = len(slots[sibling.slot].tokens)
+        if shared <= have or held >= shared:
+            continue  # nothing more to gain, or a copy is there to take now
+        if held >= have and (best is None or shared > best.shared):
+            best = WaitForSibling(sibling.rid, shared)
+    return best
+
+
+def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
+          prefilling: Sequence[Request] = ()) -> Decision | WaitForSibling | None:
     """Where the request runs and where its prefix comes from; None: no slot is free, or the
-    request waits for its own pages to land on disk. The slots' page ids must be in sync
-    with their tokens (`PageCache.sync_slot`).
+    request waits for its own pages to land on disk; WaitForSibling: it waits for a running
+    request prefilling their shared prefix (`prefilling`, those in slots still prefilling).
+    The slots' page ids must be in sync with their tokens (`PageCache.sync_slot`).
 
     Costs O(pages) of the context, not O(tokens): the request's page chain grows as its
     pages fill, and slots are matched by page ids (docs/design.md "Scheduling")."""
@@ -53,6 +94,12 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig) ->
     if max(matches.values(), default=0) <= max(P, disk_tokens) and \
             pages.writing_extends(chain, feed, n, on_disk, req.images, req.root):
         return None  # decided again when the writes land (PagesWritten)
+    if prefilling:
+        have = max(max(matches.values(), default=0), disk_tokens)
+        waiting = sibling_prefilling(req, chain, have, prefilling, slots, pages.chain_namespace,
+                                     cfg)
+        if waiting is not None:
+            return waiting
     sources = Sources(n, disk_tokens, matches, P, cfg.trimmable)
     persisted = {s.index: pages.persisted_tokens(s, matches.get(s.index, 0))
                  for s in slots if s.free}

@@ -67,6 +67,8 @@ class Request:
     placed_generated: int = 0
     num_yields: int = 0
     num_overtaken: int = 0
+    # The running request it waits for, prefilling a prefix they share (scheduler.admission).
+    waits_for: str | None = None
     # Every token the model must see: the prompt, then what it generated so far. All but the
     # last are prefilled into the slot; the last is the next decode input, so there is always
     # at least one token to run (F11) and the first output token comes from a one-token

@@ -34,7 +34,9 @@ from switchyard.gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_
                                   function_tool, strict_tool_names)
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
-from switchyard.gateway.api.validation import Fields, template_kwargs
+from switchyard.gateway.api.validation import (Fields, as_integer, note_ignored,
+                                               note_unknown_fields, reasoning_effort,
+                                               template_kwargs)
 from switchyard.gateway.vision.parts import anthropic_image_block, has_part, mixed_parts
 from switchyard.gateway.request.model import ChatRequest, Options, parse_cache_salt, parse_priority
 
@@ -43,6 +45,13 @@ log = structlog.get_logger()
 # Lines some clients put at the start of the system prompt that change on every request.
 VOLATILE_SYSTEM_PREFIXES = ("x-anthropic-billing-header:",)
 MAX_STOP_SEQUENCES = 16
+# Top-level fields this server reads or ignores by design (README "Agent clients"); any other
+# is accepted and logged once by name.
+MESSAGES_FIELDS = frozenset({
+    "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature",
+    "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config", "output_format",
+    "context_management", "metadata", "service_tier", "container", "mcp_servers",
+    "priority", "speculative", "cache_salt"})
 
 
 # --- request ---------------------------------------------------------------------------------
@@ -122,9 +131,17 @@ def parse_message(message: Any, index: int) -> list[dict[str, Any]]:
     if not isinstance(message, dict):
         raise invalid_type(prefix, "an object")
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise invalid(f"{prefix}.role: must be 'user' or 'assistant'", param=f"{prefix}.role")
+    if role not in ("user", "assistant", "system"):
+        raise invalid(f"{prefix}.role: must be 'user', 'assistant' or 'system'",
+                      param=f"{prefix}.role")
     content = message.get("content")
+    if role == "system":  # between turns (Claude Code's agent list): kept where it stands
+        text = content if isinstance(content, str) else None
+        if isinstance(content, list):
+            text = "\n".join(_text_of_blocks(content, f"{prefix}.content"))
+        if text is None:
+            raise invalid_type(f"{prefix}.content", "a string or an array of text blocks")
+        return [{"role": "system", "content": text}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -242,10 +259,14 @@ def parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None
 
 
 def _thinking_kwargs(value: Any) -> dict[str, Any]:
+    """`thinking`: `enabled` (its `budget_tokens` is not enforced: max_tokens bounds the turn)
+    and `disabled` set the template's thinking switch; `adaptive` leaves the model's default."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise invalid_type("thinking", "an object")
+    f = Fields(value, "thinking.")
+    f.integer("budget_tokens", lo=0)
     kind = value.get("type")
     if kind == "enabled":
         return {"enable_thinking": True}
@@ -253,11 +274,57 @@ def _thinking_kwargs(value: Any) -> dict[str, Any]:
         return {"enable_thinking": False}
     if kind == "adaptive":
         return {}
-    raise invalid("thinking.type: must be 'enabled' or 'disabled'", param="thinking.type")
+    raise invalid("thinking.type: must be 'enabled', 'disabled' or 'adaptive'",
+                  param="thinking.type")
+
+
+def _effort_kwargs(config: Any) -> dict[str, Any]:
+    """`output_config.effort` as the template's `reasoning_effort` (gpt-oss's switch)."""
+    if not isinstance(config, dict):
+        return {}
+    effort = reasoning_effort(config.get("effort"), "output_config.effort")
+    return {"reasoning_effort": effort} if effort else {}
+
+
+# Anthropic's context-management edits: `clear_thinking_*` changes what the model sees (earlier
+# turns' thinking); the others act on Anthropic's own server-side state or triggers.
+CLEAR_THINKING = "clear_thinking_"
+
+
+def clear_thinking(messages: list[dict[str, Any]], value: Any) -> list[dict[str, Any]]:
+    """`context_management.edits`: a `clear_thinking` edit keeps the thinking of the last
+    `keep` assistant turns that have some (`"all"`: every turn's, the default) and drops the
+    rest before rendering. Other edit types are accepted and not applied."""
+    if value is None:
+        return messages
+    f = Fields(value, "context_management.") if isinstance(value, dict) else None
+    if f is None:
+        raise invalid_type("context_management", "an object")
+    for i, edit in enumerate(f.array("edits") or ()):
+        param = f"context_management.edits[{i}]"
+        if not isinstance(edit, dict) or not isinstance(edit.get("type"), str):
+            raise invalid(f"{param}: must be an object with a 'type'", param=param)
+        keep = edit.get("keep")
+        turns = as_integer(keep.get("value")) if isinstance(keep, dict) else None
+        if keep not in (None, "all") and (isinstance(turns, bool) or not isinstance(turns, int)
+                                          or turns < 0):
+            raise invalid(f"{param}.keep: must be 'all' or {{\"type\": ..., \"value\": N}} "
+                          f"with N >= 0", param=f"{param}.keep")
+        if not edit["type"].startswith(CLEAR_THINKING):
+            note_ignored(f"context_management.edits[].type={edit['type'][:64]}")
+            continue
+        if turns is None:  # "all" (the default)
+            continue
+        with_thinking = [j for j, m in enumerate(messages) if m.get("reasoning_content")]
+        cleared = set(with_thinking[:max(0, len(with_thinking) - turns)])
+        messages = [{k: v for k, v in m.items() if k != "reasoning_content"}
+                    if j in cleared else m for j, m in enumerate(messages)]
+    return messages
 
 
 def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) -> MessagesRequest:
     f = Fields(body)
+    note_unknown_fields(body, MESSAGES_FIELDS, "messages")
     model = f.string("model")
     max_tokens = f.integer("max_tokens", lo=1)
     if max_tokens is None and not count_only:
@@ -272,6 +339,7 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
         messages.append({"role": "system", "content": system})
     for i, message in enumerate(raw_messages):
         messages += parse_message(message, i)
+    messages = clear_thinking(messages, body.get("context_management"))
     stops = f.array("stop_sequences") or []
     if not all(isinstance(s, str) for s in stops):
         raise invalid_type("stop_sequences", "an array of strings")
@@ -291,7 +359,9 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
         cache_salt=parse_cache_salt(body.get("cache_salt")))
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel,
-                       template_kwargs=template_kwargs(_thinking_kwargs(body.get("thinking"))),
+                       template_kwargs=template_kwargs(
+                           _thinking_kwargs(body.get("thinking"))
+                           | _effort_kwargs(f.obj("output_config"))),
                        constraint=parse_output_format(body),
                        strict_tools=strict_tool_names(body.get("tools"), lambda t: t))
     return MessagesRequest(chat, model)

@@ -173,9 +173,13 @@ _NEEDS_TOOLS = _needs_tools({"not": {"enum": ["auto", "none", None]}})
 _A_NEEDS_TOOLS = _needs_tools(
     {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["any", "tool"]}}},
     {"type": "object", "properties": {"type": {"enum": ["custom", None]}}})
-_R_NEEDS_TOOLS = _needs_tools({"not": {"enum": ["auto", "none", None]}},
-                              {"type": "object", "required": ["type"],
-                               "properties": {"type": {"const": "function"}}})
+_R_NEEDS_TOOLS = _needs_tools({"not": {"enum": ["auto", "none", None]}}, _any(
+    {"type": "object", "required": ["type"], "properties": {"type": {"const": "function"}}},
+    {"type": "object", "required": ["type", "tools"],
+     "properties": {"type": {"const": "namespace"},
+                    "tools": {"type": "array", "contains": {
+                        "type": "object", "required": ["type"],
+                        "properties": {"type": {"const": "function"}}}}}}))
 _TOOL_CHOICE_RULE = ("'required' or a named function needs 'tools', and the name must be one "
                      "of them")
 
@@ -195,6 +199,7 @@ def chat_request(vocab_size: int, images: bool = False) -> dict[str, Any]:
         tools=_arr(_CHAT_TOOL, maxItems=MAX_TOOLS),
         tool_choice={**_CHAT_TOOL_CHOICE, "description": _TOOL_CHOICE_RULE},
         parallel_tool_calls=_BOOL, chat_template_kwargs=_TEMPLATE_KWARGS, user=_STR,
+        reasoning_effort=_EFFORT, prompt_cache_key=_STR,
         logprobs={"const": False}, top_logprobs={"const": 0},
         response_format=_RESPONSE_FORMAT,
         logit_bias=_logit_bias(vocab_size), **_sampling()) | _NEEDS_TOOLS
@@ -242,6 +247,10 @@ def _a_message(images: bool) -> dict[str, Any]:
                 content=_any(_STR, _arr(_a_user_block(images)))),
         _schema(["role", "content"], role={"const": "assistant"},
                 content=_any(_STR, _arr(_A_ASSISTANT_BLOCK))),
+        {**_schema(["role", "content"], role={"const": "system"},
+                   content=_any(_STR, _arr(_A_TEXT))),
+         "description": "a system message between turns (Claude Code's): kept where it "
+                        "stands"},
     ]}
 
 _A_TOOL = {"anyOf": [
@@ -256,13 +265,25 @@ _A_TOOL_CHOICE = {"oneOf": [
     _schema(["type", "name"], type={"const": "tool"}, name=_NONEMPTY,
             disable_parallel_tool_use=_BOOL),
 ], "description": "'any' or 'tool' needs 'tools', and a tool's name must be one of them"}
-_A_THINKING = _schema(["type"], type={"enum": ["enabled", "disabled", "adaptive"]})
+_A_THINKING = _schema(["type"], type={"enum": ["enabled", "disabled", "adaptive"]},
+                      budget_tokens={"type": "integer", "minimum": 0})
+_EFFORT = {"type": "string", "description": "the chat template's reasoning_effort: low, "
+           "medium or high (minimal is low; xhigh and max are high); another value is "
+           "logged and not applied"}
+_A_OUTPUT_CONFIG = _schema([], effort=_EFFORT, format=_schema(
+    ["type", "schema"], type={"const": "json_schema"}, schema=_OBJ))
+_A_CONTEXT_MANAGEMENT = _schema([], edits=_arr({
+    **_schema(["type"], type=_STR, keep=_any({"const": "all"}, _schema(
+        ["value"], value={"type": "integer", "minimum": 0}))),
+    "description": "clear_thinking_* edits drop earlier turns' thinking (keep: the last N "
+                   "turns' or 'all'); other edit types are accepted and not applied"}))
 
 
 def _a_common(images: bool) -> dict[str, Any]:
     return dict(model=_MODEL, messages=_arr(_a_message(images), minItems=1),
                 system=_any(_STR, _arr(_A_TEXT)), tools=_arr(_A_TOOL),
-                tool_choice=_A_TOOL_CHOICE, thinking=_A_THINKING)
+                tool_choice=_A_TOOL_CHOICE, thinking=_A_THINKING,
+                output_config=_A_OUTPUT_CONFIG, context_management=_A_CONTEXT_MANAGEMENT)
 
 
 def messages_request(images: bool = False) -> dict[str, Any]:
@@ -301,12 +322,18 @@ def _r_item(images: bool) -> dict[str, Any]:
         _schema(["type"], type={"const": "reasoning"}, content=_R_TEXT, summary=_R_TEXT),
     ]}
 
+_R_FUNCTION = _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY,
+                      description=_STR, parameters=_OBJ, strict=_BOOL)
+_R_BUILT_IN = _schema(["type"], type={"type": "string",
+                                      "not": {"enum": ["function", "namespace"]}})
 _R_TOOL = {"anyOf": [
-    _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY, description=_STR,
-            parameters=_OBJ, strict=_BOOL),
-    _schema(["type"], type={"type": "string", "not": {"const": "function"}})],
-    "description": "a tool of another type (web search, file search, ...) is not available "
-                   "here and is skipped"}
+    _R_FUNCTION,
+    _schema(["type", "name"], type={"const": "namespace"}, name=_NONEMPTY, description=_STR,
+            tools=_arr(_any(_R_FUNCTION, _R_BUILT_IN))),
+    _R_BUILT_IN],
+    "description": "a namespace's functions are offered as functions (a call comes back with "
+                   "its namespace); a built-in tool (web search, file search, ...) is not "
+                   "available here and is left out; a function name offered twice is a 400"}
 _R_TOOL_CHOICE = _any(
     {"enum": ["auto", "none", "required"]},
     _schema(["type", "name"], type={"const": "function"}, name=_NONEMPTY))
@@ -324,8 +351,9 @@ def responses_request(images: bool = False) -> dict[str, Any]:
         text=_schema([], format={"oneOf": [
             _schema(["type"], type={"enum": ["text", "json_object"]}),
             _schema(["type", "schema"], type={"const": "json_schema"}, name=_STR,
-                    strict=_BOOL, schema=_OBJ)]}), reasoning=_OBJ,
-        metadata=_OBJ, user=_STR, temperature=_TEMPERATURE, top_p=_TOP_P, stream=_BOOL,
+                    strict=_BOOL, schema=_OBJ)]}),
+        reasoning=_schema([], effort=_EFFORT, summary=_STR), include=_arr(_STR),
+        prompt_cache_key=_STR, client_metadata=_OBJ, metadata=_OBJ, user=_STR, temperature=_TEMPERATURE, top_p=_TOP_P, stream=_BOOL,
         priority=_PRIORITY, speculative=_SPECULATIVE, cache_salt=_CACHE_SALT) | _R_NEEDS_TOOLS
 
 
@@ -337,7 +365,8 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
 # API's own error format (issue 23, finding 11).
 _SEMANTIC_400S = (
     "A request the schema allows is still refused (400, the error names the field) when: "
-    "tool_choice names a function that is not in tools; a previous_response_id is not one "
+    "tool_choice names a function that is not in tools; a function name is offered twice "
+    "(a Responses namespace's included); a previous_response_id is not one "
     "this server still keeps; the prompt does not fit the context; a structured-output "
     "schema or grammar uses what the grammar compiler does not support, or is too complex "
     "to compile within its time bound; the chat template rejects the messages; "

@@ -13,6 +13,7 @@ response.completed (response.incomplete when max_output_tokens cut the output).
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from dataclasses import dataclass
@@ -33,7 +34,9 @@ from switchyard.gateway.output.tools import (ToolChoice, check_tool_fields, func
                                   parse_openai_tool_choice, strict_tool_names)
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.json_body import chat_limits, read_json
-from switchyard.gateway.api.validation import Fields, join_text_parts
+from switchyard.gateway.api.validation import (GUIDED_FIELDS, Fields, join_text_parts,
+                                               note_ignored, note_unknown_fields,
+                                               reasoning_effort)
 from switchyard.gateway.vision.parts import has_part, mixed_parts, responses_image_part
 from switchyard.gateway.request.model import ChatRequest, Options, parse_cache_salt, parse_priority
 from switchyard.proto.ids import new_rid
@@ -56,6 +59,7 @@ class ResponsesRequest:
     instructions: str | None
     previous_response_id: str | None
     store: bool
+    namespaces: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _text(value: Any, param: str) -> str:
@@ -167,27 +171,82 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
     return builder.done()
 
 
-def parse_tools(value: Any) -> list[dict[str, Any]] | None:
+@dataclass(frozen=True)
+class ResponsesTools:
+    functions: list[dict[str, Any]] | None  # as chat tools
+    namespaces: dict[str, str]  # a function's name -> the namespace it was offered in
+
+
+def parse_tools(value: Any) -> ResponsesTools:
     """Responses tools are flat: `{"type": "function", "name", "description", "parameters"}`;
-    other tool types (web search, file search, custom) are not served here and are skipped."""
+    a `namespace` groups functions (Codex's sub-agent tools), offered to the model as functions
+    of their own names and returned as calls with their `namespace`. Built-in tool types
+    (web search, file search, code interpreter, ...) run on OpenAI's servers, not here: they
+    are left out of the prompt, logged once per type, and a `tool_choice` forcing one is a
+    400."""
+    functions: list[dict[str, Any]] = []
+    namespaces: dict[str, str] = {}
+    builtins: set[str] = set()
     if value is None:
-        return None
+        return ResponsesTools(None, namespaces)
     if not isinstance(value, list):
         raise invalid_type("tools", "an array of objects")
-    tools = []
-    for i, tool in enumerate(value):
-        if not isinstance(tool, dict):
-            raise invalid_type(f"tools[{i}]", "an object")
-        if not isinstance(tool.get("type"), str):
-            raise invalid(f"'tools[{i}].type' is required", param=f"tools[{i}].type",
-                          code="missing_required_parameter")
-        if tool["type"] != "function":
-            continue  # web search, file search, ...: not available here
+
+    names: set[str] = set()
+
+    def add_function(tool: dict[str, Any], param: str, namespace: str | None) -> None:
         check_tool_fields(tool.get("name"), tool.get("description"), tool.get("parameters"),
-                          f"tools[{i}]", strict=tool.get("strict"))
-        tools.append(function_tool(tool["name"], tool.get("description"),
-                                   tool.get("parameters")))
-    return tools or None
+                          param, strict=tool.get("strict"))
+        if tool["name"] in names:
+            raise invalid(f"'{param}.name': the function '{tool['name']}' is offered twice",
+                          param=f"{param}.name", code="invalid_value")
+        names.add(tool["name"])
+        functions.append(function_tool(tool["name"], tool.get("description"),
+                                       tool.get("parameters")))
+        if namespace is not None:
+            namespaces[tool["name"]] = namespace
+
+    for i, tool in enumerate(value):
+        param = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid_type(param, "an object")
+        kind = tool.get("type")
+        if not isinstance(kind, str):
+            raise invalid(f"'{param}.type' is required", param=f"{param}.type",
+                          code="missing_required_parameter")
+        if kind == "function":
+            add_function(tool, param, None)
+        elif kind == "namespace":
+            f = Fields(tool, f"{param}.")
+            f.string("description")
+            name = f.string("name")
+            if not name:
+                raise invalid(f"'{param}.name' is required", param=f"{param}.name",
+                              code="missing_required_parameter")
+            for j, inner in enumerate(f.array("tools") or ()):
+                inner_param = f"{param}.tools[{j}]"
+                if not isinstance(inner, dict) or not isinstance(inner.get("type"), str) \
+                        or inner["type"] == "namespace":
+                    raise invalid(f"'{inner_param}' must be a function or a built-in tool",
+                                  param=inner_param, code="invalid_value")
+                if inner["type"] == "function":
+                    add_function(inner, inner_param, name)
+                else:
+                    builtins.add(inner["type"][:64])
+        else:
+            builtins.add(kind[:64])
+    for kind in builtins:
+        note_ignored(f"responses.tools[].type={kind}")
+    return ResponsesTools(functions or None, namespaces)
+
+
+def parse_tool_choice(value: Any, tools: ResponsesTools) -> ToolChoice:
+    if isinstance(value, dict) and value.get("type") not in ("function", None):
+        kind = str(value.get("type"))[:64]
+        raise invalid(f"'tool_choice' forces the built-in tool '{kind}', which runs on "
+                      "OpenAI's servers; this server runs only the functions in 'tools'",
+                      param="tool_choice", code="unsupported_value")
+    return parse_openai_tool_choice(value, tools.functions)
 
 
 def previous_not_found(response_id: str) -> APIError:
@@ -198,8 +257,19 @@ def previous_not_found(response_id: str) -> APIError:
         code="previous_response_not_found")
 
 
+# Top-level fields read or ignored by design (README "Agent clients"); others are logged once.
+RESPONSES_FIELDS = frozenset({
+    "model", "input", "instructions", "previous_response_id", "tools", "tool_choice",
+    "parallel_tool_calls", "store", "reasoning", "metadata", "client_metadata",
+    "prompt_cache_key", "include", "max_output_tokens", "temperature", "top_p", "stream",
+    "stream_options", "priority", "user", "speculative", "text", "truncation",
+    "service_tier", "safety_identifier", "max_tool_calls", "top_logprobs",
+    "cache_salt"}) | GUIDED_FIELDS
+
+
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ResponsesRequest:
     f = Fields(body)
+    note_unknown_fields(body, RESPONSES_FIELDS, "responses")
     text = f.obj("text")
     answer_format = structured.responses_text_format(
         Fields(text, "text.").obj("format") if text is not None else None)
@@ -214,12 +284,20 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Respo
     messages = ([{"role": "system", "content": instructions}] if instructions else []) \
         + history
     messages += parse_input(body.get("input"))
-    tools = parse_tools(body.get("tools"))
-    choice = parse_openai_tool_choice(body.get("tool_choice"), tools)
+    offered = parse_tools(body.get("tools"))
+    tools = offered.functions
+    choice = parse_tool_choice(body.get("tool_choice"), offered)
     parallel = f.boolean("parallel_tool_calls")
     stored_flag = f.boolean("store")
-    f.obj("reasoning")
+    reasoning = f.obj("reasoning") or {}
+    effort = reasoning_effort(reasoning.get("effort"), "reasoning.effort")
+    Fields(reasoning, "reasoning.").string("summary")
     f.obj("metadata")
+    f.obj("client_metadata")
+    f.string("prompt_cache_key")
+    include = f.array("include") or []
+    if not all(isinstance(x, str) for x in include):
+        raise invalid_type("include", "an array of strings")
     options = Options(
         model=f.string("model"), max_tokens=f.integer("max_output_tokens", lo=1),
         temperature=_default(f.number("temperature", 0.0, 2.0), 1.0),
@@ -230,11 +308,27 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Respo
         cache_salt=parse_cache_salt(body.get("cache_salt")))
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel is not False,
+                       template_kwargs={"reasoning_effort": effort} if effort else {},
                        constraint=structured.one_of(answer_format, structured.guided(body),
                                                     param="text.format"),
-                       strict_tools=strict_tool_names(body.get("tools"), lambda t: t))
+                       strict_tools=strict_tool_names(_all_functions(body.get("tools")),
+                                                      lambda t: t))
     return ResponsesRequest(chat, instructions, previous_id,
-                            stored_flag is not False)
+                            stored_flag is not False, offered.namespaces)
+
+
+def _all_functions(tools: Any) -> Any:
+    """The function tools, those in namespaces included (for strict_tool_names)."""
+    if not isinstance(tools, list):
+        return tools
+    out = []
+    for tool in tools:
+        if isinstance(tool, dict) and tool.get("type") == "namespace" \
+                and isinstance(tool.get("tools"), list):
+            out += tool["tools"]
+        else:
+            out.append(tool)
+    return out
 
 
 def _default(value: Any, default: Any) -> Any:
@@ -310,7 +404,8 @@ class ResponsesFormat:
             items.append(_message_item(_new_id("msg_"), result.content, "completed"))
         for call in result.tool_calls:
             items.append(_call_item(_new_id("fc_"), call.id, call.name, call.arguments,
-                                    "completed" if call.complete else "incomplete"))
+                                    "completed" if call.complete else "incomplete",
+                                    self.parsed.namespaces.get(call.name)))
         return items
 
     def body(self, result: TurnResult) -> dict[str, Any]:
@@ -402,7 +497,8 @@ class ResponsesFormat:
             elif isinstance(event, ToolCallStart):
                 self._pending_space = ""
                 frames += self._add(_call_item(_new_id("fc_"), event.id, event.name, "",
-                                               "in_progress"))
+                                               "in_progress",
+                                               self.parsed.namespaces.get(event.name)))
             elif isinstance(event, ToolCallDone):
                 item = self._open
                 item["arguments"] = event.call.arguments
@@ -440,9 +536,12 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 
 
 def _call_item(item_id: str, call_id: str, name: str, arguments: str,
-               status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
+               status: str, namespace: str | None = None) -> dict[str, Any]:
+    item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 # --- handler ---------------------------------------------------------------------------------

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from typing import Any
+
+import structlog
 
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.model import (ChatRequest, CompletionRequest, Options,
@@ -37,6 +40,8 @@ RESERVED_TEMPLATE_KEYS = frozenset({
 # template prints or loops over is bounded by it).
 MAX_TEMPLATE_KWARGS_BYTES = 16 * 1024
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+log = structlog.get_logger()
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -90,6 +95,50 @@ def _refuse_lone_surrogates(body: Any) -> None:
             stack.extend(item)
         elif isinstance(item, str):
             lone_surrogate(item)
+
+
+# --- fields clients send that this server does not read ------------------------------------
+
+# Clients change faster than servers: a top-level field this server does not know is accepted
+# and logged once per name (the names seen are bounded, so junk keys cannot grow memory).
+MAX_NOTED_NAMES = 256
+_noted: set[str] = set()
+_noted_lock = threading.Lock()
+
+
+def note_ignored(name: str) -> None:
+    """Log `request.field_ignored` the first time `name` is seen."""
+    name = "".join(c if c.isprintable() else "?" for c in name[:80])
+    with _noted_lock:
+        if name in _noted or len(_noted) >= MAX_NOTED_NAMES:
+            return
+        _noted.add(name)
+    log.info("request.field_ignored", field=name)
+
+
+def note_unknown_fields(body: dict[str, Any], known: frozenset[str], api: str) -> None:
+    for key in body:
+        if key not in known:
+            note_ignored(f"{api}.{key}")
+
+
+# Reasoning effort as chat templates take it (`reasoning_effort`: gpt-oss's low/medium/high);
+# the other APIs' names for the ends of the scale map to the nearest.
+EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high",
+           "xhigh": "high", "max": "high"}
+
+
+def reasoning_effort(value: Any, param: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid_type(param, "a string")
+    if value == "none":
+        return None
+    effort = EFFORTS.get(value)
+    if effort is None:
+        note_ignored(f"{param}={value[:32]}")
+    return effort
 
 
 class Fields:
@@ -255,8 +304,26 @@ def parse_stop(f: Fields) -> tuple[str, ...]:
     return tuple(s for s in value if s)
 
 
+# Fields every OpenAI endpoint reads (the options), vLLM's structured-output fields, and those
+# ignored by design (README "Agent clients"); any other top-level field is logged once.
+GUIDED_FIELDS = frozenset({"guided_json", "guided_regex", "guided_grammar", "guided_choice",
+                           "structured_outputs"})
+OPTION_FIELDS = frozenset({
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "n", "seed", "stop", "stream", "stream_options", "priority", "user", "logit_bias",
+    "speculative", "logprobs", "top_logprobs", "response_format", "frequency_penalty",
+    "presence_penalty", "metadata", "store", "service_tier", "prompt_cache_key",
+    "safety_identifier", "cache_salt"}) | GUIDED_FIELDS
+CHAT_FIELDS = OPTION_FIELDS | {
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+    "chat_template", "reasoning_effort", "verbosity", "modalities", "prediction", "audio",
+    "web_search_options"}
+COMPLETION_FIELDS = OPTION_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+
+
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     f = Fields(body)
+    note_unknown_fields(body, CHAT_FIELDS, "chat.completions")
     f.reject_unsupported("logprobs")
     f.reject_unsupported("top_logprobs", allowed=(None, 0))
     if body.get("chat_template") is not None:
@@ -273,6 +340,10 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     tool_choice = parse_openai_tool_choice(f.get("tool_choice"), tools)
     parallel = f.boolean("parallel_tool_calls")
     kwargs = f.obj("chat_template_kwargs") or {}
+    f.string("prompt_cache_key")
+    effort = reasoning_effort(f.get("reasoning_effort"), "reasoning_effort")
+    if effort and "reasoning_effort" not in kwargs:
+        kwargs = {**kwargs, "reasoning_effort": effort}
     return ChatRequest(
         messages=[parse_message(m, i) for i, m in enumerate(messages)],
         options=parse_options(f),
@@ -406,6 +477,7 @@ def join_text_parts(parts: list, param: str, text_keys: dict[str, str], what: st
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     f = Fields(body)
+    note_unknown_fields(body, COMPLETION_FIELDS, "completions")
     f.reject_unsupported("logprobs", allowed=(None, 0))
     f.reject_unsupported("echo")
     f.reject_unsupported("suffix", allowed=(None, ""))

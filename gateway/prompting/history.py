@@ -47,6 +47,7 @@ import structlog
 from switchyard.gateway.errors import Abandoned, invalid
 from switchyard.gateway.output.reasoning import without_reasoning
 from switchyard.gateway.output.tools import ToolSyntax, partial_object
+from switchyard.gateway.prompting.system_turns import place_system_messages
 from switchyard.gateway.prompting.tool_text import messages_with_tools_as_text
 from switchyard.gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
                                             record_calls)
@@ -334,6 +335,9 @@ class RenderOptions:
     # The call syntax tools are written with, as text, for a template that does not render
     # them (tool_text.py); None: the template renders tools itself.
     tools_as_text: ToolSyntax | None = None
+    # Whether the template writes a system message after the first user turn where it stands
+    # (system_turns.py); if not, such a message joins the user side at its place.
+    system_in_place: bool = True
     # The most characters a rendered prompt may have (ctx x the longest token): a longer
     # rendering cannot fit the context and is refused before it is tokenized.
     max_chars: int | None = None
@@ -448,7 +452,8 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]] | None, kwargs: dict[str, Any],
                   options: RenderOptions) -> Rendered:
     """The prompt's token ids: the template's rendering with remembered turns spliced in."""
-    given, messages = messages, template_messages(messages, options.keep_reasoning)
+    placed, origin = place_system_messages(messages, options.system_in_place)
+    messages = template_messages(placed, options.keep_reasoning)
     spliced: dict[int, Candidates] = {}
     memory = options.memory if options.prefix_stable else None
     if memory is not None:
@@ -490,8 +495,8 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
         if isinstance(result, Rendered):
             tail = text[-256:]
             ends_with_opening = opening is not None and text.endswith(opening)
-            unseen = _unseen_reasoning(given, text, spliced) if options.note_unseen \
-                else frozenset()
+            unseen = frozenset(origin[i] for i in _unseen_reasoning(placed, text, spliced)) \
+                if options.note_unseen else frozenset()
             return dataclasses.replace(result, text_tail=tail, unseen_reasoning=unseen,
                                        opening=opening if ends_with_opening else None)
         # Not this conversation's turn (its prefix differs), or the template mangled the

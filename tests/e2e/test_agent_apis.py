@@ -230,6 +230,30 @@ def test_messages_session_replay_with_billing_header(claude):
     check_turns(turns)
 
 
+def test_messages_session_with_system_messages_between_turns(claude):
+    """Claude Code's shape: a system message after the first user turn (its agent list), and
+    another after each later one. Each is kept where it stands (this template writes system
+    turns in place), so every turn re-reads only its new tokens."""
+    messages = [{"role": "user", "content": QUESTION}]
+    turns = []
+    for i in range(3):
+        messages.append({"role": "system", "output_config": {"effort": "high"},
+                         "content": [{"type": "text", "text": f"Agent types now: explore-{i}",
+                                      "cache_control": {"type": "ephemeral"}}]})
+        message = claude.messages.create(
+            model="claude-sonnet-4-6", max_tokens=MAX_TOKENS,
+            system=[{"type": "text", "text": "Mid-system session. " + SYSTEM}],
+            messages=messages, extra_body={"thinking": {"type": "adaptive"},
+                                           "output_config": {"effort": "high"}})
+        usage = message.usage
+        turns.append((usage.input_tokens + usage.cache_read_input_tokens,
+                      usage.cache_read_input_tokens, usage.output_tokens))
+        messages += [{"role": "assistant", "content": [b.model_dump() for b in message.content]
+                      or [{"type": "text", "text": ""}]},
+                     {"role": "user", "content": f"And on day {i + 2}?"}]
+    check_turns(turns)
+
+
 # --- the effect of prefix-stable rendering -----------------------------------------------------
 
 

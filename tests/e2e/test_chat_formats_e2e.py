@@ -96,3 +96,28 @@ def test_session_replay_reuses_everything_the_server_held(client):
     for (prompt, _, completion), (next_prompt, cached, _) in zip(turns, turns[1:]):
         assert cached >= prompt + completion - 1, turns
         assert cached < next_prompt, turns
+
+
+def test_system_messages_between_turns_join_the_user_side(client):
+    """gpt-oss's template drops a system message after the first user turn: its text joins
+    the user turn at its place (never the leading system block), so each turn still re-reads
+    only its new tokens."""
+    messages = list(MESSAGES)
+    turns = []
+    for i in range(3):
+        messages.append({"role": "developer", "content": f"Reminder {i}: answer in Celsius."})
+        reply = client.chat.completions.create(
+            model="tiny-gpt-oss-format", messages=messages, max_tokens=MAX_TOKENS,
+            temperature=0, seed=i)
+        usage = reply.usage
+        turns.append((usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens,
+                      usage.completion_tokens))
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": f"And on day {i + 2}?"}]
+    for (prompt, _, completion), (next_prompt, cached, _) in zip(turns, turns[1:]):
+        assert cached >= prompt + completion - 1, turns
+        assert cached < next_prompt, turns
+    # The reminder reached the model (the template alone would drop it).
+    bare = client.chat.completions.create(model="tiny-gpt-oss-format", messages=MESSAGES,
+                                          max_tokens=1, temperature=0)
+    assert turns[0][0] >= bare.usage.prompt_tokens + 8, (turns, bare.usage)

@@ -1,6 +1,7 @@
 """What JSON Schema cannot state about a request, applied to schemathesis' generated ones.
 
-A named tool_choice must name one of `tools`; a previous_response_id must be one the server
+A named tool_choice must name one of `tools`, and a function is offered once (a Responses
+namespace's included); a previous_response_id must be one the server
 still keeps; an image's bytes must be an image (and at most --max-images of them). The published
 spec documents each as a 400 (gateway/api/openapi.py `_SEMANTIC_400S`); a valid generated case
 is made to follow them before it is sent: by tests/integration/test_openapi_schemathesis.py, and
@@ -61,11 +62,13 @@ def follow_unstateable_rules(body) -> None:
             body[key] = make_images_real(body[key], [0])
     names = []
     tools = body.get("tools")
-    for tool in tools if isinstance(tools, list) else ():
+    for tool in _offered(tools):
         if isinstance(tool, dict) and tool.get("type") not in (None, "custom", "function"):
             continue  # a server tool: skipped, not callable
         function = tool.get("function", tool) if isinstance(tool, dict) else {}
         if isinstance(function, dict) and isinstance(function.get("name"), str):
+            if function["name"] in names:  # a function offered twice is a 400
+                function["name"] += f"_{len(names)}"
             names.append(function["name"])
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and names:
@@ -73,3 +76,14 @@ def follow_unstateable_rules(body) -> None:
             choice["function"]["name"] = names[0]
         elif "name" in choice:
             choice["name"] = names[0]
+
+
+def _offered(tools) -> list:
+    """The tools, a Responses namespace's functions in its place."""
+    out = []
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            out += tool.get("tools") if isinstance(tool.get("tools"), list) else []
+        else:
+            out.append(tool)
+    return out

@@ -170,6 +170,8 @@ def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
         def info(self, event, **kw):
             logged.append((event, kw))
 
+        warning = info
+
     from switchyard.proto import logs
     monkeypatch.setattr(logs, "configure_logging", lambda *a, **kw: Log())
     settings = Settings(model="/m", runtime_dir="/tmp/syx", log_format="json")
@@ -191,8 +193,17 @@ def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
     cli._reexec_with_openblas(settings)
     monkeypatch.delenv(blas.REEXEC_ENV)
     monkeypatch.setattr(blas, "openblas_path", lambda: None)
+    logged.clear()
     cli._reexec_with_openblas(settings)
     assert execs == []
+    # Without the library: one line naming the package (issue 27), unless MLX is not on the CPU.
+    assert logged == [("worker.blas_missing", {
+        "package": "libopenblas0-pthread", "effect": "MLX's CPU matmul runs about 30x slower",
+        "fix": "sudo apt-get install libopenblas0-pthread"})]
+    logged.clear()
+    monkeypatch.setattr(cli, "_mlx_runs_on_cpu", lambda: False)
+    cli._reexec_with_openblas(settings)
+    assert logged == [] and execs == []
 
 
 def test_openblas_path_on_this_machine():

@@ -190,3 +190,12 @@ def test_the_speculation_line_says_whose_drafts():
     line = status_cli.format_speculation(
         SpeculationStatus(mode="alone", max_draft_tokens=4, proposers="draft"), tokens)
     assert "a lone decoding sequence" in line and "from the draft model;" in line
+
+
+def test_the_prefill_share_line_says_who_yielded():
+    from switchyard.proto.status import PrefillShareStatus
+
+    line = status_cli.format_prefill_share(PrefillShareStatus(
+        decode_share=0.231, num_protected=3, num_waiting=10, age_s=2.4))
+    assert line == ("prefill share: 3 decoding stream(s) kept 0.23 of their solo speed "
+                    "beside 10 waiting for a first token (2s ago)")
