@@ -22,7 +22,8 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # WorkerReady.speculation). 6: grammars are compiled by the worker before their request is
 # placed (PrepareGrammar, GrammarPrepared, ReleaseGrammar). 7: drafts made in the worker (a draft
 # model: DecodeItem.draft_tokens, StepDone.drafts/draft_s, WorkerReady.drafter/draft_cost).
-PROTOCOL_VERSION = 8
+# 8: idle slots release their KV (RunStep.releases). 9: tenants (SubmitRequest.cache_salt).
+PROTOCOL_VERSION = 9
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -262,6 +263,10 @@ class SubmitRequest(Message, tag="submit_request"):
     images: tuple[ImageSpan, ...] = ()
     image_data: tuple[ImageData, ...] = ()
     speculative: bool = True  # False: this request opts out of speculative decoding
+    # The request's cache salt (proto/tenants.py: its tenant's, and its `cache_salt`; 16
+    # bytes, or empty: unsalted). Its page chain starts from a root made of it, and the
+    # proposer copies drafts only from text of the same salt.
+    cache_salt: bytes = b""
 
     def __post_init__(self):
         _pack_tokens(self, "prompt_token_ids")

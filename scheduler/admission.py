@@ -80,11 +80,11 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
         return None  # nothing to choose from: decided again when a slot frees
     feed, n, P = req.feed, req.num_context, cfg.page_size
     chain = req.context_chain(pages.chain_namespace, P)
-    on_disk = pages.disk_prefix(chain, feed, n, cfg.trimmable, req.images)
+    on_disk = pages.disk_prefix(chain, feed, n, cfg.trimmable, req.images, req.root)
     disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
     matches = {}
     for slot in slots:
-        m = usable_match(slot, slot.shared_prefix(chain, feed, n, P, req.images),
+        m = usable_match(slot, slot.shared_prefix(chain, feed, n, P, req.images, req.root),
                          cfg.trimmable)
         if m:
             matches[slot.index] = m
@@ -92,7 +92,7 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
     # (its slot was taken meanwhile) waits for them instead of re-reading them; one that
     # a slot still holds is served from memory.
     if max(matches.values(), default=0) <= max(P, disk_tokens) and \
-            pages.writing_extends(chain, feed, n, on_disk, req.images):
+            pages.writing_extends(chain, feed, n, on_disk, req.images, req.root):
         return None  # decided again when the writes land (PagesWritten)
     if prefilling:
         have = max(max(matches.values(), default=0), disk_tokens)
@@ -127,20 +127,25 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     # The turns this request continues are superseded, then the tails it passes that are
     # nobody's go (docs/design.md "KV pages"); its own turn is remembered from here.
     chain = list(decision.chain)
-    turn = pages.anchor(chain, req.feed, len(req.prompt) - 1, req.images)
-    pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images)
-    pages.drop_passed_tails(chain, set(pinned) | {page.page_id for page in decision.restore_pages})
+    turn = pages.anchor(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
+    pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
+    pages.drop_passed_tails(chain, set(pinned) | {page.page_id for page in decision.restore_pages},
+                            req.root)
     if turn is not None:
         pages.turns.begin(turn)
     slot = slots[p.slot]
     copy = None
     if p.copy_from is not None:
         src = slots[p.copy_from]
-        slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // page_size])
+        slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // page_size],
+                     root=src.root)
         copy = CopyPrefix(p.copy_from, p.slot, p.copied)
     else:
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
     slot.rid, slot.last_used, slot.turn = req.rid, now, turn
+    if slot.root != req.root:  # it kept nothing (shared_prefix): the slot is this salt's now
+        slot.truncate(0, page_size)
+        slot.root = req.root
     slot.images = req.images  # the slot's kept tokens are this request's: so are its images
     req.slot = p.slot
     if req.admitted_at is None:

@@ -41,6 +41,7 @@ from switchyard.proto.messages import (
     TokensGenerated,
     WorkerReady,
 )
+from switchyard.proto.page_ids import chain_root
 from switchyard.proto.speculation import num_accepted
 from switchyard.proto.status import (DiskStatus, PrefillShareStatus, QueuedRequest, SlotState,
                                      SlotStatus, SpeculationStatus)
@@ -241,9 +242,11 @@ class SchedulerCore:
             rid=msg.rid, prompt=msg.prompt_token_ids, max_tokens=max(1, msg.max_tokens),
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority, arrived_at=now, images=msg.images,
-            image_data={d.image_id: d for d in msg.image_data}, speculative=msg.speculative)
+            image_data={d.image_id: d for d in msg.image_data}, speculative=msg.speculative,
+            root=chain_root(msg.cache_salt))
+        self.pages.note_root(req.root)
         if self.proposer is not None and req.speculative:
-            self.proposer.start(req.rid, req.feed)
+            self.proposer.start(req.rid, req.feed, msg.cache_salt)
         self.waiting.append(msg.rid)
         if msg.sampling.grammar:  # placed once the worker compiled it, off its steps
             req.grammar_ready = False
@@ -715,7 +718,7 @@ class SchedulerCore:
         ns, P = self.pages.chain_namespace, self.config.page_size
         waiting = [self.requests[rid] for rid in self.waiting]
         return pinned | self.pages.awaited(
-            ((r.context_chain(ns, P), r.feed, r.num_context, r.images) for r in waiting
+            ((r.context_chain(ns, P), r.feed, r.num_context, r.images, r.root) for r in waiting
              if r is not placing), self.config.trimmable)
 
     def _remaining_prefill(self, req: Request) -> int:

@@ -38,7 +38,7 @@ from switchyard.gateway.api.validation import (GUIDED_FIELDS, Fields, join_text_
                                                note_ignored, note_unknown_fields,
                                                reasoning_effort)
 from switchyard.gateway.vision.parts import has_part, mixed_parts, responses_image_part
-from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
+from switchyard.gateway.request.model import ChatRequest, Options, parse_cache_salt, parse_priority
 from switchyard.proto.ids import new_rid
 
 # Content part type -> the key holding its text.
@@ -263,7 +263,8 @@ RESPONSES_FIELDS = frozenset({
     "parallel_tool_calls", "store", "reasoning", "metadata", "client_metadata",
     "prompt_cache_key", "include", "max_output_tokens", "temperature", "top_p", "stream",
     "stream_options", "priority", "user", "speculative", "text", "truncation",
-    "service_tier", "safety_identifier", "max_tool_calls", "top_logprobs"}) | GUIDED_FIELDS
+    "service_tier", "safety_identifier", "max_tool_calls", "top_logprobs",
+    "cache_salt"}) | GUIDED_FIELDS
 
 
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ResponsesRequest:
@@ -303,7 +304,8 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Respo
         top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
         stream=bool(f.boolean("stream")),
         priority=parse_priority(body.get("priority"), "priority"), user=f.string("user"),
-        speculative=f.boolean("speculative") is not False)
+        speculative=f.boolean("speculative") is not False,
+        cache_salt=parse_cache_salt(body.get("cache_salt")))
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel is not False,
                        template_kwargs={"reasoning_effort": effort} if effort else {},
