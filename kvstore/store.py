@@ -92,6 +92,8 @@ class PageGeometry:
     def problem(self, num_tokens: int, flags: PageFlags, payload_len: int) -> str:
         if not 1 <= num_tokens <= self.page_size:
             return f"{num_tokens} tokens, pages hold 1 to {self.page_size}"
+        if flags & PageFlags.RECURRENT_STATE and not self.state_bytes:
+            return "a recurrent-state page, and the model has no recurrent state"
         want = num_tokens * self.token_bytes \
             + (self.state_bytes if flags & PageFlags.RECURRENT_STATE else 0)
         if payload_len != want:

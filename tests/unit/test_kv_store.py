@@ -242,6 +242,13 @@ def test_a_payload_that_disagrees_with_the_model_geometry_is_a_miss(store):
     del out
 
 
+def test_a_state_flag_on_a_model_without_state_is_a_miss(store):
+    (pid,) = _write_chain(store, 1)
+    store.set_geometry(PageGeometry(NS, P, 4096 // P, 0))
+    _lie(store, pid, flags=PageFlags.RECURRENT_STATE)
+    _judged_corrupt(store, pid, 0, "no recurrent state")
+
+
 def test_more_tokens_than_a_page_holds_is_a_miss(store):
     tokens = list(range(2 * P))
     store.write(NS, ROOT_ID, tokens, _payload(0, 2 * 4096))
