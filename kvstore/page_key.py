@@ -39,27 +39,26 @@ def load_page_key(path: Path) -> tuple[bytes, str]:
     """(the key, "" or why it is a key for this run only)."""
     path = Path(path)
     try:
-        return _read(path), ""
-    except FileNotFoundError:
-        pass
-    try:
-        return _create(path), ""
+        try:
+            return _read(path), ""
+        except FileNotFoundError:
+            return _create(path), ""
     except OSError as exc:
         if exc.errno not in _CANNOT_CREATE:
             raise PageKeyError(f"page key {path}: {exc.strerror}") from None
         return secrets.token_bytes(KEY_BYTES), (
-            f"cannot create the page key {path} ({exc.strerror}): pages written now are "
-            f"misses after the kvstore restarts")
+            f"cannot read or create the page key {path} ({exc.strerror}): pages written now "
+            f"are misses after the kvstore restarts")
 
 
 def _read(path: Path) -> bytes:
     try:
         fd = os.open(path, _OPEN)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:  # ELOOP: a symlink
-        raise PageKeyError(f"page key {path}: {exc.strerror}; remove it (pages written with "
-                           f"it become misses)") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise PageKeyError(f"page key {path} is a symbolic link: remove it and restart (a new "
+                           f"key is made; pages written with the old one become misses)") from None
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(fd)
         problem = ""
