@@ -332,11 +332,11 @@ class PageStore:
         last); one that existed already is used only once checked (kvstore/dir_lock.py)."""
         self.root.parent.mkdir(parents=True, exist_ok=True)
         for directory in (self.root, shard.parent, shard):
-            if directory in self._private_dirs:
-                continue
-            try:
+            try:  # every time: a directory removed under us is made again
                 os.mkdir(directory, 0o700)
             except FileExistsError:
+                if directory in self._private_dirs:
+                    continue
                 try:
                     check_private_dir(directory, "KV page directory")
                 except KvDirUnsafe as exc:

@@ -408,3 +408,10 @@ def test_a_batch_is_read_in_parallel_each_page_judged_on_its_own(store):
     assert [pid in store for pid in ids] == [True, True, False, False, False, True]
     assert not store.path_for(NS, ids[2]).exists() and not store.path_for(NS, ids[3]).exists()
     store.close()
+
+
+def test_a_shard_removed_under_the_store_is_made_again(store):
+    ids = _write_chain(store, 1)
+    shutil.rmtree(store.root / NS.hex()[:8])
+    store.write(NS, ROOT_ID, _tokens(0), _payload(0), page_id=ids[0])
+    assert _read(store, ids[0], 0)[0] is not None
