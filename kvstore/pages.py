@@ -67,6 +67,10 @@ class CorruptPage(ValueError):
     """The bytes are not a valid page record (or not the one asked for)."""
 
 
+class OtherFormat(CorruptPage):
+    """A page of another format version: never usable by this build, not damage."""
+
+
 @dataclass(frozen=True)
 class PageHeader:
     format_version: int
@@ -179,7 +183,7 @@ def header_length(prefix) -> int:
         raise CorruptPage("bad magic")
     if version != PAGE_FORMAT_VERSION:
         # Layout may differ; this build can never use the page (and it is namespaced apart).
-        raise CorruptPage(f"unsupported page format version {version}")
+        raise OtherFormat(f"unsupported page format version {version}")
     if not _header_len(0) <= header_len <= MAX_HEADER_BYTES or header_len % _ALIGN:
         raise CorruptPage(f"bad header length {header_len}")
     return header_len

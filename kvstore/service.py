@@ -79,6 +79,7 @@ class KvStoreDaemon:
         self.scan_s = time.perf_counter() - started
         log.info("kvstore.scanned", kv_dir=str(settings.rank_kv_path),
                  num_pages=len(self.inventory),
+                 num_other_format_removed=self.store.num_other_format_removed,
                  disk_bytes=self.store.num_bytes, scan_s=round(self.scan_s, 3))
 
     def _on_corrupt(self, event: CorruptEvent) -> None:

@@ -47,6 +47,7 @@ from switchyard.kvstore.page_key import key_path, load_page_key
 from switchyard.kvstore.pages import (
     PREFIX_SIZE,
     CorruptPage,
+    OtherFormat,
     PageHeader,
     encode_header,
     decode_header,
@@ -193,6 +194,9 @@ class PageStore:
         self._private_dirs: set[Path] = set()  # checked, or made by us
         self.num_corrupt_removed = 0
         self.num_temp_removed = 0
+        # Pages of another format version (an upgrade): removed by the scan, counted, not
+        # logged one by one (they are not damage, and there may be 100K of them).
+        self.num_other_format_removed = 0
         self.corrupt_events: collections.deque[CorruptEvent] = collections.deque(maxlen=64)
         self._index: dict[bytes, IndexEntry] = {}
         self._num_bytes = 0
@@ -524,6 +528,13 @@ class PageStore:
             return
         try:
             header, st = _read_header_fd(fd)
+        except OtherFormat:
+            try:
+                os.unlink(path)
+                self.num_other_format_removed += 1
+            except OSError:
+                pass
+            return
         except CorruptPage as exc:
             self._discard(path, None, str(exc))
             return

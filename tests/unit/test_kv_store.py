@@ -415,3 +415,18 @@ def test_a_shard_removed_under_the_store_is_made_again(store):
     shutil.rmtree(store.root / NS.hex()[:8])
     store.write(NS, ROOT_ID, _tokens(0), _payload(0), page_id=ids[0])
     assert _read(store, ids[0], 0)[0] is not None
+
+
+def test_pages_of_another_format_version_are_removed_quietly_by_the_scan(store):
+    """An upgrade (format 2, unkeyed xxh3, to 3): the old pages can never be read; the scan
+    removes them and counts them, without a corrupt-page line each."""
+    ids = _write_chain(store, 2)
+    old = store.path_for(NS, ids[1])
+    data = bytearray(old.read_bytes())
+    data[8:10] = (2).to_bytes(2, "little")  # the prefix's format version
+    old.write_bytes(bytes(data))
+    again = PageStore(store.root)
+    events = []
+    again.on_corrupt = events.append
+    assert [p.page_id for p in again.scan()] == [ids[0]]
+    assert not old.exists() and again.num_other_format_removed == 1 and not events
