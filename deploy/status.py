@@ -166,7 +166,13 @@ def format_disk(snapshot: Status) -> list[str]:
             f"{disk.num_thrash:,} thrash events")
     if not disk.writable:
         line += ", writes paused"
-    return [line]
+    lines = [line]
+    if disk.error:
+        lines.append(f"  disk writes refused: {disk.error}")
+    if disk.num_unwritten:
+        lines.append(f"  {disk.num_unwritten:,} pages not written (not cached; pages on disk "
+                     f"are kept)")
+    return lines
 
 
 def format_ranks(snapshot: Status) -> list[str]:

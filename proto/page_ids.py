@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-PAGE_FORMAT_VERSION = 2  # 2: xxh3-128 payload checksums
+PAGE_FORMAT_VERSION = 3  # 2: xxh3-128 payload checksums; 3: keyed BLAKE3 (a MAC)
 ID_BYTES = 16
 ROOT_ID = bytes(ID_BYTES)  # parent id of an unsalted sequence's first page
 _ROOT_PERSON = b"sy-chain-root"

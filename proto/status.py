@@ -66,6 +66,10 @@ class DiskStatus(_Doc):
     num_evicted: int
     num_thrash: int  # evictions that took pages of recently active conversations
     num_writing: int
+    # Why writes are paused (kvstore's words: "... (No space left on device) ..."), "" while
+    # writable; and pages the disk refused since the scheduler started (only not cached).
+    error: str = ""
+    num_unwritten: int = 0
 
 
 class RankStatus(_Doc):

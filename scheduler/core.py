@@ -426,7 +426,7 @@ class SchedulerCore:
         self.outbox.send_first(*([attach] if attach is not None else []), DescribeInventory())
 
     def _inventory(self, msg: InventoryDescribed, now: float) -> None:
-        self.pages.kvstore_inventory(msg.pages, msg.writable, now, self._pinned)
+        self.pages.kvstore_inventory(msg.pages, msg.writable, now, self._pinned, msg.error)
         self.index_overdue = False
         self.outbox.log("kvstore.inventory", **{
             "num_pages": len(msg.pages), "disk_bytes": self.pages.tree.total_bytes,

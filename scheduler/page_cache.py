@@ -96,6 +96,8 @@ class PageCache:
         # After the disk refused pages (full, read-only): stage again 1 s later, doubling to
         # 30 s while it keeps refusing, back to normal at the first page written.
         self.write_backoff = Backoff()
+        self.write_error = ""  # kvstore's reason while writes are paused
+        self.num_unwritten = 0  # pages the disk refused (not cached; nothing else lost)
         self.num_evicted = 0
         self.num_thrash = 0
 
@@ -113,7 +115,9 @@ class PageCache:
             self.allocator, self.pool = None, None
             return
         self.allocator = BufferAllocator(num_buffers)
-        self.pool = AttachBuffers(shm_name, num_buffers, buffer_bytes, namespace)
+        self.pool = AttachBuffers(shm_name, num_buffers, buffer_bytes, namespace,
+                                  self.page_size,
+                                  (buffer_bytes - state_bytes) // self.page_size, state_bytes)
         self.pool_sent = False
         if self.kvstore_attached:
             self._send_pool()
@@ -127,7 +131,7 @@ class PageCache:
         self.resend_writes = True
 
     def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float,
-                          pinned: Pinned = frozenset) -> None:
+                          pinned: Pinned = frozenset, error: str = "") -> None:
         # Foreign pages join the tree too: they never match, and age out like any other.
         self.tree = DiskPageTree()
         self.state_pages, self.tails, self.tail_parent = set(), {}, {}
@@ -139,6 +143,7 @@ class PageCache:
         self._send_pool()
         if not writable:
             self.write_backoff.failed(now)
+            self.write_error = error
         # What the old kvstore had not done yet is on disk or lost, as the scan found it: its
         # evictions may be undone, so room is made again before the writes are resent.
         self.orphans.clear()
@@ -361,7 +366,9 @@ class PageCache:
         return DiskStatus(bytes=self.tree.total_bytes, budget_bytes=self.budget_bytes,
                           num_pages=len(self.tree), writable=not self.write_backoff.failing,
                           num_evicted=self.num_evicted, num_thrash=self.num_thrash,
-                          num_writing=len(self.writing))
+                          num_writing=len(self.writing),
+                          error=self.write_error if self.write_backoff.failing else "",
+                          num_unwritten=self.num_unwritten)
 
     def payload_len(self, num_tokens: int, with_state: bool) -> int:
         per_token = (self.pool.buffer_bytes - self.state_bytes) // self.page_size
@@ -537,6 +544,7 @@ class PageCache:
                     self.outbox.send(DeletePages((info.page_id,)))
                     continue
             self._add(info)
+        self.num_unwritten += len(msg.failed)
         for pid in msg.failed:
             self.orphans.pop(pid, None)
             pending = self.writing.pop(pid, None)
@@ -545,6 +553,7 @@ class PageCache:
         if msg.error:
             first = not self.write_backoff.failing
             delay = self.write_backoff.failed(now)
+            self.write_error = msg.error
             if first:
                 self.outbox.log("kv.persistence_off", **{"error": msg.error,
                                                            "retry_in_s": delay})
@@ -552,6 +561,7 @@ class PageCache:
             if self.write_backoff.failing:
                 self.outbox.log("kv.persistence_on")
             self.write_backoff.succeeded()
+            self.write_error = ""
 
     def touch(self, chain: list[bytes], now: float) -> None:
         on_disk = [pid for pid in chain if pid in self.tree]

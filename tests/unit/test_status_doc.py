@@ -68,7 +68,8 @@ def test_json_field_names_are_the_documented_ones():
     assert set(raw["slots"][0]) == {"slot", "num_tokens", "conversation", "last_used", "rid",
                                     "priority", "state", "waiting_s"}
     assert set(raw["disk"]) == {"bytes", "budget_bytes", "num_pages", "writable",
-                                "num_evicted", "num_thrash", "num_writing"}
+                                "num_evicted", "num_thrash", "num_writing", "error",
+                                "num_unwritten"}
     stats = raw["stats"]
     assert set(stats) == {"requests_finished", "requests_failed", "tokens", "ttft",
                           "step_time", "num_steps", "restarts", "recent_requests"}
