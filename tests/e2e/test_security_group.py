@@ -30,7 +30,9 @@ ATTACKER_KEY = "e2e-other-key-91c2"
 LINUX = sys.platform.startswith("linux")
 MODEL = "tiny-qwen3"
 SECRET = "Please remember: Alice's door code is 2 8 5 3 7 0 6 4 1 9."
-CODE, WRONG = " 2 8 5 3 7 0 6 4 1 9", " 2 8 5 3 7 0 6 4 1 8"
+CODE, WRONG = " 2 8 5 3 7 0 6 4 1 9", " 2 8 5 3 7 0 6 4 9 1"  # no digit twice: no self-copy
+MAX_TOKENS = 24
+SELF_COPIES = 3
 
 
 def proc_text(pid: int, name: str) -> bytes:
@@ -85,7 +87,7 @@ def test_one_keys_text_is_neither_reused_nor_drafted_for_another(group):
                              timeout=120)
 
     def complete(client, prompt=SECRET, **extra):
-        reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+        reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS,
                                           temperature=0, extra_body=extra or None)
         return reply, reply.usage.prompt_tokens_details.cached_tokens, \
             drafts_of(group, reply.id)
@@ -93,13 +95,17 @@ def test_one_keys_text_is_neither_reused_nor_drafted_for_another(group):
     first, _, _ = complete(victim)
     # Within a key: the prefix is reused and the first reply is drafted (and accepted).
     again, cached, (_, accepted) = complete(victim)
-    assert cached > 0 and accepted > 0, (cached, accepted)
+    assert cached > 0 and accepted >= MAX_TOKENS // 2, (cached, accepted)
     # The door-code probe: a right and a wrong guess look the same to another key. Each guess
     # under a cache_salt of its own, so that neither copies the other's output (the attacker's
     # own text, which a second guess would otherwise be drafted from up to where they part).
-    for n in range(2):  # the second time with the grammar compiled for both
-        right = probe(group, ATTACKER_KEY, CODE, f"right-{n}")
-        wrong = probe(group, ATTACKER_KEY, WRONG, f"wrong-{n}")
+    for n in range(2):  # the second time wrong first, each grammar compiled already
+        if n == 0:
+            right = probe(group, ATTACKER_KEY, CODE, f"right-{n}")
+            wrong = probe(group, ATTACKER_KEY, WRONG, f"wrong-{n}")
+        else:
+            wrong = probe(group, ATTACKER_KEY, WRONG, f"wrong-{n}")
+            right = probe(group, ATTACKER_KEY, CODE, f"right-{n}")
         print(f"another key: right guess {right}, wrong guess {wrong}")
         assert right["accepted"] == wrong["accepted"] == 0
         assert right["proposed"] == wrong["proposed"] and right["tokens"] == wrong["tokens"]
@@ -111,12 +117,14 @@ def test_one_keys_text_is_neither_reused_nor_drafted_for_another(group):
     print(f"own key: right guess {own}")
     assert own["accepted"] > 0
     # Across keys: the same text is read afresh, and nothing of the victim's is drafted.
+    # (A random-weight model's reply may repeat itself: a draft copied from its own earlier
+    # tokens is the request's own text, and a token or two of it may be accepted.)
     theirs, cached, (proposed, accepted) = complete(attacker)
     assert theirs.choices[0].text == first.choices[0].text  # the same greedy reply...
-    assert cached == 0 and accepted == 0, (cached, proposed, accepted)  # ...paid in full
+    assert cached == 0 and accepted <= SELF_COPIES, (cached, proposed, accepted)  # ...paid
     # cache_salt isolates within a key: the victim's text under a salt is neither
     _, cached, (_, accepted) = complete(victim, cache_salt="s1")
-    assert cached == 0 and accepted == 0, (cached, accepted)
+    assert cached == 0 and accepted <= SELF_COPIES, (cached, accepted)
     # Both keys answer on /metrics (aggregate counters); none is a 401.
     for key in (KEY, ATTACKER_KEY):
         scraped = httpx.get(group.base_url.removesuffix("/v1") + "/metrics",
