@@ -26,7 +26,8 @@ from switchyard.deploy.runtime import pid_alive, read_pid_file
 from switchyard.deploy.supervisor import ROLES
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.settings import Settings, format_size
-from switchyard.proto.status import TOKEN_KINDS, SpeculationStatus, Status, TokenCounts, read_status
+from switchyard.proto.status import (TOKEN_KINDS, PrefillShareStatus, SpeculationStatus, Status,
+                                     TokenCounts, read_status)
 
 EXIT_NOT_RUNNING = 1
 STALE_AFTER_S = 10.0  # a status.json older than this is reported as stale
@@ -165,7 +166,13 @@ def format_disk(snapshot: Status) -> list[str]:
             f"{disk.num_thrash:,} thrash events")
     if not disk.writable:
         line += ", writes paused"
-    return [line]
+    lines = [line]
+    if disk.error:
+        lines.append(f"  disk writes refused: {disk.error}")
+    if disk.num_unwritten:
+        lines.append(f"  {disk.num_unwritten:,} pages not written (not cached; pages on disk "
+                     f"are kept)")
+    return lines
 
 
 def format_ranks(snapshot: Status) -> list[str]:
@@ -189,11 +196,22 @@ def format_counters(snapshot: Status) -> list[str]:
     lines.append("tokens: " + "  ".join(f"{k} {getattr(stats.tokens, k):,}"
                                          for k in TOKEN_KINDS))
     lines.append(format_speculation(snapshot.speculation, stats.tokens))
+    if snapshot.prefill_share is not None:
+        lines.append(format_prefill_share(snapshot.prefill_share))
     if ttft.count:
         lines.append(f"ttft: mean {ttft.sum / ttft.count:.3f}s over {ttft.count}")
     restarts = stats.restarts
     lines.append("restarts seen: " + (_kv(restarts) if restarts else "none"))
     return lines
+
+
+def format_prefill_share(share: PrefillShareStatus) -> str:
+    """The latest step that prefilled beside decoding streams (scheduler/prefill_plan.py)."""
+    waiting = f"{share.num_waiting} waiting for a first token" if share.num_waiting \
+        else "no new turn waiting"
+    return (f"prefill share: {share.num_protected} decoding stream(s) kept "
+            f"{share.decode_share:.2f} of their solo speed beside {waiting} "
+            f"({share.age_s:.0f}s ago)")
 
 
 def format_speculation(speculation: SpeculationStatus | None, tokens: TokenCounts) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,7 +24,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from switchyard.gateway import dashboard, metrics
 from switchyard.gateway.api import anthropic_api, openai_api, responses_api
-from switchyard.gateway.context import RECORD_SCOPE_KEY, Gateway, RequestRecord, gateway_of
+from switchyard.gateway.context import (RECORD_SCOPE_KEY, TENANT_SCOPE_KEY, Gateway,
+                                        RequestRecord, gateway_of)
 from switchyard.gateway.driver import STATUS_CLIENT_CLOSED
 from switchyard.gateway.errors import APIError, api_style
 from switchyard.gateway.guard import GuardPolicy
@@ -43,6 +43,7 @@ from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.settings import Settings
+from switchyard.proto.tenants import Tenants
 
 log = structlog.get_logger()
 
@@ -51,13 +52,15 @@ KEEPALIVE_S = 5.0
 
 class RequestLogMiddleware:
     """Refuses what a web page must not do (gateway.guard), checks the API key on /v1 routes
-    and logs `request.finished` for every HTTP request."""
+    (and notes whose it is: the request's tenant) and logs `request.finished` for every HTTP
+    request."""
 
     def __init__(self, app: ASGIApp, api_key: str = "",
                  guard: GuardPolicy | None = None,
-                 limits: ConnectionLimits | None = None) -> None:
+                 limits: ConnectionLimits | None = None,
+                 tenants: Tenants | None = None) -> None:
         self.app = app
-        self.api_key = api_key
+        self.tenants = tenants if tenants is not None else Tenants.from_settings(api_key)
         self.guard = guard
         self.limits = limits
 
@@ -82,7 +85,7 @@ class RequestLogMiddleware:
                                       f"try again shortly", type="server_error",
                                  code="overloaded", retry_after_s=RETRY_AFTER_S,
                                  headers={"Connection": "close"})
-            if error is None and not self._authorized(scope):
+            if error is None and not self._authorized(scope, record):
                 error = APIError(401, "Incorrect or missing API key", type="authentication_error",
                                  code="invalid_api_key")
             if error is None:
@@ -101,15 +104,21 @@ class RequestLogMiddleware:
                 record.status = 500
             log.info("request.finished", **record.fields())
 
-    def _authorized(self, scope: Scope) -> bool:
-        if not self.api_key or not scope["path"].startswith("/v1"):
+    def _authorized(self, scope: Scope, record: RequestRecord) -> bool:
+        if not self.tenants or not scope["path"].startswith("/v1"):
             return True
         headers = dict(scope["headers"])
         given = headers.get(b"x-api-key", b"").decode("latin-1")
         auth = headers.get(b"authorization", b"").decode("latin-1")
         if auth[:7].lower() == "bearer ":
             given = auth[7:].strip()
-        return hmac.compare_digest(given.encode(), self.api_key.encode())
+        tenant = self.tenants.match(given)
+        if tenant is None:
+            return False
+        scope[TENANT_SCOPE_KEY] = tenant
+        if self.tenants.several:
+            record.tenant = tenant.name
+        return True
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -150,7 +159,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 async def _openapi(request: Request) -> Response:
     gateway = gateway_of(request)
     return JSONResponse(openapi_spec(gateway.model_id, vocab_size=len(gateway.tokenizer),
-                                     api_key=bool(gateway.settings.api_key),
+                                     api_key=bool(gateway.tenants),
                                      images=gateway.images is not None
                                      and gateway.images.prompt is not None))
 
@@ -188,8 +197,12 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
         model_id = served_model_id(settings.model)
         aliases = tuple({settings.model} - {"", model_id})
     chat_format = detect_format(tokenizer, settings.chat_format)
+    tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants)
+    if tenants.several:  # names only: an operator sees every line the key file made a key
+        log.info("gateway.tenants", num_tenants=len(tenants.tenants),
+                 names=[t.name for t in tenants.tenants], shared=sorted(tenants.shared))
     gateway = Gateway(settings=settings, tokenizer=tokenizer, client=client, model_id=model_id,
-                      model_aliases=aliases,
+                      model_aliases=aliases, tenants=tenants,
                       stop_token_ids=eos_ids(tokenizer),
                       keepalive_s=keepalive_s,
                       tool_syntax=chat_format.tools, think=chat_format.think,
@@ -219,7 +232,7 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
             gateway.shutdown()
 
     limits = ConnectionLimits(settings.max_connections)
-    middleware = [Middleware(RequestLogMiddleware, api_key=settings.api_key,
+    middleware = [Middleware(RequestLogMiddleware, tenants=tenants,
                              guard=GuardPolicy.from_settings(settings), limits=limits)]
     if settings.allowed_origins:  # answers preflights before the guard sees them
         middleware.insert(0, Middleware(
@@ -234,6 +247,6 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     )
     app.state.gateway = gateway
     app.state.connection_limits = limits  # shared with the server's protocol (service.py)
-    metrics.mount(app, settings)  # GET /metrics, requests counted by endpoint and status
+    metrics.mount(app, settings, tenants)  # GET /metrics, requests counted by endpoint and status
     dashboard.mount(app, settings)  # GET /dashboard, GET /v1/switchyard/status
     return app

@@ -25,10 +25,12 @@ from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
 from switchyard.proto.messages import SubmitRequest
 from switchyard.proto.settings import Settings
+from switchyard.proto.tenants import Tenants
 
 T = TypeVar("T")
 
 RECORD_SCOPE_KEY = "switchyard.record"
+TENANT_SCOPE_KEY = "switchyard.tenant"  # the Tenant whose key the request gave (None: no keys)
 
 
 @dataclass
@@ -58,6 +60,8 @@ class Gateway:
     # Images in requests (gateway/vision/inputs.py): refused for a text-only model.
     images: Any = None
     grammars: GrammarChecker = field(default_factory=GrammarChecker)
+    # The API keys, one tenant each (proto/tenants.py): whose cache a request's text salts.
+    tenants: Tenants = field(default_factory=Tenants)
     # Hugging Face fast tokenizers are not safe to call from several threads at once: each
     # lane (thread) has its own tokenizer. Prompts of LARGE_PROMPT_CHARS or more take the
     # large lane, so one huge prompt never delays everyone else's turn (issue 12, finding 9).
@@ -199,6 +203,7 @@ class RequestRecord:
     num_repaired_tool_calls: int | None = None
     num_spliced_turns: int | None = None
     num_spliced_tokens: int | None = None
+    tenant: str | None = None  # the key's name, with several keys
 
     def start(self, submit: SubmitRequest, *, stream: bool) -> None:
         self.rid = submit.rid
@@ -225,7 +230,7 @@ class RequestRecord:
         for name in ("rid", "stream", "priority", "num_prompt_tokens", "num_cached_tokens",
                      "num_generated_tokens", "finish_reason", "error_code", "num_tool_calls",
                      "num_malformed_tool_calls", "num_repaired_tool_calls",
-                     "num_spliced_turns", "num_spliced_tokens"):
+                     "num_spliced_turns", "num_spliced_tokens", "tenant"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -238,6 +243,11 @@ class RequestRecord:
 
 def gateway_of(request: Request) -> Gateway:
     return request.app.state.gateway
+
+
+def cache_salt_of(request: Request, cache_salt: str | None) -> bytes:
+    """The salt of the request's cached text: its tenant's, and its own `cache_salt`."""
+    return gateway_of(request).tenants.salt(request.scope.get(TENANT_SCOPE_KEY), cache_salt)
 
 
 def record_of(request: Request) -> RequestRecord:

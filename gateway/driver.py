@@ -18,7 +18,8 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from switchyard.gateway.context import Gateway, RequestRecord, gateway_of, record_of
+from switchyard.gateway.context import (Gateway, RequestRecord, cache_salt_of, gateway_of,
+                                        record_of)
 from switchyard.gateway.errors import APIError, invalid
 from switchyard.gateway.prompting.history import RenderOptions
 from switchyard.gateway.output.parser import Event
@@ -122,12 +123,12 @@ def chat_chars(chat: ChatRequest, *, with_reasoning: bool = True) -> int:
 
 
 def render_options(request: Request, note_unseen: bool = False,
-                   images: PromptImages | None = None) -> RenderOptions:
-    """How a request's chat is rendered: with the gateway's turn memory, its images' markers
-    expanded, bounded by the context (a rendering longer than ctx tokens can hold is refused
-    before tokenizing)."""
+                   images: PromptImages | None = None, salt: bytes = b"") -> RenderOptions:
+    """How a request's chat is rendered: with the gateway's turn memory (its turns under the
+    request's cache salt only), its images' markers expanded, bounded by the context (a
+    rendering longer than ctx tokens can hold is refused before tokenizing)."""
     gw = gateway_of(request)
-    return RenderOptions(
+    return RenderOptions(salt=salt,
         memory=gw.memory, keep_reasoning=gw.keep_reasoning,
         prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
         think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
@@ -150,7 +151,8 @@ async def plan_chat(request: Request, chat: ChatRequest, *, param: str = "messag
                       code="context_length_exceeded")
     gw.check_prompt_chars(chat_chars(chat, with_reasoning=False), param)
     abandoned = threading.Event()
-    options = dataclasses.replace(render_options(request, note_unseen, images),
+    salt = cache_salt_of(request, chat.options.cache_salt)
+    options = dataclasses.replace(render_options(request, note_unseen, images, salt),
                                   abandoned=abandoned)
     return await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
                                   gw.think, size=chat_chars(chat), request=request,
@@ -176,7 +178,8 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                           priority=header_priority(request.headers), param=param,
                           grammar=plan.constraint.grammar if plan.constraint else "",
                           grammar_trigger=plan.trigger_ids, vocab_size=len(gw.tokenizer),
-                          images=spans, image_data=files)
+                          images=spans, image_data=files,
+                          cache_salt=cache_salt_of(request, chat.options.cache_salt))
     turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids + (gw.hidden_ids or ()),
                     show_special=gw.hidden_ids is not None, think=gw.think,
                     memory=gw.memory, id_prefix=id_prefix)

@@ -17,7 +17,6 @@ requires it like /v1 does (`Authorization: Bearer KEY` in the scrape config).
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -36,6 +35,7 @@ from switchyard.gateway.context import RECORD_SCOPE_KEY
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.messages import PRIORITIES, ROLE_GATEWAY, ROLE_KVSTORE, ROLE_WORKER
 from switchyard.proto.settings import Settings
+from switchyard.proto.tenants import Tenants
 from switchyard.proto.status import (SLOT_STATES, TOKEN_KINDS, DiskStatus, Stats, Status,
                                       read_status)
 from switchyard.proto.status import Histogram as HistogramStatus  # prometheus has a Histogram
@@ -250,15 +250,16 @@ class RequestMetricsMiddleware:
 
 # -- the route ------------------------------------------------------------------------------
 
-def authorized(headers, api_key: str) -> bool:
-    """The API key check of /v1, for routes outside it (Bearer or x-api-key)."""
-    if not api_key:
+def authorized(headers, tenants: Tenants) -> bool:
+    """The API key check of /v1, for routes outside it (Bearer or x-api-key): any tenant's key
+    (what is shown is aggregate over all of them)."""
+    if not tenants:
         return True
     given = headers.get("x-api-key", "")
     auth = headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         given = auth[7:].strip()
-    return hmac.compare_digest(given.encode(), api_key.encode())
+    return tenants.match(given) is not None
 
 
 def unauthorized() -> JSONResponse:
@@ -267,13 +268,15 @@ def unauthorized() -> JSONResponse:
                                    "code": "invalid_api_key"}}, status_code=401)
 
 
-def mount(app: Starlette, settings: Settings) -> GatewayMetrics:
+def mount(app: Starlette, settings: Settings, tenants: Tenants | None = None) -> GatewayMetrics:
     """Add GET /metrics and the request counting middleware to `app` (before it starts)."""
+    if tenants is None:
+        tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants)
     status_file = Endpoints(settings.runtime_path).status_file
     metrics = GatewayMetrics(lambda: read_status(status_file))
 
     async def scrape(request: Request) -> Response:
-        if not authorized(request.headers, settings.api_key):
+        if not authorized(request.headers, tenants):
             return unauthorized()
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

@@ -212,7 +212,7 @@ class ChatTurn:
         # as Mistral's) after the end of the prompt the model saw.
         opening = rendered.opening if rendered.opening else rendered.text_tail[-PROMPT_TAIL:]
         self.memory.remember(assistant_message(self.result), body, opening or None,
-                             bool(self.result.reasoning), rendered.prefix)
+                             bool(self.result.reasoning), rendered.prefix, rendered.salt)
 
     def _through_call_end(self, ids: list[int]) -> list[int] | None:
         """The shortest prefix of `ids` whose text holds the call's end marker (a marker of

@@ -18,8 +18,9 @@ import sys
 import time
 from collections import deque
 
-from switchyard.kvstore.dir_lock import KvDirLocked, lock_kv_dir
-from switchyard.kvstore.store import CorruptEvent, PageStore, StoreUnavailable
+from switchyard.kvstore.dir_lock import KvDirLocked, KvDirUnsafe, lock_kv_dir
+from switchyard.kvstore.page_key import PageKeyError, key_path, load_page_key
+from switchyard.kvstore.store import CorruptEvent, PageGeometry, PageStore, StoreUnavailable
 from switchyard.proto.backoff import Backoff
 from switchyard.proto.endpoints import rank_role
 from switchyard.proto.ids import new_boot_id
@@ -57,11 +58,18 @@ class KvStoreDaemon:
         self.backoff = Backoff()
         self.clock = time.monotonic
         self.undeleted: set[bytes] = set()  # evicted pages the disk refused to delete
-        self.store = PageStore(settings.rank_kv_path, on_corrupt=self._on_corrupt)
+        # PageKeyError (a key file not ours, not private, not a key): the caller refuses.
+        key, key_warning = load_page_key(key_path(settings.cache_path))
+        if key_warning:
+            log.warning("kv.page_key_temporary", reason=key_warning)
+        self.store = PageStore(settings.rank_kv_path, key=key, on_corrupt=self._on_corrupt,
+                               read_guard=True)
         started = time.perf_counter()
         self.lock_fd = -1
         try:
-            self.lock_fd = lock_kv_dir(settings.rank_kv_path)  # KvDirLocked: the caller refuses
+            # KvDirLocked, KvDirUnsafe (a level of the kv dir a symlink or another user's):
+            # the caller refuses to start.
+            self.lock_fd = lock_kv_dir(settings.rank_kv_path)
             self.inventory = self.store.scan()
         except OSError as exc:
             self.error = f"page directory {settings.rank_kv_path} is unusable: {exc.strerror}"
@@ -71,6 +79,7 @@ class KvStoreDaemon:
         self.scan_s = time.perf_counter() - started
         log.info("kvstore.scanned", kv_dir=str(settings.rank_kv_path),
                  num_pages=len(self.inventory),
+                 num_other_format_removed=self.store.num_other_format_removed,
                  disk_bytes=self.store.num_bytes, scan_s=round(self.scan_s, 3))
 
     def _on_corrupt(self, event: CorruptEvent) -> None:
@@ -108,6 +117,11 @@ class KvStoreDaemon:
             self.log.error("kvstore.attach_failed", error=str(exc))
             return
         self.namespace = msg.namespace
+        geometry = None
+        if msg.page_size and msg.token_bytes:
+            geometry = PageGeometry(msg.namespace, msg.page_size, msg.token_bytes,
+                                    msg.state_bytes)
+        self.store.set_geometry(geometry)  # removes indexed pages that disagree (logged)
         self.log.info("kvstore.attached", shm_name=msg.shm_name, num_buffers=msg.num_buffers,
                       buffer_bytes=msg.buffer_bytes)
 
@@ -212,7 +226,8 @@ def run(settings: Settings) -> None:
     stop = StopFlag()
     try:
         daemon = KvStoreDaemon(settings, log, boot_id)
-    except KvDirLocked as exc:  # refuse to start: exit 2 ends the group with a message
+    except (KvDirLocked, KvDirUnsafe, PageKeyError) as exc:
+        # refuse to start: exit 2 ends the group with a message
         log.error("kvstore.refused_to_start", reason=str(exc))
         print(f"switchyard kvstore: {exc}", file=sys.stderr)
         sys.exit(2)

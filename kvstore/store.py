@@ -7,8 +7,24 @@ leaves either the whole page or a `.tmp` file that the next scan removes.
 
 The store chooses nothing (the scheduler picks what to evict) and never raises on bad data: a
 page that fails any check is a miss, its file is removed and the event is counted and reported.
-Disk trouble that makes persistence impossible (full, read-only, no permission) raises
-StoreUnavailable so the daemon can keep serving without persistence.
+What is checked, on every read and (all but the payload) by the start-up scan: the header's
+own fields and check, the file's size against them, its owner (ours), its name and directory,
+the model's page geometry once the worker attached (`PageGeometry`: payload length for its
+token count and flags, tokens per page), the buffer it is read into, the tokens asked for and
+the payload's keyed checksum (docs/design.md "KV pages"). Disk trouble that makes persistence
+impossible (full, read-only, no permission) raises StoreUnavailable so the daemon can keep
+serving without persistence.
+
+The directories at every level (root, namespace, shard) must be real directories of ours:
+the root is checked before anything else (kvstore/dir_lock.py), namespace and shard
+directories by the scan and when a write first uses them; a symlink or another user's
+directory raises KvDirUnsafe (the kvstore refuses to start), a mode other than 0700 is
+tightened.
+
+Backstop for a bug no check foresaw: with `read_guard`, the paths of the pages being read are
+kept in `<root>/reading` until the batch is done; the next scan removes the pages a dead
+kvstore was reading (`kv.corrupt_page`, "being read when the kvstore died"), so a page that
+crashes the reader costs one restart, never a crash loop.
 """
 
 from __future__ import annotations
@@ -26,9 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.kvstore import pages
+from switchyard.kvstore.dir_lock import KvDirUnsafe, check_private_dir
+from switchyard.kvstore.page_key import key_path, load_page_key
 from switchyard.kvstore.pages import (
     PREFIX_SIZE,
     CorruptPage,
+    OtherFormat,
     PageHeader,
     encode_header,
     decode_header,
@@ -38,9 +57,11 @@ from switchyard.kvstore.pages import (
 )
 from switchyard.proto.messages import PageInfo
 from switchyard.proto.page_flags import PageFlags
+from switchyard.proto.settings import user_cache_dir
 
 PAGE_SUFFIX = ".page"
 TEMP_SUFFIX = ".tmp"
+READING_NAME = "reading"  # the read guard's list of pages being read
 # One read covers the header of a page of up to ~990 tokens (P=256 needs 1152 bytes).
 _FIRST_READ = 4096
 # Threads reading the pages of one restore batch: enough to keep an SSD's queue busy and to
@@ -60,6 +81,29 @@ class StoreUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True)
+class PageGeometry:
+    """What the attached worker's pages look like (AttachBuffers): a page of n tokens holds
+    n * token_bytes of K and V, plus state_bytes of recurrent state with RECURRENT_STATE."""
+
+    namespace: bytes
+    page_size: int
+    token_bytes: int
+    state_bytes: int = 0
+
+    def problem(self, num_tokens: int, flags: PageFlags, payload_len: int) -> str:
+        if not 1 <= num_tokens <= self.page_size:
+            return f"{num_tokens} tokens, pages hold 1 to {self.page_size}"
+        if flags & PageFlags.RECURRENT_STATE and not self.state_bytes:
+            return "a recurrent-state page, and the model has no recurrent state"
+        want = num_tokens * self.token_bytes \
+            + (self.state_bytes if flags & PageFlags.RECURRENT_STATE else 0)
+        if payload_len != want:
+            return (f"payload is {payload_len} bytes, the model's page of {num_tokens} tokens "
+                    f"is {want}")
+        return ""
+
+
+@dataclass(frozen=True)
 class IndexEntry:
     namespace: bytes
     parent_id: bytes
@@ -68,6 +112,7 @@ class IndexEntry:
     last_used: float  # file mtime, so recency survives a restart
     path: Path
     flags: PageFlags = PageFlags.NONE  # RECURRENT_STATE: a restore point of a hybrid model
+    payload_len: int = -1  # from the header (-1: not known, an entry made by a write)
 
 
 @dataclass(frozen=True)
@@ -114,10 +159,13 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _read_header_fd(fd: int) -> tuple[PageHeader, os.stat_result]:
-    """Header of an open page file, checked against the file size (catches truncation)."""
+    """Header of an open page file, checked against the file size (catches truncation) and
+    its owner (a page file of another user is never trusted)."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise CorruptPage("not a regular file")
+    if st.st_uid != os.getuid():
+        raise CorruptPage(f"owned by uid {st.st_uid}, not ours")
     buf = os.pread(fd, _FIRST_READ, 0)
     header_len = header_length(buf[:PREFIX_SIZE])
     if header_len > len(buf):
@@ -130,14 +178,25 @@ def _read_header_fd(fd: int) -> tuple[PageHeader, os.stat_result]:
 
 
 class PageStore:
-    def __init__(self, root: Path, *, sync: bool = True,
-                 on_corrupt: Callable[[CorruptEvent], None] | None = None):
-        """`sync=False` skips fsync (tests, benchmarks): not crash-safe."""
+    def __init__(self, root: Path, *, sync: bool = True, key: bytes | None = None,
+                 on_corrupt: Callable[[CorruptEvent], None] | None = None,
+                 read_guard: bool = False):
+        """`sync=False` skips fsync (tests, benchmarks): not crash-safe. `key` keys the page
+        checksums; by default the install's (`<user cache dir>/page.key`, kvstore/page_key.py).
+        `read_guard`: keep `<root>/reading` (the daemon's; see the module's doc)."""
         self.root = Path(root)
         self.sync = sync
+        self.key = key if key is not None else load_page_key(key_path(user_cache_dir()))[0]
         self.on_corrupt = on_corrupt
+        self.read_guard = read_guard
+        self._guard_fd = -1
+        self.geometry: PageGeometry | None = None
+        self._private_dirs: set[Path] = set()  # checked, or made by us
         self.num_corrupt_removed = 0
         self.num_temp_removed = 0
+        # Pages of another format version (an upgrade): removed by the scan, counted, not
+        # logged one by one (they are not damage, and there may be 100K of them).
+        self.num_other_format_removed = 0
         self.corrupt_events: collections.deque[CorruptEvent] = collections.deque(maxlen=64)
         self._index: dict[bytes, IndexEntry] = {}
         self._num_bytes = 0
@@ -182,7 +241,24 @@ class PageStore:
 
     def _entry(self, header: PageHeader, path: Path, st: os.stat_result) -> IndexEntry:
         return IndexEntry(header.namespace, header.parent_id, header.num_tokens, st.st_size,
-                          st.st_mtime, path, header.flags)
+                          st.st_mtime, path, header.flags, header.payload_len)
+
+    def set_geometry(self, geometry: PageGeometry | None) -> int:
+        """The attached worker's page geometry: from now on every read checks it, and the
+        pages already indexed in its namespace that disagree are removed now (the scan could
+        not judge them before a worker said what its pages look like). Returns how many."""
+        self.geometry = geometry
+        if geometry is None:
+            return 0
+        bad = []
+        for pid, e in self._index.items():
+            if e.namespace == geometry.namespace and e.payload_len >= 0:
+                problem = geometry.problem(e.num_tokens, e.flags, e.payload_len)
+                if problem:
+                    bad.append((pid, e.path, problem))
+        for pid, path, problem in bad:
+            self._discard(path, pid, problem)
+        return len(bad)
 
     def _discard(self, path: Path, page_id: bytes | None, reason: str) -> None:
         """A bad page is a miss: remove it, count it, report it; never raise."""
@@ -225,12 +301,12 @@ class PageStore:
             self.touch(pid)
             return 0
         header = make_header(namespace, parent_id, tokens, payload, flags=flags,
-                             image_ids=image_ids)
+                             image_ids=image_ids, key=self.key)
         head = encode_header(header)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
         fd = -1
         try:
-            _make_private_dirs(self.root, path.parent)
+            self._make_private_dirs(path.parent)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             _write_all(fd, memoryview(head))
             _write_all(fd, payload)
@@ -252,8 +328,24 @@ class PageStore:
                 raise _unavailable(self.root, exc) from exc
             raise
         self._add(header.page_id, IndexEntry(namespace, parent_id, header.num_tokens, nbytes,
-                                             time.time(), path, flags))
+                                             time.time(), path, flags, payload.nbytes))
         return nbytes
+
+    def _make_private_dirs(self, shard: Path) -> None:
+        """root/ns/shard, each created 0700 (mkdir's mode for every level, not only the
+        last); one that existed already is used only once checked (kvstore/dir_lock.py)."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        for directory in (self.root, shard.parent, shard):
+            try:  # every time: a directory removed under us is made again
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                if directory in self._private_dirs:
+                    continue
+                try:
+                    check_private_dir(directory, "KV page directory")
+                except KvDirUnsafe as exc:
+                    raise StoreUnavailable(f"{exc}; pages are not being persisted") from None
+            self._private_dirs.add(directory)
 
     def _already_stored(self, page_id: bytes, path: Path, flags: PageFlags,
                         nbytes: int) -> bool:
@@ -296,17 +388,22 @@ class PageStore:
         queue full and the checksums off one core (docs/design.md "Restores"). The index is
         updated afterwards, here, in order.
         """
-        jobs = [(self.path_for(namespace, pid), namespace, pid, tokens, out)
+        geometry = self.geometry if self.geometry and self.geometry.namespace == namespace \
+            else None
+        jobs = [(self.path_for(namespace, pid), namespace, pid, tokens, out, self.key, geometry)
                 for pid, tokens, out in reads]
+        self._guard([job[0] for job in jobs])
         if len(jobs) > 1:
             results = list(self._readers().map(lambda job: _read_page(*job), jobs))
         else:
             results = [_read_page(*job) for job in jobs]
+        self._guard([])
         headers = []
-        for (path, _, pid, _, _), r in zip(jobs, results):
+        for (path, _, pid, *_), r in zip(jobs, results):
             if r.header is not None:
                 self._add(pid, IndexEntry(namespace, r.header.parent_id, r.header.num_tokens,
-                                          r.size, r.used_at, path, r.header.flags))
+                                          r.size, r.used_at, path, r.header.flags,
+                                          r.header.payload_len))
             elif r.corrupt:
                 self._discard(path, pid, r.corrupt)
             elif r.unreadable:
@@ -325,6 +422,53 @@ class PageStore:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self._guard_fd >= 0:
+            os.close(self._guard_fd)
+            self._guard_fd = -1
+
+    def _guard(self, paths: list[Path]) -> None:
+        """Name the pages about to be read in `<root>/reading` ([]: the batch is done). No
+        fsync: it only has to outlive the process, not the machine. Best effort: a disk that
+        refuses the few bytes only loses the backstop."""
+        if not self.read_guard:
+            return
+        try:
+            if self._guard_fd < 0:
+                if not paths:
+                    return
+                self._guard_fd = os.open(self.root / READING_NAME, os.O_RDWR | os.O_CREAT
+                                         | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.ftruncate(self._guard_fd, 0)
+            if paths:
+                text = "".join(f"{p.relative_to(self.root)}\n" for p in paths)
+                os.pwrite(self._guard_fd, text.encode(), 0)
+        except OSError:
+            pass
+
+    def _died_reading(self) -> None:
+        """Pages a kvstore was reading when it died: removed, whatever they look like now."""
+        path = self.root / READING_NAME
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            names = []
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                names = os.pread(fd, 1 << 16, 0).decode("utf-8", "replace").split()
+            os.ftruncate(fd, 0)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        for name in names:
+            parts = name.split("/")
+            if len(parts) != 3 or not parts[2].endswith(PAGE_SUFFIX) or ".." in parts:
+                continue  # not a path this store writes
+            page = self.root.joinpath(*parts)
+            if os.path.lexists(page):
+                self._discard(page, None, "being read when the kvstore died")
 
     def _report(self, path: Path, reason: str) -> None:
         event = CorruptEvent(time.time(), str(path), reason)
@@ -338,8 +482,10 @@ class PageStore:
         """Rebuild the index from page headers (F5); remove crash leftovers and bad pages."""
         self._index.clear()
         self._num_bytes = 0
-        for ns_dir in _subdirs(self.root):
-            for shard in _subdirs(ns_dir):
+        if self.read_guard:
+            self._died_reading()
+        for ns_dir in self._checked_subdirs(self.root):
+            for shard in self._checked_subdirs(ns_dir):
                 with os.scandir(shard) as entries:
                     names = [e.name for e in entries]
                 for name in names:
@@ -348,6 +494,20 @@ class PageStore:
                     elif name.endswith(PAGE_SUFFIX):
                         self._scan_page(shard, name)
         return self.pages()
+
+    def _checked_subdirs(self, path: Path) -> list[Path]:
+        """Subdirectories of `path`, each checked (KvDirUnsafe for a symlink or another
+        user's directory: the kvstore refuses to start; group or world access is removed)."""
+        try:
+            with os.scandir(path) as entries:
+                found = [Path(e.path) for e in entries
+                         if e.is_dir(follow_symlinks=False) or e.is_symlink()]
+        except OSError:
+            return []
+        for directory in found:
+            check_private_dir(directory, "KV page directory")
+            self._private_dirs.add(directory)
+        return found
 
     def _remove_temp(self, path: Path) -> None:
         """A crash leftover: ours, or a writer that is gone (`.<stem>.<pid>.<rand>.tmp`)."""
@@ -368,6 +528,13 @@ class PageStore:
             return
         try:
             header, st = _read_header_fd(fd)
+        except OtherFormat:
+            try:
+                os.unlink(path)
+                self.num_other_format_removed += 1
+            except OSError:
+                pass
+            return
         except CorruptPage as exc:
             self._discard(path, None, str(exc))
             return
@@ -471,10 +638,6 @@ def read_entries(root: Path) -> tuple[list[IndexEntry], int]:
     return entries, num_bad
 
 
-class _BufferTooSmall(Exception):
-    pass
-
-
 @dataclass(frozen=True)
 class _PageRead:
     """What one thread found reading one page: the header when it was read and verified."""
@@ -487,7 +650,7 @@ class _PageRead:
 
 
 def _read_page(path: Path, namespace: bytes, page_id: bytes, expected_token_ids: Sequence[int],
-               out) -> _PageRead:
+               out, key: bytes, geometry: PageGeometry | None = None) -> _PageRead:
     """Open, verify and read one page file into `out`, touching no shared state (threads)."""
     out = memoryview(out).cast("B")
     try:
@@ -499,12 +662,14 @@ def _read_page(path: Path, namespace: bytes, page_id: bytes, expected_token_ids:
     try:
         with open(fd, "rb", buffering=0, closefd=True) as f:
             header, st = _read_header_fd(fd)
-            problem = _mismatch(header, namespace, page_id, expected_token_ids)
+            problem = _mismatch(header, namespace, page_id, expected_token_ids) or (
+                geometry.problem(header.num_tokens, header.flags, header.payload_len)
+                if geometry is not None else "")
             if problem:
                 raise CorruptPage(problem)
             n = header.payload_len
-            if n > out.nbytes:
-                raise _BufferTooSmall(f"page payload is {n} bytes, buffer {out.nbytes}")
+            if n > out.nbytes:  # the header lies (a worker's buffer holds its pages)
+                raise CorruptPage(f"page payload is {n} bytes, buffer {out.nbytes}")
             f.seek(header.header_len)
             got = 0
             while got < n:  # one read of the whole payload, straight into the buffer
@@ -512,15 +677,15 @@ def _read_page(path: Path, namespace: bytes, page_id: bytes, expected_token_ids:
                 if not step:
                     raise CorruptPage("payload shorter than its header says")
                 got += step
-            if payload_checksum(out[:n]) != header.payload_checksum:
-                raise CorruptPage("payload checksum mismatch")
+            if payload_checksum(key, header.namespace, header.page_id, header.flags,
+                                out[:n]) != header.payload_checksum:
+                raise CorruptPage("payload checksum mismatch (damaged, forged, or written "
+                                  "with another page key)")
             now = time.time()
             try:
                 os.utime(fd, (now, now))  # recency survives a restart (the file we read)
             except OSError:
                 pass  # a read-only disk: recency is only kept in memory
-    except _BufferTooSmall as exc:
-        raise ValueError(str(exc)) from None  # a sizing bug, not bad data
     except CorruptPage as exc:
         return _PageRead(corrupt=str(exc))
     except OSError as exc:  # EIO mid-read: a miss; the file may be fine next time
@@ -545,16 +710,6 @@ def _subdirs(path: Path) -> list[Path]:
             return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
     except OSError:
         return []
-
-
-def _make_private_dirs(root: Path, leaf: Path) -> None:
-    """root/ns/shard, each created 0700 (mkdir's mode for every level, not only the last)."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    for directory in (root, leaf.parent, leaf):
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
 
 
 def _writer_gone(name: str) -> bool:

@@ -16,11 +16,16 @@ IMAGE_ID_BYTES = 16
 _ID_DOMAIN = b"switchyard-image-v1"
 
 
+# The only formats taken, and the only Pillow plugins that ever parse a client's bytes.
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+
+
 def open_rgb(data: bytes):
-    """The decoded image (PIL.Image, RGB) of an image file. Raises what Pillow raises."""
+    """The decoded image (PIL.Image, RGB) of an image file. Raises what Pillow raises (a format
+    outside FORMATS: UnidentifiedImageError, no other plugin having read it)."""
     from PIL import Image, ImageOps
 
-    with Image.open(io.BytesIO(data)) as image:
+    with Image.open(io.BytesIO(data), formats=FORMATS) as image:
         image.load()
         return ImageOps.exif_transpose(image).convert("RGB")
 

@@ -22,7 +22,9 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # WorkerReady.speculation). 6: grammars are compiled by the worker before their request is
 # placed (PrepareGrammar, GrammarPrepared, ReleaseGrammar). 7: drafts made in the worker (a draft
 # model: DecodeItem.draft_tokens, StepDone.drafts/draft_s, WorkerReady.drafter/draft_cost).
-PROTOCOL_VERSION = 8
+# 8: idle slots release their KV (RunStep.releases). 9: tenants (SubmitRequest.cache_salt).
+# 10: AttachBuffers carries the pages' geometry (kvstore checks every page against it).
+PROTOCOL_VERSION = 10
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -262,6 +264,10 @@ class SubmitRequest(Message, tag="submit_request"):
     images: tuple[ImageSpan, ...] = ()
     image_data: tuple[ImageData, ...] = ()
     speculative: bool = True  # False: this request opts out of speculative decoding
+    # The request's cache salt (proto/tenants.py: its tenant's, and its `cache_salt`; 16
+    # bytes, or empty: unsalted). Its page chain starts from a root made of it, and the
+    # proposer copies drafts only from text of the same salt.
+    cache_salt: bytes = b""
 
     def __post_init__(self):
         _pack_tokens(self, "prompt_token_ids")
@@ -450,12 +456,19 @@ class InventoryDescribed(Message, tag="inventory_described"):
 
 
 class AttachBuffers(Message, tag="attach_buffers"):
-    """Use this page buffer pool (a worker start created it) and this namespace."""
+    """Use this page buffer pool (a worker start created it) and this namespace.
+
+    The geometry of the namespace's pages (0: not said, nothing checked): a page of n tokens
+    (1 to page_size) holds n * token_bytes, plus state_bytes with PageFlags.RECURRENT_STATE;
+    a page that says otherwise is corrupt (docs/design.md "KV pages")."""
 
     shm_name: str
     num_buffers: int
     buffer_bytes: int
     namespace: bytes
+    page_size: int = 0
+    token_bytes: int = 0
+    state_bytes: int = 0
 
 
 class WritePages(Message, tag="write_pages"):

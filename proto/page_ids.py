@@ -22,9 +22,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-PAGE_FORMAT_VERSION = 2  # 2: xxh3-128 payload checksums
+PAGE_FORMAT_VERSION = 3  # 2: xxh3-128 payload checksums; 3: keyed BLAKE3 (a MAC)
 ID_BYTES = 16
-ROOT_ID = bytes(ID_BYTES)  # parent id of a sequence's first page
+ROOT_ID = bytes(ID_BYTES)  # parent id of an unsalted sequence's first page
+_ROOT_PERSON = b"sy-chain-root"
+
+
+def chain_root(salt: bytes = b"") -> bytes:
+    """The parent id of the first page of a sequence under a cache salt (proto/tenants.py):
+    ROOT_ID unsalted, so one tenant's page ids are the ones every release computed; another
+    salt's chain shares no page id with it, nor with any other salt's (docs/design.md
+    "Tenants"). The kvstore needs nothing of it: a page's parent id is any 16 bytes."""
+    if not salt:
+        return ROOT_ID
+    return hashlib.blake2b(salt, digest_size=ID_BYTES, person=_ROOT_PERSON).digest()
 
 
 def make_namespace(*parts: str | bytes) -> bytes:

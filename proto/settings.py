@@ -25,6 +25,7 @@ from pathlib import Path
 from switchyard.proto.group_key import read_group_key
 from switchyard.proto.hostfile import BACKENDS, PARALLEL_MODES
 from switchyard.proto.secret_files import SettingsError, read_private_file
+from switchyard.proto.tenants import KeyFileError, Tenants, resolved_keys
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -203,8 +204,12 @@ class Settings:
                                      "previous_response_id", default=256)
     api_key: str = _opt("require this key (Bearer / x-api-key); needed off loopback. Visible "
                         "in `ps`: prefer --api-key-file or $SWITCHYARD_API_KEY", default="")
-    api_key_file: str = _opt("read the API key from this file (its first line; mode 0600)",
-                             default="")
+    api_key_file: str = _opt("read the API keys from this file (mode 0600): one tenant a line, "
+                             "'NAME KEY' or 'KEY'; '#' comments", default="")
+    shared_prefix_tenants: tuple[str, ...] = _opt(
+        "tenants (key names) whose requests share one cache salt: their prefix pages, drafts "
+        "and remembered turns are common (a system prompt prefilled once for all of them)",
+        default=())
     allowed_hosts: str = _opt("comma-separated extra Host names the gateway answers besides "
                               "loopback names and --host ('*': any)", default="")
     allowed_origins: str = _opt("comma-separated browser origins allowed to call the API "
@@ -330,6 +335,11 @@ class Settings:
                             "every host of the group")
         if self.host not in LOOPBACK_HOSTS and not (self.api_key or self.api_key_file):
             problems.append(f"--api-key is required when binding to {self.host} (not loopback)")
+        if self.shared_prefix_tenants and self.api_key:  # where the keys are known (the gateway)
+            try:
+                Tenants.from_settings(self.api_key, self.shared_prefix_tenants)
+            except KeyFileError as exc:
+                problems.append(str(exc))
         if any(not name.strip() for name in self.served_model_name):
             problems.append("--served-model-name must not be empty")
         if problems:
@@ -372,16 +382,26 @@ def flag_args(name: str, value) -> list[str]:
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 API_KEY_ENV = "SWITCHYARD_API_KEY"
 SECRET_FIELDS = ("api_key", "api_key_file")
-GATEWAY_ONLY = ("host", "port", "allowed_hosts", "allowed_origins")
+GATEWAY_ONLY = ("host", "port", "allowed_hosts", "allowed_origins", "shared_prefix_tenants")
+
+
+_KEY_FILE_BYTES = 64 * 1024
 
 
 def read_api_key_file(path: str) -> str:
-    """The key in `path` (its first line), refusing a file other users can read."""
-    text = read_private_file(path, "--api-key-file", 4096).decode("utf-8", "replace")
-    key = text.splitlines()[0].strip() if text.strip() else ""
-    if not key:
+    """The keys in `path` (proto/tenants.py: one a line, 'NAME KEY' or 'KEY'), refusing a file
+    other users can read: a file of one key alone gives that key, as it always did."""
+    data = read_private_file(path, "--api-key-file", _KEY_FILE_BYTES + 1)
+    if len(data) > _KEY_FILE_BYTES:  # the keys travel to the gateway in its environment
+        raise SettingsError(f"--api-key-file {path} is larger than {_KEY_FILE_BYTES} bytes")
+    text = data.decode("utf-8", "replace")
+    try:
+        keys = resolved_keys(text, f"--api-key-file {path}")
+    except KeyFileError as exc:
+        raise SettingsError(str(exc)) from None
+    if not keys:
         raise SettingsError(f"--api-key-file {path} is empty")
-    return key
+    return keys
 
 
 def resolve_api_key(values: dict, env: dict | None = None) -> dict:

@@ -66,6 +66,10 @@ class DiskStatus(_Doc):
     num_evicted: int
     num_thrash: int  # evictions that took pages of recently active conversations
     num_writing: int
+    # Why writes are paused (kvstore's words: "... (No space left on device) ..."), "" while
+    # writable; and pages the disk refused since the scheduler started (only not cached).
+    error: str = ""
+    num_unwritten: int = 0
 
 
 class RankStatus(_Doc):
@@ -120,6 +124,17 @@ class SpeculationStatus(_Doc):
     proposers: str = "suffix"
 
 
+class PrefillShareStatus(_Doc):
+    """How the latest step that prefilled split its time (scheduler/prefill_plan.py
+    `prefill_share`): each of `num_protected` decoding streams kept `decode_share` of its solo
+    speed while `num_waiting` requests waited for their first token; `age_s` ago."""
+
+    decode_share: float
+    num_protected: int
+    num_waiting: int
+    age_s: float
+
+
 class RecentRequest(_Doc):
     at: float
     ttft_s: float
@@ -158,6 +173,7 @@ class Status(_Doc):
     ranks: list[RankStatus]  # a worker group's ranks; empty for a single worker
     stats: Stats
     speculation: SpeculationStatus | None = None
+    prefill_share: PrefillShareStatus | None = None
 
 
 _decoder = msgspec.json.Decoder(Status)

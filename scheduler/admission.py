@@ -7,7 +7,7 @@ calls them while it admits (docs/design.md "Scheduling").
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from switchyard.proto.messages import CopyPrefix
@@ -28,10 +28,51 @@ class Decision:
     chain: tuple[bytes, ...] = ()  # the context's full pages
 
 
-def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig) -> Decision | None:
+@dataclass(frozen=True)
+class WaitForSibling:
+    """The request waits in the queue, without a slot, while a running request prefills a
+    prefix they share; it copies that prefix once the sibling's slot holds it."""
+
+    sibling: str  # its rid
+    shared: int  # tokens of the prefix they share (whole pages)
+
+
+def sibling_prefilling(req: Request, chain: list[bytes], have: int,
+                       prefilling: Sequence[Request], slots: list[Slot], namespace: bytes,
+                       cfg: CoreConfig) -> WaitForSibling | None:
+    """A running request prefilling a prefix `req` (its context's page `chain`) shares
+    beyond the `have` tokens a slot or the disk gives it already, and that will hold it
+    no later than `req` would prefill it alone: its slot holds at least `have` tokens of it
+    (issue 29: six sub-agents arriving together under one system prompt prefill it once;
+    the other five copy it). Prefilling beside it instead, each would get half of every
+    step's chunk. Whole pages only; never for a model whose slots cannot give a prefix they
+    went past (recurrent state)."""
+    if not cfg.trimmable:
+        return None
+    best: WaitForSibling | None = None
+    for sibling in prefilling:
+        if sibling.slot is None or (req.interactive and not sibling.interactive):
+            continue  # a background sibling's prefill yields to interactive work
+        num_shared = 0
+        for mine, other in zip(chain, sibling.context_chain(namespace, cfg.page_size)):
+            if mine != other:
+                break
+            num_shared += 1
+        shared = num_shared * cfg.page_size
+        held = len(slots[sibling.slot].tokens)
+        if shared <= have or held >= shared:
+            continue  # nothing more to gain, or a copy is there to take now
+        if held >= have and (best is None or shared > best.shared):
+            best = WaitForSibling(sibling.rid, shared)
+    return best
+
+
+def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
+          prefilling: Sequence[Request] = ()) -> Decision | WaitForSibling | None:
     """Where the request runs and where its prefix comes from; None: no slot is free, or the
-    request waits for its own pages to land on disk. The slots' page ids must be in sync
-    with their tokens (`PageCache.sync_slot`).
+    request waits for its own pages to land on disk; WaitForSibling: it waits for a running
+    request prefilling their shared prefix (`prefilling`, those in slots still prefilling).
+    The slots' page ids must be in sync with their tokens (`PageCache.sync_slot`).
 
     Costs O(pages) of the context, not O(tokens): the request's page chain grows as its
     pages fill, and slots are matched by page ids (docs/design.md "Scheduling")."""
@@ -39,11 +80,11 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig) ->
         return None  # nothing to choose from: decided again when a slot frees
     feed, n, P = req.feed, req.num_context, cfg.page_size
     chain = req.context_chain(pages.chain_namespace, P)
-    on_disk = pages.disk_prefix(chain, feed, n, cfg.trimmable, req.images)
+    on_disk = pages.disk_prefix(chain, feed, n, cfg.trimmable, req.images, req.root)
     disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
     matches = {}
     for slot in slots:
-        m = usable_match(slot, slot.shared_prefix(chain, feed, n, P, req.images),
+        m = usable_match(slot, slot.shared_prefix(chain, feed, n, P, req.images, req.root),
                          cfg.trimmable)
         if m:
             matches[slot.index] = m
@@ -51,8 +92,14 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig) ->
     # (its slot was taken meanwhile) waits for them instead of re-reading them; one that
     # a slot still holds is served from memory.
     if max(matches.values(), default=0) <= max(P, disk_tokens) and \
-            pages.writing_extends(chain, feed, n, on_disk, req.images):
+            pages.writing_extends(chain, feed, n, on_disk, req.images, req.root):
         return None  # decided again when the writes land (PagesWritten)
+    if prefilling:
+        have = max(max(matches.values(), default=0), disk_tokens)
+        waiting = sibling_prefilling(req, chain, have, prefilling, slots, pages.chain_namespace,
+                                     cfg)
+        if waiting is not None:
+            return waiting
     sources = Sources(n, disk_tokens, matches, P, cfg.trimmable)
     persisted = {s.index: pages.persisted_tokens(s, matches.get(s.index, 0))
                  for s in slots if s.free}
@@ -80,20 +127,25 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     # The turns this request continues are superseded, then the tails it passes that are
     # nobody's go (docs/design.md "KV pages"); its own turn is remembered from here.
     chain = list(decision.chain)
-    turn = pages.anchor(chain, req.feed, len(req.prompt) - 1, req.images)
-    pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images)
-    pages.drop_passed_tails(chain, set(pinned) | {page.page_id for page in decision.restore_pages})
+    turn = pages.anchor(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
+    pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
+    pages.drop_passed_tails(chain, set(pinned) | {page.page_id for page in decision.restore_pages},
+                            req.root)
     if turn is not None:
         pages.turns.begin(turn)
     slot = slots[p.slot]
     copy = None
     if p.copy_from is not None:
         src = slots[p.copy_from]
-        slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // page_size])
+        slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // page_size],
+                     root=src.root)
         copy = CopyPrefix(p.copy_from, p.slot, p.copied)
     else:
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
     slot.rid, slot.last_used, slot.turn = req.rid, now, turn
+    if slot.root != req.root:  # it kept nothing (shared_prefix): the slot is this salt's now
+        slot.truncate(0, page_size)
+        slot.root = req.root
     slot.images = req.images  # the slot's kept tokens are this request's: so are its images
     req.slot = p.slot
     if req.admitted_at is None:

@@ -41,9 +41,10 @@ from switchyard.proto.messages import (
     TokensGenerated,
     WorkerReady,
 )
+from switchyard.proto.page_ids import chain_root
 from switchyard.proto.speculation import num_accepted
-from switchyard.proto.status import (DiskStatus, QueuedRequest, SlotState, SlotStatus,
-                                     SpeculationStatus)
+from switchyard.proto.status import (DiskStatus, PrefillShareStatus, QueuedRequest, SlotState,
+                                     SlotStatus, SpeculationStatus)
 from switchyard.scheduler.events import (
     Effects,
     Event,
@@ -54,13 +55,13 @@ from switchyard.scheduler.events import (
     PlanStep,
     WorkerLost,
 )
-from switchyard.scheduler.admission import apply, place
+from switchyard.scheduler.admission import WaitForSibling, apply, place
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.fairness import (admission_key, interactive_now, oldest_waiting_s,
                                            preempts)
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_cache import PageCache
-from switchyard.scheduler.prefill_plan import plan_prefills, state_points
+from switchyard.scheduler.prefill_plan import PrefillShare, plan_prefills, state_points
 from switchyard.scheduler.proposer import Proposer, ProposerConfig
 from switchyard.scheduler.requests import Request, Slot
 from switchyard.scheduler.restore import DiskReads, load_of
@@ -76,6 +77,7 @@ class CoreSnapshot:
     oldest_waiting_s: float
     disk: DiskStatus
     speculation: SpeculationStatus
+    prefill_share: PrefillShareStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class SchedulerCore:
         self.pages = PageCache(config.page_size, config.disk_budget_bytes,
                                config.protect_window_s, self.outbox)
         self.budget = PrefillBudget(config.prefill_chunk, config.decode_share)
+        self.prefill_share: tuple[float, PrefillShare] | None = None
         self._copies: list[CopyPrefix] = []
         self.reads = DiskReads(self.pages)
         self._next_step = 0
@@ -195,8 +198,14 @@ class SchedulerCore:
             mode=(self.config.speculation or "off") if self.proposer is not None else "off",
             max_draft_tokens=self.config.num_draft_tokens,
             proposers=self._proposer_kinds())
+        share = None
+        if self.prefill_share is not None:
+            at, split = self.prefill_share
+            share = PrefillShareStatus(decode_share=round(split.decode_share, 3),
+                                       num_protected=split.num_protected,
+                                       num_waiting=split.num_waiting, age_s=now - at)
         return CoreSnapshot(slots, queue, oldest_waiting_s(self.requests.values(), now),
-                            self.pages.disk_status(), speculation)
+                            self.pages.disk_status(), speculation, share)
 
     def _proposer_kinds(self) -> str:
         """Whose drafts this group verifies: "suffix", the worker's drafter ("draft": a draft
@@ -233,9 +242,11 @@ class SchedulerCore:
             rid=msg.rid, prompt=msg.prompt_token_ids, max_tokens=max(1, msg.max_tokens),
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority, arrived_at=now, images=msg.images,
-            image_data={d.image_id: d for d in msg.image_data}, speculative=msg.speculative)
+            image_data={d.image_id: d for d in msg.image_data}, speculative=msg.speculative,
+            root=chain_root(msg.cache_salt))
+        self.pages.note_root(req.root)
         if self.proposer is not None and req.speculative:
-            self.proposer.start(req.rid, req.feed)
+            self.proposer.start(req.rid, req.feed, msg.cache_salt)
         self.waiting.append(msg.rid)
         if msg.sampling.grammar:  # placed once the worker compiled it, off its steps
             req.grammar_ready = False
@@ -415,7 +426,7 @@ class SchedulerCore:
         self.outbox.send_first(*([attach] if attach is not None else []), DescribeInventory())
 
     def _inventory(self, msg: InventoryDescribed, now: float) -> None:
-        self.pages.kvstore_inventory(msg.pages, msg.writable, now, self._pinned)
+        self.pages.kvstore_inventory(msg.pages, msg.writable, now, self._pinned, msg.error)
         self.index_overdue = False
         self.outbox.log("kvstore.inventory", **{
             "num_pages": len(msg.pages), "disk_bytes": self.pages.tree.total_bytes,
@@ -476,8 +487,10 @@ class SchedulerCore:
             else:
                 prefilling.append((req, remaining))
         decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
-        prefills = plan_prefills(prefilling, decoding, self.slots, self.budget, self.config,
-                                 now)
+        prefills, share = plan_prefills(prefilling, decoding, self.slots, self.budget,
+                                        self.config, now)
+        if share is not None and share.num_protected:
+            self.prefill_share = (now, share)  # for status: the latest split with streams
         copies, self._copies = self._copies, []
         releases = self._releases(now)
         if not (stages or copies or releases or loads or decodes or prefills):
@@ -555,7 +568,10 @@ class SchedulerCore:
             req = self.requests[order.popleft()]
             if not req.grammar_ready:
                 continue  # the worker is compiling its grammar (it never does in a step)
-            decision = place(req, self.slots, self.pages, self.config)
+            decision = place(req, self.slots, self.pages, self.config, self._prefilling())
+            if isinstance(decision, WaitForSibling):
+                self._note_sibling_wait(req, decision)
+                continue  # the requests behind it may still take a slot
             if decision is None:
                 break
             copy = apply(req, decision, self.slots, self.pages,
@@ -569,6 +585,20 @@ class SchedulerCore:
             # the least recently used while it runs (docs/design.md "Disk eviction policy").
             self.pages.touch(req.context_chain(self.pages.chain_namespace,
                                                self.config.page_size), now)
+
+    def _prefilling(self) -> list[Request]:
+        """Requests in slots whose context is not all there yet (prefill, restore, load)."""
+        return [self.requests[s.rid] for s in self.slots
+                if s.rid is not None and self._remaining_prefill(self.requests[s.rid]) > 0]
+
+    def _prefilling_rids(self) -> set[str]:
+        return {req.rid for req in self._prefilling()}
+
+    def _note_sibling_wait(self, req: Request, wait: WaitForSibling) -> None:
+        if req.waits_for != wait.sibling:
+            req.waits_for = wait.sibling
+            self.outbox.log("request.waits_for_sibling", rid=req.rid, sibling=wait.sibling,
+                            num_shared_tokens=wait.shared)
 
     def _note_overtaken(self, placed: Request) -> bool:
         """Requests that gave their slot up before `placed` entered the queue were overtaken
@@ -594,8 +624,8 @@ class SchedulerCore:
         free = sum(1 for s in self.slots if s.free)
         for rid in self._admission_order(now):
             req = self.requests[rid]
-            if not req.grammar_ready:
-                continue
+            if not req.grammar_ready or req.waits_for in self._prefilling_rids():
+                continue  # not placed now: no slot is freed for it
             if free:
                 free -= 1  # a free slot is there for it
                 continue
@@ -688,7 +718,7 @@ class SchedulerCore:
         ns, P = self.pages.chain_namespace, self.config.page_size
         waiting = [self.requests[rid] for rid in self.waiting]
         return pinned | self.pages.awaited(
-            ((r.context_chain(ns, P), r.feed, r.num_context, r.images) for r in waiting
+            ((r.context_chain(ns, P), r.feed, r.num_context, r.images, r.root) for r in waiting
              if r is not placing), self.config.trimmable)
 
     def _remaining_prefill(self, req: Request) -> int:

@@ -11,6 +11,7 @@ the budget is never exceeded, and what goes is chosen by `scheduler.eviction` (F
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ from switchyard.scheduler.turns import Anchor, RecentTurns
 
 # Page ids match slots to requests even with no page store (no worker namespace yet).
 _LOCAL_NAMESPACE = b"switchyard-local"
+# Chain roots (cache salts) remembered for `superseded_tails`.
+_ROOTS_KEPT = 4096
 # Header bytes per page file, an upper bound for budget arithmetic (P=256 needs 1152).
 _HEADER_ALLOWANCE = 4096
 # The pages eviction must leave, asked for only when it has to choose.
@@ -74,6 +77,11 @@ class PageCache:
         self.tail_parent: dict[bytes, bytes] = {}
         # The turns that ended in them: whose conversation may still resume there.
         self.turns = RecentTurns()
+        # The chain roots of the cache salts seen lately (proto/page_ids.chain_root), ROOT_ID
+        # always: the pages under a root are not one conversation's, so its tails are never
+        # superseded for having siblings. Bounded; a root forgotten only makes its tails
+        # likelier evicted.
+        self.roots: OrderedDict[bytes, None] = OrderedDict({ROOT_ID: None})
         self.staged: dict[bytes, _Pending] = {}   # staged by the step in flight
         self.writing: dict[bytes, _Pending] = {}  # sent to kvstore, not yet written
         # Sent to kvstore from a worker's pool that is gone: they still reach the disk, so
@@ -88,6 +96,8 @@ class PageCache:
         # After the disk refused pages (full, read-only): stage again 1 s later, doubling to
         # 30 s while it keeps refusing, back to normal at the first page written.
         self.write_backoff = Backoff()
+        self.write_error = ""  # kvstore's reason while writes are paused
+        self.num_unwritten = 0  # pages the disk refused (not cached; nothing else lost)
         self.num_evicted = 0
         self.num_thrash = 0
 
@@ -105,7 +115,9 @@ class PageCache:
             self.allocator, self.pool = None, None
             return
         self.allocator = BufferAllocator(num_buffers)
-        self.pool = AttachBuffers(shm_name, num_buffers, buffer_bytes, namespace)
+        self.pool = AttachBuffers(shm_name, num_buffers, buffer_bytes, namespace,
+                                  self.page_size,
+                                  (buffer_bytes - state_bytes) // self.page_size, state_bytes)
         self.pool_sent = False
         if self.kvstore_attached:
             self._send_pool()
@@ -119,7 +131,7 @@ class PageCache:
         self.resend_writes = True
 
     def kvstore_inventory(self, pages: tuple[PageInfo, ...], writable: bool, now: float,
-                          pinned: Pinned = frozenset) -> None:
+                          pinned: Pinned = frozenset, error: str = "") -> None:
         # Foreign pages join the tree too: they never match, and age out like any other.
         self.tree = DiskPageTree()
         self.state_pages, self.tails, self.tail_parent = set(), {}, {}
@@ -131,6 +143,7 @@ class PageCache:
         self._send_pool()
         if not writable:
             self.write_backoff.failed(now)
+            self.write_error = error
         # What the old kvstore had not done yet is on disk or lost, as the scan found it: its
         # evictions may be undone, so room is made again before the writes are resent.
         self.orphans.clear()
@@ -148,6 +161,17 @@ class PageCache:
         if self.pool is not None and not self.pool_sent:
             self.pool_sent = True
             self.outbox.send_first(self.pool)
+
+    def note_root(self, root: bytes) -> None:
+        """A request of the chain root `root` arrived."""
+        self.roots[root] = None
+        self.roots.move_to_end(root)
+        while len(self.roots) > _ROOTS_KEPT:
+            oldest = next(iter(self.roots))
+            if oldest == ROOT_ID:
+                self.roots.move_to_end(oldest)
+                continue
+            del self.roots[oldest]
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -168,15 +192,15 @@ class PageCache:
         full = len(slot.tokens) // self.page_size
         have = len(slot.page_ids)
         if have < full:
-            parent = slot.page_ids[-1] if have else ROOT_ID
+            parent = slot.page_ids[-1] if have else slot.root
             slot.page_ids += chain_page_ids(
                 self.chain_namespace, slot.tokens[have * self.page_size:full * self.page_size],
                 self.page_size, parent, slot.images, have * self.page_size)
 
     def disk_prefix(self, chain: list[bytes], tokens, n: int, trimmable: bool,
-                    images=()) -> list[DiskPage]:
-        """The pages of the context `tokens[:n]` (whose full pages are `chain`, whose images
-        are `images`) restorable from disk, from its start: full pages, then the tail stored
+                    images=(), root: bytes = ROOT_ID) -> list[DiskPage]:
+        """The pages of the context `tokens[:n]` (whose full pages are `chain` from `root`,
+        whose images are `images`) restorable from disk, from its start: full pages, then the tail stored
         where a conversation's turn ended. A hybrid model restores to a page carrying the
         recurrent state."""
         if not self.enabled:
@@ -184,7 +208,7 @@ class PageCache:
         P = self.page_size
         n_pages = self.tree.longest_prefix(chain)
         pages = [DiskPage(k * P, P, chain[k]) for k in range(n_pages)]
-        tail = self._tail_after(chain[n_pages - 1] if n_pages else ROOT_ID, tokens, n,
+        tail = self._tail_after(chain[n_pages - 1] if n_pages else root, tokens, n,
                                 n_pages * P, images)
         if tail is not None and (trimmable or tail.page_id in self.state_pages):
             return pages + [tail]
@@ -194,7 +218,7 @@ class PageCache:
         return pages
 
     def writing_extends(self, chain: list[bytes], tokens, n: int, on_disk: list[DiskPage],
-                        images=()) -> bool:
+                        images=(), root: bytes = ROOT_ID) -> bool:
         """Whether a page on its way to disk (staged or sent, not yet written) would extend
         what `on_disk` restores of the context `tokens[:n]`: its next full page, or a tail
         that continues it. A request that comes back while its own pages are being written
@@ -212,7 +236,7 @@ class PageCache:
         if stored < len(chain) and chain[stored] in pending:
             return True
         done = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
-        parents = {chain[k - 1] if k else ROOT_ID: k * P
+        parents = {chain[k - 1] if k else root: k * P
                    for k in range(restorable, stored + 1)}
         for pid, p in pending.items():
             start = parents.get(p.write.parent_id)
@@ -255,7 +279,8 @@ class PageCache:
 
     # --- turns and their tails (scheduler.turns) -------------------------------------------
 
-    def anchor(self, chain: list[bytes], tokens, n: int, images=()) -> Anchor | None:
+    def anchor(self, chain: list[bytes], tokens, n: int, images=(),
+               root: bytes = ROOT_ID) -> Anchor | None:
         """The anchor of the context `tokens[:n]` (whose full pages start `chain`); None for
         an empty one (every request would extend it)."""
         if n <= 0:
@@ -264,25 +289,27 @@ class PageCache:
         k, rest = divmod(n, P)
         if not rest:
             return Anchor(n, chain[k - 1], b"")
-        parent = chain[k - 1] if k else ROOT_ID
+        parent = chain[k - 1] if k else root
         start = k * P
         return Anchor(n, parent, page_id(self.chain_namespace, parent, tokens[start:n],
                                          page_image_ids(images, start, n)))
 
-    def supersede(self, chain: list[bytes], tokens, n: int, images=()) -> None:
+    def supersede(self, chain: list[bytes], tokens, n: int, images=(),
+                  root: bytes = ROOT_ID) -> None:
         """The context `tokens[:n]` (full pages `chain`) is a request being placed: every
         remembered turn whose prompt context it starts with is its own conversation's, now
         superseded, and forgotten (its tails are nobody's unless another turn ended there)."""
         mine: dict[int, Anchor | None] = {}  # the context's anchor at each length asked
-        for a in self.turns.under([ROOT_ID, *chain]):
+        for a in self.turns.under([root, *chain]):
             if a.num_tokens > n:
                 continue
             if a.num_tokens not in mine:
-                mine[a.num_tokens] = self.anchor(chain, tokens, a.num_tokens, images)
+                mine[a.num_tokens] = self.anchor(chain, tokens, a.num_tokens, images, root)
             if mine[a.num_tokens] == a:
                 self.turns.retire(a)
 
-    def drop_passed_tails(self, chain: list[bytes], pinned: set[bytes]) -> None:
+    def drop_passed_tails(self, chain: list[bytes], pinned: set[bytes],
+                          root: bytes = ROOT_ID) -> None:
         """A request whose context has full pages past a tail's parent has moved its
         conversation on: its own tails there are superseded (the turns it continues were
         retired by `supersede`), and so are tails no remembered turn ended in (a branch a
@@ -290,7 +317,7 @@ class PageCache:
         tokens (F1). Tails other conversations ended in stay: a main session's under the system
         prompt its sub-agents share is where it resumes. Tails after the request's last full
         page stay: they are where this very request may resume."""
-        passed = {ROOT_ID, *chain[:-1]}
+        passed = {root, *chain[:-1]}
         dead = [tid for parent in passed for tid in self.tails.get(parent, {})
                 if tid not in pinned and not self.turns.owned(tid)]
         if dead:
@@ -306,20 +333,22 @@ class PageCache:
     def superseded_tails(self) -> set[bytes]:
         """Tails whose conversation has grown past them: another page follows their parent,
         and no remembered turn ended in them."""
-        return {tid for parent, ids in self.tails.items() if parent != ROOT_ID
+        return {tid for parent, ids in self.tails.items() if parent not in self.roots
                 and self.tree.num_children(parent) > 1 for tid in ids
                 if not self.turns.owned(tid)}
 
     def awaited(self, contexts: Iterable[tuple[list[bytes], object, int, tuple]],
                 trimmable: bool) -> set[bytes]:
-        """The pages waiting requests will restore (`contexts`: chain, tokens, length and
-        images of each context, the longest waiting first), up to half the budget. Each is
+        """The pages waiting requests will restore (`contexts`: chain, tokens, length, images
+        and, optionally, chain root of each context, the longest waiting first), up to half
+        the budget. Each is
         about to be read, so evicting it costs a re-read for certain; the rest of the disk is
         only likely to be wanted again (docs/design.md "Disk eviction policy")."""
         awaited: set[bytes] = set()
         total = 0
-        for chain, tokens, n, images in contexts:
-            ids = [p.page_id for p in self.disk_prefix(chain, tokens, n, trimmable, images)
+        for chain, tokens, n, images, *root in contexts:
+            ids = [p.page_id for p in self.disk_prefix(chain, tokens, n, trimmable, images,
+                                                       *root)
                    if p.page_id not in awaited]
             nbytes = sum(self.tree.nbytes(pid) for pid in ids)
             if total + nbytes > self.budget_bytes // 2:
@@ -337,7 +366,9 @@ class PageCache:
         return DiskStatus(bytes=self.tree.total_bytes, budget_bytes=self.budget_bytes,
                           num_pages=len(self.tree), writable=not self.write_backoff.failing,
                           num_evicted=self.num_evicted, num_thrash=self.num_thrash,
-                          num_writing=len(self.writing))
+                          num_writing=len(self.writing),
+                          error=self.write_error if self.write_backoff.failing else "",
+                          num_unwritten=self.num_unwritten)
 
     def payload_len(self, num_tokens: int, with_state: bool) -> int:
         per_token = (self.pool.buffer_bytes - self.state_bytes) // self.page_size
@@ -422,7 +453,7 @@ class PageCache:
         start = len(slot.tokens) // self.page_size * self.page_size
         if start == len(slot.tokens):
             return None
-        parent = slot.page_ids[-1] if start else ROOT_ID
+        parent = slot.page_ids[-1] if start else slot.root
         tokens = tuple(slot.tokens[start:])
         images = page_image_ids(slot.images, start, len(slot.tokens))
         return start, page_id(self.namespace, parent, tokens, images), parent, tokens, images
@@ -441,7 +472,7 @@ class PageCache:
 
     def _stage(self, slot: Slot, k: int, with_state: bool, out: list[StagePage]) -> bool:
         P = self.page_size
-        parent = slot.page_ids[k - 1] if k else ROOT_ID
+        parent = slot.page_ids[k - 1] if k else slot.root
         return self._stage_page(slot.index, k * P, slot.page_ids[k], parent,
                                 tuple(slot.tokens[k * P:(k + 1) * P]), with_state, out,
                                 page_image_ids(slot.images, k * P, (k + 1) * P))
@@ -513,6 +544,7 @@ class PageCache:
                     self.outbox.send(DeletePages((info.page_id,)))
                     continue
             self._add(info)
+        self.num_unwritten += len(msg.failed)
         for pid in msg.failed:
             self.orphans.pop(pid, None)
             pending = self.writing.pop(pid, None)
@@ -521,6 +553,7 @@ class PageCache:
         if msg.error:
             first = not self.write_backoff.failing
             delay = self.write_backoff.failed(now)
+            self.write_error = msg.error
             if first:
                 self.outbox.log("kv.persistence_off", **{"error": msg.error,
                                                            "retry_in_s": delay})
@@ -528,6 +561,7 @@ class PageCache:
             if self.write_backoff.failing:
                 self.outbox.log("kv.persistence_on")
             self.write_backoff.succeeded()
+            self.write_error = ""
 
     def touch(self, chain: list[bytes], now: float) -> None:
         on_disk = [pid for pid in chain if pid in self.tree]

@@ -167,9 +167,9 @@ class PageStores:
         if not self.group:
             return [(ROLE_KVSTORE, msg)]
         if isinstance(msg, AttachBuffers):
-            return [(kvstore_identity(r.rank), AttachBuffers(r.shm_name, r.num_buffers,
-                                                             r.buffer_bytes, msg.namespace))
-                    for r in self.ranks]
+            return [(kvstore_identity(r.rank), AttachBuffers(
+                r.shm_name, r.num_buffers, r.buffer_bytes, msg.namespace, self.page_size,
+                self._per_token(r), r.state_bytes)) for r in self.ranks]
         if isinstance(msg, WritePages):
             return [(kvstore_identity(r.rank), self._write_for(r, msg)) for r in self.ranks]
         if isinstance(msg, DeletePages):

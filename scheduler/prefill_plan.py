@@ -7,6 +7,7 @@ remaining tokens first, aged by what a request has waited (`scheduler.fairness`)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 from switchyard.proto.messages import PrefillChunk
 from switchyard.scheduler.fairness import interactive_now, prefill_key
@@ -16,23 +17,57 @@ from switchyard.scheduler.step_budget import PrefillBudget
 
 
 
+# However many requests wait for their first token, a decoding stream keeps at least this
+# share of its solo speed.
+MIN_DECODE_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class PrefillShare:
+    """A step's split between decoding streams and the prefill of waiting requests."""
+
+    decode_share: float  # of its solo speed, what each protected decoding stream keeps
+    num_protected: int  # decoding streams this step's prefill must not slow beyond that
+    num_waiting: int  # requests waiting for their first token, among those it prefills for
+
+
+def prefill_share(decoding: list[Request], prefilling: list[Request], now: float,
+                  cfg: CoreConfig) -> PrefillShare:
+    """Who this step's prefill must not slow, and how much (docs/design.md "Scheduling").
+
+    `prefilling` is in prefill order. Interactive streams are protected always; background
+    streams only when no interactive request is at the head of the prefill queue (a
+    background prefill keeps every stream at pace). Protected streams and the requests
+    waiting for their first token are equal parties: D streams beside W waiting requests keep
+    D / (D + W) of their solo speed, at most `--decode-share` (one stream beside one long
+    prefill keeps it: issue 14) and at least MIN_DECODE_SHARE. So twenty agents' tool results
+    waiting behind a few short replies prefill at nearly full speed (issue 29), and a lone chat
+    stream beside a long prompt keeps half of its speed."""
+    head_interactive = interactive_now(prefilling[0], now, cfg.background_wait_s)
+
+    def counted(req: Request) -> bool:
+        return interactive_now(req, now, cfg.background_wait_s) or not head_interactive
+
+    num_protected = sum(1 for r in decoding if counted(r))
+    num_waiting = sum(1 for r in prefilling if not r.generated and counted(r))
+    share = cfg.decode_share
+    if num_protected and num_waiting and share > 0:
+        share = min(share, max(MIN_DECODE_SHARE,
+                               num_protected / (num_protected + num_waiting)))
+    return PrefillShare(share, num_protected, num_waiting)
+
+
 def plan_prefills(prefilling: list[tuple[Request, int]], decoding: list[Request],
                   slots: list[Slot], budget: PrefillBudget, cfg: CoreConfig,
-                  now: float) -> list[PrefillChunk]:
-    """The chunks of this step for the requests prefilling, as (request, tokens left).
-
-    An interactive prefill must keep interactive streams at pace; a background prefill must
-    keep every stream at pace."""
+                  now: float) -> tuple[list[PrefillChunk], PrefillShare | None]:
+    """The chunks of this step for the requests prefilling, as (request, tokens left), and
+    the split of the step it planned them with (prefill_share; None: nothing to prefill)."""
     if not prefilling:
-        return []
+        return [], None
     prefilling.sort(key=lambda rr: prefill_key(rr[0], rr[1], now, cfg.overtake_limit,
                                                cfg.background_wait_s))
-    # Whom this step's prefill must not slow: interactive streams always; background
-    # streams only when no interactive request is waiting for its prefix.
-    head_interactive = interactive_now(prefilling[0][0], now, cfg.background_wait_s)
-    protected = sum(1 for r in decoding
-                    if interactive_now(r, now, cfg.background_wait_s) or not head_interactive)
-    grant = budget.grant(protected)
+    share = prefill_share(decoding, [req for req, _ in prefilling], now, cfg)
+    grant = budget.grant(share.num_protected, share.decode_share)
     prefills, used = [], 0
     for req, remaining in prefilling:
         room = grant - used
@@ -54,7 +89,7 @@ def plan_prefills(prefilling: list[tuple[Request, int]], decoding: list[Request]
     budget.spend(used)
     for req, _ in prefilling[len(prefills):]:
         req.num_waited_tokens += used  # ages it (scheduler.fairness)
-    return prefills
+    return prefills, share
 
 
 def cut_before_images(req: Request, start: int, end: int, room: int, budget: PrefillBudget

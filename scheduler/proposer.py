@@ -7,7 +7,12 @@ other's calls. So the proposer looks the last few tokens of a sequence up among 
 and proposes what followed them there.
 
 - **Where it looks**: the request's own context (the last `window` tokens of its prompt, and
-  all it generated) and, shared by all, every other request's, running or recently finished.
+  all it generated) and every other request's of the same cache salt (its tenant's, and its
+  `cache_salt`: proto/tenants.py), running or recently finished. Text of another salt is never
+  copied: each n-gram is keyed with its sequence's salt, so a lookup finds only its own salt's
+  entries (and a match is checked against the source's salt too). In effect one index per
+  salt, all in the one bounded table: another tenant's entries only take room (docs/design.md
+  "Tenants").
 - **How**: one fixed-size hash table of n-grams (orders 8, 4 and 2): each entry names the
   sequence and position where that n-gram was last seen. Indexing a new token costs one hash
   per order; a prompt's window is indexed once, vectorized, when the request arrives. A lookup
@@ -29,6 +34,7 @@ and proposes what followed them there.
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -82,26 +88,36 @@ class _Source:
     # The same for a draft model's drafts (its own kind of evidence); None: none yet, the
     # draft model's acceptance over all requests stands for it.
     draft_acceptance: float | None = None
+    salt: int = 0  # its cache salt's key (`salt_key`): it copies from, and to, that salt only
 
     def get(self, pos: int) -> int | None:
         i = pos - self.base
         return self.tokens[i] if 0 <= i < len(self.tokens) else None
 
 
-def _hash(tokens, order: int) -> int:
+def salt_key(salt: bytes) -> int:
+    """The 64-bit key an n-gram of a sequence of cache salt `salt` is hashed with (0:
+    unsalted, the hashes of before)."""
+    if not salt:
+        return 0
+    return int.from_bytes(hashlib.blake2b(salt, digest_size=8, person=b"sy-ngram-salt").digest(),
+                          "little")
+
+
+def _hash(tokens, order: int, salt: int = 0) -> int:
     h = 0
     for t in tokens:
         h = (h * _P + t + 1) & _MASK
-    return h ^ ((order * _ORDER_SALT) & _MASK)
+    return h ^ ((order * _ORDER_SALT) & _MASK) ^ salt
 
 
-def _hashes(tokens: np.ndarray, order: int) -> np.ndarray:
+def _hashes(tokens: np.ndarray, order: int, salt: int = 0) -> np.ndarray:
     """The hash of every n-gram of `order` in `tokens` (uint64), by n-gram end."""
     n = len(tokens) - order + 1
     h = np.zeros(n, dtype=np.uint64)
     for j in range(order):
         h = h * np.uint64(_P) + tokens[j:j + n].astype(np.uint64) + np.uint64(1)
-    return h ^ np.uint64((order * _ORDER_SALT) & _MASK)
+    return h ^ np.uint64((order * _ORDER_SALT) & _MASK) ^ np.uint64(salt)
 
 
 class Proposer:
@@ -128,14 +144,15 @@ class Proposer:
 
     # --- sequences -------------------------------------------------------------------------
 
-    def start(self, rid: str, feed: list[int]) -> None:
+    def start(self, rid: str, feed: list[int], salt: bytes = b"") -> None:
         """A request arrives: index the end of its context. `feed` is its token list, which
-        the caller grows in place; `extend` indexes what was added."""
+        the caller grows in place; `extend` indexes what was added. `salt`: its cache salt
+        (SubmitRequest.cache_salt): drafts are copied only between sequences of one salt."""
         sid = self._next_id
         self._next_id += 1
         self._ids[rid] = sid
         start = max(0, len(feed) - self.config.window)
-        self._sources[sid] = _Source(feed, 0)
+        self._sources[sid] = _Source(feed, 0, salt=salt_key(salt))
         self._indexed[sid] = start
         self._index_range(sid, feed, start, len(feed))
 
@@ -170,6 +187,7 @@ class Proposer:
         first = max(0, begin - 1)
         last = end - 2
         self._indexed[sid] = max(self._indexed[sid], end)
+        salt = self._sources[sid].salt
         if last < first:
             return
         if last - first > 64:  # a prompt: vectorized
@@ -178,7 +196,7 @@ class Proposer:
             for order in ORDERS:
                 if len(chunk) < order:
                     continue
-                h = _hashes(chunk, order)
+                h = _hashes(chunk, order, salt)
                 ends = np.arange(lo + order - 1, last + 1)
                 keep = ends >= first
                 h, ends = h[keep], ends[keep]
@@ -191,7 +209,7 @@ class Proposer:
             for order in ORDERS:
                 if p - order + 1 < 0:
                     continue
-                h = _hash(tokens[p - order + 1:p + 1], order)
+                h = _hash(tokens[p - order + 1:p + 1], order, salt)
                 slot = (h ^ (h >> 29)) & self._mask
                 self._keys[slot] = h
                 self._src[slot] = sid
@@ -214,13 +232,13 @@ class Proposer:
             if n < order:
                 continue
             suffix = feed[n - order:]
-            h = _hash(suffix, order)
+            h = _hash(suffix, order, me.salt)
             slot = (h ^ (h >> 29)) & self._mask
             if int(self._keys[slot]) != h:
                 continue
             source = self._sources.get(int(self._src[slot]))
             pos = int(self._pos[slot])
-            if source is None or any(source.get(pos - order + 1 + j) != suffix[j]
+            if source is None or source.salt != me.salt or any(source.get(pos - order + 1 + j) != suffix[j]
                                      for j in range(order)):
                 continue  # evicted, or a hash collision
             matched = order

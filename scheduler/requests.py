@@ -25,6 +25,9 @@ class Request:
     images: tuple[ImageSpan, ...] = ()
     image_data: dict[bytes, ImageData] = field(default_factory=dict)
     speculative: bool = True  # drafts may be proposed for it (docs/design.md "Speculative decoding")
+    # The parent id of its first page: its cache salt's chain root (proto/page_ids.chain_root),
+    # so its pages, and slots holding them, are shared only with requests of the same salt.
+    root: bytes = ROOT_ID
     num_proposed: int = 0  # draft tokens verified for it, and how many of them it kept
     num_accepted: int = 0
     proposers: set = field(default_factory=set)  # whose drafts were verified ("suffix", "draft", "mtp")
@@ -64,6 +67,8 @@ class Request:
     placed_generated: int = 0
     num_yields: int = 0
     num_overtaken: int = 0
+    # The running request it waits for, prefilling a prefix they share (scheduler.admission).
+    waits_for: str | None = None
     # Every token the model must see: the prompt, then what it generated so far. All but the
     # last are prefilled into the slot; the last is the next decode input, so there is always
     # at least one token to run (F11) and the first output token comes from a one-token
@@ -101,7 +106,7 @@ class Request:
             self.page_ids, self.chain_namespace = [], namespace
         full, have = self.num_context // page_size, len(self.page_ids)
         if have < full:
-            parent = self.page_ids[-1] if have else ROOT_ID
+            parent = self.page_ids[-1] if have else self.root
             self.page_ids += chain_page_ids(
                 namespace, self.feed[have * page_size:full * page_size], page_size, parent,
                 self.images, have * page_size)
@@ -140,6 +145,9 @@ class Slot:
     # The images among (and past) `tokens`: the request's that filled the slot last (its
     # tokens agree with that request's up to the slot's length); their ids are in page ids.
     images: tuple[ImageSpan, ...] = ()
+    # The chain root of the request that filled it (its cache salt's): its page ids start
+    # there, and only requests of that root share its tokens.
+    root: bytes = ROOT_ID
 
     @property
     def free(self) -> bool:
@@ -151,19 +159,22 @@ class Slot:
         self.num_persisted = min(self.num_persisted, len(self.page_ids))
         self.images = tuple(im for im in self.images if im.start < length)
 
-    def replace(self, tokens, page_ids=(), images=()) -> None:
+    def replace(self, tokens, page_ids=(), images=(), root: bytes = ROOT_ID) -> None:
         """New contents; `page_ids`: ids of its leading full pages, when known; `images`:
-        the images among them."""
+        the images among them; `root`: the chain root they were computed from."""
         self.tokens = list(tokens)
         self.page_ids = list(page_ids)
         self.num_persisted = 0
         self.images = tuple(images)
         self.turn = None
+        self.root = root
 
     def shared_prefix(self, chain: list[bytes], tokens: list[int], n: int,
-                      page_size: int, images: tuple[ImageSpan, ...] = ()) -> int:
-        """Tokens this slot shares with `tokens[:n]`, whose full pages are `chain` and whose
-        images are `images`.
+                      page_size: int, images: tuple[ImageSpan, ...] = (),
+                      root: bytes = ROOT_ID) -> int:
+        """Tokens this slot shares with `tokens[:n]`, whose full pages are `chain` (from
+        `root`) and whose images are `images`; none under another root (another cache salt:
+        not even the tokens of a first, partial page).
 
         Page ids name their whole prefix (docs/design.md "KV pages"): if page k matches, so
         does every page before it. So a binary search finds the first differing page, and at
@@ -171,6 +182,8 @@ class Slot:
         the same token ids, so the shared part ends where the first differing image starts.
         `page_ids` must cover every full page (synced).
         """
+        if root != self.root:
+            return 0
         ids = self.page_ids
         lo, hi = 0, min(len(ids), len(chain))
         while lo < hi:

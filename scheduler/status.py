@@ -24,5 +24,5 @@ def build_status(service, now: float) -> Status:
         ranks=service.stores.rank_status(now, service.last_seen,
                                          service.settings.peer_timeout_s),
         stats=service.stats.snapshot(),
-        speculation=core.speculation,
+        speculation=core.speculation, prefill_share=core.prefill_share,
     )

@@ -79,18 +79,21 @@ class PrefillBudget:
         return max(self.min_tokens,
                    min(self.max_tokens, int(MAX_STEP_PREFILL_S / self.prefill_token_s)))
 
-    def allowance(self, num_protected_decodes: int) -> float:
-        """Prefill tokens per step, on average, that keep this many streams at pace."""
+    def allowance(self, num_protected_decodes: int, share: float | None = None) -> float:
+        """Prefill tokens per step, on average, that keep this many streams at `share` of
+        their solo speed (`decode_share` unless given; prefill_plan.prefill_share)."""
+        share = self.decode_share if share is None else share
         largest = float(self.chunk_tokens)
-        if (num_protected_decodes == 0 or self.decode_share <= 0 or self.decode_s is None
+        if (num_protected_decodes == 0 or share <= 0 or self.decode_s is None
                 or self.prefill_token_s is None):
             return largest
-        allowed_s = _MARGIN * self.decode_s * (1.0 / self.decode_share - 1.0)
+        allowed_s = _MARGIN * self.decode_s * (1.0 / share - 1.0)
         return min(largest, allowed_s / self.prefill_token_s)
 
-    def grant(self, num_protected_decodes: int) -> int:
+    def grant(self, num_protected_decodes: int, share: float | None = None) -> int:
         """Tokens this step may prefill; call `spend` with what was used."""
-        allowance, largest = self.allowance(num_protected_decodes), self.chunk_tokens
+        allowance = self.allowance(num_protected_decodes, share)
+        largest = self.chunk_tokens
         self.limited = allowance < largest
         saving, self.saving = self.saving, 0  # asked for again by `afford` while it waits
         if not self.limited:

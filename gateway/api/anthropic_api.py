@@ -38,7 +38,7 @@ from switchyard.gateway.api.validation import (Fields, as_integer, note_ignored,
                                                note_unknown_fields, reasoning_effort,
                                                template_kwargs)
 from switchyard.gateway.vision.parts import anthropic_image_block, has_part, mixed_parts
-from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
+from switchyard.gateway.request.model import ChatRequest, Options, parse_cache_salt, parse_priority
 
 log = structlog.get_logger()
 
@@ -51,7 +51,7 @@ MESSAGES_FIELDS = frozenset({
     "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature",
     "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config", "output_format",
     "context_management", "metadata", "service_tier", "container", "mcp_servers",
-    "priority", "speculative"})
+    "priority", "speculative", "cache_salt"})
 
 
 # --- request ---------------------------------------------------------------------------------
@@ -355,7 +355,8 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
         top_k=_default(f.integer("top_k", lo=0, hi=2**31 - 1), 0),
         stop=tuple(s for s in stops if s), stream=bool(f.boolean("stream")),
         priority=parse_priority(body.get("priority"), "priority"),
-        speculative=f.boolean("speculative") is not False)
+        speculative=f.boolean("speculative") is not False,
+        cache_salt=parse_cache_salt(body.get("cache_salt")))
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel,
                        template_kwargs=template_kwargs(

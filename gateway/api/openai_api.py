@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from switchyard.gateway.context import gateway_of
+from switchyard.gateway.context import cache_salt_of, gateway_of
 from switchyard.gateway.driver import respond, start_chat
 from switchyard.gateway.errors import model_not_found
 from switchyard.gateway.prompting.prompts import build_submit, check_model, encode_prompt
@@ -48,7 +48,8 @@ async def completions(request: Request) -> Response:
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
                           grammar=completion.constraint.grammar if completion.constraint else "",
-                          vocab_size=len(gw.tokenizer))
+                          vocab_size=len(gw.tokenizer),
+                          cache_salt=cache_salt_of(request, completion.options.cache_salt))
     turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop,
                     gw.stop_token_ids + (gw.hidden_ids or ()), gw.hidden_ids is not None)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)

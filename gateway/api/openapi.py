@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from switchyard.gateway.api.validation import MAX_TEMPLATE_KWARGS_BYTES, RESERVED_TEMPLATE_KEYS
+from switchyard.proto.tenants import MAX_CACHE_SALT_CHARS
 
 _OBJ = {"type": "object"}
 _STR = {"type": "string"}
@@ -61,6 +62,9 @@ _TOP_K = {"type": "integer", "minimum": 0, "maximum": INT32_MAX}
 _PRIORITY = {"enum": ["interactive", "background"]}
 _SPECULATIVE = {"type": "boolean", "description": "false: no speculative decoding for this "
                 "request (the output is the same either way; this only changes speed)"}
+_CACHE_SALT = {"type": "string", "minLength": 1, "maxLength": MAX_CACHE_SALT_CHARS,
+               "description": "vLLM's cache_salt: cached text (prefix pages, speculative drafts) "
+               "is shared only with requests of the same API key giving the same salt"}
 _MAX_TOKENS = {"type": "integer", "minimum": 1}
 _STOP = _any(_STR, _arr(_STR, maxItems=MAX_STOP))
 _NO_CALLS = _arr(_OBJ, maxItems=0)
@@ -70,7 +74,8 @@ def _sampling(**extra: Any) -> dict[str, Any]:
     return dict(temperature=_TEMPERATURE, top_p=_TOP_P, top_k=_TOP_K,
                 min_p={"type": "number", "minimum": 0, "maximum": 1},
                 seed={"type": "integer", "minimum": INT64_MIN, "maximum": UINT64_MAX},
-                stream=_BOOL, priority=_PRIORITY, speculative=_SPECULATIVE, **extra)
+                stream=_BOOL, priority=_PRIORITY, speculative=_SPECULATIVE,
+                cache_salt=_CACHE_SALT, **extra)
 
 
 _RESPONSE_FORMAT = {
@@ -286,7 +291,7 @@ def messages_request(images: bool = False) -> dict[str, Any]:
         ["max_tokens", "messages"], max_tokens=_MAX_TOKENS,
         stop_sequences=_arr(_STR, maxItems=MAX_STOP), metadata=_OBJ, temperature=_TEMPERATURE,
         top_p=_TOP_P, top_k=_TOP_K, stream=_BOOL, priority=_PRIORITY, speculative=_SPECULATIVE,
-        **_a_common(images)) | _A_NEEDS_TOOLS
+        cache_salt=_CACHE_SALT, **_a_common(images)) | _A_NEEDS_TOOLS
 
 
 def count_tokens_request(images: bool = False) -> dict[str, Any]:
@@ -349,7 +354,7 @@ def responses_request(images: bool = False) -> dict[str, Any]:
                     strict=_BOOL, schema=_OBJ)]}),
         reasoning=_schema([], effort=_EFFORT, summary=_STR), include=_arr(_STR),
         prompt_cache_key=_STR, client_metadata=_OBJ, metadata=_OBJ, user=_STR, temperature=_TEMPERATURE, top_p=_TOP_P, stream=_BOOL,
-        priority=_PRIORITY, speculative=_SPECULATIVE) | _R_NEEDS_TOOLS
+        priority=_PRIORITY, speculative=_SPECULATIVE, cache_salt=_CACHE_SALT) | _R_NEEDS_TOOLS
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:

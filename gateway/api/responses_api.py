@@ -38,7 +38,7 @@ from switchyard.gateway.api.validation import (GUIDED_FIELDS, Fields, join_text_
                                                note_ignored, note_unknown_fields,
                                                reasoning_effort)
 from switchyard.gateway.vision.parts import has_part, mixed_parts, responses_image_part
-from switchyard.gateway.request.model import ChatRequest, Options, parse_priority
+from switchyard.gateway.request.model import ChatRequest, Options, parse_cache_salt, parse_priority
 from switchyard.proto.ids import new_rid
 
 # Content part type -> the key holding its text.
@@ -175,7 +175,6 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
 class ResponsesTools:
     functions: list[dict[str, Any]] | None  # as chat tools
     namespaces: dict[str, str]  # a function's name -> the namespace it was offered in
-    builtins: frozenset[str]  # the built-in tool types left out (web_search, ...)
 
 
 def parse_tools(value: Any) -> ResponsesTools:
@@ -189,17 +188,19 @@ def parse_tools(value: Any) -> ResponsesTools:
     namespaces: dict[str, str] = {}
     builtins: set[str] = set()
     if value is None:
-        return ResponsesTools(None, namespaces, frozenset())
+        return ResponsesTools(None, namespaces)
     if not isinstance(value, list):
         raise invalid_type("tools", "an array of objects")
+
+    names: set[str] = set()
 
     def add_function(tool: dict[str, Any], param: str, namespace: str | None) -> None:
         check_tool_fields(tool.get("name"), tool.get("description"), tool.get("parameters"),
                           param, strict=tool.get("strict"))
-        if tool["name"] in namespaces or any(f["function"]["name"] == tool["name"]
-                                             for f in functions):
+        if tool["name"] in names:
             raise invalid(f"'{param}.name': the function '{tool['name']}' is offered twice",
                           param=f"{param}.name", code="invalid_value")
+        names.add(tool["name"])
         functions.append(function_tool(tool["name"], tool.get("description"),
                                        tool.get("parameters")))
         if namespace is not None:
@@ -236,7 +237,7 @@ def parse_tools(value: Any) -> ResponsesTools:
             builtins.add(kind[:64])
     for kind in builtins:
         note_ignored(f"responses.tools[].type={kind}")
-    return ResponsesTools(functions or None, namespaces, frozenset(builtins))
+    return ResponsesTools(functions or None, namespaces)
 
 
 def parse_tool_choice(value: Any, tools: ResponsesTools) -> ToolChoice:
@@ -262,7 +263,8 @@ RESPONSES_FIELDS = frozenset({
     "parallel_tool_calls", "store", "reasoning", "metadata", "client_metadata",
     "prompt_cache_key", "include", "max_output_tokens", "temperature", "top_p", "stream",
     "stream_options", "priority", "user", "speculative", "text", "truncation",
-    "service_tier", "safety_identifier", "max_tool_calls", "top_logprobs"}) | GUIDED_FIELDS
+    "service_tier", "safety_identifier", "max_tool_calls", "top_logprobs",
+    "cache_salt"}) | GUIDED_FIELDS
 
 
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ResponsesRequest:
@@ -302,7 +304,8 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Respo
         top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
         stream=bool(f.boolean("stream")),
         priority=parse_priority(body.get("priority"), "priority"), user=f.string("user"),
-        speculative=f.boolean("speculative") is not False)
+        speculative=f.boolean("speculative") is not False,
+        cache_salt=parse_cache_salt(body.get("cache_salt")))
     chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel is not False,
                        template_kwargs={"reasoning_effort": effort} if effort else {},

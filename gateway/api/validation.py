@@ -15,7 +15,8 @@ from typing import Any
 import structlog
 
 from switchyard.gateway.request import structured
-from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options, parse_priority
+from switchyard.gateway.request.model import (ChatRequest, CompletionRequest, Options,
+                                              parse_cache_salt, parse_priority)
 from switchyard.gateway.errors import invalid, invalid_type, out_of_range
 from switchyard.gateway.output.tools import (parse_openai_tool_choice, parse_openai_tools,
                                   strict_tool_names)
@@ -258,6 +259,7 @@ def parse_options(f: Fields) -> Options:
         user=f.string("user"),
         logit_bias=parse_logit_bias(f),
         speculative=f.boolean("speculative") is not False,
+        cache_salt=parse_cache_salt(f.get("cache_salt")),
     )
 
 
@@ -311,7 +313,7 @@ OPTION_FIELDS = frozenset({
     "n", "seed", "stop", "stream", "stream_options", "priority", "user", "logit_bias",
     "speculative", "logprobs", "top_logprobs", "response_format", "frequency_penalty",
     "presence_penalty", "metadata", "store", "service_tier", "prompt_cache_key",
-    "safety_identifier"}) | GUIDED_FIELDS
+    "safety_identifier", "cache_salt"}) | GUIDED_FIELDS
 CHAT_FIELDS = OPTION_FIELDS | {
     "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
     "chat_template", "reasoning_effort", "verbosity", "modalities", "prediction", "audio",

@@ -90,16 +90,18 @@ def _call_ids(message: dict[str, Any]) -> list[str]:
             if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
 
 
-def prefix_digest(ids: Sequence[int]) -> bytes:
+def prefix_digest(ids: Sequence[int], salt: bytes = b"") -> bytes:
     """The key of the tokens a turn followed (what the model saw before it)."""
-    return PrefixHash(ids).digest()
+    return PrefixHash(ids, salt).digest()
 
 
 class PrefixHash:
-    """blake2b-128 of token ids as int32, extended as ids are appended."""
+    """blake2b-128 of token ids as int32, extended as ids are appended; keyed with the
+    request's cache salt (its tenant's, and its `cache_salt`), so a turn is found only by
+    requests of the salt it was generated under (proto/tenants.py)."""
 
-    def __init__(self, ids: Sequence[int] = ()) -> None:
-        self._hash = hashlib.blake2b(digest_size=16)
+    def __init__(self, ids: Sequence[int] = (), salt: bytes = b"") -> None:
+        self._hash = hashlib.blake2b(digest_size=16, key=salt)
         self.add(ids)
 
     def add(self, ids: Sequence[int]) -> None:
@@ -116,14 +118,16 @@ class PrefixHash:
         return self._hash.digest()
 
 
-def message_key(message: dict[str, Any]) -> str:
+def message_key(message: dict[str, Any], salt: bytes = b"") -> str:
     """A hash of an assistant message as returned: its text and its calls (not reasoning, which
-    many clients drop; not ids or whitespace at the ends, which some clients change)."""
+    many clients drop; not ids or whitespace at the ends, which some clients change), keyed
+    with the request's cache salt: whether a reply text is remembered is never seen, not even
+    in the time a rendering takes, by requests of another salt (another tenant)."""
     content = message.get("content")
     text = content.strip() if isinstance(content, str) else ""
     payload = json.dumps([text, _calls(message)], sort_keys=True, ensure_ascii=False,
                          default=str)
-    return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()
+    return hashlib.blake2b(payload.encode(), digest_size=16, key=salt).hexdigest()
 
 
 # --- memory ------------------------------------------------------------------------------------
@@ -192,11 +196,12 @@ class TurnMemory:
         return len(self._turns)
 
     def remember(self, message: dict[str, Any], body: Sequence[int], opening: str | None,
-                 has_reasoning: bool, prefix: bytes = b"") -> None:
-        """`prefix`: prefix_digest of the prompt tokens the body followed."""
+                 has_reasoning: bool, prefix: bytes = b"", salt: bytes = b"") -> None:
+        """`prefix`: prefix_digest of the prompt tokens the body followed (under `salt`, the
+        request's cache salt, which keys the message hash too)."""
         if self.max_turns <= 0 or not body:
             return
-        key = message_key(message)
+        key = message_key(message, salt)
         turn = Remembered(array("l", body), opening, has_reasoning, key,
                           tuple(_calls(message)), tuple(_call_ids(message)), prefix)
         with self._lock:
@@ -242,10 +247,11 @@ class TurnMemory:
             if self._by_call.get(call_id) == entry:
                 del self._by_call[call_id]
 
-    def candidates(self, message: dict[str, Any]) -> Candidates | None:
+    def candidates(self, message: dict[str, Any], salt: bytes = b"") -> Candidates | None:
         """Whether an assistant message the client sent back may be a remembered turn (which
-        one is decided by the tokens before it: `find`), and the openings to try."""
-        key, call_ids = message_key(message), tuple(_call_ids(message))
+        one is decided by the tokens before it: `find`), and the openings to try; `salt`: the
+        request's cache salt (turns of other salts are never candidates)."""
+        key, call_ids = message_key(message, salt), tuple(_call_ids(message))
         calls = tuple(_calls(message))
         with self._lock:
             openings = list(reversed(self._openings.get(key, {})))
@@ -277,10 +283,10 @@ class TurnMemory:
             return None
 
     def lookup(self, message: dict[str, Any], prefix: bytes = b"",
-               opening: str | None = None) -> Remembered | None:
+               opening: str | None = None, salt: bytes = b"") -> Remembered | None:
         """The turn remembered for `message` after the tokens `prefix` names, if any (by
         message hash or tool-call id); with `opening` None, any opening."""
-        candidates = self.candidates(message)
+        candidates = self.candidates(message, salt)
         if candidates is None:
             return None
         for tried in (opening,) if opening is not None else candidates.openings:
@@ -313,6 +319,7 @@ class Rendered:
     # (what the model did not see; the Responses store does not keep it).
     unseen_reasoning: frozenset[int] = frozenset()
     prefix: bytes = b""  # prefix_digest(ids): the key a reply to this prompt is remembered by
+    salt: bytes = b""  # the request's cache salt (RenderOptions.salt): the reply's too
 
 
 @dataclass(frozen=True)
@@ -337,6 +344,8 @@ class RenderOptions:
     note_unseen: bool = False  # find Rendered.unseen_reasoning
     # Set when the request's client left: rendering stops at its next step (Abandoned).
     abandoned: threading.Event | None = None
+    # The request's cache salt: turns are remembered and found under it (PrefixHash).
+    salt: bytes = b""
 
     def check_abandoned(self) -> None:
         if self.abandoned is not None and self.abandoned.is_set():
@@ -450,7 +459,7 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
     if memory is not None:
         for i, message in enumerate(messages):
             if message.get("role") == "assistant":
-                candidates = memory.candidates(message)
+                candidates = memory.candidates(message, options.salt)
                 if candidates is not None:
                     spliced[i] = candidates
     opening = generation_opening(tokenizer, kwargs)
@@ -559,7 +568,7 @@ def _splice(tokenizer: Any, text: str, spliced: dict[int, Candidates],
             turn_ends: tuple[str, ...] = ()) -> Rendered | int:
     """The spliced ids, or the index of a message that cannot be spliced."""
     ids: list[int] = []
-    prefix = PrefixHash()
+    prefix = PrefixHash(salt=options.salt)
     pos = 0
     num_tokens = 0
     order = sorted(spliced)
@@ -591,7 +600,8 @@ def _splice(tokenizer: Any, text: str, spliced: dict[int, Candidates],
     tail_ids = _encode(tokenizer, text[pos:])
     ids += tail_ids
     prefix.add(tail_ids)
-    return Rendered(ids, "", None, len(spliced), num_tokens, prefix=prefix.digest())
+    return Rendered(ids, "", None, len(spliced), num_tokens, prefix=prefix.digest(),
+                    salt=options.salt)
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

@@ -98,7 +98,7 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
                  priority: str | None, param: str = "messages", grammar: str = "",
                  grammar_trigger: tuple[int, ...] = (),
                  vocab_size: int | None = None, images: tuple = (),
-                 image_data: tuple = ()) -> SubmitRequest:
+                 image_data: tuple = (), cache_salt: bytes = b"") -> SubmitRequest:
     """Check the context, clamp max_tokens to what is left of it, draw a seed if none given."""
     if vocab_size is not None:
         for token, _ in options.logit_bias:
@@ -123,4 +123,5 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
         max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,
         stop_token_ids=stop_token_ids,
         priority=options.priority or priority or PRIORITY_INTERACTIVE,
-        images=images, image_data=image_data, speculative=options.speculative)
+        images=images, image_data=image_data, speculative=options.speculative,
+        cache_salt=cache_salt)

@@ -3,13 +3,19 @@
 Each image is judged in this order, each failure a 400 naming the image (its place in the
 request) and the problem:
 1. its bytes: fetched first for a URL (gateway/vision/fetch.py, only with --image-fetch);
-2. its header alone (Pillow reads the size without decoding): a format other than PNG, JPEG,
-   WebP, GIF or BMP is refused, and so is a size beyond --max-image-pixels, before any pixel
-   is decoded (a decompression bomb is a small file with a huge header size);
+2. its header alone (Pillow reads the size without decoding, with only the plugins of PNG,
+   JPEG, WebP, GIF and BMP: no other plugin ever parses a client's bytes): another format is
+   refused (named from its signature when it is a common one), and so is a size beyond
+   --max-image-pixels, before any pixel is decoded (a decompression bomb is a small file with
+   a huge header size);
 3. its pixels: decoded as every model sees them (proto/images.py); a file that does not decode
    (truncated, corrupt) is refused.
 Decoding runs on a small thread pool of its own (`ImageDecoder`): a request's images never
-block the event loop, and at most that many images are decoded at once.
+block the event loop, and at most that many images are decoded at once. URLs are fetched on
+another pool (`FETCH_THREADS`), so slow URLs never hold the decoding threads: a data: URL
+image waits only for other images' decoding. A fetch's deadline counts from the moment the
+request asked for it (time queued for a fetch thread included), and a request that ends
+(its client left, another of its images refused) shuts its fetches down.
 """
 
 from __future__ import annotations
@@ -20,12 +26,32 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from switchyard.gateway.errors import invalid
-from switchyard.gateway.vision.fetch import FetchLimits, fetch_image
+from switchyard.gateway.vision.fetch import Fetch, FetchLimits, fetch_image
 from switchyard.gateway.vision.parts import ImageRef
-from switchyard.proto.images import image_id, open_rgb
+from switchyard.proto.images import FORMATS, image_id, open_rgb
 
-FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 DECODE_THREADS = 2
+FETCH_THREADS = 8  # fetches wait on the network, not the CPU; each is bounded by its deadline
+
+# Signatures of common image formats that are not taken, to name them in the refusal (the
+# bytes are only compared, never parsed).
+_SIGNATURES = ((b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"\x00\x00\x01\x00", "ICO"),
+               (b"8BPS", "PSD"), (b"\x00\x00\x00\x0cjP  ", "JPEG 2000"),
+               (b"\xff\x4f\xff\x51", "JPEG 2000"), (b"%PDF", "PDF"), (b"icns", "ICNS"),
+               (b"DDS ", "DDS"), (b"qoif", "QOI"), (b"\x76\x2f\x31\x01", "OpenEXR"))
+
+
+def sniff_format(data: bytes) -> str | None:
+    for magic, name in _SIGNATURES:
+        if data.startswith(magic):
+            return name
+    if data[4:8] == b"ftyp":  # ISO media: HEIC / AVIF
+        brand = data[8:12]
+        return "AVIF" if brand.startswith(b"avi") else "HEIF"
+    head = data[:256].lstrip().lower()
+    if head.startswith((b"<svg", b"<?xml")) and b"<svg" in data[:4096].lower():
+        return "SVG"
+    return None
 
 
 @dataclass(frozen=True)
@@ -45,14 +71,18 @@ def check_header(ref: ImageRef, data: bytes, max_pixels: int) -> tuple[int, int]
     """The image's size from its header, after checking format and pixel count."""
     from PIL import Image, UnidentifiedImageError
 
-    try:
-        with Image.open(io.BytesIO(data)) as image:  # reads the header only
+    try:  # reads the header only, with the plugins of FORMATS alone
+        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
             kind, (width, height) = image.format, image.size
     except Image.DecompressionBombError as exc:  # Pillow's own check of the header size
         raise bad_image(ref, f"the image header claims too many pixels ({exc}); at most "
                              f"{max_pixels} are taken (--max-image-pixels)",
                         "image_too_large") from None
     except UnidentifiedImageError:
+        kind = sniff_format(data)
+        if kind is not None:
+            raise bad_image(ref, f"{kind} images are not supported; send PNG, JPEG, WebP, GIF "
+                                 "or BMP", "unsupported_image_format") from None
         raise bad_image(ref, "the bytes are not an image in a known format (PNG, JPEG, "
                              "WebP, GIF, BMP)", "invalid_image_data") from None
     except (OSError, ValueError, SyntaxError) as exc:
@@ -70,11 +100,14 @@ def check_header(ref: ImageRef, data: bytes, max_pixels: int) -> tuple[int, int]
     return width, height
 
 
-def decode(ref: ImageRef, max_pixels: int, fetch: FetchLimits | None) -> DecodedImage:
-    """Runs in a decoding thread: fetch (if a URL), check the header, decode, name it."""
+def decode(ref: ImageRef, max_pixels: int, fetch: FetchLimits | None,
+           data: bytes | None = None) -> DecodedImage:
+    """Runs in a decoding thread: check the header, decode, name it. `data` is the fetched
+    file of a URL (fetched here, when not given: for callers outside the gateway's pools)."""
     from PIL import Image
 
-    data = ref.data if ref.data is not None else fetch_image(ref, fetch)
+    if data is None:
+        data = ref.data if ref.data is not None else fetch_image(ref, fetch)
     width, height = check_header(ref, data, max_pixels)
     try:
         image = open_rgb(data)
@@ -97,17 +130,32 @@ class ImageDecoder:
         # decoded size exceeds the limit raises instead of allocating.
         Image.MAX_IMAGE_PIXELS = max_pixels
         self._pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="images")
+        self._fetch_pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="image-fetch")
 
     async def decode_all(self, refs: list[ImageRef]) -> list[DecodedImage]:
-        loop = asyncio.get_running_loop()
-        jobs = [loop.run_in_executor(self._pool, decode, ref, self.max_pixels, self.fetch)
-                for ref in refs]
+        fetches: list[Fetch] = []
+        jobs = [asyncio.ensure_future(self._one(ref, fetches)) for ref in refs]
         try:
             return list(await asyncio.gather(*jobs))
         except BaseException:
             for job in jobs:
                 job.cancel()
+            for fetch in fetches:  # a fetch under way ends now, not at its deadline
+                fetch.cancel()
             raise
+
+    async def _one(self, ref: ImageRef, fetches: list[Fetch]) -> DecodedImage:
+        loop = asyncio.get_running_loop()
+        data = ref.data
+        if data is None:
+            fetch = Fetch(self.fetch.timeout_s) if self.fetch is not None else None
+            if fetch is not None:
+                fetches.append(fetch)
+            data = await loop.run_in_executor(self._fetch_pool, fetch_image, ref, self.fetch,
+                                              fetch)
+        return await loop.run_in_executor(self._pool, decode, ref, self.max_pixels, self.fetch,
+                                          data)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._fetch_pool.shutdown(wait=False, cancel_futures=True)

@@ -95,7 +95,8 @@ def running_past_slots(tiny_qwen3):
 def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_past_slots):
     """--slots 1 and --max-running 0, the default: the worker runs as many as its memory plan
     holds, up to 4 x --slots (all 4 for the tiny model). Three agents under one system prompt
-    are placed at once (none waits for another's reply), then, idle past --release-after-s,
+    run at once (none waits for another's reply; the later ones wait only for the first one's
+    prefill of their shared prefix, and copy it), then, idle past --release-after-s,
     only one conversation stays in memory; the others' next turns restore theirs from disk."""
     import openai
 
@@ -117,9 +118,10 @@ def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_
             first = list(pool.map(ask, chats))
         done = group.wait_events("request.finished", 3, role="scheduler")
         assert len(done) == 3
-        # Each is placed as it arrives: one at a time, the last would queue for the other
-        # two's whole replies.
+        # Each is placed as it arrives or once the shared prefix is in a slot to copy: one
+        # at a time, the last would queue for the other two's whole replies.
         assert max(e["queue_s"] for e in done) < min(e["duration_s"] for e in done), done
+        assert sum(e["num_copied_tokens"] > 0 for e in done) == 2, done
         deadline = time.monotonic() + 30
         while True:
             status = read_status(group.runtime_dir / "status.json")

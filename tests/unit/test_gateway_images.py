@@ -168,6 +168,30 @@ def test_bad_images_are_refused(data, code):
     assert error.code == code and error.param == "img"
 
 
+@pytest.mark.parametrize("fmt,name", [("TIFF", "TIFF"), ("ICO", "ICO"), ("PPM", None),
+                                      ("TGA", None), ("PCX", None)])
+def test_only_the_allowed_formats_plugins_read_the_bytes(monkeypatch, fmt, name):
+    from PIL import Image as PILImage
+
+    PILImage.init()  # every plugin registered, as a server that opened any image before
+    opened = []
+    for kind, (factory, _accept) in list(PILImage.OPEN.items()):
+        if kind not in ("PNG", "JPEG", "WEBP", "GIF", "BMP"):
+            monkeypatch.setitem(PILImage.OPEN, kind, (
+                lambda *a, _k=kind, **kw: opened.append(_k), _accept))
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buf, fmt)
+    error = error_of(decode, ref(buf.getvalue()), MAX_PIXELS, None)
+    assert opened == []  # no other plugin's factory was asked to open them
+    if name:  # a common format is named from its signature, with the same 400 as before
+        assert error.code == "unsupported_image_format" and error.message.startswith(
+            f"'img': {name} images are not supported; send PNG, JPEG, WebP, GIF or BMP")
+    else:
+        assert error.code == "invalid_image_data" and "PNG, JPEG, WebP, GIF, BMP" in error.message
+    with pytest.raises(Image.UnidentifiedImageError):  # the worker's opening too
+        open_rgb(buf.getvalue())
+
+
 def test_an_image_is_named_by_its_pixels_not_its_file_format():
     pixels = Image.new("RGB", (20, 10), (1, 2, 3))
     files = []
@@ -243,9 +267,24 @@ def test_gemma3_expands_like_its_processor():
     ("192.168.0.1", False), ("172.16.5.4", False), ("169.254.169.254", False), ("::1", False),
     ("fe80::1", False), ("fc00::1", False), ("0.0.0.0", False), ("224.0.0.1", False),
     ("::ffff:127.0.0.1", False), ("100.64.0.1", False),
+    # 6to4, Teredo and NAT64 are judged by the IPv4 address inside them
+    ("2002:7f00:1::", False), ("2002:a00:1::1", False), ("2002:c0a8:101::", False),
+    ("2002:808:808::1", True), ("2001:0:4136:e378:8000:63bf:80ff:fffe", False),
+    ("64:ff9b::7f00:1", False), ("64:ff9b::a9fe:a9fe", False), ("64:ff9b::808:808", True),
+    ("64:ff9b:1::7f00:1", False), ("64:ff9b:1:7f00:1::", False), ("64:ff9b:1:a:a:a9fe:a9fe:0", False),
 ])
 def test_only_public_addresses_are_fetched(address, public):
     assert is_public(address) is public
+
+
+def test_an_address_with_an_ipv4_inside_is_refused_before_connecting(monkeypatch):
+    from switchyard.gateway.vision import fetch as fetch_module
+
+    monkeypatch.setattr(fetch_module.socket, "getaddrinfo", lambda *a, **kw: [
+        (0, 0, 0, "", ("2002:7f00:1::", 80, 0, 0))])
+    error = error_of(fetch_image, ImageRef("u", url="http://six.example/a.png"),
+                     FetchLimits(1000, 1.0))
+    assert error.code == "image_url_not_allowed" and "2002:7f00:1::" in error.message
 
 
 def test_fetching_is_off_unless_enabled():

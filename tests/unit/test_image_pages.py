@@ -35,7 +35,7 @@ def test_images_make_their_own_ids():
 
 def test_header_round_trip_with_images():
     payload = bytes(range(256)) * 4
-    header = pages.make_header(NS, ROOT_ID, TOKENS, payload, image_ids=X + Y)
+    header = pages.make_header(NS, ROOT_ID, TOKENS, payload, image_ids=X + Y, key=bytes(32))
     assert header.page_id == page_id(NS, ROOT_ID, TOKENS, X + Y)
     raw = pages.encode_header(header)
     assert len(raw) == pages.header_size(len(TOKENS), 2)
@@ -45,7 +45,7 @@ def test_header_round_trip_with_images():
 
 
 def test_header_without_images_is_the_old_layout():
-    header = pages.make_header(NS, ROOT_ID, TOKENS, b"\0" * 64)
+    header = pages.make_header(NS, ROOT_ID, TOKENS, b"\0" * 64, key=bytes(32))
     raw = pages.encode_header(header)
     assert raw[10:12] == b"\0\0"  # the image count, where a reserved 0 always was
     assert len(raw) == pages.header_size(len(TOKENS))
@@ -53,7 +53,7 @@ def test_header_without_images_is_the_old_layout():
 
 def test_a_header_whose_images_were_changed_is_corrupt():
     raw = bytearray(pages.encode_header(pages.make_header(NS, ROOT_ID, TOKENS, b"",
-                                                          image_ids=X)))
+                                                          image_ids=X, key=bytes(32))))
     at = raw.index(X)
     raw[at] ^= 1
     with pytest.raises(pages.CorruptPage):

@@ -23,10 +23,11 @@ from switchyard.proto.page_ids import kv_namespace
 
 NS = make_namespace("model-a", "float32", "layout-1")
 P = 256
+KEY = bytes(range(32))
 
 
 def _header(tokens=tuple(range(P)), payload=b"kv" * 100, flags=0):
-    return make_header(NS, ROOT_ID, tokens, payload, flags=flags, created_at=1234.5)
+    return make_header(NS, ROOT_ID, tokens, payload, flags=flags, created_at=1234.5, key=KEY)
 
 
 def test_header_round_trip():
@@ -39,7 +40,22 @@ def test_header_round_trip():
     assert decode_header(buf + b"payload bytes") == h
     assert h.format_version == PAGE_FORMAT_VERSION
     assert h.has_recurrent_state and h.num_tokens == P
-    assert h.payload_len == 200 and h.payload_checksum == pages.payload_checksum(b"kv" * 100)
+    assert h.payload_len == 200 and h.payload_checksum == pages.payload_checksum(
+        KEY, NS, h.page_id, PageFlags.RECURRENT_STATE, b"kv" * 100)
+
+
+def test_the_payload_checksum_is_keyed_and_binds_the_header():
+    """A MAC: another key, page id, flags or payload length gives another checksum, so a
+    forged page (or a payload moved under another page's header) never verifies."""
+    pid = page_id(NS, ROOT_ID, tuple(range(P)))
+    mac = pages.payload_checksum(KEY, NS, pid, 0, b"kv" * 100)
+    assert len(mac) == 16
+    assert pages.payload_checksum(bytes(32), NS, pid, 0, b"kv" * 100) != mac
+    assert pages.payload_checksum(KEY, NS, ROOT_ID, 0, b"kv" * 100) != mac
+    assert pages.payload_checksum(KEY, NS, pid, PageFlags.RECURRENT_STATE, b"kv" * 100) != mac
+    assert pages.payload_checksum(KEY, NS, pid, 0, b"kv" * 100 + b"\0") != mac
+    with pytest.raises(ValueError):
+        pages.payload_checksum(b"short", NS, pid, 0, b"")
 
 
 def test_every_flipped_header_byte_is_detected():

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from switchyard.kvstore import store as store_mod
-from switchyard.kvstore.pages import ROOT_ID, chain_page_ids, make_namespace
+from switchyard.kvstore.pages import (ROOT_ID, chain_page_ids, decode_header, encode_header,
+                                      make_header, make_namespace)
 from switchyard.proto.page_flags import PageFlags
-from switchyard.kvstore.store import PageStore, StoreUnavailable
+from switchyard.kvstore.store import PageGeometry, PageStore, StoreUnavailable
 
 NS = make_namespace("model-a")
 OTHER_NS = make_namespace("model-b")
@@ -191,11 +192,131 @@ def test_foreign_namespace_is_kept_but_never_matched(store):
     assert _read(again, pid, 0, ns=OTHER_NS)[0] is not None
 
 
-def test_buffer_too_small_is_a_caller_bug(store):
+# --- lies: a header that agrees with its file and checksum but not with the model ------------
+# (issue 28, finding 2). Each is a miss: removed, logged, never a crash, never wrong bytes.
+
+GEOMETRY = PageGeometry(NS, P, 4096 // P, 512)  # the pages _write_chain writes: 256 B a token
+
+
+def _lie(store, pid, *, payload=None, flags=None, key=None):
+    """Rewrite a page with another payload or flags: file size and keyed checksum recomputed
+    (with the store's key unless `key`), so only the lie itself is left to catch."""
+    path = store.path_for(NS, pid)
+    data = path.read_bytes()
+    header = decode_header(data)
+    body = data[header.header_len:] if payload is None else payload
+    new = make_header(header.namespace, header.parent_id, header.token_ids, body,
+                      flags=header.flags if flags is None else flags,
+                      key=store.key if key is None else key)
+    path.write_bytes(encode_header(new) + bytes(body))
+    return path
+
+
+def _judged_corrupt(store, pid, i, reason, size=8192):
+    events = []
+    store.on_corrupt = events.append
+    header, out = _read(store, pid, i, size=size)
+    assert header is None
+    assert not store.path_for(NS, pid).exists() and pid not in store
+    assert [reason in e.reason for e in events] == [True], events
+    return out
+
+
+def test_a_payload_larger_than_the_buffer_is_a_miss_not_a_crash(store):
+    """The issue's reproduction: a header claiming a payload 64x too large, with a matching
+    file size and a recomputed checksum, raised ValueError in _read_page (kvstore crash)."""
     (pid,) = _write_chain(store, 1)
-    with pytest.raises(ValueError, match="buffer"):
-        store.read_into(NS, pid, _tokens(0), memoryview(bytearray(100)))
-    assert store.path_for(NS, pid).exists()
+    _lie(store, pid, payload=bytes(64 * 4096))
+    _judged_corrupt(store, pid, 0, "buffer")
+
+
+def test_a_payload_that_disagrees_with_the_model_geometry_is_a_miss(store):
+    ids = _write_chain(store, 3)
+    store.set_geometry(GEOMETRY)
+    assert _read(store, ids[0], 0)[0] is not None  # honest pages pass
+    _lie(store, ids[1], payload=_payload(1, 2048).tobytes())  # half the bytes: fits the buffer
+    out = _judged_corrupt(store, ids[1], 1, "the model's page of 16 tokens is 4096")
+    # A state flag without the state, and a page with the state it claims, of another size.
+    _lie(store, ids[2], flags=PageFlags.RECURRENT_STATE)
+    _judged_corrupt(store, ids[2], 2, "is 4608")
+    del out
+
+
+def test_a_state_flag_on_a_model_without_state_is_a_miss(store):
+    (pid,) = _write_chain(store, 1)
+    store.set_geometry(PageGeometry(NS, P, 4096 // P, 0))
+    _lie(store, pid, flags=PageFlags.RECURRENT_STATE)
+    _judged_corrupt(store, pid, 0, "no recurrent state")
+
+
+def test_more_tokens_than_a_page_holds_is_a_miss(store):
+    tokens = list(range(2 * P))
+    store.write(NS, ROOT_ID, tokens, _payload(0, 2 * 4096))
+    (info,) = store.pages()
+    store.set_geometry(GEOMETRY)
+    out = bytearray(3 * 4096)
+    assert store.read_into(NS, info.page_id, tokens, memoryview(out)) is None
+    assert info.page_id not in store and store.corrupt_events[-1].reason.startswith("32 tokens")
+
+
+def test_pages_the_scan_indexed_are_judged_when_the_model_says_its_geometry(store):
+    ids = _write_chain(store, 3)
+    _lie(store, ids[1], payload=_payload(1, 2048).tobytes())
+    again = PageStore(store.root)
+    assert set(p.page_id for p in again.scan()) == set(ids)  # geometry unknown yet
+    events = []
+    again.on_corrupt = events.append
+    assert again.set_geometry(GEOMETRY) == 1
+    assert ids[1] not in again and not again.path_for(NS, ids[1]).exists()
+    assert "payload is 2048 bytes" in events[0].reason
+    assert ids[0] in again and ids[2] in again
+    # Another namespace's geometry judges nothing of ours.
+    assert PageStore(store.root).set_geometry(PageGeometry(OTHER_NS, P, 1)) == 0
+
+
+def test_a_page_forged_without_the_key_is_a_miss(store):
+    """Finding 3: checksums were unkeyed xxh3, so a forged page with a recomputed checksum
+    verified. With another key (an attacker does not have ours) it is a miss."""
+    (pid,) = _write_chain(store, 1)
+    _lie(store, pid, payload=_payload(7).tobytes(), key=bytes(32))
+    _judged_corrupt(store, pid, 0, "checksum")
+
+
+def test_a_store_with_another_key_reads_none_of_the_pages(store, tmp_path):
+    ids = _write_chain(store, 2)
+    other = PageStore(store.root, key=b"k" * 32)
+    other.scan()
+    assert [_read(other, pid, i)[0] for i, pid in enumerate(ids)] == [None, None]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_page_file_of_another_user_is_a_miss(store):
+    (pid,) = _write_chain(store, 1)
+    os.chown(store.path_for(NS, pid), 65534, 65534)
+    _judged_corrupt(store, pid, 0, "owned by uid 65534")
+
+
+def test_a_page_that_kills_its_reader_is_removed_by_the_next_scan(tmp_path, monkeypatch):
+    """The backstop: whatever a future check misses, a kvstore that died reading a page does
+    not die on it again after its restart (issue 28: 6 crashes, then the group stopped)."""
+    store = PageStore(tmp_path / "kv", read_guard=True)
+    ids = _write_chain(store, 3)
+
+    def boom(*args):
+        raise MemoryError("a bug no check foresaw")
+
+    monkeypatch.setattr(store_mod, "_read_page", boom)
+    with pytest.raises(MemoryError):
+        store.read_many(NS, [(ids[1], _tokens(1), memoryview(bytearray(8192)))])
+    monkeypatch.undo()
+    again = PageStore(store.root, read_guard=True)  # the restarted kvstore
+    events = []
+    again.on_corrupt = events.append
+    assert {p.page_id for p in again.scan()} == {ids[0], ids[2]}
+    assert [e.reason for e in events] == ["being read when the kvstore died"]
+    assert _read(again, ids[0], 0)[0] is not None
+    # A batch that finished leaves nothing behind to remove.
+    assert {p.page_id for p in PageStore(store.root, read_guard=True).scan()} == {ids[0], ids[2]}
 
 
 def test_delete_touch_stats(store):
@@ -287,3 +408,25 @@ def test_a_batch_is_read_in_parallel_each_page_judged_on_its_own(store):
     assert [pid in store for pid in ids] == [True, True, False, False, False, True]
     assert not store.path_for(NS, ids[2]).exists() and not store.path_for(NS, ids[3]).exists()
     store.close()
+
+
+def test_a_shard_removed_under_the_store_is_made_again(store):
+    ids = _write_chain(store, 1)
+    shutil.rmtree(store.root / NS.hex()[:8])
+    store.write(NS, ROOT_ID, _tokens(0), _payload(0), page_id=ids[0])
+    assert _read(store, ids[0], 0)[0] is not None
+
+
+def test_pages_of_another_format_version_are_removed_quietly_by_the_scan(store):
+    """An upgrade (format 2, unkeyed xxh3, to 3): the old pages can never be read; the scan
+    removes them and counts them, without a corrupt-page line each."""
+    ids = _write_chain(store, 2)
+    old = store.path_for(NS, ids[1])
+    data = bytearray(old.read_bytes())
+    data[8:10] = (2).to_bytes(2, "little")  # the prefix's format version
+    old.write_bytes(bytes(data))
+    again = PageStore(store.root)
+    events = []
+    again.on_corrupt = events.append
+    assert [p.page_id for p in again.scan()] == [ids[0]]
+    assert not old.exists() and again.num_other_format_removed == 1 and not events

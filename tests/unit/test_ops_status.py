@@ -190,3 +190,26 @@ def test_the_speculation_line_says_whose_drafts():
     line = status_cli.format_speculation(
         SpeculationStatus(mode="alone", max_draft_tokens=4, proposers="draft"), tokens)
     assert "a lone decoding sequence" in line and "from the draft model;" in line
+
+
+def test_the_prefill_share_line_says_who_yielded():
+    from switchyard.proto.status import PrefillShareStatus
+
+    line = status_cli.format_prefill_share(PrefillShareStatus(
+        decode_share=0.231, num_protected=3, num_waiting=10, age_s=2.4))
+    assert line == ("prefill share: 3 decoding stream(s) kept 0.23 of their solo speed "
+                    "beside 10 waiting for a first token (2s ago)")
+
+
+def test_a_disk_that_refuses_pages_says_why_and_how_many():
+    """Issue 28, finding 8: a full kv-dir shows in `switchyard status`."""
+    full = msgspec.structs.replace(snapshot(time.time()), disk=DiskStatus(
+        bytes=2**20, budget_bytes=2**30, num_pages=4, writable=False, num_evicted=0,
+        num_thrash=0, num_writing=0, num_unwritten=12,
+        error="KV page store /kv is unavailable (No space left on device); ..."))
+    lines = status_cli.format_disk(full)
+    assert lines[0].endswith(", writes paused")
+    assert "No space left on device" in lines[1]
+    assert "12 pages not written" in lines[2]
+    # Writable: one line, as before.
+    assert len(status_cli.format_disk(snapshot(time.time()))) == 1

@@ -96,7 +96,8 @@ def test_single_worker_passes_everything_through():
 def test_attach_and_write_are_cloned_per_rank_with_its_pool_and_payload():
     stores = group(per_tokens=(10, 7), state=5)
     attach = dict(stores.outgoing(AttachBuffers("shm0", 8, 45, NS)))
-    assert attach["kvstore.1"] == AttachBuffers("shm1", 8, P * 7 + 5, NS)
+    # Each rank's own geometry: its kvstore judges its pages by it.
+    assert attach["kvstore.1"] == AttachBuffers("shm1", 8, P * 7 + 5, NS, P, 7, 5)
     clones = dict(stores.outgoing(WritePages((
         PageWrite(pid(1), bytes(16), (1, 2, 3, 4), 0, 45, STATE_FLAG),
         PageWrite(pid(2), bytes(16), (1, 2), 1, 20, 0)))))

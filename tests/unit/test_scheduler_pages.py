@@ -48,6 +48,8 @@ class Group:
             state_interval=4 * P, resident_slots=resident_slots,
             release_after_s=release_after_s))
         self.outbox = []  # messages from the core not yet delivered
+        self.log_lines = []  # (event, fields) the core logged
+        self.records = {}  # rid -> FinishedRecord
         self.now = 1000.0
         self.do(InventoryDescribed("kv", ()))
         self.do(worker_ready(self.core, num_buffers, state_bytes=0 if trimmable else 10))
@@ -62,7 +64,12 @@ class Group:
     def do(self, event):
         effects = self.core.handle(event, self.now)
         self.outbox += effects.messages
+        self.log_lines += effects.logs
+        self.records.update((r.rid, r) for r in effects.finished)
         return effects
+
+    def logs(self, event):
+        return [fields for name, fields in self.log_lines if name == event]
 
     def submit(self, rid, prompt, max_tokens=4):
         self.do(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (EOS,),

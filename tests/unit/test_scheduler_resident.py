@@ -148,3 +148,41 @@ def test_an_idle_slot_stays_a_while_for_its_tool_result():
     assert not any(s.loads or s.copies for s in g.steps[before:]), "its own slot, kept"
     idle(g, 12)
     assert len(holding(g)) == 1, "idle past the grace: back to --slots conversations"
+
+
+# --- a prefix a running request prefills is prefilled once (issue 29) ---------------------------
+
+
+def prefilled(g, rid):
+    return g.records[rid].num_prefilled_tokens
+
+
+def test_siblings_arriving_together_prefill_their_shared_prefix_once():
+    """Six sub-agents under one system prompt arrive together: the first prefills it, the
+    other five wait in the queue (no slot held) and copy it from the first one's slot."""
+    g = Group(num_slots=6)
+    system = conv(80, 6 * P)
+    for i in range(6):
+        g.submit(f"a{i}", system + conv(i, 20), max_tokens=2)
+    g.run()
+    copied = [g.records[f"a{i}"].num_copied_tokens for i in range(6)]
+    assert copied[0] == 0 and all(c >= len(system) for c in copied[1:]), copied
+    total = sum(prefilled(g, f"a{i}") for i in range(6))
+    assert total <= len(system) + 6 * (20 + P), "the system prompt was prefilled once"
+    waits = [e for e in g.logs("request.waits_for_sibling")]
+    assert {e["rid"] for e in waits} == {f"a{i}" for i in range(1, 6)}
+    assert all(e["sibling"] == "a0" for e in waits)
+
+
+def test_a_sibling_far_behind_is_not_waited_for():
+    """A request that holds more of the prefix than the prefilling sibling has written
+    prefills on its own: waiting would be longer."""
+    g = Group(num_slots=3)
+    system = conv(81, 6 * P)
+    g.submit("first", system + conv(1, 20), max_tokens=2)
+    g.run()
+    g.submit("long", conv(7, 8 * P) + system + conv(2, 20), max_tokens=2)  # unrelated start
+    g.submit("again", system + conv(1, 20) + g.reply("first") + [9], max_tokens=2)
+    g.run()
+    assert not [e for e in g.logs("request.waits_for_sibling")]
+    assert g.finished("again").num_cached_tokens >= len(system) + 20

@@ -145,6 +145,133 @@ def test_a_second_server_on_the_same_kv_dir_refuses_naming_the_first(tmp_path):
     os.close(lock_kv_dir(tmp_path / "kv"))  # released with its holder
 
 
+# -- issue 28, finding 3: every level of the kv dir is checked; page files must be ours ------------
+
+def _run_kvstore(tmp_path, kv_dir, *extra):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "switchyard.deploy.cli", "run", "kvstore", "--kv-dir",
+         str(kv_dir), "--runtime-dir", str(tmp_path / "run"), "--log-format", "json", *extra],
+        capture_output=True, text=True, timeout=60)
+
+
+def test_a_symlink_at_the_kv_dir_is_refused_and_its_target_left_alone(tmp_path):
+    from switchyard.kvstore.dir_lock import KvDirUnsafe, lock_kv_dir
+
+    target = tmp_path / "victim"
+    target.mkdir()
+    target.chmod(0o755)
+    link = tmp_path / "kv"
+    link.symlink_to(target)
+    with pytest.raises(KvDirUnsafe, match="symbolic link"):
+        lock_kv_dir(link)
+    done = _run_kvstore(tmp_path, link)
+    assert done.returncode == 2 and "symbolic link" in done.stderr, done.stderr
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755 and not list(target.iterdir())
+
+
+def test_a_planted_namespace_or_shard_symlink_never_receives_our_pages(tmp_path):
+    """The issue's probe: another user's symlinked namespace directory got our pages."""
+    from switchyard.kvstore.dir_lock import KvDirUnsafe
+    from switchyard.kvstore.pages import ROOT_ID, make_namespace
+    from switchyard.kvstore.store import PageStore, StoreUnavailable
+
+    ns = make_namespace("model-a")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = tmp_path / "kv"
+    root.mkdir(mode=0o700)
+    (root / ns.hex()[:8]).symlink_to(elsewhere)
+    store = PageStore(root, sync=False)
+    with pytest.raises(KvDirUnsafe, match="symbolic link"):
+        store.scan()
+    with pytest.raises(StoreUnavailable, match="symbolic link"):
+        store.write(ns, ROOT_ID, list(range(16)), bytes(1024))
+    assert not list(elsewhere.rglob("*"))
+    # The kvstore refuses to start, naming the link.
+    done = _run_kvstore(tmp_path, root)
+    assert done.returncode == 2 and "symbolic link" in done.stderr, done.stderr
+    # One level down, the same.
+    (root / ns.hex()[:8]).unlink()
+    store = PageStore(root, sync=False)
+    pid = store.write(ns, ROOT_ID, list(range(16)), bytes(1024)) and store.pages()[0].page_id
+    shard = store.path_for(ns, pid).parent
+    for page in shard.iterdir():
+        page.unlink()
+    shard.rmdir()
+    shard.symlink_to(elsewhere)
+    with pytest.raises(KvDirUnsafe, match="symbolic link"):
+        PageStore(root, sync=False).scan()
+    with pytest.raises(StoreUnavailable):
+        PageStore(root, sync=False).write(ns, ROOT_ID, list(range(16)), bytes(1024))
+    assert not list(elsewhere.rglob("*"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_kv_dir_level_of_another_user_is_refused(tmp_path):
+    from switchyard.kvstore.dir_lock import KvDirUnsafe, lock_kv_dir
+    from switchyard.kvstore.store import PageStore
+
+    store, ns, pid, _ = _page_store(tmp_path / "kv")
+    ns_dir = store.path_for(ns, pid).parent.parent
+    os.chown(ns_dir, 65534, 65534)
+    with pytest.raises(KvDirUnsafe, match="uid 65534"):
+        PageStore(tmp_path / "kv", sync=False).scan()
+    done = _run_kvstore(tmp_path, tmp_path / "kv")
+    assert done.returncode == 2 and "uid 65534, not to us" in done.stderr, done.stderr
+    os.chown(ns_dir, 0, 0)
+    os.chown(tmp_path / "kv", 65534, 65534)
+    with pytest.raises(KvDirUnsafe, match="uid 65534"):
+        lock_kv_dir(tmp_path / "kv")
+
+
+def test_group_or_world_access_to_a_kv_dir_level_is_removed(tmp_path):
+    from switchyard.kvstore.dir_lock import lock_kv_dir
+    from switchyard.kvstore.store import PageStore
+
+    store, ns, pid, tokens = _page_store(tmp_path / "kv")
+    shard = store.path_for(ns, pid).parent
+    levels = (tmp_path / "kv", shard.parent, shard)
+    for directory in levels:
+        directory.chmod(0o777)
+    os.close(lock_kv_dir(tmp_path / "kv"))
+    again = PageStore(tmp_path / "kv", sync=False)
+    assert [p.page_id for p in again.scan()] == [pid]
+    for directory in levels:
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+
+
+def test_a_page_key_that_is_not_ours_or_not_private_is_refused(tmp_path):
+    from switchyard.kvstore.page_key import PageKeyError, key_path, load_page_key
+
+    path = key_path(tmp_path / "cache")
+    key, warning = load_page_key(path)
+    assert len(key) == 32 and not warning
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_page_key(path) == (key, "")  # made once, read back
+    path.chmod(0o644)
+    with pytest.raises(PageKeyError, match="group or other users"):
+        load_page_key(path)
+    done = _run_kvstore(tmp_path, tmp_path / "kv", "--cache-dir", str(tmp_path / "cache"))
+    assert done.returncode == 2 and "page key" in done.stderr, done.stderr
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere.key")
+    with pytest.raises(PageKeyError):
+        load_page_key(path)
+    assert not (tmp_path / "elsewhere.key").exists()
+
+
+def test_a_cache_dir_that_cannot_take_a_key_gives_a_key_for_this_run(tmp_path):
+    from switchyard.kvstore.page_key import key_path, load_page_key
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    key, warning = load_page_key(key_path(blocker / "cache"))
+    assert len(key) == 32 and "misses after the kvstore restarts" in warning
+
+
 # -- 10. shared memory left by a SIGKILL of the whole group is removed at the next start -------
 
 def test_stale_shared_memory_of_this_group_is_removed_and_others_kept(tmp_path):

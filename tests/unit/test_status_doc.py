@@ -64,11 +64,12 @@ def test_json_field_names_are_the_documented_ones():
     raw = json.loads(encode_status(document()))
     assert list(raw) == ["version", "at", "boot_id", "pid", "started_at", "worker_ready",
                          "kvstore_ready", "peers", "slots", "queue", "oldest_waiting_s",
-                         "disk", "ranks", "stats", "speculation"]
+                         "disk", "ranks", "stats", "speculation", "prefill_share"]
     assert set(raw["slots"][0]) == {"slot", "num_tokens", "conversation", "last_used", "rid",
                                     "priority", "state", "waiting_s"}
     assert set(raw["disk"]) == {"bytes", "budget_bytes", "num_pages", "writable",
-                                "num_evicted", "num_thrash", "num_writing"}
+                                "num_evicted", "num_thrash", "num_writing", "error",
+                                "num_unwritten"}
     stats = raw["stats"]
     assert set(stats) == {"requests_finished", "requests_failed", "tokens", "ttft",
                           "step_time", "num_steps", "restarts", "recent_requests"}

@@ -1,5 +1,9 @@
+from types import SimpleNamespace
+
 import pytest
 
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.prefill_plan import MIN_DECODE_SHARE, prefill_share
 from switchyard.scheduler.step_budget import PrefillBudget
 
 
@@ -57,3 +61,66 @@ def test_a_step_prefills_at_most_about_ten_seconds_of_tokens():
     assert b.grant(0) == 200
     b.observe(0, 0.0, 16, 16 * 10.0)  # absurdly slow: still at least a minimum chunk
     assert b.chunk_tokens == 16
+
+
+# --- who a step's prefill must not slow, and how much (prefill_plan.prefill_share) -------------
+
+
+def request(interactive=True, generated=(), arrived_at=0.0):
+    return SimpleNamespace(interactive=interactive, generated=list(generated),
+                           arrived_at=arrived_at)
+
+
+def config(**kw):
+    return CoreConfig(num_slots=4, ctx=4096, prefill_chunk=512, max_queue=8, **kw)
+
+
+CFG = config(decode_share=0.5, background_wait_s=30.0)
+
+
+def test_one_stream_beside_one_long_prefill_keeps_the_decode_share():
+    """Issue 14's promise: a chat stream beside an agent's long prompt keeps half its speed."""
+    share = prefill_share([request(generated=[1])], [request()], 1.0, CFG)
+    assert (share.decode_share, share.num_protected, share.num_waiting) == (0.5, 1, 1)
+
+
+@pytest.mark.parametrize("num_decoding, num_waiting, expected", [
+    (3, 10, 3 / 13),  # tool results waiting behind a few short replies: prefill gets most
+    (1, 20, MIN_DECODE_SHARE),  # never below the floor
+    (10, 2, 0.5),  # never above --decode-share
+])
+def test_streams_and_waiting_requests_share_the_machine_as_equal_parties(
+        num_decoding, num_waiting, expected):
+    decoding = [request(generated=[1]) for _ in range(num_decoding)]
+    waiting = [request() for _ in range(num_waiting)]
+    share = prefill_share(decoding, waiting, 1.0, CFG)
+    assert share.decode_share == pytest.approx(expected)
+    assert (share.num_protected, share.num_waiting) == (num_decoding, num_waiting)
+
+
+def test_a_request_that_has_tokens_does_not_count_as_waiting():
+    """A preempted request resuming its prefill has had its first token."""
+    share = prefill_share([request(generated=[1])], [request(generated=[5])] * 4, 1.0, CFG)
+    assert (share.decode_share, share.num_waiting) == (0.5, 0)
+
+
+def test_background_streams_yield_to_an_interactive_prefill():
+    decoding = [request(generated=[1]), request(interactive=False, generated=[1])]
+    share = prefill_share(decoding, [request()], 1.0, CFG)
+    assert (share.num_protected, share.num_waiting) == (1, 1)
+    # With a background prefill at the head every stream is protected.
+    share = prefill_share(decoding, [request(interactive=False)], 1.0, CFG)
+    assert (share.num_protected, share.num_waiting, share.decode_share) == (2, 1, 0.5)
+
+
+def test_share_zero_still_disables_protection():
+    cfg = config(decode_share=0.0)
+    share = prefill_share([request(generated=[1])], [request()] * 3, 1.0, cfg)
+    assert share.decode_share == 0.0
+
+
+def test_the_budget_grants_more_at_a_smaller_share():
+    b = PrefillBudget(512, 0.5)
+    b.observe(2, 0.010, 100, 0.0005 * 100)
+    assert b.allowance(2) == pytest.approx(17, abs=0.1)
+    assert b.allowance(2, 0.1) == pytest.approx(0.85 * 0.010 * 9 / 0.0005)

@@ -1,0 +1,164 @@
+"""Tenants: who a request belongs to, and the salt that keeps its cached text its own
+(docs/design.md "Security", "Tenants").
+
+A tenant is an API key. The key file (`--api-key-file`, mode 0600) holds one key per line,
+each with an optional name before it; `#` starts a comment line:
+
+    # NAME KEY, or KEY alone
+    alice  sk-alice-7f3a...
+    bob    sk-bob-91c2...
+    sk-unnamed-key...
+
+A line is split at its first whitespace: the name, then the key (which may hold spaces); a
+line without whitespace is a key alone, named `key-` and 8 hex digits of its hash (stable
+however the lines are ordered). A file of one line is one key, the whole line (spaces
+included), exactly as every release read its single-key file. `--api-key` and
+`$SWITCHYARD_API_KEY` give one key. With no key, or with one, there is one tenant.
+
+What a tenant's requests leave behind that another request could sense (KV pages and the
+prefix they make faster, the speculative proposer's n-grams, the gateway's remembered turns)
+is keyed by a **salt**: with several tenants, each tenant's own, and within a tenant the
+request's `cache_salt` (vLLM's field) isolates further. The tenants named by
+`--shared-prefix-tenants` share one salt (their pages, drafts and turns), for an operator who
+wants a common system prompt prefilled once for all of them: they can sense each other's text.
+A single tenant (no key, or one) shares its text with itself by design: its salt is empty
+unless a request gives a `cache_salt`, and its page ids are the ones every release computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+SALT_BYTES = 16
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# The resolved keys of a file with names or several keys, as settings.api_key carries them to
+# the gateway (a single key alone is carried as itself): a first line no key can be.
+_CANONICAL = "#switchyard-tenants-v1"
+MAX_CACHE_SALT_CHARS = 1024
+
+
+class KeyFileError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    key: str = field(repr=False)
+
+
+def unnamed(key: str) -> str:
+    return "key-" + hashlib.blake2b(key.encode(), digest_size=4,
+                                    person=b"sy-tenant-name").hexdigest()
+
+
+def parse_keys(text: str, where: str = "the key file") -> list[Tenant]:
+    """The tenants of a key file's text (or of a resolved `api_key`). Refuses duplicate names
+    or keys and bad names, naming the line."""
+    lines = [(n, raw.strip()) for n, raw in enumerate(text.splitlines(), 1) if raw.strip()]
+    if len(lines) == 1 and not text.startswith(_CANONICAL):
+        return [Tenant(unnamed(lines[0][1]), lines[0][1])]  # a single-key file, as before
+    tenants: list[Tenant] = []
+    names: set[str] = set()
+    keys: set[str] = set()
+    for number, line in lines:
+        if line.startswith("#"):
+            continue
+        fields = line.split(None, 1)
+        if len(fields) == 1:
+            name, key = unnamed(fields[0]), fields[0]
+        else:
+            name, key = fields[0], fields[1].strip()
+            if not _NAME.fullmatch(name):
+                raise KeyFileError(f"{where}, line {number}: the name {name!r} must be 1-64 "
+                                   "letters, digits, '_', '.' or '-' (write 'NAME KEY' or a "
+                                   "key without spaces)")
+        if name in names:
+            raise KeyFileError(f"{where}, line {number}: the name {name!r} is given twice")
+        if key in keys:
+            raise KeyFileError(f"{where}, line {number}: the key is given twice")
+        names.add(name)
+        keys.add(key)
+        tenants.append(Tenant(name, key))
+    return tenants
+
+
+def resolved_keys(text: str, where: str = "the key file") -> str:
+    """What `settings.api_key` holds for a key file: a single unnamed key as itself (as every
+    release read it), anything else as canonical lines."""
+    tenants = parse_keys(text, where)
+    if not tenants:
+        return ""
+    if len(tenants) == 1 and tenants[0].name == unnamed(tenants[0].key):
+        return tenants[0].key
+    return "\n".join([_CANONICAL, *(f"{t.name} {t.key}" for t in tenants)]) + "\n"
+
+
+def tenants_of(api_key: str) -> list[Tenant]:
+    """The tenants of a resolved `settings.api_key` (a single key from a flag, the environment
+    or a file, or a file's canonical lines)."""
+    if not api_key:
+        return []
+    if api_key.startswith(_CANONICAL + "\n"):
+        return parse_keys(api_key, "the API keys")
+    return [Tenant(unnamed(api_key), api_key)]
+
+
+class Tenants:
+    """The gateway's keys: who a request's key names, and the salt of its cache."""
+
+    def __init__(self, tenants: Iterable[Tenant] = (), shared: Iterable[str] = ()):
+        self.tenants = list(tenants)
+        self.shared = frozenset(shared)
+        unknown = self.shared - {t.name for t in self.tenants}
+        if unknown:
+            raise KeyFileError("--shared-prefix-tenants names no key: "
+                               + ", ".join(sorted(unknown)) + " (names are the key file's; "
+                               + (", ".join(t.name for t in self.tenants) or "no keys") + ")")
+        self._keys = [(t.key.encode(), t) for t in self.tenants]
+
+    @classmethod
+    def from_settings(cls, api_key: str, shared: Iterable[str] = ()) -> Tenants:
+        return cls(tenants_of(api_key), shared)
+
+    def __bool__(self) -> bool:
+        return bool(self.tenants)
+
+    @property
+    def several(self) -> bool:
+        return len(self.tenants) > 1
+
+    def match(self, given: str) -> Tenant | None:
+        """The tenant whose key was given; every key is compared (in constant time each), so
+        the time taken does not say which matched."""
+        given_bytes = given.encode()
+        found = None
+        for key, tenant in self._keys:
+            if hmac.compare_digest(given_bytes, key):
+                found = tenant
+        return found
+
+    def salt(self, tenant: Tenant | None, cache_salt: str | None = None) -> bytes:
+        """The salt of a request of `tenant` with `cache_salt` (b"": unsalted, one tenant and
+        no cache_salt)."""
+        parts = []
+        if tenant is not None and self.several:
+            parts.append(b"shared" if tenant.name in self.shared
+                         else b"tenant:" + tenant.name.encode())
+        if cache_salt:
+            parts.append(b"cache_salt:" + cache_salt.encode("utf-8", "surrogatepass"))
+        return salt_of(parts)
+
+
+def salt_of(parts: list[bytes]) -> bytes:
+    if not parts:
+        return b""
+    h = hashlib.blake2b(digest_size=SALT_BYTES, person=b"sy-cache-salt")
+    for part in parts:  # length-prefixed: no cache_salt makes another tenant's salt
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.digest()
