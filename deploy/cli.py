@@ -26,7 +26,7 @@ from typing import Callable
 from switchyard.deploy import service_cli
 from switchyard.deploy import status as status_cli
 from switchyard.deploy.cache_cli import add_cache_parser, run_cache
-from switchyard.deploy.default_model import TINY, DefaultModelUnavailable
+from switchyard.deploy.default_model import TINY, TINY_TERSE, DefaultModelUnavailable
 from switchyard.deploy.resolve import with_concrete_paths, with_model
 from switchyard.deploy.supervisor import ROLES, Supervisor
 from switchyard.proto.endpoints import Endpoints, RuntimeDirError
@@ -127,6 +127,8 @@ def _model_note(requested: str) -> str:
         return "  (the default model; `--model tiny` for a generated one, `--model PATH` for yours)"
     if requested == TINY:
         return "  (generated random-weight model: fast nonsense)"
+    if requested == TINY_TERSE:
+        return "  (generated random-weight model that ends its replies: short nonsense)"
     return ""
 
 

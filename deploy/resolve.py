@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from switchyard.deploy.default_model import TINY, model_for
+from switchyard.deploy.default_model import GENERATED, model_for
 from switchyard.proto.settings import Settings
 
 
@@ -15,7 +15,7 @@ def with_concrete_paths(settings: Settings) -> Settings:
     every child sees the same directories whatever its environment."""
     model = settings.model
     # `tiny` names the generated model even where a ./tiny exists (that one is `./tiny`).
-    if model and model != TINY and Path(model).expanduser().exists():
+    if model and model not in GENERATED and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
     draft = settings.draft_model
     if draft and Path(draft).expanduser().exists():

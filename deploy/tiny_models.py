@@ -16,6 +16,16 @@ stores them); the qwen3_next twin is written in Hugging Face's layout as Qwen3-N
 published (experts one by one, RMSNorm weights as offsets from 1, the conv kernel last, no
 "mlx" format tag), so mlx-lm's and mlx-vlm's conversions of a real checkpoint are what read
 it. mlx-lm's loader drops the head from the main model, as it does for the real ones.
+
+`terse=True` (the attention archs whose layers write the residual only through `o_proj` and
+`down_proj`: qwen3, qwen2, llama) makes a twin that ends its replies. A random model never picks
+its end token, so an agent client's turn would only stop at the client's output limit. One
+hidden dimension is made a constant (every embedding row carries TERSE_CONST there, and no layer
+writes to it), so after the final norm it is positive at every position; the output head
+(untied) reads that dimension only for the end-of-turn token, whose logit gains TERSE_END_GAIN
+times it, and for the other control and markup tokens, which lose TERSE_MUTE times it (never
+sampled: replies are plain text, without a stray `<think>` or `<tool_call>`). Under plain
+sampling (temperature 1) a reply then ends after a few dozen tokens.
 """
 
 from __future__ import annotations
@@ -225,6 +235,33 @@ def make_weights(config: dict, seed: int) -> dict[str, mx.array]:
     return weights
 
 
+TERSE_ARCHS = ("qwen3", "qwen2", "llama")
+TERSE_DIM = 0  # the hidden dimension held constant
+TERSE_CONST = 4.0
+TERSE_END_GAIN = 30.0
+TERSE_MUTE = 40.0
+
+
+def make_terse(weights: dict[str, mx.array], config: dict, token_ids: dict[str, int]) -> None:
+    """Rewrite an untied twin's weights (in place) so that sampled replies end soon and carry no
+    markup tokens (see the module docstring)."""
+    d = TERSE_DIM
+    embed = weights["model.embed_tokens.weight"]
+    embed[:, d] = TERSE_CONST
+    for name, w in weights.items():
+        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            w[d, :] = 0.0
+        elif name.endswith(("self_attn.o_proj.bias", "mlp.down_proj.bias")):
+            w[d] = 0.0
+    head = weights["lm_head.weight"]
+    head[:, d] = 0.0
+    head[token_ids[tiny_tokenizer.EOS_TOKEN], d] = TERSE_END_GAIN
+    for token in (*tiny_tokenizer.CONTROL_TOKENS, *tiny_tokenizer.MARKUP_TOKENS):
+        if token != tiny_tokenizer.EOS_TOKEN:
+            head[token_ids[token], d] = -TERSE_MUTE
+    mx.eval(weights)
+
+
 def make_mtp_weights(config: dict, seed: int, hf_layout: bool = False) -> dict[str, mx.array]:
     """`mtp.*` tensors for a qwen3_5-family or qwen3_next config: the parameters of a freshly
     initialised mlx-vlm MTP drafter (its own class and its splitter's text config, so names
@@ -289,11 +326,17 @@ def write_tiny_mlx(out: Path, arch: str = "qwen3", seed: int = 0, **sizes) -> Pa
     return out
 
 
-def tiny_model_parts(arch: str = "qwen3", seed: int = 0, mtp: bool = False, **sizes):
+def tiny_model_parts(arch: str = "qwen3", seed: int = 0, mtp: bool = False,
+                     terse: bool = False, **sizes):
     """(tokenizer files, special token ids, config, float32 weights) of a tiny model; `mtp`:
-    with the family's multi-token-prediction head (MTP_ARCHS)."""
+    with the family's multi-token-prediction head (MTP_ARCHS); `terse`: a twin whose sampled
+    replies end after a few dozen tokens (TERSE_ARCHS, make_terse)."""
     if mtp and arch not in MTP_ARCHS:
         raise ValueError(f"no MTP head for {arch!r}; supported: {', '.join(MTP_ARCHS)}")
+    if terse and arch not in TERSE_ARCHS:
+        raise ValueError(f"no terse twin of {arch!r}; supported: {', '.join(TERSE_ARCHS)}")
+    if terse:  # the output head reads the constant dimension: it must not be the embedding
+        sizes["tie_word_embeddings"] = False
     if arch in VISION_ARCHS:
         from switchyard.deploy.tiny_vision import vision_model_parts
 
@@ -309,6 +352,8 @@ def tiny_model_parts(arch: str = "qwen3", seed: int = 0, mtp: bool = False, **si
     if config.get("text_config", config)["vocab_size"] < num_tokens:
         raise ValueError(f"vocab_size must be at least the tokenizer's {num_tokens}")
     weights = make_weights(config, seed)
+    if terse:
+        make_terse(weights, config, token_ids)
     if mtp:
         hf = arch in _HF_LAYOUT_MTP
         weights = (_hf_layout(weights) if hf else weights) | make_mtp_weights(config, seed + 1, hf)

@@ -99,7 +99,8 @@ def _opt(help: str, **kw):
 @dataclass(frozen=True)
 class Settings:
     model: str = _opt("MLX/HF model directory, Hugging Face repo id or .gguf file; `tiny`: a "
-                      "generated random-weight model (default: SmolLM2-135M-Instruct, fetched "
+                      "generated random-weight model, `tiny-terse` one that ends its replies (default: "
+                      "SmolLM2-135M-Instruct, fetched "
                       "once into the cache dir)", default="")
     served_model_name: tuple[str, ...] = _opt(
         "model names clients may use (repeatable; the first is the one replies carry; default: "

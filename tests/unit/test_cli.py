@@ -71,11 +71,14 @@ def test_empty_model_is_the_default_model_and_tiny_the_generated_one(tmp_path, m
 
     monkeypatch.setattr(default_model, "default_model_path", default_model_path)
     monkeypatch.setattr(default_model, "tiny_model_path",
-                        lambda cache_dir: Path(cache_dir) / "models" / "tiny")
+                        lambda cache_dir, terse=False:
+                        Path(cache_dir) / "models" / ("terse" if terse else "tiny"))
     s = resolve.with_model(Settings(cache_dir=str(tmp_path)))
     assert s.model == str(tmp_path / "models" / "default.gguf") and calls == [tmp_path]
     assert resolve.with_model(Settings(model="tiny", cache_dir=str(tmp_path))).model == str(
         tmp_path / "models" / "tiny")
+    assert resolve.with_model(Settings(model="tiny-terse", cache_dir=str(tmp_path))).model == str(
+        tmp_path / "models" / "terse")
     assert resolve.with_model(Settings(model="/m")).model == "/m"
 
 
