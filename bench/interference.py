@@ -170,8 +170,10 @@ def run_chunk(model: Path, chunk: int, share: str | None, args, x_prompts, main_
               log):
     # Rates count streamed chunks, one per token only without decode bursts (a burst of 8
     # tokens arrives as one chunk): --decode-burst 1 keeps solo and shared rates comparable.
+    # Speculation off: X's prompt comes back every round, and drafts copied from its earlier
+    # replies would deliver a reply in a few verify passes (no decode left to interfere with).
     extra = ["--prefill-chunk", str(chunk), "--page-size", "256", "--kv-disk-budget", "2GiB",
-             "--log-level", "debug", "--decode-burst", "1"]
+             "--log-level", "debug", "--decode-burst", "1", "--speculative", "off"]
     if share is not None:
         extra += ["--decode-share", share]
     row: dict = {"chunk": chunk, "share": share if share is not None else "default"}

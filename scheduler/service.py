@@ -138,6 +138,7 @@ class SchedulerService:
         self.worker_boot_synced: str | None = None
         self.worker_down_since: float | None = time.time()
         self.kvstore_ready = False
+        self.kvstore_silent = False  # ready, then silent past the timeout (kvstore_readiness)
         self._plan_s = 0.0  # planning time of the step in flight (logged when it is done)
         self.kvstore_down_since: float | None = time.time()  # no page index yet
         # A worker group's kvstores (one per rank) are one page store to the core.
@@ -291,7 +292,7 @@ class SchedulerService:
             self.apply(self.core.handle(WorkerLost(), now))
         elif kvstore_rank(role) is not None:  # any rank's kvstore: the group's page store
             self.stores.restarted(role)
-            self.kvstore_ready = False
+            self.kvstore_ready = self.kvstore_silent = False
             self.kvstore_down_since = self.kvstore_down_since or now
             self.apply(self.core.handle(KvstoreRestarted(), now))  # attach, ask inventory
 
@@ -345,9 +346,12 @@ class SchedulerService:
             self._fail_everything("the model worker is unavailable", now)
         silent = [i for i in self.stores.identities()
                   if now - self.last_seen.get(i, 0.0) > timeout]
-        if self.kvstore_ready and silent:
-            self.log.warning("kvstore.lost", kvstores=silent)
-            self.kvstore_ready = False
+        self.kvstore_ready, self.kvstore_silent, event = kvstore_readiness(
+            self.kvstore_ready, self.kvstore_silent, bool(silent))
+        if event == "kvstore.lost":
+            self.log.warning(event, kvstores=silent)
+        elif event is not None:
+            self.log.info(event)
         # Requests wait for the page index while kvstore starts (docs/design.md "Processes");
         # one that stays away this long is not waited for: serve without disk pages.
         overdue = (self.kvstore_down_since is not None
@@ -462,6 +466,19 @@ class SchedulerService:
 
 REFUSED_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+def kvstore_readiness(ready: bool, silent: bool, now_silent: bool
+                      ) -> tuple[bool, bool, str | None]:
+    """(ready, silent, the event to log) after a heartbeat check of the kvstores. One silent
+    past the timeout is not ready; heard from again without restarting (starved by a long
+    prefill on a loaded machine, a slow disk), it is ready again: the page index the core
+    holds is still its index. A restart goes through its inventory instead."""
+    if ready and now_silent:
+        return False, True, "kvstore.lost"
+    if silent and not now_silent:
+        return True, False, "kvstore.back"
+    return ready, silent, None
 
 
 def remote_kvstore_address(settings: Settings) -> str:

@@ -327,3 +327,16 @@ def test_each_role_may_send_only_its_own_messages():
     assert may_send("kvstore.1", deleted) and not may_send("kvstore.1", submit)
     assert not may_send("kvstore.1", step) and may_send("kvstore", beat)
     assert not may_send("stranger", beat) and not may_send("kvstore.0", beat)
+
+
+def test_a_kvstore_heard_from_again_is_ready_again():
+    """Silent past the timeout (a long prefill starving it on a loaded machine) it is lost;
+    heard from again without a restart it is back, and /health says ok again."""
+    from switchyard.scheduler.service import kvstore_readiness
+
+    assert kvstore_readiness(True, False, False) == (True, False, None)
+    assert kvstore_readiness(True, False, True) == (False, True, "kvstore.lost")
+    assert kvstore_readiness(False, True, True) == (False, True, None)
+    assert kvstore_readiness(False, True, False) == (True, False, "kvstore.back")
+    # Starting (no inventory yet): never made ready by a heartbeat alone.
+    assert kvstore_readiness(False, False, False) == (False, False, None)
