@@ -9,6 +9,7 @@ README's section per client shows exactly the configuration the e2e tests use.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,27 @@ def test_readme_shows_the_configuration_the_tests_use(name):
     readme = (REPO / "README.md").read_text()
     for block in readme_blocks(name):
         assert f"\n{block}```\n" in readme, f"README's {name} section lacks the block:\n{block}"
+
+
+@pytest.mark.parametrize("session", SESSIONS, ids=lambda p: p.name)
+def test_every_field_a_client_sends_is_known_and_in_the_readme_table(session):
+    """No corpus field is logged as unknown (each is read or ignored by design), and README's
+    "What agent clients send" table names each one."""
+    from structlog.testing import capture_logs
+
+    from switchyard.gateway.api import validation
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("### What agent clients send"):]
+    table = table[:table.index("\n\n", table.index("| API |"))]
+    for name in FILES:
+        record = load(session, name)
+        validation._noted.clear()
+        with capture_logs() as logs:
+            parse(record)
+        assert [e for e in logs if e["event"] == "request.field_ignored"
+                and not e["field"].startswith(("responses.tools[].type=",
+                                               "context_management.edits[].type="))] == []
+        for field in record["body"]:  # `field` or `field.member`
+            assert re.search(f"`{re.escape(field)}[`.]", table), \
+                f"{session.name}/{name}: `{field}` not in README"
