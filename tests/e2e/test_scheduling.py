@@ -130,7 +130,11 @@ def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_
                 break
             time.sleep(0.1)
         assert status is not None and len(status.slots) == 4
-        assert len(held) == 1, "idle, one conversation stays in memory (--slots 1)"
+        assert len(held) == 1, ("idle, one conversation stays in memory (--slots 1)",
+                                [(e.get("role"), e["event"]) for e in group.log_events()
+                                 if e["event"] in ("worker.lost", "kvstore.lost",
+                                                   "component.restarted", "step.failed")],
+                                status.slots)
 
         follow = [chat + [{"role": "assistant", "content": r.choices[0].message.content},
                           {"role": "user", "content": "Next step."}]
