@@ -70,7 +70,8 @@ def _call_constraint(tokenizer: Any, chat: ChatRequest, syntax: ToolSyntax, mode
                                chat.parallel_tool_calls, token_literals(added))
     except UnsupportedCallFormat:
         return None  # a format without a grammar: calls are parsed, not constrained
-    return structured.lark(grammar.lark, "tools", trigger=grammar.trigger)
+    return structured.lark(grammar.lark, "tools", trigger=grammar.trigger,
+                           what="the grammar of their calls")
 
 
 def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,

@@ -93,9 +93,11 @@ def json_schema(schema: Any, param: str) -> Constraint:
     return checked(grammar, param)
 
 
-def _bounded(text: str, param: str) -> None:
+def _bounded(text: str, param: str, what: str = "") -> None:
+    """`what`: the text, when it is not `param` itself but made from it (a call grammar)."""
     if len(text) > MAX_SCHEMA_BYTES:
-        raise invalid(f"'{param}' is larger than {MAX_SCHEMA_BYTES} bytes", param=param,
+        subject = f"'{param}': {what}" if what else f"'{param}'"
+        raise invalid(f"{subject} is larger than {MAX_SCHEMA_BYTES} bytes", param=param,
                       code="invalid_value")
 
 
@@ -106,11 +108,12 @@ def regex(pattern: Any, param: str) -> Constraint:
     return checked(_llg().LLMatcher.grammar_from_regex(pattern), param)
 
 
-def lark(text: Any, param: str, trigger: str = "") -> Constraint:
-    """A Lark grammar (llguidance's dialect), or GBNF as llama.cpp writes it."""
+def lark(text: Any, param: str, trigger: str = "", what: str = "") -> Constraint:
+    """A Lark grammar (llguidance's dialect), or GBNF as llama.cpp writes it; `what` names it
+    when it is made from `param` (the tools' call grammar)."""
     if not isinstance(text, str) or not text.strip():
         raise invalid(f"'{param}' must be a non-empty string", param=param, code="invalid_type")
-    _bounded(text, param)
+    _bounded(text, param, what)
     if "::=" in text:
         from llguidance.gbnf_to_lark import gbnf_to_lark
 

@@ -1,6 +1,7 @@
 """What JSON Schema cannot state about a request, applied to schemathesis' generated ones.
 
-A named tool_choice must name one of `tools`, and a function is offered once (a Responses
+A named tool_choice must name one of `tools`, the grammar of the tools' calls stays within its
+bound, and a function is offered once (a Responses
 namespace's included); a previous_response_id must be one the server
 still keeps; an image's bytes must be an image (and at most --max-images of them). The published
 spec documents each as a 400 (gateway/api/openapi.py `_SEMANTIC_400S`); a valid generated case
@@ -12,8 +13,13 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 MAX_IMAGES = 16
+# The call grammar made from the tools is bounded (64 KiB, a 400 beyond it); a list within
+# these stays well inside it.
+MAX_TOOLS_IN_GRAMMAR = 64
+MAX_TOOLS_JSON = 16 * 1024
 
 
 def _png() -> bytes:
@@ -62,6 +68,10 @@ def follow_unstateable_rules(body) -> None:
             body[key] = make_images_real(body[key], [0])
     names = []
     tools = body.get("tools")
+    if isinstance(tools, list):  # the grammar of their calls must stay within 64 KiB
+        while len(tools) > 1 and (len(tools) > MAX_TOOLS_IN_GRAMMAR
+                                  or len(json.dumps(tools)) > MAX_TOOLS_JSON):
+            tools.pop()
     for tool in _offered(tools):
         if isinstance(tool, dict) and tool.get("type") not in (None, "custom", "function"):
             continue  # a server tool: skipped, not callable

@@ -1,7 +1,11 @@
 """Hooks for the schemathesis CLI run by hand against a live group (docs/design.md "HTTP API"):
 
     SCHEMATHESIS_HOOKS=tests.helpers.schemathesis_hooks PYTHONPATH=. \
-        .venv/bin/schemathesis run http://127.0.0.1:PORT/openapi.json --checks all
+        .venv/bin/schemathesis run http://127.0.0.1:PORT/openapi.json --checks all \
+        --max-response-time 60
+
+(`--max-response-time`: a request without a token limit generates up to --default-max-tokens,
+which a model on 2 CPU cores writes in more than schemathesis' default 10 s.)
 
 Each schema-valid generated request is made to follow what the spec can only state in words
 (tests/helpers/openapi_rules.py), as the CI test does; schema-violating ones are sent as
