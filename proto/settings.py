@@ -163,8 +163,10 @@ class Settings:
                             "(--speculative auto or draft)", default="")
     num_draft_tokens: int = _opt("most tokens proposed for one sequence in one step "
                                  "(speculative decoding's upper bound)", default=8)
-    decode_share: float = _opt("while others prefill, decoding streams keep at least this "
-                               "share of their solo speed (0 disables the limit)", default=0.5)
+    decode_share: float = _opt("while a request prefills, decoding streams keep this share of "
+                               "their solo speed; beside more requests waiting for a first "
+                               "token, their fair part (at least 0.1); 0 disables the limit",
+                               default=0.5)
     overtake_limit: float = _opt("shorter newcomers may prefill ahead of a waiting request "
                                  "until others got this many times its remaining prompt "
                                  "tokens (0: first come, first served)", default=1.0)
