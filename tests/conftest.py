@@ -28,3 +28,16 @@ def tiny_model_dir(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_tokenizer(tmp_path_factory):
+    """The tiny model's tokenizer and chat template through transformers (no MLX)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from switchyard.deploy.tiny_tokenizer import tokenizer_files
+
+    path = tmp_path_factory.mktemp("tok")
+    for name, data in tokenizer_files().items():
+        (path / name).write_bytes(data)
+    return PreTrainedTokenizerFast.from_pretrained(str(path))

@@ -29,15 +29,8 @@ SECRETS = ("authorization", "x-api-key", "cookie", "proxy-authorization")
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from transformers import PreTrainedTokenizerFast
-
-    from switchyard.deploy.tiny_tokenizer import tokenizer_files
-
-    path = tmp_path_factory.mktemp("tok")
-    for name, data in tokenizer_files().items():
-        (path / name).write_bytes(data)
-    return PreTrainedTokenizerFast.from_pretrained(str(path))
+def tokenizer(tiny_hf_tokenizer):
+    return tiny_hf_tokenizer
 
 
 def load(session: Path, name: str) -> dict:

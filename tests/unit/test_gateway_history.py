@@ -44,15 +44,8 @@ THINKING = QWEN3_LIKE[:QWEN3_LIKE.rindex("{%- if add_generation_prompt")] + \
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from transformers import PreTrainedTokenizerFast
-
-    from switchyard.deploy.tiny_tokenizer import tokenizer_files
-
-    path = tmp_path_factory.mktemp("tok")
-    for name, data in tokenizer_files().items():
-        (path / name).write_bytes(data)
-    return PreTrainedTokenizerFast.from_pretrained(str(path))
+def tokenizer(tiny_hf_tokenizer):
+    return tiny_hf_tokenizer
 
 
 def encode(tokenizer, text):
