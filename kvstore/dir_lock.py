@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import fcntl
 import os
-import stat
 from pathlib import Path
+
+from switchyard.proto.endpoints import check_private_dir as check_dir
 
 LOCK_NAME = "lock"
 
@@ -31,27 +32,9 @@ class KvDirUnsafe(RuntimeError):
 
 
 def check_private_dir(path: Path, what: str) -> None:
-    """`path` must be a real directory of ours: never a symlink (a planted one would receive
-    our pages), never another user's; group and other access is removed (0700), through an
-    O_NOFOLLOW descriptor of the very inode checked (docs/design.md "Security")."""
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode):
-        raise KvDirUnsafe(f"{what} {path} is a symbolic link; refusing to use it (it may have "
-                          f"been planted): remove it, or choose another --kv-dir")
-    if not stat.S_ISDIR(info.st_mode):
-        raise KvDirUnsafe(f"{what} {path} exists and is not a directory: remove it, or "
-                          f"choose another --kv-dir")
-    if info.st_uid != os.getuid():
-        raise KvDirUnsafe(f"{what} {path} belongs to uid {info.st_uid}, not to us; refusing to "
-                          f"use it: remove it, or choose another --kv-dir")
-    if stat.S_IMODE(info.st_mode) & 0o077:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            if os.fstat(fd).st_ino != info.st_ino:
-                raise KvDirUnsafe(f"{what} {path} changed while being checked")
-            os.fchmod(fd, 0o700)
-        finally:
-            os.close(fd)
+    """A level of the page directory must be a real directory of ours, as the runtime dir
+    (proto.endpoints.check_private_dir); KvDirUnsafe if not."""
+    check_dir(path, what, KvDirUnsafe, "choose another --kv-dir")
 
 
 def lock_kv_dir(root: Path) -> int:

@@ -32,23 +32,32 @@ def ensure_runtime_dir(path: Path) -> Path:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+    check_private_dir(path, "runtime dir", RuntimeDirError, "choose another --runtime-dir")
+    return path
+
+
+def check_private_dir(path: Path, what: str, error: type[Exception], advice: str) -> None:
+    """`path` must be a real directory of ours: never a symlink (a planted one would receive
+    our sockets or pages), never another user's; its mode is made 0700 through an O_NOFOLLOW
+    descriptor of the very inode checked (docs/design.md "Security"). Raises `error`, whose
+    message ends with `advice` (the flag that picks another directory)."""
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
-        raise RuntimeDirError(f"runtime dir {path} is a symbolic link; refusing to use it "
-                              f"(it may have been planted): remove it, or choose --runtime-dir")
+        raise error(f"{what} {path} is a symbolic link; refusing to use it (it may have been "
+                    f"planted): remove it, or {advice}")
     if not stat.S_ISDIR(info.st_mode):
-        raise RuntimeDirError(f"runtime dir {path} exists and is not a directory")
+        raise error(f"{what} {path} exists and is not a directory: remove it, or {advice}")
     if info.st_uid != os.getuid():
-        raise RuntimeDirError(f"runtime dir {path} belongs to another user")
+        raise error(f"{what} {path} belongs to uid {info.st_uid}, not to us; refusing to use "
+                    f"it: remove it, or {advice}")
     if stat.S_IMODE(info.st_mode) != 0o700:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             if os.fstat(fd).st_ino != info.st_ino:
-                raise RuntimeDirError(f"runtime dir {path} changed while being checked")
+                raise error(f"{what} {path} changed while being checked")
             os.fchmod(fd, 0o700)
         finally:
             os.close(fd)
-    return path
 
 
 def rank_role(role: str, rank: int) -> str:
