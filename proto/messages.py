@@ -24,7 +24,8 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # model: DecodeItem.draft_tokens, StepDone.drafts/draft_s, WorkerReady.drafter/draft_cost).
 # 8: idle slots release their KV (RunStep.releases). 9: tenants (SubmitRequest.cache_salt).
 # 10: AttachBuffers carries the pages' geometry (kvstore checks every page against it).
-PROTOCOL_VERSION = 10
+# 11: StepDone.num_forward_passes/num_forward_tokens (packed prefill's passes per step).
+PROTOCOL_VERSION = 11
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -430,6 +431,16 @@ class StepDone(Message, tag="step_done"):
     draft_s: float = 0.0  # the drafter's time in this step (within decode_s)
     num_draft_passes: int = 0  # the drafter's batched passes in this step
     num_catch_up_tokens: int = 0  # tokens the drafter prefilled to catch its rows up
+    # The model's forward passes in this step (each one read of its weights) and the tokens
+    # they computed, padding not counted (docs/design.md "Packed prefill").
+    num_forward_passes: int = 0
+    num_forward_tokens: int = 0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Tokens computed per read of the weights (0 in a step without a pass)."""
+        return round(self.num_forward_tokens / self.num_forward_passes, 1) \
+            if self.num_forward_passes else 0.0
 
 
 # --- scheduler <-> kvstore --------------------------------------------------------------------

@@ -259,6 +259,8 @@ class SchedulerService:
             self.log.debug("step.finished", step=msg.step, batch=msg.num_decode_tokens,
                            num_verified_tokens=msg.num_verified_tokens,
                            num_prefill_tokens=msg.num_prefill_tokens,
+                           forward_passes=msg.num_forward_passes,
+                           tokens_per_pass=msg.tokens_per_pass,
                            step_ms=round(msg.duration_s * 1e3, 2),
                            decode_ms=round(msg.decode_s * 1e3, 2),
                            prefill_ms=round(msg.prefill_s * 1e3, 2),

@@ -33,6 +33,15 @@ def rewindable(cache: list) -> bool:
     return all(is_attention_kv(c) for c in leaves(cache))
 
 
+def packable(cache: list) -> bool:
+    """True when several slots' prefill chunks can run as right-padded rows of one pass
+    (docs/design.md "Packed prefill"): every layer is per-token attention KV, whose batch
+    (worker/batch_kv.py) writes each row at its own end and cuts each row's padding off, or a
+    recurrent state, which mlx-lm's batch advances by each row's length alone (`lengths`,
+    as in a verify pass). Rings are merged left-padded and cannot drop a row's padding."""
+    return all(is_attention_kv(c) or type(c) is ArraysCache for c in leaves(cache))
+
+
 def drops_last_token(cache: list) -> bool:
     """True when the token just fed can be undone (pipelined decode; docs/design.md "Hybrid
     models"): attention KV and rings with `trim(1)` (a ring's slot it wrote is rewritten by the

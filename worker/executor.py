@@ -2,7 +2,9 @@
 
 Staging runs first so that it reads what the previous step left in a slot, before this
 step's copies, loads or prefills truncate it. Decode runs before prefill: a running sequence
-never waits for a neighbour's chunk to get its token computed (F6).
+never waits for a neighbour's chunk to get its token computed (F6). The step's prefill chunks
+run packed, several slots' chunks as rows of one forward pass, where the model's caches allow
+it (docs/design.md "Packed prefill").
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ import numpy as np
 
 import msgspec
 
-from switchyard.proto.messages import (DecodeItem, RunStep, SampledToken, SlotDraft, SlotFailure,
-                                       StepDone)
+from switchyard.proto.messages import (DecodeItem, PrefillChunk, RunStep, SampledToken,
+                                       SlotDraft, SlotFailure, StepDone)
 from switchyard.proto.shm import PageBufferPool
 from switchyard.worker.cache_kinds import before_token, drop_last_token
 from switchyard.worker.constraints import ConstraintEngine
 from switchyard.worker.drafters import Drafter, DraftRow
 from switchyard.worker.errors import ImageInputError
 from switchyard.worker.page_io import PageLayout
+from switchyard.worker.prefill_packing import pack_groups
 from switchyard.worker.sampling import sample_lazy
 from switchyard.worker.slots import SlotStore
 from switchyard.proto.speculation import verified
@@ -30,8 +33,12 @@ from switchyard.proto.speculation import verified
 class StepExecutor:
     def __init__(self, store: SlotStore, layout: PageLayout | None,
                  pool: PageBufferPool | None, constraints: ConstraintEngine | None = None,
-                 share_tokens=None, drafter: Drafter | None = None):
+                 share_tokens=None, drafter: Drafter | None = None,
+                 packed_prefill: bool = True):
         self.store = store
+        # Several slots' prefill chunks in one forward pass (--packed-prefill), where the
+        # store's caches allow it.
+        self.packed_prefill = packed_prefill and store.packs_prefill
         # Drafts made in the worker (worker/drafters.py: a draft model), for the rows that
         # ask for them (DecodeItem.draft_tokens).
         self.drafter = drafter
@@ -80,14 +87,10 @@ class StepExecutor:
         draft_s, draft_passes = self.drafter.take_stats() if self.drafter else (0.0, 0)
         caught_up = getattr(self.drafter, "take_catch_up_tokens", lambda: 0)()
         prefill_started = time.perf_counter()
-        failed = []
-        for chunk in step.prefills:
-            try:
-                store.prefill_chunk(chunk)
-            except ImageInputError as exc:  # raised before the chunk touched its slot
-                failed.append(SlotFailure(chunk.slot, "invalid_image", str(exc)))
+        failed = self._prefill(step.prefills)
         done = time.perf_counter()
         encode_s, num_encoded = store.take_encode_stats()
+        num_passes, num_pass_tokens = store.take_pass_stats()
         return StepDone(
             step=step.step, sampled=sampled,
             num_prefill_tokens=sum(len(c.token_ids) for c in step.prefills),
@@ -98,7 +101,28 @@ class StepExecutor:
             num_catch_up_tokens=caught_up,
             decode_s=prefill_started - decode_started,
             prefill_s=done - prefill_started - encode_s, load_s=decode_started - load_started,
-            encode_s=encode_s, num_encoded_tokens=num_encoded, failed=tuple(failed))
+            encode_s=encode_s, num_encoded_tokens=num_encoded, failed=tuple(failed),
+            num_forward_passes=num_passes, num_forward_tokens=num_pass_tokens)
+
+    def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> list[SlotFailure]:
+        """Run the step's chunks: packed in groups of near-equal length (worker/
+        prefill_packing.py), each group one pass; a group of one, and every chunk where
+        packing is off, alone. Returns the chunks that failed (their slots as before)."""
+        if self.packed_prefill and len(chunks) > 1:
+            groups = pack_groups([len(c.token_ids) for c in chunks])
+        else:
+            groups = [[i] for i in range(len(chunks))]
+        failed = []
+        for group in groups:
+            if len(group) > 1:
+                self.store.prefill_packed([chunks[i] for i in group])
+                continue
+            chunk = chunks[group[0]]
+            try:
+                self.store.prefill_chunk(chunk)
+            except ImageInputError as exc:  # raised before the chunk touched its slot
+                failed.append(SlotFailure(chunk.slot, "invalid_image", str(exc)))
+        return failed
 
     def _drafted(self, decodes: tuple[DecodeItem, ...]) -> tuple[DecodeItem, ...]:
         """The step's decodes, those that ask the drafter for a draft given one (docs/design.md

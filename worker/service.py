@@ -352,12 +352,14 @@ def run(settings: Settings) -> None:
              speculation=speculation or "off", cpu_float_copies_bytes=copies,
              **draft_fields(draft, drafter))
     if group is None:
-        executor = StepExecutor(store, layout, pool, constraints, drafter=drafter)
+        executor = StepExecutor(store, layout, pool, constraints, drafter=drafter,
+                                packed_prefill=settings.packed_prefill)
         ranks: tuple[RankInfo, ...] = ()
     else:
         # Constraints and logit_bias act on rank 0's logits alone: it samples for all.
         executor = StepExecutor(store, layout, pool, constraints if group.rank == 0 else None,
-                                share_tokens=group.share_tokens)
+                                share_tokens=group.share_tokens,
+                                packed_prefill=settings.packed_prefill)
         watch = start_watchdog(group, settings.group_timeout_s, log,
                                before_exit=pool.unlink if pool is not None else lambda: None)
         ranks = gather_ranks(group, namespace, pool, loaded, layout, watch)
@@ -430,6 +432,8 @@ def _serve(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
                 link.send(done)
                 log.debug("step.done", step=message.step, num_decode=done.num_decode_tokens,
                           num_prefill=done.num_prefill_tokens,
+                          forward_passes=done.num_forward_passes,
+                          tokens_per_pass=done.tokens_per_pass,
                           num_loaded=sum(len(load.buffers) for load in message.loads),
                           load_ms=round(done.load_s * 1e3, 2),
                           step_ms=round(done.duration_s * 1e3, 2),

@@ -23,6 +23,7 @@ from switchyard.worker.cache_kinds import (
     before_verify,
     drops_last_token,
     leaves,
+    packable,
     rewindable,
     undo_verify,
     verifiable,
@@ -64,6 +65,13 @@ class SlotStore:
         self._body = self._head = None
         self.last_hidden: mx.array | None = None
         self._verify_hidden: mx.array | None = None
+        # Whether several slots' prefill chunks may run as rows of one forward pass
+        # (`prefill_packed`; worker/cache_kinds.py `packable`).
+        self.packs_prefill = packable(self._parked[0])
+        # Forward passes of the model and the tokens they computed (padding not counted),
+        # since the last `take_pass_stats`: the step log's passes and tokens per weight read.
+        self._passes = 0
+        self._pass_tokens = 0
 
     def attach_mtp(self, drafter) -> None:
         from switchyard.worker.mtp import body_and_head
@@ -71,13 +79,23 @@ class SlotStore:
         self.mtp = drafter
         self._body, self._head = body_and_head(self.model)
 
-    def forward(self, inputs: mx.array, cache: list, **model_inputs) -> mx.array:
+    def forward(self, inputs: mx.array, cache: list, num_tokens: int | None = None,
+                **model_inputs) -> mx.array:
         """The model's logits for `inputs`; with an MTP drafter also its final hidden states
-        (`last_hidden`), computed once for both."""
+        (`last_hidden`), computed once for both. `num_tokens`: the real tokens among padded
+        rows (all of `inputs` when None)."""
+        self._passes += 1
+        self._pass_tokens += inputs.size if num_tokens is None else num_tokens
         if self.mtp is None:
             return self.model(inputs, cache=cache, **model_inputs)
         self.last_hidden = self._body(inputs, cache=cache, **model_inputs)
         return self._head(self.last_hidden)
+
+    def take_pass_stats(self) -> tuple[int, int]:
+        """Forward passes and the tokens they computed since the last call."""
+        stats = self._passes, self._pass_tokens
+        self._passes = self._pass_tokens = 0
+        return stats
 
     @property
     def num_slots(self) -> int:
@@ -148,6 +166,34 @@ class SlotStore:
         mx.eval([c.state for c in cache])
         self.tokens[slot].extend(token_ids)
 
+    def prefill_packed(self, chunks: list[PrefillChunk]) -> None:
+        """Several slots' chunks as rows of one forward pass: the weights are read once for
+        all of them (docs/design.md "Packed prefill"). The rows are right-padded to the
+        longest; each row writes its tokens at its own end of a batch cache (worker/batch_kv.py:
+        rows left-aligned, each with its own length), the padding is cut off every row before
+        the rows go back to their slots, so no padded position enters a slot's cache, and a
+        row's KV is the KV of its chunk prefilled alone. The decode batch is left as it is
+        unless it holds one of these slots."""
+        slots = [c.slot for c in chunks]
+        if len(set(slots)) != len(slots) or not self.packs_prefill:
+            raise SlotError(f"slots {slots} cannot be prefilled as one pass")
+        rows = [list(c.token_ids) for c in chunks]
+        for chunk, row in zip(chunks, rows):
+            self.truncate(chunk.slot, chunk.start)
+            self._check_room(chunk.slot, len(row))
+        batch = [_merged(list(layer)) for layer in zip(*(self.parked(s) for s in slots))]
+        width = max(len(r) for r in rows)
+        lengths = [len(r) for r in rows]
+        self._forward(batch, [r + [r[-1]] * (width - len(r)) for r in rows], lengths)
+        self._cut(batch, [width - n for n in lengths])
+        for i, (chunk, row) in enumerate(zip(chunks, rows)):
+            self._parked[chunk.slot] = [layer.extract(i) for layer in batch]
+            if self.mtp is not None:
+                self.mtp.observe(chunk.slot, chunk.start, row, self.last_hidden[i:i + 1, :len(row)])
+            self.tokens[chunk.slot].extend(row)
+        # The caches only: a prefill's logits are never needed (as in `prefill`).
+        mx.eval([c.state for s in slots for c in leaves(self._parked[s])])
+
     def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> mx.array:
         """Append one token per slot and return the next-token logits, [len(slots), vocab]."""
         for slot, pos in zip(slots, positions):
@@ -171,7 +217,7 @@ class SlotStore:
         cache = self._cache_for(tuple(slots))
         y, out = first, []
         for _ in range(steps):
-            y = mx.argmax(self.model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+            y = mx.argmax(self.forward(y[:, None], cache)[:, -1, :], axis=-1)
             mx.async_eval(y)
             out.append(y)
         drafted = mx.stack(out, axis=1)
@@ -205,7 +251,7 @@ class SlotStore:
         for c in states:
             c.lengths = mx.array(lengths)
         try:
-            return self.forward(mx.array(rows), cache)
+            return self.forward(mx.array(rows), cache, sum(lengths))
         finally:
             for c in states:
                 c.lengths = None

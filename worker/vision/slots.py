@@ -29,6 +29,9 @@ class VisionSlotStore(SlotStore):
         self.spans: list[tuple[ImageSpan, ...]] = [() for _ in range(num_slots)]
         self._encode_s = 0.0
         self._num_encoded = 0
+        # A chunk runs on input embeddings at explicit positions (`prefill_chunk`): one pass
+        # per chunk (docs/design.md "Packed prefill").
+        self.packs_prefill = False
 
     # --- contents --------------------------------------------------------------------------
 
