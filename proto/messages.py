@@ -24,7 +24,7 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # model: DecodeItem.draft_tokens, StepDone.drafts/draft_s, WorkerReady.drafter/draft_cost).
 # 8: idle slots release their KV (RunStep.releases). 9: tenants (SubmitRequest.cache_salt).
 # 10: AttachBuffers carries the pages' geometry (kvstore checks every page against it).
-# 11: StepDone.num_forward_passes/num_forward_tokens (packed prefill's passes per step).
+# 11: StepDone.num_forward_passes/num_forward_tokens/num_prefill_passes (packed prefill).
 PROTOCOL_VERSION = 11
 
 ROLE_GATEWAY = "gateway"
@@ -435,6 +435,7 @@ class StepDone(Message, tag="step_done"):
     # they computed, padding not counted (docs/design.md "Packed prefill").
     num_forward_passes: int = 0
     num_forward_tokens: int = 0
+    num_prefill_passes: int = 0  # of those, the passes that ran the prefill chunks
 
     @property
     def tokens_per_pass(self) -> float:

@@ -260,6 +260,7 @@ class SchedulerService:
                            num_verified_tokens=msg.num_verified_tokens,
                            num_prefill_tokens=msg.num_prefill_tokens,
                            forward_passes=msg.num_forward_passes,
+                           prefill_passes=msg.num_prefill_passes,
                            tokens_per_pass=msg.tokens_per_pass,
                            step_ms=round(msg.duration_s * 1e3, 2),
                            decode_ms=round(msg.decode_s * 1e3, 2),

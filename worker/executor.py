@@ -87,10 +87,11 @@ class StepExecutor:
         draft_s, draft_passes = self.drafter.take_stats() if self.drafter else (0.0, 0)
         caught_up = getattr(self.drafter, "take_catch_up_tokens", lambda: 0)()
         prefill_started = time.perf_counter()
+        decode_passes, decode_pass_tokens = store.take_pass_stats()
         failed = self._prefill(step.prefills)
         done = time.perf_counter()
         encode_s, num_encoded = store.take_encode_stats()
-        num_passes, num_pass_tokens = store.take_pass_stats()
+        prefill_passes, prefill_pass_tokens = store.take_pass_stats()
         return StepDone(
             step=step.step, sampled=sampled,
             num_prefill_tokens=sum(len(c.token_ids) for c in step.prefills),
@@ -102,7 +103,9 @@ class StepExecutor:
             decode_s=prefill_started - decode_started,
             prefill_s=done - prefill_started - encode_s, load_s=decode_started - load_started,
             encode_s=encode_s, num_encoded_tokens=num_encoded, failed=tuple(failed),
-            num_forward_passes=num_passes, num_forward_tokens=num_pass_tokens)
+            num_forward_passes=decode_passes + prefill_passes,
+            num_forward_tokens=decode_pass_tokens + prefill_pass_tokens,
+            num_prefill_passes=prefill_passes)
 
     def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> list[SlotFailure]:
         """Run the step's chunks: packed in groups of near-equal length (worker/

@@ -7,10 +7,15 @@ text, not token ids, so the comparison is the reference tokens decoded with the 
 number of generated tokens from `usage`.
 
 One group per architecture (`--slots 2`): attention-only qwen3 and hybrid qwen3_next; a GGUF twin
-of the qwen3 model must serve the same greedy text as its MLX directory.
+of the qwen3 model must serve the same greedy text as its MLX directory. Two prompts that wait at
+the same step are prefilled as rows of one pass (docs/design.md "Packed prefill") and each still
+gets mlx_lm's tokens.
 """
 
 from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
 import openai
@@ -57,7 +62,9 @@ def servers(tiny_model_dir):
 
     def get(name: str) -> ServerGroup:
         if name not in started:
-            started[name] = ServerGroup(paths[name](), slots=2, ctx=4096).start()
+            # Debug: the worker's `step.done` lines show packed prefill passes.
+            started[name] = ServerGroup(paths[name](), slots=2, ctx=4096,
+                                        extra=("--log-level", "debug")).start()
         return started[name]
 
     yield get
@@ -109,6 +116,36 @@ def test_greedy_tokens_match_mlx_lm(servers, reference, arch, text):
     reply = served_completion(servers(arch), prompt_ids)
     assert reply.usage.prompt_tokens == len(prompt_ids)
     assert_same_as_reference(reply, tokenizer, expected, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prompts_prefilled_in_one_pass_match_mlx_lm(servers, reference, arch):
+    """A's prompt is one 512-token chunk and a tail as long as B's prompt. B, sent while A's
+    first chunk runs, waits for the next step, where its prompt and A's tail are two chunks of
+    one length: one pass. Whether B arrives during that first step depends on timing, so
+    rounds of fresh prompts (distinct from their first token: no shared prefix to wait for) go
+    until a step has packed two chunks (its `step.done` line); every reply of every round is
+    mlx_lm's."""
+    model, tokenizer = reference(arch)
+    group = servers(arch)
+    packed = []
+    for round_ in range(8):
+        b = tokenizer.encode(f"Bo walks to the mill, round {round_}. " + SHORT_TEXT)
+        a = tokenizer.encode(f"Ada reads the lines, round {round_}. " + LONG_TEXT)[:512 + len(b)]
+        expected = [greedy_reference(model, tokenizer, p, 16) for p in (a, b)]
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(served_completion, group, a, 16)
+            time.sleep(0.05)
+            second = pool.submit(served_completion, group, b, 16)
+            replies = [first.result(), second.result()]
+        for reply, want in zip(replies, expected):
+            assert_same_as_reference(reply, tokenizer, want, 16)
+        packed = [e for e in group.wait_events("step.done", timeout_s=2)
+                  if e.get("num_chunks", 0) >= 2 and e["prefill_passes"] < e["num_chunks"]]
+        if packed:
+            break
+    assert packed, "no step packed the two prompts' chunks in 8 rounds"
+    assert packed[0]["tokens_per_pass"] > 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)

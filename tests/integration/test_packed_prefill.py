@@ -86,6 +86,7 @@ def test_packed_chunks_leave_the_kv_and_tokens_of_a_pass_each(tiny_model_dir, ar
         _run_history(ex)
     done_packed, done_alone = _chunk_step(packed), _chunk_step(alone)
     assert (done_packed.num_forward_passes, done_alone.num_forward_passes) == (1, 3)
+    assert (done_packed.num_prefill_passes, done_alone.num_prefill_passes) == (1, 3)
     # Padding is not counted: both computed the chunks' tokens.
     assert done_packed.num_forward_tokens == done_alone.num_forward_tokens == 90
     assert done_packed.tokens_per_pass == 90.0 and done_alone.tokens_per_pass == 30.0
@@ -117,7 +118,9 @@ def test_a_packed_chunk_of_a_slot_in_the_decode_batch(tiny_model_dir):
                   PrefillChunk(2, 0, tuple(range(700, 718))))
         item = DecodeItem(0, len(ex.store.tokens[0]), 9, SamplingParams(), 2)
         done = ex.run(RunStep(20, decodes=(item,), prefills=chunks))
+        # One decode pass, then one prefill pass packed or two alone.
         assert done.num_forward_passes == (2 if ex is packed else 3)
+        assert done.num_prefill_passes == (1 if ex is packed else 2)
     for slot in (0, 1, 2):
         _assert_same_kv(packed.store, alone.store, slot)
     assert _greedy(packed, [0, 1, 2]) == _greedy(alone, [0, 1, 2])
