@@ -101,12 +101,19 @@ def main() -> None:
     args = ap.parse_args()
     if note := preload_note():
         print(note, file=sys.stderr)
+    from switchyard.worker.cpu_weights import weight_bytes_read
+    from switchyard.worker.prefill_packing import context_per_weight_read
+
     loaded, path = load(args.model)
     rng = random.Random(args.seed)
     rows = [run(loaded, args, context, chunk, rng)
             for context in (args.context, 0) for chunk in args.chunks]
     print(f"{path.name}: {args.agents} agents, one step of {args.agents} prefill chunks, "
-          f"median of {args.rounds} rounds")
+          f"median of {args.rounds} rounds; weights read per pass "
+          f"{weight_bytes_read(loaded.model) / 1e6:.0f} MB, KV "
+          f"{loaded.kv_bytes_per_token / 1e3:.1f} KB per token: packed rows may hold "
+          f"{context_per_weight_read(weight_bytes_read(loaded.model), loaded.kv_bytes_per_token)}"
+          f" tokens of context per read saved")
     print(table(["context", "chunk", "on ms", "off ms", "on/off", "passes on/off",
                  "tok/pass on/off", "same tokens"], rows))
 

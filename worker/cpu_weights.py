@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 
 class _Copy:
@@ -71,4 +72,16 @@ def add_float_copies(model: nn.Module) -> int:
         m._float_copy = _Copy(weight)
         m.__class__ = CopiedLinear if isinstance(m, nn.QuantizedLinear) else CopiedEmbedding
         total += weight.nbytes
+    return total
+
+
+def weight_bytes_read(model: nn.Module) -> int:
+    """Bytes of weights one forward pass reads (an upper bound: a mixture of experts reads the
+    experts its tokens pick): every parameter, except that a matrix with a float32 copy is
+    read as its copy, not as its quantized arrays (docs/design.md "Packed prefill")."""
+    total = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
+    for _, m in model.named_modules():
+        if isinstance(m, (CopiedLinear, CopiedEmbedding)):
+            total += m._float_copy.weight.nbytes - sum(
+                m[k].nbytes for k in ("weight", "scales", "biases") if k in m)
     return total

@@ -24,7 +24,8 @@ from switchyard.worker.constraints import ConstraintEngine
 from switchyard.worker.drafters import Drafter, DraftRow
 from switchyard.worker.errors import ImageInputError
 from switchyard.worker.page_io import PageLayout
-from switchyard.worker.prefill_packing import pack_groups
+from switchyard.worker.cpu_weights import weight_bytes_read
+from switchyard.worker.prefill_packing import context_per_weight_read, pack_groups
 from switchyard.worker.sampling import sample_lazy
 from switchyard.worker.slots import SlotStore
 from switchyard.proto.speculation import verified
@@ -34,11 +35,15 @@ class StepExecutor:
     def __init__(self, store: SlotStore, layout: PageLayout | None,
                  pool: PageBufferPool | None, constraints: ConstraintEngine | None = None,
                  share_tokens=None, drafter: Drafter | None = None,
-                 packed_prefill: bool = True):
+                 packed_prefill: bool = True, context_per_read: int | None = None):
         self.store = store
         # Several slots' prefill chunks in one forward pass (--packed-prefill), where the
-        # store's caches allow it.
+        # store's caches allow it, as long as copying the rows' contexts costs less than the
+        # weight reads saved: `context_per_read` tokens of context per read (None: measured
+        # from the model once a slot holds KV; a worker group's ranks are given one figure,
+        # as they must pack alike).
         self.packed_prefill = packed_prefill and store.packs_prefill
+        self._context_per_read = context_per_read
         # Drafts made in the worker (worker/drafters.py: a draft model), for the rows that
         # ask for them (DecodeItem.draft_tokens).
         self.drafter = drafter
@@ -112,7 +117,8 @@ class StepExecutor:
         prefill_packing.py), each group one pass; a group of one, and every chunk where
         packing is off, alone. Returns the chunks that failed (their slots as before)."""
         if self.packed_prefill and len(chunks) > 1:
-            groups = pack_groups([len(c.token_ids) for c in chunks])
+            groups = pack_groups([len(c.token_ids) for c in chunks], [c.start for c in chunks],
+                                 self.context_per_read())
         else:
             groups = [[i] for i in range(len(chunks))]
         failed = []
@@ -126,6 +132,17 @@ class StepExecutor:
             except ImageInputError as exc:  # raised before the chunk touched its slot
                 failed.append(SlotFailure(chunk.slot, "invalid_image", str(exc)))
         return failed
+
+    def context_per_read(self) -> int:
+        """Context tokens whose copies into a packed batch and back cost one weight read
+        (worker/prefill_packing.py); 0 while no slot holds KV (every context is then 0)."""
+        if self._context_per_read is None:
+            kv_bytes = self.store.kv_bytes_per_token()
+            if kv_bytes is None:
+                return 0
+            self._context_per_read = context_per_weight_read(
+                weight_bytes_read(self.store.model), kv_bytes)
+        return self._context_per_read
 
     def _drafted(self, decodes: tuple[DecodeItem, ...]) -> tuple[DecodeItem, ...]:
         """The step's decodes, those that ask the drafter for a draft given one (docs/design.md

@@ -30,13 +30,14 @@ from switchyard.proto.settings import Settings, parse_size
 from switchyard.proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
 from switchyard.worker.cache_kinds import leaves, verifiable, window_bytes
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
-from switchyard.worker.cpu_weights import add_float_copies, copy_bytes
+from switchyard.worker.cpu_weights import add_float_copies, copy_bytes, weight_bytes_read
 from switchyard.worker.cpu_weights import wanted as float_copies_wanted
 from switchyard.worker.executor import StepExecutor
 from switchyard.worker.group import GroupError, GroupMismatch, RankGroup, resolve_backend
 from switchyard.worker.group_loop import GroupLead, follow, gather_ranks, log_comm_probe, start_watchdog
 from switchyard.worker.kv_layout import is_attention_kv, kv_quant
 from switchyard.worker.page_io import PageLayout, PageLayoutError
+from switchyard.worker.prefill_packing import context_per_weight_read
 from switchyard.worker.memory_plan import (
     MemoryPlanError,
     check_plan,
@@ -356,10 +357,14 @@ def run(settings: Settings) -> None:
                                 packed_prefill=settings.packed_prefill)
         ranks: tuple[RankInfo, ...] = ()
     else:
-        # Constraints and logit_bias act on rank 0's logits alone: it samples for all.
+        # Constraints and logit_bias act on rank 0's logits alone: it samples for all. The
+        # ranks must pack the same chunks (their passes meet in collectives): one figure for
+        # the copy bound, the largest of theirs (docs/design.md "Packed prefill").
+        context = group.all_max(context_per_weight_read(weight_bytes_read(loaded.model),
+                                                        loaded.kv_bytes_per_token))
         executor = StepExecutor(store, layout, pool, constraints if group.rank == 0 else None,
                                 share_tokens=group.share_tokens,
-                                packed_prefill=settings.packed_prefill)
+                                packed_prefill=settings.packed_prefill, context_per_read=context)
         watch = start_watchdog(group, settings.group_timeout_s, log,
                                before_exit=pool.unlink if pool is not None else lambda: None)
         ranks = gather_ranks(group, namespace, pool, loaded, layout, watch)

@@ -28,7 +28,7 @@ from switchyard.worker.cache_kinds import (
     undo_verify,
     verifiable,
 )
-from switchyard.worker.kv_layout import is_attention_kv
+from switchyard.worker.kv_layout import is_attention_kv, kv_bytes_per_token
 from switchyard.worker.page_io import copy_prefix
 
 
@@ -90,6 +90,15 @@ class SlotStore:
             return self.model(inputs, cache=cache, **model_inputs)
         self.last_hidden = self._body(inputs, cache=cache, **model_inputs)
         return self._head(self.last_hidden)
+
+    def kv_bytes_per_token(self) -> int | None:
+        """Bytes one token takes in a slot's attention layers; None until a parked slot has
+        its attention arrays (they are sized by the model only once a token went in)."""
+        for cache in self._parked.values():
+            layers = [c for c in leaves(cache) if is_attention_kv(c)]
+            if layers and all(c.keys is not None for c in layers):
+                return kv_bytes_per_token(layers)
+        return None
 
     def take_pass_stats(self) -> tuple[int, int]:
         """Forward passes and the tokens they computed since the last call."""

@@ -14,6 +14,7 @@ from switchyard.deploy.tiny_models import TEXT_ARCHS
 from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
 from switchyard.worker.cache_kinds import leaves
 from switchyard.worker.executor import StepExecutor
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache
 
 from switchyard.worker.kv_layout import is_attention_kv, kv_quant, token_arrays
@@ -30,10 +31,11 @@ PACKED_ARCHS = ["qwen3", "qwen2", "llama", "qwen3_moe", "glm4_moe", "deepseek_v3
 UNPACKED_ARCHS = sorted(set(TEXT_ARCHS) - set(PACKED_ARCHS))
 
 
-def _twins(model_dir, quant=None):
+def _twins(model_dir, quant=None, context_per_read=None):
     loaded = load_model(str(model_dir), quant)
     return [StepExecutor(SlotStore(loaded.model, loaded.make_cache, 4, 1024), None, None,
-                         packed_prefill=packed) for packed in (True, False)]
+                         packed_prefill=packed, context_per_read=context_per_read)
+            for packed in (True, False)]
 
 
 def _run_history(ex):
@@ -142,3 +144,28 @@ def test_families_without_packing_run_a_pass_per_chunk(tiny_model_dir, arch):
     assert not packed.store.packs_prefill and not packed.packed_prefill
     _run_history(packed)
     assert _chunk_step(packed).num_forward_passes == 3
+
+
+def test_a_chunk_whose_context_costs_more_to_copy_than_the_reads_saved_runs_alone(
+        tiny_model_dir):
+    """With a bound of 50 context tokens per weight read saved, slot 0 (45 tokens of context)
+    and slot 2 (none) share a pass; slot 1 (70 more) would cost more than the second read it
+    saves."""
+    packed, alone = _twins(tiny_model_dir("qwen3"), context_per_read=50)
+    for ex in (packed, alone):
+        _run_history(ex)
+    assert _chunk_step(packed).num_prefill_passes == 2
+    _chunk_step(alone)
+    for slot in CHUNKS:
+        _assert_same_kv(packed.store, alone.store, slot)
+
+
+def test_the_copy_bound_is_measured_from_the_model(tiny_model_dir):
+    """Weights read per pass over twice the KV bytes of a token (worker/cpu_weights.py,
+    worker/prefill_packing.py): 0 until a slot holds KV, then fixed."""
+    loaded = load_model(str(tiny_model_dir("qwen3")))
+    ex = StepExecutor(SlotStore(loaded.model, loaded.make_cache, 2, 1024), None, None)
+    assert ex.context_per_read() == 0
+    _run_history(ex)
+    weights = sum(a.nbytes for _, a in tree_flatten(loaded.model.parameters()))
+    assert ex.context_per_read() == weights // (2 * loaded.kv_bytes_per_token) > 100

@@ -3,7 +3,7 @@ go together, padding stays within its bound, every chunk runs exactly once."""
 
 import pytest
 
-from switchyard.worker.prefill_packing import MAX_PADDING, pack_groups
+from switchyard.worker.prefill_packing import MAX_PADDING, context_per_weight_read, pack_groups
 
 
 def padding_shares(lengths, group):
@@ -49,3 +49,20 @@ def test_no_padding_allowed_groups_only_equal_lengths():
 def test_a_padding_bound_out_of_range_is_refused():
     with pytest.raises(ValueError, match="max_padding"):
         pack_groups([1, 2], max_padding=1.0)
+
+
+def test_long_contexts_keep_their_own_pass():
+    """Copying a row's context into the batch and back must cost less than the weight reads
+    the group saves: `context_per_read` tokens of context per read saved."""
+    lengths, contexts = [32, 30, 28, 31], [45, 0, 70, 5000]
+    # 45 + 0 fits one saved read of 50; adding 70 (115 > 2 x 50) does not; 5000 never fits.
+    assert pack_groups(lengths, contexts, 50) == [[0, 1], [3], [2]]
+    assert pack_groups(lengths, contexts, 10_000) == [[0, 3, 1, 2]]
+    # Fresh prompts (no context) always pack, even before the bound is known (0).
+    assert pack_groups(lengths, [0] * 4, 0) == [[0, 3, 1, 2]]
+
+
+def test_context_per_weight_read():
+    # 540 MB of weights, 46 KB of KV per token: copied in and out, 5859 tokens move 540 MB.
+    assert context_per_weight_read(540_000_000, 46_080) == 5859
+    assert context_per_weight_read(1000, 0) == 1000  # no attention KV: never 0 / 0
