@@ -119,6 +119,13 @@ class BatchKV(_BaseCache):
         """Junk columns the shortest row carries: the longest row's end minus its own."""
         return max(self.ends) - min(self.ends)
 
+    def row_tokens(self, idx: int, start: int) -> list[mx.array]:
+        """Row idx's tokens from `start` to its end, [1, heads, n, x] each, in payload order
+        (keys' arrays, then values'; worker/kv_layout.py `token_arrays`)."""
+        end = self.ends[idx]
+        return [a[idx:idx + 1, :, start:end, :]
+                for a in (*self._parts(self.keys), *self._parts(self.values))]
+
     def extract(self, idx: int):
         cache = self._row_cache()
         end = self.ends[idx]

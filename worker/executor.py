@@ -134,7 +134,7 @@ class StepExecutor:
         return failed
 
     def context_per_read(self) -> int:
-        """Context tokens whose copies into a packed batch and back cost one weight read
+        """Context tokens whose copy into a packed batch costs the bytes of one weight read
         (worker/prefill_packing.py); 0 while no slot holds KV (every context is then 0)."""
         if self._context_per_read is None:
             kv_bytes = self.store.kv_bytes_per_token()

@@ -4,9 +4,9 @@ A step's chunks belong to different slots. Run one pass per chunk and every pass
 the weights; run them as rows of one pass and the weights are read once. Rows of one pass are
 right-padded to its longest row, so chunks of very different lengths would compute mostly
 padding: a group takes a chunk only if padding is at most `MAX_PADDING` of its row. And a
-packed pass copies each row's context (its slot's KV) into the batch and back: a group takes a
-chunk only while those copies move fewer bytes than the weight reads the group saves, so a
-long conversation's chunk keeps its own pass. Pure: no MLX here, so the grouping is
+packed pass copies each row's context (its slot's KV) into the batch: a group takes a chunk
+only while those copies move fewer bytes than the weight reads the group saves, so a long
+conversation's chunk keeps its own pass. Pure: no MLX here, so the grouping is
 unit-tested on its own.
 """
 
@@ -44,6 +44,8 @@ def pack_groups(lengths: list[int], contexts: list[int] | None = None,
 
 
 def context_per_weight_read(weight_bytes: int, kv_bytes_per_token: int) -> int:
-    """Context tokens whose KV, copied into a packed pass's batch and back (worker/batch_kv.py
-    merge and extract), moves the bytes of one read of the weights."""
+    """Context tokens whose KV, copied into a packed pass's batch (worker/batch_kv.py merge:
+    read once, written once), moves the bytes of one read of the weights. Only the chunk's
+    own tokens go back to the slot (worker/slots.py `_write_back`), as a pass per chunk
+    writes them too."""
     return weight_bytes // max(1, 2 * kv_bytes_per_token)

@@ -28,7 +28,8 @@ from switchyard.worker.cache_kinds import (
     undo_verify,
     verifiable,
 )
-from switchyard.worker.kv_layout import is_attention_kv, kv_bytes_per_token
+from switchyard.worker.kv_layout import (is_attention_kv, kv_bytes_per_token, set_token_arrays,
+                                         token_arrays)
 from switchyard.worker.page_io import copy_prefix
 
 
@@ -179,10 +180,12 @@ class SlotStore:
         """Several slots' chunks as rows of one forward pass: the weights are read once for
         all of them (docs/design.md "Packed prefill"). The rows are right-padded to the
         longest; each row writes its tokens at its own end of a batch cache (worker/batch_kv.py:
-        rows left-aligned, each with its own length), the padding is cut off every row before
-        the rows go back to their slots, so no padded position enters a slot's cache, and a
-        row's KV is the KV of its chunk prefilled alone. The decode batch is left as it is
-        unless it holds one of these slots."""
+        rows left-aligned, each with its own length), the padding is cut off every row, and
+        only each row's new tokens (and a recurrent row's new state) go back into its slot's
+        own cache (`_write_back`), so no padded position enters a slot's cache and the
+        contexts are copied once, into the batch. A row's KV is its chunk's KV prefilled
+        alone, to float rounding. The decode batch is left as it is unless it holds one of
+        these slots."""
         slots = [c.slot for c in chunks]
         if len(set(slots)) != len(slots) or not self.packs_prefill:
             raise SlotError(f"slots {slots} cannot be prefilled as one pass")
@@ -196,7 +199,8 @@ class SlotStore:
         self._forward(batch, [r + [r[-1]] * (width - len(r)) for r in rows], lengths)
         self._cut(batch, [width - n for n in lengths])
         for i, (chunk, row) in enumerate(zip(chunks, rows)):
-            self._parked[chunk.slot] = [layer.extract(i) for layer in batch]
+            for own, merged in zip(leaves(self._parked[chunk.slot]), leaves(batch)):
+                _write_back(own, merged, i, chunk.start)
             if self.mtp is not None:
                 self.mtp.observe(chunk.slot, chunk.start, row, self.last_hidden[i:i + 1, :len(row)])
             self.tokens[chunk.slot].extend(row)
@@ -387,6 +391,29 @@ def _emptied(old: list, fresh: list) -> list:
         if is_attention_kv(c):
             c.offset = 0
     return [o if is_attention_kv(o) else f for o, f in zip(old, fresh)]
+
+
+def _write_back(own, merged, row: int, start: int) -> None:
+    """Row `row` of a packed pass's batch layer `merged` back into the slot's own layer `own`,
+    which holds the row's first `start` tokens: attention KV gets only the tokens from `start`
+    on, written into its buffer (grown in mlx-lm's steps of 256 when full), so the context is
+    not copied back; a recurrent state takes the row's new state."""
+    if not is_attention_kv(own):
+        own.cache = merged.extract(row).cache
+        return
+    new = merged.row_tokens(row, start)
+    end = start + new[0].shape[2]
+    arrays = token_arrays(own) if own.keys is not None else None
+    if arrays is None or arrays[0].shape[2] < end:
+        capacity = (end + merged.step - 1) // merged.step * merged.step
+        grown = [mx.zeros((1, a.shape[1], capacity, a.shape[3]), a.dtype) for a in new]
+        if arrays is not None and start:
+            for g, a in zip(grown, arrays):
+                g[..., :start, :] = a[..., :start, :]
+        arrays = grown
+    for a, n in zip(arrays, new):
+        a[..., start:end, :] = n
+    set_token_arrays(own, arrays, end)
 
 
 def _merged(caches: list):

@@ -63,6 +63,6 @@ def test_long_contexts_keep_their_own_pass():
 
 
 def test_context_per_weight_read():
-    # 540 MB of weights, 46 KB of KV per token: copied in and out, 5859 tokens move 540 MB.
+    # 540 MB of weights, 46 KB of KV per token, read and written: 5859 tokens move 540 MB.
     assert context_per_weight_read(540_000_000, 46_080) == 5859
     assert context_per_weight_read(1000, 0) == 1000  # no attention KV: never 0 / 0
