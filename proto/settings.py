@@ -147,8 +147,9 @@ class Settings:
     prefill_chunk: int = _opt("most prompt tokens prefilled in one step (shared by all "
                               "prefilling sequences)", default=512)
     packed_prefill: bool = _opt("run the prefill chunks of several conversations that wait "
-                                "in the same step as one forward pass (the weights read once "
-                                "for all; attention-KV models)", default=True)
+                                "in the same step as one forward pass, the weights read once "
+                                "for all (text models without sliding-window layers)",
+                                default=True)
     decode_burst: int = _opt("decode iterations the worker may run per step when nothing "
                              "else waits (fewer round trips; new work waits at most this "
                              "many tokens)", default=8)
