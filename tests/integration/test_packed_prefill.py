@@ -169,3 +169,33 @@ def test_the_copy_bound_is_measured_from_the_model(tiny_model_dir):
     _run_history(ex)
     weights = sum(a.nbytes for _, a in tree_flatten(loaded.model.parameters()))
     assert ex.context_per_read() == weights // (2 * loaded.kv_bytes_per_token) > 100
+
+
+def test_an_mtp_head_sees_each_packed_row_as_if_prefilled_alone(tiny_model_dir):
+    """With a multi-token-prediction head (worker/mtp.py) every pass hands it the final hidden
+    states: a packed row's, cut to its chunk, give the head the pairs a pass per chunk gives,
+    so the drafts that follow are the same."""
+    from switchyard.worker.mtp import load_mtp_drafter
+
+    runs = []
+    for packed in (True, False):
+        loaded = load_model(str(tiny_model_dir("qwen3_5", mtp=True)))
+        drafter = load_mtp_drafter(loaded.path, loaded.config, loaded.model)
+        store = SlotStore(loaded.model, loaded.make_cache, 2, 1024)
+        store.attach_mtp(drafter)
+        ex = StepExecutor(store, None, None, drafter=drafter, packed_prefill=packed)
+        done = ex.run(RunStep(1, prefills=(PrefillChunk(0, 0, tuple(range(20, 60))),
+                                           PrefillChunk(1, 0, tuple(range(100, 138))))))
+        assert done.num_prefill_passes == (1 if packed else 2)
+        out, inputs = [], {0: 7, 1: 7}
+        for i in range(4):
+            items = tuple(DecodeItem(s, len(store.tokens[s]), inputs[s], SamplingParams(), i,
+                                     burst_limit=4, draft_tokens=3) for s in (0, 1))
+            done = ex.run(RunStep(2 + i, decodes=items))
+            for t in done.sampled:
+                inputs[t.slot] = t.token_id
+            out.append(([t.token_id for t in done.sampled],
+                        [d.token_ids for d in done.drafts]))
+        runs.append(out)
+    assert runs[0] == runs[1]
+    assert any(drafts for _, drafts in runs[0])
