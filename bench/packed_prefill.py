@@ -106,8 +106,12 @@ def main() -> None:
 
     loaded, path = load(args.model)
     rng = random.Random(args.seed)
-    rows = [run(loaded, args, context, chunk, rng)
-            for context in (args.context, 0) for chunk in args.chunks]
+    rows = []
+    for context in (args.context, 0):
+        for chunk in args.chunks:
+            rows.append(run(loaded, args, context, chunk, rng))
+            print(f"context {context}, chunk {chunk}: on/off {rows[-1][4]}", file=sys.stderr,
+                  flush=True)
     print(f"{path.name}: {args.agents} agents, one step of {args.agents} prefill chunks, "
           f"median of {args.rounds} rounds; weights read per pass "
           f"{weight_bytes_read(loaded.model) / 1e6:.0f} MB, KV "
