@@ -175,3 +175,32 @@ def test_room_for_releases_only_idle_slots_on_disk():
     assert room_for(hold, 2, slots, requests, with_idle, CTX, lambda s: False) == []
     assert room_for(hold, 2, slots, requests, with_idle - 1, CTX, lambda s: False) is None
     assert room_for(hold, 2, slots, requests, with_idle - 1, CTX, lambda s: True) == [1]
+
+
+def test_twenty_sub_agents_run_at_once_at_ctx_32768_on_a_24_gib_machine():
+    """Issue 29's case: SmolLM2-135M (f32 KV, 46080 bytes a token; its plan's fixed part as
+    the worker measured it on the 24 GiB test machine) at --ctx 32768. --max-running 0 runs
+    26 (it ran 7 when every slot counted at full context), and 20 sub-agents at 4-6.5K tokens
+    all run and decode at once, none staged."""
+    from switchyard.worker.memory_plan import make_plan, widest_running
+
+    def smollm2(n):
+        return make_plan(runtime=209_251_072, weights=653_075_712, kv_bytes_per_token=46080,
+                         recurrent_bytes_per_slot=0, num_slots=n, ctx=32768,
+                         prefill_chunk=512, num_heads=9, hidden=576, intermediate=1536,
+                         vocab=49152, page_buffers=259_522_560, limit=25_276_203_008,
+                         headroom=2**30)
+
+    running = widest_running(smollm2, 4, 32)
+    assert running == 26
+    budget = smollm2(running).kv_budget_tokens
+    g = Group(num_slots=running, resident_slots=4, prefill_chunk=8192,
+              kv_budget_tokens=budget)
+    g.core.config = dataclasses.replace(g.core.config, ctx=32768, max_queue=64)
+    system = conv(99, 600)
+    for i in range(20):
+        g.submit(f"sub{i}", system + conv(i, 3400 + 150 * i), max_tokens=300)
+    g.run()
+    assert max(len(s.decodes) for s in g.steps) == 20, "all twenty decode in one batch"
+    assert not g.logs("request.preempted") and not g.logs("request.waits_for_memory")
+    assert all(len(g.reply(f"sub{i}")) == 300 for i in range(20))
