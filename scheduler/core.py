@@ -591,7 +591,8 @@ class SchedulerCore:
             return
         relief = relieve(self.slots, self.requests, budget, self.config.ctx,
                          lambda r: (not self._interactive(r, now), r.arrived_at))
-        held = held_tokens(holds(self.slots, self.requests), self.config.ctx)
+        held = held_tokens(holds(self.slots, self.requests), self.config.ctx) \
+            if relief.preempt else 0
         for rid in relief.preempt:
             self.num_memory_preemptions += 1
             self._preempt(self.requests[rid], now, "memory", held_tokens=held,
