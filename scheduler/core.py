@@ -723,6 +723,8 @@ class SchedulerCore:
         token the slot of one past its quantum (scheduler.fairness, docs/design.md
         "Scheduling"). Runs before the step's stages, so a yielding slot's tail is staged
         before the newcomer's copy, load or prefill overwrites it: it resumes from its pages.
+        A request with a free slot but no room for its KV takes the memory of such a request
+        the same way (docs/design.md "Memory plan").
         """
         if not self.waiting or not self._can_admit():
             return
@@ -731,13 +733,26 @@ class SchedulerCore:
             req = self.requests[rid]
             if not req.grammar_ready or req.waits_for in self._prefilling_rids():
                 continue  # not placed now: no slot is freed for it
-            if free:
+            if free and not self._short_of_memory(req):
                 free -= 1  # a free slot is there for it
                 continue
             victim = self._victim(req, now)
+            if victim is not None and free:
+                self.num_memory_preemptions += 1
+                self._preempt(victim, now, "memory", for_rid=req.rid)
+                break  # placed once there is room: nobody behind it is placed before
             if victim is None:
                 break  # admission keeps its order: nobody behind it is placed either
             self._preempt(victim, now, "slot")
+
+    def _short_of_memory(self, req: Request) -> bool:
+        """Whether the request's KV would not fit the worker's budget beside what stays
+        (scheduler.kv_memory; what it may find in a slot does not change its hold). Slots
+        already leaving count as gone: they go as soon as their pages are on their way."""
+        budget = self.config.kv_budget_tokens
+        return bool(budget) and room_for(
+            request_hold(req, 0), -1, self.slots, self.requests, budget, self.config.ctx,
+            lambda s: s.leaving or self._releasable(s)) is None
 
     def _victim(self, waiter: Request, now: float) -> Request | None:
         """The running request whose slot `waiter` takes, if any: background before

@@ -86,6 +86,31 @@ def test_a_background_request_is_staged_before_a_newer_interactive_one():
     assert all(len(g.reply(r)) == 400 for r in ("bg", "a", "b"))
 
 
+def test_an_interactive_request_takes_the_memory_of_a_background_one():
+    """A free slot is not enough: an interactive request with no room for its KV takes the
+    memory of a running background request, as it would take its slot."""
+    budget = 3000
+    g = Group(num_slots=3, kv_budget_tokens=budget)
+    g.core.config = dataclasses.replace(g.core.config, background_wait_s=1e6)
+    submit(g, "bg", conv(1, 800), 300, priority="background")
+    for _ in range(3):
+        g.now += 1.0
+        g.do(PlanStep())
+        g.pump()
+    submit(g, "fg", conv(2, 900), 20)
+    g.now += 1.0
+    g.do(PlanStep())
+    g.pump()
+    assert g.core.requests["fg"].slot is not None and "bg" in g.core.waiting
+    assert [(f["rid"], f["reason"], f["for_rid"]) for f in g.logs("request.preempted")] == [
+        ("bg", "memory", "fg")]
+    run_checked(g, budget)
+    assert len(g.reply("bg")) == 300 and len(g.reply("fg")) == 20
+    assert g.records["bg"].num_reread_tokens == 0
+    finished_order = [r for r in g.records]
+    assert finished_order.index("fg") < finished_order.index("bg")
+
+
 def test_the_last_running_request_is_never_staged():
     """One request alone may fill its budget (the worker's plan checked one at full context
     fits); it is never preempted for memory."""
