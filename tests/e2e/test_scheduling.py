@@ -79,7 +79,9 @@ def test_interactive_request_takes_a_background_slot(one_slot):
     assert bg.status_code == 200
     assert bg.json()["usage"]["completion_tokens"] == 1500, "resumed and finished its reply"
     assert one_slot.log_events("request.preempted")
-    # The background request was finished after the interactive one.
+    # The background request was finished after the interactive one (its line may reach
+    # the log just after its reply).
+    one_slot.wait_events("request.finished", role="scheduler", num_generated_tokens=1500)
     order = [e["priority"] for e in one_slot.log_events("request.finished")
              if e.get("role") == "scheduler" and e["num_generated_tokens"] in (8, 1500)]
     assert order[-2:] == ["interactive", "background"]
