@@ -24,7 +24,8 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # model: DecodeItem.draft_tokens, StepDone.drafts/draft_s, WorkerReady.drafter/draft_cost).
 # 8: idle slots release their KV (RunStep.releases). 9: tenants (SubmitRequest.cache_salt).
 # 10: AttachBuffers carries the pages' geometry (kvstore checks every page against it).
-PROTOCOL_VERSION = 10
+# 11: the worker's KV budget (WorkerReady.kv_budget_tokens), which the scheduler keeps to.
+PROTOCOL_VERSION = 11
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -392,6 +393,9 @@ class WorkerReady(Message, tag="worker_ready"):
     # scheduler replaces by measurement).
     drafter: str = ""
     draft_cost: float = 0.0
+    # Tokens of KV its slots may hold, reserves and the decode batch counted as
+    # proto/held_kv.py counts them (docs/design.md "Memory plan"); 0: not counted.
+    kv_budget_tokens: int = 0
 
 
 class SlotFailure(Value):
