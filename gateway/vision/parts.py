@@ -112,26 +112,6 @@ def responses_image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
     return image_part(from_url(part.get("image_url"), f"{param}.image_url"))
 
 
-def anthropic_image_block(block: dict[str, Any], param: str) -> dict[str, Any]:
-    """The Messages API's `image` block: a base64 or url source."""
-    source = block.get("source")
-    if not isinstance(source, dict):
-        raise invalid_type(f"{param}.source", "an object")
-    kind = source.get("type")
-    if kind == "base64":
-        media_type = source.get("media_type")
-        if not isinstance(media_type, str) or not media_type.startswith("image/"):
-            raise invalid(f"{param}.source.media_type: must be an image media type such as "
-                          f"image/png", param=f"{param}.source.media_type")
-        return image_part(ImageRef(f"{param}.source.data",
-                                   data=decode_base64(source.get("data"),
-                                                      f"{param}.source.data")))
-    if kind == "url":
-        return image_part(from_url(source.get("url"), f"{param}.source.url"))
-    raise invalid(f"{param}.source.type: {kind!r} is not supported; expected 'base64' or "
-                  f"'url'", param=f"{param}.source.type", code="unsupported_content")
-
-
 def mixed_parts(parts: list, param: str, text_keys: dict[str, str], images: dict[str, Any],
                 what: str) -> list[dict[str, Any]]:
     """Content parts with images, in order: text parts as `{"type": "text", "text"}` (the type

@@ -1,0 +1,222 @@
+"""The Anthropic Messages request (`POST /v1/messages`, `/v1/messages/count_tokens`), declared
+once: gateway/api/anthropic_api.py translates it into the gateway's chat shape, and
+/openapi.json is made from it (models/schema.py). What a schema cannot state (a named tool must
+be one of `tools`, an image's bytes, the context) is checked at runtime and documented as a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from msgspec import Meta
+
+from switchyard.gateway.api.models.base import FieldError, Model, integer
+from switchyard.gateway.api.models.common import (MAX_STOP, AnyValue, CacheSalt, Effort,
+                                                  JsonObject, MaxTokens, ModelName, Priority,
+                                                  Speculative, Temperature, TopK, TopP)
+
+NonEmpty = Annotated[str, Meta(min_length=1)]
+IMAGE_URL = Annotated[str, Meta(extra_json_schema={
+    "pattern": "^(data:[^,]*;base64,|[Hh][Tt][Tt][Pp][Ss]?://)"}, description=(
+    "a data: URL (data:image/png;base64,...) or, when the server fetches images "
+    "(--image-fetch), an http(s) URL; the image is PNG, JPEG, WebP, GIF or BMP"))]
+
+
+class Block(Model, tag_field="type", kw_only=True):
+    """A content block; its `type` is the tag."""
+
+
+class TextBlock(Block, tag="text"):
+    text: str
+
+
+class Base64Source(Model, tag_field="type", tag="base64"):
+    media_type: Annotated[str, Meta(pattern="^image/", description=(
+        "image/png, image/jpeg, image/webp, image/gif, ..."))]
+    data: Annotated[str, Meta(min_length=1, extra_json_schema={"contentEncoding": "base64"})]
+
+
+class UrlSource(Model, tag_field="type", tag="url"):
+    url: IMAGE_URL
+
+
+class ImageBlock(Block, tag="image"):
+    """A vision model's image (user turns and tool results)."""
+
+    source: Base64Source | UrlSource
+
+
+class ToolResultBlock(Block, tag="tool_result"):
+    tool_use_id: NonEmpty
+    content: str | list[TextBlock | ImageBlock] | None = None
+
+
+class ThinkingBlock(Block, tag="thinking"):
+    thinking: str
+
+
+class RedactedThinkingBlock(Block, tag="redacted_thinking"):
+    """Not shown to the model (its text is Anthropic's, encrypted)."""
+
+
+class ToolUseBlock(Block, tag="tool_use"):
+    id: NonEmpty
+    name: NonEmpty
+    input: JsonObject | None = None
+
+
+UserBlock = TextBlock | ImageBlock | ToolResultBlock
+AssistantBlock = TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock
+SystemText = str | list[TextBlock]
+
+
+class Message(Model, tag_field="role", kw_only=True):
+    """A turn; its `role` is the tag."""
+
+
+class UserMessage(Message, tag="user"):
+    content: str | list[UserBlock]
+
+
+class AssistantMessage(Message, tag="assistant"):
+    content: str | list[AssistantBlock]
+
+
+class SystemMessage(Message, tag="system"):
+    """A system message between turns (Claude Code's): kept where it stands."""
+
+    content: SystemText
+
+
+class Tool(Model):
+    """A client tool (`type` custom or left out), or a server tool (any other type: web search,
+    ...), which is not available here and is skipped."""
+
+    type: str | None = None
+    name: NonEmpty | None = None
+    description: str | None = None
+    input_schema: JsonObject | None = None
+    strict: bool | None = None
+
+    @property
+    def is_custom(self) -> bool:
+        return self.type in (None, "custom")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.is_custom and self.name is None:
+            raise FieldError("name", "must be a non-empty string")
+
+
+class ToolChoice(Model, tag_field="type", kw_only=True):
+    disable_parallel_tool_use: bool | None = None
+
+
+class ToolChoiceAuto(ToolChoice, tag="auto"):
+    pass
+
+
+class ToolChoiceNone(ToolChoice, tag="none"):
+    pass
+
+
+class ToolChoiceAny(ToolChoice, tag="any"):
+    pass
+
+
+class ToolChoiceTool(ToolChoice, tag="tool"):
+    name: NonEmpty
+
+
+class Thinking(Model, tag_field="type", kw_only=True):
+    """`budget_tokens` is checked, not enforced: max_tokens bounds the turn."""
+
+    budget_tokens: integer(lo=0) | None = None
+
+
+class ThinkingEnabled(Thinking, tag="enabled"):
+    pass
+
+
+class ThinkingDisabled(Thinking, tag="disabled"):
+    pass
+
+
+class ThinkingAdaptive(Thinking, tag="adaptive"):
+    pass
+
+
+class OutputFormat(Model, tag_field="type", tag="json_schema"):
+    schema: JsonObject | bool
+
+
+class OutputConfig(Model):
+    effort: Effort | None = None
+    format: OutputFormat | None = None
+
+
+class Keep(Model):
+    value: integer(lo=0)
+    type: str | None = None
+
+
+class ContextEdit(Model):
+    """clear_thinking_* edits drop earlier turns' thinking (keep: the last N turns' or 'all');
+    other edit types are accepted and not applied."""
+
+    type: str | None = None  # required: the 400 names the edit, not its missing member
+    keep: Literal["all"] | Keep | None = None
+
+    schema_rules: ClassVar[dict[str, Any]] = {"required": ["type"],
+                                              "properties": {"type": {"type": "string"}}}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.type is None:
+            raise FieldError("", "must be an object with a 'type'")
+
+
+class ContextManagement(Model):
+    edits: list[ContextEdit] | None = None
+
+
+class CountTokensRequest(Model, kw_only=True):
+    """`/v1/messages/count_tokens`: a turn's fields; `max_tokens` optional."""
+
+    model: ModelName | None = None
+    messages: Annotated[list[UserMessage | AssistantMessage | SystemMessage], Meta(min_length=1)]
+    system: SystemText | None = None
+    max_tokens: MaxTokens | None = None
+    stop_sequences: Annotated[list[str], Meta(max_length=MAX_STOP)] | None = None
+    stream: bool | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoiceAuto | ToolChoiceNone | ToolChoiceAny | ToolChoiceTool | None = None
+    thinking: ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None
+    context_management: ContextManagement | None = None
+    metadata: JsonObject | None = None
+    priority: Priority | None = None
+    speculative: Speculative | None = None
+    cache_salt: CacheSalt | None = None
+    service_tier: AnyValue = None
+    container: AnyValue = None
+    mcp_servers: AnyValue = None
+
+    # "any" or "tool" needs a client tool to call (which one: a runtime check).
+    schema_rules: ClassVar[dict[str, Any]] = {
+        "if": {"required": ["tool_choice"], "properties": {"tool_choice": {
+            "type": "object", "required": ["type"],
+            "properties": {"type": {"enum": ["any", "tool"]}}}}},
+        "then": {"required": ["tools"], "properties": {"tools": {
+            "type": "array", "minItems": 1, "contains": {
+                "type": "object", "properties": {"type": {"enum": ["custom", None]}}}}}}}
+
+
+class MessagesRequest(CountTokensRequest, kw_only=True):
+    """`/v1/messages`."""
+
+    max_tokens: MaxTokens
