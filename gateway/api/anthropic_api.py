@@ -234,19 +234,24 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
         messages += chat_messages(message, i)
     tools = chat_tools(request.tools)
     choice, parallel = chat_tool_choice(request.tool_choice, tools)
-    options = Options(
-        model=request.model, max_tokens=request.max_tokens,
-        temperature=_default(request.temperature, 1.0), top_p=_default(request.top_p, 1.0),
-        top_k=_default(request.top_k, 0), stop=tuple(s for s in request.stop_sequences or () if s),
-        stream=bool(request.stream), priority=request.priority,
-        speculative=request.speculative is not False, cache_salt=request.cache_salt)
     chat = ChatRequest(messages=clear_thinking(messages, request.context_management),
-                       options=options, tools=tools, tool_choice=choice,
+                       options=_options(request), tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel, template_kwargs=_template_kwargs(request),
                        constraint=output_constraint(request),
                        strict_tools=frozenset(t.name for t in request.tools or ()
                                               if t.is_custom and t.strict))
     return MessagesRequest(chat, request.model)
+
+
+def _options(request: shape.CountTokensRequest) -> Options:
+    if not isinstance(request, shape.MessagesRequest):  # count_tokens: the prompt only
+        return Options(model=request.model, cache_salt=request.cache_salt)
+    return Options(
+        model=request.model, max_tokens=request.max_tokens,
+        temperature=_default(request.temperature, 1.0), top_p=_default(request.top_p, 1.0),
+        top_k=_default(request.top_k, 0), stop=tuple(s for s in request.stop_sequences or () if s),
+        stream=bool(request.stream), priority=request.priority,
+        speculative=request.speculative is not False, cache_salt=request.cache_salt)
 
 
 def _default(value: Any, default: Any) -> Any:

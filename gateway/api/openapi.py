@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from switchyard.gateway.api.models import anthropic, common
+from switchyard.gateway.api.models.schema import request_schema, type_schema
 from switchyard.gateway.api.validation import MAX_TEMPLATE_KWARGS_BYTES, RESERVED_TEMPLATE_KEYS
-from switchyard.proto.tenants import MAX_CACHE_SALT_CHARS
+from switchyard.gateway.output.tools import MAX_TOOLS
 
 _OBJ = {"type": "object"}
 _STR = {"type": "string"}
@@ -20,9 +22,7 @@ _NUM = {"type": "number"}
 _BOOL = {"type": "boolean"}
 _NULL = {"type": "null"}
 _MODEL = {"type": ["string", "null"]}  # null: the served model
-INT64_MIN, UINT64_MAX, INT32_MAX = -2**63, 2**64 - 1, 2**31 - 1
-MAX_STOP = 16  # gateway.api.validation.MAX_STOP_STRINGS, anthropic_api.MAX_STOP_SEQUENCES
-MAX_TOOLS = 512  # gateway.output.tools.MAX_TOOLS
+INT64_MIN, UINT64_MAX = -2**63, 2**64 - 1
 
 
 def _arr(items: dict[str, Any], **constraints: Any) -> dict[str, Any]:
@@ -56,17 +56,15 @@ ANTHROPIC_ERROR = _schema(["type", "error"], type={"const": "error"},
 # request this schema allows is accepted. Rules a JSON schema cannot state are in descriptions:
 # a named tool_choice must name one of `tools`; "required" needs `tools`; a
 # previous_response_id must be one this server still keeps; the prompt must fit the context.
-_TEMPERATURE = {"type": "number", "minimum": 0, "maximum": 2}
-_TOP_P = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
-_TOP_K = {"type": "integer", "minimum": 0, "maximum": INT32_MAX}
-_PRIORITY = {"enum": ["interactive", "background"]}
-_SPECULATIVE = {"type": "boolean", "description": "false: no speculative decoding for this "
-                "request (the output is the same either way; this only changes speed)"}
-_CACHE_SALT = {"type": "string", "minLength": 1, "maxLength": MAX_CACHE_SALT_CHARS,
-               "description": "vLLM's cache_salt: cached text (prefix pages, speculative drafts) "
-               "is shared only with requests of the same API key giving the same salt"}
-_MAX_TOKENS = {"type": "integer", "minimum": 1}
-_STOP = _any(_STR, _arr(_STR, maxItems=MAX_STOP))
+_TEMPERATURE = type_schema(common.Temperature)
+_TOP_P = type_schema(common.TopP)
+_TOP_K = type_schema(common.TopK)
+_PRIORITY = type_schema(common.Priority)
+_SPECULATIVE = type_schema(common.Speculative)
+_CACHE_SALT = type_schema(common.CacheSalt)
+_MAX_TOKENS = type_schema(common.MaxTokens)
+_EFFORT = type_schema(common.Effort)
+_STOP = _any(_STR, _arr(_STR, maxItems=common.MAX_STOP))
 _NO_CALLS = _arr(_OBJ, maxItems=0)
 
 
@@ -100,12 +98,6 @@ _DETAIL = {"enum": ["auto", "low", "high"],
 _IMAGE_URL_PART = _schema(["type", "image_url"], type={"const": "image_url"},
                           image_url=_any(_schema(["url"], url=_IMAGE_URL, detail=_DETAIL),
                                          _IMAGE_URL))
-_A_IMAGE = _schema(["type", "source"], type={"const": "image"}, source={"oneOf": [
-    _schema(["type", "media_type", "data"], type={"const": "base64"},
-            media_type={"type": "string", "pattern": "^image/",
-                        "description": "image/png, image/jpeg, image/webp, image/gif, ..."},
-            data={"type": "string", "minLength": 1, "contentEncoding": "base64"}),
-    _schema(["type", "url"], type={"const": "url"}, url=_IMAGE_URL)]})
 _R_IMAGE = _schema(["type", "image_url"], type={"const": "input_image"}, image_url=_IMAGE_URL,
                    detail=_DETAIL)
 
@@ -170,9 +162,6 @@ def _needs_tools(choice: dict[str, Any], tool: dict[str, Any] | None = None) -> 
 
 
 _NEEDS_TOOLS = _needs_tools({"not": {"enum": ["auto", "none", None]}})
-_A_NEEDS_TOOLS = _needs_tools(
-    {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["any", "tool"]}}},
-    {"type": "object", "properties": {"type": {"enum": ["custom", None]}}})
 _R_NEEDS_TOOLS = _needs_tools({"not": {"enum": ["auto", "none", None]}}, _any(
     {"type": "object", "required": ["type"], "properties": {"type": {"const": "function"}}},
     {"type": "object", "required": ["type", "tools"],
@@ -217,85 +206,6 @@ def completion_request(vocab_size: int) -> dict[str, Any]:
         logprobs={"const": 0}, echo={"const": False}, suffix={"const": ""},
         best_of={"const": 1}, response_format=_RESPONSE_FORMAT,
         logit_bias=_logit_bias(vocab_size), **_sampling())
-
-
-# -- Anthropic Messages -----------------------------------------------------------------------
-
-_A_TEXT = _schema(["type", "text"], type={"const": "text"}, text=_STR)
-
-
-def _a_user_block(images: bool) -> dict[str, Any]:
-    """Images in user turns and in tool results."""
-    return {"oneOf": [
-        _A_TEXT, *([_A_IMAGE] if images else []),
-        _schema(["type", "tool_use_id"], type={"const": "tool_result"}, tool_use_id=_NONEMPTY,
-                content=_with_images(_A_TEXT, _A_IMAGE, images)),
-    ]}
-
-_A_ASSISTANT_BLOCK = {"oneOf": [
-    _A_TEXT,
-    _schema(["type", "thinking"], type={"const": "thinking"}, thinking=_STR),
-    _schema(["type"], type={"const": "redacted_thinking"}),
-    _schema(["type", "id", "name"], type={"const": "tool_use"}, id=_NONEMPTY, name=_NONEMPTY,
-            input=_OBJ),
-]}
-
-
-def _a_message(images: bool) -> dict[str, Any]:
-    return {"oneOf": [
-        _schema(["role", "content"], role={"const": "user"},
-                content=_any(_STR, _arr(_a_user_block(images)))),
-        _schema(["role", "content"], role={"const": "assistant"},
-                content=_any(_STR, _arr(_A_ASSISTANT_BLOCK))),
-        {**_schema(["role", "content"], role={"const": "system"},
-                   content=_any(_STR, _arr(_A_TEXT))),
-         "description": "a system message between turns (Claude Code's): kept where it "
-                        "stands"},
-    ]}
-
-_A_TOOL = {"anyOf": [
-    _schema(["name"], name=_NONEMPTY, description=_STR, input_schema=_OBJ, strict=_BOOL,
-            type={"const": "custom"}),
-    _schema(["type"], type={"type": "string", "not": {"const": "custom"}})],
-    "description": "a server tool (any other type: web search, ...) is not available here "
-                   "and is skipped"}
-_A_TOOL_CHOICE = {"oneOf": [
-    _schema(["type"], type={"enum": ["auto", "none", "any"]},
-            disable_parallel_tool_use=_BOOL),
-    _schema(["type", "name"], type={"const": "tool"}, name=_NONEMPTY,
-            disable_parallel_tool_use=_BOOL),
-], "description": "'any' or 'tool' needs 'tools', and a tool's name must be one of them"}
-_A_THINKING = _schema(["type"], type={"enum": ["enabled", "disabled", "adaptive"]},
-                      budget_tokens={"type": "integer", "minimum": 0})
-_EFFORT = {"type": "string", "description": "the chat template's reasoning_effort: low, "
-           "medium or high (minimal is low; xhigh and max are high); another value is "
-           "logged and not applied"}
-_A_OUTPUT_CONFIG = _schema([], effort=_EFFORT, format=_schema(
-    ["type", "schema"], type={"const": "json_schema"}, schema=_OBJ))
-_A_CONTEXT_MANAGEMENT = _schema([], edits=_arr({
-    **_schema(["type"], type=_STR, keep=_any({"const": "all"}, _schema(
-        ["value"], value={"type": "integer", "minimum": 0}))),
-    "description": "clear_thinking_* edits drop earlier turns' thinking (keep: the last N "
-                   "turns' or 'all'); other edit types are accepted and not applied"}))
-
-
-def _a_common(images: bool) -> dict[str, Any]:
-    return dict(model=_MODEL, messages=_arr(_a_message(images), minItems=1),
-                system=_any(_STR, _arr(_A_TEXT)), tools=_arr(_A_TOOL),
-                tool_choice=_A_TOOL_CHOICE, thinking=_A_THINKING,
-                output_config=_A_OUTPUT_CONFIG, context_management=_A_CONTEXT_MANAGEMENT)
-
-
-def messages_request(images: bool = False) -> dict[str, Any]:
-    return _schema(
-        ["max_tokens", "messages"], max_tokens=_MAX_TOKENS,
-        stop_sequences=_arr(_STR, maxItems=MAX_STOP), metadata=_OBJ, temperature=_TEMPERATURE,
-        top_p=_TOP_P, top_k=_TOP_K, stream=_BOOL, priority=_PRIORITY, speculative=_SPECULATIVE,
-        cache_salt=_CACHE_SALT, **_a_common(images)) | _A_NEEDS_TOOLS
-
-
-def count_tokens_request(images: bool = False) -> dict[str, Any]:
-    return _schema(["messages"], **_a_common(images)) | _A_NEEDS_TOOLS
 
 
 # -- OpenAI Responses -------------------------------------------------------------------------
@@ -437,11 +347,13 @@ def openapi_spec(model_id: str, version: str = "1", *, vocab_size: int = 2**31,
                 "any model name is "
                 "accepted and echoed. Volatile billing-header lines at the start of the "
                 "system prompt are removed.",
-                messages_request(images), _schema(["id", "content", "usage"], content=_arr(_OBJ)),
+                request_schema(anthropic.MessagesRequest, images=images),
+                _schema(["id", "content", "usage"], content=_arr(_OBJ)),
                 ANTHROPIC_ERROR),
             "/v1/messages/count_tokens": _post(
                 "Count prompt tokens (Anthropic)", "The prompt as it would be rendered.",
-                count_tokens_request(images), _schema(["input_tokens"], input_tokens=_INT),
+                request_schema(anthropic.CountTokensRequest, images=images),
+                _schema(["input_tokens"], input_tokens=_INT),
                 ANTHROPIC_ERROR, streams=False),
             "/v1/models": {"get": {"summary": "List models", "responses": {
                 "200": {"description": "OK", **_json(_schema(["data"], data=_arr(_OBJ)))}}}},

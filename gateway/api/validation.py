@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from switchyard.gateway.api.models.common import INT32_MAX, MAX_STOP
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.model import (ChatRequest, CompletionRequest, Options,
                                               parse_cache_salt, parse_priority)
@@ -22,10 +23,8 @@ from switchyard.gateway.output.tools import (parse_openai_tool_choice, parse_ope
                                   strict_tool_names)
 from switchyard.gateway.vision.parts import has_part, mixed_parts, openai_image_part
 
-MAX_STOP_STRINGS = 16
 _SEED_MODULUS = 2**63
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
-_INT32_MAX = 2**31 - 1  # every integer that reaches the wire must fit msgpack
 # `chat_template_kwargs` are the template's variables (enable_thinking, reasoning_effort, ...).
 # A key that is an argument of `apply_chat_template` itself would let a request replace the
 # model's template (`chat_template`: the client's own Jinja, run with no time or memory
@@ -249,7 +248,7 @@ def parse_options(f: Fields) -> Options:
         max_tokens=max_tokens,
         temperature=_default(f.number("temperature", 0.0, 2.0), 1.0),
         top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
-        top_k=_default(f.integer("top_k", lo=0, hi=_INT32_MAX), 0),
+        top_k=_default(f.integer("top_k", lo=0, hi=INT32_MAX), 0),
         min_p=_default(f.number("min_p", 0.0, 1.0), 0.0),
         seed=None if seed is None else seed % _SEED_MODULUS,
         stop=parse_stop(f),
@@ -299,8 +298,8 @@ def parse_stop(f: Fields) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise invalid_type("stop", "a string or an array of strings")
-    if len(value) > MAX_STOP_STRINGS:
-        raise out_of_range("stop", f"at most {MAX_STOP_STRINGS} strings")
+    if len(value) > MAX_STOP:
+        raise out_of_range("stop", f"at most {MAX_STOP} strings")
     return tuple(s for s in value if s)
 
 

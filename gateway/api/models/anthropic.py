@@ -43,6 +43,7 @@ class UrlSource(Model, tag_field="type", tag="url"):
 class ImageBlock(Block, tag="image"):
     """A vision model's image (user turns and tool results)."""
 
+    image: ClassVar[bool] = True
     source: Base64Source | UrlSource
 
 
@@ -101,6 +102,11 @@ class Tool(Model):
     @property
     def is_custom(self) -> bool:
         return self.type in (None, "custom")
+
+    schema_rules: ClassVar[dict[str, Any]] = {
+        "if": {"properties": {"type": {"enum": ["custom", None]}}},
+        "then": {"required": ["name"], "properties": {"name": {"type": "string",
+                                                               "minLength": 1}}}}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -181,30 +187,18 @@ class ContextManagement(Model):
 
 
 class CountTokensRequest(Model, kw_only=True):
-    """`/v1/messages/count_tokens`: a turn's fields; `max_tokens` optional."""
+    """`/v1/messages/count_tokens`: what makes the prompt."""
 
     model: ModelName | None = None
     messages: Annotated[list[UserMessage | AssistantMessage | SystemMessage], Meta(min_length=1)]
     system: SystemText | None = None
-    max_tokens: MaxTokens | None = None
-    stop_sequences: Annotated[list[str], Meta(max_length=MAX_STOP)] | None = None
-    stream: bool | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: TopK | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoiceAuto | ToolChoiceNone | ToolChoiceAny | ToolChoiceTool | None = None
     thinking: ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | None = None
     output_config: OutputConfig | None = None
     output_format: OutputFormat | None = None
     context_management: ContextManagement | None = None
-    metadata: JsonObject | None = None
-    priority: Priority | None = None
-    speculative: Speculative | None = None
     cache_salt: CacheSalt | None = None
-    service_tier: AnyValue = None
-    container: AnyValue = None
-    mcp_servers: AnyValue = None
 
     # "any" or "tool" needs a client tool to call (which one: a runtime check).
     schema_rules: ClassVar[dict[str, Any]] = {
@@ -217,6 +211,17 @@ class CountTokensRequest(Model, kw_only=True):
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
-    """`/v1/messages`."""
+    """`/v1/messages`: a turn."""
 
     max_tokens: MaxTokens
+    stop_sequences: Annotated[list[str], Meta(max_length=MAX_STOP)] | None = None
+    stream: bool | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    metadata: JsonObject | None = None
+    priority: Priority | None = None
+    speculative: Speculative | None = None
+    service_tier: AnyValue = None
+    container: AnyValue = None
+    mcp_servers: AnyValue = None
