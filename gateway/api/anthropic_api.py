@@ -33,8 +33,9 @@ from switchyard.gateway.streaming import sse_event
 from switchyard.gateway.output.tools import AUTO, NONE, ToolChoice, check_tool_choice, function_tool
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
-from switchyard.gateway.api.models import anthropic as shape
-from switchyard.gateway.api.models.base import decode, known_fields
+from switchyard.gateway.request.wire import anthropic as shape
+from switchyard.gateway.request.wire.base import known_fields
+from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.api.validation import (note_ignored, note_unknown_fields,
                                                reasoning_effort, template_kwargs)
 from switchyard.gateway.vision.parts import ImageRef, decode_base64, from_url, image_part

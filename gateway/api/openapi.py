@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from switchyard.gateway.api.models import anthropic, common
-from switchyard.gateway.api.models.schema import request_schema, type_schema
-from switchyard.gateway.api.validation import MAX_TEMPLATE_KWARGS_BYTES, RESERVED_TEMPLATE_KEYS
-from switchyard.gateway.output.tools import MAX_TOOLS
+from switchyard.gateway.request.wire import anthropic, common
+from switchyard.gateway.request.wire.schema import request_schema, type_schema
 
 _OBJ = {"type": "object"}
 _STR = {"type": "string"}
@@ -174,10 +172,10 @@ _TOOL_CHOICE_RULE = ("'required' or a named function needs 'tools', and the name
 
 
 _TEMPLATE_KWARGS = {
-    "type": "object", "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KEYS)}},
+    "type": "object", "propertyNames": {"not": {"enum": sorted(common.RESERVED_TEMPLATE_KEYS)}},
     "description": "the chat template's variables (enable_thinking, reasoning_effort, ...), "
                    "never the template or an argument of its rendering; at most "
-                   f"{MAX_TEMPLATE_KWARGS_BYTES // 1024} KiB as JSON (else a 400)"}
+                   f"{common.MAX_TEMPLATE_KWARGS_BYTES // 1024} KiB as JSON (else a 400)"}
 
 
 def chat_request(vocab_size: int, images: bool = False) -> dict[str, Any]:
@@ -185,7 +183,7 @@ def chat_request(vocab_size: int, images: bool = False) -> dict[str, Any]:
         ["messages"], model=_MODEL, messages=_arr(_chat_message(images), minItems=1),
         max_tokens=_MAX_TOKENS, max_completion_tokens=_MAX_TOKENS, n={"const": 1},
         stop=_STOP, stream_options=_schema([], include_usage=_BOOL),
-        tools=_arr(_CHAT_TOOL, maxItems=MAX_TOOLS),
+        tools=_arr(_CHAT_TOOL, maxItems=common.MAX_TOOLS),
         tool_choice={**_CHAT_TOOL_CHOICE, "description": _TOOL_CHOICE_RULE},
         parallel_tool_calls=_BOOL, chat_template_kwargs=_TEMPLATE_KWARGS, user=_STR,
         reasoning_effort=_EFFORT, prompt_cache_key=_STR,

@@ -34,7 +34,8 @@ from switchyard.gateway.output.tools import (ToolChoice, check_tool_fields, func
                                   parse_openai_tool_choice, strict_tool_names)
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.json_body import chat_limits, read_json
-from switchyard.gateway.api.validation import (GUIDED_FIELDS, Fields, join_text_parts,
+from switchyard.gateway.request.wire.openai import GUIDED_FIELDS
+from switchyard.gateway.api.validation import (Fields, join_text_parts,
                                                note_ignored, note_unknown_fields,
                                                reasoning_effort)
 from switchyard.gateway.vision.parts import has_part, mixed_parts, responses_image_part

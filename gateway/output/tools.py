@@ -25,12 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from switchyard.gateway.request.wire.decoding import decode
+from switchyard.gateway.request.wire.openai import ChatTool, ChatTools
 from switchyard.gateway.errors import invalid, invalid_type
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 JSON_FAMILY = "json_tools"
 HARMONY_FAMILY = "harmony"
-MAX_TOOLS = 512
 
 
 @dataclass(frozen=True)
@@ -126,27 +127,12 @@ def check_tool_fields(name: Any, description: Any, parameters: Any, param: str,
 
 def parse_openai_tools(value: Any, param: str = "tools") -> list[dict[str, Any]] | None:
     """Chat Completions tools: `[{"type": "function", "function": {...}}]`."""
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise invalid_type(param, "an array of objects")
-    if len(value) > MAX_TOOLS:
-        raise invalid(f"'{param}' has more than {MAX_TOOLS} tools", param=param,
-                      code="invalid_value")
-    tools = []
-    for i, tool in enumerate(value):
-        if tool.get("type") not in (None, "function"):
-            raise invalid(f"'{param}[{i}].type' must be 'function'", param=f"{param}[{i}].type",
-                          code="unsupported_tool_type")
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            raise invalid_type(f"{param}[{i}].function", "an object")
-        check_tool_fields(function.get("name"), function.get("description"),
-                          function.get("parameters"), f"{param}[{i}].function",
-                          strict=function.get("strict"))
-        tools.append(function_tool(function["name"], function.get("description"),
-                                   function.get("parameters")))
-    return tools or None
+    return chat_function_tools(decode(value, ChatTools | None, param))
+
+
+def chat_function_tools(tools: list[ChatTool] | None) -> list[dict[str, Any]] | None:
+    return [function_tool(t.function.name, t.function.description, t.function.parameters)
+            for t in tools or ()] or None
 
 
 def strict_tool_names(value: Any, function_of) -> frozenset[str]:

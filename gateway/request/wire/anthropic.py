@@ -1,6 +1,6 @@
 """The Anthropic Messages request (`POST /v1/messages`, `/v1/messages/count_tokens`), declared
 once: gateway/api/anthropic_api.py translates it into the gateway's chat shape, and
-/openapi.json is made from it (models/schema.py). What a schema cannot state (a named tool must
+/openapi.json is made from it (wire/schema.py). What a schema cannot state (a named tool must
 be one of `tools`, an image's bytes, the context) is checked at runtime and documented as a 400.
 """
 
@@ -10,8 +10,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import Meta
 
-from switchyard.gateway.api.models.base import FieldError, Model, integer
-from switchyard.gateway.api.models.common import (MAX_STOP, AnyValue, CacheSalt, Effort,
+from switchyard.gateway.request.wire.base import FieldError, Model, integer
+from switchyard.gateway.request.wire.common import (MAX_STOP, AnyValue, CacheSalt, Effort,
                                                   JsonObject, MaxTokens, ModelName, Priority,
                                                   Speculative, Temperature, TopK, TopP)
 
