@@ -7,7 +7,6 @@ Unknown fields are ignored, as OpenAI does; a known field of the wrong type or o
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
 from typing import Any
@@ -21,9 +20,8 @@ from switchyard.gateway.request.wire.common import (MAX_TEMPLATE_KWARGS_BYTES,
                                                   RESERVED_TEMPLATE_KEYS)
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options
-from switchyard.gateway.errors import invalid, invalid_type, out_of_range
-from switchyard.gateway.output.tools import (AUTO, NONE, ToolChoice, chat_function_tools,
-                                             check_tool_choice)
+from switchyard.gateway.errors import invalid, invalid_type
+from switchyard.gateway.output.tools import chat_function_tools, openai_tool_choice
 from switchyard.gateway.vision.parts import from_url, image_part
 
 _SEED_MODULUS = 2**63
@@ -128,95 +126,6 @@ def reasoning_effort(value: Any, param: str) -> str | None:
     return effort
 
 
-class Fields:
-    """Typed access to the fields of one JSON object; every error names its field."""
-
-    def __init__(self, body: dict[str, Any], prefix: str = "") -> None:
-        self.body = body
-        self.prefix = prefix
-
-    def name(self, key: str) -> str:
-        return f"{self.prefix}{key}"
-
-    def get(self, key: str) -> Any:
-        return self.body.get(key)
-
-    def integer(self, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
-        value = as_integer(self.body.get(key))
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise invalid_type(self.name(key), "an integer")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise out_of_range(self.name(key), _range_text(lo, hi))
-        return value
-
-    def number(self, key: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise invalid_type(self.name(key), "a number")
-        value = float(value)
-        if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
-            low = f"> {lo}" if lo_open else f">= {lo}"
-            raise out_of_range(self.name(key), f"{low} and <= {hi}")
-        return value
-
-    def boolean(self, key: str) -> bool | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, bool):
-            raise invalid_type(self.name(key), "a boolean")
-        return value
-
-    def string(self, key: str) -> str | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise invalid_type(self.name(key), "a string")
-        return value
-
-    def obj(self, key: str) -> dict[str, Any] | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise invalid_type(self.name(key), "an object")
-        return value
-
-    def array(self, key: str) -> list[Any] | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, list):
-            raise invalid_type(self.name(key), "an array")
-        return value
-
-    def reject_unsupported(self, key: str, allowed: tuple[Any, ...] = (None, False)) -> None:
-        value = self.body.get(key)
-        if not any(value is a or (value == a and type(value) is type(a)) for a in allowed):
-            raise invalid(f"'{self.name(key)}' is not supported by this server",
-                          param=self.name(key), code="unsupported_parameter")
-
-
-def as_integer(value: Any) -> Any:
-    """JSON has one number type: 5.0 is the integer 5 (as JSON Schema and OpenAI's API take
-    it), however large: 1e20 is judged by the field's range as 10**20 would be. Anything else
-    is returned as it is, for the caller to judge."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _range_text(lo: int | None, hi: int | None) -> str:
-    if lo is not None and hi is not None:
-        return f"between {lo} and {hi}"
-    return f">= {lo}" if lo is not None else f"<= {hi}"
-
-
 def _options(request: shape.OptionsRequest) -> Options:
     """Sampling, limits and streaming options shared by both endpoints."""
     max_tokens = request.max_completion_tokens  # wins over the older max_tokens
@@ -249,14 +158,8 @@ def _default(value: Any, default: Any) -> Any:
 def response_format(value: shape.ResponseFormat | None, body: dict[str, Any]
                     ) -> structured.Constraint | None:
     """`response_format`, or vLLM's guided fields (read as the body gives them)."""
-    if isinstance(value, shape.JsonObjectFormat):
-        given = structured.json_schema({"type": "object"}, "response_format")
-    elif isinstance(value, shape.JsonSchemaFormat):
-        given = structured.json_schema(value.json_schema.schema,
-                                       "response_format.json_schema.schema")
-    else:
-        given = None
-    return structured.one_of(given, structured.guided(body), param="response_format")
+    return structured.one_of(structured.format_constraint(value, "response_format"),
+                             structured.guided(body), param="response_format")
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
@@ -264,13 +167,6 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     request = decode(body, shape.ChatCompletionRequest)
     constraint = response_format(request.response_format, body)
     tools = chat_function_tools(request.tools)
-    choice = request.tool_choice
-    if choice is None:
-        tool_choice = AUTO if tools else NONE
-    elif isinstance(choice, str):
-        tool_choice = ToolChoice(choice)
-    else:
-        tool_choice = ToolChoice("function", choice.function_name)
     kwargs = request.chat_template_kwargs or {}
     effort = reasoning_effort(request.reasoning_effort, "reasoning_effort")
     if effort and "reasoning_effort" not in kwargs:
@@ -280,7 +176,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
                   for i, (m, raw) in enumerate(zip(request.messages, body["messages"]))],
         options=_options(request),
         tools=tools,
-        tool_choice=check_tool_choice(tool_choice, tools, "tool_choice"),
+        tool_choice=openai_tool_choice(request.tool_choice, tools),
         parallel_tool_calls=request.parallel_tool_calls is not False,
         template_kwargs=template_kwargs(kwargs),
         constraint=constraint,
@@ -357,25 +253,6 @@ def _image(part: shape.ImageUrlPart, param: str) -> dict[str, Any]:
     return image_part(from_url(value.url, f"{param}.image_url.url"))
 
 
-def join_text_parts(parts: list, param: str, text_keys: dict[str, str], what: str) -> str:
-    """The text of a list of content parts, joined by newlines. `text_keys` maps each accepted
-    part type to the key holding its text; any other type is a 400 naming `what` is taken."""
-    texts = []
-    for j, part in enumerate(parts):
-        part_param = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_type(part_param, "an object")
-        kind = part.get("type")
-        if not isinstance(kind, str) or kind not in text_keys:  # {} is not hashable
-            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only {what} are",
-                          param=f"{part_param}.type", code="unsupported_content")
-        text = part.get(text_keys[kind])
-        if not isinstance(text, str):
-            raise invalid_type(f"{part_param}.text", "a string")
-        texts.append(text)
-    return "\n".join(texts)
-
-
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     note_unknown_fields(body, known_fields(shape.CompletionRequest), "completions")
     request = decode(body, shape.CompletionRequest)
@@ -393,7 +270,8 @@ def parse_prompt(prompt: Any) -> str | tuple[int, ...]:
             raise invalid("'prompt' must not be empty", param="prompt", code="invalid_value")
         return prompt
     if isinstance(prompt, list) and prompt:
-        ids = [as_integer(t) for t in prompt]
+        # JSON has one number type: 5.0 is the token id 5 (as JSON Schema takes it)
+        ids = [int(t) if isinstance(t, float) and t.is_integer() else t for t in prompt]
         if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             return tuple(ids)
     if prompt is None:

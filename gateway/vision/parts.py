@@ -78,69 +78,6 @@ def decode_base64(text: Any, param: str) -> bytes:
     return data
 
 
-# --- each API's shape --------------------------------------------------------------------------
-
-
-DETAILS = ("auto", "low", "high")
-
-
-def check_detail(holder: dict[str, Any], param: str) -> None:
-    """OpenAI's `detail` (auto, low, high), checked as OpenAI does; the model sees every image
-    at the resolution its processor makes of it, whatever the detail."""
-    detail = holder.get("detail")
-    if detail is not None and detail not in DETAILS:
-        raise invalid(f"'{param}.detail' must be one of {', '.join(DETAILS)}",
-                      param=f"{param}.detail", code="invalid_value")
-
-
-def openai_image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
-    """Chat Completions' `image_url` part."""
-    value = part.get("image_url")
-    if isinstance(value, dict):
-        check_detail(value, f"{param}.image_url")
-        return image_part(from_url(value.get("url"), f"{param}.image_url.url"))
-    return image_part(from_url(value, f"{param}.image_url"))
-
-
-def responses_image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
-    """The Responses API's `input_image` part (`image_url`; `file_id` is not served here)."""
-    if part.get("image_url") is None and part.get("file_id") is not None:
-        raise invalid(f"'{param}.file_id': uploaded files are not served here; send the image "
-                      f"as a data: URL in 'image_url'", param=f"{param}.file_id",
-                      code="unsupported_content")
-    check_detail(part, param)
-    return image_part(from_url(part.get("image_url"), f"{param}.image_url"))
-
-
-def mixed_parts(parts: list, param: str, text_keys: dict[str, str], images: dict[str, Any],
-                what: str) -> list[dict[str, Any]]:
-    """Content parts with images, in order: text parts as `{"type": "text", "text"}` (the type
-    of each accepted text part maps to the key holding its text), image parts parsed by
-    `images` (part type -> parser). Any other type is a 400 naming `what` is taken."""
-    out = []
-    for j, part in enumerate(parts):
-        part_param = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_type(part_param, "an object")
-        kind = part.get("type")
-        if isinstance(kind, str) and kind in images:
-            out.append(images[kind](part, part_param))
-            continue
-        if not isinstance(kind, str) or kind not in text_keys:
-            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only {what} are",
-                          param=f"{part_param}.type", code="unsupported_content")
-        text = part.get(text_keys[kind])
-        if not isinstance(text, str):
-            raise invalid_type(f"{part_param}.text", "a string")
-        out.append({"type": "text", "text": text})
-    return out
-
-
-def has_part(parts: Any, kinds: tuple[str, ...]) -> bool:
-    return isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") in kinds
-                                           for p in parts)
-
-
 def image_refs(messages: list[dict[str, Any]]) -> list[ImageRef]:
     """The images of a conversation, in the order the template renders them."""
     return [part["image"] for m in messages if isinstance(m.get("content"), list)

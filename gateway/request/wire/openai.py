@@ -207,6 +207,9 @@ class JsonSchemaSpec(Model):
 class JsonSchemaFormat(ResponseFormat, tag="json_schema"):
     json_schema: JsonSchemaSpec
 
+    def spec(self, param: str) -> tuple[Any, str]:
+        return self.json_schema.schema, f"{param}.json_schema.schema"
+
 
 ResponseFormats = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Meta(description=(
     "also the guided_json / guided_choice / guided_regex fields (structured outputs: the "

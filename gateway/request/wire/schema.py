@@ -4,8 +4,9 @@ msgspec states each model's shape; here that is made one self-contained schema p
 (every `$ref` inlined: a request's schema is read alone, by clients and tests), with what
 msgspec cannot say added from each struct's `schema_rules` (a dict, or a function of the
 `Schema` being made): a member a struct requires though its Python type lets it be absent, an
-if/then between members, what depends on the served model (its vocabulary), and members that
-are read but not published (`unpublished`). Image content is declared only for a model that
+if/then between members, what depends on the served model (its vocabulary), a member the
+gateway fills in before decoding (`optional`), and members that are read but not published
+(`unpublished`). Image content is declared only for a model that
 takes images (`image = True` on its struct).
 """
 
@@ -107,6 +108,8 @@ class _Inliner:
                 schema["required"] = sorted(set(schema.get("required", ())) | set(value))
             elif key == "properties":
                 schema["properties"] = {**schema.get("properties", {}), **value}
+            elif key == "optional":
+                schema["required"] = [k for k in schema.get("required", ()) if k not in value]
             elif key == "unpublished":
                 schema["properties"] = {k: v for k, v in schema["properties"].items()
                                         if k not in value}
