@@ -108,23 +108,24 @@ def _tool_result_content(block: shape.ToolResultBlock, param: str
 def chat_messages(message: shape.Message, index: int) -> list[dict[str, Any]]:
     """One Anthropic message as canonical chat messages (a user message carrying tool results
     becomes tool messages, then the user's text)."""
-    prefix = f"messages[{index}]"
     content = message.content
-    if isinstance(message, shape.SystemMessage):  # between turns (Claude Code's agent list)
-        text = content if isinstance(content, str) else "\n".join(b.text for b in content)
-        return [{"role": "system", "content": text}]
-    role = "user" if isinstance(message, shape.UserMessage) else "assistant"
+    kind = type(message)
+    if kind is shape.SystemMessage:  # between turns (Claude Code's agent list): kept there
+        return [{"role": "system", "content": content if isinstance(content, str)
+                 else "\n".join(b.text for b in content)}]
+    role = "user" if kind is shape.UserMessage else "assistant"
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    texts, reasoning, calls, results = [], [], [], []
+    texts = [b.text for b in content if type(b) is shape.TextBlock]
+    if len(texts) == len(content):  # text alone: the common case
+        return [{"role": role, "content": "\n".join(texts)}]
+    reasoning, calls, results = [], [], []
     parts: list[dict[str, Any]] = []  # text and images in order, when there are images
     for j, block in enumerate(content):
-        param = f"{prefix}.content[{j}]"
         if isinstance(block, shape.TextBlock):
-            texts.append(block.text)
             parts.append({"type": "text", "text": block.text})
         elif isinstance(block, shape.ImageBlock):
-            parts.append(_image(block, param))
+            parts.append(_image(block, f"messages[{index}].content[{j}]"))
         elif isinstance(block, shape.ThinkingBlock):
             reasoning.append(block.thinking)
         elif isinstance(block, shape.ToolUseBlock):
@@ -132,8 +133,8 @@ def chat_messages(message: shape.Message, index: int) -> list[dict[str, Any]]:
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name, "arguments": arguments}})
         elif isinstance(block, shape.ToolResultBlock):
-            results.append({"role": "tool", "tool_call_id": block.tool_use_id,
-                            "content": _tool_result_content(block, param)})
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content":
+                            _tool_result_content(block, f"messages[{index}].content[{j}]")})
     text = "\n".join(texts)
     if role == "user":
         if len(parts) > len(texts):  # images: the parts, in order

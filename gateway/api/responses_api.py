@@ -60,16 +60,16 @@ class ResponsesRequest:
 def _text(content: shape.TextContent | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    return "\n".join(part.text_of for part in content)
+    return "\n".join(part.text for part in content)
 
 
 def _content(content: shape.Content | None, param: str) -> str | list[dict[str, Any]]:
     """A user message's or a function call output's text; with `input_image` parts, its parts
     in order (gateway/vision/parts.py)."""
-    if not isinstance(content, list) or not any(isinstance(p, shape.InputImage) for p in content):
+    if not isinstance(content, list) or not any(type(p) is shape.InputImage for p in content):
         return _text(content)
     return [image_part(from_url(p.image_url, f"{param}[{j}].image_url"))
-            if isinstance(p, shape.InputImage) else {"type": "text", "text": p.text_of}
+            if type(p) is shape.InputImage else {"type": "text", "text": p.text}
             for j, p in enumerate(content)]
 
 
@@ -165,6 +165,7 @@ def offered_tools(tools: list[shape.Tool] | None) -> ResponsesTools:
     functions: list[dict[str, Any]] = []
     namespaces: dict[str, str] = {}
     strict: set[str] = set()
+    names: set[str] = set()
     builtins: set[str] = set()
     if tools is None:
         return ResponsesTools(None, namespaces, frozenset())
@@ -173,9 +174,10 @@ def offered_tools(tools: list[shape.Tool] | None) -> ResponsesTools:
         if tool.type != "function":
             builtins.add(tool.type[:64])
             return
-        if any(f["function"]["name"] == tool.name for f in functions):
+        if tool.name in names:
             raise invalid(f"'{param}.name': the function '{tool.name}' is offered twice",
                           param=f"{param}.name", code="invalid_value")
+        names.add(tool.name)
         functions.append(function_tool(tool.name, tool.description, tool.parameters))
         if namespace is not None:
             namespaces[tool.name] = namespace

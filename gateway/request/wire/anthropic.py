@@ -10,7 +10,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import Meta
 
-from switchyard.gateway.request.wire.base import FieldError, Model, integer
+from switchyard.gateway.request.wire.base import Checked, FieldError, Model, integer
 from switchyard.gateway.request.wire.common import (MAX_STOP, AnyValue, CacheSalt, Effort,
                                                   JsonObject, MaxTokens, ModelName, Priority,
                                                   Speculative, Temperature, TopK, TopP)
@@ -109,7 +109,6 @@ class Tool(Model):
                                                                "minLength": 1}}}}
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.is_custom and self.name is None:
             raise FieldError("name", "must be a non-empty string")
 
@@ -134,7 +133,7 @@ class ToolChoiceTool(ToolChoice, tag="tool"):
     name: NonEmpty
 
 
-class Thinking(Model, tag_field="type", kw_only=True):
+class Thinking(Checked, tag_field="type", kw_only=True):
     """`budget_tokens` is checked, not enforced: max_tokens bounds the turn."""
 
     budget_tokens: integer(lo=0) | None = None
@@ -161,7 +160,7 @@ class OutputConfig(Model):
     format: OutputFormat | None = None
 
 
-class Keep(Model):
+class Keep(Checked):
     value: integer(lo=0)
     type: str | None = None
 
@@ -177,7 +176,6 @@ class ContextEdit(Model):
                                               "properties": {"type": {"type": "string"}}}
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.type is None:
             raise FieldError("", "must be an object with a 'type'")
 
@@ -186,7 +184,7 @@ class ContextManagement(Model):
     edits: list[ContextEdit] | None = None
 
 
-class CountTokensRequest(Model, kw_only=True):
+class CountTokensRequest(Checked, kw_only=True):
     """`/v1/messages/count_tokens`: what makes the prompt."""
 
     model: ModelName | None = None

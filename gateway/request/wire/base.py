@@ -102,8 +102,13 @@ class Model(msgspec.Struct, kw_only=True):
     optional member given as null is absent. `schema_rules` (a ClassVar) adds to the published
     schema what msgspec cannot state (wire/schema.py)."""
 
+
+class Checked(Model, kw_only=True):
+    """A model with `integer()` or `unsupported()` members, checked after decoding (only such
+    models pay for a `__post_init__`: a request has thousands of content blocks)."""
+
     def __post_init__(self) -> None:
-        for name, check in _checked_fields(type(self)):
+        for name, check in checked_fields(type(self)):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, check.check(value, name))
@@ -125,7 +130,7 @@ def hints(cls: type) -> dict[str, Any]:
 
 
 @functools.cache
-def _checked_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+def checked_fields(cls: type) -> tuple[tuple[str, Any], ...]:
     found = []
     for name in cls.__struct_fields__:
         check = next((c for c in (marker(hints(cls)[name], k) for k in _CHECKS) if c), None)

@@ -11,7 +11,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import Meta
 
-from switchyard.gateway.request.wire.base import FieldError, Model, Whole, integer, unsupported
+from switchyard.gateway.request.wire.base import (Checked, FieldError, Model, Whole, integer,
+                                                  unsupported)
 from switchyard.gateway.request.wire.common import (INT64_MIN, MAX_STOP, MAX_TOOLS, UINT64_MAX,
                                                   AnyValue, CacheSalt, Effort, JsonObject,
                                                   MaxTokens, ModelName, NonEmpty, Priority,
@@ -80,7 +81,6 @@ class ChatMessage(Model, tag_field="role", kw_only=True):
     takes_images: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         role = self.__struct_config__.tag
         if not self.takes_images and isinstance(self.content, list) \
                 and any(isinstance(p, ImageUrlPart) for p in self.content):
@@ -172,7 +172,6 @@ class NamedToolChoice(Model):
         return self.function.name if self.function is not None else self.name
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.function is None and self.name is None:
             raise FieldError("", 'must name a function: {"type": "function", "function": '
                              '{"name": ...}}')
@@ -236,7 +235,7 @@ LogitBias = Annotated[
     Whole("a map of token ids to numbers from -100 to 100", deep=True)]
 
 
-class OptionsRequest(Model, kw_only=True):
+class OptionsRequest(Checked, kw_only=True):
     """What both endpoints read: sampling, limits, streaming, scheduling."""
 
     model: ModelName | None = None

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
+import msgspec
 from msgspec import Meta
 
-from switchyard.gateway.request.wire.base import FieldError, Model, Whole
+from switchyard.gateway.request.wire.base import Checked, FieldError, Model, Whole
 from switchyard.gateway.request.wire.common import (AnyValue, CacheSalt, Effort, JsonObject,
                                                     MaxTokens, ModelName, NonEmpty, Priority,
                                                     Speculative, Temperature, TopP)
@@ -24,10 +25,6 @@ from switchyard.gateway.request.wire.openai import (GUIDED_FIELDS, IMAGE_URL, De
 
 class Part(Model, tag_field="type", kw_only=True):
     """A content part; its `type` is the tag."""
-
-    @property
-    def text_of(self) -> str:
-        return self.text
 
 
 class InputText(Part, tag="input_text"):
@@ -51,11 +48,7 @@ class ReasoningText(Part, tag="reasoning_text"):
 
 
 class Refusal(Part, tag="refusal"):
-    refusal: str
-
-    @property
-    def text_of(self) -> str:
-        return self.refusal
+    text: str = msgspec.field(name="refusal")
 
 
 class InputImage(Part, tag="input_image"):
@@ -67,11 +60,11 @@ class InputImage(Part, tag="input_image"):
     file_id: AnyValue = None
     detail: Detail | None = None
 
-    schema_rules: ClassVar[dict[str, Any]] = {"required": ["image_url"],
-                                              "properties": {"image_url": IMAGE_URL}}
+    @staticmethod
+    def schema_rules(schema: Any) -> dict[str, Any]:
+        return {"required": ["image_url"], "properties": {"image_url": schema.of(IMAGE_URL)}}
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.image_url is None and self.file_id is not None:
             raise FieldError("file_id", "uploaded files are not served here; send the image "
                              "as a data: URL in 'image_url'", "unsupported_content")
@@ -102,7 +95,6 @@ class MessageItem(Item, tag="message"):
                 "else": {"properties": {"content": schema.of(TextContent)}}}
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.role != "user" and _has_image(self.content):
             raise FieldError("content", "images are taken in user messages and function call "
                              "outputs only", "unsupported_content")
@@ -149,7 +141,6 @@ class Tool(Model):
     tools: list[Tool] | None = None  # a namespace's
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.type in ("function", "namespace") and self.name is None:
             raise FieldError("name", "is required", "missing_required_parameter")
         for j, inner in enumerate(self.tools or () if self.type == "namespace" else ()):
@@ -225,7 +216,7 @@ class Reasoning(Model):
 # --- the request ---------------------------------------------------------------------------------
 
 
-class ResponsesRequest(Model, kw_only=True):
+class ResponsesRequest(Checked, kw_only=True):
     input: Input
     model: ModelName | None = None
     instructions: str | None = None

@@ -27,11 +27,6 @@ def request_schema(model: type[Model], *, images: bool = False, vocab_size: int 
     return Schema(images, vocab_size).of(model)
 
 
-def type_schema(tp: Any) -> dict[str, Any]:
-    """The schema of one field type (a shared option such as `common.Temperature`)."""
-    return Schema(images=False, vocab_size=2**31).of(tp)
-
-
 class Schema:
     """The schemas of one /openapi.json: whether the model takes images, its vocabulary."""
 
