@@ -1,0 +1,116 @@
+"""Each API's request model (gateway/request/wire/) is the one statement of its shape: README's
+field table names exactly its fields, the models' own checks run, and /openapi.json is made
+from them (its truth against the live server: tests/integration/test_openapi_schemathesis.py)."""
+
+from __future__ import annotations
+
+import re
+import typing
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from switchyard.gateway.api.openapi import openapi_spec
+from switchyard.gateway.request.wire import anthropic, openai, responses
+from switchyard.gateway.request.wire.base import Checked, Model, checked_fields, hints, members
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = {"Messages": anthropic.MessagesRequest, "Chat": openai.ChatCompletionRequest,
+          "Completions": openai.CompletionRequest, "Responses": responses.ResponsesRequest}
+
+
+def readme_rows() -> list[tuple[list[str], list[str]]]:
+    """(APIs, backquoted names in the field column) of each row of README's field table."""
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("### What agent clients send"):]
+    table = table[table.index("| API |"):]
+    table = table[:table.index("\n\n")]
+    rows = []
+    for line in table.splitlines()[2:]:
+        api, field, _ = (cell.strip() for cell in line.strip("|").split("|", 2))
+        apis = list(MODELS) if api == "all" else [a.strip() for a in api.split(",")]
+        rows.append((apis, re.findall(r"`([^`]+)`", field)))
+    return rows
+
+
+def _structs(tp: typing.Any) -> list[type]:
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    out = []
+    for member in members(tp):
+        while typing.get_origin(member) is typing.Annotated:
+            member = typing.get_args(member)[0]
+        if isinstance(member, type) and issubclass(member, msgspec.Struct):
+            out.append(member)
+    return out
+
+
+def declares(model: type, path: str) -> bool:
+    """Whether `model` has the member `path` (`field` or `field.member`)."""
+    structs = [model]
+    for name in path.split("."):
+        found = [s for s in structs if name in s.__struct_fields__]
+        if not found:
+            return False
+        structs = [t for s in found for t in _structs(hints(s)[name])]
+    return True
+
+
+def test_every_field_of_every_model_is_in_the_readme_table():
+    rows = readme_rows()
+    assert {api for apis, _ in rows for api in apis} == set(MODELS)
+    for api, model in MODELS.items():
+        named = {n.split(".")[0] for apis, names in rows if api in apis for n in names}
+        missing = sorted(set(model.__struct_fields__) - named)
+        assert not missing, f"README's field table has no row for {api}'s {missing}"
+
+
+def test_every_name_in_the_readme_table_is_a_field():
+    for apis, names in readme_rows():
+        assert names, apis
+        for name in names:
+            assert any(declares(MODELS[api], name) for api in apis), \
+                f"README's field table names `{name}` for {apis}: no such field"
+
+
+def test_the_readme_check_can_fail():
+    assert declares(anthropic.MessagesRequest, "output_config.effort")
+    assert declares(anthropic.MessagesRequest, "thinking.budget_tokens")
+    assert not declares(anthropic.MessagesRequest, "output_config.colour")
+    assert not declares(openai.CompletionRequest, "messages")
+
+
+def _models() -> list[type]:
+    found, stack = [], [Model]
+    while stack:
+        cls = stack.pop()
+        found.append(cls)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+@pytest.mark.parametrize("model", _models(), ids=lambda m: f"{m.__module__}.{m.__name__}")
+def test_a_model_with_integer_or_unsupported_members_checks_them(model):
+    """integer() and unsupported() are checked in Checked.__post_init__; only models that
+    derive from it pay for one."""
+    if checked_fields(model):
+        assert issubclass(model, Checked)
+
+
+def test_limits_are_stated_once_in_the_models_and_published():
+    """MAX_STOP and the sampling ranges come from the models into /openapi.json."""
+    from switchyard.gateway.request.wire.common import MAX_STOP
+
+    paths = openapi_spec("m")["paths"]
+
+    def schema(path):
+        return paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+    stop = schema("/v1/chat/completions")["properties"]["stop"]
+    assert {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP} \
+        in stop["anyOf"][0]["anyOf"]
+    sequences = schema("/v1/messages")["properties"]["stop_sequences"]["anyOf"][0]
+    assert sequences["maxItems"] == MAX_STOP
+    top_k = schema("/v1/messages")["properties"]["top_k"]["anyOf"][0]
+    assert (top_k["type"], top_k["minimum"], top_k["maximum"]) == ("integer", 0, 2**31 - 1)
