@@ -91,11 +91,11 @@ class ChatMessage(Model, tag_field="role", kw_only=True):
         if self.tool_calls and role != "assistant":
             raise FieldError("tool_calls", "is only allowed in assistant messages")
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
         return {"required": ["content"], "properties": {
-            "content": schema.of(TextContent), "tool_calls": schema.of(
-                Annotated[list[ToolCall], Meta(max_length=0)] | None)}}
+            "content": schema.of(Content if cls.takes_images else TextContent),
+            "tool_calls": schema.of(Annotated[list[ToolCall], Meta(max_length=0)] | None)}}
 
 
 class SystemMessage(ChatMessage, tag="system"):
@@ -113,20 +113,14 @@ class FunctionMessage(ChatMessage, tag="function"):
 class UserMessage(ChatMessage, tag="user"):
     takes_images: ClassVar[bool] = True
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
-        return {"required": ["content"], "properties": {
-            "content": schema.of(Content), "tool_calls": schema.of(
-                Annotated[list[ToolCall], Meta(max_length=0)] | None)}}
-
 
 class ToolMessage(UserMessage, tag="tool"):
     pass
 
 
 class AssistantMessage(ChatMessage, tag="assistant"):
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
         return {"properties": {"content": schema.of(TextContent | None)}}
 
 
@@ -235,24 +229,14 @@ LogitBias = Annotated[
     Whole("a map of token ids to numbers from -100 to 100", deep=True)]
 
 
-class OptionsRequest(Checked, kw_only=True):
-    """What both endpoints read: sampling, limits, streaming, scheduling."""
+class ServedRequest(Checked, kw_only=True):
+    """What every OpenAI-style request (Chat, Completions, Responses) shares."""
 
     model: ModelName | None = None
-    max_tokens: MaxTokens | None = None
-    max_completion_tokens: MaxTokens | None = None  # wins over max_tokens
-    n: integer(lo=1, hi=1, description="only 1") | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    top_k: TopK | None = None
-    min_p: MinP | None = None
-    seed: integer(lo=INT64_MIN, hi=UINT64_MAX) | None = None
-    stop: Stop | None = None
     stream: bool | None = None
-    stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: LogitBias | None = None
-    response_format: ResponseFormats | None = None
     priority: Priority | None = None
     speculative: Speculative | None = None
     cache_salt: CacheSalt | None = None
@@ -264,12 +248,30 @@ class OptionsRequest(Checked, kw_only=True):
     guided_choice: AnyValue = None
     structured_outputs: AnyValue = None
     # Accepted, not used.
+    service_tier: AnyValue = None
+    safety_identifier: AnyValue = None
+
+    schema_rules: ClassVar[dict[str, Any]] = {"unpublished": GUIDED_FIELDS}
+
+
+class OptionsRequest(ServedRequest, kw_only=True):
+    """What Chat and Completions read: sampling, limits, streaming."""
+
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None  # wins over max_tokens
+    n: integer(lo=1, hi=1, description="only 1") | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    seed: integer(lo=INT64_MIN, hi=UINT64_MAX) | None = None
+    stop: Stop | None = None
+    stream_options: StreamOptions | None = None
+    logit_bias: LogitBias | None = None
+    response_format: ResponseFormats | None = None
+    # Accepted, not used.
     frequency_penalty: AnyValue = None
     presence_penalty: AnyValue = None
     metadata: AnyValue = None
     store: AnyValue = None
-    service_tier: AnyValue = None
-    safety_identifier: AnyValue = None
 
     @staticmethod
     def schema_rules(schema: Any) -> dict[str, Any]:
@@ -277,7 +279,7 @@ class OptionsRequest(Checked, kw_only=True):
         bias = schema.of(LogitBias)
         bias["propertyNames"] = {"pattern": f"^[0-9]{{1,{digits}}}$"}
         return {"properties": {"logit_bias": {"anyOf": [bias, {"type": "null"}]}},
-                "unpublished": GUIDED_FIELDS}
+                **ServedRequest.schema_rules}
 
 
 class ChatCompletionRequest(OptionsRequest, kw_only=True):

@@ -12,13 +12,12 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from switchyard.gateway.request.wire.base import Checked, FieldError, Model, Whole
-from switchyard.gateway.request.wire.common import (AnyValue, CacheSalt, Effort, JsonObject,
-                                                    MaxTokens, ModelName, NonEmpty, Priority,
-                                                    Speculative, Temperature, TopP)
 from switchyard.gateway.request.wire import openai
-from switchyard.gateway.request.wire.openai import (GUIDED_FIELDS, IMAGE_URL, Detail,
-                                                    JsonObjectFormat, ResponseFormat, TextFormat)
+from switchyard.gateway.request.wire.base import FieldError, Model, Whole
+from switchyard.gateway.request.wire.common import (AnyValue, Effort, JsonObject, MaxTokens,
+                                                    NonEmpty)
+from switchyard.gateway.request.wire.openai import (IMAGE_URL, Detail, JsonObjectFormat,
+                                                    ResponseFormat, TextFormat)
 
 # --- content -------------------------------------------------------------------------------------
 
@@ -216,16 +215,12 @@ class Reasoning(Model):
 # --- the request ---------------------------------------------------------------------------------
 
 
-class ResponsesRequest(Checked, kw_only=True):
+class ResponsesRequest(openai.ServedRequest, kw_only=True):
     input: Input
-    model: ModelName | None = None
     instructions: str | None = None
     previous_response_id: Annotated[str, Meta(description=(
         "a response this server still keeps (recent ones, in memory); else a 400"))] | None = None
     max_output_tokens: MaxTokens | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    stream: bool | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -236,26 +231,14 @@ class ResponsesRequest(Checked, kw_only=True):
     prompt_cache_key: str | None = None
     client_metadata: JsonObject | None = None
     metadata: JsonObject | None = None
-    user: str | None = None
-    priority: Priority | None = None
-    speculative: Speculative | None = None
-    cache_salt: CacheSalt | None = None
-    # vLLM's structured outputs (request/structured.py); not published.
-    guided_json: AnyValue = None
-    guided_regex: AnyValue = None
-    guided_grammar: AnyValue = None
-    guided_choice: AnyValue = None
-    structured_outputs: AnyValue = None
     # Accepted, not used.
     stream_options: AnyValue = None
     truncation: AnyValue = None
-    service_tier: AnyValue = None
-    safety_identifier: AnyValue = None
     max_tool_calls: AnyValue = None
     top_logprobs: AnyValue = None
 
     schema_rules: ClassVar[dict[str, Any]] = {
-        "unpublished": GUIDED_FIELDS,
+        **openai.ServedRequest.schema_rules,
         # "required" or a named choice needs a function to call (the name must be one: a 400).
         "if": {"required": ["tool_choice"],
                "properties": {"tool_choice": {"not": {"enum": ["auto", "none", None]}}}},
