@@ -114,3 +114,60 @@ def test_limits_are_stated_once_in_the_models_and_published():
     assert sequences["maxItems"] == MAX_STOP
     top_k = schema("/v1/messages")["properties"]["top_k"]["anyOf"][0]
     assert (top_k["type"], top_k["minimum"], top_k["maximum"]) == ("integer", 0, 2**31 - 1)
+
+
+# --- decoding: each API's 400 names the field --------------------------------------------------
+
+
+def _anthropic(**fields):
+    from switchyard.gateway.api.anthropic_api import parse_messages_request
+
+    body = {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    return parse_messages_request(body | fields).chat
+
+
+def _responses(**fields):
+    from switchyard.gateway.api.responses_api import parse_responses_request
+    from switchyard.gateway.request.response_store import ResponseStore
+
+    return parse_responses_request({"input": "hi"} | fields, ResponseStore(4)).chat
+
+
+def _refused(fn, **fields):
+    from switchyard.gateway.errors import APIError
+
+    with pytest.raises(APIError) as caught:
+        fn(**fields)
+    assert caught.value.status == 400 and caught.value.param in caught.value.message
+    return caught.value
+
+
+@pytest.mark.parametrize("parse,field", [(_anthropic, "max_tokens"), (_anthropic, "top_k"),
+                                         (_responses, "max_output_tokens")])
+def test_an_integral_number_is_an_integer_and_a_string_is_not(parse, field):
+    assert isinstance(getattr(parse(**{field: 5.0}).options, field.replace(
+        "max_output_tokens", "max_tokens")), int)
+    for value in ("5", 5.5, True):
+        error = _refused(parse, **{field: value})
+        assert (error.param, error.code) == (field, "invalid_type")
+
+
+def test_a_nested_400_names_the_path_in_each_apis_terms():
+    error = _refused(_anthropic, messages=[{"role": "user", "content": "hi"}, {
+        "role": "assistant", "content": [{"type": "text", "text": "a"},
+                                         {"type": "tool_result", "tool_use_id": "t"}]}])
+    assert error.param == "messages[1].content[1].type"
+    assert "'text', 'thinking', 'redacted_thinking' or 'tool_use'" in error.message
+    assert error.anthropic_body()["error"]["message"] == error.message
+    error = _refused(_responses, input=[{"type": "function_call", "call_id": "c1",
+                                          "name": ""}])
+    assert (error.param, error.code) == ("input[0].name", "invalid_value")
+    error = _refused(_responses, input=[{"type": "function_call", "call_id": "c1"}])
+    assert (error.param, error.code) == ("input[0].name", "missing_required_parameter")
+
+
+def test_unknown_members_are_ignored_at_every_depth_and_known_ones_checked():
+    chat = _anthropic(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}, "x": [1]}]}])
+    assert chat.messages == [{"role": "user", "content": "hi"}]
+    assert _refused(_anthropic, temperature="hot").param == "temperature"
