@@ -180,7 +180,7 @@ _THINKING = {shape.ThinkingEnabled: {"enable_thinking": True},
              shape.ThinkingDisabled: {"enable_thinking": False}}
 
 
-def _template_kwargs(request: shape.CountTokensRequest) -> dict[str, Any]:
+def _template_kwargs(request: shape.MessagesFields) -> dict[str, Any]:
     """`thinking`, and `output_config.effort` as the template's `reasoning_effort` (gpt-oss's
     switch)."""
     kwargs = dict(_THINKING.get(type(request.thinking), {}))
@@ -214,7 +214,7 @@ def clear_thinking(messages: list[dict[str, Any]], value: shape.ContextManagemen
     return messages
 
 
-def output_constraint(request: shape.CountTokensRequest) -> structured.Constraint | None:
+def output_constraint(request: shape.MessagesFields) -> structured.Constraint | None:
     """Structured outputs: `output_format` (the beta's spelling) or `output_config.format`."""
     config = request.output_config
     if config is not None and config.format is not None:
@@ -245,9 +245,7 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
     return MessagesRequest(chat, request.model)
 
 
-def _options(request: shape.CountTokensRequest) -> Options:
-    if not isinstance(request, shape.MessagesRequest):  # count_tokens: the prompt only
-        return Options(model=request.model, cache_salt=request.cache_salt)
+def _options(request: shape.MessagesFields) -> Options:
     return Options(
         model=request.model, max_tokens=request.max_tokens,
         temperature=_default(request.temperature, 1.0), top_p=_default(request.top_p, 1.0),

@@ -171,3 +171,13 @@ def test_unknown_members_are_ignored_at_every_depth_and_known_ones_checked():
         {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}, "x": [1]}]}])
     assert chat.messages == [{"role": "user", "content": "hi"}]
     assert _refused(_anthropic, temperature="hot").param == "temperature"
+
+
+def test_a_block_without_its_type_is_refused_where_a_type_is_required():
+    """msgspec reads a tagged struct's tag only among a union's members; a lone one is
+    declared with its `type` as a member (the old checks refused such blocks too)."""
+    for fields, param in (({"system": [{"text": "x"}]}, "system[0].type"),
+                          ({"messages": [{"role": "system", "content": [{"text": "x"}]}]},
+                           "messages[0].content[0].type"),
+                          ({"output_format": {"schema": {}}}, "output_format.type")):
+        assert _refused(_anthropic, **fields).param == param

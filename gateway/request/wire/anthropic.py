@@ -66,9 +66,17 @@ class ToolUseBlock(Block, tag="tool_use"):
     input: JsonObject | None = None
 
 
+class SystemBlock(Model):
+    """A text block of a system prompt (a tagged struct alone would take a block without its
+    `type`: msgspec reads a tag only among a union's members)."""
+
+    type: Literal["text"]
+    text: str
+
+
 UserBlock = TextBlock | ImageBlock | ToolResultBlock
 AssistantBlock = TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock
-SystemText = str | list[TextBlock]
+SystemText = str | list[SystemBlock]
 
 
 class Message(Model, tag_field="role", kw_only=True):
@@ -151,7 +159,8 @@ class ThinkingAdaptive(Thinking, tag="adaptive"):
     pass
 
 
-class OutputFormat(Model, tag_field="type", tag="json_schema"):
+class OutputFormat(Model):
+    type: Literal["json_schema"]
     schema: JsonObject | bool
 
 
@@ -184,8 +193,8 @@ class ContextManagement(Model):
     edits: list[ContextEdit] | None = None
 
 
-class CountTokensRequest(Checked, kw_only=True):
-    """`/v1/messages/count_tokens`: what makes the prompt."""
+class MessagesFields(Checked, kw_only=True):
+    """The members of a Messages request."""
 
     model: ModelName | None = None
     messages: Annotated[list[UserMessage | AssistantMessage | SystemMessage], Meta(min_length=1)]
@@ -197,6 +206,19 @@ class CountTokensRequest(Checked, kw_only=True):
     output_format: OutputFormat | None = None
     context_management: ContextManagement | None = None
     cache_salt: CacheSalt | None = None
+    max_tokens: MaxTokens | None = None
+    stop_sequences: Annotated[list[str], Meta(max_length=MAX_STOP)] | None = None
+    stream: bool | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    metadata: JsonObject | None = None
+    priority: Priority | None = None
+    speculative: Speculative | None = None
+    # Accepted, not used.
+    service_tier: AnyValue = None
+    container: AnyValue = None
+    mcp_servers: AnyValue = None
 
     # "any" or "tool" needs a client tool to call (which one: a runtime check).
     schema_rules: ClassVar[dict[str, Any]] = {
@@ -208,18 +230,16 @@ class CountTokensRequest(Checked, kw_only=True):
                 "type": "object", "properties": {"type": {"enum": ["custom", None]}}}}}}}
 
 
-class MessagesRequest(CountTokensRequest, kw_only=True):
+class MessagesRequest(MessagesFields, kw_only=True):
     """`/v1/messages`: a turn."""
 
     max_tokens: MaxTokens
-    stop_sequences: Annotated[list[str], Meta(max_length=MAX_STOP)] | None = None
-    stream: bool | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: TopK | None = None
-    metadata: JsonObject | None = None
-    priority: Priority | None = None
-    speculative: Speculative | None = None
-    service_tier: AnyValue = None
-    container: AnyValue = None
-    mcp_servers: AnyValue = None
+
+
+class CountTokensRequest(MessagesFields, kw_only=True):
+    """`/v1/messages/count_tokens`: the prompt a turn would have. A turn's own members are
+    read and checked as in a turn, and published only for the turn."""
+
+    schema_rules: ClassVar[dict[str, Any]] = {**MessagesFields.schema_rules, "unpublished": {
+        "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k", "metadata",
+        "priority", "speculative", "service_tier", "container", "mcp_servers"}}
