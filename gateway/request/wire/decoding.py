@@ -48,7 +48,9 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
         whole = marker(hint, Whole) if hint is not None else None
         if whole and i < len(steps) - 1 and (
                 whole.deep or all(isinstance(s, int) for s in steps[i + 1:])):
-            return invalid_type(_param(prefix, steps[:i + 1]), whole.expected)
+            param = _param(prefix, steps[:i + 1])
+            return invalid(f"'{param}' must be {whole.expected}", param=param,
+                           code="invalid_value" if whole.deep else "invalid_type")
     param = _param(prefix, steps)
     if isinstance(cause, FieldError):
         return invalid(f"'{param}' {cause.text}", param=param, code=cause.code)
