@@ -86,12 +86,15 @@ def unsupported(*allowed: Any, text: str = "is not supported by this server") ->
 
 
 class Whole:
-    """A failure inside this field is reported as the field's own ("'stop' must be a string or
-    an array of strings"): of its items only, or (`deep`) anywhere inside it."""
+    """A failure inside this member is reported as the member's own ("'stop' must be a string
+    or an array of strings"), as each API always named it: a failure of one of its items
+    (`scope` "items"), of its shape (a member missing, a tag or value not among those allowed:
+    "shape"; a member of the wrong type still names itself), or any failure inside it
+    ("all")."""
 
-    def __init__(self, expected: str, deep: bool = False) -> None:
+    def __init__(self, expected: str, scope: str = "items") -> None:
         self.expected = expected
-        self.deep = deep
+        self.scope = scope
 
 
 _CHECKS = (IntRange, Unsupported)

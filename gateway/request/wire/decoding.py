@@ -44,13 +44,18 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
     elif isinstance(cause, FieldError) and cause.field:
         steps.append(cause.field)
     trail = list(_trail(model, body, steps))
-    for i, hint in [(-1, model), *trail]:  # a failure inside a field reported as its own
+    shape = missing or text.startswith(("Invalid value", "Invalid enum value"))
+    for i, hint in [(-1, model), *trail]:  # a failure inside a member reported as its own
         whole = marker(hint, Whole) if hint is not None else None
-        if whole and i < len(steps) - 1 and (
-                whole.deep or all(isinstance(s, int) for s in steps[i + 1:])):
+        if whole is None or i >= len(steps) - 1:
+            continue
+        items = all(isinstance(s, int) for s in steps[i + 1:])
+        if whole.scope == "all" or (whole.scope == "items" and items) or (
+                whole.scope == "shape" and shape):
             param = _param(prefix, steps[:i + 1])
-            return invalid(f"'{param}' must be {whole.expected}", param=param,
-                           code="invalid_value" if whole.deep else "invalid_type")
+            code = "invalid_type" if whole.scope == "items" else \
+                "missing_required_parameter" if missing else "invalid_value"
+            return invalid(f"'{param}' must be {whole.expected}", param=param, code=code)
     param = _param(prefix, steps)
     if isinstance(cause, FieldError):
         return invalid(f"'{param}' {cause.text}", param=param, code=cause.code)

@@ -173,7 +173,7 @@ class NamedToolChoice(Model):
 
 ToolChoice = Annotated[Literal["auto", "none", "required"] | NamedToolChoice, Meta(description=(
     "'required' or a named function needs 'tools', and the name must be one of them")),
-    Whole("'auto', 'none', 'required' or a function", deep=True)]
+    Whole("'auto', 'none', 'required' or a function", scope="all")]
 
 
 # --- structured outputs --------------------------------------------------------------------------
@@ -207,7 +207,7 @@ class JsonSchemaFormat(ResponseFormat, tag="json_schema"):
 ResponseFormats = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Meta(description=(
     "also the guided_json / guided_choice / guided_regex fields (structured outputs: the "
     "schema must be one the grammar compiler supports, else a 400 naming what it does not)")),
-    Whole("'text', 'json_object' or 'json_schema' (with 'json_schema.schema')", deep=True)]
+    Whole("'text', 'json_object' or 'json_schema' (with 'json_schema.schema')", scope="shape")]
 GUIDED_FIELDS = frozenset({"guided_json", "guided_regex", "guided_grammar", "guided_choice",
                            "structured_outputs"})
 
@@ -226,7 +226,7 @@ LogitBias = Annotated[
     dict[Annotated[str, Meta(pattern="^[0-9]+$")], Annotated[float, Meta(ge=-100, le=100)]],
     Meta(max_length=MAX_LOGIT_BIAS, description="token id -> bias added to its logit, as in "
                                                 "OpenAI's API"),
-    Whole("a map of token ids to numbers from -100 to 100", deep=True)]
+    Whole("a map of token ids to numbers from -100 to 100", scope="all")]
 
 
 class ServedRequest(Checked, kw_only=True):

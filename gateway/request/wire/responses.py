@@ -182,7 +182,7 @@ class NamedToolChoice(openai.NamedToolChoice):
 
 ToolChoice = Annotated[Literal["auto", "none", "required"] | NamedToolChoice, Meta(description=(
     "'required' or a named function needs 'tools', and the name must be one of them")),
-    Whole("'auto', 'none', 'required' or a function", deep=True)]
+    Whole("'auto', 'none', 'required' or a function", scope="all")]
 
 
 # --- structured outputs --------------------------------------------------------------------------
@@ -200,7 +200,7 @@ class JsonSchemaFormat(ResponseFormat, tag="json_schema"):
 
 
 TextFormats = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Whole(
-    "'text', 'json_object' or 'json_schema' (with 'schema')", deep=True)]
+    "'text', 'json_object' or 'json_schema' (with 'schema')", scope="shape")]
 
 
 class TextConfig(Model):
