@@ -53,8 +53,8 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
         if whole.scope == "all" or (whole.scope == "items" and items) or (
                 whole.scope == "shape" and shape):
             param = _param(prefix, steps[:i + 1])
-            code = "invalid_type" if whole.scope == "items" else \
-                "missing_required_parameter" if missing else "invalid_value"
+            code = {"items": "invalid_type", "all": "invalid_value"}.get(
+                whole.scope, "missing_required_parameter" if missing else "invalid_value")
             return invalid(f"'{param}' must be {whole.expected}", param=param, code=code)
     param = _param(prefix, steps)
     if isinstance(cause, FieldError):
@@ -70,8 +70,11 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
     if text.startswith(("Invalid value", "Invalid enum value")) and allowed:
         words = [repr(v) for v in allowed]
         listed = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+        # a content part's or an item's type this server does not take (as it always said)
+        tag = text.startswith("Invalid value")  # "Invalid enum value": a Literal's
+        code = "unsupported_content" if tag and steps[-1] == "type" else "invalid_value"
         return invalid(f"'{param}' must be {listed}; {given} is not supported", param=param,
-                       code="invalid_value")
+                       code=code)
     return invalid(f"'{param}': {text}", param=param or None, code="invalid_value")
 
 
