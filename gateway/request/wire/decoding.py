@@ -44,18 +44,9 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
     elif isinstance(cause, FieldError) and cause.field:
         steps.append(cause.field)
     trail = list(_trail(model, body, steps))
-    shape = missing or text.startswith(("Invalid value", "Invalid enum value"))
-    for i, hint in [(-1, model), *trail]:  # a failure inside a member reported as its own
-        whole = marker(hint, Whole) if hint is not None else None
-        if whole is None or i >= len(steps) - 1:
-            continue
-        items = all(isinstance(s, int) for s in steps[i + 1:])
-        if whole.scope == "all" or (whole.scope == "items" and items) or (
-                whole.scope == "shape" and shape):
-            param = _param(prefix, steps[:i + 1])
-            code = {"items": "invalid_type", "all": "invalid_value"}.get(
-                whole.scope, "missing_required_parameter" if missing else "invalid_value")
-            return invalid(f"'{param}' must be {whole.expected}", param=param, code=code)
+    whole = _whole(model, steps, trail, missing or text.startswith("Invalid"), missing, prefix)
+    if whole is not None:
+        return whole
     param = _param(prefix, steps)
     if isinstance(cause, FieldError):
         return invalid(f"'{param}' {cause.text}", param=param, code=cause.code)
@@ -65,7 +56,7 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
         return invalid_type(param, _describe(match.group(1)))
     if match := _BOUND.match(text):
         return out_of_range(param, _bound_words(match.group(1), match.group(2)))
-    given = text.split(" value ", 1)[-1]
+    given = text.split(" value ", 1)[-1][:64]
     allowed = _allowed(model, body, steps, trail)
     if text.startswith(("Invalid value", "Invalid enum value")) and allowed:
         words = [repr(v) for v in allowed]
@@ -76,6 +67,23 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
         return invalid(f"'{param}' must be {listed}; {given} is not supported", param=param,
                        code=code)
     return invalid(f"'{param}': {text}", param=param or None, code="invalid_value")
+
+
+def _whole(model: Any, steps: list[str | int], trail: list[tuple[int, Any]], shape: bool,
+           missing: bool, prefix: str) -> APIError | None:
+    """The 400 of a failure inside a `Whole` member, reported as the member's own."""
+    for i, hint in [(-1, model), *trail]:
+        whole = marker(hint, Whole) if hint is not None else None
+        if whole is None or i >= len(steps) - 1:
+            continue
+        items = all(isinstance(s, int) for s in steps[i + 1:])
+        if whole.scope == "all" or (whole.scope == "items" and items) or (
+                whole.scope == "shape" and shape):
+            param = _param(prefix, steps[:i + 1])
+            code = {"items": "invalid_type", "all": "invalid_value"}.get(
+                whole.scope, "missing_required_parameter" if missing else "invalid_value")
+            return invalid(f"'{param}' must be {whole.expected}", param=param, code=code)
+    return None
 
 
 def _param(prefix: str, steps: list[str | int]) -> str:
