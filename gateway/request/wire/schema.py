@@ -12,6 +12,7 @@ takes images (`image = True` on its struct).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgspec
@@ -21,9 +22,11 @@ from switchyard.gateway.request.wire.base import Model
 _DROPPED = ("title", "default", "discriminator")  # msgspec's annotations, and refs it maps
 
 
+@functools.lru_cache(maxsize=64)
 def request_schema(model: type[Model], *, images: bool = False, vocab_size: int = 2**31
                    ) -> dict[str, Any]:
-    """The schema of one request model, self-contained."""
+    """The schema of one request model, self-contained. Made once per served model (tens of
+    milliseconds: never per /openapi.json request); callers must not change it."""
     return Schema(images, vocab_size).of(model)
 
 
@@ -44,7 +47,8 @@ def _structs_of(tp: Any) -> dict[str, type]:
     found: dict[str, type] = {}
     for info in _walk(msgspec.inspect.type_info(tp)):
         if isinstance(info, msgspec.inspect.StructType):
-            found[info.cls.__name__] = info.cls
+            if found.setdefault(info.cls.__name__, info.cls) is not info.cls:
+                raise TypeError(f"two structs named {info.cls.__name__} in one request")
     return found
 
 
