@@ -1,6 +1,7 @@
 """Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 
-Requests are translated into the gateway's one chat shape (request.model.ChatRequest): `system`
+A request is decoded against its model (request/wire/anthropic.py: its shape, checks and
+limits) and translated into the gateway's one chat shape (request.model.ChatRequest): `system`
 becomes a system message (volatile per-request lines such as Claude Code's
 `x-anthropic-billing-header:` are removed from its start, so they do not break prefix reuse),
 `tool_use` blocks become assistant tool calls, `tool_result` blocks tool messages, `thinking`

@@ -1,7 +1,8 @@
 """OpenAI Responses API (`POST /v1/responses`), for Codex-style clients.
 
-`input` (a string, or items: messages, `function_call`, `function_call_output`, `reasoning`)
-and `instructions` are translated into the gateway's one chat shape (request.model.ChatRequest):
+A request is decoded against its model (request/wire/responses.py). `input` (a string, or
+items: messages, `function_call`, `function_call_output`, `reasoning`) and `instructions` are
+translated into the gateway's one chat shape (request.model.ChatRequest):
 consecutive assistant items (reasoning, an output message, function calls) become one assistant
 message, function-call outputs become tool messages. `previous_response_id` prepends the stored
 conversation of that response (response_store.py); one the server no longer has is a 400 asking

@@ -1,4 +1,7 @@
-"""Parse and validate OpenAI request bodies into plain dataclasses.
+"""Chat Completions and Completions requests: decoded against their models
+(request/wire/openai.py: the shape, its checks and limits) and translated into the gateway's
+request shapes; and what every API's parsing shares (the JSON body, notes of unknown fields,
+reasoning effort, template variables).
 
 Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a
 400 that names the field. Nothing here touches the tokenizer or the network.
