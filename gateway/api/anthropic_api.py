@@ -149,14 +149,14 @@ def chat_messages(message: shape.Message, index: int) -> list[dict[str, Any]]:
     return [out]
 
 
-def chat_tools(tools: list[shape.Tool] | None) -> list[dict[str, Any]] | None:
-    """The client tools as chat tools; Anthropic's server tools (web search, ...) are not
-    available here and are left out."""
-    offered = [function_tool(t.name, t.description, t.input_schema)
-               for t in tools or () if t.is_custom]
-    if len(offered) < len(tools or ()):
-        log.info("anthropic.server_tools_skipped", num_skipped=len(tools) - len(offered))
-    return offered or None
+def client_tools(tools: list[dict[str, Any]] | None) -> list[shape.CustomTool]:
+    """The client tools; Anthropic's server tools (web search, ...) are not available here
+    and are left out."""
+    found = [shape.client_tool(t, f"tools[{i}]") for i, t in enumerate(tools or ())]
+    offered = [t for t in found if t is not None]
+    if len(offered) < len(found):
+        log.info("anthropic.server_tools_skipped", num_skipped=len(found) - len(offered))
+    return offered
 
 
 _CHOICES = {shape.ToolChoiceNone: NONE, shape.ToolChoiceAny: ToolChoice("required")}
@@ -235,14 +235,14 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
         messages.append({"role": "system", "content": system})
     for i, message in enumerate(request.messages):
         messages += chat_messages(message, i)
-    tools = chat_tools(request.tools)
+    offered = client_tools(request.tools)
+    tools = [function_tool(t.name, t.description, t.input_schema) for t in offered] or None
     choice, parallel = chat_tool_choice(request.tool_choice, tools)
     chat = ChatRequest(messages=clear_thinking(messages, request.context_management),
                        options=_options(request), tools=tools, tool_choice=choice,
                        parallel_tool_calls=parallel, template_kwargs=_template_kwargs(request),
                        constraint=output_constraint(request),
-                       strict_tools=frozenset(t.name for t in request.tools or ()
-                                              if t.is_custom and t.strict))
+                       strict_tools=frozenset(t.name for t in offered if t.strict))
     return MessagesRequest(chat, request.model)
 
 

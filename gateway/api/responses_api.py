@@ -153,10 +153,10 @@ class ResponsesTools:
 
 
 def parse_tools(value: Any) -> ResponsesTools:
-    return offered_tools(decode(value, list[shape.Tool] | None, "tools"))
+    return offered_tools(decode(value, list[dict[str, Any]] | None, "tools"))
 
 
-def offered_tools(tools: list[shape.Tool] | None) -> ResponsesTools:
+def offered_tools(tools: list[dict[str, Any]] | None) -> ResponsesTools:
     """Responses tools are flat: `{"type": "function", "name", "description", "parameters"}`;
     a `namespace` groups functions (Codex's sub-agent tools), offered to the model as functions
     of their own names and returned as calls with their `namespace`. Built-in tool types
@@ -171,9 +171,9 @@ def offered_tools(tools: list[shape.Tool] | None) -> ResponsesTools:
     if tools is None:
         return ResponsesTools(None, namespaces, frozenset())
 
-    def add(tool: shape.Tool, param: str, namespace: str | None) -> None:
-        if tool.type != "function":
-            builtins.add(tool.type[:64])
+    def add(tool: shape.FunctionTool | str, param: str, namespace: str | None) -> None:
+        if isinstance(tool, str):
+            builtins.add(tool[:64])
             return
         if tool.name in names:
             raise invalid(f"'{param}.name': the function '{tool.name}' is offered twice",
@@ -185,12 +185,14 @@ def offered_tools(tools: list[shape.Tool] | None) -> ResponsesTools:
         if tool.strict:
             strict.add(tool.name)
 
-    for i, tool in enumerate(tools):
-        if tool.type == "namespace":
-            for j, inner in enumerate(tool.tools or ()):
-                add(inner, f"tools[{i}].tools[{j}]", tool.name)
-        else:
+    for i, value in enumerate(tools):
+        tool = shape.tool(value, f"tools[{i}]")
+        if not isinstance(tool, shape.NamespaceTool):
             add(tool, f"tools[{i}]", None)
+            continue
+        for j, inner in enumerate(tool.tools or ()):
+            param = f"tools[{i}].tools[{j}]"
+            add(shape.tool(inner, param, in_namespace=True), param, tool.name)
     for kind in builtins:
         note_ignored(f"responses.tools[].type={kind}")
     return ResponsesTools(functions or None, namespaces, frozenset(strict))

@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from msgspec import Meta
 
 from switchyard.gateway.request.wire.base import Checked, FieldError, Model, integer
+from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.request.wire.common import (MAX_STOP, AnyValue, CacheSalt, Effort,
                                                   JsonObject, MaxTokens, ModelName, Priority,
                                                   Speculative, Temperature, TopK, TopP)
@@ -97,28 +98,32 @@ class SystemMessage(Message, tag="system"):
     content: SystemText
 
 
-class Tool(Model):
-    """A client tool (`type` custom or left out), or a server tool (any other type: web search,
-    ...), which is not available here and is skipped."""
+class ToolType(Model):
+    """A tool's `type`, read first: only a client tool's other members are checked."""
 
     type: str | None = None
-    name: NonEmpty | None = None
+
+
+class CustomTool(Model):
+    """A client tool (`type` custom or left out)."""
+
+    name: NonEmpty
     description: str | None = None
     input_schema: JsonObject | None = None
     strict: bool | None = None
+    type: Literal["custom"] | None = None
 
-    @property
-    def is_custom(self) -> bool:
-        return self.type in (None, "custom")
 
-    schema_rules: ClassVar[dict[str, Any]] = {
-        "if": {"properties": {"type": {"enum": ["custom", None]}}},
-        "then": {"required": ["name"], "properties": {"name": {"type": "string",
-                                                               "minLength": 1}}}}
+SERVER_TOOL = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "not": {"const": "custom"}}}}
 
-    def __post_init__(self) -> None:
-        if self.is_custom and self.name is None:
-            raise FieldError("name", "must be a non-empty string")
+
+def client_tool(tool: dict[str, Any], param: str) -> CustomTool | None:
+    """`tool` as a client tool; None for a server tool (any other type: web search, ...),
+    which is not available here and is skipped whatever its members."""
+    if decode(tool, ToolType, param).type not in (None, "custom"):
+        return None
+    return decode(tool, CustomTool, param)
 
 
 class ToolChoice(Model, tag_field="type", kw_only=True):
@@ -193,13 +198,23 @@ class ContextManagement(Model):
     edits: list[ContextEdit] | None = None
 
 
+# "any" or "tool" needs a client tool to call (which one: a runtime check).
+NEEDS_TOOLS: dict[str, Any] = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {
+        "type": "object", "required": ["type"],
+        "properties": {"type": {"enum": ["any", "tool"]}}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {
+        "type": "array", "minItems": 1, "contains": {
+            "type": "object", "properties": {"type": {"enum": ["custom", None]}}}}}}}
+
+
 class MessagesFields(Checked, kw_only=True):
     """The members of a Messages request."""
 
     model: ModelName | None = None
     messages: Annotated[list[UserMessage | AssistantMessage | SystemMessage], Meta(min_length=1)]
     system: SystemText | None = None
-    tools: list[Tool] | None = None
+    tools: list[dict[str, Any]] | None = None  # client and server tools: client_tool()
     tool_choice: ToolChoiceAuto | ToolChoiceNone | ToolChoiceAny | ToolChoiceTool | None = None
     thinking: ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | None = None
     output_config: OutputConfig | None = None
@@ -220,14 +235,10 @@ class MessagesFields(Checked, kw_only=True):
     container: AnyValue = None
     mcp_servers: AnyValue = None
 
-    # "any" or "tool" needs a client tool to call (which one: a runtime check).
-    schema_rules: ClassVar[dict[str, Any]] = {
-        "if": {"required": ["tool_choice"], "properties": {"tool_choice": {
-            "type": "object", "required": ["type"],
-            "properties": {"type": {"enum": ["any", "tool"]}}}}},
-        "then": {"required": ["tools"], "properties": {"tools": {
-            "type": "array", "minItems": 1, "contains": {
-                "type": "object", "properties": {"type": {"enum": ["custom", None]}}}}}}}
+    @staticmethod
+    def schema_rules(schema: Any) -> dict[str, Any]:
+        tools = {"type": "array", "items": {"anyOf": [schema.of(CustomTool), SERVER_TOOL]}}
+        return {"properties": {"tools": {"anyOf": [tools, {"type": "null"}]}}, **NEEDS_TOOLS}
 
 
 class MessagesRequest(MessagesFields, kw_only=True):
@@ -240,6 +251,8 @@ class CountTokensRequest(MessagesFields, kw_only=True):
     """`/v1/messages/count_tokens`: the prompt a turn would have. A turn's own members are
     read and checked as in a turn, and published only for the turn."""
 
-    schema_rules: ClassVar[dict[str, Any]] = {**MessagesFields.schema_rules, "unpublished": {
-        "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k", "metadata",
-        "priority", "speculative", "service_tier", "container", "mcp_servers"}}
+    @staticmethod
+    def schema_rules(schema: Any) -> dict[str, Any]:
+        return {**MessagesFields.schema_rules(schema), "unpublished": {
+            "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
+            "metadata", "priority", "speculative", "service_tier", "container", "mcp_servers"}}

@@ -13,7 +13,9 @@ import msgspec
 from msgspec import Meta
 
 from switchyard.gateway.request.wire import openai
+from switchyard.gateway.errors import invalid
 from switchyard.gateway.request.wire.base import FieldError, Model, Whole
+from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.request.wire.common import (AnyValue, Effort, JsonObject, MaxTokens,
                                                     NonEmpty)
 from switchyard.gateway.request.wire.openai import (IMAGE_URL, Detail, JsonObjectFormat,
@@ -126,42 +128,57 @@ Input = str | Annotated[list[InputItem], Meta(min_length=1)]
 # --- tools ---------------------------------------------------------------------------------------
 
 
-class Tool(Model):
-    """A function (flat: `name`, `description`, `parameters`), a `namespace` of tools (Codex's
-    sub-agent tools: its functions are offered as functions, a call comes back with its
-    namespace), or a built-in tool (web search, file search, ...: it runs on OpenAI's servers,
-    not here, and is left out)."""
+class ToolType(Model):
+    """A tool's `type`, read first: only a function's or a namespace's other members are
+    checked."""
 
     type: str
-    name: NonEmpty | None = None
+
+
+class FunctionTool(Model):
+    """A function: flat, `name`, `description`, `parameters`."""
+
+    type: Literal["function"]
+    name: NonEmpty
     description: str | None = None
     parameters: JsonObject | None = None
     strict: bool | None = None
-    tools: list[Tool] | None = None  # a namespace's
 
-    def __post_init__(self) -> None:
-        if self.type in ("function", "namespace") and self.name is None:
-            raise FieldError("name", "is required", "missing_required_parameter")
-        for j, inner in enumerate(self.tools or () if self.type == "namespace" else ()):
-            if inner.type == "namespace":
-                raise FieldError(f"tools[{j}]", "must be a function or a built-in tool")
+
+class NamespaceTool(Model):
+    """Codex's sub-agent tools: its functions are offered as functions, a call comes back with
+    its namespace."""
+
+    type: Literal["namespace"]
+    name: NonEmpty
+    description: str | None = None
+    tools: list[dict[str, Any]] | None = None  # functions and built-in tools: tool()
 
     @staticmethod
     def schema_rules(schema: Any) -> dict[str, Any]:
-        function = {"required": ["name"], "properties": {
-            "name": {"type": "string", "minLength": 1}, "tools": {"type": "null"}}}
-        return {"properties": {"tools": {"anyOf": [{"type": "null"}, {"type": "array"}]}},
-                "allOf": [
-            {"if": {"properties": {"type": {"const": "function"}}}, "then": function},
-            {"if": {"properties": {"type": {"const": "namespace"}}}, "then": {
-                "required": ["name"], "properties": {
-                    "name": {"type": "string", "minLength": 1},
-                    "tools": {"anyOf": [{"type": "null"}, {"type": "array", "items": {
-                        "type": "object", "required": ["type"],
-                        "properties": {"type": {"type": "string", "not": {
-                            "const": "namespace"}}},
-                        "if": {"properties": {"type": {"const": "function"}}},
-                        "then": function}}]}}}}]}
+        inner = {"type": "array", "items": {"anyOf": [schema.of(FunctionTool), BUILT_IN]}}
+        return {"properties": {"tools": {"anyOf": [inner, {"type": "null"}]}}}
+
+
+# A built-in tool (web search, file search, ...) runs on OpenAI's servers, not here: it is left
+# out whatever its other members.
+BUILT_IN = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "not": {"enum": ["function", "namespace"]}}}}
+
+
+def tool(value: dict[str, Any], param: str, in_namespace: bool = False
+         ) -> FunctionTool | NamespaceTool | str:
+    """A tool of `tools` (or of a namespace's): a function, a namespace, or a built-in tool's
+    type."""
+    kind = decode(value, ToolType, param).type
+    if kind == "function":
+        return decode(value, FunctionTool, param)
+    if kind != "namespace":
+        return kind
+    if in_namespace:
+        raise invalid(f"'{param}' must be a function or a built-in tool", param=param,
+                      code="invalid_value")
+    return decode(value, NamespaceTool, param)
 
 
 class NamedToolChoice(openai.NamedToolChoice):
@@ -221,7 +238,7 @@ class ResponsesRequest(openai.ServedRequest, kw_only=True):
     previous_response_id: Annotated[str, Meta(description=(
         "a response this server still keeps (recent ones, in memory); else a 400"))] | None = None
     max_output_tokens: MaxTokens | None = None
-    tools: list[Tool] | None = None
+    tools: list[dict[str, Any]] | None = None  # functions, namespaces, built-in: tool()
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
@@ -237,17 +254,24 @@ class ResponsesRequest(openai.ServedRequest, kw_only=True):
     max_tool_calls: AnyValue = None
     top_logprobs: AnyValue = None
 
-    schema_rules: ClassVar[dict[str, Any]] = {
-        **openai.ServedRequest.schema_rules,
-        # "required" or a named choice needs a function to call (the name must be one: a 400).
-        "if": {"required": ["tool_choice"],
-               "properties": {"tool_choice": {"not": {"enum": ["auto", "none", None]}}}},
-        "then": {"required": ["tools"], "properties": {"tools": {
-            "type": "array", "minItems": 1, "contains": {"anyOf": [
-                {"type": "object", "required": ["type"],
-                 "properties": {"type": {"const": "function"}}},
-                {"type": "object", "required": ["type", "tools"],
-                 "properties": {"type": {"const": "namespace"}, "tools": {
-                     "type": "array", "contains": {
-                         "type": "object", "required": ["type"],
-                         "properties": {"type": {"const": "function"}}}}}}]}}}}}
+    @staticmethod
+    def schema_rules(schema: Any) -> dict[str, Any]:
+        tools = {"type": "array", "items": {"anyOf": [
+            schema.of(FunctionTool), schema.of(NamespaceTool), BUILT_IN]}}
+        return {**openai.ServedRequest.schema_rules, **NEEDS_FUNCTION,
+                "properties": {"tools": {"anyOf": [tools, {"type": "null"}]}}}
+
+
+# "required" or a named choice needs a function to call (the name must be one: a 400).
+NEEDS_FUNCTION: dict[str, Any] = {
+    "if": {"required": ["tool_choice"],
+           "properties": {"tool_choice": {"not": {"enum": ["auto", "none", None]}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {
+        "type": "array", "minItems": 1, "contains": {"anyOf": [
+            {"type": "object", "required": ["type"],
+             "properties": {"type": {"const": "function"}}},
+            {"type": "object", "required": ["type", "tools"],
+             "properties": {"type": {"const": "namespace"}, "tools": {
+                 "type": "array", "contains": {
+                     "type": "object", "required": ["type"],
+                     "properties": {"type": {"const": "function"}}}}}}]}}}}}
