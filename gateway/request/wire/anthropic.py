@@ -166,7 +166,7 @@ class ThinkingAdaptive(Thinking, tag="adaptive"):
 
 class OutputFormat(Model):
     type: Literal["json_schema"]
-    schema: JsonObject | bool
+    schema: JsonObject  # a JSON schema (true or false compile to no grammar: a 400)
 
 
 class OutputConfig(Model):

@@ -192,7 +192,7 @@ class JsonObjectFormat(ResponseFormat, tag="json_object"):
 
 
 class JsonSchemaSpec(Model):
-    schema: JsonObject | bool
+    schema: JsonObject  # a JSON schema (true or false compile to no grammar: a 400)
     name: str | None = None  # not used: output is always held to the schema
     strict: bool | None = None
 

@@ -208,7 +208,7 @@ ToolChoice = Annotated[Literal["auto", "none", "required"] | NamedToolChoice, Me
 class JsonSchemaFormat(ResponseFormat, tag="json_schema"):
     """The json_schema fields sit on the format itself."""
 
-    schema: JsonObject | bool
+    schema: JsonObject  # a JSON schema (true or false compile to no grammar: a 400)
     name: str | None = None  # not used: output is always held to the schema
     strict: bool | None = None
 
