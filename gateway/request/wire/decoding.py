@@ -14,8 +14,9 @@ import msgspec
 from switchyard.gateway.request.wire.base import FieldError, Whole, hints, marker, members
 from switchyard.gateway.errors import APIError, invalid, invalid_type, out_of_range
 
-_AT = re.compile(r" - at `\$(.*)`$", re.S)
-_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+_AT = re.compile(r" - at (`key` in )?`\$(.*)`$", re.S)
+# a member, a list index, or a map's value ("[...]"); a map's key is "`key` in `$.path`"
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
 _WRONG_TYPE = re.compile(r"Expected `([^`]+)`, got `([^`]+)`$")
 _BOUND = re.compile(r"Expected `([^`]+)` (.+)$")
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean",
@@ -35,7 +36,7 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
               ) -> APIError:
     text = str(exc)
     at = _AT.search(text)
-    steps = _steps(at.group(1)) if at else []
+    steps = _steps(at.group(2)) + (["[key]"] if at.group(1) else []) if at else []
     text = text[:at.start()] if at else text
     cause = exc.__cause__
     missing = text.startswith("Object missing required field `")
@@ -89,12 +90,16 @@ def _whole(model: Any, steps: list[str | int], trail: list[tuple[int, Any]], sha
 def _param(prefix: str, steps: list[str | int]) -> str:
     out = prefix
     for step in steps:
-        out = f"{out}[{step}]" if isinstance(step, int) else f"{out}.{step}" if out else step
+        if isinstance(step, int):
+            out = f"{out}[{step}]"
+        else:  # a member, or a map's "[key]" / value "[...]"
+            out = f"{out}{step}" if step.startswith("[") else f"{out}.{step}" if out else step
     return out
 
 
 def _steps(path: str) -> list[str | int]:
-    return [name if name else int(index) for name, index in _STEP.findall(path)]
+    return [name or (int(index) if index.isdigit() else "[...]")
+            for name, index in _STEP.findall(path)]
 
 
 def _bound_words(kind: str, bound: str) -> str:
