@@ -34,7 +34,7 @@ from switchyard.proto.settings import user_cache_dir
 TINY = "tiny"  # the --model value that names the generated model
 TINY_MODEL_NAME = "tiny-qwen3-v1"
 TINY_TERSE = "tiny-terse"  # the generated model that ends its replies
-TINY_TERSE_MODEL_NAME = "tiny-qwen3-terse-v1"
+TINY_TERSE_MODEL_NAME = "tiny-qwen3-terse-v2"  # v2: one layer (TERSE_SIZES)
 GENERATED = (TINY, TINY_TERSE)  # --model values that name generated models
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

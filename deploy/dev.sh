@@ -149,7 +149,11 @@ case "$command" in
     if [ -n "$blas" ] && [[ ":${LD_PRELOAD:-}:" != *":$blas:"* ]]; then
       export LD_PRELOAD="$blas${LD_PRELOAD:+:$LD_PRELOAD}"
     fi
-    exec "$VENV/bin/python" -m pytest -q "$@"
+    # Two workers, a test file on one of them (its module groups are its own), the files with
+    # the largest budgets first (tests/README.md "Budgets"); SWITCHYARD_TEST_WORKERS=0 runs
+    # them in this process, and arguments given here come after, so `-n 0` works too.
+    exec "$VENV/bin/python" -m pytest -q -n "${SWITCHYARD_TEST_WORKERS:-2}" --dist loadfile \
+      --no-loadscope-reorder "$@"
     ;;
   setup)
     setup

@@ -157,6 +157,17 @@ def format_queue(snapshot: Status) -> list[str]:
         ["request", "priority", "prompt tokens", "waiting"], rows) + [oldest]
 
 
+def format_kv_memory(snapshot: Status) -> list[str]:
+    """The KV the slots hold against the worker's budget (docs/design.md "Memory plan")."""
+    kv = snapshot.kv_memory
+    if kv is None:
+        return []
+    share = f" ({100 * kv.held_tokens / kv.budget_tokens:.1f}%)" if kv.budget_tokens else ""
+    return [f"kv memory: {kv.held_tokens:,} of {kv.budget_tokens:,} tokens held{share} "
+            f"(with growth reserves; {kv.num_tokens:,} tokens in {kv.num_resident} slots, "
+            f"{kv.num_running} running), {kv.num_preempted:,} staged to disk for memory"]
+
+
 def format_disk(snapshot: Status) -> list[str]:
     disk = snapshot.disk
     used, budget = disk.bytes, disk.budget_bytes
@@ -253,6 +264,7 @@ def format_report(report: dict) -> str:
     lines += format_ranks(snapshot)
     lines += format_slots(snapshot, report["at"])
     lines += format_queue(snapshot)
+    lines += format_kv_memory(snapshot)
     lines += format_disk(snapshot)
     lines += format_counters(snapshot)
     return "\n".join(lines)

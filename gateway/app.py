@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -158,10 +159,14 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 async def _openapi(request: Request) -> Response:
     gateway = gateway_of(request)
-    return JSONResponse(openapi_spec(gateway.model_id, vocab_size=len(gateway.tokenizer),
-                                     api_key=bool(gateway.tenants),
-                                     images=gateway.images is not None
-                                     and gateway.images.prompt is not None))
+    # Off the event loop: the first description of a served model inlines every request
+    # model's schema (tens of milliseconds; cached after, request/wire/schema.py).
+    spec = await run_in_threadpool(openapi_spec, gateway.model_id,
+                                   vocab_size=len(gateway.tokenizer),
+                                   api_key=bool(gateway.tenants),
+                                   images=gateway.images is not None
+                                   and gateway.images.prompt is not None)
+    return JSONResponse(spec)
 
 
 ROUTES = [

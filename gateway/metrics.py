@@ -36,8 +36,8 @@ from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.messages import PRIORITIES, ROLE_GATEWAY, ROLE_KVSTORE, ROLE_WORKER
 from switchyard.proto.settings import Settings
 from switchyard.proto.tenants import Tenants
-from switchyard.proto.status import (SLOT_STATES, TOKEN_KINDS, DiskStatus, Stats, Status,
-                                      read_status)
+from switchyard.proto.status import (SLOT_STATES, TOKEN_KINDS, DiskStatus, KvMemoryStatus, Stats,
+                                      Status, read_status)
 from switchyard.proto.status import Histogram as HistogramStatus  # prometheus has a Histogram
 
 PEER_ROLES = (ROLE_GATEWAY, ROLE_WORKER, ROLE_KVSTORE)
@@ -92,8 +92,25 @@ def status_families(status: Status | None, now: float) -> list[Metric]:
     ]
     families += _slot_families(status)
     families += _disk_families(status.disk)
+    families += _kv_memory_families(status.kv_memory)
     families += _stats_families(status.stats)
     return families
+
+
+def _kv_memory_families(kv: KvMemoryStatus | None) -> list[Metric]:
+    """The KV slots hold against the worker's budget (docs/design.md "Memory plan")."""
+    if kv is None:
+        return []
+    return [
+        _gauge("switchyard_kv_held_tokens", "KV the slots may hold this step, in tokens "
+               "(running requests' growth reserves and the decode batch included)",
+               kv.held_tokens),
+        _gauge("switchyard_kv_budget_tokens", "the worker's KV budget, in tokens",
+               kv.budget_tokens),
+        CounterMetricFamily("switchyard_kv_memory_preemptions", "running requests staged to "
+                            "disk because their KV outgrew the budget",
+                            value=kv.num_preempted),
+    ]
 
 
 def _slot_families(status: Status) -> list[Metric]:

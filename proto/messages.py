@@ -24,8 +24,9 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # model: DecodeItem.draft_tokens, StepDone.drafts/draft_s, WorkerReady.drafter/draft_cost).
 # 8: idle slots release their KV (RunStep.releases). 9: tenants (SubmitRequest.cache_salt).
 # 10: AttachBuffers carries the pages' geometry (kvstore checks every page against it).
-# 11: StepDone.num_forward_passes/num_forward_tokens/num_prefill_passes (packed prefill).
-PROTOCOL_VERSION = 11
+# 11: the worker's KV budget (WorkerReady.kv_budget_tokens), which the scheduler keeps to.
+# 12: StepDone.num_forward_passes/num_forward_tokens/num_prefill_passes (packed prefill).
+PROTOCOL_VERSION = 12
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -393,6 +394,9 @@ class WorkerReady(Message, tag="worker_ready"):
     # scheduler replaces by measurement).
     drafter: str = ""
     draft_cost: float = 0.0
+    # Tokens of KV its slots may hold, reserves and the decode batch counted as
+    # proto/held_kv.py counts them (docs/design.md "Memory plan"); 0: not counted.
+    kv_budget_tokens: int = 0
 
 
 class SlotFailure(Value):

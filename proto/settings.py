@@ -69,6 +69,8 @@ def _user_runtime_dir() -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-{os.getuid()}"
 
 
+# --max-running 0 runs at most this many requests at once (Settings.auto_running).
+MAX_AUTO_RUNNING = 32
 # Speculative decoding's proposers (docs/design.md "Speculative decoding").
 SPECULATIVE_MODES = ("auto", "suffix", "draft", "mtp", "off")
 
@@ -111,9 +113,11 @@ class Settings:
                       "and decode in one batch at once: --max-running)", default=4)
     max_running: int = _opt("requests run at once, each holding its KV in memory while it runs; "
                             "past --slots, an idle conversation's KV leaves memory and its "
-                            "pages stay on disk (0: as many as the memory plan holds, up to 4 x "
-                            "--slots; --slots with a draft model, MTP, a worker group or "
-                            "caches that cannot be batched)",
+                            "pages stay on disk; when the KV they hold outgrows memory, the "
+                            "newest is staged to disk and resumes later (0: as many as the "
+                            "memory plan holds at 8K tokens each, up to 32; --slots with a "
+                            "draft model, MTP, a worker group or caches that cannot be "
+                            "batched)",
                             default=0)
     release_after_s: float = _opt("with --max-running past --slots: seconds an idle "
                                   "conversation's KV stays in memory before it leaves (a tool "
@@ -226,6 +230,10 @@ class Settings:
     heartbeat_s: float = _opt("seconds between heartbeats", default=1.0)
     peer_timeout_s: float = _opt("a peer silent this long is considered gone", default=5.0)
     memory_headroom: str = _opt("memory kept free beyond the plan", default="1GiB")
+    kv_memory: str = _opt("the most memory the KV of running requests and resident "
+                          "conversations may take (e.g. 8GiB; empty: what the device limit "
+                          "leaves after weights, activations, buffers and --memory-headroom)",
+                          default="")
     hostfile: str = _opt("run the worker as a group of ranks over these hosts (mlx.launch's "
                          "hostfile JSON; one rank per entry; absent: one worker)", default="")
     backend: str = _opt("mx.distributed backend of a worker group: ring, jaccl or mpi "
@@ -269,8 +277,10 @@ class Settings:
 
     @property
     def auto_running(self) -> int:
-        """The most requests --max-running 0 runs at once, if the memory plan holds them."""
-        return 4 * self.slots
+        """The most requests --max-running 0 runs at once, if the memory plan holds them: a
+        decode batch of 32 rows costs about what one of 4 does (it reads the weights), and
+        issue 29's agent traffic fans out 20 sub-agents."""
+        return max(self.slots, MAX_AUTO_RUNNING)
 
     @property
     def cache_path(self) -> Path:
@@ -319,6 +329,8 @@ class Settings:
         try:
             parse_size(self.kv_disk_budget)
             parse_size(self.memory_headroom)
+            if self.kv_memory:
+                parse_size(self.kv_memory)
             parse_size(self.kv_buffer_memory)
             parse_size(self.image_fetch_bytes)
             parse_size(self.vision_cache)

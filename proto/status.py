@@ -135,6 +135,19 @@ class PrefillShareStatus(_Doc):
     age_s: float
 
 
+class KvMemoryStatus(_Doc):
+    """The KV that slots hold against the worker's budget, in tokens (docs/design.md "Memory
+    plan"): `held_tokens` counts what their caches may take, running requests' reserves for
+    growth and the decode batch included; `num_tokens` is the tokens themselves."""
+
+    held_tokens: int
+    budget_tokens: int
+    num_tokens: int
+    num_running: int
+    num_resident: int  # slots holding KV, running or idle
+    num_preempted: int  # running requests staged to disk for memory since the start
+
+
 class RecentRequest(_Doc):
     at: float
     ttft_s: float
@@ -174,6 +187,7 @@ class Status(_Doc):
     stats: Stats
     speculation: SpeculationStatus | None = None
     prefill_share: PrefillShareStatus | None = None
+    kv_memory: KvMemoryStatus | None = None  # None when the worker's budget is not counted
 
 
 _decoder = msgspec.json.Decoder(Status)

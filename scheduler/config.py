@@ -42,6 +42,9 @@ class CoreConfig:
     resident_slots: int = 0
     # ...each released once idle this long: a tool call's result comes back within seconds.
     release_after_s: float = 10.0
+    # Tokens of KV the slots may hold (WorkerReady.kv_budget_tokens; 0: not counted), kept by
+    # scheduler.kv_memory (docs/design.md "Memory plan").
+    kv_budget_tokens: int = 0
     # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
     # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
     wait_for_index: bool = False

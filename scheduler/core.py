@@ -41,10 +41,11 @@ from switchyard.proto.messages import (
     TokensGenerated,
     WorkerReady,
 )
+from switchyard.proto.held_kv import held_tokens
 from switchyard.proto.page_ids import chain_root
 from switchyard.proto.speculation import num_accepted
-from switchyard.proto.status import (DiskStatus, PrefillShareStatus, QueuedRequest, SlotState,
-                                     SlotStatus, SpeculationStatus)
+from switchyard.proto.status import (DiskStatus, KvMemoryStatus, PrefillShareStatus,
+                                     QueuedRequest, SlotState, SlotStatus, SpeculationStatus)
 from switchyard.scheduler.events import (
     Effects,
     Event,
@@ -59,6 +60,7 @@ from switchyard.scheduler.admission import WaitForSibling, apply, place
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.fairness import (admission_key, interactive_now, oldest_waiting_s,
                                            preempts)
+from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_cache import PageCache
 from switchyard.scheduler.prefill_plan import PrefillShare, plan_prefills, state_points
@@ -78,6 +80,7 @@ class CoreSnapshot:
     disk: DiskStatus
     speculation: SpeculationStatus
     prefill_share: PrefillShareStatus | None = None
+    kv_memory: KvMemoryStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,9 @@ class FinishedRecord:
     num_proposed_tokens: int = 0
     num_accepted_tokens: int = 0
     proposers: str = ""  # whose drafts: "suffix", "draft" (a draft model), "mtp", or several
+    # Tokens it had in a slot before it gave the slot up (to memory or to a waiting request)
+    # and had to prefill again: 0 while its pages reach the disk (docs/design.md "Memory plan").
+    num_reread_tokens: int = 0
 
 
 class SchedulerCore:
@@ -133,6 +139,7 @@ class SchedulerCore:
                                                  draft_only=config.draft_only))
                          if config.num_draft_tokens > 0 else None)
         self.index_overdue = False  # kvstore's index is long overdue: place without it
+        self.num_memory_preemptions = 0  # running requests staged to disk for memory
 
     def handle(self, event: Event, now: float) -> Effects:
         """Apply one event; what it produced comes back as one `Effects`."""
@@ -205,7 +212,20 @@ class SchedulerCore:
                                        num_protected=split.num_protected,
                                        num_waiting=split.num_waiting, age_s=now - at)
         return CoreSnapshot(slots, queue, oldest_waiting_s(self.requests.values(), now),
-                            self.pages.disk_status(), speculation, share)
+                            self.pages.disk_status(), speculation, share, self._kv_memory())
+
+    def _kv_memory(self) -> KvMemoryStatus | None:
+        """The KV the slots hold against the worker's budget, in tokens (docs/design.md
+        "Memory plan")."""
+        budget = self.config.kv_budget_tokens
+        if not budget:
+            return None
+        return KvMemoryStatus(
+            held_tokens=held_tokens(holds(self.slots, self.requests), self.config.ctx),
+            budget_tokens=budget, num_tokens=sum(len(s.tokens) for s in self.slots),
+            num_running=self.num_running,
+            num_resident=sum(1 for s in self.slots if s.tokens),
+            num_preempted=self.num_memory_preemptions)
 
     def _proposer_kinds(self) -> str:
         """Whose drafts this group verifies: "suffix", the worker's drafter ("draft": a draft
@@ -368,7 +388,8 @@ class SchedulerCore:
                                           num_slots=msg.num_slots, ctx=msg.ctx,
                                           page_size=msg.page_size,
                                           speculation=msg.speculation,
-                                          drafter=msg.drafter)
+                                          drafter=msg.drafter,
+                                          kv_budget_tokens=msg.kv_budget_tokens)
         if self.proposer is not None and msg.drafter:
             self.proposer.use_draft_model(msg.draft_cost)
         self.pages.page_size = msg.page_size
@@ -469,6 +490,7 @@ class SchedulerCore:
         # request's copy, load or prefill overwrites it (write-back of a displaced tail, and of
         # the tail of a request that gave its slot up just now).
         self._make_room(now)
+        self._relieve_memory(now)
         stages = self.pages.plan_stages(self.slots, self.config.trimmable, self._state_points,
                                         now)
         self._admit(now)
@@ -522,11 +544,11 @@ class SchedulerCore:
         the resident slots"). The worker makes the step's copies first, so a slot copied from
         in this step may go too."""
         cfg = self.config
+        released = self._memory_releases()
         if not cfg.resident_slots or cfg.resident_slots >= len(self.slots):
-            return []
+            return released
         idle = sorted((s for s in self.slots if s.free and s.tokens), key=lambda s: s.last_used)
         excess = len(idle) - max(cfg.resident_slots - self.num_running, 0)
-        released = []
         for slot in idle:
             if len(released) >= excess or now - slot.last_used < cfg.release_after_s:
                 break
@@ -536,6 +558,47 @@ class SchedulerCore:
             slot.replace(())
             released.append(slot.index)
         return released
+
+    def _releasable(self, slot: Slot) -> bool:
+        """Its KV can leave memory at no re-read: every token on disk or on its way (without
+        a kvstore, at once)."""
+        return not self.pages.enabled or self.pages.all_on_disk(slot)
+
+    def _memory_releases(self) -> list[int]:
+        """Idle slots the KV budget wants out (`Slot.leaving`), released as soon as their
+        pages are on disk or on their way, grace or not; a slot placed meanwhile stays."""
+        released = []
+        for slot in self.slots:
+            if not slot.leaving:
+                continue
+            if not slot.free or not slot.tokens:
+                slot.leaving = False
+            elif self._releasable(slot):
+                slot.replace(())
+                released.append(slot.index)
+            else:
+                slot.tail_wanted = True  # staged when a buffer is free, then released
+        return released
+
+    def _relieve_memory(self, now: float) -> None:
+        """When what the slots hold, with the running requests' reserves, outgrows the
+        worker's KV budget: idle slots leave memory, then the newest or lowest-priority
+        running requests are staged to disk (preempted: they resume by restoring their
+        pages). Before the step's stages, so a yielding slot's tail is staged in this step
+        and its slot released with it (docs/design.md "Memory plan")."""
+        budget = self.config.kv_budget_tokens
+        if not budget:
+            return
+        relief = relieve(self.slots, self.requests, budget, self.config.ctx,
+                         lambda r: (not self._interactive(r, now), r.arrived_at))
+        held = held_tokens(holds(self.slots, self.requests), self.config.ctx) \
+            if relief.preempt else 0
+        for rid in relief.preempt:
+            self.num_memory_preemptions += 1
+            self._preempt(self.requests[rid], now, "memory", held_tokens=held,
+                          budget_tokens=budget)
+        for index in relief.leave:
+            self.slots[index].leaving = True
 
     def _interactive(self, req: Request, now: float) -> bool:
         return interactive_now(req, now, self.config.background_wait_s)
@@ -574,8 +637,11 @@ class SchedulerCore:
                 continue  # the requests behind it may still take a slot
             if decision is None:
                 break
+            if not self._room_for(req, decision):
+                break  # admission keeps its order: placed when running requests give room
             copy = apply(req, decision, self.slots, self.pages,
                          self._pinned(placing=req), now)
+            self._note_resumed(req, decision)
             if copy is not None:
                 self._copies.append(copy)
             self.waiting.remove(req.rid)
@@ -585,6 +651,45 @@ class SchedulerCore:
             # the least recently used while it runs (docs/design.md "Disk eviction policy").
             self.pages.touch(req.context_chain(self.pages.chain_namespace,
                                                self.config.page_size), now)
+
+    def _room_for(self, req: Request, decision) -> bool:
+        """Whether the request's KV, placed as decided, fits the worker's budget, making room
+        by releasing idle slots whose pages are on disk; logged once per wait when not."""
+        budget = self.config.kv_budget_tokens
+        if not budget:
+            return True
+        p = decision.placement
+        start = p.copied if p.copy_from is not None else p.reused
+        leave = room_for(request_hold(req, start), p.slot, self.slots, self.requests, budget,
+                         self.config.ctx, self._releasable)
+        if leave is None:
+            if not req.waits_for_memory:
+                req.waits_for_memory = True
+                self.outbox.log("request.waits_for_memory", rid=req.rid,
+                                num_context=req.num_context, budget_tokens=budget,
+                                held_tokens=held_tokens(holds(self.slots, self.requests),
+                                                        self.config.ctx))
+            return False
+        req.waits_for_memory = False
+        for index in leave:
+            self.slots[index].leaving = True
+        return True
+
+    def _note_resumed(self, req: Request, decision) -> None:
+        """A request placed again after it gave its slot up: what of its slot's tokens it
+        finds again (kept, copied, restored) and what it must prefill again (never, while
+        its pages reach the disk)."""
+        if not req.held_when_preempted:
+            return
+        p = decision.placement
+        found = max(p.copied if p.copy_from is not None else p.reused,
+                    p.restore_from + p.restored if p.restored else 0)
+        reread = max(0, req.held_when_preempted - found)
+        req.num_reread += reread
+        self.outbox.log("request.resumed", rid=req.rid, num_held=req.held_when_preempted,
+                        num_reused=p.reused if p.copy_from is None else 0,
+                        num_copied=p.copied, num_restored=p.restored, num_reread=reread)
+        req.held_when_preempted = 0
 
     def _prefilling(self) -> list[Request]:
         """Requests in slots whose context is not all there yet (prefill, restore, load)."""
@@ -618,6 +723,8 @@ class SchedulerCore:
         token the slot of one past its quantum (scheduler.fairness, docs/design.md
         "Scheduling"). Runs before the step's stages, so a yielding slot's tail is staged
         before the newcomer's copy, load or prefill overwrites it: it resumes from its pages.
+        A request with a free slot but no room for its KV takes the memory of such a request
+        the same way (docs/design.md "Memory plan").
         """
         if not self.waiting or not self._can_admit():
             return
@@ -626,13 +733,26 @@ class SchedulerCore:
             req = self.requests[rid]
             if not req.grammar_ready or req.waits_for in self._prefilling_rids():
                 continue  # not placed now: no slot is freed for it
-            if free:
+            if free and not self._short_of_memory(req):
                 free -= 1  # a free slot is there for it
                 continue
             victim = self._victim(req, now)
+            if victim is not None and free:
+                self.num_memory_preemptions += 1
+                self._preempt(victim, now, "memory", for_rid=req.rid)
+                break  # placed once there is room: nobody behind it is placed before
             if victim is None:
                 break  # admission keeps its order: nobody behind it is placed either
-            self._preempt(victim, now)
+            self._preempt(victim, now, "slot")
+
+    def _short_of_memory(self, req: Request) -> bool:
+        """Whether the request's KV would not fit the worker's budget beside what stays
+        (scheduler.kv_memory; what it may find in a slot does not change its hold). Slots
+        already leaving count as gone: they go as soon as their pages are on their way."""
+        budget = self.config.kv_budget_tokens
+        return bool(budget) and room_for(
+            request_hold(req, 0), -1, self.slots, self.requests, budget, self.config.ctx,
+            lambda s: s.leaving or self._releasable(s)) is None
 
     def _victim(self, waiter: Request, now: float) -> Request | None:
         """The running request whose slot `waiter` takes, if any: background before
@@ -645,20 +765,23 @@ class SchedulerCore:
         return max(victims, key=lambda r: (not self._interactive(r, now), r.arrived_at),
                    default=None)
 
-    def _preempt(self, victim: Request, now: float) -> None:
-        """Take a running request out of its slot; it waits in the queue again.
+    def _preempt(self, victim: Request, now: float, reason: str, **fields) -> None:
+        """Take a running request out of its slot; it waits in the queue again. `reason`:
+        "slot" (a waiting request ranks above it) or "memory" (the KV budget).
 
         Nothing is lost: its full pages are written through and its slot's tail is staged
         next, so it resumes from its pages when placed again (in its old slot, if that still
         holds them), continuing its reply where it stopped."""
+        victim.held_when_preempted = len(self.slots[victim.slot].tokens)
         self._vacate(victim, now)
         if victim.generated:
             victim.num_yields += 1
         victim.queued_at, victim.num_overtaken = now, 0
         self.waiting.append(victim.rid)
-        self.outbox.log("request.preempted", **{"rid": victim.rid,
+        self.outbox.log("request.preempted", **{"rid": victim.rid, "reason": reason,
+                                                  "num_held": victim.held_when_preempted,
                                                   "num_generated": len(victim.generated),
-                                                  "num_yields": victim.num_yields})
+                                                  "num_yields": victim.num_yields, **fields})
 
     def _vacate(self, req: Request, now: float) -> None:
         """Take a request that stops running (finished or preempted) out of its slot. The
@@ -820,7 +943,7 @@ class SchedulerCore:
             ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrived_at,
             duration_s=now - req.arrived_at, num_proposed_tokens=req.num_proposed,
             num_accepted_tokens=req.num_accepted, proposers=",".join(sorted(req.proposers)),
-            **_prefill_times(req)))
+            num_reread_tokens=req.num_reread, **_prefill_times(req)))
         unsent = self._unsent.pop(req.rid, None)
         if notify:
             if unsent:

@@ -69,6 +69,12 @@ class Request:
     num_overtaken: int = 0
     # The running request it waits for, prefilling a prefix they share (scheduler.admission).
     waits_for: str | None = None
+    # Memory (scheduler.kv_memory): it waits for room for its KV (logged once per wait); the
+    # tokens its slot held when it last gave the slot up, and the tokens of those it had to
+    # prefill again when placed after that (0 unless its pages were lost).
+    waits_for_memory: bool = False
+    held_when_preempted: int = 0
+    num_reread: int = 0
     # Every token the model must see: the prompt, then what it generated so far. All but the
     # last are prefilled into the slot; the last is the next decode input, so there is always
     # at least one token to run (F11) and the first output token comes from a one-token
@@ -148,6 +154,9 @@ class Slot:
     # The chain root of the request that filled it (its cache salt's): its page ids start
     # there, and only requests of that root share its tokens.
     root: bytes = ROOT_ID
+    # Idle, its KV leaves memory as soon as its tokens are on disk or on their way: the KV
+    # budget wants the room (scheduler.kv_memory).
+    leaving: bool = False
 
     @property
     def free(self) -> bool:
@@ -168,6 +177,7 @@ class Slot:
         self.images = tuple(images)
         self.turn = None
         self.root = root
+        self.leaving = False
 
     def shared_prefix(self, chain: list[bytes], tokens: list[int], n: int,
                       page_size: int, images: tuple[ImageSpan, ...] = (),

@@ -25,4 +25,5 @@ def build_status(service, now: float) -> Status:
                                          service.settings.peer_timeout_s),
         stats=service.stats.snapshot(),
         speculation=core.speculation, prefill_share=core.prefill_share,
+        kv_memory=core.kv_memory,
     )

@@ -7,9 +7,42 @@ the dynamic loader reads it at process start). Without it they pass, only slower
 
 from __future__ import annotations
 
+import os
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.budgets import file_of, load_budgets, over_budget, slowest_first
+
+_SPENT: dict[str, float] = defaultdict(float)  # seconds per test file (tests/README.md "Budgets")
+
+
+def pytest_collection_modifyitems(items):
+    """The files with the largest budgets start first (tests/helpers/budgets.py); a file's
+    tests keep their order."""
+    order = {path: n for n, path in enumerate(
+        slowest_first((file_of(item.nodeid) for item in items), load_budgets()))}
+    items.sort(key=lambda item: order[file_of(item.nodeid)])
+
+
+def pytest_runtest_logreport(report):
+    _SPENT[file_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI, a test file over its budget fails the run (tests/README.md "Budgets")."""
+    if os.environ.get("SWITCHYARD_TEST_BUDGETS") != "1" or hasattr(session.config, "workerinput"):
+        return  # only the controller (or a run without workers) has every file's time
+    over = over_budget(dict(_SPENT), load_budgets())
+    if over:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", "test files over their budget (tests/README.md)", red=True)
+            for line in over:
+                reporter.write_line(line)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):

@@ -223,7 +223,20 @@ def plan_inputs(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
                           + draft_copies) if draft is not None else mtp.nbytes if mtp else 0,
         "draft_kv_bytes_per_token": draft.kv_bytes_per_token if draft is not None
                                     else mtp.kv_bytes_per_token() if mtp else 0,
-        "draft_batched": mtp is None}
+        "draft_batched": mtp is None,
+        "kv_memory": parse_size(settings.kv_memory) if settings.kv_memory else 0}
+
+
+def group_kv_budget(tokens: int, group: RankGroup | None) -> int:
+    """The KV budget the scheduler keeps to, in tokens (0: not counted): a worker group's
+    ranks each hold their share of every token, so the rank with the fewest tokens' room
+    bounds the group."""
+    if group is None:
+        return tokens
+    # all_max of the negated budgets is the smallest; a rank that does not count (0)
+    # bounds nothing.
+    smallest = -group.all_max(-(tokens or 2**62))
+    return 0 if smallest >= 2**62 else smallest
 
 
 def make_store(loaded: LoadedModel, settings: Settings, log) -> SlotStore:
@@ -300,7 +313,7 @@ def run(settings: Settings) -> None:
         draft_copies = copy_bytes(draft.model) if draft is not None and copies else 0
         plan = plan_memory(loaded, settings, layout, num_buffers, copies, draft, draft_copies,
                            mtp)
-        if copies and plan.total > plan.limit - plan.headroom:
+        if copies and not plan.fits:
             log.warning("worker.float_copies_skipped", bytes=copies,
                         reason="float32 copies of the quantized weights (CPU backend: its "
                                "quantized matmul is slow for more than one row) do not fit "
@@ -309,8 +322,9 @@ def run(settings: Settings) -> None:
             plan = plan_memory(loaded, settings, layout, num_buffers, draft=draft, mtp=mtp)
         if settings.max_running == 0 and group is None and drafter is None and \
                 batchable(loaded.make_cache()):
-            # As many running requests as the plan holds (docs/design.md "Running past the
-            # resident slots"); a drafter's slots and a group's ranks keep --slots.
+            # As many running requests as the KV budget holds at a planned size
+            # (docs/design.md "Running past the resident slots"); a drafter's slots and a
+            # group's ranks keep --slots.
             inputs = plan_inputs(loaded, settings, layout, num_buffers, copies)
             widest = widest_running(lambda n: make_plan(**inputs, num_slots=n),
                                     settings.slots, settings.auto_running)
@@ -321,7 +335,8 @@ def run(settings: Settings) -> None:
         if draft_copies:
             add_float_copies(draft.model)
         log.info("worker.memory_plan", kv_quant=kv_form(loaded), running=settings.worker_slots,
-                 kv_bytes_per_token=loaded.kv_bytes_per_token, **plan.as_fields())
+                 kv_bytes_per_token=plan.kv_bytes_per_token, ctx=settings.ctx,
+                 **plan.as_fields())
         check_plan(plan, settings.slots, settings.ctx, settings.kv_bits, settings.max_running)
         pool = None
         if layout is not None:
@@ -369,6 +384,7 @@ def run(settings: Settings) -> None:
                                before_exit=pool.unlink if pool is not None else lambda: None)
         ranks = gather_ranks(group, namespace, pool, loaded, layout, watch)
         log_comm_probe(group, loaded, log, watch)
+    kv_budget_tokens = group_kv_budget(plan.kv_budget_tokens, group)
 
     def ready() -> WorkerReady:
         return WorkerReady(
@@ -383,7 +399,8 @@ def run(settings: Settings) -> None:
             shm_name=pool.name if pool else "", num_buffers=pool.num_buffers if pool else 0,
             buffer_bytes=pool.buffer_bytes if pool else 0,
             state_bytes=layout.state_bytes if layout else 0,
-            ranks=ranks, parallel=group.parallel if group else "")
+            ranks=ranks, parallel=group.parallel if group else "",
+            kv_budget_tokens=kv_budget_tokens)
 
     stop = StopFlag()
     if group is not None:  # `kill -USR1` prints where a rank waits (a hung collective)

@@ -1,6 +1,7 @@
 """Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 
-Requests are translated into the gateway's one chat shape (request.model.ChatRequest): `system`
+A request is decoded against its model (request/wire/anthropic.py: its shape, checks and
+limits) and translated into the gateway's one chat shape (request.model.ChatRequest): `system`
 becomes a system message (volatile per-request lines such as Claude Code's
 `x-anthropic-billing-header:` are removed from its start, so they do not break prefix reuse),
 `tool_use` blocks become assistant tool calls, `tool_result` blocks tool messages, `thinking`
@@ -26,32 +27,25 @@ from starlette.responses import JSONResponse, Response
 from switchyard.gateway.request import structured
 from switchyard.gateway.context import gateway_of
 from switchyard.gateway.driver import plan_chat, prepare_images, respond, start_chat
-from switchyard.gateway.errors import APIError, invalid, invalid_type
+from switchyard.gateway.errors import APIError
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
 from switchyard.gateway.streaming import sse_event
-from switchyard.gateway.output.tools import (AUTO, NONE, ToolChoice, check_tool_choice, check_tool_fields,
-                                  function_tool, strict_tool_names)
+from switchyard.gateway.output.tools import AUTO, NONE, ToolChoice, check_tool_choice, function_tool
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
-from switchyard.gateway.api.validation import (Fields, as_integer, note_ignored,
-                                               note_unknown_fields, reasoning_effort,
-                                               template_kwargs)
-from switchyard.gateway.vision.parts import anthropic_image_block, has_part, mixed_parts
-from switchyard.gateway.request.model import ChatRequest, Options, parse_cache_salt, parse_priority
+from switchyard.gateway.request.wire import anthropic as shape
+from switchyard.gateway.request.wire.base import known_fields
+from switchyard.gateway.request.wire.decoding import decode
+from switchyard.gateway.api.validation import (note_ignored, note_unknown_fields,
+                                               reasoning_effort, template_kwargs)
+from switchyard.gateway.vision.parts import ImageRef, decode_base64, from_url, image_part
+from switchyard.gateway.request.model import ChatRequest, Options
 
 log = structlog.get_logger()
 
 # Lines some clients put at the start of the system prompt that change on every request.
 VOLATILE_SYSTEM_PREFIXES = ("x-anthropic-billing-header:",)
-MAX_STOP_SEQUENCES = 16
-# Top-level fields this server reads or ignores by design (README "Agent clients"); any other
-# is accepted and logged once by name.
-MESSAGES_FIELDS = frozenset({
-    "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature",
-    "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config", "output_format",
-    "context_management", "metadata", "service_tier", "container", "mcp_servers",
-    "priority", "speculative", "cache_salt"})
 
 
 # --- request ---------------------------------------------------------------------------------
@@ -61,23 +55,6 @@ MESSAGES_FIELDS = frozenset({
 class MessagesRequest:
     chat: ChatRequest
     model: str | None
-
-
-def _text_of_blocks(blocks: list[Any], param: str, allowed: tuple[str, ...] = ("text",)
-                    ) -> list[str]:
-    texts = []
-    for j, block in enumerate(blocks):
-        if not isinstance(block, dict):
-            raise invalid_type(f"{param}[{j}]", "an object")
-        kind = block.get("type")
-        if kind not in allowed:
-            raise invalid(f"{param}[{j}].type: {kind!r} is not supported here; "
-                          f"expected {' or '.join(allowed)}", param=f"{param}[{j}].type")
-        text = block.get("text")
-        if not isinstance(text, str):
-            raise invalid_type(f"{param}[{j}].text", "a string")
-        texts.append(text)
-    return texts
 
 
 def strip_volatile_lines(texts: list[str]) -> list[str]:
@@ -97,89 +74,68 @@ def strip_volatile_lines(texts: list[str]) -> list[str]:
 
 
 def parse_system(value: Any) -> str | None:
-    if value is None:
+    """The leading system prompt (`system`, as the request gives it)."""
+    return system_text(decode(value, shape.SystemText | None))
+
+
+def system_text(system: shape.SystemText | None) -> str | None:
+    if system is None:
         return None
-    if isinstance(value, str):
-        texts = [value]
-    elif isinstance(value, list):
-        texts = _text_of_blocks(value, "system")
-    else:
-        raise invalid_type("system", "a string or an array of text blocks")
-    texts = strip_volatile_lines(texts)
+    texts = strip_volatile_lines([system] if isinstance(system, str)
+                                 else [block.text for block in system])
     return "\n".join(texts) if texts else None
 
 
-def _tool_result_text(block: dict[str, Any], param: str) -> str | list[dict[str, Any]]:
+def _image(block: shape.ImageBlock, param: str) -> dict[str, Any]:
+    source = block.source
+    if isinstance(source, shape.Base64Source):
+        return image_part(ImageRef(f"{param}.source.data",
+                                   data=decode_base64(source.data, f"{param}.source.data")))
+    return image_part(from_url(source.url, f"{param}.source.url"))
+
+
+def _tool_result_content(block: shape.ToolResultBlock, param: str
+                         ) -> str | list[dict[str, Any]]:
     """A tool result's text; with image blocks, its parts in order (gateway/vision/parts.py)."""
-    content = block.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and has_part(content, ("image",)):
-        return mixed_parts(content, f"{param}.content", {"text": "text"},
-                           {"image": anthropic_image_block}, "text and image blocks")
-    if isinstance(content, list):
-        return "\n".join(_text_of_blocks(content, f"{param}.content"))
-    raise invalid_type(f"{param}.content", "a string or an array of text blocks")
+    content = block.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not any(isinstance(b, shape.ImageBlock) for b in content):
+        return "\n".join(b.text for b in content)
+    return [_image(b, f"{param}.content[{j}]") if isinstance(b, shape.ImageBlock)
+            else {"type": "text", "text": b.text} for j, b in enumerate(content)]
 
 
-def parse_message(message: Any, index: int) -> list[dict[str, Any]]:
+def chat_messages(message: shape.Message, index: int) -> list[dict[str, Any]]:
     """One Anthropic message as canonical chat messages (a user message carrying tool results
     becomes tool messages, then the user's text)."""
-    prefix = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise invalid_type(prefix, "an object")
-    role = message.get("role")
-    if role not in ("user", "assistant", "system"):
-        raise invalid(f"{prefix}.role: must be 'user', 'assistant' or 'system'",
-                      param=f"{prefix}.role")
-    content = message.get("content")
-    if role == "system":  # between turns (Claude Code's agent list): kept where it stands
-        text = content if isinstance(content, str) else None
-        if isinstance(content, list):
-            text = "\n".join(_text_of_blocks(content, f"{prefix}.content"))
-        if text is None:
-            raise invalid_type(f"{prefix}.content", "a string or an array of text blocks")
-        return [{"role": "system", "content": text}]
+    content = message.content
+    kind = type(message)
+    if kind is shape.SystemMessage:  # between turns (Claude Code's agent list): kept there
+        return [{"role": "system", "content": content if isinstance(content, str)
+                 else "\n".join(b.text for b in content)}]
+    role = "user" if kind is shape.UserMessage else "assistant"
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    if not isinstance(content, list):
-        raise invalid_type(f"{prefix}.content", "a string or an array of content blocks")
-    texts, reasoning, calls, results = [], [], [], []
+    texts = [b.text for b in content if type(b) is shape.TextBlock]
+    if len(texts) == len(content):  # text alone: the common case
+        return [{"role": role, "content": "\n".join(texts)}]
+    reasoning, calls, results = [], [], []
     parts: list[dict[str, Any]] = []  # text and images in order, when there are images
     for j, block in enumerate(content):
-        param = f"{prefix}.content[{j}]"
-        if not isinstance(block, dict):
-            raise invalid_type(param, "an object")
-        kind = block.get("type")
-        if kind == "text":
-            text = block.get("text")
-            if not isinstance(text, str):
-                raise invalid_type(f"{param}.text", "a string")
-            texts.append(text)
-            parts.append({"type": "text", "text": text})
-        elif kind == "image" and role == "user":
-            parts.append(anthropic_image_block(block, param))
-        elif kind == "thinking" and role == "assistant":
-            thinking = block.get("thinking")
-            if not isinstance(thinking, str):
-                raise invalid_type(f"{param}.thinking", "a string")
-            reasoning.append(thinking)
-        elif kind == "redacted_thinking" and role == "assistant":
-            continue
-        elif kind == "tool_use" and role == "assistant":
-            calls.append(_tool_use(block, param))
-        elif kind == "tool_result" and role == "user":
-            tool_use_id = block.get("tool_use_id")
-            if not isinstance(tool_use_id, str) or not tool_use_id:
-                raise invalid(f"{param}.tool_use_id: must be a non-empty string",
-                              param=f"{param}.tool_use_id")
-            results.append({"role": "tool", "tool_call_id": tool_use_id,
-                            "content": _tool_result_text(block, param)})
-        else:
-            raise invalid(f"{param}.type: {kind!r} is not supported in a {role} message",
-                          param=f"{param}.type", code="unsupported_content")
+        if isinstance(block, shape.TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, shape.ImageBlock):
+            parts.append(_image(block, f"messages[{index}].content[{j}]"))
+        elif isinstance(block, shape.ThinkingBlock):
+            reasoning.append(block.thinking)
+        elif isinstance(block, shape.ToolUseBlock):
+            arguments = json.dumps(block.input or {}, ensure_ascii=False)
+            calls.append({"id": block.id, "type": "function",
+                          "function": {"name": block.name, "arguments": arguments}})
+        elif isinstance(block, shape.ToolResultBlock):
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content":
+                            _tool_result_content(block, f"messages[{index}].content[{j}]")})
     text = "\n".join(texts)
     if role == "user":
         if len(parts) > len(texts):  # images: the parts, in order
@@ -193,97 +149,47 @@ def parse_message(message: Any, index: int) -> list[dict[str, Any]]:
     return [out]
 
 
-def _tool_use(block: dict[str, Any], param: str) -> dict[str, Any]:
-    call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
-    if not isinstance(call_id, str) or not call_id:
-        raise invalid(f"{param}.id: must be a non-empty string", param=f"{param}.id")
-    if not isinstance(name, str) or not name:
-        raise invalid(f"{param}.name: must be a non-empty string", param=f"{param}.name")
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, dict):
-        raise invalid_type(f"{param}.input", "an object")
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+def client_tools(tools: list[dict[str, Any]] | None) -> list[shape.CustomTool]:
+    """The client tools; Anthropic's server tools (web search, ...) are not available here
+    and are left out."""
+    found = [shape.client_tool(t, f"tools[{i}]") for i, t in enumerate(tools or ())]
+    offered = [t for t in found if t is not None]
+    if len(offered) < len(found):
+        log.info("anthropic.server_tools_skipped", num_skipped=len(found) - len(offered))
+    return offered
 
 
-def parse_tools(value: Any) -> list[dict[str, Any]] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise invalid_type("tools", "an array of tool definitions")
-    tools, num_skipped = [], 0
-    for i, tool in enumerate(value):
-        if not isinstance(tool, dict):
-            raise invalid_type(f"tools[{i}]", "an object")
-        if tool.get("type") is not None and not isinstance(tool["type"], str):
-            raise invalid_type(f"tools[{i}].type", "a string")
-        if tool.get("type") not in (None, "custom"):
-            num_skipped += 1  # Anthropic's server tools (web search, ...): not available here
-            continue
-        check_tool_fields(tool.get("name"), tool.get("description"), tool.get("input_schema"),
-                          f"tools[{i}]", "input_schema", strict=tool.get("strict"))
-        tools.append(function_tool(tool["name"], tool.get("description"),
-                                   tool.get("input_schema")))
-    if num_skipped:
-        log.info("anthropic.server_tools_skipped", num_skipped=num_skipped)
-    return tools or None
+_CHOICES = {shape.ToolChoiceNone: NONE, shape.ToolChoiceAny: ToolChoice("required")}
 
 
-def parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None
-                      ) -> tuple[ToolChoice, bool]:
+def chat_tool_choice(value: shape.ToolChoice | None, tools: list[dict[str, Any]] | None
+                     ) -> tuple[ToolChoice, bool]:
     """(choice, parallel allowed)."""
-    if value is None:
-        return (AUTO if tools else NONE), True
-    if not isinstance(value, dict):
-        raise invalid_type("tool_choice", "an object")
-    f = Fields(value, "tool_choice.")
-    parallel = not f.boolean("disable_parallel_tool_use")
-    kind = value.get("type")
-    if kind == "auto":
+    if value is None or isinstance(value, shape.ToolChoiceAuto):
         choice = AUTO if tools else NONE
-    elif kind == "none":
-        choice = NONE
-    elif kind == "any":
-        choice = ToolChoice("required")
-    elif kind == "tool":
-        name = f.string("name")
-        if not name:
-            raise invalid("tool_choice.name: required when type is 'tool'",
-                          param="tool_choice.name")
-        choice = ToolChoice("function", name)
+    elif isinstance(value, shape.ToolChoiceTool):
+        choice = ToolChoice("function", value.name)
     else:
-        raise invalid("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'",
-                      param="tool_choice.type")
+        choice = _CHOICES[type(value)]
+    parallel = not (value is not None and value.disable_parallel_tool_use)
     return check_tool_choice(choice, tools, "tool_choice"), parallel
 
 
-def _thinking_kwargs(value: Any) -> dict[str, Any]:
-    """`thinking`: `enabled` (its `budget_tokens` is not enforced: max_tokens bounds the turn)
-    and `disabled` set the template's thinking switch; `adaptive` leaves the model's default."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise invalid_type("thinking", "an object")
-    f = Fields(value, "thinking.")
-    f.integer("budget_tokens", lo=0)
-    kind = value.get("type")
-    if kind == "enabled":
-        return {"enable_thinking": True}
-    if kind == "disabled":
-        return {"enable_thinking": False}
-    if kind == "adaptive":
-        return {}
-    raise invalid("thinking.type: must be 'enabled', 'disabled' or 'adaptive'",
-                  param="thinking.type")
+# `thinking`: `enabled` and `disabled` set the template's thinking switch; `adaptive` leaves
+# the model's default.
+_THINKING = {shape.ThinkingEnabled: {"enable_thinking": True},
+             shape.ThinkingDisabled: {"enable_thinking": False}}
 
 
-def _effort_kwargs(config: Any) -> dict[str, Any]:
-    """`output_config.effort` as the template's `reasoning_effort` (gpt-oss's switch)."""
-    if not isinstance(config, dict):
-        return {}
-    effort = reasoning_effort(config.get("effort"), "output_config.effort")
-    return {"reasoning_effort": effort} if effort else {}
+def _template_kwargs(request: shape.MessagesFields) -> dict[str, Any]:
+    """`thinking`, and `output_config.effort` as the template's `reasoning_effort` (gpt-oss's
+    switch)."""
+    kwargs = dict(_THINKING.get(type(request.thinking), {}))
+    config = request.output_config
+    effort = reasoning_effort(config.effort, "output_config.effort") if config else None
+    if effort:
+        kwargs["reasoning_effort"] = effort
+    return template_kwargs(kwargs)
 
 
 # Anthropic's context-management edits: `clear_thinking_*` changes what the model sees (earlier
@@ -291,95 +197,62 @@ def _effort_kwargs(config: Any) -> dict[str, Any]:
 CLEAR_THINKING = "clear_thinking_"
 
 
-def clear_thinking(messages: list[dict[str, Any]], value: Any) -> list[dict[str, Any]]:
+def clear_thinking(messages: list[dict[str, Any]], value: shape.ContextManagement | None
+                   ) -> list[dict[str, Any]]:
     """`context_management.edits`: a `clear_thinking` edit keeps the thinking of the last
     `keep` assistant turns that have some (`"all"`: every turn's, the default) and drops the
     rest before rendering. Other edit types are accepted and not applied."""
-    if value is None:
-        return messages
-    f = Fields(value, "context_management.") if isinstance(value, dict) else None
-    if f is None:
-        raise invalid_type("context_management", "an object")
-    for i, edit in enumerate(f.array("edits") or ()):
-        param = f"context_management.edits[{i}]"
-        if not isinstance(edit, dict) or not isinstance(edit.get("type"), str):
-            raise invalid(f"{param}: must be an object with a 'type'", param=param)
-        keep = edit.get("keep")
-        turns = as_integer(keep.get("value")) if isinstance(keep, dict) else None
-        if keep not in (None, "all") and (isinstance(turns, bool) or not isinstance(turns, int)
-                                          or turns < 0):
-            raise invalid(f"{param}.keep: must be 'all' or {{\"type\": ..., \"value\": N}} "
-                          f"with N >= 0", param=f"{param}.keep")
-        if not edit["type"].startswith(CLEAR_THINKING):
-            note_ignored(f"context_management.edits[].type={edit['type'][:64]}")
+    for edit in (value.edits or ()) if value is not None else ():
+        if not edit.type.startswith(CLEAR_THINKING):
+            note_ignored(f"context_management.edits[].type={edit.type[:64]}")
             continue
-        if turns is None:  # "all" (the default)
+        if not isinstance(edit.keep, shape.Keep):  # "all" (the default)
             continue
         with_thinking = [j for j, m in enumerate(messages) if m.get("reasoning_content")]
-        cleared = set(with_thinking[:max(0, len(with_thinking) - turns)])
+        cleared = set(with_thinking[:max(0, len(with_thinking) - edit.keep.value)])
         messages = [{k: v for k, v in m.items() if k != "reasoning_content"}
                     if j in cleared else m for j, m in enumerate(messages)]
     return messages
 
 
+def output_constraint(request: shape.MessagesFields) -> structured.Constraint | None:
+    """Structured outputs: `output_format` (the beta's spelling) or `output_config.format`."""
+    config = request.output_config
+    if config is not None and config.format is not None:
+        return structured.json_schema(config.format.schema, "output_config.format.schema")
+    if request.output_format is not None:
+        return structured.json_schema(request.output_format.schema, "output_format.schema")
+    return None
+
+
 def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) -> MessagesRequest:
-    f = Fields(body)
-    note_unknown_fields(body, MESSAGES_FIELDS, "messages")
-    model = f.string("model")
-    max_tokens = f.integer("max_tokens", lo=1)
-    if max_tokens is None and not count_only:
-        raise invalid("max_tokens: Field required", param="max_tokens",
-                      code="missing_required_parameter")
-    raw_messages = f.array("messages")
-    if not raw_messages:
-        raise invalid("messages: at least one message is required", param="messages")
+    model = shape.CountTokensRequest if count_only else shape.MessagesRequest
+    note_unknown_fields(body, known_fields(model), "messages")
+    request = decode(body, model)
     messages: list[dict[str, Any]] = []
-    system = parse_system(body.get("system"))
+    system = system_text(request.system)
     if system is not None:
         messages.append({"role": "system", "content": system})
-    for i, message in enumerate(raw_messages):
-        messages += parse_message(message, i)
-    messages = clear_thinking(messages, body.get("context_management"))
-    stops = f.array("stop_sequences") or []
-    if not all(isinstance(s, str) for s in stops):
-        raise invalid_type("stop_sequences", "an array of strings")
-    if len(stops) > MAX_STOP_SEQUENCES:
-        raise invalid(f"stop_sequences: at most {MAX_STOP_SEQUENCES}", param="stop_sequences")
-    tools = parse_tools(body.get("tools"))
-    choice, parallel = parse_tool_choice(body.get("tool_choice"), tools)
-    f.obj("metadata")
-    options = Options(
-        model=model, max_tokens=max_tokens,
-        temperature=_default(f.number("temperature", 0.0, 2.0), 1.0),
-        top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
-        top_k=_default(f.integer("top_k", lo=0, hi=2**31 - 1), 0),
-        stop=tuple(s for s in stops if s), stream=bool(f.boolean("stream")),
-        priority=parse_priority(body.get("priority"), "priority"),
-        speculative=f.boolean("speculative") is not False,
-        cache_salt=parse_cache_salt(body.get("cache_salt")))
-    chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
-                       parallel_tool_calls=parallel,
-                       template_kwargs=template_kwargs(
-                           _thinking_kwargs(body.get("thinking"))
-                           | _effort_kwargs(f.obj("output_config"))),
-                       constraint=parse_output_format(body),
-                       strict_tools=strict_tool_names(body.get("tools"), lambda t: t))
-    return MessagesRequest(chat, model)
+    for i, message in enumerate(request.messages):
+        messages += chat_messages(message, i)
+    offered = client_tools(request.tools)
+    tools = [function_tool(t.name, t.description, t.input_schema) for t in offered] or None
+    choice, parallel = chat_tool_choice(request.tool_choice, tools)
+    chat = ChatRequest(messages=clear_thinking(messages, request.context_management),
+                       options=_options(request), tools=tools, tool_choice=choice,
+                       parallel_tool_calls=parallel, template_kwargs=_template_kwargs(request),
+                       constraint=output_constraint(request),
+                       strict_tools=frozenset(t.name for t in offered if t.strict))
+    return MessagesRequest(chat, request.model)
 
 
-def parse_output_format(body: dict[str, Any]) -> structured.Constraint | None:
-    """Structured outputs: `output_format` (the beta's spelling) or `output_config.format`,
-    `{"type": "json_schema", "schema": {...}}`."""
-    config = body.get("output_config")
-    fmt, param = body.get("output_format"), "output_format"
-    if isinstance(config, dict) and config.get("format") is not None:
-        fmt, param = config["format"], "output_config.format"
-    if fmt is None:
-        return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
-        raise invalid(f"{param}: must be {{\"type\": \"json_schema\", \"schema\": {{...}}}}",
-                      param=param)
-    return structured.json_schema(fmt["schema"], f"{param}.schema")
+def _options(request: shape.MessagesFields) -> Options:
+    return Options(
+        model=request.model, max_tokens=request.max_tokens,
+        temperature=_default(request.temperature, 1.0), top_p=_default(request.top_p, 1.0),
+        top_k=_default(request.top_k, 0), stop=tuple(s for s in request.stop_sequences or () if s),
+        stream=bool(request.stream), priority=request.priority,
+        speculative=request.speculative is not False, cache_salt=request.cache_salt)
 
 
 def _default(value: Any, default: Any) -> Any:

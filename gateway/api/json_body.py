@@ -19,9 +19,9 @@ from typing import Any
 
 from switchyard.gateway.api.validation import (SURROGATE_ESCAPE, invalid_json, lone_surrogate,
                                                parse_json)
+from switchyard.gateway.request.wire.common import MAX_TOOLS
 from switchyard.gateway.context import gateway_of
 from switchyard.gateway.errors import invalid
-from switchyard.gateway.output.tools import MAX_TOOLS
 
 COOPERATIVE_BYTES = 256 * 1024  # smaller bodies parse in a few milliseconds: at once
 # Levels parsed member by member: the body, its lists (messages), their elements (a message),

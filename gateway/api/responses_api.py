@@ -1,7 +1,8 @@
 """OpenAI Responses API (`POST /v1/responses`), for Codex-style clients.
 
-`input` (a string, or items: messages, `function_call`, `function_call_output`, `reasoning`)
-and `instructions` are translated into the gateway's one chat shape (request.model.ChatRequest):
+A request is decoded against its model (request/wire/responses.py). `input` (a string, or
+items: messages, `function_call`, `function_call_output`, `reasoning`) and `instructions` are
+translated into the gateway's one chat shape (request.model.ChatRequest):
 consecutive assistant items (reasoning, an output message, function calls) become one assistant
 message, function-call outputs become tool messages. `previous_response_id` prepends the stored
 conversation of that response (response_store.py); one the server no longer has is a 400 asking
@@ -24,27 +25,22 @@ from starlette.responses import Response
 
 from switchyard.gateway.context import gateway_of
 from switchyard.gateway.driver import respond, start_chat
-from switchyard.gateway.errors import APIError, invalid, invalid_type
+from switchyard.gateway.errors import APIError, invalid
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
 from switchyard.gateway.prompting.prompts import check_model
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.response_store import ResponseStore
 from switchyard.gateway.streaming import sse_event
-from switchyard.gateway.output.tools import (ToolChoice, check_tool_fields, function_tool,
-                                  parse_openai_tool_choice, strict_tool_names)
+from switchyard.gateway.output.tools import ToolChoice, function_tool, openai_tool_choice
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.json_body import chat_limits, read_json
-from switchyard.gateway.api.validation import (GUIDED_FIELDS, Fields, join_text_parts,
-                                               note_ignored, note_unknown_fields,
-                                               reasoning_effort)
-from switchyard.gateway.vision.parts import has_part, mixed_parts, responses_image_part
-from switchyard.gateway.request.model import ChatRequest, Options, parse_cache_salt, parse_priority
+from switchyard.gateway.request.wire import responses as shape
+from switchyard.gateway.request.wire.base import known_fields
+from switchyard.gateway.request.wire.decoding import decode
+from switchyard.gateway.api.validation import note_ignored, note_unknown_fields, reasoning_effort
+from switchyard.gateway.vision.parts import from_url, image_part
+from switchyard.gateway.request.model import ChatRequest, Options
 from switchyard.proto.ids import new_rid
-
-# Content part type -> the key holding its text.
-_TEXT_PARTS = {kind: "text" for kind in ("input_text", "output_text", "text", "summary_text",
-                                         "reasoning_text")} | {"refusal": "refusal"}
-
 
 def _new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
@@ -62,24 +58,20 @@ class ResponsesRequest:
     namespaces: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _text(value: Any, param: str) -> str:
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise invalid_type(param, "a string or an array of content parts")
-    if has_part(value, ("input_image",)):
-        raise invalid(f"'{param}': images are taken in user messages and function call "
-                      f"outputs only", param=param, code="unsupported_content")
-    return join_text_parts(value, param, _TEXT_PARTS, "text parts")
+def _text(content: shape.TextContent | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(part.text for part in content)
 
 
-def _content(value: Any, param: str) -> str | list[dict[str, Any]]:
+def _content(content: shape.Content | None, param: str) -> str | list[dict[str, Any]]:
     """A user message's or a function call output's text; with `input_image` parts, its parts
     in order (gateway/vision/parts.py)."""
-    if has_part(value, ("input_image",)):
-        return mixed_parts(value, param, _TEXT_PARTS, {"input_image": responses_image_part},
-                           "text and input_image parts")
-    return _text(value, param)
+    if not isinstance(content, list) or not any(type(p) is shape.InputImage for p in content):
+        return _text(content)
+    return [image_part(from_url(p.image_url, f"{param}[{j}].image_url"))
+            if type(p) is shape.InputImage else {"type": "text", "text": p.text}
+            for j, p in enumerate(content)]
 
 
 class _InputBuilder:
@@ -99,72 +91,54 @@ class _InputBuilder:
             self.messages.append(self._assistant)
             self._assistant = None
 
-    def add(self, item: Any, param: str) -> None:
-        if not isinstance(item, dict):
-            raise invalid_type(param, "an object")
-        kind = item.get("type")
-        if kind is None and "role" in item:  # `type` left out or null: a message
-            kind = "message"
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "system", "developer", "assistant"):
-                raise invalid(f"'{param}.role' must be user, system, developer or assistant",
-                              param=f"{param}.role", code="invalid_value")
-            text = (_content if role == "user" else _text)(item.get("content"),
-                                                            f"{param}.content")
-            if role == "assistant":
+    def add(self, item: shape.Item, param: str) -> None:
+        if isinstance(item, shape.MessageItem):
+            text = _content(item.content, f"{param}.content")
+            if item.role == "assistant":
                 message = self._open_assistant()
                 message["content"] = (message["content"] + "\n" + text) \
                     if message["content"] else text
                 return
             self._flush()
-            self.messages.append({"role": "system" if role == "developer" else role,
+            self.messages.append({"role": "system" if item.role == "developer" else item.role,
                                   "content": text})
-        elif kind == "function_call":
-            f = Fields(item, f"{param}.")
-            call_id, name = f.string("call_id"), f.string("name")
-            arguments = f.string("arguments")
-            if not call_id or not name:
-                raise invalid(f"'{param}' needs 'call_id' and 'name'", param=param,
-                              code="missing_required_parameter")
+        elif isinstance(item, shape.FunctionCallItem):
             message = self._open_assistant()
             message.setdefault("tool_calls", []).append({
-                "id": call_id, "type": "function",
-                "function": {"name": name, "arguments": arguments or "{}"}})
-        elif kind == "function_call_output":
-            call_id = Fields(item, f"{param}.").string("call_id")
-            if not call_id:
-                raise invalid(f"'{param}.call_id' is required", param=f"{param}.call_id",
-                              code="missing_required_parameter")
+                "id": item.call_id, "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments or "{}"}})
+        elif isinstance(item, shape.FunctionCallOutputItem):
             self._flush()
-            output = item.get("output")
-            self.messages.append({"role": "tool", "tool_call_id": call_id,
-                                  "content": _content("" if output is None else output,
-                                                      f"{param}.output")})
-        elif kind == "reasoning":
-            texts = [_text([] if item.get(key) is None else item[key], f"{param}.{key}")
-                     for key in ("content", "summary")]
-            text = texts[0] or texts[1]
+            self.messages.append({"role": "tool", "tool_call_id": item.call_id,
+                                  "content": _content(item.output, f"{param}.output")})
+        elif isinstance(item, shape.ReasoningItem):
+            text = _text(item.content) or _text(item.summary)
             message = self._open_assistant()  # even empty: the input is never no messages
             if text:
                 previous = message.get("reasoning_content")
                 message["reasoning_content"] = f"{previous}\n{text}" if previous else text
-        else:
-            raise invalid(f"'{param}.type' {kind!r} is not supported by this server",
-                          param=f"{param}.type", code="unsupported_content")
 
     def done(self) -> list[dict[str, Any]]:
         self._flush()
         return self.messages
 
 
+def typed_items(value: Any) -> Any:
+    """`input` with each message's `type` filled in (OpenAI's EasyInputMessage leaves it out,
+    or null)."""
+    if not isinstance(value, list):
+        return value
+    return [{**item, "type": "message"} if isinstance(item, dict) and item.get("type") is None
+            and "role" in item else item for item in value]
+
+
 def parse_input(value: Any) -> list[dict[str, Any]]:
+    return chat_messages(decode(typed_items(value), shape.Input, "input"))
+
+
+def chat_messages(value: str | list[shape.Item]) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
-        raise invalid("'input' must be a string or a non-empty array of items", param="input",
-                      code="invalid_value" if value is not None else
-                      "missing_required_parameter")
     builder = _InputBuilder()
     for i, item in enumerate(value):
         builder.add(item, f"input[{i}]")
@@ -175,9 +149,14 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
 class ResponsesTools:
     functions: list[dict[str, Any]] | None  # as chat tools
     namespaces: dict[str, str]  # a function's name -> the namespace it was offered in
+    strict: frozenset[str]  # the functions that ask for strict arguments
 
 
 def parse_tools(value: Any) -> ResponsesTools:
+    return offered_tools(decode(value, list[dict[str, Any]] | None, "tools"))
+
+
+def offered_tools(tools: list[dict[str, Any]] | None) -> ResponsesTools:
     """Responses tools are flat: `{"type": "function", "name", "description", "parameters"}`;
     a `namespace` groups functions (Codex's sub-agent tools), offered to the model as functions
     of their own names and returned as calls with their `namespace`. Built-in tool types
@@ -186,67 +165,37 @@ def parse_tools(value: Any) -> ResponsesTools:
     400."""
     functions: list[dict[str, Any]] = []
     namespaces: dict[str, str] = {}
-    builtins: set[str] = set()
-    if value is None:
-        return ResponsesTools(None, namespaces)
-    if not isinstance(value, list):
-        raise invalid_type("tools", "an array of objects")
-
+    strict: set[str] = set()
     names: set[str] = set()
+    builtins: set[str] = set()
+    if tools is None:
+        return ResponsesTools(None, namespaces, frozenset())
 
-    def add_function(tool: dict[str, Any], param: str, namespace: str | None) -> None:
-        check_tool_fields(tool.get("name"), tool.get("description"), tool.get("parameters"),
-                          param, strict=tool.get("strict"))
-        if tool["name"] in names:
-            raise invalid(f"'{param}.name': the function '{tool['name']}' is offered twice",
+    def add(tool: shape.FunctionTool | str, param: str, namespace: str | None) -> None:
+        if isinstance(tool, str):
+            builtins.add(tool[:64])
+            return
+        if tool.name in names:
+            raise invalid(f"'{param}.name': the function '{tool.name}' is offered twice",
                           param=f"{param}.name", code="invalid_value")
-        names.add(tool["name"])
-        functions.append(function_tool(tool["name"], tool.get("description"),
-                                       tool.get("parameters")))
+        names.add(tool.name)
+        functions.append(function_tool(tool.name, tool.description, tool.parameters))
         if namespace is not None:
-            namespaces[tool["name"]] = namespace
+            namespaces[tool.name] = namespace
+        if tool.strict:
+            strict.add(tool.name)
 
-    for i, tool in enumerate(value):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid_type(param, "an object")
-        kind = tool.get("type")
-        if not isinstance(kind, str):
-            raise invalid(f"'{param}.type' is required", param=f"{param}.type",
-                          code="missing_required_parameter")
-        if kind == "function":
-            add_function(tool, param, None)
-        elif kind == "namespace":
-            f = Fields(tool, f"{param}.")
-            f.string("description")
-            name = f.string("name")
-            if not name:
-                raise invalid(f"'{param}.name' is required", param=f"{param}.name",
-                              code="missing_required_parameter")
-            for j, inner in enumerate(f.array("tools") or ()):
-                inner_param = f"{param}.tools[{j}]"
-                if not isinstance(inner, dict) or not isinstance(inner.get("type"), str) \
-                        or inner["type"] == "namespace":
-                    raise invalid(f"'{inner_param}' must be a function or a built-in tool",
-                                  param=inner_param, code="invalid_value")
-                if inner["type"] == "function":
-                    add_function(inner, inner_param, name)
-                else:
-                    builtins.add(inner["type"][:64])
-        else:
-            builtins.add(kind[:64])
+    for i, value in enumerate(tools):
+        tool = shape.tool(value, f"tools[{i}]")
+        if not isinstance(tool, shape.NamespaceTool):
+            add(tool, f"tools[{i}]", None)
+            continue
+        for j, inner in enumerate(tool.tools or ()):
+            param = f"tools[{i}].tools[{j}]"
+            add(shape.tool(inner, param, in_namespace=True), param, tool.name)
     for kind in builtins:
         note_ignored(f"responses.tools[].type={kind}")
-    return ResponsesTools(functions or None, namespaces)
-
-
-def parse_tool_choice(value: Any, tools: ResponsesTools) -> ToolChoice:
-    if isinstance(value, dict) and value.get("type") not in ("function", None):
-        kind = str(value.get("type"))[:64]
-        raise invalid(f"'tool_choice' forces the built-in tool '{kind}', which runs on "
-                      "OpenAI's servers; this server runs only the functions in 'tools'",
-                      param="tool_choice", code="unsupported_value")
-    return parse_openai_tool_choice(value, tools.functions)
+    return ResponsesTools(functions or None, namespaces, frozenset(strict))
 
 
 def previous_not_found(response_id: str) -> APIError:
@@ -257,24 +206,14 @@ def previous_not_found(response_id: str) -> APIError:
         code="previous_response_not_found")
 
 
-# Top-level fields read or ignored by design (README "Agent clients"); others are logged once.
-RESPONSES_FIELDS = frozenset({
-    "model", "input", "instructions", "previous_response_id", "tools", "tool_choice",
-    "parallel_tool_calls", "store", "reasoning", "metadata", "client_metadata",
-    "prompt_cache_key", "include", "max_output_tokens", "temperature", "top_p", "stream",
-    "stream_options", "priority", "user", "speculative", "text", "truncation",
-    "service_tier", "safety_identifier", "max_tool_calls", "top_logprobs",
-    "cache_salt"}) | GUIDED_FIELDS
-
-
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ResponsesRequest:
-    f = Fields(body)
-    note_unknown_fields(body, RESPONSES_FIELDS, "responses")
-    text = f.obj("text")
-    answer_format = structured.responses_text_format(
-        Fields(text, "text.").obj("format") if text is not None else None)
-    instructions = f.string("instructions")
-    previous_id = f.string("previous_response_id")
+    note_unknown_fields(body, known_fields(shape.ResponsesRequest), "responses")
+    request = decode({**body, "input": typed_items(body.get("input"))}
+                     if isinstance(body.get("input"), list) else body, shape.ResponsesRequest)
+    text_format = request.text.format if request.text is not None else None
+    answer_format = structured.format_constraint(text_format, "text.format")
+    instructions = request.instructions
+    previous_id = request.previous_response_id
     history: list[dict[str, Any]] = []
     if previous_id:
         stored = store.get(previous_id)
@@ -282,53 +221,24 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Respo
             raise previous_not_found(previous_id)
         history = list(stored)
     messages = ([{"role": "system", "content": instructions}] if instructions else []) \
-        + history
-    messages += parse_input(body.get("input"))
-    offered = parse_tools(body.get("tools"))
-    tools = offered.functions
-    choice = parse_tool_choice(body.get("tool_choice"), offered)
-    parallel = f.boolean("parallel_tool_calls")
-    stored_flag = f.boolean("store")
-    reasoning = f.obj("reasoning") or {}
-    effort = reasoning_effort(reasoning.get("effort"), "reasoning.effort")
-    Fields(reasoning, "reasoning.").string("summary")
-    f.obj("metadata")
-    f.obj("client_metadata")
-    f.string("prompt_cache_key")
-    include = f.array("include") or []
-    if not all(isinstance(x, str) for x in include):
-        raise invalid_type("include", "an array of strings")
+        + history + chat_messages(request.input)
+    offered = offered_tools(request.tools)
+    effort = reasoning_effort(request.reasoning.effort if request.reasoning else None,
+                              "reasoning.effort")
     options = Options(
-        model=f.string("model"), max_tokens=f.integer("max_output_tokens", lo=1),
-        temperature=_default(f.number("temperature", 0.0, 2.0), 1.0),
-        top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
-        stream=bool(f.boolean("stream")),
-        priority=parse_priority(body.get("priority"), "priority"), user=f.string("user"),
-        speculative=f.boolean("speculative") is not False,
-        cache_salt=parse_cache_salt(body.get("cache_salt")))
-    chat = ChatRequest(messages=messages, options=options, tools=tools, tool_choice=choice,
-                       parallel_tool_calls=parallel is not False,
+        model=request.model, max_tokens=request.max_output_tokens,
+        temperature=_default(request.temperature, 1.0), top_p=_default(request.top_p, 1.0),
+        stream=bool(request.stream), priority=request.priority, user=request.user,
+        speculative=request.speculative is not False, cache_salt=request.cache_salt)
+    chat = ChatRequest(messages=messages, options=options, tools=offered.functions,
+                       tool_choice=openai_tool_choice(request.tool_choice, offered.functions),
+                       parallel_tool_calls=request.parallel_tool_calls is not False,
                        template_kwargs={"reasoning_effort": effort} if effort else {},
                        constraint=structured.one_of(answer_format, structured.guided(body),
                                                     param="text.format"),
-                       strict_tools=strict_tool_names(_all_functions(body.get("tools")),
-                                                      lambda t: t))
-    return ResponsesRequest(chat, instructions, previous_id,
-                            stored_flag is not False, offered.namespaces)
-
-
-def _all_functions(tools: Any) -> Any:
-    """The function tools, those in namespaces included (for strict_tool_names)."""
-    if not isinstance(tools, list):
-        return tools
-    out = []
-    for tool in tools:
-        if isinstance(tool, dict) and tool.get("type") == "namespace" \
-                and isinstance(tool.get("tools"), list):
-            out += tool["tools"]
-        else:
-            out.append(tool)
-    return out
+                       strict_tools=offered.strict)
+    return ResponsesRequest(chat, instructions, previous_id, request.store is not False,
+                            offered.namespaces)
 
 
 def _default(value: Any, default: Any) -> Any:

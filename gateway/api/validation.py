@@ -1,4 +1,7 @@
-"""Parse and validate OpenAI request bodies into plain dataclasses.
+"""Chat Completions and Completions requests: decoded against their models
+(request/wire/openai.py: the shape, its checks and limits) and translated into the gateway's
+request shapes; and what every API's parsing shares (the JSON body, notes of unknown fields,
+reasoning effort, template variables).
 
 Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a
 400 that names the field. Nothing here touches the tokenizer or the network.
@@ -7,39 +10,24 @@ Unknown fields are ignored, as OpenAI does; a known field of the wrong type or o
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
 from typing import Any
 
 import structlog
 
+from switchyard.gateway.request.wire import openai as shape
+from switchyard.gateway.request.wire.base import known_fields
+from switchyard.gateway.request.wire.decoding import decode
+from switchyard.gateway.request.wire.common import (MAX_TEMPLATE_KWARGS_BYTES,
+                                                  RESERVED_TEMPLATE_KEYS)
 from switchyard.gateway.request import structured
-from switchyard.gateway.request.model import (ChatRequest, CompletionRequest, Options,
-                                              parse_cache_salt, parse_priority)
-from switchyard.gateway.errors import invalid, invalid_type, out_of_range
-from switchyard.gateway.output.tools import (parse_openai_tool_choice, parse_openai_tools,
-                                  strict_tool_names)
-from switchyard.gateway.vision.parts import has_part, mixed_parts, openai_image_part
+from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options
+from switchyard.gateway.errors import invalid, invalid_type
+from switchyard.gateway.output.tools import chat_function_tools, openai_tool_choice
+from switchyard.gateway.vision.parts import from_url, image_part
 
-MAX_STOP_STRINGS = 16
 _SEED_MODULUS = 2**63
-_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
-_INT32_MAX = 2**31 - 1  # every integer that reaches the wire must fit msgpack
-# `chat_template_kwargs` are the template's variables (enable_thinking, reasoning_effort, ...).
-# A key that is an argument of `apply_chat_template` itself would let a request replace the
-# model's template (`chat_template`: the client's own Jinja, run with no time or memory
-# bound) or what the gateway passes it: refused (issue 23, finding 1). Templates come from the
-# model or the operator, never a request.
-RESERVED_TEMPLATE_KEYS = frozenset({
-    "chat_template", "messages", "conversation", "tools", "documents",
-    "add_generation_prompt", "continue_final_message", "tokenize", "sanitize_control_tokens",
-    "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs"})
-# The variables' JSON: enough for flags and short strings, never a second prompt (a value the
-# template prints or loops over is bounded by it).
-MAX_TEMPLATE_KWARGS_BYTES = 16 * 1024
-MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 log = structlog.get_logger()
 
@@ -141,218 +129,62 @@ def reasoning_effort(value: Any, param: str) -> str | None:
     return effort
 
 
-class Fields:
-    """Typed access to the fields of one JSON object; every error names its field."""
-
-    def __init__(self, body: dict[str, Any], prefix: str = "") -> None:
-        self.body = body
-        self.prefix = prefix
-
-    def name(self, key: str) -> str:
-        return f"{self.prefix}{key}"
-
-    def get(self, key: str) -> Any:
-        return self.body.get(key)
-
-    def integer(self, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
-        value = as_integer(self.body.get(key))
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise invalid_type(self.name(key), "an integer")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise out_of_range(self.name(key), _range_text(lo, hi))
-        return value
-
-    def number(self, key: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise invalid_type(self.name(key), "a number")
-        value = float(value)
-        if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
-            low = f"> {lo}" if lo_open else f">= {lo}"
-            raise out_of_range(self.name(key), f"{low} and <= {hi}")
-        return value
-
-    def boolean(self, key: str) -> bool | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, bool):
-            raise invalid_type(self.name(key), "a boolean")
-        return value
-
-    def string(self, key: str) -> str | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise invalid_type(self.name(key), "a string")
-        return value
-
-    def obj(self, key: str) -> dict[str, Any] | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise invalid_type(self.name(key), "an object")
-        return value
-
-    def array(self, key: str) -> list[Any] | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, list):
-            raise invalid_type(self.name(key), "an array")
-        return value
-
-    def reject_unsupported(self, key: str, allowed: tuple[Any, ...] = (None, False)) -> None:
-        value = self.body.get(key)
-        if not any(value is a or (value == a and type(value) is type(a)) for a in allowed):
-            raise invalid(f"'{self.name(key)}' is not supported by this server",
-                          param=self.name(key), code="unsupported_parameter")
-
-
-def as_integer(value: Any) -> Any:
-    """JSON has one number type: 5.0 is the integer 5 (as JSON Schema and OpenAI's API take
-    it), however large: 1e20 is judged by the field's range as 10**20 would be. Anything else
-    is returned as it is, for the caller to judge."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _range_text(lo: int | None, hi: int | None) -> str:
-    if lo is not None and hi is not None:
-        return f"between {lo} and {hi}"
-    return f">= {lo}" if lo is not None else f"<= {hi}"
-
-
-def parse_options(f: Fields) -> Options:
+def _options(request: shape.OptionsRequest) -> Options:
     """Sampling, limits and streaming options shared by both endpoints."""
-    n = f.integer("n")
-    if n is not None and n != 1:
-        raise invalid("Only n=1 is supported", param="n", code="invalid_value")
-    # max_completion_tokens wins over the older max_tokens; both are checked.
-    legacy = f.integer("max_tokens", lo=1)
-    max_tokens = f.integer("max_completion_tokens", lo=1)
-    if max_tokens is None:
-        max_tokens = legacy
-    stream = bool(f.boolean("stream"))
-    stream_options = f.obj("stream_options") or {}
-    include_usage = Fields(stream_options, "stream_options.").boolean("include_usage")
-    seed = f.integer("seed", lo=_INT64_MIN, hi=_UINT64_MAX)
+    max_tokens = request.max_completion_tokens  # wins over the older max_tokens
+    stop = request.stop
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
     return Options(
-        model=f.string("model"),
-        max_tokens=max_tokens,
-        temperature=_default(f.number("temperature", 0.0, 2.0), 1.0),
-        top_p=_default(f.number("top_p", 0.0, 1.0, lo_open=True), 1.0),
-        top_k=_default(f.integer("top_k", lo=0, hi=_INT32_MAX), 0),
-        min_p=_default(f.number("min_p", 0.0, 1.0), 0.0),
-        seed=None if seed is None else seed % _SEED_MODULUS,
-        stop=parse_stop(f),
-        stream=stream,
-        include_usage=bool(include_usage),
-        priority=parse_priority(f.get("priority"), "priority"),
-        user=f.string("user"),
-        logit_bias=parse_logit_bias(f),
-        speculative=f.boolean("speculative") is not False,
-        cache_salt=parse_cache_salt(f.get("cache_salt")),
+        model=request.model,
+        max_tokens=request.max_tokens if max_tokens is None else max_tokens,
+        temperature=_default(request.temperature, 1.0),
+        top_p=_default(request.top_p, 1.0),
+        top_k=_default(request.top_k, 0),
+        min_p=_default(request.min_p, 0.0),
+        seed=None if request.seed is None else request.seed % _SEED_MODULUS,
+        stop=tuple(s for s in stop if s),
+        stream=bool(request.stream),
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        priority=request.priority,
+        user=request.user,
+        # the worker adds each bias to its token's logit; ids are checked by the caller
+        logit_bias=tuple(sorted((int(k), float(v)) for k, v in (request.logit_bias or {}).items())),
+        speculative=request.speculative is not False,
+        cache_salt=request.cache_salt,
     )
-
-
-MAX_LOGIT_BIAS = 1024
-
-
-def parse_logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:
-    """OpenAI's `logit_bias`: {"token id": bias in [-100, 100]}; the worker adds each bias to
-    its token's logit. Token ids are checked against the vocabulary by the caller."""
-    value = f.obj("logit_bias")
-    if not value:
-        return ()
-    if len(value) > MAX_LOGIT_BIAS:
-        raise invalid(f"'logit_bias' may hold at most {MAX_LOGIT_BIAS} tokens",
-                      param="logit_bias", code="invalid_value")
-    pairs = []
-    for key, bias in value.items():
-        if not (key.isascii() and key.isdigit()):
-            raise invalid(f"'logit_bias' keys must be token ids, got {key[:40]!r}",
-                          param="logit_bias", code="invalid_value")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
-                or not -100 <= bias <= 100:
-            raise out_of_range("logit_bias", "a map of token ids to numbers from -100 to 100")
-        pairs.append((int(key), float(bias)))
-    return tuple(sorted(pairs))
 
 
 def _default(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def parse_stop(f: Fields) -> tuple[str, ...]:
-    value = f.get("stop")
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise invalid_type("stop", "a string or an array of strings")
-    if len(value) > MAX_STOP_STRINGS:
-        raise out_of_range("stop", f"at most {MAX_STOP_STRINGS} strings")
-    return tuple(s for s in value if s)
-
-
-# Fields every OpenAI endpoint reads (the options), vLLM's structured-output fields, and those
-# ignored by design (README "Agent clients"); any other top-level field is logged once.
-GUIDED_FIELDS = frozenset({"guided_json", "guided_regex", "guided_grammar", "guided_choice",
-                           "structured_outputs"})
-OPTION_FIELDS = frozenset({
-    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
-    "n", "seed", "stop", "stream", "stream_options", "priority", "user", "logit_bias",
-    "speculative", "logprobs", "top_logprobs", "response_format", "frequency_penalty",
-    "presence_penalty", "metadata", "store", "service_tier", "prompt_cache_key",
-    "safety_identifier", "cache_salt"}) | GUIDED_FIELDS
-CHAT_FIELDS = OPTION_FIELDS | {
-    "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-    "chat_template", "reasoning_effort", "verbosity", "modalities", "prediction", "audio",
-    "web_search_options"}
-COMPLETION_FIELDS = OPTION_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+def response_format(value: shape.ResponseFormat | None, body: dict[str, Any]
+                    ) -> structured.Constraint | None:
+    """`response_format`, or vLLM's guided fields (read as the body gives them)."""
+    return structured.one_of(structured.format_constraint(value, "response_format"),
+                             structured.guided(body), param="response_format")
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
-    f = Fields(body)
-    note_unknown_fields(body, CHAT_FIELDS, "chat.completions")
-    f.reject_unsupported("logprobs")
-    f.reject_unsupported("top_logprobs", allowed=(None, 0))
-    if body.get("chat_template") is not None:
-        raise invalid("'chat_template' is not accepted: the chat template is the model's, "
-                      "never a request's",
-                      param="chat_template", code="unsupported_parameter")
-    constraint = structured.one_of(structured.openai_response_format(f.get("response_format")),
-                                   structured.guided(body), param="response_format")
-    messages = f.array("messages")
-    if not messages:
-        raise invalid("'messages' must be a non-empty array", param="messages",
-                      code="invalid_value" if messages == [] else "missing_required_parameter")
-    tools = parse_openai_tools(f.get("tools"))
-    tool_choice = parse_openai_tool_choice(f.get("tool_choice"), tools)
-    parallel = f.boolean("parallel_tool_calls")
-    kwargs = f.obj("chat_template_kwargs") or {}
-    f.string("prompt_cache_key")
-    effort = reasoning_effort(f.get("reasoning_effort"), "reasoning_effort")
+    note_unknown_fields(body, known_fields(shape.ChatCompletionRequest), "chat.completions")
+    request = decode(body, shape.ChatCompletionRequest)
+    constraint = response_format(request.response_format, body)
+    tools = chat_function_tools(request.tools)
+    kwargs = request.chat_template_kwargs or {}
+    effort = reasoning_effort(request.reasoning_effort, "reasoning_effort")
     if effort and "reasoning_effort" not in kwargs:
         kwargs = {**kwargs, "reasoning_effort": effort}
     return ChatRequest(
-        messages=[parse_message(m, i) for i, m in enumerate(messages)],
-        options=parse_options(f),
+        messages=[chat_message(m, raw, i)
+                  for i, (m, raw) in enumerate(zip(request.messages, body["messages"]))],
+        options=_options(request),
         tools=tools,
-        tool_choice=tool_choice,
-        parallel_tool_calls=parallel is not False,
+        tool_choice=openai_tool_choice(request.tool_choice, tools),
+        parallel_tool_calls=request.parallel_tool_calls is not False,
         template_kwargs=template_kwargs(kwargs),
         constraint=constraint,
-        strict_tools=strict_tool_names(f.get("tools"), lambda t: t.get("function")),
+        strict_tools=frozenset(t.function.name for t in request.tools or ()
+                               if t.function.strict),
     )
 
 
@@ -371,120 +203,64 @@ def template_kwargs(kwargs: dict[str, Any], param: str = "chat_template_kwargs"
     return dict(kwargs)
 
 
-def parse_message(message: Any, index: int) -> dict[str, Any]:
-    """One chat message, with content-part lists flattened to a string for the template."""
-    prefix = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise invalid_type(prefix, "an object")
-    f = Fields(message, prefix + ".")
-    role = f.string("role")
-    if role not in MESSAGE_ROLES:
-        raise invalid(f"'{prefix}.role' must be one of {', '.join(MESSAGE_ROLES)}",
-                      param=f"{prefix}.role", code="invalid_value")
-    out = dict(message)
+def chat_message(message: shape.ChatMessage, raw: dict[str, Any], index: int
+                 ) -> dict[str, Any]:
+    """One chat message as the template takes it: the client's members as it sent them
+    (the template may read any), content parts flattened to a string (with images: the parts,
+    gateway/vision/parts.py), `developer` as `system`, reasoning under one name."""
+    role = message.__struct_config__.tag
+    out = dict(raw)
     if role == "developer":  # OpenAI's newer name for system; chat templates know "system"
         out["role"] = "system"
-    out["content"] = parse_content(message.get("content"), f"{prefix}.content")
-    if isinstance(out["content"], list) and role not in ("user", "tool"):
-        raise invalid(f"'{prefix}.content': images are taken in user messages and tool "
-                      f"results only", param=f"{prefix}.content", code="unsupported_content")
-    if out["content"] is None and role != "assistant":
-        raise invalid(f"'{prefix}.content' is required", param=f"{prefix}.content",
-                      code="missing_required_parameter")
-    f.string("name")
-    f.string("tool_call_id")
-    # Both names checked (either may be given, or null); reasoning_content wins.
-    reasoning = f.string("reasoning_content")
+    out["content"] = _content(message.content, f"messages[{index}].content")
+    reasoning = message.reasoning_content  # reasoning_content wins
     if reasoning is None:
-        reasoning = f.string("reasoning")
+        reasoning = message.reasoning
     out.pop("reasoning", None)
     if reasoning is not None:
         if role == "assistant" and reasoning:
             out["reasoning_content"] = reasoning
         else:
             out.pop("reasoning_content", None)
-    tool_calls = f.array("tool_calls")
-    if tool_calls is not None:
-        if tool_calls and role != "assistant":
-            raise invalid(f"'{prefix}.tool_calls' is only allowed in assistant messages",
-                          param=f"{prefix}.tool_calls", code="invalid_value")
-        out["tool_calls"] = [parse_tool_call(c, f"{prefix}.tool_calls[{j}]")
-                             for j, c in enumerate(tool_calls)] or None
+    if message.tool_calls is not None:
+        out["tool_calls"] = [_tool_call(c) for c in message.tool_calls] or None
         if out["tool_calls"] is None:
             del out["tool_calls"]
     return out
 
 
-def parse_tool_call(call: Any, param: str) -> dict[str, Any]:
+def _tool_call(call: shape.ToolCall) -> dict[str, Any]:
     """An assistant message's tool call; arguments become a JSON string."""
-    if not isinstance(call, dict):
-        raise invalid_type(param, "an object")
-    if call.get("type") not in (None, "function"):
-        raise invalid(f"'{param}.type' must be 'function'", param=f"{param}.type",
-                      code="invalid_value")
-    function = call.get("function")
-    if not isinstance(function, dict):
-        raise invalid_type(f"{param}.function", "an object")
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise invalid(f"'{param}.function.name' must be a non-empty string",
-                      param=f"{param}.function.name", code="invalid_value")
-    arguments = function.get("arguments")
+    arguments = call.function.arguments
     if arguments is None:
         arguments = "{}"
     elif not isinstance(arguments, str):
-        if not isinstance(arguments, dict):
-            raise invalid_type(f"{param}.function.arguments", "a JSON string")
         arguments = json.dumps(arguments, ensure_ascii=False)
-    call_id = call.get("id")
-    if call_id is not None and not isinstance(call_id, str):
-        raise invalid_type(f"{param}.id", "a string")
-    return {"id": call_id or "", "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+    return {"id": call.id or "", "type": "function",
+            "function": {"name": call.function.name, "arguments": arguments}}
 
 
-def parse_content(content: Any, param: str) -> str | list[dict[str, Any]] | None:
-    """A message's text; with `image_url` parts, its parts in order (gateway/vision/parts.py)."""
+def _content(content: shape.Content | None, param: str) -> str | list[dict[str, Any]] | None:
     if content is None or isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise invalid_type(param, "a string or an array of content parts")
-    what = "'text' and 'image_url' parts"
-    if has_part(content, ("image_url",)):
-        return mixed_parts(content, param, {"text": "text"},
-                           {"image_url": openai_image_part}, what)
-    return join_text_parts(content, param, {"text": "text"}, what)
+    if not any(isinstance(p, shape.ImageUrlPart) for p in content):
+        return "\n".join(p.text for p in content)
+    return [_image(p, f"{param}[{j}]") if isinstance(p, shape.ImageUrlPart)
+            else {"type": "text", "text": p.text} for j, p in enumerate(content)]
 
 
-def join_text_parts(parts: list, param: str, text_keys: dict[str, str], what: str) -> str:
-    """The text of a list of content parts, joined by newlines. `text_keys` maps each accepted
-    part type to the key holding its text; any other type is a 400 naming `what` is taken."""
-    texts = []
-    for j, part in enumerate(parts):
-        part_param = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_type(part_param, "an object")
-        kind = part.get("type")
-        if not isinstance(kind, str) or kind not in text_keys:  # {} is not hashable
-            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only {what} are",
-                          param=f"{part_param}.type", code="unsupported_content")
-        text = part.get(text_keys[kind])
-        if not isinstance(text, str):
-            raise invalid_type(f"{part_param}.text", "a string")
-        texts.append(text)
-    return "\n".join(texts)
+def _image(part: shape.ImageUrlPart, param: str) -> dict[str, Any]:
+    value = part.image_url
+    if isinstance(value, str):
+        return image_part(from_url(value, f"{param}.image_url"))
+    return image_part(from_url(value.url, f"{param}.image_url.url"))
 
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
-    f = Fields(body)
-    note_unknown_fields(body, COMPLETION_FIELDS, "completions")
-    f.reject_unsupported("logprobs", allowed=(None, 0))
-    f.reject_unsupported("echo")
-    f.reject_unsupported("suffix", allowed=(None, ""))
-    f.reject_unsupported("best_of", allowed=(None, 1))
-    constraint = structured.one_of(structured.openai_response_format(f.get("response_format")),
-                                   structured.guided(body), param="response_format")
-    return CompletionRequest(prompt=parse_prompt(body.get("prompt")), options=parse_options(f),
+    note_unknown_fields(body, known_fields(shape.CompletionRequest), "completions")
+    request = decode(body, shape.CompletionRequest)
+    constraint = response_format(request.response_format, body)
+    return CompletionRequest(prompt=parse_prompt(request.prompt), options=_options(request),
                              constraint=constraint)
 
 
@@ -497,7 +273,8 @@ def parse_prompt(prompt: Any) -> str | tuple[int, ...]:
             raise invalid("'prompt' must not be empty", param="prompt", code="invalid_value")
         return prompt
     if isinstance(prompt, list) and prompt:
-        ids = [as_integer(t) for t in prompt]
+        # JSON has one number type: 5.0 is the token id 5 (as JSON Schema takes it)
+        ids = [int(t) if isinstance(t, float) and t.is_integer() else t for t in prompt]
         if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             return tuple(ids)
     if prompt is None:

@@ -25,12 +25,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from switchyard.gateway.errors import invalid, invalid_type
+from switchyard.gateway.request.wire.decoding import decode
+from switchyard.gateway.request.wire.openai import ChatTool, ChatTools, NamedToolChoice
+from switchyard.gateway.request.wire.openai import ToolChoice as OpenAIToolChoice
+from switchyard.gateway.errors import invalid
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 JSON_FAMILY = "json_tools"
 HARMONY_FAMILY = "harmony"
-MAX_TOOLS = 512
 
 
 @dataclass(frozen=True)
@@ -110,52 +112,14 @@ def function_tool(name: str, description: str | None, parameters: Any) -> dict[s
     return {"type": "function", "function": function}
 
 
-def check_tool_fields(name: Any, description: Any, parameters: Any, param: str,
-                      parameters_key: str = "parameters", strict: Any = None) -> None:
-    """`strict`: a boolean when given (true: the arguments follow `parameters` exactly)."""
-    if strict is not None and not isinstance(strict, bool):
-        raise invalid_type(f"{param}.strict", "a boolean")
-    if not isinstance(name, str) or not name:
-        raise invalid(f"'{param}.name' must be a non-empty string", param=f"{param}.name",
-                      code="invalid_value")
-    if description is not None and not isinstance(description, str):
-        raise invalid_type(f"{param}.description", "a string")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise invalid_type(f"{param}.{parameters_key}", "an object (a JSON schema)")
-
-
 def parse_openai_tools(value: Any, param: str = "tools") -> list[dict[str, Any]] | None:
     """Chat Completions tools: `[{"type": "function", "function": {...}}]`."""
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise invalid_type(param, "an array of objects")
-    if len(value) > MAX_TOOLS:
-        raise invalid(f"'{param}' has more than {MAX_TOOLS} tools", param=param,
-                      code="invalid_value")
-    tools = []
-    for i, tool in enumerate(value):
-        if tool.get("type") not in (None, "function"):
-            raise invalid(f"'{param}[{i}].type' must be 'function'", param=f"{param}[{i}].type",
-                          code="unsupported_tool_type")
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            raise invalid_type(f"{param}[{i}].function", "an object")
-        check_tool_fields(function.get("name"), function.get("description"),
-                          function.get("parameters"), f"{param}[{i}].function",
-                          strict=function.get("strict"))
-        tools.append(function_tool(function["name"], function.get("description"),
-                                   function.get("parameters")))
-    return tools or None
+    return chat_function_tools(decode(value, ChatTools | None, param))
 
 
-def strict_tool_names(value: Any, function_of) -> frozenset[str]:
-    """Names of the (already validated) tools that ask for strict arguments;
-    `function_of(tool)` is where an API keeps `name` and `strict` (OpenAI Chat nests them)."""
-    if not isinstance(value, list):
-        return frozenset()
-    return frozenset(function_of(t)["name"] for t in value
-                     if isinstance(function_of(t), dict) and function_of(t).get("strict") is True)
+def chat_function_tools(tools: list[ChatTool] | None) -> list[dict[str, Any]] | None:
+    return [function_tool(t.function.name, t.function.description, t.function.parameters)
+            for t in tools or ()] or None
 
 
 def tool_names(tools: Sequence[dict[str, Any]] | None) -> list[str]:
@@ -166,23 +130,15 @@ def parse_openai_tool_choice(value: Any, tools: list[dict[str, Any]] | None,
                              param: str = "tool_choice") -> ToolChoice:
     """"auto" | "none" | "required" | {"type": "function", "function": {"name"}} (Chat) or
     {"type": "function", "name"} (Responses)."""
+    return openai_tool_choice(decode(value, OpenAIToolChoice | None, param), tools, param)
+
+
+def openai_tool_choice(value: str | NamedToolChoice | None, tools: list[dict[str, Any]] | None,
+                       param: str = "tool_choice") -> ToolChoice:
     if value is None:
         return AUTO if tools else NONE
-    if isinstance(value, str):
-        if value not in ("auto", "none", "required"):
-            raise invalid(f"'{param}' must be 'auto', 'none', 'required' or a function",
-                          param=param, code="invalid_value")
-        choice = ToolChoice(value)
-    elif isinstance(value, dict):
-        function = value.get("function")
-        name = function.get("name") if isinstance(function, dict) else value.get("name")
-        if value.get("type") != "function" or not isinstance(name, str) or not name:
-            raise invalid(f"'{param}' must name a function: "
-                          '{"type": "function", "function": {"name": ...}}',
-                          param=param, code="invalid_value")
-        choice = ToolChoice("function", name)
-    else:
-        raise invalid_type(param, "a string or an object")
+    choice = ToolChoice(value) if isinstance(value, str) \
+        else ToolChoice("function", value.function_name)
     return check_tool_choice(choice, tools, param)
 
 

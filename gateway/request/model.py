@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from switchyard.gateway.errors import invalid_type, out_of_range
+from switchyard.gateway.errors import out_of_range
 from switchyard.gateway.output.tools import AUTO, ToolChoice
 from switchyard.gateway.request.structured import Constraint
 from switchyard.proto.messages import PRIORITIES
-from switchyard.proto.tenants import MAX_CACHE_SALT_CHARS
 
 PRIORITY_HEADER = "x-switchyard-priority"
 
@@ -73,17 +72,6 @@ def parse_priority(value: Any, param: str) -> str | None:
         return None
     if value not in PRIORITIES:
         raise out_of_range(param, " or ".join(f"'{p}'" for p in PRIORITIES))
-    return value
-
-
-def parse_cache_salt(value: Any, param: str = "cache_salt") -> str | None:
-    """vLLM's `cache_salt`: a non-empty string (of at most MAX_CACHE_SALT_CHARS)."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise invalid_type(param, "a string")
-    if not 0 < len(value) <= MAX_CACHE_SALT_CHARS:
-        raise out_of_range(param, f"a string of 1 to {MAX_CACHE_SALT_CHARS} characters")
     return value
 
 

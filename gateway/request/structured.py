@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from switchyard.gateway.errors import invalid
+from switchyard.gateway.request.wire.decoding import decode
+from switchyard.gateway.request.wire.openai import (JsonObjectFormat, ResponseFormat,
+                                                    ResponseFormats, TextFormat)
+from switchyard.gateway.request.wire.responses import TextFormats
 from switchyard.proto.grammar_limits import parser_limits
 
 # A schema's compile time grows with its size (measured: 240 KB, 3,000 patterned properties,
@@ -140,48 +144,21 @@ def choice(options: Any, param: str) -> Constraint:
 
 def openai_response_format(value: Any, param: str = "response_format") -> Constraint | None:
     """Chat Completions' `response_format`."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise invalid(f"'{param}' must be an object", param=param, code="invalid_type")
-    kind = value.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return json_schema({"type": "object"}, param)
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict) or "schema" not in spec:
-            raise invalid(f"'{param}.json_schema.schema' is required", param=param,
-                          code="missing_required_parameter")
-        _check_name_and_strict(spec, f"{param}.json_schema")
-        return json_schema(spec["schema"], f"{param}.json_schema.schema")
-    raise invalid(f"'{param}.type' must be 'text', 'json_object' or 'json_schema'",
-                  param=param, code="invalid_value")
+    return format_constraint(decode(value, ResponseFormats | None, param), param)
 
 
 def responses_text_format(value: Any, param: str = "text.format") -> Constraint | None:
     """Responses' `text.format`: the json_schema fields sit on the format itself."""
-    if value is None:
+    return format_constraint(decode(value, TextFormats | None, param), param)
+
+
+def format_constraint(value: ResponseFormat | None, param: str) -> Constraint | None:
+    """What a decoded response format asks the answer to match (None: free text)."""
+    if isinstance(value, JsonObjectFormat):
+        return json_schema({"type": "object"}, param)
+    if value is None or isinstance(value, TextFormat):
         return None
-    if not isinstance(value, dict):
-        raise invalid(f"'{param}' must be an object", param=param, code="invalid_type")
-    if value.get("type") == "json_schema":
-        if "schema" not in value:
-            raise invalid(f"'{param}.schema' is required", param=param,
-                          code="missing_required_parameter")
-        _check_name_and_strict(value, param)
-        return json_schema(value["schema"], f"{param}.schema")
-    return openai_response_format(value, param)
-
-
-def _check_name_and_strict(spec: dict[str, Any], param: str) -> None:
-    """`name` and `strict` are not used (output is always held to the schema) but must have
-    their declared types, as /openapi.json states them."""
-    for key, kind, what in (("name", str, "a string"), ("strict", bool, "a boolean")):
-        if spec.get(key) is not None and not isinstance(spec[key], kind):
-            raise invalid(f"'{param}.{key}' must be {what}", param=f"{param}.{key}",
-                          code="invalid_type")
+    return json_schema(*value.spec(param))
 
 
 _GUIDED = {"json": json_schema, "regex": regex, "grammar": lark, "choice": choice}

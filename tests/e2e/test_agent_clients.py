@@ -14,9 +14,9 @@ largest prompt of the turn; clients also send small side requests).
 
 The clients are installed into ~/.cache/switchyard/agent-clients (refreshed daily). Without
 npm or a registry the tests skip with the reason, unless SWITCHYARD_REQUIRE_CLIENTS=1 (`.ci/run`
-sets it): then they fail. Claude Code's and Qwen Code's first prompts are ~28K tokens on the
-tiny twin: a few minutes of prefill on 2 CPU cores; every later turn re-reads only its own new
-tokens.
+sets it): then they fail. The clients' first prompts are 13K-26K tokens; the terse twin (one
+layer of two narrow heads, deploy/tiny_models.py TERSE_SIZES) prefills one in about a second on 2
+CPU cores, and every later turn re-reads only its own new tokens.
 """
 
 from __future__ import annotations

@@ -79,7 +79,9 @@ def test_interactive_request_takes_a_background_slot(one_slot):
     assert bg.status_code == 200
     assert bg.json()["usage"]["completion_tokens"] == 1500, "resumed and finished its reply"
     assert one_slot.log_events("request.preempted")
-    # The background request was finished after the interactive one.
+    # The background request was finished after the interactive one (its line may reach
+    # the log just after its reply).
+    one_slot.wait_events("request.finished", role="scheduler", num_generated_tokens=1500)
     order = [e["priority"] for e in one_slot.log_events("request.finished")
              if e.get("role") == "scheduler" and e["num_generated_tokens"] in (8, 1500)]
     assert order[-2:] == ["interactive", "background"]
@@ -93,8 +95,9 @@ def running_past_slots(tiny_qwen3):
 
 
 def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_past_slots):
-    """--slots 1 and --max-running 0, the default: the worker runs as many as its memory plan
-    holds, up to 4 x --slots (all 4 for the tiny model). Three agents under one system prompt
+    """--slots 1 and --max-running 0, the default: the worker runs as many as its KV budget
+    holds at 8K tokens each, up to 32 (all 32 for the tiny model). Three agents under one
+    system prompt
     run at once (none waits for another's reply; the later ones wait only for the first one's
     prefill of their shared prefix, and copy it), then, idle past --release-after-s,
     only one conversation stays in memory; the others' next turns restore theirs from disk."""
@@ -102,7 +105,7 @@ def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_
 
     group = running_past_slots
     plan = group.wait_events("worker.memory_plan", 1)
-    assert plan and plan[0]["running"] == 4
+    assert plan and plan[0]["running"] == 32
     system = "You are a careful coding agent. Follow the rules. " * 30
     chats = [[{"role": "system", "content": system},
               {"role": "user", "content": f"Task {i}: list the files under src/{i}."}]
@@ -133,7 +136,7 @@ def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_
             if held is not None and len(held) <= 1 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        assert held is not None and len(status.slots) == 4, "no status written after the replies"
+        assert held is not None and len(status.slots) == 32, "no status written after the replies"
         assert len(held) == 1, ("idle, one conversation stays in memory (--slots 1)",
                                 [(e.get("role"), e["event"]) for e in group.log_events()
                                  if e["event"] in ("worker.lost", "kvstore.lost",
@@ -149,3 +152,54 @@ def test_requests_past_the_resident_slots_run_at_once_then_leave_memory(running_
         # At least the whole first prompt is cached (the system prompt alone could be copied
         # from the slot kept in memory): the released ones restored theirs from disk.
         assert reply.usage.prompt_tokens_details.cached_tokens >= before.usage.prompt_tokens
+
+
+# The tiny model's KV: 4 layers x 2 heads x 64 x (K, V) x float32 = 4096 bytes a token.
+TINY_KV_BYTES_PER_TOKEN = 4096
+KV_BUDGET_TOKENS = 6000
+
+
+@pytest.fixture(scope="module")
+def small_kv_memory(tiny_qwen3):
+    """Four requests run at once in a KV budget of 6000 tokens, which holds about two of them
+    at 1K tokens (what a request's caches may take: docs/design.md "Memory plan")."""
+    with ServerGroup(tiny_qwen3, slots=1, ctx=2048,
+                     extra=["--max-running", "4", "--release-after-s", "1", "--kv-memory",
+                            str(KV_BUDGET_TOKENS * TINY_KV_BYTES_PER_TOKEN)]) as group:
+        yield group
+
+
+def test_requests_that_outgrow_memory_are_staged_to_disk_and_none_fails_or_rereads(
+        small_kv_memory):
+    """Four requests start together at ~200 tokens and grow towards 1.1K: before their KV
+    outgrows the budget the newest are staged to disk (their pages are there already) and
+    resume by restoring them. Every reply is whole, and no request prefills again a token it
+    had."""
+    group = small_kv_memory
+    [plan] = group.wait_events("worker.memory_plan", 1)
+    assert plan["kv_budget_tokens"] == KV_BUDGET_TOKENS and plan["running"] == 4
+    assert plan["kv_bytes_per_token"] == TINY_KV_BYTES_PER_TOKEN
+    prompts = [f"agent {i} reads the file src/module_{i}.py and " * 10 for i in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda p: completion(group, p, 900, timeout=600), prompts))
+    assert [r.status_code for r in replies] == [200] * 4, [r.text[:200] for r in replies]
+    # Whole replies: the random model ends some early (greedy, the same every run).
+    assert {r.json()["choices"][0]["finish_reason"] for r in replies} <= {"length", "stop"}
+    done = group.wait_events("request.finished", 4, role="scheduler")
+    staged = [e for e in group.log_events("request.preempted") if e["reason"] == "memory"]
+    assert staged, "memory ran short: the test must fill it"
+    assert all(e["held_tokens"] > KV_BUDGET_TOKENS for e in staged)
+    resumed = group.log_events("request.resumed")
+    assert len(resumed) == len(staged)
+    assert all(e["num_reread"] == 0 for e in resumed), resumed
+    assert [e["num_reread_tokens"] for e in done] == [0] * 4
+    # The status document shows the budget and what was staged for it.
+    deadline = time.monotonic() + 10
+    while True:
+        status = read_status(group.runtime_dir / "status.json")
+        kv = status.kv_memory if status else None
+        if kv is not None and kv.num_preempted == len(staged) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert kv is not None and kv.budget_tokens == KV_BUDGET_TOKENS
+    assert kv.num_preempted == len(staged)

@@ -252,9 +252,14 @@ class ServerGroup:
 
     def stop(self, check: bool = True) -> None:
         """SIGTERM the supervisor; assert it exits 0 and leaves no process behind."""
+        self.begin_stop()
+        self.finish_stop(check)
+
+    def begin_stop(self) -> None:
+        """SIGTERM the supervisor (several groups stop at once: stop_all), having noted every
+        component's pid to check that it is gone."""
         if self.proc is None:
             return
-        problems = []
         for role in self.roles:
             try:
                 self.pid_of(role)
@@ -262,6 +267,13 @@ class ServerGroup:
                 pass
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+    def finish_stop(self, check: bool = True) -> None:
+        """After begin_stop: wait for the supervisor; assert it exited 0 and left nothing."""
+        if self.proc is None:
+            return
+        problems = []
+        if self.proc.poll() is None:
             try:
                 self.proc.wait(self.stop_timeout_s)
             except subprocess.TimeoutExpired:
@@ -315,10 +327,13 @@ class ServerGroup:
 def stop_all(groups) -> None:
     """Stop every group, then report every group that did not stop cleanly (one failing stop
     must not leave the others running)."""
+    groups = list(groups)
+    for group in groups:
+        group.begin_stop()
     errors = []
     for group in groups:
         try:
-            group.stop()
+            group.finish_stop()
         except AssertionError as exc:
             errors.append(str(exc))
     assert not errors, "\n".join(errors)

@@ -16,7 +16,7 @@ def test_serve_refuses_a_plan_that_does_not_fit(tiny_model_dir):
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
-    assert "Lower --slots (now 64) or --ctx (now 50000000)" in out
+    assert "one request at full context" in out and "Lower --ctx (now 50000000)" in out
     assert "worker.refused_to_start" in out
 
 

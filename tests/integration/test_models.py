@@ -250,7 +250,8 @@ def test_memory_plan_per_family(tiny_model_dir, arch, full_layers, kv_per_layer)
         assert paging == "on"
         plans[ctx] = plan_memory(loaded, settings, layout)
     small, large = plans[1024], plans[4096]
-    assert large.slot_kv - small.slot_kv == 2 * 3072 * loaded.kv_bytes_per_token
+    assert small.kv_bytes_per_token == loaded.kv_bytes_per_token
+    assert large.full_request - small.full_request == 3072 * loaded.kv_bytes_per_token
     assert large.recurrent == small.recurrent
     assert (small.recurrent > 0) == (arch in ("gpt_oss", "gemma3_text"))
     on_disk = sum(v.nbytes for v in mx.load(str(model_dir / "model.safetensors")).values())
@@ -274,7 +275,8 @@ def test_memory_plan_counts_a_cache_that_cannot_be_paged(tiny_model_dir):
         layout, paging = page_layout(loaded, settings, structlog.get_logger())
         assert layout is None and paging.startswith("off: LayerCache")
         plans.append(plan_memory(loaded, settings, layout))
-    assert plans[1].slot_kv - plans[0].slot_kv >= 3072 * 4 * 64  # > 64 bytes/token per layer
+    assert plans[0].kv_bytes_per_token >= 4 * 64  # > 64 bytes/token per layer
+    assert plans[1].full_request - plans[0].full_request == 3072 * plans[0].kv_bytes_per_token
 
 
 def test_kv_bits_refused_for_gpt_oss_sinks(tiny_model_dir):

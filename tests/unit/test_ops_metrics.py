@@ -7,6 +7,7 @@ import re
 import time
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
@@ -121,6 +122,20 @@ def test_families_from_a_snapshot():
     assert got[("switchyard_component_restarts_total", (("component", "worker"),))] == 2
     assert got[("switchyard_component_restarts_total", (("component", "gateway"),))] == 0
     assert got[("switchyard_component_ready", (("component", "kvstore"),))] == 0
+    assert ("switchyard_kv_held_tokens", ()) not in got, "no budget counted in this snapshot"
+
+
+def test_the_kv_memory_against_its_budget():
+    from switchyard.proto.status import KvMemoryStatus
+
+    now = time.time()
+    with_kv = msgspec.structs.replace(snapshot(now), kv_memory=KvMemoryStatus(
+        held_tokens=9000, budget_tokens=12000, num_tokens=7000, num_running=3,
+        num_resident=4, num_preempted=2))
+    got = samples(exposition(with_kv, now))
+    assert got[("switchyard_kv_held_tokens", ())] == 9000
+    assert got[("switchyard_kv_budget_tokens", ())] == 12000
+    assert got[("switchyard_kv_memory_preemptions_total", ())] == 2
 
 
 def test_no_status_file_is_status_up_0():

@@ -201,6 +201,18 @@ def test_the_prefill_share_line_says_who_yielded():
                     "beside 10 waiting for a first token (2s ago)")
 
 
+def test_the_kv_memory_line_shows_what_is_held_against_the_budget():
+    from switchyard.proto.status import KvMemoryStatus
+
+    assert status_cli.format_kv_memory(snapshot(time.time())) == []  # not counted
+    held = msgspec.structs.replace(snapshot(time.time()), kv_memory=KvMemoryStatus(
+        held_tokens=9000, budget_tokens=12000, num_tokens=7000, num_running=3,
+        num_resident=4, num_preempted=2))
+    assert status_cli.format_kv_memory(held) == [
+        "kv memory: 9,000 of 12,000 tokens held (75.0%) (with growth reserves; 7,000 tokens "
+        "in 4 slots, 3 running), 2 staged to disk for memory"]
+
+
 def test_a_disk_that_refuses_pages_says_why_and_how_many():
     """Issue 28, finding 8: a full kv-dir shows in `switchyard status`."""
     full = msgspec.structs.replace(snapshot(time.time()), disk=DiskStatus(

@@ -246,7 +246,8 @@ def test_interactive_request_preempts_background_slot():
     submit(core, "fg", range(100, 120), max_tokens=2)
     plan, _ = w.step()
     assert core.requests["fg"].slot == 0 and "bg" in core.waiting
-    assert ("request.preempted", {"rid": "bg", "num_generated": len(done_before),
+    assert ("request.preempted", {"rid": "bg", "reason": "slot", "num_held": 48 + 2,
+                                  "num_generated": len(done_before),
                                   "num_yields": 1}) in w.logs
     msgs = w.run()
     assert finished(msgs)["fg"].finish_reason == "length"

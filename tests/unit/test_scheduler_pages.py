@@ -40,7 +40,8 @@ class Group:
     """The core plus scripted worker and kvstore peers, driven step by step."""
 
     def __init__(self, num_slots=1, budget_pages=10_000, trimmable=True, num_buffers=64,
-                 prefill_chunk=64, missing=(), resident_slots=0, release_after_s=0.0):
+                 prefill_chunk=64, missing=(), resident_slots=0, release_after_s=0.0,
+                 kv_budget_tokens=0):
         self.budget_bytes = budget_pages * (100 + 4096)
         self.core = SchedulerCore(CoreConfig(
             num_slots=num_slots, ctx=8192, prefill_chunk=prefill_chunk, max_queue=16,
@@ -52,7 +53,8 @@ class Group:
         self.records = {}  # rid -> FinishedRecord
         self.now = 1000.0
         self.do(InventoryDescribed("kv", ()))
-        self.do(worker_ready(self.core, num_buffers, state_bytes=0 if trimmable else 10))
+        self.do(worker_ready(self.core, num_buffers, state_bytes=0 if trimmable else 10,
+                             kv_budget_tokens=kv_budget_tokens))
         self.slots = [[] for _ in range(num_slots)]  # what the worker holds
         self.buffers = {}  # buffer -> (slot tokens staged, with_state)
         self.disk = {}  # page_id -> PageInfo
@@ -172,10 +174,11 @@ class Group:
         return sum(len(c.token_ids) for s in self.steps[since:] for c in s.prefills)
 
 
-def worker_ready(core, num_buffers=64, slots=(), state_bytes=0):
+def worker_ready(core, num_buffers=64, slots=(), state_bytes=0, kv_budget_tokens=0):
     c = core.config
     return WorkerReady("w", NS, "tiny", c.num_slots, c.ctx, c.page_size, 100, c.trimmable,
-                       slots, "shm", num_buffers, 100, state_bytes)
+                       slots, "shm", num_buffers, 100, state_bytes,
+                       kv_budget_tokens=kv_budget_tokens)
 
 
 def conv(seed, n):

@@ -60,7 +60,8 @@ def test_no_yield_before_the_first_token_and_the_quantum():
         assert core.requests["a"].slot == 0 and "b" in core.waiting
     w.step()  # a generated its quantum: b takes the slot
     assert core.requests["b"].slot == 0 and "a" in core.waiting
-    assert ("request.preempted", {"rid": "a", "num_generated": 3, "num_yields": 1}) in w.logs
+    assert ("request.preempted", {"rid": "a", "reason": "slot", "num_held": 198 + 3,
+                                  "num_generated": 3, "num_yields": 1}) in w.logs
     msgs = w.run()
     assert finished(msgs)["a"].num_generated_tokens == 20
     assert generated(msgs, "a")[-1] == 1000 + 198 + 19  # 3 before the yield, 17 after

@@ -13,6 +13,7 @@ import pytest
 from switchyard.proto.status import (
     STATUS_VERSION,
     DiskStatus,
+    KvMemoryStatus,
     PeerStatus,
     QueuedRequest,
     RankStatus,
@@ -49,6 +50,8 @@ def document(now: float = 1000.0) -> Status:
                           num_buffers=8, buffer_bytes=4096, kvstore="kvstore",
                           kvstore_state="ready", num_pages=1)],
         stats=stats.snapshot(),
+        kv_memory=KvMemoryStatus(held_tokens=1280, budget_tokens=100_000, num_tokens=40,
+                                 num_running=1, num_resident=1, num_preempted=2),
     )
 
 
@@ -64,7 +67,11 @@ def test_json_field_names_are_the_documented_ones():
     raw = json.loads(encode_status(document()))
     assert list(raw) == ["version", "at", "boot_id", "pid", "started_at", "worker_ready",
                          "kvstore_ready", "peers", "slots", "queue", "oldest_waiting_s",
-                         "disk", "ranks", "stats", "speculation", "prefill_share"]
+                         "disk", "ranks", "stats", "speculation", "prefill_share",
+                         "kv_memory"]
+    assert raw["kv_memory"] == {"held_tokens": 1280, "budget_tokens": 100_000,
+                                "num_tokens": 40, "num_running": 1, "num_resident": 1,
+                                "num_preempted": 2}
     assert set(raw["slots"][0]) == {"slot", "num_tokens", "conversation", "last_used", "rid",
                                     "priority", "state", "waiting_s"}
     assert set(raw["disk"]) == {"bytes", "budget_bytes", "num_pages", "writable",

@@ -57,4 +57,5 @@ def test_sampled_replies_end_soon_and_are_plain_text(terse):
         assert out[-1] == eos, f"no end within {LIMIT} tokens"
         assert not muted & set(out)
         lengths.append(len(out))
-    assert sorted(lengths)[len(lengths) // 2] <= 60, lengths
+    # A reply, not an end token at once (a client takes an empty turn for a failure and retries).
+    assert 3 <= sorted(lengths)[len(lengths) // 2] <= 60, lengths

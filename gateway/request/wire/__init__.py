@@ -1,0 +1,2 @@
+"""Each API's request shape, declared once (msgspec Structs): the source of its validation, of
+`/openapi.json` and of README's field table (docs/design.md "Request models")."""

@@ -1,0 +1,54 @@
+"""Fields more than one API declares: sampling, scheduling and cache options, each with its
+range stated once (the validators and /openapi.json both read it from here)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta
+
+from switchyard.gateway.request.wire.base import integer
+from switchyard.proto.messages import PRIORITIES
+from switchyard.proto.tenants import MAX_CACHE_SALT_CHARS
+
+INT32_MAX = 2**31 - 1  # every integer that reaches the wire must fit msgpack
+INT64_MIN, UINT64_MAX = -2**63, 2**64 - 1
+MAX_STOP = 16  # stop strings (Chat, Completions) and stop_sequences (Messages)
+MAX_TOOLS = 512
+# `chat_template_kwargs` are the template's variables (enable_thinking, reasoning_effort, ...).
+# A key that is an argument of `apply_chat_template` itself would let a request replace the
+# model's template (`chat_template`: the client's own Jinja, run with no time or memory
+# bound) or what the gateway passes it: refused (issue 23, finding 1). Templates come from the
+# model or the operator, never a request.
+RESERVED_TEMPLATE_KEYS = frozenset({
+    "chat_template", "messages", "conversation", "tools", "documents",
+    "add_generation_prompt", "continue_final_message", "tokenize", "sanitize_control_tokens",
+    "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+# The variables' JSON: enough for flags and short strings, never a second prompt (a value the
+# template prints or loops over is bounded by it).
+MAX_TEMPLATE_KWARGS_BYTES = 16 * 1024
+
+ModelName = Annotated[str, Meta(description="null: the served model")]
+MaxTokens = integer(lo=1)
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+TopP = Annotated[float, Meta(gt=0, le=1)]
+TopK = integer(lo=0, hi=INT32_MAX)
+Priority = Literal[PRIORITIES]
+Speculative = Annotated[bool, Meta(description=(
+    "false: no speculative decoding for this request (the output is the same either way; "
+    "this only changes speed)"))]
+CacheSalt = Annotated[str, Meta(min_length=1, max_length=MAX_CACHE_SALT_CHARS, description=(
+    "vLLM's cache_salt: cached text (prefix pages, speculative drafts) is shared only with "
+    "requests of the same API key giving the same salt"))]
+Effort = Annotated[str, Meta(description=(
+    "the chat template's reasoning_effort: low, medium or high (minimal is low; xhigh and max "
+    "are high); another value is logged and not applied"))]
+NonEmpty = Annotated[str, Meta(min_length=1)]
+TemplateKwargs = Annotated[dict[str, Any], Meta(
+    extra_json_schema={"propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KEYS)}}},
+    description=("the chat template's variables (enable_thinking, reasoning_effort, ...), never "
+                 "the template or an argument of its rendering; at most "
+                 f"{MAX_TEMPLATE_KWARGS_BYTES // 1024} KiB as JSON (else a 400)"))]
+JsonObject = dict[str, Any]
+AnyValue = Any  # accepted and not used

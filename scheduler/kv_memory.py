@@ -1,0 +1,103 @@
+"""Running requests sized by what they hold (docs/design.md "Memory plan"): the KV that slots
+hold, plus a reserve for the growth of running requests, stays within the worker's budget.
+
+Pure decisions over the core's slots and requests, counted by proto/held_kv.py as the worker
+planned them. Before each step `relieve` says what must leave memory when the holds outgrow the
+budget: idle slots first (least recently used; their pages are on disk or on their way), then
+running requests, the newest or lowest-priority first, each staged to disk and resuming later
+by restore (never the last one: one request at full context always fits, the worker's plan
+checked that). A request is placed only where `room_for` finds its hold fits, making room by
+releasing idle slots whose pages are on disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from switchyard.proto.held_kv import SlotHold, growth_reserve, held_tokens
+from switchyard.scheduler.requests import Request, Slot
+
+
+def request_hold(req: Request, held: int) -> SlotHold:
+    """A running request's hold when its slot has `held` tokens: the rest of its context
+    (prefill or restore) and its reply's next growth are its reserve."""
+    return SlotHold(held, growth_reserve(req.num_context - held,
+                                         req.max_tokens - len(req.generated)), running=True)
+
+
+def slot_hold(slot: Slot, requests: dict[str, Request]) -> SlotHold:
+    req = requests.get(slot.rid) if slot.rid is not None else None
+    return request_hold(req, len(slot.tokens)) if req is not None else SlotHold(len(slot.tokens))
+
+
+def holds(slots: Iterable[Slot], requests: dict[str, Request]) -> list[SlotHold]:
+    """What every slot holds that stays: running ones, and idle ones not leaving."""
+    return [slot_hold(s, requests) for s in slots
+            if s.rid is not None or (s.tokens and not s.leaving)]
+
+
+@dataclass(frozen=True)
+class Relief:
+    leave: list[int] = field(default_factory=list)  # idle slots whose KV leaves memory
+    preempt: list[str] = field(default_factory=list)  # running requests staged to disk
+
+
+def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: int,
+            goes_first: Callable[[Request], tuple]) -> Relief:
+    """What must leave memory for the holds to fit `budget` (tokens): idle slots, least
+    recently used first, then running requests, the greatest `goes_first` first (the newest
+    or lowest-priority), never the last one running."""
+    gone: set[int] = set()
+    leave, preempt = [], []
+
+    def held() -> int:
+        return held_tokens((slot_hold(s, requests) for s in slots if s.index not in gone and (
+            s.rid is not None or (s.tokens and not s.leaving))), ctx)
+
+    idle = sorted((s for s in slots if s.rid is None and s.tokens and not s.leaving),
+                  key=lambda s: s.last_used)
+    running = sorted((requests[s.rid] for s in slots if s.rid is not None), key=goes_first,
+                     reverse=True)
+    while held() > budget:
+        if idle:
+            slot = idle.pop(0)
+        elif len(running) > 1:
+            req = running.pop(0)
+            slot = slots[req.slot]
+            preempt.append(req.rid)
+        else:
+            break  # one request alone fits at full context (the worker's plan)
+        gone.add(slot.index)
+        leave.append(slot.index)
+    return Relief(leave, preempt)
+
+
+def room_for(hold: SlotHold, slot_index: int, slots: list[Slot],
+             requests: dict[str, Request], budget: int, ctx: int,
+             releasable: Callable[[Slot], bool]) -> list[int] | None:
+    """The idle slots that must leave for a request placed in slot `slot_index` with `hold`
+    to fit `budget`, or None when it does not fit: idle slots that are `releasable` now (all
+    their tokens on disk or on their way) may go, the least recently used first; the others
+    stay (a slot already leaving goes only once releasable, and counts until then). A request
+    with none running beside it always runs (then every idle slot that can, leaves)."""
+    fixed, spare = [hold], []
+    for s in slots:
+        if s.index == slot_index:
+            continue
+        if s.rid is not None:
+            fixed.append(slot_hold(s, requests))
+        elif s.tokens and releasable(s):
+            spare.append(s)
+        elif s.tokens:
+            fixed.append(SlotHold(len(s.tokens)))
+    alone = not any(s.rid is not None for s in slots if s.index != slot_index)
+    if held_tokens(fixed, ctx) > budget and not alone:
+        return None  # (alone, a request always runs: one at full context fits the plan)
+    kept, leave = list(fixed), []
+    for s in sorted(spare, key=lambda s: s.last_used, reverse=True):  # most recent stays
+        if not s.leaving and held_tokens(kept + [SlotHold(len(s.tokens))], ctx) <= budget:
+            kept.append(SlotHold(len(s.tokens)))
+        else:
+            leave.append(s.index)
+    return leave
