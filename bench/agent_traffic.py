@@ -2,13 +2,19 @@
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python bench/agent_traffic.py [--model M.gguf] [--agents 20] [--turns 6]
-        [--grow-to 7000] [--slots 4] [--servers switchyard,mlx_lm,vllm_mlx]
+        [--grow-to 20000] [--slots 4] [--servers switchyard,mlx_lm,vllm_mlx] [--plot T.png]
+        [--shape claude-code|synthetic]
 
 Workload (deterministic, `--seed`): a main session and `--agents` sub-agents, all sending what
 Claude Code sends: Anthropic Messages requests, streamed, whose system prompt starts with an
-`x-anthropic-billing-header:` line that changes on every request, then a shared system prompt
-of about `--system` tokens; about 20 tool definitions (Task, Bash, Glob, Grep, Read, Edit,
-Write, TodoWrite, WebFetch, ... with JSON schemas); `tool_use` / `tool_result` turns.
+`x-anthropic-billing-header:` line that changes on every request, then the shared system
+prompt and tools; `tool_use` / `tool_result` turns. `--shape claude-code` (default): the
+system blocks, all 12 tools and the mid-conversation `role: "system"` message of Claude Code
+2.1.332's recorded first request (tests/corpus), that message right after each
+conversation's first user message as Claude Code sends it (its searches and notes go through
+Bash and Write: it has no Glob, Grep or TodoWrite). `--shape synthetic` (the first sittings):
+a system prompt of about `--system` tokens and 20 tool definitions (Task, Bash, Glob, Grep,
+Read, Edit, Write, TodoWrite, WebFetch, ... with JSON schemas), no system message.
 - The main session sends its request (turn 0), then one assistant message with `--agents`
   parallel `Task` calls; every sub-agent runs at once.
 - A sub-agent shares the main session's system prompt and tools. Its own tool loop: its task,
@@ -27,9 +33,10 @@ Servers, one at a time on the same machine:
 - `vllm_mlx`: vllm-mlx 0.6.0 from its own venv (bench/_peers.py installs it once),
   `--continuous-batching --enable-prefix-cache --ssd-cache-dir --ssd-cache-max-gb`, own HOME.
 The peers speak OpenAI chat completions: the same conversation as chat messages with tool
-calls and tool messages, the billing line left out as Switchyard removes it, so the chat
-template renders the same tokens (checked: each server's prompt token count against the
-bench's own rendering). A GGUF `--model` reaches the peers as a Hugging Face directory (built
+calls and tool messages, the billing line left out as Switchyard removes it, the system
+message where Switchyard's gateway puts it (in place where the template writes it there, else
+joined to the user message before it), so the chat template renders the same tokens
+(checked: each server's prompt token count against the bench's own rendering). A GGUF `--model` reaches the peers as a Hugging Face directory (built
 once, bench/_peers.py): `--weights same` (default) holds exactly the GGUF loader's weights, so
 all three run the same kernels on the same numbers; `f16` / `f32` dequantize them, and then
 Switchyard serves that directory too.

@@ -17,7 +17,7 @@ import struct
 import pytest
 
 from bench.agent_traffic import (CORPUS, Workload, anthropic_body, claude_code_shape,
-                                 openai_body, prepare, render_ids, ttft_points)
+                                 openai_body, prepare, ttft_points)
 from switchyard.gateway.api.anthropic_api import parse_messages_request
 from switchyard.gateway.output.formats import detect_format
 from switchyard.gateway.prompting.history import RenderOptions, render_prompt
