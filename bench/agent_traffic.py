@@ -36,10 +36,11 @@ The peers speak OpenAI chat completions: the same conversation as chat messages 
 calls and tool messages, the billing line left out as Switchyard removes it, the system
 message where Switchyard's gateway puts it (in place where the template writes it there, else
 joined to the user message before it), so the chat template renders the same tokens
-(checked: each server's prompt token count against the bench's own rendering). A GGUF `--model` reaches the peers as a Hugging Face directory (built
-once, bench/_peers.py): `--weights same` (default) holds exactly the GGUF loader's weights, so
-all three run the same kernels on the same numbers; `f16` / `f32` dequantize them, and then
-Switchyard serves that directory too.
+(checked: each server's prompt token count against the bench's own rendering). A GGUF
+`--model` reaches the peers as a Hugging Face directory (built once, bench/_peers.py):
+`--weights same` (default) holds exactly the GGUF loader's weights, so all three run the same
+kernels on the same numbers; `f16` / `f32` dequantize them, and then Switchyard serves that
+directory too.
 
 Reported per server: wall time (the main session's first request to its last reply), TTFT
 p50 / p95 / max over every request, tokens re-read beyond each request's new ones (prompt -
