@@ -4,8 +4,9 @@ The bench's promise is that the three servers read the same tokens: Switchyard g
 Messages bodies, the peers OpenAI chat bodies, and both must render as the bench's own
 rendering. Here every request of a small Claude Code-shaped workload goes through the
 gateway's own parsing and rendering and through a plain chat-template rendering of the peers'
-body, and all three must give the same token ids; the mid-conversation system message must be
-where Claude Code puts it, in every conversation, and each turn's prompt must extend the
+body, and all three must give the same token ids (also with templates that drop a later
+system message: its text then joins the user message before it, on every server); the
+mid-conversation system message must be where Claude Code puts it, in every conversation, and each turn's prompt must extend the
 previous one (what a prefix cache needs)."""
 
 from __future__ import annotations
