@@ -2,13 +2,19 @@
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python bench/agent_traffic.py [--model M.gguf] [--agents 20] [--turns 6]
-        [--grow-to 7000] [--slots 4] [--servers switchyard,mlx_lm,vllm_mlx]
+        [--grow-to 20000] [--slots 4] [--servers switchyard,mlx_lm,vllm_mlx] [--plot T.png]
+        [--shape claude-code|synthetic]
 
 Workload (deterministic, `--seed`): a main session and `--agents` sub-agents, all sending what
 Claude Code sends: Anthropic Messages requests, streamed, whose system prompt starts with an
-`x-anthropic-billing-header:` line that changes on every request, then a shared system prompt
-of about `--system` tokens; about 20 tool definitions (Task, Bash, Glob, Grep, Read, Edit,
-Write, TodoWrite, WebFetch, ... with JSON schemas); `tool_use` / `tool_result` turns.
+`x-anthropic-billing-header:` line that changes on every request, then the shared system
+prompt and tools; `tool_use` / `tool_result` turns. `--shape claude-code` (default): the
+system blocks, all 12 tools and the mid-conversation `role: "system"` message of Claude Code
+2.1.332's recorded first request (tests/corpus), that message right after each
+conversation's first user message as Claude Code sends it (its searches and notes go through
+Bash and Write: it has no Glob, Grep or TodoWrite). `--shape synthetic` (the first sittings):
+a system prompt of about `--system` tokens and 20 tool definitions (Task, Bash, Glob, Grep,
+Read, Edit, Write, TodoWrite, WebFetch, ... with JSON schemas), no system message.
 - The main session sends its request (turn 0), then one assistant message with `--agents`
   parallel `Task` calls; every sub-agent runs at once.
 - A sub-agent shares the main session's system prompt and tools. Its own tool loop: its task,
@@ -27,12 +33,14 @@ Servers, one at a time on the same machine:
 - `vllm_mlx`: vllm-mlx 0.6.0 from its own venv (bench/_peers.py installs it once),
   `--continuous-batching --enable-prefix-cache --ssd-cache-dir --ssd-cache-max-gb`, own HOME.
 The peers speak OpenAI chat completions: the same conversation as chat messages with tool
-calls and tool messages, the billing line left out as Switchyard removes it, so the chat
-template renders the same tokens (checked: each server's prompt token count against the
-bench's own rendering). A GGUF `--model` reaches the peers as a Hugging Face directory (built
-once, bench/_peers.py): `--weights same` (default) holds exactly the GGUF loader's weights, so
-all three run the same kernels on the same numbers; `f16` / `f32` dequantize them, and then
-Switchyard serves that directory too.
+calls and tool messages, the billing line left out as Switchyard removes it, the system
+message where Switchyard's gateway puts it (in place where the template writes it there, else
+joined to the user message before it), so the chat template renders the same tokens
+(checked: each server's prompt token count against the bench's own rendering). A GGUF
+`--model` reaches the peers as a Hugging Face directory (built once, bench/_peers.py):
+`--weights same` (default) holds exactly the GGUF loader's weights, so all three run the same
+kernels on the same numbers; `f16` / `f32` dequantize them, and then Switchyard serves that
+directory too.
 
 Reported per server: wall time (the main session's first request to its last reply), TTFT
 p50 / p95 / max over every request, tokens re-read beyond each request's new ones (prompt -
@@ -61,7 +69,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from bench._common import Streamed, fmt, preload_note, stream, table  # noqa: E402
+from bench._common import (MODELS, Streamed, fmt, model_dir, preload_note,  # noqa: E402
+                           stream, table)
 from bench._peers import (PEER_WEIGHTS, TreeMemory, hf_export, mlx_lm_server,  # noqa: E402
                           vllm_cached_tokens, vllm_mlx_server)
 from tests.helpers.group import ServerGroup  # noqa: E402
@@ -186,8 +195,6 @@ TOOLS = [
      _obj({"code": _S | {"description": "The code to be executed on the kernel"}}, ["code"])),
 ]
 ANTHROPIC_TOOLS = [{"name": n, "description": d, "input_schema": s} for n, d, s in TOOLS]
-OPENAI_TOOLS = [{"type": "function", "function": {"name": n, "description": d, "parameters": s}}
-                for n, d, s in TOOLS]
 
 SYSTEM_CORE = """You are an interactive command line agent that helps users with software \
 engineering tasks. Use the instructions below and the tools available to you to assist the user.
@@ -218,6 +225,70 @@ Today's date: 2025-06-02
 
 # Project instructions (CLAUDE.md)
 """
+
+# --- request shapes: the synthetic one above, or Claude Code's as recorded ---------------------
+
+CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus" / "claude-code-2.1.332"
+SHAPES = ("claude-code", "synthetic")
+EPHEMERAL = {"type": "ephemeral"}
+
+
+@dataclass
+class Shape:
+    """What every request of a conversation carries around its own turns: the system prompt's
+    Anthropic blocks (after the billing line), the tools, the user-side blocks before a
+    conversation's first prompt, and the `role: "system"` message Claude Code sends right after
+    the first user message (None: none)."""
+
+    name: str
+    system_blocks: list[dict]
+    anthropic_tools: list[dict]
+    reminders: list[str]
+    mid_system: dict | None
+    spawn_tool: str  # the tool the main session launches sub-agents with
+
+    @property
+    def system(self) -> str:
+        """The system prompt as Switchyard's Anthropic route joins its blocks."""
+        return "\n".join(b["text"] for b in self.system_blocks)
+
+    @property
+    def openai_tools(self) -> list[dict]:
+        from switchyard.gateway.output.tools import function_tool
+
+        return [function_tool(t["name"], t.get("description"), t.get("input_schema"))
+                for t in self.anthropic_tools]
+
+    @property
+    def mid_system_text(self) -> str | None:
+        if self.mid_system is None:
+            return None
+        c = self.mid_system["content"]
+        return c if isinstance(c, str) else "\n".join(b["text"] for b in c)
+
+
+def synthetic_shape(system: str, reminder: str) -> Shape:
+    """The bench's first shape (issue 21): SYSTEM_CORE plus seeded instructions, TOOLS."""
+    return Shape("synthetic", [{"type": "text", "text": system, "cache_control": EPHEMERAL}],
+                 ANTHROPIC_TOOLS, [reminder], None, "Task")
+
+
+def claude_code_shape(corpus: Path = CORPUS) -> Shape:
+    """Claude Code 2.1.332's first request as recorded (tests/corpus): its system blocks less
+    the billing line (the bench writes a fresh one per request), all its tools, the user-side
+    `<system-reminder>` blocks before its prompt, and the system message after the first user
+    message (its list of agent types, skills and environment)."""
+    body = json.loads((corpus / "turn1.json").read_text())["body"]
+    blocks = [b for b in body["system"]
+              if not b["text"].startswith("x-anthropic-billing-header:")]
+    roles = [m["role"] for m in body["messages"]]
+    if roles != ["user", "system"]:
+        raise ValueError(f"{corpus}/turn1.json: expected a user message, then a system "
+                         f"message; found {roles}")
+    first, mid = body["messages"]
+    reminders = [b["text"] for b in first["content"][:-1]]  # the last block is the prompt
+    return Shape("claude-code", blocks, body["tools"], reminders, mid, "Agent")
+
 
 WORDS = ("request handler config session cache page slot token buffer worker queue router "
          "payload result client server stream event record index store state limit budget "
@@ -318,7 +389,7 @@ class Call:
 
 @dataclass
 class Msg:
-    role: str  # "user" | "assistant" | "results"
+    role: str  # "user" | "assistant" | "results" | "system" (the shape's mid_system)
     texts: list[str] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
     results: list[tuple[str, str]] = field(default_factory=list)  # (tool_use_id, content)
@@ -350,18 +421,28 @@ class Workload:
         self.tok = tokenizer
         self.rng = random.Random(args.seed)
         self.text = Text(self.rng, self.count)
-        self.system = SYSTEM_CORE + self._instructions(args.system - self.count(SYSTEM_CORE))
+        if args.shape == "synthetic":
+            self.shape = synthetic_shape(
+                SYSTEM_CORE + self._instructions(args.system - self.count(SYSTEM_CORE)),
+                "<system-reminder>\nAs you answer the user's questions, you can use the "
+                "following context: the project's CLAUDE.md is above. IMPORTANT: this context "
+                "may or may not be relevant to your tasks.\n</system-reminder>")
+        else:
+            self.shape = claude_code_shape()
+        self.system = self.shape.system
+        self.openai_tools = self.shape.openai_tools
+        # Claude Code's system message right after a conversation's first user message.
+        self.mid = [Msg("system", [self.shape.mid_system_text])] if self.shape.mid_system \
+            else []
         self.main_request = Msg("user", [
-            "<system-reminder>\nAs you answer the user's questions, you can use the following "
-            "context: the project's CLAUDE.md is above. IMPORTANT: this context may or may not "
-            "be relevant to your tasks.\n</system-reminder>",
+            *self.shape.reminders,
             "The page cache evicts pages a queued request still needs. Investigate every module "
             f"that touches pages in parallel ({args.agents} agents), fix what you find and run "
             "the tests."])
         self.tasks = [self._task(i) for i in range(args.agents)]
         self.spawn = Msg("assistant", [f"I'll launch {args.agents} agents in parallel, one per "
                                        "area of the codebase."],
-                         calls=[Call(self._id(), "Task", {
+                         calls=[Call(self._id(), self.shape.spawn_tool, {
                              "description": f"Investigate area {i}",
                              "prompt": self.tasks[i], "subagent_type": "general-purpose"})
                              for i in range(args.agents)])
@@ -407,6 +488,21 @@ class Workload:
                           for v, s in zip(r.sample(VERBS, 3),
                                           ("completed", "in_progress", "pending"))]}
 
+    def _corpus_call(self, name: str, inp: dict) -> tuple[str, dict]:
+        """The synthetic call `name` as Claude Code 2.1.332 makes it with its own tools (it has
+        no Glob, Grep or TodoWrite: searches go through Bash, notes through Write)."""
+        if name == "Glob":
+            return "Bash", {"command": f"rg --files -g '{inp['pattern']}' {inp['path']}",
+                            "description": "List the matching files"}
+        if name == "Grep":
+            return "Bash", {"command": f"rg -n '{inp['pattern']}' {inp['path']}",
+                            "description": "Search the code"}
+        if name == "TodoWrite":
+            return "Write", {"file_path": f"{ROOT}/NOTES.md", "content": "\n".join(
+                f"- [{'x' if t['status'] == 'completed' else ' '}] {t['content']}"
+                for t in inp["todos"])}
+        return name, inp
+
     def _result(self, name: str, tokens: int, call: Call) -> str:
         t = self.text
         if name == "Glob":
@@ -419,6 +515,8 @@ class Workload:
             return t.edit(tokens, call.input["file_path"])
         if name == "Bash":
             return t.bash(tokens)
+        if call.name == "Write":
+            return f"The file {call.input['file_path']} has been updated successfully."
         return TODO_RESULT
 
     def _agent(self, i: int) -> list[Msg]:
@@ -427,19 +525,29 @@ class Workload:
         names = [PLAN[(i + k) % len(PLAN)] for k in range(a.turns)]
         # Result sizes: the room left below --grow-to shared by weight, +-10% per agent.
         # (The tool list is written into the prompt too: about its JSON's tokens.)
-        base = (self.count(self.system) + self.count(json.dumps(OPENAI_TOOLS))
-                + self.count(self.tasks[i]) + 40)
+        first = self._agent_first(i)
+        base = (self.count(self.system) + self.count(json.dumps(self.openai_tools))
+                + sum(self.count(x) for m in first for x in m.texts) + 40)
         room = max(0, a.grow_to - base - a.turns * 60)
         total = sum(WEIGHT[n] for n in names) or 1
         jitter = 0.9 + 0.2 * self.rng.random()
         module = MODULES[i % len(MODULES)]
-        msgs = [Msg("user", [self.tasks[i]])]
+        msgs = first
         for name in names:
             call = Call(self._id(), name, self._input(name, module))
+            if self.shape.name == "claude-code":
+                call.name, call.input = self._corpus_call(name, call.input)
             msgs.append(Msg("assistant", [SAYS[name]], [call]))
             size = int(room * WEIGHT[name] / total * jitter)
             msgs.append(Msg("results", results=[(call.id, self._result(name, size, call))]))
         return msgs
+
+    def _agent_first(self, i: int) -> list[Msg]:
+        """A sub-agent's first messages: its task (after the shape's reminders when the shape
+        is Claude Code's, whose every conversation opens so), then the mid-conversation system
+        message."""
+        reminders = self.shape.reminders if self.shape.name == "claude-code" else []
+        return [Msg("user", [*reminders, self.tasks[i]]), *self.mid]
 
     def _report(self, i: int) -> str:
         t = self.text
@@ -451,14 +559,14 @@ class Workload:
     # requests, in the order a conversation sends them
 
     def main_first(self) -> list[Msg]:
-        return [self.main_request]
+        return [self.main_request, *self.mid]
 
     def main_last(self) -> list[Msg]:
-        return [self.main_request, self.spawn,
+        return [self.main_request, *self.mid, self.spawn,
                 Msg("results", results=[(c.id, r) for c, r in zip(self.spawn.calls, self.reports)])]
 
     def agent_turn(self, i: int, turn: int) -> list[Msg]:
-        return self.agents[i][: 1 + 2 * turn]
+        return self.agents[i][: 1 + len(self.mid) + 2 * turn]
 
     def requests(self) -> list[Request]:
         out = [Request("main", 0, self.main_first()), Request("main", 1, self.main_last())]
@@ -482,6 +590,8 @@ def anthropic_body(w: Workload, msgs: list[Msg], n: int) -> dict:
         if m.role == "user":
             messages.append({"role": "user",
                              "content": [{"type": "text", "text": t} for t in m.texts]})
+        elif m.role == "system":
+            messages.append(w.shape.mid_system)  # as recorded
         elif m.role == "assistant":
             messages.append({"role": "assistant", "content": [
                 *({"type": "text", "text": t} for t in m.texts),
@@ -492,18 +602,16 @@ def anthropic_body(w: Workload, msgs: list[Msg], n: int) -> dict:
                 {"type": "tool_result", "tool_use_id": i, "content": r} for i, r in m.results]})
     return {"model": "claude-sonnet-4-5-20250929", "max_tokens": w.args.reply, "temperature": 0,
             "stream": True, "metadata": {"user_id": "user_bench_account__session_0001"},
-            "system": [{"type": "text", "text": billing_line(n)},
-                       {"type": "text", "text": w.system,
-                        "cache_control": {"type": "ephemeral"}}],
-            "tools": ANTHROPIC_TOOLS, "messages": messages}
+            "system": [{"type": "text", "text": billing_line(n)}, *w.shape.system_blocks],
+            "tools": w.shape.anthropic_tools, "messages": messages}
 
 
 def openai_messages(w: Workload, msgs: list[Msg]) -> list[dict]:
     """The chat messages Switchyard's Anthropic route makes of the same request."""
     out = [{"role": "system", "content": w.system}]
     for m in msgs:
-        if m.role == "user":
-            out.append({"role": "user", "content": "\n".join(m.texts)})
+        if m.role in ("user", "system"):
+            out.append({"role": m.role, "content": "\n".join(m.texts)})
         elif m.role == "assistant":
             out.append({"role": "assistant", "content": "\n".join(m.texts), "tool_calls": [
                 {"id": c.id, "type": "function", "function": {
@@ -528,12 +636,19 @@ def openai_body(w: Workload, msgs: list[Msg], model: str) -> dict:
 
 def template_messages(w: Workload, msgs: list[Msg], string_arguments: bool = False
                       ) -> tuple[list[dict], list[dict] | None]:
-    """The messages and tools the chat template gets for this request on Switchyard."""
+    """The messages and tools the chat template gets for this request on Switchyard.
+
+    A system message after the first user turn stays where it stands when the template writes
+    it there; otherwise its text joins the user message before it, as Switchyard's gateway does
+    (gateway/prompting/system_turns.py): the peers are sent that equivalent, not a system
+    message their template would drop, hoist or refuse."""
     from switchyard.gateway.output.formats import detect_format
+    from switchyard.gateway.prompting.system_turns import (place_system_messages,
+                                                            renders_system_in_place)
     from switchyard.gateway.prompting.tool_text import messages_with_tools_as_text, text_syntax
 
-    m = openai_messages(w, msgs)
-    tools = OPENAI_TOOLS
+    m, _ = place_system_messages(openai_messages(w, msgs), renders_system_in_place(w.tok))
+    tools = w.openai_tools
     syntax = text_syntax(w.tok, detect_format(w.tok).tools)
     if syntax is None and string_arguments:
         return m, tools  # the template renders tools and calls itself: OpenAI's shapes
@@ -807,23 +922,34 @@ def switchyard_detail(group: ServerGroup, worst: Done) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="a .gguf file or model directory (default: the embedded "
-                    "default model, switchyard.deploy.default_model)")
+    ap.add_argument("--model", help="a .gguf file or model directory, or a generated model of "
+                    f"bench/_common.py ({', '.join(MODELS)}: random weights, for a smoke run) "
+                    "(default: the embedded default model, switchyard.deploy.default_model)")
     ap.add_argument("--weights", choices=PEER_WEIGHTS, default="same",
                     help="a GGUF's weights for the peers: same (as Switchyard loads them) or "
                     "dequantized (then Switchyard serves the dequantized directory too)")
     ap.add_argument("--servers", default=",".join(SERVERS))
     ap.add_argument("--agents", type=int, default=20)
     ap.add_argument("--turns", type=int, default=6, help="tool calls per sub-agent")
-    ap.add_argument("--system", type=int, default=1200, help="shared system prompt tokens")
-    ap.add_argument("--grow-to", type=int, default=7000,
-                    help="a sub-agent's last prompt, tokens (about; within --ctx)")
+    ap.add_argument("--shape", choices=SHAPES, default="claude-code",
+                    help="the requests around each conversation's own turns: claude-code "
+                    "(default): Claude Code 2.1.332's system prompt, tools and mid-conversation "
+                    "system message as recorded in tests/corpus (the shared system prompt's size "
+                    "is then the corpus's, about 12K tokens with its tools); synthetic: the "
+                    "bench's first shape (20 tools, --system tokens), for older figures")
+    ap.add_argument("--system", type=int, help="shared system prompt tokens, --shape synthetic "
+                    "only (default 1200)")
+    ap.add_argument("--grow-to", type=int,
+                    help="a sub-agent's last prompt, tokens (about; within --ctx; default 20000 "
+                    "for --shape claude-code, whose first prompt is about 12.4K tokens on "
+                    "SmolLM2's tokenizer, 7000 for synthetic)")
     ap.add_argument("--reply", type=int, default=16, help="max_tokens of every request")
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--max-running", type=int, default=0,
                     help="switchyard --max-running: requests run at once (0: its default, as "
                     "many as its memory plan holds, up to 4 x --slots)")
-    ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--ctx", type=int, help="context per slot (default 24576 for --shape "
+                    "claude-code, 8192 for synthetic)")
     ap.add_argument("--residency", type=int, default=4, metavar="K",
                     help="simulate LRU / agent-aware / Belady residency for K conversations "
                     "over Switchyard's admission order")
@@ -834,13 +960,31 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep-log", metavar="DIR", help="copy each server's log here")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-request lines")
+    ap.add_argument("--plot", metavar="PNG", help="draw every request's TTFT against when it "
+                    "was sent, one series per server, into this PNG (needs matplotlib: pip "
+                    "install -e '.[bench]')")
     args = ap.parse_args()
+    synthetic = args.shape == "synthetic"
+    args.grow_to = args.grow_to or (7000 if synthetic else 20000)
+    args.ctx = args.ctx or (8192 if synthetic else 24576)
+    if synthetic:
+        args.system = 1200 if args.system is None else args.system
+    elif args.system is not None:
+        ap.error("--system: only with --shape synthetic (Claude Code's system prompt is the "
+                 "corpus's)")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            ap.error("--plot needs matplotlib: pip install -e '.[bench]'")
     if note := preload_note():
         print(note, file=sys.stderr)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if bad := set(servers) - set(SERVERS):
         ap.error(f"--servers: unknown {', '.join(sorted(bad))}; known: {', '.join(SERVERS)}")
-    if args.model:
+    if args.model in MODELS and not Path(args.model).exists():
+        model = model_dir(args.model)
+    elif args.model:
         model = Path(args.model).expanduser()
     else:
         from switchyard.deploy.default_model import default_model_path
@@ -858,14 +1002,18 @@ def main() -> int:
     reqs = prepare(w, args.ctx)
     sizes = [len(r.prompt_ids) for r in reqs.values()]
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
-    print(f"model {model} (peers: {peer_model}); main session + {args.agents} sub-agents x "
-          f"{args.turns} tool calls (+ a final turn), {len(reqs)} requests; system prompt "
-          f"{w.count(w.system)} tokens + {len(TOOLS)} tools; prompts {min(sizes)}-{max(sizes)} "
+    mid = w.shape.mid_system_text
+    print(f"model {model} (peers: {peer_model}); shape {args.shape}; main session + "
+          f"{args.agents} sub-agents x {args.turns} tool calls (+ a final turn), {len(reqs)} "
+          f"requests; system prompt {w.count(w.system)} tokens + {len(w.openai_tools)} tools "
+          f"({w.count(json.dumps(w.openai_tools))} tokens as JSON)"
+          + (f" + a mid-conversation system message of {w.count(mid)} tokens" if mid else "")
+          + f"; prompts {min(sizes)}-{max(sizes)} "
           f"tokens, {sum(r.new for r in reqs.values())} new tokens in all; replies <= "
           f"{args.reply} tokens; switchyard --slots {args.slots} --max-running "
           f"{args.max_running}", flush=True)
 
-    rows, figs, notes = [], {}, []
+    rows, figs, notes, series = [], {}, [], {}
     for server in servers:
         print(f"\n== {server}", flush=True)
         if server == "switchyard":
@@ -907,6 +1055,7 @@ def main() -> int:
             finally:
                 peer.cleanup()
         rows.append(row)
+        series[row[0]] = ttft_points(done)
 
     print("\nTTFT over every request (s); re-read: prompt - cached - new, summed (each server's "
           "own cached count; new: growth over the conversation's previous prompt); prefilled: "
@@ -927,7 +1076,19 @@ def main() -> int:
     if sy:
         print(f"switchyard re-read tokens: {sy['reread']} (target 0 while the disk budget holds "
               "the working set)")
+    if args.plot:
+        from bench._plot import plot_ttft
+
+        title = (f"{model.name}: main + {args.agents} sub-agents x {args.turns} tool calls, "
+                 f"shape {args.shape}, grow to {args.grow_to}")
+        print(f"plot: {plot_ttft(series, Path(args.plot), title)}")
     return 0
+
+
+def ttft_points(done: list[Done]) -> list[tuple[float, float]]:
+    """(seconds after the run's first request, TTFT) per request, in the order sent."""
+    t0 = min(d.res.sent for d in done)
+    return sorted((d.res.sent - t0, d.res.ttft) for d in done)
 
 
 def keep(args, server: str, text: str) -> None:

@@ -17,6 +17,13 @@ after the turn, median of 3; cold: after dropping the cache again). Breakdown: k
 `kv.read` lines (verified reads into shared memory) and the worker's `step.done` lines
 (`load_ms`).
 Target: restore >= 50% of `cat` on the same files. Ratios within one run; the machine is shared.
+
+Restored against re-read (README "How it compares"): after the rounds, conversation C of
+`--tokens` fresh token ids (nothing of it cached anywhere) is prefilled on the same warm
+server: what a server without a disk tier pays to bring A back. Reported: each switching turn's
+TTFT (scheduler `ttft_s`) over C's, median per page-cache state. The 100K figure:
+
+    .venv/bin/python bench/restore.py --tokens 100000 --rounds 2 --model M.gguf
 """
 
 from __future__ import annotations
@@ -83,6 +90,7 @@ def main() -> int:
     rng = random.Random(0)
     a_base = random_token_ids(rng, args.tokens)
     b_base = random_token_ids(rng, args.other)
+    c_base = random_token_ids(rng, args.tokens)
     ctx = args.tokens + 64 * (args.rounds + 2) + 64
     can_drop = drop_page_cache()
     print(f"model {model}; A {args.tokens} tokens, B {args.other}; {args.rounds} switching "
@@ -92,7 +100,7 @@ def main() -> int:
     rows, turns = [], []
     with ServerGroup(model, slots=1, ctx=ctx, extra=extra, startup_timeout_s=300) as group:
         t0 = time.perf_counter()
-        send(group.url, a_base)
+        first_rid = send(group.url, a_base)
         print(f"A prefilled cold in {time.perf_counter() - t0:.1f}s", flush=True)
         for rnd in range(1, args.rounds + 1):
             cold = can_drop and rnd % 2 == 0
@@ -108,6 +116,10 @@ def main() -> int:
             total = sum(f.stat().st_size for f in files)
             cat_s = cat_seconds(files) if cold else median([cat_seconds(files) for _ in range(3)])
             turns.append((rid, cold, total, cat_s))
+        t0 = time.perf_counter()
+        reread_rid = send(group.url, c_base)  # the same length read afresh, server warm
+        print(f"C ({args.tokens} fresh tokens) prefilled in {time.perf_counter() - t0:.1f}s",
+              flush=True)
         sched = {e["rid"]: e for e in log_events(group.log_path, "request.finished")
                  if e.get("role") == "scheduler"}
         started = log_events(group.log_path, "worker.started")
@@ -117,12 +129,15 @@ def main() -> int:
         if args.keep_log:
             Path(args.keep_log).write_bytes(group.log_path.read_bytes())
     ratios = {False: [], True: []}
+    vs_reread = {False: [], True: []}
+    reread = sched[reread_rid]
     for rid, cold, total, cat_s in turns:
         e = sched[rid]
         restored, restore_s = e["num_restored_tokens"], e["restore_s"]
         mbs = restored * bpt / restore_s / 1e6 if restore_s else float("nan")
         cat_mbs = total / cat_s / 1e6
         ratios[cold].append(mbs / cat_mbs)
+        vs_reread[cold].append(e["ttft_s"] / reread["ttft_s"])
         rows.append(["cold" if cold else "warm", restored, f"{restored * bpt / 1e6:.0f}",
                      fmt(restore_s, 3), fmt(mbs, 0), f"{total / 1e6:.0f}", fmt(cat_mbs, 0),
                      fmt(mbs / cat_mbs, 2), e["num_prefilled_tokens"], fmt(e["ttft_s"], 3)])
@@ -142,6 +157,13 @@ def main() -> int:
             print(f"{'cold' if cold else 'warm'} page cache: restore / cat, median = "
                   f"{fmt(median(ratios[cold]), 2)} (target >= 0.5: {verdict}; per turn "
                   f"{', '.join(fmt(r, 2) for r in ratios[cold])})")
+    print(f"re-read: C's ttft_s {fmt(reread['ttft_s'], 3)} ({reread['num_prefilled_tokens']} "
+          f"tokens prefilled; A's first, cold server: {fmt(sched[first_rid]['ttft_s'], 3)})")
+    for cold in (False, True):
+        if vs_reread[cold]:
+            print(f"{'cold' if cold else 'warm'} page cache: TTFT restored / re-read, median = "
+                  f"{fmt(median(vs_reread[cold]), 3)} at {args.tokens} tokens (per turn "
+                  f"{', '.join(fmt(r, 3) for r in vs_reread[cold])})")
     print("The first turn's restore also faults in the slot's memory where the slot's buffer is "
           "too small for it (a fresh array); later turns write into the slot's own buffers.")
     return 0
