@@ -167,7 +167,7 @@ def test_speculative_mtp_loads_the_head_or_is_refused_in_one_line(tiny_model_dir
     settings = Settings(model=str(with_head.path), slots=2, ctx=1024, speculative="mtp")
     plan = plan_memory(with_head, settings, None, 0, mtp=drafter)
     assert plan.draft == drafter.nbytes + 2 * 1024 * drafter.kv_bytes_per_token()
-    assert plan.total == plan_memory(with_head, settings, None, 0).total + plan.draft
+    assert plan.fixed == plan_memory(with_head, settings, None, 0).fixed + plan.draft
     for arch in ("qwen3_5", "qwen3"):
         without = load_model(str(tiny_model_dir(arch)))
         assert mtp_drafter_for(without, "auto", False) is None
