@@ -421,6 +421,7 @@ class SchedulerCore:
         for slot in self.slots:
             held = contents.get(slot.index)
             slot.replace(held.token_ids if held else (), (), held.images if held else ())
+            self.pages.sync_slot(slot)  # the memory plan asks at once whether it can leave
 
     def _grammar_prepared(self, msg: GrammarPrepared, now: float) -> None:
         req = self.requests.get(msg.rid)

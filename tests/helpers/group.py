@@ -138,7 +138,11 @@ class ServerGroup:
             return ""
 
     def log_tail(self, num_lines: int = 60) -> str:
-        return "\n".join(self.log_text().splitlines()[-num_lines:])
+        """The log's last lines, each request's line left out: under traffic they would
+        hide the component exits and tracebacks a failure message is for."""
+        lines = [line for line in self.log_text().splitlines()
+                 if '"event": "request.finished"' not in line]
+        return "\n".join(lines[-num_lines:])
 
     def log_events(self, event: str | None = None) -> list[dict]:
         """JSON log lines (other lines, like the start banner, are skipped)."""

@@ -685,3 +685,25 @@ def test_a_conversation_that_moved_to_a_new_branch_loses_its_old_tails():
     g.run()
     assert g.finished("b2").num_cached_tokens >= len(b) + len(g.reply("b1")) - 1
     assert not a_tails & tails_on_disk(g)
+
+
+def test_scheduler_restart_beside_held_kv_makes_room_for_another_conversation():
+    """A restarted scheduler adopts what the worker holds; a new conversation that needs the
+    KV budget's room then asks whether that held KV can leave, which needs its page ids
+    (a restarted scheduler once crashed here, on a slot whose page ids were never computed)."""
+    g = Group(num_slots=2, kv_budget_tokens=300)
+    a = conv(1, 4 * P + 2)
+    g.submit("a1", a)
+    g.run()
+    held = tuple(SlotContents(i, tuple(s)) for i, s in enumerate(g.slots))
+    pages = tuple(g.disk.values())
+    g.core = SchedulerCore(g.core.config)
+    g.do(InventoryDescribed("kv", pages))
+    g.do(worker_ready(g.core, slots=held, kv_budget_tokens=300))
+    b = conv(2, 4 * P)
+    g.submit("b1", b)
+    g.run()
+    assert g.finished("b1").finish_reason == "length"
+    g.submit("a2", a + [4])
+    g.run()
+    assert g.finished("a2").num_cached_tokens >= len(a) - P
