@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.budgets import file_of, load_budgets, over_budget, slowest_first
+from tests.helpers.budgets import (file_of, load_budgets, over_budget, slowest_files,
+                                   slowest_first)
 
 _SPENT: dict[str, float] = defaultdict(float)  # seconds per test file (tests/README.md "Budgets")
 
@@ -28,6 +29,15 @@ def pytest_collection_modifyitems(items):
 
 def pytest_runtest_logreport(report):
     _SPENT[file_of(report.nodeid)] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Each slow file's time beside its budget, so the table in tests/README.md is kept true
+    from the output of any whole run (only the controller has every file's time)."""
+    if _SPENT and not hasattr(config, "workerinput"):
+        terminalreporter.write_sep("=", "slowest test files (tests/README.md \"Budgets\")")
+        for line in slowest_files(dict(_SPENT), load_budgets()):
+            terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -69,3 +69,10 @@ def over_budget(seconds_by_file: dict[str, float], budgets: Budgets) -> list[str
     return [f"{path}: {seconds:.0f} s, budget {budgets.of(path):.0f} s"
             for path, seconds in sorted(seconds_by_file.items())
             if seconds > budgets.of(path)]
+
+
+def slowest_files(seconds_by_file: dict[str, float], budgets: Budgets, count: int = 20) -> list[str]:
+    """The `count` slowest files, one line each with its time and budget: the figures the
+    README's table is kept from."""
+    ranked = sorted(seconds_by_file.items(), key=lambda kv: -kv[1])[:count]
+    return [f"{seconds:6.1f} s  (budget {budgets.of(path):3.0f})  {path}" for path, seconds in ranked]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.budgets import load_budgets, over_budget, parse_budgets, slowest_first
+from tests.helpers.budgets import (load_budgets, over_budget, parse_budgets, slowest_files,
+                                   slowest_first)
 
 TABLE = """# Tests
 
@@ -42,6 +43,14 @@ def test_a_file_over_its_budget_is_named_with_its_time():
     over = over_budget({"tests/e2e/test_slow.py": 121.4, "tests/e2e/test_mid.py": 59.0,
                         "tests/unit/x.py": 31.0}, budgets)
     assert over == ["tests/e2e/test_slow.py: 121 s, budget 120 s", "tests/unit/x.py: 31 s, budget 30 s"]
+
+
+def test_the_slowest_files_are_listed_with_their_budgets():
+    budgets = parse_budgets(TABLE)
+    lines = slowest_files({"tests/unit/x.py": 2.0, "tests/e2e/test_slow.py": 90.25,
+                           "tests/e2e/test_mid.py": 61.0}, budgets, count=2)
+    assert lines == ["  90.2 s  (budget 120)  tests/e2e/test_slow.py",
+                     "  61.0 s  (budget  60)  tests/e2e/test_mid.py"]
 
 
 def test_a_table_without_a_default_row_is_refused():
