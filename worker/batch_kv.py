@@ -161,6 +161,62 @@ class BatchKV(_BaseCache):
         batch.values = rows(lambda c: c.values)
         return batch
 
+    def regroup(self, picks: list) -> "BatchKV":
+        """A batch whose row i is this batch's row `picks[i]` (an int) or the slot cache
+        `picks[i]` (a row joining, of this batch's kind). Each part is one concatenation of
+        runs of this batch's rows and the joining caches, so every row is copied once; split
+        and merged again, each row was copied out, zero-filled and copied back in (rows join
+        and leave the decode batch at every agent's turn: docs/design.md "The decode batch")."""
+        ends = [self.ends[p] if isinstance(p, int) else (p.offset if p.keys is not None else 0)
+                for p in picks]
+        batch = self._with_ends(ends)
+        longest = max(ends, default=0)
+        if not longest:
+            return batch
+        have = self._capacity() if self.keys is not None else 0
+        capacity = max(have, (longest + self.step) // self.step * self.step)
+        batch.keys = self._joined(self._regrouped(picks, capacity, have, lambda c: c.keys,
+                                                  self._parts(self.keys)))
+        batch.values = self._joined(self._regrouped(picks, capacity, have, lambda c: c.values,
+                                                    self._parts(self.values)))
+        return batch
+
+    def _regrouped(self, picks: list, capacity: int, have: int, pick, ours) -> tuple:
+        runs: list[list] = []  # [first row, last row] of consecutive rows of ours, or a cache
+        for p in picks:
+            if isinstance(p, int) and runs and isinstance(runs[-1], list) \
+                    and runs[-1][1] == p - 1:
+                runs[-1][1] = p
+            else:
+                runs.append([p, p] if isinstance(p, int) else p)
+        out = []
+        for k, sample in enumerate(ours):
+            pieces = []
+            for run in runs:
+                if isinstance(run, list):
+                    piece = sample[run[0]:run[1] + 1]
+                    width = have
+                else:
+                    rows = 1
+                    if run.keys is None or not run.offset:
+                        pieces.append(mx.zeros((rows, *sample.shape[1:2], capacity,
+                                                sample.shape[3]), sample.dtype))
+                        continue
+                    piece = self._parts(pick(run))[k][..., :run.offset, :]
+                    width = run.offset
+                if width < capacity:
+                    piece = mx.concatenate([piece, mx.zeros(
+                        (piece.shape[0], piece.shape[1], capacity - width, piece.shape[3]),
+                        piece.dtype)], axis=2)
+                pieces.append(piece)
+            out.append(mx.concatenate(pieces, axis=0) if len(pieces) > 1 else
+                       mx.contiguous(pieces[0]))
+        return tuple(out)
+
+    def _with_ends(self, ends: list[int]) -> "BatchKV":
+        """An empty batch of this kind with these rows."""
+        return type(self)(ends, self.row_type)
+
     @classmethod
     def _for(cls, caches: list) -> "BatchKV":
         return cls([c.offset if c.keys is not None else 0 for c in caches], type(caches[0]))
@@ -211,6 +267,9 @@ class BatchQuantizedKV(BatchKV):
 
     def _row_cache(self):
         return self.row_type(self.group_size, self.bits)
+
+    def _with_ends(self, ends: list[int]) -> "BatchQuantizedKV":
+        return type(self)(ends, self.group_size, self.bits, self.row_type)
 
     @classmethod
     def _for(cls, caches: list[QuantizedKVCache]) -> "BatchQuantizedKV":

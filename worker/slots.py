@@ -120,7 +120,7 @@ class SlotStore:
             raise SlotError(f"slot {slot} holds {held} tokens; cannot start at {length}")
         if length == held:
             return
-        self._unbatch()
+        self._unbatch_slot(slot)
         if self.mtp is not None:
             self.mtp.cut(slot, length)
         if length == 0:
@@ -328,7 +328,9 @@ class SlotStore:
             raise SlotError(f"slot {src} holds {len(self.tokens[src])} tokens, not {num_tokens}")
         if not self.trimmable and num_tokens != len(self.tokens[src]):
             raise SlotError("recurrent state exists only at the end of a slot")
-        source = self.parked(src)
+        # A sibling decoding in the batch stays there: its row is copied out alone.
+        source = ([layer.extract(self._batch_slots.index(src)) for layer in self._batch]
+                  if src in self._batch_slots else self._parked[src])
         self._unbatch_slot(dst)
         if self.mtp is not None:  # the head's pairs of the source are not copied
             self.mtp.release(dst)
@@ -350,14 +352,43 @@ class SlotStore:
             self._unbatch_slot(slots[0])
             return self._parked[slots[0]]
         if slots != self._batch_slots:
-            self._unbatch()
-            caches = [self._parked.pop(s) for s in slots]
-            self._batch = [_merged(list(layer)) for layer in zip(*caches)]
-            self._batch_slots = slots
+            if self._regroupable(slots):
+                self._regroup(slots)
+            else:
+                self._unbatch()
+                caches = [self._parked.pop(s) for s in slots]
+                self._batch = [_merged(list(layer)) for layer in zip(*caches)]
+                self._batch_slots = slots
         return self._batch
 
+    def _regroupable(self, slots: tuple[int, ...]) -> bool:
+        """Whether the batch can become `slots` row by row (`BatchKV.regroup`): it shares
+        rows with them and every layer is attention KV."""
+        return (self._batch is not None and len(slots) > 1
+                and not set(slots).isdisjoint(self._batch_slots)
+                and all(isinstance(layer, BatchKV) for layer in self._batch))
+
+    def _regroup(self, slots: tuple[int, ...]) -> None:
+        """The batch of `slots`, in that order: rows leaving are taken out alone, rows joining
+        come from their slots, and the rows that stay are not split and merged again."""
+        old = self._batch_slots
+        for row, slot in enumerate(old):
+            if slot not in slots:
+                self._parked[slot] = [layer.extract(row) for layer in self._batch]
+        joining = {s: self._parked.pop(s) for s in slots if s not in old}
+        self._batch = [layer.regroup([old.index(s) if s in old else joining[s][i]
+                                      for s in slots])
+                       for i, layer in enumerate(self._batch)]
+        self._batch_slots = slots
+
     def _unbatch_slot(self, slot: int) -> None:
-        if slot in self._batch_slots:
+        """Take the slot out of the decode batch; the other rows stay batched."""
+        if slot not in self._batch_slots:
+            return
+        rest = tuple(s for s in self._batch_slots if s != slot)
+        if self._regroupable(rest):
+            self._regroup(rest)
+        else:
             self._unbatch()
 
     def _unbatch(self) -> None:
