@@ -182,6 +182,8 @@ class BatchKV(_BaseCache):
         return batch
 
     def _regrouped(self, picks: list, capacity: int, have: int, pick, ours) -> tuple:
+        """`regroup`'s arrays for keys or values (`pick` takes them from a joining cache,
+        `ours` are this batch's), `capacity` columns wide."""
         runs: list[list] = []  # [first row, last row] of consecutive rows of ours, or a cache
         for p in picks:
             if isinstance(p, int) and runs and isinstance(runs[-1], list) \
@@ -197,10 +199,9 @@ class BatchKV(_BaseCache):
                     piece = sample[run[0]:run[1] + 1]
                     width = have
                 else:
-                    rows = 1
-                    if run.keys is None or not run.offset:
-                        pieces.append(mx.zeros((rows, *sample.shape[1:2], capacity,
-                                                sample.shape[3]), sample.dtype))
+                    if run.keys is None or not run.offset:  # an empty slot joining
+                        pieces.append(mx.zeros((1, sample.shape[1], capacity, sample.shape[3]),
+                                               sample.dtype))
                         continue
                     piece = self._parts(pick(run))[k][..., :run.offset, :]
                     width = run.offset
