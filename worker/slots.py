@@ -329,8 +329,8 @@ class SlotStore:
         if not self.trimmable and num_tokens != len(self.tokens[src]):
             raise SlotError("recurrent state exists only at the end of a slot")
         # A sibling decoding in the batch stays there: its row is copied out alone.
-        source = ([layer.extract(self._batch_slots.index(src)) for layer in self._batch]
-                  if src in self._batch_slots else self._parked[src])
+        source = (self._row_copy(self._batch_slots.index(src)) if src in self._batch_slots
+                  else self._parked[src])
         self._unbatch_slot(dst)
         if self.mtp is not None:  # the head's pairs of the source are not copied
             self.mtp.release(dst)
@@ -374,7 +374,7 @@ class SlotStore:
         old = self._batch_slots
         for row, slot in enumerate(old):
             if slot not in slots:
-                self._parked[slot] = [layer.extract(row) for layer in self._batch]
+                self._parked[slot] = self._row_copy(row)
         joining = {s: self._parked.pop(s) for s in slots if s not in old}
         self._batch = [layer.regroup([old.index(s) if s in old else joining[s][i]
                                       for s in slots])
@@ -395,8 +395,12 @@ class SlotStore:
         if self._batch is None:
             return
         for row, slot in enumerate(self._batch_slots):
-            self._parked[slot] = [layer.extract(row) for layer in self._batch]
+            self._parked[slot] = self._row_copy(row)
         self._batch, self._batch_slots = None, ()
+
+    def _row_copy(self, row: int) -> list:
+        """A slot's own cache list holding a copy of the batch's row `row`."""
+        return [layer.extract(row) for layer in self._batch]
 
     def _check_room(self, slot: int, num_new: int) -> None:
         if len(self.tokens[slot]) + num_new > self.ctx:
