@@ -54,6 +54,18 @@ def pytest_sessionfinish(session, exitstatus):
         if session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+@pytest.fixture(autouse=True)
+def _pillow_bomb_limit_restored():
+    """The gateway's image decoder sets Pillow's process-wide pixel limit to
+    --max-image-pixels (its second line against decompression bombs); a test that builds one
+    in-process must not leave a tiny limit to the tests that follow it in the same worker."""
+    from PIL import Image
+
+    before = Image.MAX_IMAGE_PIXELS
+    yield
+    Image.MAX_IMAGE_PIXELS = before
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Factory: tiny_model_dir(arch="qwen3", fmt="mlx", **kw) -> Path, generated once per session."""
