@@ -157,7 +157,7 @@ def launcher(python: str | None = None) -> tuple[tuple[str, ...], dict[str, str]
 def unit_plan(settings: Settings, *, label_suffix: str = "", extra_env: dict[str, str] | None = None,
               python: str | None = None, home: str | None = None,
               openblas: Path | None = None, linux: bool | None = None) -> UnitPlan:
-    from switchyard.deploy.blas import openblas_path
+    from switchyard.deploy.blas import THREAD_TIMEOUT, openblas_path
 
     command, env = launcher(python)
     env = {"PYTHONUNBUFFERED": "1", **env, **(extra_env or {})}
@@ -166,6 +166,9 @@ def unit_plan(settings: Settings, *, label_suffix: str = "", extra_env: dict[str
     lib = openblas if openblas is not None else (openblas_path() if linux else None)
     if linux and lib is not None:
         worker_env["LD_PRELOAD"] = str(lib)
+        name, value = THREAD_TIMEOUT
+        if name not in env:  # an operator's --env value stands
+            worker_env[name] = value
     home = home or str(Path.home())
     root = project_root()
     suffix = check_suffix(label_suffix)

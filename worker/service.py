@@ -30,6 +30,7 @@ from switchyard.proto.settings import Settings, parse_size
 from switchyard.proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
 from switchyard.worker.cache_kinds import leaves, verifiable, window_bytes
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
+from switchyard.worker.cpu_attention import use_split_cpu_attention
 from switchyard.worker.cpu_weights import add_float_copies, copy_bytes, weight_bytes_read
 from switchyard.worker.cpu_weights import wanted as float_copies_wanted
 from switchyard.worker.executor import StepExecutor
@@ -360,13 +361,16 @@ def run(settings: Settings) -> None:
     constraints = ConstraintEngine(lambda: llguidance_tokenizer(str(loaded.path)))
     layout_tag_ = layout_tag(group.parallel, group.size, group.rank) if group else ""
     namespace = kv_namespace(loaded, layout, settings.page_size, layout_tag_)
+    # A group's ranks already share the cores between them; one worker spreads its long
+    # passes' attention over all of them (CPU backend only).
+    attention_streams = use_split_cpu_attention() if group is None else 0
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              vision=loaded.processor is not None,
              slots=settings.worker_slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
              kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging,
              speculation=speculation or "off", cpu_float_copies_bytes=copies,
-             **draft_fields(draft, drafter))
+             cpu_attention_streams=attention_streams, **draft_fields(draft, drafter))
     if group is None:
         executor = StepExecutor(store, layout, pool, constraints, drafter=drafter,
                                 packed_prefill=settings.packed_prefill)

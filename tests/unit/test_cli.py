@@ -157,6 +157,9 @@ def test_preload_env(tmp_path):
     assert env["LD_PRELOAD"] == f"{lib}:/x/liba.so"
     assert blas.preload_env(env, lib) is None
     assert blas.preload_env({}, lib)["LD_PRELOAD"] == str(lib)
+    # OpenBLAS's idle threads are told not to spin (worker/cpu_attention.py), unless set
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == "4"
+    assert blas.preload_env({"OPENBLAS_THREAD_TIMEOUT": "28"}, lib)["OPENBLAS_THREAD_TIMEOUT"] == "28"
 
 
 def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):

@@ -210,6 +210,7 @@ def test_systemd_units(tmp_path):
         env = [v for k, v in unit["Service"] if k == "Environment"]
         assert "HF_HOME=/data/hf" in env
         assert (f"LD_PRELOAD={OPENBLAS}" in env) == (role == "worker")
+        assert ("OPENBLAS_THREAD_TIMEOUT=4" in env) == (role == "worker")
     target = unit_sections(files["switchyard.target"])
     assert dict(target["Unit"])["Wants"].split() == [f"switchyard-{r}.service" for r in ROLES]
     assert dict(target["Install"])["WantedBy"] == "default.target"
