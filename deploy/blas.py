@@ -36,15 +36,19 @@ def openblas_path() -> Path | None:
 
 
 def preload_env(env: dict[str, str], lib: Path) -> dict[str, str] | None:
-    """`env` with `lib` added to LD_PRELOAD (and OpenBLAS's thread timeout where unset), or
-    None if the library is already there."""
+    """`env` with `lib` in LD_PRELOAD and OpenBLAS's thread timeout set where it is unset and
+    OpenBLAS may run more than one thread; None if `env` already has both."""
     current = env.get("LD_PRELOAD", "")
     entries = [e for e in current.replace(" ", ":").split(":") if e]
-    if str(lib) in entries or any(Path(e).resolve() == lib.resolve() for e in entries):
-        return None
+    preloaded = str(lib) in entries or any(Path(e).resolve() == lib.resolve() for e in entries)
     name, value = THREAD_TIMEOUT
-    return {name: value, **env, "LD_PRELOAD": ":".join([str(lib), *entries])}
-
+    idle_threads = env.get("OPENBLAS_NUM_THREADS", "").strip() != "1"
+    if preloaded and (name in env or not idle_threads):
+        return None
+    new = {name: value, **env} if idle_threads else dict(env)
+    if not preloaded:
+        new["LD_PRELOAD"] = ":".join([str(lib), *entries])
+    return new
 
 if __name__ == "__main__":
     found = openblas_path()

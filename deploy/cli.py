@@ -271,8 +271,9 @@ def _reexec_with_openblas(settings: Settings) -> None:
                         effect="MLX's CPU matmul runs about 30x slower",
                         fix=f"sudo apt-get install {BLAS_PACKAGE}")
         return
+    changed = sorted(name for name, value in env.items() if os.environ.get(name) != value)
     env = env | {REEXEC_ENV: "1"}
-    log.info("worker.blas_preloaded", library=str(lib), action="re-exec with LD_PRELOAD")
+    log.info("worker.blas_preloaded", library=str(lib), action="re-exec", env=changed)
     argv = [sys.executable, "-m", "switchyard.deploy.cli", "run", "worker", *settings.to_args("worker")]
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)

@@ -160,6 +160,12 @@ def test_preload_env(tmp_path):
     # OpenBLAS's idle threads are told not to spin (worker/cpu_attention.py), unless set
     assert env["OPENBLAS_THREAD_TIMEOUT"] == "4"
     assert blas.preload_env({"OPENBLAS_THREAD_TIMEOUT": "28"}, lib)["OPENBLAS_THREAD_TIMEOUT"] == "28"
+    # ... so a worker started with the library preloaded but no timeout re-executes for it,
+    # unless OpenBLAS runs one thread (no idle threads)
+    assert blas.preload_env({"LD_PRELOAD": str(lib)}, lib) == {
+        "LD_PRELOAD": str(lib), "OPENBLAS_THREAD_TIMEOUT": "4"}
+    assert blas.preload_env({"LD_PRELOAD": str(lib), "OPENBLAS_NUM_THREADS": "1"}, lib) is None
+    assert "OPENBLAS_THREAD_TIMEOUT" not in blas.preload_env({"OPENBLAS_NUM_THREADS": "1"}, lib)
 
 
 def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
@@ -167,6 +173,8 @@ def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
     lib.touch()
     monkeypatch.setattr(blas, "openblas_path", lambda: lib)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
     monkeypatch.delenv(blas.REEXEC_ENV, raising=False)
     monkeypatch.setenv("SWITCHYARD_PARENT_PID", "4242")
     execs, logged = [], []
@@ -182,8 +190,9 @@ def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
     monkeypatch.setattr(logs, "configure_logging", lambda *a, **kw: Log())
     settings = Settings(model="/m", runtime_dir="/tmp/syx", log_format="json")
     cli._reexec_with_openblas(settings)
-    assert logged == [("worker.blas_preloaded", {"library": str(lib),
-                                                 "action": "re-exec with LD_PRELOAD"})]
+    assert logged == [("worker.blas_preloaded", {
+        "library": str(lib), "action": "re-exec",
+        "env": ["LD_PRELOAD", "OPENBLAS_THREAD_TIMEOUT"]})]
     (path, argv, env), = execs
     assert path == sys.executable
     assert argv[1:5] == ["-m", "switchyard.deploy.cli", "run", "worker"]
@@ -193,6 +202,7 @@ def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
 
     execs.clear()
     monkeypatch.setenv("LD_PRELOAD", str(lib))
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "4")
     cli._reexec_with_openblas(settings)
     monkeypatch.delenv("LD_PRELOAD")
     monkeypatch.setenv(blas.REEXEC_ENV, "1")
