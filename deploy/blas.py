@@ -50,6 +50,7 @@ def preload_env(env: dict[str, str], lib: Path) -> dict[str, str] | None:
         new["LD_PRELOAD"] = ":".join([str(lib), *entries])
     return new
 
+
 if __name__ == "__main__":
     found = openblas_path()
     if found:

@@ -30,7 +30,7 @@ from switchyard.proto.settings import Settings, parse_size
 from switchyard.proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
 from switchyard.worker.cache_kinds import leaves, verifiable, window_bytes
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
-from switchyard.worker.cpu_attention import use_split_cpu_attention
+from switchyard.worker.cpu_attention import use_cpu_attention
 from switchyard.worker.cpu_weights import add_float_copies, copy_bytes, weight_bytes_read
 from switchyard.worker.cpu_weights import wanted as float_copies_wanted
 from switchyard.worker.executor import StepExecutor
@@ -363,7 +363,7 @@ def run(settings: Settings) -> None:
     namespace = kv_namespace(loaded, layout, settings.page_size, layout_tag_)
     # A group's ranks already share the cores between them; one worker spreads its long
     # passes' attention over all of them (CPU backend only).
-    attention_streams = use_split_cpu_attention() if group is None else 0
+    attention_streams = use_cpu_attention(None if group is None else 1)
     log.info("worker.started", model=str(loaded.path), model_type=loaded.model_type,
              vision=loaded.processor is not None,
              slots=settings.worker_slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),

@@ -119,7 +119,7 @@ def test_a_model_prefills_the_same_with_split_attention(tiny_model_dir, monkeypa
     monkeypatch.setattr(cpu_attention, "MIN_SCORES", 1)
     monkeypatch.setattr(cpu_attention, "_installed", {})
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", counted(calls))
-    assert cpu_attention.use_split_cpu_attention(cores=2) == 2
+    assert cpu_attention.use_cpu_attention(cores=2) == 2
     split, split_cache = prefill()
     assert calls and len(calls) % 2 == 0 and all(s is not None for s in calls)
     np.testing.assert_allclose(np.array(split), np.array(one), rtol=0, atol=1e-4)
