@@ -54,6 +54,7 @@ def pytest_sessionfinish(session, exitstatus):
         if session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+
 @pytest.fixture(autouse=True)
 def _pillow_bomb_limit_restored():
     """The gateway's image decoder sets Pillow's process-wide pixel limit to

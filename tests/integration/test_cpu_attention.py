@@ -1,5 +1,6 @@
-"""Split CPU attention (worker/cpu_attention.py): the query rows of a long pass on one CPU
-stream per core compute what one call computes, for every mask form the model families pass."""
+"""Attention on the CPU (worker/cpu_attention.py): a long pass's query rows split over CPU
+streams, and a decode step's grouped heads folded onto their key heads, compute what MLX's one
+call computes, for every mask form the model families pass."""
 
 from __future__ import annotations
 
