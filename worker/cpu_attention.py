@@ -10,7 +10,8 @@ Two of its costs are the CPU's alone, and this module routes around them in the 
   part per core, each on its own CPU stream over the keys it can see, and joined: prefill of
   600 tokens after 4.1K of context went from 47 to 67-72 tokens/s on this 2-core machine.
 - **Grouped-query heads are broadcast**: a decode step reads each key head once per query
-  head. A one-query pass folds the query heads onto their key head instead (decode steps of
+  head. A pass of a few queries (decode, a verify pass) folds the query heads onto their key
+  head instead (decode steps of
   8 and 20 rows at 4K of context, with the split: 0.78 of the time).
 Each query row is computed as the single call computes it; under a causal mask a part ends
 its keys at its last row's position (the keys after it are masked anyway), so its sums skip
@@ -78,9 +79,9 @@ def split_attention(whole, streams, queries, keys, values, *, scale, mask=None, 
             not (causal or mask is None or array):
         return whole(queries, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream,
                      **extra)
-    if num_queries == 1 and heads > kv_heads and heads % kv_heads == 0 and \
+    if num_queries < MIN_QUERIES and heads > kv_heads and heads % kv_heads == 0 and \
             (not array or mask.shape[1] == 1):
-        return folded_decode(queries, keys, values, scale, None if causal else mask)
+        return folded_attention(queries, keys, values, scale, mask)
     if len(streams) < 2 or num_queries < MIN_QUERIES or \
             batch * heads * num_queries * num_keys < MIN_SCORES:
         return whole(queries, keys, values, scale=scale, mask=mask)
@@ -98,19 +99,29 @@ def split_attention(whole, streams, queries, keys, values, *, scale, mask=None, 
     return out[0] if len(out) == 1 else mx.concatenate(out, axis=2)
 
 
-def folded_decode(queries, keys, values, scale, mask):
-    """One query per row, grouped-query heads: the heads sharing a key head become that head's
-    rows ([batch, kv_heads, group, dim]), so the keys and values are read in place; MLX's
-    unfused CPU path broadcasts them to every query head instead (0.65 of its time for 8 rows
-    of 4K-token SmolLM2 KV). `mask`: None, or bool/additive [batch or 1, 1, 1, keys]."""
-    batch, heads, _, dim = queries.shape
-    kv_heads = keys.shape[1]
-    grouped = (queries * scale).reshape(batch, kv_heads, heads // kv_heads, dim)
-    scores = grouped @ keys.swapaxes(-1, -2)
+def folded_attention(queries, keys, values, scale, mask):
+    """A few queries per row (a decode step, a verify pass), grouped-query heads: the heads
+    sharing a key head become that head's rows ([batch, kv_heads, group x queries, dim]), so
+    the keys and values are read in place; MLX's unfused CPU path broadcasts them to every
+    query head instead (0.65 of its time for 8 rows of 4K-token SmolLM2 KV). `mask`: None,
+    "causal" (the queries are the last positions), or bool/additive [batch or 1, 1, queries
+    or 1, keys]."""
+    batch, heads, num_queries, dim = queries.shape
+    kv_heads, num_keys = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    grouped = (queries * scale).reshape(batch, kv_heads, group * num_queries, dim)
+    scores = (grouped @ keys.swapaxes(-1, -2)).reshape(batch, kv_heads, group, num_queries,
+                                                       num_keys)
+    if isinstance(mask, str):  # causal: query i sees the keys up to its own position
+        positions = mx.arange(num_keys - num_queries, num_keys)[:, None]
+        mask = positions >= mx.arange(num_keys)[None] if num_queries > 1 else None
     if mask is not None:
+        if mask.ndim == 4:
+            mask = mask[:, :, None]  # [batch or 1, 1, 1, queries or 1, keys]
         scores = mx.where(mask, scores, -mx.inf) if mask.dtype == mx.bool_ else scores + mask
     weights = mx.softmax(scores, axis=-1, precise=True)
-    return (weights @ values).reshape(batch, heads, 1, dim).astype(queries.dtype)
+    out = weights.reshape(batch, kv_heads, group * num_queries, num_keys) @ values
+    return out.reshape(batch, heads, num_queries, dim).astype(queries.dtype)
 
 
 def usable_cores() -> int:

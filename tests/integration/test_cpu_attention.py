@@ -73,10 +73,11 @@ def test_split_attention_equals_one_call(streams, mask_kind, queries, keys, monk
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive"])
-def test_a_decode_step_folds_grouped_heads_and_computes_the_same(streams, mask_kind):
-    q, k, v = qkv(5, 9, 3, 1, 700)
+@pytest.mark.parametrize("queries", [1, 4, 7])  # a decode step, verify passes
+def test_a_few_queries_fold_grouped_heads_and_compute_the_same(streams, mask_kind, queries):
+    q, k, v = qkv(5, 9, 3, queries, 700)
     rng = np.random.default_rng(2)
-    allowed = rng.random((5, 1, 1, 700)) < 0.8  # rows at their own ends, as a decode batch's
+    allowed = rng.random((5, 1, queries, 700)) < 0.8  # rows at their own ends, as a batch's
     allowed[..., 0] = True
     mask = {"none": None, "causal": "causal", "bool": mx.array(allowed),
             "additive": mx.array(np.where(allowed, 0.0, -np.inf).astype(np.float32))}[mask_kind]
