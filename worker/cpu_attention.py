@@ -68,9 +68,9 @@ def query_splits(num_queries: int, num_keys: int, parts: int, causal: bool) -> l
 
 def split_attention(whole, streams, queries, keys, values, *, scale, mask=None, sinks=None,
                     stream=None, **extra):
-    """`whole` (MLX's `scaled_dot_product_attention`) with a decode step's query heads folded
-    onto their key heads, or a long pass's query rows split over `streams`; one call of
-    `whole` where neither applies."""
+    """`whole` (MLX's `scaled_dot_product_attention`) with a short pass's grouped query heads
+    folded onto their key heads, or a long pass's query rows split over `streams`; one call
+    of `whole` where neither applies."""
     batch, heads, num_queries, _ = queries.shape
     kv_heads, num_keys = keys.shape[1], keys.shape[-2]
     causal = isinstance(mask, str) and mask == "causal"
@@ -135,7 +135,7 @@ def use_cpu_attention(cores: int | None = None) -> int:
     """Route this process's `mx.fast.scaled_dot_product_attention` through `split_attention`
     when MLX runs on the CPU (every model family calls it, directly or through mlx-lm's
     `scaled_dot_product_attention`), long passes split over `cores` streams (all usable cores
-    when None; 1: decode folding alone). Returns the number of streams."""
+    when None; 1: the folding of short passes alone). Returns the number of streams."""
     if mx.default_device().type != mx.DeviceType.cpu:
         return 0
     if not _installed:
