@@ -11,12 +11,13 @@ Two of its costs are the CPU's alone, and this module routes around them in the 
   600 tokens after 4.1K of context went from 47 to 67-72 tokens/s on this 2-core machine.
 - **Grouped-query heads are broadcast**: a decode step reads each key head once per query
   head. A pass of a few queries (decode, a verify pass) folds the query heads onto their key
-  head instead (decode steps of
-  8 and 20 rows at 4K of context, with the split: 0.78 of the time).
+  head instead (decode steps of 8 and 20 rows at 4K of context, with the split: 0.78 of the
+  time).
 Each query row is computed as the single call computes it; under a causal mask a part ends
 its keys at its last row's position (the keys after it are masked anyway), so its sums skip
-masked zeros and may round differently, as any batch shape does. Short passes keep the single
-call, as do attention sinks and Metal (fused kernels; nothing is installed there).
+masked zeros and may round differently, as any batch shape does. Passes too small to split
+and without grouped heads keep the single call, as do attention sinks and Metal (fused
+kernels; nothing is installed there).
 """
 
 from __future__ import annotations
