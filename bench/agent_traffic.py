@@ -76,6 +76,10 @@ from bench._peers import (PEER_WEIGHTS, TreeMemory, hf_export, mlx_lm_server,  #
 from tests.helpers.group import ServerGroup  # noqa: E402
 
 SERVERS = ("switchyard", "mlx_lm", "vllm_mlx")
+CLAUDE_MODEL = "claude-sonnet-4-5-20250929"
+# --background-subagents: the name the sub-agents ask for (Claude Code's
+# CLAUDE_CODE_SUBAGENT_MODEL), which Switchyard serves with --background-model.
+SUBAGENT_MODEL = "claude-subagents"
 ROOT = "/home/dev/shipyard"
 
 # --- tools, as Claude Code defines them (names and schemas; descriptions shortened) -----------
@@ -584,7 +588,7 @@ def billing_line(n: int) -> str:
             f"cch={n:05x};")
 
 
-def anthropic_body(w: Workload, msgs: list[Msg], n: int) -> dict:
+def anthropic_body(w: Workload, msgs: list[Msg], n: int, model: str = CLAUDE_MODEL) -> dict:
     messages = []
     for m in msgs:
         if m.role == "user":
@@ -600,7 +604,7 @@ def anthropic_body(w: Workload, msgs: list[Msg], n: int) -> dict:
         else:
             messages.append({"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": i, "content": r} for i, r in m.results]})
-    return {"model": "claude-sonnet-4-5-20250929", "max_tokens": w.args.reply, "temperature": 0,
+    return {"model": model, "max_tokens": w.args.reply, "temperature": 0,
             "stream": True, "metadata": {"user_id": "user_bench_account__session_0001"},
             "system": [{"type": "text", "text": billing_line(n)}, *w.shape.system_blocks],
             "tools": w.shape.anthropic_tools, "messages": messages}
@@ -768,7 +772,10 @@ def run(server: str, url: str, w: Workload, reqs: dict, log, model: str = ""
     def send(key: tuple[str, int], client: httpx.Client) -> bool:
         r = reqs[key]
         if server == "switchyard":
-            res = anthropic_stream(url, anthropic_body(w, r.messages, next(counter)), client)
+            asks = SUBAGENT_MODEL if w.args.background_subagents and r.conv != "main" \
+                else CLAUDE_MODEL
+            res = anthropic_stream(url, anthropic_body(w, r.messages, next(counter), asks),
+                                   client)
         else:
             res = stream(url, "/v1/chat/completions", openai_body(w, r.messages, model),
                          client=client)
@@ -955,6 +962,11 @@ def main() -> int:
                     "over Switchyard's admission order")
     ap.add_argument("--disk-budget", default="16GiB", help="Switchyard --kv-disk-budget")
     ap.add_argument("--ssd-gb", type=float, default=16, help="vllm-mlx --ssd-cache-max-gb")
+    ap.add_argument("--background-subagents", action="store_true",
+                    help="the sub-agents name a model Switchyard serves with --background-model "
+                    "(as Claude Code's CLAUDE_CODE_SUBAGENT_MODEL would): their replies, which "
+                    "no one reads as they stream, yield to waiting requests' prefill; the "
+                    "peers get the same requests")
     ap.add_argument("--extra", default="", help="more switchyard serve flags, space-separated")
     ap.add_argument("--peer-extra", default="", help="more flags for both peers")
     ap.add_argument("--seed", type=int, default=0)
@@ -1019,6 +1031,8 @@ def main() -> int:
         if server == "switchyard":
             extra = ["--kv-disk-budget", args.disk_budget, "--max-running",
                      str(args.max_running), *args.extra.split()]
+            if args.background_subagents:
+                extra += ["--background-model", SUBAGENT_MODEL]
             with ServerGroup(ours, slots=args.slots, ctx=args.ctx, extra=extra,
                              startup_timeout_s=600) as group:
                 try:
@@ -1027,7 +1041,8 @@ def main() -> int:
                 finally:
                     keep(args, server, group.log_text())
                 label = f"switchyard --slots {args.slots}" + (
-                    f" --max-running {args.max_running}" if args.max_running else "")
+                    f" --max-running {args.max_running}" if args.max_running else "") + (
+                    " --background-model" if args.background_subagents else "")
                 row, figs[server] = summarize(label, done, wall, mem)
                 notes += switchyard_detail(group, figs[server]["worst"])
                 notes += residency(done, admission_times(group, done), args.turns, args.residency)

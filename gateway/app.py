@@ -201,6 +201,8 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     else:
         model_id = served_model_id(settings.model)
         aliases = tuple({settings.model} - {"", model_id})
+    # Sub-agents' model names (--background-model) are the model too, at background priority.
+    aliases = tuple(dict.fromkeys((*aliases, *settings.background_model)))
     chat_format = detect_format(tokenizer, settings.chat_format)
     tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants)
     if tenants.several:  # names only: an operator sees every line the key file made a key

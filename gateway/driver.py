@@ -29,7 +29,7 @@ from switchyard.gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, Eve
                                until_disconnect)
 from switchyard.gateway.turn import ChatTurn, TurnPlan, TurnResult, TurnUpdate, plan_turn
 from switchyard.gateway.vision.inputs import PromptImages
-from switchyard.gateway.request.model import ChatRequest, header_priority
+from switchyard.gateway.request.model import ChatRequest, request_priority
 from switchyard.proto.logs import content_allowed
 from switchyard.proto.messages import SubmitRequest
 
@@ -175,7 +175,9 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=tuple(dict.fromkeys(gw.stop_token_ids
                                                              + plan.extra_stop_ids)),
-                          priority=header_priority(request.headers), param=param,
+                          priority=request_priority(request.headers, chat.options.model,
+                                                    gw.settings.background_model),
+                          param=param,
                           grammar=plan.constraint.grammar if plan.constraint else "",
                           grammar_trigger=plan.trigger_ids, vocab_size=len(gw.tokenizer),
                           images=spans, image_data=files,

@@ -107,6 +107,10 @@ class Settings:
     served_model_name: tuple[str, ...] = _opt(
         "model names clients may use (repeatable; the first is the one replies carry; default: "
         "the model directory's or file's name)", default=())
+    background_model: tuple[str, ...] = _opt(
+        "model names whose requests run at background priority unless they ask otherwise "
+        "(repeatable; served as aliases of the model): point an agent's sub-agents at one, "
+        "e.g. Claude Code's CLAUDE_CODE_SUBAGENT_MODEL", default=())
     host: str = _opt("address the HTTP gateway binds", default="127.0.0.1")
     port: int = _opt("HTTP port", default=8000)
     slots: int = _opt("conversations whose KV stays in memory between turns (how many run "
@@ -360,6 +364,8 @@ class Settings:
                 problems.append(str(exc))
         if any(not name.strip() for name in self.served_model_name):
             problems.append("--served-model-name must not be empty")
+        if any(not name.strip() for name in self.background_model):
+            problems.append("--background-model must not be empty")
         if problems:
             raise SettingsError("; ".join(problems))
         return self

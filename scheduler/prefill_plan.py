@@ -35,21 +35,20 @@ def prefill_share(decoding: list[Request], prefilling: list[Request], now: float
                   cfg: CoreConfig) -> PrefillShare:
     """Who this step's prefill must not slow, and how much (docs/design.md "Scheduling").
 
-    `prefilling` is in prefill order. Interactive streams are protected always; background
-    streams only when no interactive request is at the head of the prefill queue (a
-    background prefill keeps every stream at pace). Protected streams and the requests
-    waiting for their first token are equal parties: D streams beside W waiting requests keep
-    D / (D + W) of their solo speed, at most `--decode-share` (one stream beside one long
-    prefill keeps it: issue 14) and at least MIN_DECODE_SHARE. So twenty agents' tool results
-    waiting behind a few short replies prefill at nearly full speed (issue 29), and a lone chat
-    stream beside a long prompt keeps half of its speed."""
+    `prefilling` is in prefill order. Interactive streams are protected: someone may be
+    reading them. Background streams (cron jobs, sub-agents: their reader is a program that
+    needs the whole reply) are not: they decode every step, but a request waiting for its
+    first token may take the rest of it. Protected streams and the requests waiting for their
+    first token are equal parties: D streams beside W waiting requests keep D / (D + W) of
+    their solo speed, at most `--decode-share` (one stream beside one long prefill keeps it:
+    issue 14) and at least MIN_DECODE_SHARE. Waiting background requests count only while no
+    interactive request heads the prefill queue (they wait for it anyway). So twenty agents'
+    tool results waiting behind a few short replies prefill at nearly full speed (issue 29),
+    and a lone chat stream beside a long prompt keeps half of its speed."""
     head_interactive = interactive_now(prefilling[0], now, cfg.background_wait_s)
-
-    def counted(req: Request) -> bool:
-        return interactive_now(req, now, cfg.background_wait_s) or not head_interactive
-
-    num_protected = sum(1 for r in decoding if counted(r))
-    num_waiting = sum(1 for r in prefilling if not r.generated and counted(r))
+    num_protected = sum(1 for r in decoding if r.interactive)
+    num_waiting = sum(1 for r in prefilling if not r.generated and (
+        interactive_now(r, now, cfg.background_wait_s) or not head_interactive))
     share = cfg.decode_share
     if num_protected and num_waiting and share > 0:
         share = min(share, max(MIN_DECODE_SHARE,

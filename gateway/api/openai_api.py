@@ -18,7 +18,7 @@ from switchyard.gateway.api.responses import ChatFormat, CompletionFormat, model
 from switchyard.gateway.turn import TextTurn
 from switchyard.gateway.api.json_body import message_limits, per_token, read_json
 from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request
-from switchyard.gateway.request.model import header_priority
+from switchyard.gateway.request.model import request_priority
 from switchyard.proto.ids import new_rid
 
 
@@ -37,7 +37,8 @@ async def completions(request: Request) -> Response:
     completion = parse_completion_request(await read_json(
         request, {"prompt": per_token(gw.settings.ctx)}))
     check_model(completion.options.model, gw.model_id, gw.model_aliases)
-    priority = header_priority(request.headers)
+    priority = request_priority(request.headers, completion.options.model,
+                                gw.settings.background_model)
     if isinstance(completion.prompt, str):
         gw.check_prompt_chars(len(completion.prompt), "prompt")
     await gw.check_grammar(completion.constraint, request)

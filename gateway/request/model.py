@@ -9,7 +9,7 @@ from typing import Any
 from switchyard.gateway.errors import out_of_range
 from switchyard.gateway.output.tools import AUTO, ToolChoice
 from switchyard.gateway.request.structured import Constraint
-from switchyard.proto.messages import PRIORITIES
+from switchyard.proto.messages import PRIORITIES, PRIORITY_BACKGROUND
 
 PRIORITY_HEADER = "x-switchyard-priority"
 
@@ -77,4 +77,15 @@ def parse_priority(value: Any, param: str) -> str | None:
 
 def header_priority(headers: Any) -> str | None:
     return parse_priority(headers.get(PRIORITY_HEADER), "X-Switchyard-Priority")
+
+
+def request_priority(headers: Any, model: str | None,
+                     background_models: tuple[str, ...]) -> str | None:
+    """The priority the header asks for, else background for a `--background-model` name
+    (an agent's sub-agents, which cannot send headers of their own); None: the body's field
+    or the default decides (prompts.build_submit)."""
+    asked = header_priority(headers)
+    if asked is None and model is not None and model in background_models:
+        return PRIORITY_BACKGROUND
+    return asked
 

@@ -206,7 +206,8 @@ def runtime_dir():
 def settings(runtime_dir):
     return Settings(model="/models/tiny-qwen3", runtime_dir=str(runtime_dir), ctx=256,
                     page_size=16, max_body_bytes=64 * 1024, default_max_tokens=32,
-                    api_key=API_KEY, heartbeat_s=0.05, peer_timeout_s=0.6)
+                    api_key=API_KEY, heartbeat_s=0.05, peer_timeout_s=0.6,
+                    background_model=("tiny-subagents",))
 
 
 @pytest.fixture(scope="module")
@@ -394,6 +395,23 @@ def test_priority_header_and_field(http, fake):
     response = http.post("/v1/chat/completions", json=CHAT,
                          headers={"X-Switchyard-Priority": "urgent"})
     assert_error(response, 400, param="X-Switchyard-Priority")
+
+
+def test_a_background_model_name_runs_at_background_priority(http, fake):
+    """--background-model: an agent's sub-agents, which send no headers of their own, name
+    the model by an alias that runs them in the background; a header or field still wins."""
+    sub = {**CHAT, "model": "tiny-subagents"}
+    assert http.post("/v1/chat/completions", json=sub).status_code == 200
+    assert http.post("/v1/completions", json={"model": "tiny-subagents", "prompt": "Hi",
+                                              "max_tokens": 2}).status_code == 200
+    assert http.post("/v1/messages", json={"model": "tiny-subagents", "max_tokens": 4,
+                                           "messages": CHAT["messages"]}).status_code == 200
+    assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+    assert http.post("/v1/chat/completions", json=sub,
+                     headers={"X-Switchyard-Priority": "interactive"}).status_code == 200
+    assert http.post("/v1/chat/completions",
+                     json={**sub, "priority": "interactive"}).status_code == 200
+    assert [s.priority for s in fake.submits()] == ["background"] * 3 + ["interactive"] * 3
 
 
 def test_health(base_url, fake):

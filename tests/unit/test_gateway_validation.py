@@ -5,7 +5,7 @@ import pytest
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.prompting.prompts import build_submit, check_model, served_model_id
 from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request, parse_json
-from switchyard.gateway.request.model import Options, header_priority
+from switchyard.gateway.request.model import Options, header_priority, request_priority
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -162,6 +162,15 @@ def test_priority_header():
     assert header_priority({"x-switchyard-priority": "background"}) == "background"
     assert header_priority({}) is None
     assert error_of(header_priority, {"x-switchyard-priority": "now"}).status == 400
+
+
+def test_a_background_model_name_asks_for_background():
+    subagents = ("local-subagents",)
+    assert request_priority({}, "local-subagents", subagents) == "background"
+    assert request_priority({}, "local", subagents) is None
+    assert request_priority({}, None, subagents) is None
+    assert request_priority({"x-switchyard-priority": "interactive"}, "local-subagents",
+                            subagents) == "interactive"
 
 
 def submit(prompt_len=10, ctx=100, **option_fields):

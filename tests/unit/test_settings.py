@@ -56,6 +56,10 @@ def test_served_model_names_repeat_and_round_trip(tmp_path):
     assert _parse(["--config", str(cfg)]).served_model_name == ("solo",)
     with pytest.raises(SettingsError, match="served-model-name must not be empty"):
         _parse(["--served-model-name", " "])
+    s = _parse(["--background-model", "local-subagents"])
+    assert s.background_model == ("local-subagents",) and _parse(s.to_args()) == s
+    with pytest.raises(SettingsError, match="background-model must not be empty"):
+        _parse(["--background-model", ""])
 
 
 def test_kv_bits_and_group_size_are_checked():

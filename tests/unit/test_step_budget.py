@@ -104,13 +104,35 @@ def test_a_request_that_has_tokens_does_not_count_as_waiting():
     assert (share.decode_share, share.num_waiting) == (0.5, 0)
 
 
-def test_background_streams_yield_to_an_interactive_prefill():
+def test_background_streams_are_not_protected():
+    """Nobody reads a background stream's pace (a cron job, a sub-agent): a request waiting
+    for its first token takes what an interactive stream's share leaves."""
     decoding = [request(generated=[1]), request(interactive=False, generated=[1])]
     share = prefill_share(decoding, [request()], 1.0, CFG)
-    assert (share.num_protected, share.num_waiting) == (1, 1)
-    # With a background prefill at the head every stream is protected.
+    assert (share.num_protected, share.num_waiting, share.decode_share) == (1, 1, 0.5)
     share = prefill_share(decoding, [request(interactive=False)], 1.0, CFG)
-    assert (share.num_protected, share.num_waiting, share.decode_share) == (2, 1, 0.5)
+    assert (share.num_protected, share.num_waiting, share.decode_share) == (1, 1, 0.5)
+    # Sub-agents alone: their tool results prefill at full speed beside their replies.
+    agents = [request(interactive=False, generated=[1]) for _ in range(3)]
+    share = prefill_share(agents, [request(interactive=False)], 1.0, CFG)
+    assert (share.num_protected, share.num_waiting) == (0, 1)
+    budget = PrefillBudget(512, 0.5)
+    budget.observe(3, 0.2, 100, 0.01 * 100)
+    assert budget.grant(share.num_protected, share.decode_share) == 512
+    assert budget.grant(1, 0.5) == 17  # one protected stream: 0.85 x 0.2 s of prefill a step
+
+
+def test_waiting_background_requests_count_only_without_an_interactive_head():
+    decoding = [request(generated=[1])]
+    waiting = [request(), request(interactive=False), request(interactive=False)]
+    share = prefill_share(decoding, waiting, 1.0, CFG)
+    assert (share.num_protected, share.num_waiting) == (1, 1)
+    share = prefill_share(decoding, waiting[1:], 1.0, CFG)
+    assert (share.num_protected, share.num_waiting) == (1, 2)
+    # A background request that waited out --background-wait counts as interactive.
+    share = prefill_share(decoding, [waiting[0], request(interactive=False, arrived_at=-40)],
+                          1.0, CFG)
+    assert share.num_waiting == 2
 
 
 def test_share_zero_still_disables_protection():
