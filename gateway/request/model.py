@@ -88,4 +88,3 @@ def request_priority(headers: Any, model: str | None,
     if asked is None and model is not None and model in background_models:
         return PRIORITY_BACKGROUND
     return asked
-
