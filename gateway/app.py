@@ -43,6 +43,7 @@ from switchyard.gateway.request.response_store import ResponseStore
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
 from switchyard.proto.endpoints import Endpoints
+from switchyard.proto.script import load_script
 from switchyard.proto.settings import Settings
 from switchyard.proto.tenants import Tenants
 
@@ -223,6 +224,7 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                       memory=TurnMemory(settings.history_turns, journal=TurnJournal.in_dir(
                           settings.runtime_path, tokenizer_identity(tokenizer))),
                       responses=ResponseStore(settings.max_stored_responses),
+                      script=load_script(settings.script) if settings.script else None,
                       images=image_inputs(settings, image_prompt_for(
                           model_dir(settings.model), tokenizer), model_id))
 

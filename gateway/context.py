@@ -24,6 +24,7 @@ from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
 from switchyard.proto.messages import SubmitRequest
+from switchyard.proto.script import Script
 from switchyard.proto.settings import Settings
 from switchyard.proto.tenants import Tenants
 
@@ -62,6 +63,8 @@ class Gateway:
     grammars: GrammarChecker = field(default_factory=GrammarChecker)
     # The API keys, one tenant each (proto/tenants.py): whose cache a request's text salts.
     tenants: Tenants = field(default_factory=Tenants)
+    # --script: rules that decide the replies' words (proto/script.py); None: the model's own.
+    script: Script | None = None
     # Hugging Face fast tokenizers are not safe to call from several threads at once: each
     # lane (thread) has its own tokenizer. Prompts of LARGE_PROMPT_CHARS or more take the
     # large lane, so one huge prompt never delays everyone else's turn (issue 12, finding 9).
@@ -204,6 +207,7 @@ class RequestRecord:
     num_spliced_turns: int | None = None
     num_spliced_tokens: int | None = None
     tenant: str | None = None  # the key's name, with several keys
+    script_rule: int | None = None  # --script: the rule that decided the reply
 
     def start(self, submit: SubmitRequest, *, stream: bool) -> None:
         self.rid = submit.rid

@@ -155,7 +155,7 @@ async def plan_chat(request: Request, chat: ChatRequest, *, param: str = "messag
     options = dataclasses.replace(render_options(request, note_unseen, images, salt),
                                   abandoned=abandoned)
     return await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
-                                  gw.think, size=chat_chars(chat), request=request,
+                                  gw.think, gw.script, size=chat_chars(chat), request=request,
                                   abandoned=abandoned)
 
 
@@ -168,6 +168,7 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
     chat, images = await prepare_images(gw, chat)
     plan = await plan_chat(request, chat, param=param, note_unseen=note_unseen, images=images)
     await gw.check_grammar(plan.constraint, request)
+    record.script_rule = plan.script_rule
     record.num_spliced_turns = plan.rendered.num_spliced or None
     record.num_spliced_tokens = plan.rendered.num_spliced_tokens or None
     spans, files = images.attach(plan.prompt_ids) if images is not None else ((), ())
