@@ -13,7 +13,7 @@ from typing import Any, Callable, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 
-from switchyard.gateway.errors import Abandoned, APIError, invalid
+from switchyard.gateway.errors import Abandoned, APIError, context_length_exceeded, invalid
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
@@ -114,12 +114,9 @@ class Gateway:
     def check_prompt_chars(self, num_chars: int, param: str) -> None:
         """Refuse, before tokenizing, a prompt that cannot fit the context: no token of this
         vocabulary is longer than `max_token_chars` characters."""
-        limit = self.settings.ctx * self.max_token_chars()
-        if num_chars > limit:
-            raise invalid(
-                f"This model's maximum context length is {self.settings.ctx} tokens; the "
-                f"prompt has {num_chars} characters, more than {limit}, the most that many "
-                f"tokens can hold.", param=param, code="context_length_exceeded")
+        if num_chars > self.settings.ctx * self.max_token_chars():
+            raise context_length_exceeded(-(-num_chars // self.max_token_chars()),
+                                          self.settings.ctx, param, at_least=True)
 
     def max_token_chars(self) -> int:
         if self._max_token_chars is None:
@@ -234,7 +231,7 @@ class RequestRecord:
         for name in ("rid", "stream", "priority", "num_prompt_tokens", "num_cached_tokens",
                      "num_generated_tokens", "finish_reason", "error_code", "num_tool_calls",
                      "num_malformed_tool_calls", "num_repaired_tool_calls",
-                     "num_spliced_turns", "num_spliced_tokens", "tenant"):
+                     "num_spliced_turns", "num_spliced_tokens", "tenant", "script_rule"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.context import (Gateway, RequestRecord, cache_salt_of, gateway_of,
                                         record_of)
-from switchyard.gateway.errors import APIError, invalid
+from switchyard.gateway.errors import APIError, context_length_exceeded, invalid
 from switchyard.gateway.prompting.history import RenderOptions
 from switchyard.gateway.output.parser import Event
 from switchyard.gateway.prompting.prompts import build_submit, check_chat_template
@@ -134,7 +134,8 @@ def render_options(request: Request, note_unseen: bool = False,
         think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
         tools_as_text=gw.tools_as_text, system_in_place=gw.system_in_place,
         image_text=images.expand if images is not None else None,
-        max_chars=gw.settings.ctx * gw.max_token_chars(), note_unseen=note_unseen)
+        max_chars=gw.settings.ctx * gw.max_token_chars(), ctx=gw.settings.ctx,
+        note_unseen=note_unseen)
 
 
 async def plan_chat(request: Request, chat: ChatRequest, *, param: str = "messages",
@@ -145,10 +146,9 @@ async def plan_chat(request: Request, chat: ChatRequest, *, param: str = "messag
     `note_unseen`: find the messages whose reasoning the template did not render."""
     gw = gateway_of(request)
     check_chat_template(gw.tokenizer)
-    if len(chat.messages) > gw.settings.ctx:
-        raise invalid(f"The conversation has {len(chat.messages)} messages: each takes at least "
-                      f"one token of the {gw.settings.ctx}-token context", param=param,
-                      code="context_length_exceeded")
+    if len(chat.messages) > gw.settings.ctx:  # each message takes a token at least
+        raise context_length_exceeded(len(chat.messages), gw.settings.ctx, param,
+                                      at_least=True)
     gw.check_prompt_chars(chat_chars(chat, with_reasoning=False), param)
     abandoned = threading.Event()
     salt = cache_salt_of(request, chat.options.cache_salt)

@@ -86,7 +86,7 @@ def _encode_completion(tokenizer: Any, completion: CompletionRequest, script: Sc
 async def list_models(request: Request) -> Response:
     gw = gateway_of(request)
     listed = (gw.model_id, *gw.model_aliases) if gw.settings.served_model_name else (gw.model_id,)
-    return JSONResponse(models_body(listed, gw.created))
+    return JSONResponse(models_body(listed, gw.created, gw.settings.ctx))
 
 
 async def get_model(request: Request) -> Response:
@@ -95,7 +95,7 @@ async def get_model(request: Request) -> Response:
     if model not in (gw.model_id, *gw.model_aliases):
         raise model_not_found(model)
     named = model if gw.settings.served_model_name else gw.model_id
-    return JSONResponse(model_card(named, gw.created))
+    return JSONResponse(model_card(named, gw.created, gw.settings.ctx))
 
 
 async def health(request: Request) -> Response:
