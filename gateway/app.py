@@ -44,7 +44,7 @@ from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.settings import Settings
-from switchyard.proto.tenants import Tenants
+from switchyard.proto.tenants import Tenants, load_salt_key
 
 log = structlog.get_logger()
 
@@ -190,6 +190,15 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def salt_key(settings: Settings) -> bytes:
+    """The install's salt key (proto/tenants.py): SecretKeyError (the gateway does not start)
+    when the file is not ours or not private; a key of this run only where none can be made."""
+    key, warning = load_salt_key(settings.cache_path)
+    if warning:
+        log.warning("gateway.salt_key_temporary", reason=warning)
+    return key
+
+
 def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
               keepalive_s: float = KEEPALIVE_S) -> Starlette:
     client = SchedulerClient(Endpoints(settings.runtime_path).scheduler, boot_id=boot_id,
@@ -204,7 +213,8 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     # Sub-agents' model names (--background-model) are the model too, at background priority.
     aliases = tuple(dict.fromkeys((*aliases, *settings.background_model)))
     chat_format = detect_format(tokenizer, settings.chat_format)
-    tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants)
+    tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants,
+                                    salt_key(settings))
     if tenants.several:  # names only: an operator sees every line the key file made a key
         log.info("gateway.tenants", num_tenants=len(tenants.tenants),
                  names=[t.name for t in tenants.tenants], shared=sorted(tenants.shared))
