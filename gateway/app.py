@@ -265,5 +265,5 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     app.state.gateway = gateway
     app.state.connection_limits = limits  # shared with the server's protocol (service.py)
     metrics.mount(app, settings, tenants)  # GET /metrics, requests counted by endpoint and status
-    dashboard.mount(app, settings)  # GET /dashboard, GET /v1/switchyard/status
+    dashboard.mount(app, settings, tenants)  # GET /dashboard, GET /v1/switchyard/status
     return app
