@@ -332,3 +332,10 @@ def test_a_draft_models_acceptance_is_learned_per_tenant():
         p.observe_draft("alice", 8, 8)
     p.start("bob-1", [1, 2, 3], b"b" * 16, "bob")
     assert p.draft_acceptance("bob-1") == before < p.draft_acceptance("alice")
+
+
+def test_switchyard_status_the_operators_view_says_whose_each_slot_is():
+    from switchyard.deploy.status import format_slots
+
+    lines = format_slots(two_tenants_status(), 1000.0)
+    assert "tenant" in lines[1] and "alice" in lines[2] and "bob" in lines[4]
