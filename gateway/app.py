@@ -45,7 +45,7 @@ from switchyard.gateway.output.formats import detect_format, hidden_special_ids,
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.script import load_script
 from switchyard.proto.settings import Settings
-from switchyard.proto.tenants import Tenants
+from switchyard.proto.tenants import Tenants, load_salt_key
 
 log = structlog.get_logger()
 
@@ -191,6 +191,15 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def salt_key(settings: Settings) -> bytes:
+    """The install's salt key (proto/tenants.py): SecretKeyError (the gateway does not start)
+    when the file is not ours or not private; a key of this run only where none can be made."""
+    key, warning = load_salt_key(settings.cache_path)
+    if warning:
+        log.warning("gateway.salt_key_temporary", reason=warning)
+    return key
+
+
 def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
               keepalive_s: float = KEEPALIVE_S) -> Starlette:
     client = SchedulerClient(Endpoints(settings.runtime_path).scheduler, boot_id=boot_id,
@@ -205,7 +214,8 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     # Sub-agents' model names (--background-model) are the model too, at background priority.
     aliases = tuple(dict.fromkeys((*aliases, *settings.background_model)))
     chat_format = detect_format(tokenizer, settings.chat_format)
-    tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants)
+    tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants,
+                                    salt_key(settings))
     if tenants.several:  # names only: an operator sees every line the key file made a key
         log.info("gateway.tenants", num_tenants=len(tenants.tenants),
                  names=[t.name for t in tenants.tenants], shared=sorted(tenants.shared))
@@ -257,5 +267,5 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     app.state.gateway = gateway
     app.state.connection_limits = limits  # shared with the server's protocol (service.py)
     metrics.mount(app, settings, tenants)  # GET /metrics, requests counted by endpoint and status
-    dashboard.mount(app, settings)  # GET /dashboard, GET /v1/switchyard/status
+    dashboard.mount(app, settings, tenants)  # GET /dashboard, GET /v1/switchyard/status
     return app

@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+import msgspec
 import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -193,6 +194,8 @@ async def respond(request: Request, turn: Turn, submit: SubmitRequest, output: O
                   stream: bool) -> Response:
     gw = gateway_of(request)
     record = record_of(request)
+    if record.tenant:  # several keys: whose it is (the status views, speculation per tenant)
+        submit = msgspec.structs.replace(submit, tenant=record.tenant)
     record.start(submit, stream=stream)
     events = gw.client.submit(submit)
     if stream:

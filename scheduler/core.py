@@ -66,6 +66,7 @@ from switchyard.scheduler.page_cache import PageCache
 from switchyard.scheduler.prefill_plan import PrefillShare, plan_prefills, state_points
 from switchyard.scheduler.proposer import Proposer, ProposerConfig
 from switchyard.scheduler.requests import Request, Slot
+from switchyard.scheduler.status_rows import RootTenants, conversation_label
 from switchyard.scheduler.restore import DiskReads, load_of
 from switchyard.scheduler.step_budget import PrefillBudget
 
@@ -113,6 +114,7 @@ class FinishedRecord:
     # Tokens it had in a slot before it gave the slot up (to memory or to a waiting request)
     # and had to prefill again: 0 while its pages reach the disk (docs/design.md "Memory plan").
     num_reread_tokens: int = 0
+    tenant: str = ""  # its key's name with several keys
 
 
 class SchedulerCore:
@@ -123,6 +125,7 @@ class SchedulerCore:
         self.waiting: deque[str] = deque()
         self.inflight: RunStep | None = None
         self.outbox = Outbox()
+        self.root_tenants = RootTenants()  # whose an idle slot's text is, for the status
         self.pages = PageCache(config.page_size, config.disk_budget_bytes,
                                config.protect_window_s, self.outbox)
         self.budget = PrefillBudget(config.prefill_chunk, config.decode_share)
@@ -190,7 +193,8 @@ class SchedulerCore:
             req = self.requests.get(slot.rid) if slot.rid else None
             slots.append(SlotStatus(
                 slot=slot.index, num_tokens=len(slot.tokens),
-                conversation=slot.page_ids[0].hex()[:12] if slot.page_ids else None,
+                conversation=conversation_label(slot.page_ids[0]) if slot.page_ids else None,
+                tenant=req.tenant if req else self.root_tenants.of(slot.root),
                 last_used=slot.last_used or None, rid=slot.rid,
                 priority=req.priority if req else None,
                 state=self._state(req) if req else "idle",
@@ -198,7 +202,8 @@ class SchedulerCore:
                 else None))
         queue = [QueuedRequest(rid=rid, priority=self.requests[rid].priority,
                                waiting_s=now - self.requests[rid].arrived_at,
-                               prompt_tokens=len(self.requests[rid].prompt))
+                               prompt_tokens=len(self.requests[rid].prompt),
+                               tenant=self.requests[rid].tenant)
                  for rid in self.waiting]
         # Queued, restoring or prefilling: what a starving request shows as (issue 14).
         speculation = SpeculationStatus(
@@ -263,10 +268,11 @@ class SchedulerCore:
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority, arrived_at=now, images=msg.images,
             image_data={d.image_id: d for d in msg.image_data}, speculative=msg.speculative,
-            root=chain_root(msg.cache_salt))
+            root=chain_root(msg.cache_salt), tenant=msg.tenant)
         self.pages.note_root(req.root)
+        self.root_tenants.note(req.root, msg.tenant)
         if self.proposer is not None and req.speculative:
-            self.proposer.start(req.rid, req.feed, msg.cache_salt)
+            self.proposer.start(req.rid, req.feed, msg.cache_salt, tenant=msg.tenant)
         self.waiting.append(msg.rid)
         if msg.sampling.grammar:  # placed once the worker compiled it, off its steps
             req.grammar_ready = False
@@ -944,7 +950,7 @@ class SchedulerCore:
             ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrived_at,
             duration_s=now - req.arrived_at, num_proposed_tokens=req.num_proposed,
             num_accepted_tokens=req.num_accepted, proposers=",".join(sorted(req.proposers)),
-            num_reread_tokens=req.num_reread, **_prefill_times(req)))
+            num_reread_tokens=req.num_reread, tenant=req.tenant, **_prefill_times(req)))
         unsent = self._unsent.pop(req.rid, None)
         if notify:
             if unsent:

@@ -152,7 +152,8 @@ def test_the_proposers_table_stays_one_bounded_table_whatever_the_salts():
     for i in range(50):
         p.start(f"r{i}", list(FILE[:300]), bytes([i]) * 16)
         p.finish(f"r{i}")
-    assert p._keys.size == 1 << 10 and p._finished_tokens <= 1000 + 400
+    table = p.table()
+    assert table.size == 1 << 10 and table.finished_tokens <= 1000 + 400
 
 
 # --- the gateway's remembered turns -----------------------------------------------------------
