@@ -251,6 +251,13 @@ def cache_salt_of(request: Request, cache_salt: str | None) -> bytes:
     return gateway_of(request).tenants.salt(request.scope.get(TENANT_SCOPE_KEY), cache_salt)
 
 
+def tenant_share_of(request: Request) -> dict:
+    """The SubmitRequest fields naming whose share the request counts against (its tenant's
+    name and weight; none with one tenant)."""
+    name, weight = gateway_of(request).tenants.share_of(request.scope.get(TENANT_SCOPE_KEY))
+    return {"tenant": name, "tenant_weight": weight} if name else {}
+
+
 def record_of(request: Request) -> RequestRecord:
     record = request.scope.get(RECORD_SCOPE_KEY)
     if record is None:  # the app was called without its logging middleware

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.context import (Gateway, RequestRecord, cache_salt_of, gateway_of,
-                                        record_of)
+                                        record_of, tenant_share_of)
 from switchyard.gateway.errors import APIError, context_length_exceeded, invalid
 from switchyard.gateway.prompting.history import RenderOptions
 from switchyard.gateway.output.parser import Event
@@ -194,8 +194,8 @@ async def respond(request: Request, turn: Turn, submit: SubmitRequest, output: O
                   stream: bool) -> Response:
     gw = gateway_of(request)
     record = record_of(request)
-    if record.tenant:  # several keys: whose it is (the status views, speculation per tenant)
-        submit = msgspec.structs.replace(submit, tenant=record.tenant)
+    if record.tenant:  # several keys: whose it is (status views, speculation, fair shares)
+        submit = msgspec.structs.replace(submit, **tenant_share_of(request))
     record.start(submit, stream=stream)
     events = gw.client.submit(submit)
     if stream:

@@ -4,9 +4,10 @@
 A tenant is an API key. The key file (`--api-key-file`, mode 0600) holds one key per line,
 each with an optional name before it; `#` starts a comment line:
 
-    # NAME KEY, or KEY alone; NAME,role=operator KEY for a key that sees every tenant
+    # NAME KEY, or KEY alone; NAME,role=operator KEY for a key that sees every tenant;
+    # NAME,weight=N KEY for a larger share
     alice  sk-alice-7f3a...
-    bob    sk-bob-91c2...
+    bob,weight=2  sk-bob-91c2...
     ops,role=operator  sk-ops-0d1e...
     sk-unnamed-key...
 
@@ -15,6 +16,11 @@ line without whitespace is a key alone, named `key-` and 8 hex digits of its has
 however the lines are ordered). A file of one line is one key, the whole line (spaces
 included), exactly as every release read its single-key file. `--api-key` and
 `$SWITCHYARD_API_KEY` give one key. With no key, or with one, there is one tenant.
+
+A name may carry a **weight** (`NAME,weight=N`, a positive number, 1 when not given): active
+tenants divide the queue, the running requests and the prefill in proportion to their weights
+(scheduler/tenant_shares.py). A name with a comma was refused before, so no file that parsed
+changes meaning.
 
 What a tenant's requests leave behind that another request could sense (KV pages and the
 prefix they make faster, the speculative proposer's n-grams, the gateway's remembered turns)
@@ -52,6 +58,8 @@ SALT_KEY_NAME = "salt.key"
 ROLE_TENANT = "tenant"
 ROLE_OPERATOR = "operator"  # sees every tenant's requests in the status and metrics
 _ROLES = (ROLE_TENANT, ROLE_OPERATOR)
+# A weight is at most this many times another's: past it a share rounds to nothing.
+MAX_WEIGHT = 1000.0
 
 
 class KeyFileError(ValueError):
@@ -63,6 +71,7 @@ class Tenant:
     name: str
     key: str = field(repr=False)
     role: str = ROLE_TENANT
+    weight: float = 1.0  # its share beside other active tenants (scheduler/tenant_shares.py)
 
     @property
     def operator(self) -> bool:
@@ -77,17 +86,32 @@ def load_salt_key(cache_dir: Path) -> tuple[bytes, str]:
                            "salted pages and remembered turns are misses after a restart")
 
 
-def _name_and_role(field_text: str, where: str, number: int) -> tuple[str, str]:
-    """`NAME` or `NAME,role=ROLE` (the first field of a key file's line)."""
+def _name_and_options(field_text: str, where: str, number: int) -> tuple[str, str, float]:
+    """`NAME`, `NAME,role=ROLE`, `NAME,weight=N` or both (the first field of a key file's
+    line): the name, its role and its weight."""
     name, *options = field_text.split(",")
-    role = ROLE_TENANT
+    role, weight = ROLE_TENANT, 1.0
     for option in options:
         key, _, value = option.partition("=")
-        if key != "role" or value not in _ROLES:
+        if key == "weight":
+            weight = _weight(value, f"{where}, line {number}")
+        elif key != "role" or value not in _ROLES:
             raise KeyFileError(f"{where}, line {number}: {option!r} is not an option of a key "
-                               f"(write NAME,role=operator KEY, or NAME KEY)")
-        role = value
-    return name, role
+                               f"(write NAME,role=operator KEY, NAME,weight=N KEY, or NAME KEY)")
+        else:
+            role = value
+    return name, role, weight
+
+
+def _weight(value: str, where: str) -> float:
+    try:
+        weight = float(value) if len(value) <= 16 else float("nan")
+    except ValueError:
+        weight = float("nan")
+    if not 1.0 / MAX_WEIGHT <= weight <= MAX_WEIGHT:  # NaN fails too
+        raise KeyFileError(f"{where}: the weight {value[:16]!r} must be a number from "
+                           f"{1.0 / MAX_WEIGHT:g} to {MAX_WEIGHT:g}")
+    return weight
 
 
 def unnamed(key: str) -> str:
@@ -108,11 +132,12 @@ def parse_keys(text: str, where: str = "the key file") -> list[Tenant]:
         if line.startswith("#"):
             continue
         fields = line.split(None, 1)
-        role = ROLE_TENANT
+        role, weight = ROLE_TENANT, 1.0
         if len(fields) == 1:
             name, key = unnamed(fields[0]), fields[0]
         else:
-            (name, role), key = _name_and_role(fields[0], where, number), fields[1].strip()
+            (name, role, weight), key = (_name_and_options(fields[0], where, number),
+                                         fields[1].strip())
             if not _NAME.fullmatch(name):
                 raise KeyFileError(f"{where}, line {number}: the name {name!r} must be 1-64 "
                                    "letters, digits, '_', '.' or '-' (write 'NAME KEY' or a "
@@ -123,7 +148,7 @@ def parse_keys(text: str, where: str = "the key file") -> list[Tenant]:
             raise KeyFileError(f"{where}, line {number}: the key is given twice")
         names.add(name)
         keys.add(key)
-        tenants.append(Tenant(name, key, role))
+        tenants.append(Tenant(name, key, role, weight))
     return tenants
 
 
@@ -136,12 +161,14 @@ def resolved_keys(text: str, where: str = "the key file") -> str:
     only = tenants[0]
     if len(tenants) == 1 and only.name == unnamed(only.key) and not only.operator:
         return only.key
-    lines = (f"{t.name}{_role_suffix(t)} {t.key}" for t in tenants)
+    lines = (f"{t.name}{_options(t)} {t.key}" for t in tenants)
     return "\n".join([_CANONICAL, *lines]) + "\n"
 
 
-def _role_suffix(tenant: Tenant) -> str:
-    return f",role={tenant.role}" if tenant.role != ROLE_TENANT else ""
+def _options(tenant: Tenant) -> str:
+    """A tenant's role and weight as a key file line writes them after its name."""
+    role = f",role={tenant.role}" if tenant.role != ROLE_TENANT else ""
+    return role + (f",weight={tenant.weight:.17g}" if tenant.weight != 1.0 else "")
 
 
 def tenants_of(api_key: str) -> list[Tenant]:
@@ -197,6 +224,13 @@ class Tenants:
             if hmac.compare_digest(given_bytes, key):
                 found = tenant
         return found
+
+    def share_of(self, tenant: Tenant | None) -> tuple[str, float]:
+        """Whose share a request of `tenant` counts against, and its weight: ("", 1) when
+        there is one tenant (the scheduler then divides nothing)."""
+        if tenant is None or not self.several:
+            return "", 1.0
+        return tenant.name, tenant.weight
 
     def salt(self, tenant: Tenant | None, cache_salt: str | None = None) -> bytes:
         """The salt of a request of `tenant` with `cache_salt` (b"": unsalted, one tenant and

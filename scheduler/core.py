@@ -16,7 +16,7 @@ only what none of them holds is prefilled.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import msgspec
@@ -69,6 +69,7 @@ from switchyard.scheduler.requests import Request, Slot
 from switchyard.scheduler.status_rows import RootTenants, conversation_label
 from switchyard.scheduler.restore import DiskReads, load_of
 from switchyard.scheduler.step_budget import PrefillBudget
+from switchyard.scheduler.tenant_shares import TenantShares, running_by_tenant
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class SchedulerCore:
                          if config.num_draft_tokens > 0 else None)
         self.index_overdue = False  # kvstore's index is long overdue: place without it
         self.num_memory_preemptions = 0  # running requests staged to disk for memory
+        self.shares = TenantShares()  # tenants' shares of queue, slots and prefill
 
     def handle(self, event: Event, now: float) -> Effects:
         """Apply one event; what it produced comes back as one `Effects`."""
@@ -258,10 +260,13 @@ class SchedulerCore:
                                 f"holds {cfg.ctx}")
         if msg.rid in self.requests:
             return self._reject(msg.rid, "invalid_request", "duplicate request id")
-        if len(self.waiting) >= cfg.max_queue:
-            self.outbox.send(RequestFailed(
-                msg.rid, "queue_full", f"{len(self.waiting)} requests are waiting; try again "
-                "shortly", True, cfg.retry_after_s))
+        self.shares.note(msg.tenant, msg.tenant_weight)
+        refusal = self.shares.queue_refusal(msg.tenant, (self.requests[r] for r in self.waiting),
+                                            {r.tenant for r in self.requests.values()},
+                                            cfg.max_queue)
+        if refusal is not None:
+            self.outbox.send(RequestFailed(msg.rid, "queue_full", refusal, True,
+                                           cfg.retry_after_s))
             return
         req = self.requests[msg.rid] = Request(
             rid=msg.rid, prompt=msg.prompt_token_ids, max_tokens=max(1, msg.max_tokens),
@@ -517,7 +522,7 @@ class SchedulerCore:
                 prefilling.append((req, remaining))
         decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
         prefills, share = plan_prefills(prefilling, decoding, self.slots, self.budget,
-                                        self.config, now)
+                                        self.config, now, self.shares)
         if share is not None and share.num_protected:
             self.prefill_share = (now, share)  # for status: the latest split with streams
         copies, self._copies = self._copies, []
@@ -596,8 +601,10 @@ class SchedulerCore:
         budget = self.config.kv_budget_tokens
         if not budget:
             return
+        running = running_by_tenant(self.requests[s.rid] for s in self.slots if s.rid)
         relief = relieve(self.slots, self.requests, budget, self.config.ctx,
-                         lambda r: (not self._interactive(r, now), r.arrived_at))
+                         lambda r: (self.shares.usage(r.tenant, running),
+                                    not self._interactive(r, now), r.arrived_at))
         held = held_tokens(holds(self.slots, self.requests), self.config.ctx) \
             if relief.preempt else 0
         for rid in relief.preempt:
@@ -624,9 +631,12 @@ class SchedulerCore:
             or self.index_overdue
 
     def _admission_order(self, now: float) -> list[str]:
+        """Each tenant's own order (scheduler.fairness), interleaved by their shares."""
         cfg = self.config
-        return sorted(self.waiting, key=lambda rid: admission_key(
+        own = sorted(self.waiting, key=lambda rid: admission_key(
             self.requests[rid], now, cfg.background_wait_s, cfg.num_slots))
+        running = running_by_tenant(self.requests[s.rid] for s in self.slots if s.rid)
+        return self.shares.admission_order(own, lambda rid: self.requests[rid].tenant, running)
 
     def _admit(self, now: float) -> None:
         if not self._can_admit():
@@ -736,14 +746,16 @@ class SchedulerCore:
         if not self.waiting or not self._can_admit():
             return
         free = sum(1 for s in self.slots if s.free)
+        promised = Counter()  # slots this pass gives, by tenant (scheduler.tenant_shares)
         for rid in self._admission_order(now):
             req = self.requests[rid]
             if not req.grammar_ready or req.waits_for in self._prefilling_rids():
                 continue  # not placed now: no slot is freed for it
             if free and not self._short_of_memory(req):
                 free -= 1  # a free slot is there for it
+                promised[req.tenant] += 1
                 continue
-            victim = self._victim(req, now)
+            victim = self._victim(req, now, promised)
             if victim is not None and free:
                 self.num_memory_preemptions += 1
                 self._preempt(victim, now, "memory", for_rid=req.rid)
@@ -751,6 +763,7 @@ class SchedulerCore:
             if victim is None:
                 break  # admission keeps its order: nobody behind it is placed either
             self._preempt(victim, now, "slot")
+            promised[req.tenant] += 1
 
     def _short_of_memory(self, req: Request) -> bool:
         """Whether the request's KV would not fit the worker's budget beside what stays
@@ -761,15 +774,22 @@ class SchedulerCore:
             request_hold(req, 0), -1, self.slots, self.requests, budget, self.config.ctx,
             lambda s: s.leaving or self._releasable(s)) is None
 
-    def _victim(self, waiter: Request, now: float) -> Request | None:
-        """The running request whose slot `waiter` takes, if any: background before
-        interactive, then the newest to arrive."""
+    def _victim(self, waiter: Request, now: float, promised: Counter | None = None
+                ) -> Request | None:
+        """The running request whose slot `waiter` takes, if any: within its tenant by rank
+        (scheduler.fairness), from another tenant only below its share (`promised`: slots
+        given this pass, by tenant; scheduler.tenant_shares). The tenant furthest over its
+        share first, then background before interactive, then the newest to arrive."""
         cfg = self.config
         running = [self.requests[s.rid] for s in self.slots if s.rid is not None]
+        counts = running_by_tenant(running) + (promised or Counter())
         victims = [r for r in running
-                   if preempts(waiter, r, now, cfg.background_wait_s, cfg.slice_tokens,
-                               cfg.num_slots)]
-        return max(victims, key=lambda r: (not self._interactive(r, now), r.arrived_at),
+                   if (preempts(waiter, r, now, cfg.background_wait_s, cfg.slice_tokens,
+                                cfg.num_slots) if r.tenant == waiter.tenant
+                       else self.shares.takes_share(waiter.tenant, r.tenant, counts)
+                       and not r.cancelled)]
+        return max(victims, key=lambda r: (self.shares.usage(r.tenant, counts),
+                                           not self._interactive(r, now), r.arrived_at),
                    default=None)
 
     def _preempt(self, victim: Request, now: float, reason: str, **fields) -> None:
