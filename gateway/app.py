@@ -78,26 +78,26 @@ class RequestLogMiddleware:
                 record.status = message["status"]
             await send(message)
 
-        host = host_of(scope.get("client"))
-        refusal = self.limits.refusal(host) if self.limits is not None else None
         try:
             error = self.guard.check(scope) if self.guard is not None else None
+            if error is None and not self._authorized(scope, record):
+                error = APIError(401, "Incorrect or missing API key", type="authentication_error",
+                                 code="invalid_api_key")
+            client = self._client(scope)
+            refusal = self.limits.refusal(client) if self.limits is not None else None
             if error is None and refusal is not None:
                 error = APIError(503, f"The server is at its connection limit: {refusal}; "
                                       f"try again shortly", type="server_error",
                                  code="overloaded", retry_after_s=RETRY_AFTER_S,
                                  headers={"Connection": "close"})
-            if error is None and not self._authorized(scope, record):
-                error = APIError(401, "Incorrect or missing API key", type="authentication_error",
-                                 code="invalid_api_key")
             if error is None:
                 if self.limits is not None:
-                    self.limits.started(host)
+                    self.limits.started(client)
                 try:
                     await self.app(scope, receive, send_and_note)
                 finally:
                     if self.limits is not None:
-                        self.limits.ended(host)
+                        self.limits.ended(client)
             else:
                 record.fail(error)
                 await error.response(api_style(scope["path"]))(scope, receive, send_and_note)
@@ -105,6 +105,14 @@ class RequestLogMiddleware:
             if record.status is None:
                 record.status = 500
             log.info("request.finished", **record.fields())
+
+    def _client(self, scope: Scope) -> str:
+        """Whose share of the connection limit a request counts against: its tenant's, with
+        several keys (every local tenant comes from one loopback host), else its host's."""
+        tenant = scope.get(TENANT_SCOPE_KEY)
+        if tenant is not None and self.tenants.several:
+            return "tenant:" + tenant.name  # a host is never spelled so
+        return host_of(scope.get("client"))
 
     def _authorized(self, scope: Scope, record: RequestRecord) -> bool:
         if not self.tenants or not scope["path"].startswith("/v1"):
