@@ -95,7 +95,7 @@ def test_weights_divide_the_slots_and_the_queue():
 
 
 def test_another_keys_interactive_prefills_leave_background_work_its_share():
-    """Finding 5: bob's interactive prompts keep both slots prefilling; alice's background
+    """Bob's interactive prompts keep both slots prefilling; alice's background
     request is placed at once (her share) and prefilled beside them, long before the
     background bound, where before it waited for every interactive request of anyone."""
     core = make_core(num_slots=2, prefill_chunk=32, max_queue=16, background_wait_s=30.0)
