@@ -84,8 +84,10 @@ def server(versions, terse_model, work):
         yield group
     for name, requests in SESSION_FIGURES.items():
         print(f"\n{name}: " + "; ".join(
-            f"{numbers_name(rule_numbers(work), r)}: {r['num_prompt_tokens']} prompt, "
-            f"{r['num_cached_tokens']} cached, ttft {r.get('ttft_s')}s" for r in requests[1:])
+            f"{numbers_name(rule_numbers(work), r)}: " + (
+                f"{r['num_prompt_tokens']} prompt, {r['num_cached_tokens']} cached, ttft "
+                f"{r.get('ttft_s')}s" if r.get("status") == 200 else f"{r.get('status')} "
+                f"{r.get('error_code')}") for r in requests[1:])
             + f"; wall {requests[0]['wall_s']:.1f}s")
     for name, turns in FIGURES.items():
         print(f"\n{name} {versions[name]}: " + "; ".join(
@@ -204,7 +206,8 @@ def test_a_real_session_loops_over_tools_and_sub_agents_and_reads_only_new_token
     wall_s = time.monotonic() - start
     assert session.says in done.stdout, said
     requests = lines_after(server, mark)
-    assert all(r.get("status") == 200 for r in requests), requests
+    assert all(r.get("status") == 200 or session.compacts
+               and r.get("error_code") == "context_length_exceeded" for r in requests), requests
     SESSION_FIGURES[session.name] = [{"wall_s": wall_s}, *requests]
     numbers = rule_numbers(work)
     problems = session_problems(requests, session, numbers, PAGE_SIZE)

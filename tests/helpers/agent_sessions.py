@@ -23,6 +23,11 @@ from pathlib import Path
 # Files the sessions read: name -> number of lines.
 FILES = {"a.txt": 3, "b.txt": 4, "c.txt": 5, "d.txt": 6, "e.txt": 7, "f.txt": 8}
 NOTES = "status: draft\nowner: ops\n"
+# Claude Code's compaction: three files of PART_CHARS characters (about 17K tokens each with the
+# terse twin's tokenizer) outgrow a 65,536-token context on the third turn, after Claude Code's
+# own ~21K-token prompt; with its oldest round dropped, the summary request fits.
+PARTS = ("part1.txt", "part2.txt", "part3.txt")
+PART_CHARS = 27_000
 QWEN_MAIN = "You are Qwen Code, a non-interactive CLI agent"
 QWEN_SUB = "You are a general-purpose subagent"
 
@@ -87,6 +92,20 @@ def rules(work: Path) -> list[Rule]:
              calls=({"name": "Read", "arguments": {"file_path": notes}},)),
         Rule("cc.edit.again", {"last": "What does notes[.]txt say now"},
              say="It says status: final, owner: ops."),
+        # Claude Code at the context limit: told the prompt is too long, it asks for a summary
+        # (dropping its oldest rounds while that is too long too), then goes on from it with
+        # its last round kept.
+        Rule("cc.compact.summary", {"last": "CRITICAL: Respond with TEXT ONLY"},
+             say="Summary: the user asked to see part1.txt, part2.txt and part3.txt, one at a "
+                 "time; each was shown with cat."),
+        Rule("cc.compact.after", {"last": "Which parts did you show"},
+             say="part1.txt, part2.txt and part3.txt."),
+        *(rule for n, part in enumerate(PARTS, 1) for rule in (
+            Rule(f"cc.{part}.shown", {"last": f"PART{n} END"}, say=f"{part} is shown."),
+            Rule(f"cc.{part}.start", {"last": f"Show me {part.replace('.', '[.]')}",
+                                      "tools": ["Bash"]},
+                 calls=({"name": "Bash", "arguments": {"command": f"cat {part}",
+                                                       "description": f"Show {part}"}},)))),
         # Codex: an exec_command loop over two turns (exec, then exec resume --last).
         Rule("codex.t1.start", {"last": "Count the lines of e[.]txt with a shell command",
                                 "tools": ["exec_command"]},
@@ -136,6 +155,11 @@ def prepare_work(work: Path) -> None:
     for name, n in FILES.items():
         (work / name).write_text("".join(f"{i}\n" for i in range(1, n + 1)))
     (work / "notes.txt").write_text(NOTES)
+    words = ("alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta")
+    for n, part in enumerate(PARTS, 1):  # varied lines: no two parts tokenize alike
+        lines = [" ".join(words[(i * 7 + j * n) % 8] for j in range(12)) for i in
+                 range(PART_CHARS // 72)]
+        (work / part).write_text("\n".join(lines) + f"\nPART{n} END\n")
 
 
 def session_script(work: Path) -> dict:
@@ -160,6 +184,7 @@ class Session:
     says: str
     conversations: tuple[tuple[str, ...], ...]
     siblings: tuple[int, ...] = ()
+    compacts: bool = False  # outgrows the context: a 400 prompt-too-long is expected
 
 
 SESSIONS = (
@@ -174,6 +199,16 @@ SESSIONS = (
             ("Mark notes.txt final.", "What does notes.txt say now?"),
             ("--permission-mode", "bypassPermissions"), "It says status: final, owner: ops.",
             (("cc.edit.start", "cc.edit.read", "cc.edit.done", "cc.edit.again"),)),
+    Session("claude-code-compact", "claude-code",
+            (*(f"Show me {part}" for part in PARTS), "Which parts did you show?"),
+            ("--permission-mode", "bypassPermissions"), "part1.txt, part2.txt and part3.txt.",
+            # The third part's result is too long; the summary request fits (without it); the
+            # compacted session keeps its last round (the third part) after the summary.
+            (("cc.part1.txt.start", "cc.part1.txt.shown", "cc.part2.txt.start",
+              "cc.part2.txt.shown", "cc.part3.txt.start"),
+             ("cc.compact.summary",),
+             ("cc.part3.txt.shown", "cc.compact.after")),
+            compacts=True),
     Session("codex-exec", "codex",
             ("Count the lines of e.txt with a shell command.", "Now count f.txt the same way."),
             (), "f.txt has 8 lines.",
@@ -196,6 +231,10 @@ def session_problems(requests: list[dict], session: Session, numbers: dict[str, 
     request left, its prompt and its reply, is reused); sub-agents started together read
     their shared prefix once (the others copy it)."""
     problems, firsts = [], []
+    too_long = [r for r in requests if r.get("error_code") == "context_length_exceeded"]
+    if session.compacts != bool(too_long):
+        problems.append(f"{len(too_long)} requests were too long for the context")
+    requests = [r for r in requests if r.get("status") == 200]
     for conversation in session.conversations:
         chain, start = [], 0
         for name in conversation:
