@@ -214,3 +214,32 @@ def test_a_real_session_loops_over_tools_and_sub_agents_and_reads_only_new_token
     assert problems == [], (problems, [(numbers_name(numbers, r), r) for r in requests])
     if session.name == "claude-code-edit":
         assert (work / "notes.txt").read_text().startswith("status: final\n")
+
+
+def test_a_stream_the_client_stops_keeps_what_was_read_and_written(server):
+    """Esc in an agent, or a dropped connection (the SDK here: a client stopped mid-stream
+    cannot be driven headless): the prompt and the tokens generated before the stop stay
+    cached, so the next turn, which sends the partial reply back, and a retry of the same
+    turn each prefill at most a page."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    system = "You tell stories. " + " ".join(f"Rule {i}: be kind." for i in range(400))
+    story = [{"role": "user", "content": "Tell me a long story"}]
+    mark = len(model_lines(server))
+    partial = ""
+    with client.messages.stream(model=MODEL, max_tokens=2000, system=system,
+                                messages=story) as stream:
+        for text in stream.text_stream:
+            partial += text
+            if len(partial) > 60:
+                break  # the client closes the connection here
+    stopped = lines_after(server, mark)
+    assert [line.get("disconnected") for line in stopped] == [True], stopped
+    prompt = stopped[0]["num_prompt_tokens"]
+    go_on = client.messages.create(model=MODEL, max_tokens=50, system=system, messages=[
+        *story, {"role": "assistant", "content": partial}, {"role": "user", "content": "go on"}])
+    assert go_on.usage.cache_read_input_tokens >= prompt - 1 + len(partial) // 8
+    assert go_on.usage.input_tokens <= PAGE_SIZE
+    again = client.messages.create(model=MODEL, max_tokens=2000, system=system, messages=story)
+    assert again.usage.cache_read_input_tokens == prompt - 1  # all but the one to prefill

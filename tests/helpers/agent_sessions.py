@@ -28,6 +28,9 @@ NOTES = "status: draft\nowner: ops\n"
 # own ~21K-token prompt; with its oldest round dropped, the summary request fits.
 PARTS = ("part1.txt", "part2.txt", "part3.txt")
 PART_CHARS = 27_000
+STORY = " ".join(["Once upon a time there was a server that kept every page it ever read, "
+                  "and every turn paid only for its own new tokens."] * 40)  # ~2.5K tokens: still
+# being written when the client stops it
 QWEN_MAIN = "You are Qwen Code, a non-interactive CLI agent"
 QWEN_SUB = "You are a general-purpose subagent"
 
@@ -106,6 +109,8 @@ def rules(work: Path) -> list[Rule]:
                                       "tools": ["Bash"]},
                  calls=({"name": "Bash", "arguments": {"command": f"cat {part}",
                                                        "description": f"Show {part}"}},)))),
+        # A long reply that the client stops (tests/e2e/test_agent_clients.py).
+        Rule("story", {"last": "Tell me a long story"}, say=STORY),
         # Codex: an exec_command loop over two turns (exec, then exec resume --last).
         Rule("codex.t1.start", {"last": "Count the lines of e[.]txt with a shell command",
                                 "tools": ["exec_command"]},
