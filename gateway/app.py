@@ -39,7 +39,7 @@ from switchyard.gateway.prompting.system_turns import renders_system_in_place
 from switchyard.gateway.prompting.prompts import fewest_tokens_per_message, served_model_id
 from switchyard.gateway.vision.inputs import image_inputs
 from switchyard.gateway.vision.prompt import image_prompt_for, model_dir
-from switchyard.gateway.request.response_store import ResponseStore
+from switchyard.gateway.request.response_store import ResponseStores
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
 from switchyard.proto.endpoints import Endpoints
@@ -222,7 +222,8 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                       keep_reasoning=settings.keep_reasoning,
                       memory=TurnMemory(settings.history_turns, journal=TurnJournal.in_dir(
                           settings.runtime_path, tokenizer_identity(tokenizer))),
-                      responses=ResponseStore(settings.max_stored_responses),
+                      responses=ResponseStores(settings.max_stored_responses,
+                                               tenants=[t.name for t in tenants.tenants]),
                       images=image_inputs(settings, image_prompt_for(
                           model_dir(settings.model), tokenizer), model_id))
 

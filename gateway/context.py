@@ -18,7 +18,7 @@ from switchyard.gateway.generation import Usage
 from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
 from switchyard.gateway.request.grammar_check import GrammarChecker
-from switchyard.gateway.request.response_store import ResponseStore
+from switchyard.gateway.request.response_store import ResponseStore, ResponseStores
 from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
@@ -56,7 +56,7 @@ class Gateway:
     prefix_stable: bool = True
     keep_reasoning: bool = DEFAULT_KEEP_REASONING
     memory: TurnMemory = field(default_factory=lambda: TurnMemory(DEFAULT_MAX_TURNS))
-    responses: ResponseStore = field(default_factory=ResponseStore)
+    responses: ResponseStores = field(default_factory=ResponseStores)  # one per tenant
     # Images in requests (gateway/vision/inputs.py): refused for a text-only model.
     images: Any = None
     grammars: GrammarChecker = field(default_factory=GrammarChecker)
@@ -248,6 +248,12 @@ def gateway_of(request: Request) -> Gateway:
 def cache_salt_of(request: Request, cache_salt: str | None) -> bytes:
     """The salt of the request's cached text: its tenant's, and its own `cache_salt`."""
     return gateway_of(request).tenants.salt(request.scope.get(TENANT_SCOPE_KEY), cache_salt)
+
+
+def responses_of(request: Request) -> ResponseStore:
+    """The Responses store of the request's tenant (its key's; "" with no keys)."""
+    tenant = request.scope.get(TENANT_SCOPE_KEY)
+    return gateway_of(request).responses.of(tenant.name if tenant is not None else "")
 
 
 def record_of(request: Request) -> RequestRecord:
