@@ -30,6 +30,7 @@ from switchyard.deploy.default_model import TINY, TINY_TERSE, DefaultModelUnavai
 from switchyard.deploy.resolve import with_concrete_paths, with_model
 from switchyard.deploy.supervisor import ROLES, Supervisor
 from switchyard.proto.endpoints import Endpoints, RuntimeDirError
+from switchyard.proto.secret_keys import SecretKeyError
 from switchyard.proto.settings import Settings, SettingsError, add_arguments, format_size, from_namespace
 
 EXIT_GAVE_UP = 1
@@ -189,6 +190,10 @@ def serve(settings: Settings, rank_host: bool = False) -> int:
     try:
         requested_model = settings.model
         try:
+            _private_cache_dir(settings, roles)
+        except SecretKeyError as exc:
+            return _usage_error(str(exc))
+        try:
             settings = with_model(settings, announce=_say)
         except DefaultModelUnavailable as exc:
             return _no_default_model(exc)
@@ -202,6 +207,17 @@ def serve(settings: Settings, rank_host: bool = False) -> int:
         return Supervisor(settings, claim=claim, roles=roles).run()
     finally:
         claim.release()
+
+
+def _private_cache_dir(settings: Settings, roles: tuple[str, ...]) -> None:
+    """The cache dir 0700 and ours, and the gateway's salt key made or refused, before any
+    component starts (docs/design.md "Security"). SecretKeyError, naming the path, if not."""
+    from switchyard.proto.secret_keys import ensure_cache_dir
+    from switchyard.proto.tenants import load_salt_key
+
+    ensure_cache_dir(settings.cache_path)
+    if "gateway" in roles:
+        load_salt_key(settings.cache_path)
 
 
 # -- run ------------------------------------------------------------------------------------

@@ -23,8 +23,10 @@ def with_concrete_paths(settings: Settings) -> Settings:
     hostfile = settings.hostfile and str(Path(settings.hostfile).expanduser().absolute())
     group_key = settings.group_key_file and str(
         Path(settings.group_key_file).expanduser().absolute())
+    script = settings.script and str(Path(settings.script).expanduser().absolute())
     return dataclasses.replace(
         settings, model=model, draft_model=draft, hostfile=hostfile, group_key_file=group_key,
+        script=script,
         runtime_dir=str(settings.runtime_path.expanduser().absolute()),
         kv_dir=str(settings.kv_path.expanduser().absolute()),
         cache_dir=str(settings.cache_path.expanduser().absolute()))

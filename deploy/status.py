@@ -136,15 +136,18 @@ def format_components(report: dict) -> list[str]:
 
 
 def format_slots(snapshot: Status, now: float) -> list[str]:
+    """With several keys, a column says whose each slot's text is (this command reads the
+    runtime dir: it is the operator's view)."""
+    tenants = any(slot.tenant for slot in snapshot.slots)
     rows = []
     for slot in snapshot.slots:
         last = slot.last_used
         rows.append([str(slot.slot), slot.state, slot.conversation or "-",
                      f"{slot.num_tokens:,}",
                      format_duration(now - last) + " ago" if last else "-",
-                     slot.priority or "-"])
-    return [f"slots ({len(rows)})"] + _table(
-        ["slot", "state", "conversation", "tokens", "last use", "priority"], rows)
+                     slot.priority or "-"] + ([slot.tenant or "-"] if tenants else []))
+    header = ["slot", "state", "conversation", "tokens", "last use", "priority"]
+    return [f"slots ({len(rows)})"] + _table(header + (["tenant"] if tenants else []), rows)
 
 
 def format_queue(snapshot: Status) -> list[str]:

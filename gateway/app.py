@@ -43,8 +43,9 @@ from switchyard.gateway.request.response_store import ResponseStores
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
 from switchyard.proto.endpoints import Endpoints
+from switchyard.proto.script import load_script
 from switchyard.proto.settings import Settings
-from switchyard.proto.tenants import Tenants
+from switchyard.proto.tenants import Tenants, load_salt_key
 
 log = structlog.get_logger()
 
@@ -78,26 +79,26 @@ class RequestLogMiddleware:
                 record.status = message["status"]
             await send(message)
 
-        host = host_of(scope.get("client"))
-        refusal = self.limits.refusal(host) if self.limits is not None else None
         try:
             error = self.guard.check(scope) if self.guard is not None else None
+            if error is None and not self._authorized(scope, record):
+                error = APIError(401, "Incorrect or missing API key", type="authentication_error",
+                                 code="invalid_api_key")
+            client = self._client(scope)
+            refusal = self.limits.refusal(client) if self.limits is not None else None
             if error is None and refusal is not None:
                 error = APIError(503, f"The server is at its connection limit: {refusal}; "
                                       f"try again shortly", type="server_error",
                                  code="overloaded", retry_after_s=RETRY_AFTER_S,
                                  headers={"Connection": "close"})
-            if error is None and not self._authorized(scope, record):
-                error = APIError(401, "Incorrect or missing API key", type="authentication_error",
-                                 code="invalid_api_key")
             if error is None:
                 if self.limits is not None:
-                    self.limits.started(host)
+                    self.limits.started(client)
                 try:
                     await self.app(scope, receive, send_and_note)
                 finally:
                     if self.limits is not None:
-                        self.limits.ended(host)
+                        self.limits.ended(client)
             else:
                 record.fail(error)
                 await error.response(api_style(scope["path"]))(scope, receive, send_and_note)
@@ -107,6 +108,14 @@ class RequestLogMiddleware:
             if self.bodies is not None and record.body_bytes:
                 self.bodies.give(record.body_bytes)
             log.info("request.finished", **record.fields())
+
+    def _client(self, scope: Scope) -> str:
+        """Whose share of the connection limit a request counts against: its tenant's, with
+        several keys (every local tenant comes from one loopback host), else its host's."""
+        tenant = scope.get(TENANT_SCOPE_KEY)
+        if tenant is not None and self.tenants.several:
+            return "tenant:" + tenant.name  # a host is never spelled so
+        return host_of(scope.get("client"))
 
     def _authorized(self, scope: Scope, record: RequestRecord) -> bool:
         if not self.tenants or not scope["path"].startswith("/v1"):
@@ -193,6 +202,15 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def salt_key(settings: Settings) -> bytes:
+    """The install's salt key (proto/tenants.py): SecretKeyError (the gateway does not start)
+    when the file is not ours or not private; a key of this run only where none can be made."""
+    key, warning = load_salt_key(settings.cache_path)
+    if warning:
+        log.warning("gateway.salt_key_temporary", reason=warning)
+    return key
+
+
 def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
               keepalive_s: float = KEEPALIVE_S) -> Starlette:
     client = SchedulerClient(Endpoints(settings.runtime_path).scheduler, boot_id=boot_id,
@@ -207,7 +225,8 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     # Sub-agents' model names (--background-model) are the model too, at background priority.
     aliases = tuple(dict.fromkeys((*aliases, *settings.background_model)))
     chat_format = detect_format(tokenizer, settings.chat_format)
-    tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants)
+    tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants,
+                                    salt_key(settings))
     if tenants.several:  # names only: an operator sees every line the key file made a key
         log.info("gateway.tenants", num_tenants=len(tenants.tenants),
                  names=[t.name for t in tenants.tenants], shared=sorted(tenants.shared))
@@ -227,6 +246,7 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                           settings.runtime_path, tokenizer_identity(tokenizer))),
                       responses=ResponseStores(settings.max_stored_responses,
                                                tenants=[t.name for t in tenants.tenants]),
+                      script=load_script(settings.script) if settings.script else None,
                       images=image_inputs(settings, image_prompt_for(
                           model_dir(settings.model), tokenizer), model_id))
 
@@ -260,5 +280,5 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     app.state.gateway = gateway
     app.state.connection_limits = limits  # shared with the server's protocol (service.py)
     metrics.mount(app, settings, tenants)  # GET /metrics, requests counted by endpoint and status
-    dashboard.mount(app, settings)  # GET /dashboard, GET /v1/switchyard/status
+    dashboard.mount(app, settings, tenants)  # GET /dashboard, GET /v1/switchyard/status
     return app

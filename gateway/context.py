@@ -13,7 +13,7 @@ from typing import Any, Callable, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 
-from switchyard.gateway.errors import Abandoned, APIError, invalid
+from switchyard.gateway.errors import Abandoned, APIError, context_length_exceeded, invalid
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.http_limits import (LARGE_BODY_BYTES, MAX_LARGE_BODIES, RETRY_AFTER_S,
                                             BodyBytes)
@@ -26,6 +26,7 @@ from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
 from switchyard.proto.messages import SubmitRequest
+from switchyard.proto.script import Script
 from switchyard.proto.settings import Settings
 from switchyard.proto.tenants import Tenants
 
@@ -66,6 +67,8 @@ class Gateway:
     tenants: Tenants = field(default_factory=Tenants)
     # Large request bodies held at once (http_limits.py): MAX_LARGE_BODIES of the largest.
     bodies: BodyBytes = field(init=False)
+    # --script: rules that decide the replies' words (proto/script.py); None: the model's own.
+    script: Script | None = None
     # Hugging Face fast tokenizers are not safe to call from several threads at once: each
     # lane (thread) has its own tokenizer. Prompts of LARGE_PROMPT_CHARS or more take the
     # large lane, so one huge prompt never delays everyone else's turn (issue 12, finding 9).
@@ -118,12 +121,9 @@ class Gateway:
     def check_prompt_chars(self, num_chars: int, param: str) -> None:
         """Refuse, before tokenizing, a prompt that cannot fit the context: no token of this
         vocabulary is longer than `max_token_chars` characters."""
-        limit = self.settings.ctx * self.max_token_chars()
-        if num_chars > limit:
-            raise invalid(
-                f"This model's maximum context length is {self.settings.ctx} tokens; the "
-                f"prompt has {num_chars} characters, more than {limit}, the most that many "
-                f"tokens can hold.", param=param, code="context_length_exceeded")
+        if num_chars > self.settings.ctx * self.max_token_chars():
+            raise context_length_exceeded(-(-num_chars // self.max_token_chars()),
+                                          self.settings.ctx, param, at_least=True)
 
     def max_token_chars(self) -> int:
         if self._max_token_chars is None:
@@ -228,6 +228,7 @@ class RequestRecord:
     num_spliced_tokens: int | None = None
     tenant: str | None = None  # the key's name, with several keys
     body_bytes: int = 0  # of a large body, held in Gateway.bodies until the request ends
+    script_rule: int | None = None  # --script: the rule that decided the reply
 
     def start(self, submit: SubmitRequest, *, stream: bool) -> None:
         self.rid = submit.rid
@@ -254,7 +255,7 @@ class RequestRecord:
         for name in ("rid", "stream", "priority", "num_prompt_tokens", "num_cached_tokens",
                      "num_generated_tokens", "finish_reason", "error_code", "num_tool_calls",
                      "num_malformed_tool_calls", "num_repaired_tool_calls",
-                     "num_spliced_turns", "num_spliced_tokens", "tenant"):
+                     "num_spliced_turns", "num_spliced_tokens", "tenant", "script_rule"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -278,6 +279,13 @@ def responses_of(request: Request) -> ResponseStore:
     """The Responses store of the request's tenant (its key's; "" with no keys)."""
     tenant = request.scope.get(TENANT_SCOPE_KEY)
     return gateway_of(request).responses.of(tenant.name if tenant is not None else "")
+
+
+def tenant_share_of(request: Request) -> dict:
+    """The SubmitRequest fields naming whose share the request counts against (its tenant's
+    name and weight; none with one tenant)."""
+    name, weight = gateway_of(request).tenants.share_of(request.scope.get(TENANT_SCOPE_KEY))
+    return {"tenant": name, "tenant_weight": weight} if name else {}
 
 
 def record_of(request: Request) -> RequestRecord:

@@ -19,9 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from switchyard.gateway.context import TENANT_SCOPE_KEY
+from switchyard.gateway.tenant_view import status_for
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.settings import Settings
 from switchyard.proto.status import Status, read_status
+from switchyard.proto.tenants import Tenants
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ASSETS = {  # the only files served, with their types
@@ -51,8 +54,11 @@ def status_body(status: Status, now: float, http: list[dict]) -> dict:
             "gateway": {"pid": os.getpid(), "now": now, "http_requests": http}}
 
 
-def mount(app: Starlette, settings: Settings) -> None:
-    """Add GET /dashboard, its assets and GET /v1/switchyard/status to `app`."""
+def mount(app: Starlette, settings: Settings, tenants: Tenants | None = None) -> None:
+    """Add GET /dashboard, its assets and GET /v1/switchyard/status to `app`. With several
+    keys, a key is shown its own requests (gateway/tenant_view.py)."""
+    if tenants is None:
+        tenants = Tenants.from_settings(settings.api_key, settings.shared_prefix_tenants)
     assets = load_assets()
     status_file = Endpoints(settings.runtime_path).status_file
 
@@ -77,6 +83,7 @@ def mount(app: Starlette, settings: Settings) -> None:
                 status_code=503, headers={"Retry-After": "1", "Cache-Control": "no-store"})
         metrics = getattr(request.app.state, "metrics", None)
         http = metrics.request_counts() if metrics is not None else []
+        snapshot = status_for(snapshot, request.scope.get(TENANT_SCOPE_KEY), tenants)
         return JSONResponse(status_body(snapshot, time.time(), http),
                             headers={"Cache-Control": "no-store"})
 

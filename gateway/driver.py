@@ -14,13 +14,14 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+import msgspec
 import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.context import (Gateway, RequestRecord, cache_salt_of, gateway_of,
-                                        record_of)
-from switchyard.gateway.errors import APIError, invalid
+                                        record_of, tenant_share_of)
+from switchyard.gateway.errors import APIError, context_length_exceeded, invalid
 from switchyard.gateway.prompting.history import RenderOptions
 from switchyard.gateway.output.parser import Event
 from switchyard.gateway.prompting.prompts import build_submit, check_chat_template
@@ -134,7 +135,8 @@ def render_options(request: Request, note_unseen: bool = False,
         think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
         tools_as_text=gw.tools_as_text, system_in_place=gw.system_in_place,
         image_text=images.expand if images is not None else None,
-        max_chars=gw.settings.ctx * gw.max_token_chars(), note_unseen=note_unseen)
+        max_chars=gw.settings.ctx * gw.max_token_chars(), ctx=gw.settings.ctx,
+        note_unseen=note_unseen)
 
 
 async def plan_chat(request: Request, chat: ChatRequest, *, param: str = "messages",
@@ -145,17 +147,16 @@ async def plan_chat(request: Request, chat: ChatRequest, *, param: str = "messag
     `note_unseen`: find the messages whose reasoning the template did not render."""
     gw = gateway_of(request)
     check_chat_template(gw.tokenizer)
-    if len(chat.messages) > gw.settings.ctx:
-        raise invalid(f"The conversation has {len(chat.messages)} messages: each takes at least "
-                      f"one token of the {gw.settings.ctx}-token context", param=param,
-                      code="context_length_exceeded")
+    if len(chat.messages) > gw.settings.ctx:  # each message takes a token at least
+        raise context_length_exceeded(len(chat.messages), gw.settings.ctx, param,
+                                      at_least=True)
     gw.check_prompt_chars(chat_chars(chat, with_reasoning=False), param)
     abandoned = threading.Event()
     salt = cache_salt_of(request, chat.options.cache_salt)
     options = dataclasses.replace(render_options(request, note_unseen, images, salt),
                                   abandoned=abandoned)
     return await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
-                                  gw.think, size=chat_chars(chat), request=request,
+                                  gw.think, gw.script, size=chat_chars(chat), request=request,
                                   abandoned=abandoned)
 
 
@@ -168,6 +169,7 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
     chat, images = await prepare_images(gw, chat)
     plan = await plan_chat(request, chat, param=param, note_unseen=note_unseen, images=images)
     await gw.check_grammar(plan.constraint, request)
+    record.script_rule = plan.script_rule
     record.num_spliced_turns = plan.rendered.num_spliced or None
     record.num_spliced_tokens = plan.rendered.num_spliced_tokens or None
     spans, files = images.attach(plan.prompt_ids) if images is not None else ((), ())
@@ -192,6 +194,8 @@ async def respond(request: Request, turn: Turn, submit: SubmitRequest, output: O
                   stream: bool) -> Response:
     gw = gateway_of(request)
     record = record_of(request)
+    if record.tenant:  # several keys: whose it is (status views, speculation, fair shares)
+        submit = msgspec.structs.replace(submit, **tenant_share_of(request))
     record.start(submit, stream=stream)
     events = gw.client.submit(submit)
     if stream:

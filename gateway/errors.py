@@ -42,10 +42,12 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
                  retry_after_s: float | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 anthropic_message: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.anthropic_message = anthropic_message or message  # where Anthropic words it otherwise
         self.type = type
         self.param = param
         self.code = code
@@ -60,7 +62,7 @@ class APIError(Exception):
     def anthropic_body(self) -> dict[str, Any]:
         kind = _ANTHROPIC_TYPES.get(self.status) or (
             "invalid_request_error" if self.status < 500 else "api_error")
-        return {"type": "error", "error": {"type": kind, "message": self.message}}
+        return {"type": "error", "error": {"type": kind, "message": self.anthropic_message}}
 
     def body_in(self, style: str) -> dict[str, Any]:
         return self.anthropic_body() if style == STYLE_ANTHROPIC else self.body()
@@ -82,12 +84,21 @@ def out_of_range(param: str, allowed: str) -> APIError:
     return invalid(f"'{param}' must be {allowed}", param=param, code="invalid_value")
 
 
-def context_length_exceeded(num_prompt_tokens: int, ctx: int,
-                            param: str = "messages") -> APIError:
-    return invalid(
-        f"This model's maximum context length is {ctx} tokens; the prompt has "
-        f"{num_prompt_tokens} tokens and at least one token must be generated.",
-        param=param, code="context_length_exceeded")
+def context_length_exceeded(num_prompt_tokens: int, ctx: int, param: str = "messages", *,
+                            at_least: bool = False) -> APIError:
+    """A prompt that leaves no token of the context to generate, in the words each client
+    parses to compact its conversation (docs/design.md "The context limit"): OpenAI's
+    (Qwen Code, opencode: "maximum context length is M tokens ... resulted in N tokens"),
+    Anthropic's (Claude Code: "prompt is too long: N tokens > M maximum", M the longest
+    prompt). `at_least`: N is a lower bound (counted before tokenizing)."""
+    bound = "at least " if at_least else ""
+    return APIError(
+        400, f"This model's maximum context length is {ctx} tokens. However, your messages "
+        f"resulted in {bound}{num_prompt_tokens} tokens (at least one token must be left to "
+        f"generate). Please reduce the length of the messages.",
+        param=param, code="context_length_exceeded",
+        anthropic_message=f"prompt is too long: {bound}{num_prompt_tokens} tokens > "
+                          f"{ctx - 1} maximum")
 
 
 def model_not_found(model: str) -> APIError:

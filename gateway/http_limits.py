@@ -16,8 +16,10 @@ response ended (as nginx's `client_header_timeout`). The body has its own deadli
   longest idle first, so connections nobody uses never keep a request out;
 - a request is refused with a 503 in its API's error format, `Retry-After` and `Connection:
   close` when requests in progress or open connections are at the limit, or when its client
-  host already has all but an eighth of them in progress (the eighth is kept for other hosts:
-  one client cannot hold every slot; local processes all come from one loopback host).
+  already has all but an eighth of them in progress (the eighth is kept for other clients:
+  one client cannot hold every slot). A client is the request's tenant where the key file
+  has several keys (local processes all come from one loopback host, so a host would let
+  one key shut out the others), else its host.
 
 `BodyBytes` bounds the large bodies (256 KiB or more) the gateway holds at once, from the
 first byte read (or the declared length) to the end of their request: a body costs its bytes
@@ -62,14 +64,15 @@ class BodyBytes:
 
 
 class ConnectionLimits:
-    """Open connections and requests in progress, per client host, against one limit."""
+    """Open connections and requests in progress, per client (a tenant or a host: the
+    gateway's RequestLogMiddleware names it), against one limit."""
 
     def __init__(self, max_connections: int) -> None:
         self.max_connections = max_connections
-        # Requests one client host may have in progress: all but an eighth (at least one).
+        # Requests one client may have in progress: all but an eighth (at least one).
         self.per_client = max(1, max_connections - max(1, max_connections // 8))
         self.connections: dict[Any, float] = {}  # protocol -> when it last went idle
-        self.requests: Counter[str] = Counter()  # client host -> requests in progress
+        self.requests: Counter[str] = Counter()  # client -> requests in progress
 
     # --- connections (the protocol) ----------------------------------------------------------
 
@@ -97,7 +100,7 @@ class ConnectionLimits:
     # --- requests (the app) ------------------------------------------------------------------
 
     def refusal(self, host: str) -> str | None:
-        """Why a new request of `host` is refused now, or None (then `started`/`ended`)."""
+        """Why a new request of client `host` is refused now, or None (then `started`/`ended`)."""
         if len(self.connections) > self.max_connections:
             return f"all {self.max_connections} connections are in use"
         if sum(self.requests.values()) >= self.max_connections:

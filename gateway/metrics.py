@@ -12,7 +12,9 @@ Two sources, one registry per app:
 
 The scheduler's counters start from zero when it restarts (Prometheus treats that as a counter
 reset; `switchyard_scheduler_start_time_seconds` changes). When an API key is set, /metrics
-requires it like /v1 does (`Authorization: Bearer KEY` in the scrape config).
+requires it like /v1 does (`Authorization: Bearer KEY` in the scrape config); with several
+keys, a tenant's key is shown the status as gateway/tenant_view.py cuts it (its own counters),
+an operator key all of it.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from switchyard.gateway.context import RECORD_SCOPE_KEY
+from switchyard.gateway.tenant_view import status_for
 from switchyard.proto.endpoints import Endpoints
 from switchyard.proto.messages import PRIORITIES, ROLE_GATEWAY, ROLE_KVSTORE, ROLE_WORKER
 from switchyard.proto.settings import Settings
-from switchyard.proto.tenants import Tenants
+from switchyard.proto.tenants import Tenant, Tenants
 from switchyard.proto.status import (SLOT_STATES, TOKEN_KINDS, DiskStatus, KvMemoryStatus, Stats,
                                       Status, read_status)
 from switchyard.proto.status import Histogram as HistogramStatus  # prometheus has a Histogram
@@ -197,8 +200,19 @@ class StatusCollector(Collector):
 
 # -- the gateway's own counters -------------------------------------------------------------
 
+class _Collected(Collector):
+    """Metric families collected already (one scrape's)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
 class GatewayMetrics:
     def __init__(self, read_status: Callable[[], Status | None]) -> None:
+        self.read_status = read_status
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter("switchyard_http_requests", "HTTP requests the gateway "
                                 "answered, by method, endpoint and status",
@@ -222,8 +236,19 @@ class GatewayMetrics:
                     rows.append({**sample.labels, "count": int(sample.value)})
         return rows
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, view: Callable[[Status], Status] | None = None) -> bytes:
+        """The text of a scrape; `view` cuts the status document for the scraping key."""
+        if view is None:
+            return generate_latest(self.registry)
+        scoped = CollectorRegistry(auto_describe=False)
+        scoped.register(_Collected([*self.requests.collect(), *self.duration.collect()]))
+
+        def read() -> Status | None:
+            status = self.read_status()
+            return None if status is None else view(status)
+
+        scoped.register(StatusCollector(read))
+        return generate_latest(scoped)
 
 
 def endpoint_of(scope: Scope, routes: Iterable) -> str:
@@ -267,16 +292,19 @@ class RequestMetricsMiddleware:
 
 # -- the route ------------------------------------------------------------------------------
 
-def authorized(headers, tenants: Tenants) -> bool:
-    """The API key check of /v1, for routes outside it (Bearer or x-api-key): any tenant's key
-    (what is shown is aggregate over all of them)."""
-    if not tenants:
-        return True
+def key_tenant(headers, tenants: Tenants) -> Tenant | None:
+    """Whose key the request gives (Bearer or x-api-key), as /v1 reads it; None: no key."""
     given = headers.get("x-api-key", "")
     auth = headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         given = auth[7:].strip()
-    return tenants.match(given) is not None
+    return tenants.match(given)
+
+
+def authorized(headers, tenants: Tenants) -> bool:
+    """The API key check of /v1, for routes outside it: any tenant's key (each is shown what
+    gateway/tenant_view.py lets it see)."""
+    return not tenants or key_tenant(headers, tenants) is not None
 
 
 def unauthorized() -> JSONResponse:
@@ -295,7 +323,10 @@ def mount(app: Starlette, settings: Settings, tenants: Tenants | None = None) ->
     async def scrape(request: Request) -> Response:
         if not authorized(request.headers, tenants):
             return unauthorized()
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        viewer = key_tenant(request.headers, tenants) if tenants else None
+        view = None if tenants.sees_all(viewer) else (
+            lambda status: status_for(status, viewer, tenants))
+        return Response(metrics.exposition(view), media_type=CONTENT_TYPE_LATEST)
 
     app.router.routes.append(Route("/metrics", scrape, methods=["GET"]))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)

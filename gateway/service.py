@@ -22,6 +22,7 @@ from switchyard.gateway.app import build_app
 from switchyard.gateway.http_limits import server_limits
 from switchyard.proto.ids import new_boot_id
 from switchyard.proto.logs import configure_logging
+from switchyard.proto.secret_keys import SecretKeyError
 from switchyard.proto.settings import Settings, SettingsError, add_arguments, from_namespace
 
 # On SIGTERM open requests get this long to finish; then they end with a retryable 503.
@@ -89,7 +90,11 @@ def run(settings: Settings) -> None:
         log.error("gateway.tokenizer_failed", model=settings.model,
                   error_type=type(exc).__name__, error=str(exc))
         raise SystemExit(1) from None
-    app = build_app(settings, tokenizer, boot_id=boot_id)
+    try:
+        app = build_app(settings, tokenizer, boot_id=boot_id)
+    except SecretKeyError as exc:  # the salt key is not ours or not private: say so, exit 2
+        log.error("gateway.salt_key_refused", error=str(exc))
+        raise SystemExit(2) from None
     log.info("gateway.starting", host=settings.host, port=settings.port,
              model=app.state.gateway.model_id)
     server = make_server(app, settings.host, settings.port)

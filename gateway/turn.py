@@ -21,9 +21,11 @@ from switchyard.gateway.output.parser import Event, Forced, OutputParser, TextDe
 from switchyard.gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.model import ChatRequest
+from switchyard.gateway.request.scripted import forced_reply, reply_text, scripted_rule
 from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
 from switchyard.gateway.output.tools import HARMONY_FAMILY, ToolCall, ToolSyntax, new_call_id, tool_names
+from switchyard.proto.script import Rule, Script
 
 
 
@@ -45,6 +47,7 @@ class TurnPlan:
     # applies (docs/design.md "Structured outputs").
     constraint: Constraint | None = None
     trigger_ids: tuple[int, ...] = ()
+    script_rule: int | None = None  # the script's rule that decided the reply (1-based)
 
 
 def _single_token(tokenizer: Any, text: str) -> tuple[int, ...]:
@@ -75,11 +78,17 @@ def _call_constraint(tokenizer: Any, chat: ChatRequest, syntax: ToolSyntax, mode
 
 
 def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,
-              syntax: ToolSyntax, think: ThinkSyntax | None) -> TurnPlan:
-    """Render the prompt and decide how tool calls are made (runs in the tokenizer thread)."""
+              syntax: ToolSyntax, think: ThinkSyntax | None,
+              script: Script | None = None) -> TurnPlan:
+    """Render the prompt and decide how tool calls are made (runs in the tokenizer thread);
+    with a `script` whose rule holds for the request, that rule decides the reply's words."""
     rendered = render_prompt(tokenizer, chat.messages, chat.tools, chat.template_kwargs, options)
     start_in_reasoning = prompt_opens_reasoning(rendered.text_tail, think)
     channels = syntax.family == HARMONY_FAMILY
+    scripted = scripted_rule(script, chat)
+    if scripted is not None:
+        return _scripted_plan(tokenizer, rendered, scripted, syntax, think, start_in_reasoning,
+                              channels)
     choice = chat.tool_choice
     answer = chat.constraint
     if answer is not None and start_in_reasoning:  # reasoning stays free until it closes
@@ -113,6 +122,20 @@ def plan_turn(tokenizer: Any, chat: ChatRequest, options: RenderOptions,
                     extra_stop_ids=end_ids, syntax=syntax, channels=channels)
     return _with_trigger(tokenizer, plan,
                          _call_constraint(tokenizer, chat, syntax, "forced", name))
+
+
+def _scripted_plan(tokenizer: Any, rendered: Rendered, rule: Rule, syntax: ToolSyntax,
+                   think: ThinkSyntax | None, start_in_reasoning: bool,
+                   channels: bool) -> TurnPlan:
+    """The rule's reply, every token forced; parsed for calls as the model's own output is."""
+    text = reply_text(rule, syntax)
+    if start_in_reasoning:  # close the open think block first, as a forced call does
+        text = think.end + "\n\n" + text
+    elif channels and not rule.calls:
+        text = HARMONY_FINAL + text
+    return TurnPlan(rendered.ids, rendered, start_in_reasoning=start_in_reasoning,
+                    syntax=syntax, channels=channels, constraint=forced_reply(tokenizer, text),
+                    script_rule=rule.number)
 
 
 @dataclass(frozen=True)

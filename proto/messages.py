@@ -26,7 +26,9 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 10: AttachBuffers carries the pages' geometry (kvstore checks every page against it).
 # 11: the worker's KV budget (WorkerReady.kv_budget_tokens), which the scheduler keeps to.
 # 12: StepDone.num_forward_passes/num_forward_tokens/num_prefill_passes (packed prefill).
-PROTOCOL_VERSION = 12
+# 13: SubmitRequest.tenant (whose request: status views and speculation per tenant).
+# 14: SubmitRequest.tenant_weight (fair shares between tenants).
+PROTOCOL_VERSION = 14
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -270,6 +272,12 @@ class SubmitRequest(Message, tag="submit_request"):
     # bytes, or empty: unsalted). Its page chain starts from a root made of it, and the
     # proposer copies drafts only from text of the same salt.
     cache_salt: bytes = b""
+    # Whose request: its key's name with several keys, "" with one or none. The status shows
+    # each key its own requests by it, and the proposer keeps each tenant's n-grams apart.
+    # The queue, the slots and the prefill are divided between tenants by `tenant_weight`
+    # (the key file's; scheduler/tenant_shares.py).
+    tenant: str = ""
+    tenant_weight: float = 1.0
 
     def __post_init__(self):
         _pack_tokens(self, "prompt_token_ids")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from switchyard.proto.group_key import read_group_key
 from switchyard.proto.hostfile import BACKENDS, PARALLEL_MODES
+from switchyard.proto.script import ScriptError, load_script
 from switchyard.proto.secret_files import SettingsError, read_private_file
 from switchyard.proto.tenants import KeyFileError, Tenants, resolved_keys
 
@@ -212,6 +213,9 @@ class Settings:
                                 default=True)
     chat_format: str = _opt("tool-call and reasoning format: " + ", ".join(CHAT_FORMATS)
                             + " (auto: from the model's chat template)", default="auto")
+    script: str = _opt("scripted replies: a JSON file of rules that decide the model's words "
+                       "(README \"Scripted replies\"); for trying clients and for tests",
+                       default="")
     history_turns: int = _opt("assistant turns remembered for prefix-stable rendering",
                               default=1024)
     max_stored_responses: int = _opt("Responses API conversations kept for "
@@ -366,6 +370,11 @@ class Settings:
             problems.append("--served-model-name must not be empty")
         if any(not name.strip() for name in self.background_model):
             problems.append("--background-model must not be empty")
+        if self.script:
+            try:
+                load_script(self.script)
+            except ScriptError as exc:
+                problems.append(str(exc))
         if problems:
             raise SettingsError("; ".join(problems))
         return self
@@ -406,7 +415,8 @@ def flag_args(name: str, value) -> list[str]:
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 API_KEY_ENV = "SWITCHYARD_API_KEY"
 SECRET_FIELDS = ("api_key", "api_key_file")
-GATEWAY_ONLY = ("host", "port", "allowed_hosts", "allowed_origins", "shared_prefix_tenants")
+GATEWAY_ONLY = ("host", "port", "allowed_hosts", "allowed_origins", "shared_prefix_tenants",
+                "script")
 
 
 _KEY_FILE_BYTES = 64 * 1024

@@ -43,12 +43,15 @@ class PeerStatus(_Doc):
 class SlotStatus(_Doc):
     slot: int
     num_tokens: int  # tokens whose KV the slot holds
-    conversation: str | None  # the first page id's first 12 hex digits: which prefix it holds
+    # Which prefix it holds: 12 hex digits, equal for slots of one first page, a keyed hash
+    # that changes when the scheduler restarts (never a page id: scheduler/status_rows.py).
+    conversation: str | None
     last_used: float | None
     rid: str | None
     priority: str | None
     state: SlotState
     waiting_s: float | None  # its request's wait so far, until its first token
+    tenant: str = ""  # whose text it holds, with several keys ("": one key, or not known)
 
 
 class QueuedRequest(_Doc):
@@ -56,6 +59,7 @@ class QueuedRequest(_Doc):
     priority: str
     waiting_s: float
     prompt_tokens: int
+    tenant: str = ""  # with several keys: whose request
 
 
 class DiskStatus(_Doc):
@@ -155,6 +159,16 @@ class RecentRequest(_Doc):
     prompt_tokens: int
     cached_tokens: int
     priority: str
+    tenant: str = ""  # with several keys: whose request
+
+
+class TenantStats(_Doc):
+    """One tenant's own counters (several keys): what its key is shown in place of everyone's
+    (gateway/tenant_view.py), so no counter it sees moves with another tenant's text."""
+
+    requests_finished: dict[str, int]  # by finish reason
+    tokens: TokenCounts
+    ttft: Histogram
 
 
 class Stats(_Doc):
@@ -168,6 +182,7 @@ class Stats(_Doc):
     num_steps: int
     restarts: dict[str, int]  # by peer role: new boot ids seen
     recent_requests: list[RecentRequest]
+    by_tenant: dict[str, TenantStats] = {}  # with several keys: each tenant's own
 
 
 class Status(_Doc):

@@ -16,7 +16,7 @@ only what none of them holds is prefilled.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import msgspec
@@ -66,8 +66,10 @@ from switchyard.scheduler.page_cache import PageCache
 from switchyard.scheduler.prefill_plan import PrefillShare, plan_prefills, state_points
 from switchyard.scheduler.proposer import Proposer, ProposerConfig
 from switchyard.scheduler.requests import Request, Slot
+from switchyard.scheduler.status_rows import RootTenants, conversation_label
 from switchyard.scheduler.restore import DiskReads, load_of
 from switchyard.scheduler.step_budget import PrefillBudget
+from switchyard.scheduler.tenant_shares import TenantShares, running_by_tenant
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ class FinishedRecord:
     # Tokens it had in a slot before it gave the slot up (to memory or to a waiting request)
     # and had to prefill again: 0 while its pages reach the disk (docs/design.md "Memory plan").
     num_reread_tokens: int = 0
+    tenant: str = ""  # its key's name with several keys
 
 
 class SchedulerCore:
@@ -123,6 +126,7 @@ class SchedulerCore:
         self.waiting: deque[str] = deque()
         self.inflight: RunStep | None = None
         self.outbox = Outbox()
+        self.root_tenants = RootTenants()  # whose an idle slot's text is, for the status
         self.pages = PageCache(config.page_size, config.disk_budget_bytes,
                                config.protect_window_s, self.outbox)
         self.budget = PrefillBudget(config.prefill_chunk, config.decode_share)
@@ -140,6 +144,7 @@ class SchedulerCore:
                          if config.num_draft_tokens > 0 else None)
         self.index_overdue = False  # kvstore's index is long overdue: place without it
         self.num_memory_preemptions = 0  # running requests staged to disk for memory
+        self.shares = TenantShares()  # tenants' shares of queue, slots and prefill
 
     def handle(self, event: Event, now: float) -> Effects:
         """Apply one event; what it produced comes back as one `Effects`."""
@@ -190,7 +195,8 @@ class SchedulerCore:
             req = self.requests.get(slot.rid) if slot.rid else None
             slots.append(SlotStatus(
                 slot=slot.index, num_tokens=len(slot.tokens),
-                conversation=slot.page_ids[0].hex()[:12] if slot.page_ids else None,
+                conversation=conversation_label(slot.page_ids[0]) if slot.page_ids else None,
+                tenant=req.tenant if req else self.root_tenants.of(slot.root),
                 last_used=slot.last_used or None, rid=slot.rid,
                 priority=req.priority if req else None,
                 state=self._state(req) if req else "idle",
@@ -198,7 +204,8 @@ class SchedulerCore:
                 else None))
         queue = [QueuedRequest(rid=rid, priority=self.requests[rid].priority,
                                waiting_s=now - self.requests[rid].arrived_at,
-                               prompt_tokens=len(self.requests[rid].prompt))
+                               prompt_tokens=len(self.requests[rid].prompt),
+                               tenant=self.requests[rid].tenant)
                  for rid in self.waiting]
         # Queued, restoring or prefilling: what a starving request shows as (issue 14).
         speculation = SpeculationStatus(
@@ -253,20 +260,24 @@ class SchedulerCore:
                                 f"holds {cfg.ctx}")
         if msg.rid in self.requests:
             return self._reject(msg.rid, "invalid_request", "duplicate request id")
-        if len(self.waiting) >= cfg.max_queue:
-            self.outbox.send(RequestFailed(
-                msg.rid, "queue_full", f"{len(self.waiting)} requests are waiting; try again "
-                "shortly", True, cfg.retry_after_s))
+        self.shares.note(msg.tenant, msg.tenant_weight)
+        refusal = self.shares.queue_refusal(msg.tenant, (self.requests[r] for r in self.waiting),
+                                            {r.tenant for r in self.requests.values()},
+                                            cfg.max_queue)
+        if refusal is not None:
+            self.outbox.send(RequestFailed(msg.rid, "queue_full", refusal, True,
+                                           cfg.retry_after_s))
             return
         req = self.requests[msg.rid] = Request(
             rid=msg.rid, prompt=msg.prompt_token_ids, max_tokens=max(1, msg.max_tokens),
             sampling=msg.sampling, stop_token_ids=frozenset(msg.stop_token_ids),
             priority=msg.priority, arrived_at=now, images=msg.images,
             image_data={d.image_id: d for d in msg.image_data}, speculative=msg.speculative,
-            root=chain_root(msg.cache_salt))
+            root=chain_root(msg.cache_salt), tenant=msg.tenant)
         self.pages.note_root(req.root)
+        self.root_tenants.note(req.root, msg.tenant)
         if self.proposer is not None and req.speculative:
-            self.proposer.start(req.rid, req.feed, msg.cache_salt)
+            self.proposer.start(req.rid, req.feed, msg.cache_salt, tenant=msg.tenant)
         self.waiting.append(msg.rid)
         if msg.sampling.grammar:  # placed once the worker compiled it, off its steps
             req.grammar_ready = False
@@ -511,7 +522,7 @@ class SchedulerCore:
                 prefilling.append((req, remaining))
         decoding = [self.requests[self.slots[d.slot].rid] for d in decodes]
         prefills, share = plan_prefills(prefilling, decoding, self.slots, self.budget,
-                                        self.config, now)
+                                        self.config, now, self.shares)
         if share is not None and share.num_protected:
             self.prefill_share = (now, share)  # for status: the latest split with streams
         copies, self._copies = self._copies, []
@@ -590,8 +601,10 @@ class SchedulerCore:
         budget = self.config.kv_budget_tokens
         if not budget:
             return
+        running = running_by_tenant(self.requests[s.rid] for s in self.slots if s.rid)
         relief = relieve(self.slots, self.requests, budget, self.config.ctx,
-                         lambda r: (not self._interactive(r, now), r.arrived_at))
+                         lambda r: (self.shares.usage(r.tenant, running),
+                                    not self._interactive(r, now), r.arrived_at))
         held = held_tokens(holds(self.slots, self.requests), self.config.ctx) \
             if relief.preempt else 0
         for rid in relief.preempt:
@@ -618,9 +631,12 @@ class SchedulerCore:
             or self.index_overdue
 
     def _admission_order(self, now: float) -> list[str]:
+        """Each tenant's own order (scheduler.fairness), interleaved by their shares."""
         cfg = self.config
-        return sorted(self.waiting, key=lambda rid: admission_key(
+        own = sorted(self.waiting, key=lambda rid: admission_key(
             self.requests[rid], now, cfg.background_wait_s, cfg.num_slots))
+        running = running_by_tenant(self.requests[s.rid] for s in self.slots if s.rid)
+        return self.shares.admission_order(own, lambda rid: self.requests[rid].tenant, running)
 
     def _admit(self, now: float) -> None:
         if not self._can_admit():
@@ -730,14 +746,16 @@ class SchedulerCore:
         if not self.waiting or not self._can_admit():
             return
         free = sum(1 for s in self.slots if s.free)
+        promised = Counter()  # slots this pass gives, by tenant (scheduler.tenant_shares)
         for rid in self._admission_order(now):
             req = self.requests[rid]
             if not req.grammar_ready or req.waits_for in self._prefilling_rids():
                 continue  # not placed now: no slot is freed for it
             if free and not self._short_of_memory(req):
                 free -= 1  # a free slot is there for it
+                promised[req.tenant] += 1
                 continue
-            victim = self._victim(req, now)
+            victim = self._victim(req, now, promised)
             if victim is not None and free:
                 self.num_memory_preemptions += 1
                 self._preempt(victim, now, "memory", for_rid=req.rid)
@@ -745,6 +763,7 @@ class SchedulerCore:
             if victim is None:
                 break  # admission keeps its order: nobody behind it is placed either
             self._preempt(victim, now, "slot")
+            promised[req.tenant] += 1
 
     def _short_of_memory(self, req: Request) -> bool:
         """Whether the request's KV would not fit the worker's budget beside what stays
@@ -755,15 +774,22 @@ class SchedulerCore:
             request_hold(req, 0), -1, self.slots, self.requests, budget, self.config.ctx,
             lambda s: s.leaving or self._releasable(s)) is None
 
-    def _victim(self, waiter: Request, now: float) -> Request | None:
-        """The running request whose slot `waiter` takes, if any: background before
-        interactive, then the newest to arrive."""
+    def _victim(self, waiter: Request, now: float, promised: Counter | None = None
+                ) -> Request | None:
+        """The running request whose slot `waiter` takes, if any: within its tenant by rank
+        (scheduler.fairness), from another tenant only below its share (`promised`: slots
+        given this pass, by tenant; scheduler.tenant_shares). The tenant furthest over its
+        share first, then background before interactive, then the newest to arrive."""
         cfg = self.config
         running = [self.requests[s.rid] for s in self.slots if s.rid is not None]
+        counts = running_by_tenant(running) + (promised or Counter())
         victims = [r for r in running
-                   if preempts(waiter, r, now, cfg.background_wait_s, cfg.slice_tokens,
-                               cfg.num_slots)]
-        return max(victims, key=lambda r: (not self._interactive(r, now), r.arrived_at),
+                   if (preempts(waiter, r, now, cfg.background_wait_s, cfg.slice_tokens,
+                                cfg.num_slots) if r.tenant == waiter.tenant
+                       else self.shares.takes_share(waiter.tenant, r.tenant, counts)
+                       and not r.cancelled)]
+        return max(victims, key=lambda r: (self.shares.usage(r.tenant, counts),
+                                           not self._interactive(r, now), r.arrived_at),
                    default=None)
 
     def _preempt(self, victim: Request, now: float, reason: str, **fields) -> None:
@@ -944,7 +970,7 @@ class SchedulerCore:
             ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrived_at,
             duration_s=now - req.arrived_at, num_proposed_tokens=req.num_proposed,
             num_accepted_tokens=req.num_accepted, proposers=",".join(sorted(req.proposers)),
-            num_reread_tokens=req.num_reread, **_prefill_times(req)))
+            num_reread_tokens=req.num_reread, tenant=req.tenant, **_prefill_times(req)))
         unsent = self._unsent.pop(req.rid, None)
         if notify:
             if unsent:

@@ -14,6 +14,7 @@ from switchyard.scheduler.fairness import interactive_now, prefill_key
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.requests import Request, Slot
 from switchyard.scheduler.step_budget import PrefillBudget
+from switchyard.scheduler.tenant_shares import TenantShares
 
 
 
@@ -42,13 +43,15 @@ def prefill_share(decoding: list[Request], prefilling: list[Request], now: float
     first token are equal parties: D streams beside W waiting requests keep D / (D + W) of
     their solo speed, at most `--decode-share` (one stream beside one long prefill keeps it:
     issue 14) and at least MIN_DECODE_SHARE. Waiting background requests count only while no
-    interactive request heads the prefill queue (they wait for it anyway). So twenty agents'
-    tool results waiting behind a few short replies prefill at nearly full speed (issue 29),
-    and a lone chat stream beside a long prompt keeps half of its speed."""
-    head_interactive = interactive_now(prefilling[0], now, cfg.background_wait_s)
+    interactive request of their tenant heads its prefill queue (they wait for it anyway).
+    So twenty agents' tool results waiting behind a few short replies prefill at nearly full
+    speed (issue 29), and a lone chat stream beside a long prompt keeps half of its speed."""
+    heads: dict[str, bool] = {}  # each tenant's: its background waits only for its own
+    for r in prefilling:
+        heads.setdefault(r.tenant, interactive_now(r, now, cfg.background_wait_s))
     num_protected = sum(1 for r in decoding if r.interactive)
     num_waiting = sum(1 for r in prefilling if not r.generated and (
-        interactive_now(r, now, cfg.background_wait_s) or not head_interactive))
+        interactive_now(r, now, cfg.background_wait_s) or not heads[r.tenant]))
     share = cfg.decode_share
     if num_protected and num_waiting and share > 0:
         share = min(share, max(MIN_DECODE_SHARE,
@@ -58,13 +61,18 @@ def prefill_share(decoding: list[Request], prefilling: list[Request], now: float
 
 def plan_prefills(prefilling: list[tuple[Request, int]], decoding: list[Request],
                   slots: list[Slot], budget: PrefillBudget, cfg: CoreConfig,
-                  now: float) -> tuple[list[PrefillChunk], PrefillShare | None]:
+                  now: float, shares: TenantShares | None = None
+                  ) -> tuple[list[PrefillChunk], PrefillShare | None]:
     """The chunks of this step for the requests prefilling, as (request, tokens left), and
-    the split of the step it planned them with (prefill_share; None: nothing to prefill)."""
+    the split of the step it planned them with (prefill_share; None: nothing to prefill).
+    `shares`: the tenants' (scheduler.tenant_shares), whose order goes before each tenant's
+    own and which is charged for the chunks."""
     if not prefilling:
         return [], None
     prefilling.sort(key=lambda rr: prefill_key(rr[0], rr[1], now, cfg.overtake_limit,
                                                cfg.background_wait_s))
+    if shares is not None:
+        prefilling = shares.prefill_order(prefilling)
     share = prefill_share(decoding, [req for req, _ in prefilling], now, cfg)
     grant = budget.grant(share.num_protected, share.decode_share)
     prefills, used = [], 0
@@ -83,6 +91,8 @@ def plan_prefills(prefilling: list[tuple[Request, int]], decoding: list[Request]
         prefills.append(PrefillChunk(req.slot, start, tuple(req.feed[start:end]),
                                      req.images_before(end), req.image_files(start, end)))
         used += end - start + encoding
+        if shares is not None:
+            shares.charge(req.tenant, end - start + encoding)
         if req.first_chunk_at is None:
             req.first_chunk_at = now
     budget.spend(used)

@@ -10,10 +10,11 @@ and proposes what followed them there.
   all it generated) and every other request's of the same cache salt (its tenant's, and its
   `cache_salt`: proto/tenants.py), running or recently finished. Text of another salt is never
   copied: each n-gram is keyed with its sequence's salt, so a lookup finds only its own salt's
-  entries (and a match is checked against the source's salt too). In effect one index per
-  salt, all in the one bounded table: another tenant's entries only take room (docs/design.md
-  "Tenants").
-- **How**: one fixed-size hash table of n-grams (orders 8, 4 and 2): each entry names the
+  entries (and a match is checked against the source's salt too). Each tenant (with several
+  keys: SubmitRequest.tenant) has a table of its own with a hash key of its own
+  (scheduler/ngram_table.py), so another tenant's text can neither displace its entries nor
+  be found (docs/design.md "Tenants").
+- **How**: a fixed-size hash table of n-grams per tenant (orders 8, 4 and 2): each entry names the
   sequence and position where that n-gram was last seen. Indexing a new token costs one hash
   per order; a prompt's window is indexed once, vectorized, when the request arrives. A lookup
   tries the longest order first and checks the tokens themselves (a hash collision is a miss),
@@ -35,11 +36,13 @@ and proposes what followed them there.
 from __future__ import annotations
 
 import hashlib
+import secrets
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+
+from switchyard.scheduler.ngram_table import DRAFT_PRIOR, NgramTable
 
 ORDERS = (8, 4, 2)
 MAX_MATCH = 32
@@ -47,7 +50,6 @@ _P = 1_000_003  # polynomial hash base (odd): tokens are small ints
 _MASK = (1 << 64) - 1
 _ORDER_SALT = 0x9E3779B97F4A7C15
 _RELAX = 0.02  # per plain pass: how fast a row cost measured long ago returns to the prior
-_DRAFT_PRIOR = 0.6  # a draft model's acceptance per token before any is measured
 _EWMA = 0.15  # weight of each new draft-token outcome in a request's acceptance rate
 
 
@@ -57,6 +59,9 @@ class ProposerConfig:
     table_bits: int = 20  # 1M entries of 16 bytes
     window: int = 8192  # prompt tokens indexed per request (its end)
     keep_tokens: int = 1 << 20  # tokens of finished requests kept to copy from
+    # With several keys, each tenant's own table (4 MiB) and finished tokens kept.
+    tenant_table_bits: int = 18
+    tenant_keep_tokens: int = 1 << 18
     # One more token per row in a pass, relative to a plain decode pass: where measurements
     # start (`observe_cost` follows the machine: ~0.15 on a CPU, far less on a GPU).
     verify_cost: float = 0.1
@@ -88,7 +93,10 @@ class _Source:
     # The same for a draft model's drafts (its own kind of evidence); None: none yet, the
     # draft model's acceptance over all requests stands for it.
     draft_acceptance: float | None = None
-    salt: int = 0  # its cache salt's key (`salt_key`): it copies from, and to, that salt only
+    # Its cache salt's key (`salt_key`) and its table's hash key: it copies from, and to, that
+    # salt only.
+    salt: int = 0
+    table: NgramTable | None = None  # its tenant's
 
     def get(self, pos: int) -> int | None:
         i = pos - self.base
@@ -123,36 +131,42 @@ def _hashes(tokens: np.ndarray, order: int, salt: int = 0) -> np.ndarray:
 class Proposer:
     def __init__(self, config: ProposerConfig | None = None):
         self.config = config or ProposerConfig()
-        size = 1 << self.config.table_bits
-        self._mask = size - 1
-        self._keys = np.zeros(size, dtype=np.uint64)
-        self._src = np.full(size, -1, dtype=np.int32)
-        self._pos = np.zeros(size, dtype=np.int32)
+        self._tables: dict[str, NgramTable] = {}  # by tenant ("": one key, or none)
         self._sources: dict[int, _Source] = {}
         self._indexed: dict[int, int] = {}  # source id -> tokens whose n-grams are in
-        self._finished: OrderedDict[int, int] = OrderedDict()  # source id -> tokens kept
-        self._finished_tokens = 0
         self._ids: dict[str, int] = {}
         self._next_id = 0
         self._pass_s: dict[int, float] = {}  # plain decode pass time, by batch size
         self._row_s: float | None = None  # what a row beyond the first costs a pass
         self._trip_s: float | None = None  # a step's round trip outside the worker
-        # The draft model: a pass's cost relative to a plain pass of the same batch, and its
-        # drafts' acceptance over all requests (a new request's prior).
+        # The draft model: a pass's cost relative to a plain pass of the same batch (its
+        # drafts' acceptance, a new request's prior, is each tenant's: NgramTable).
         self._draft_cost = self.config.draft_cost
-        self._draft_acceptance = _DRAFT_PRIOR
+
+    def table(self, tenant: str = "") -> NgramTable:
+        """The tenant's table, made at its first request: the single tenant's as it always
+        was, another's smaller, with a random hash key."""
+        table = self._tables.get(tenant)
+        if table is None:
+            cfg = self.config
+            table = self._tables[tenant] = (
+                NgramTable(cfg.table_bits, cfg.keep_tokens) if not tenant else
+                NgramTable(cfg.tenant_table_bits, cfg.tenant_keep_tokens, secrets.randbits(64)))
+        return table
 
     # --- sequences -------------------------------------------------------------------------
 
-    def start(self, rid: str, feed: list[int], salt: bytes = b"") -> None:
+    def start(self, rid: str, feed: list[int], salt: bytes = b"", tenant: str = "") -> None:
         """A request arrives: index the end of its context. `feed` is its token list, which
         the caller grows in place; `extend` indexes what was added. `salt`: its cache salt
-        (SubmitRequest.cache_salt): drafts are copied only between sequences of one salt."""
+        (SubmitRequest.cache_salt): drafts are copied only between sequences of one salt;
+        `tenant` (SubmitRequest.tenant): whose table its n-grams go in."""
         sid = self._next_id
         self._next_id += 1
         self._ids[rid] = sid
         start = max(0, len(feed) - self.config.window)
-        self._sources[sid] = _Source(feed, 0, salt=salt_key(salt))
+        table = self.table(tenant)
+        self._sources[sid] = _Source(feed, 0, salt=salt_key(salt) ^ table.hash_key, table=table)
         self._indexed[sid] = start
         self._index_range(sid, feed, start, len(feed))
 
@@ -174,11 +188,7 @@ class Proposer:
         source.tokens = array("i", source.tokens[base:])
         source.base = base
         del self._indexed[sid]  # nothing more to index
-        self._finished[sid] = len(source.tokens)
-        self._finished_tokens += len(source.tokens)
-        while self._finished_tokens > self.config.keep_tokens and self._finished:
-            old, n = self._finished.popitem(last=False)
-            self._finished_tokens -= n
+        for old in source.table.keep(sid, len(source.tokens)):
             del self._sources[old]
 
     def _index_range(self, sid: int, tokens, begin: int, end: int) -> None:
@@ -188,6 +198,7 @@ class Proposer:
         last = end - 2
         self._indexed[sid] = max(self._indexed[sid], end)
         salt = self._sources[sid].salt
+        table = self._sources[sid].table
         if last < first:
             return
         if last - first > 64:  # a prompt: vectorized
@@ -199,21 +210,13 @@ class Proposer:
                 h = _hashes(chunk, order, salt)
                 ends = np.arange(lo + order - 1, last + 1)
                 keep = ends >= first
-                h, ends = h[keep], ends[keep]
-                slots = (h ^ (h >> np.uint64(29))).astype(np.int64) & self._mask
-                self._keys[slots] = h
-                self._src[slots] = sid
-                self._pos[slots] = ends
+                table.put_many(h[keep], sid, ends[keep])
             return
         for p in range(first, last + 1):
             for order in ORDERS:
                 if p - order + 1 < 0:
                     continue
-                h = _hash(tokens[p - order + 1:p + 1], order, salt)
-                slot = (h ^ (h >> 29)) & self._mask
-                self._keys[slot] = h
-                self._src[slot] = sid
-                self._pos[slot] = p
+                table.put(_hash(tokens[p - order + 1:p + 1], order, salt), sid, p)
 
     # --- proposals -------------------------------------------------------------------------
 
@@ -232,14 +235,12 @@ class Proposer:
             if n < order:
                 continue
             suffix = feed[n - order:]
-            h = _hash(suffix, order, me.salt)
-            slot = (h ^ (h >> 29)) & self._mask
-            if int(self._keys[slot]) != h:
+            found = me.table.get(_hash(suffix, order, me.salt))
+            if found is None:
                 continue
-            source = self._sources.get(int(self._src[slot]))
-            pos = int(self._pos[slot])
-            if source is None or source.salt != me.salt or any(source.get(pos - order + 1 + j) != suffix[j]
-                                     for j in range(order)):
+            source, pos = self._sources.get(found[0]), found[1]
+            if (source is None or source.table is not me.table or source.salt != me.salt
+                    or any(source.get(pos - order + 1 + j) != suffix[j] for j in range(order))):
                 continue  # evicted, or a hash collision
             matched = order
             while matched < MAX_MATCH and n - matched - 1 >= 0:
@@ -349,19 +350,22 @@ class Proposer:
     def _relax_draft_acceptance(self, rids: list[str]) -> None:
         """A step that asked the draft model for nothing measured nothing: its acceptance
         estimates drift back toward the prior, so a few rejected drafts (or a phase of text it
-        drafts badly) do not turn it off for good; it is tried again after some steps."""
-        self._draft_acceptance += _RELAX * (_DRAFT_PRIOR - self._draft_acceptance)
-        for rid in rids:
-            sid = self._ids.get(rid)
-            me = self._sources.get(sid) if sid is not None else None
-            if me is not None and me.draft_acceptance is not None:
-                me.draft_acceptance += _RELAX * (self._draft_acceptance - me.draft_acceptance)
+        drafts badly) do not turn it off for good; it is tried again after some steps. Each
+        tenant's estimate moves with its own requests only."""
+        mine = [self._sources[sid] for sid in map(self._ids.get, rids) if sid is not None]
+        for table in {id(me.table): me.table for me in mine}.values():
+            table.draft_acceptance += _RELAX * (DRAFT_PRIOR - table.draft_acceptance)
+        for me in mine:
+            if me.draft_acceptance is not None:
+                me.draft_acceptance += _RELAX * (me.table.draft_acceptance - me.draft_acceptance)
 
     def draft_acceptance(self, rid: str) -> float:
         """The chance each next token of a draft-model draft is accepted for the request."""
         sid = self._ids.get(rid)
-        own = self._sources[sid].draft_acceptance if sid is not None else None
-        return min(0.98, max(0.01, own if own is not None else self._draft_acceptance))
+        me = self._sources[sid] if sid is not None else None
+        own = me.draft_acceptance if me is not None else None
+        prior = me.table.draft_acceptance if me is not None else DRAFT_PRIOR
+        return min(0.98, max(0.01, own if own is not None else prior))
 
     def observe_draft(self, rid: str, num_proposed: int, num_accepted: int) -> None:
         """A verify pass kept `num_accepted` of the draft model's `num_proposed` tokens."""
@@ -370,10 +374,10 @@ class Proposer:
             return
         me, outcomes = tallied
         if me.draft_acceptance is None:
-            me.draft_acceptance = self._draft_acceptance
+            me.draft_acceptance = me.table.draft_acceptance
         for x in outcomes:
             me.draft_acceptance += _EWMA * (x - me.draft_acceptance)
-            self._draft_acceptance += _EWMA / 4 * (x - self._draft_acceptance)
+            me.table.draft_acceptance += _EWMA / 4 * (x - me.table.draft_acceptance)
 
     def observe_draft_cost(self, batch: int, draft_pass_s: float) -> None:
         """A step's draft passes took `draft_pass_s` each, for `batch` rows (moving average

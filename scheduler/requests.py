@@ -28,6 +28,7 @@ class Request:
     # The parent id of its first page: its cache salt's chain root (proto/page_ids.chain_root),
     # so its pages, and slots holding them, are shared only with requests of the same salt.
     root: bytes = ROOT_ID
+    tenant: str = ""  # its key's name with several keys (SubmitRequest.tenant)
     num_proposed: int = 0  # draft tokens verified for it, and how many of them it kept
     num_accepted: int = 0
     proposers: set = field(default_factory=set)  # whose drafts were verified ("suffix", "draft", "mtp")

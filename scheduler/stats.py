@@ -8,7 +8,8 @@ import bisect
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from switchyard.proto.status import Histogram, RecentRequest, Stats, TokenCounts, TtftCause
+from switchyard.proto.status import (Histogram, RecentRequest, Stats, TenantStats, TokenCounts,
+                                     TtftCause)
 
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 STEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -45,6 +46,26 @@ def ttft_cause(rec) -> TtftCause:
     return max(parts, key=lambda k: (parts[k], k == "prefilled"))
 
 
+@dataclass
+class _TenantCounters:
+    """A tenant's own share of the counters (with several keys)."""
+
+    finished: Counter = field(default_factory=Counter)
+    tokens: Counter = field(default_factory=Counter)
+    ttft: BucketCounter = field(default_factory=lambda: BucketCounter(TTFT_BUCKETS_S))
+
+    def snapshot(self) -> TenantStats:
+        return TenantStats(requests_finished=dict(self.finished),
+                           tokens=TokenCounts(**self.tokens), ttft=self.ttft.snapshot())
+
+
+def _token_counts(rec) -> dict[str, int]:
+    return dict(prompt=rec.num_prompt_tokens, reused=rec.num_reused_tokens,
+                copied=rec.num_copied_tokens, restored=rec.num_restored_tokens,
+                prefilled=rec.num_prefilled_tokens, generated=rec.num_generated_tokens,
+                draft_proposed=rec.num_proposed_tokens, draft_accepted=rec.num_accepted_tokens)
+
+
 class SchedulerStats:
     def __init__(self) -> None:
         self.finished = Counter()  # finish reason -> requests
@@ -57,21 +78,25 @@ class SchedulerStats:
         self.num_steps = 0
         self.restarts = Counter()  # peer role -> restarts seen
         self.recent: deque[RecentRequest] = deque(maxlen=_RECENT)
+        # With several keys, each tenant's own (its key's name: as many as the key file has).
+        self.by_tenant: dict[str, _TenantCounters] = {}
 
     def request_finished(self, rec, at: float) -> None:
+        tenant = getattr(rec, "tenant", "")
+        own = self.by_tenant.setdefault(tenant, _TenantCounters()) if tenant else None
         self.finished[rec.finish_reason] += 1
-        self.tokens.update(prompt=rec.num_prompt_tokens, reused=rec.num_reused_tokens,
-                           copied=rec.num_copied_tokens, restored=rec.num_restored_tokens,
-                           prefilled=rec.num_prefilled_tokens,
-                           generated=rec.num_generated_tokens,
-                           draft_proposed=rec.num_proposed_tokens,
-                           draft_accepted=rec.num_accepted_tokens)
+        self.tokens.update(_token_counts(rec))
+        if own is not None:
+            own.finished[rec.finish_reason] += 1
+            own.tokens.update(_token_counts(rec))
         if rec.ttft_s is not None:
             self.ttft.observe(rec.ttft_s)
+            if own is not None:
+                own.ttft.observe(rec.ttft_s)
             self.recent.append(RecentRequest(
                 at=at, ttft_s=rec.ttft_s, cause=ttft_cause(rec),
                 prompt_tokens=rec.num_prompt_tokens, cached_tokens=rec.num_cached_tokens,
-                priority=rec.priority))
+                priority=rec.priority, tenant=tenant))
 
     def request_failed(self, code: str) -> None:
         self.failed[code] += 1
@@ -84,4 +109,5 @@ class SchedulerStats:
         return Stats(requests_finished=dict(self.finished), requests_failed=dict(self.failed),
                      tokens=TokenCounts(**self.tokens), ttft=self.ttft.snapshot(),
                      step_time=self.step_time.snapshot(), num_steps=self.num_steps,
-                     restarts=dict(self.restarts), recent_requests=list(self.recent))
+                     restarts=dict(self.restarts), recent_requests=list(self.recent),
+                     by_tenant={name: own.snapshot() for name, own in self.by_tenant.items()})

@@ -7,10 +7,13 @@ the scheduler and answers with one JSON body or an SSE stream.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from switchyard.gateway.context import cache_salt_of, gateway_of
+from switchyard.gateway.context import cache_salt_of, gateway_of, record_of
 from switchyard.gateway.driver import respond, start_chat
 from switchyard.gateway.errors import model_not_found
 from switchyard.gateway.prompting.prompts import build_submit, check_model, encode_prompt
@@ -18,7 +21,11 @@ from switchyard.gateway.api.responses import ChatFormat, CompletionFormat, model
 from switchyard.gateway.turn import TextTurn
 from switchyard.gateway.api.json_body import message_limits, per_token, read_json
 from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request
-from switchyard.gateway.request.model import request_priority
+from switchyard.gateway.output.tools import ToolSyntax
+from switchyard.gateway.request.model import CompletionRequest, request_priority
+from switchyard.gateway.request.scripted import forced_reply, reply_text
+from switchyard.gateway.request.structured import Constraint
+from switchyard.proto.script import Script
 from switchyard.proto.ids import new_rid
 
 
@@ -41,9 +48,13 @@ async def completions(request: Request) -> Response:
                                 gw.settings.background_model)
     if isinstance(completion.prompt, str):
         gw.check_prompt_chars(len(completion.prompt), "prompt")
+    prompt_ids, scripted, rule = await gw.run_tokenizer(
+        _encode_completion, gw.tokenizer, completion, gw.script, gw.tool_syntax,
+        size=len(completion.prompt), request=request)
+    if scripted is not None:
+        record_of(request).script_rule = rule
+        completion = dataclasses.replace(completion, constraint=scripted)
     await gw.check_grammar(completion.constraint, request)
-    prompt_ids = await gw.run_tokenizer(encode_prompt, gw.tokenizer, completion,
-                                        size=len(completion.prompt), request=request)
     rid = new_rid("cmpl")
     submit = build_submit(rid, prompt_ids, completion.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,
@@ -57,10 +68,25 @@ async def completions(request: Request) -> Response:
     return await respond(request, turn, submit, fmt, stream=completion.options.stream)
 
 
+def _encode_completion(tokenizer: Any, completion: CompletionRequest, script: Script | None,
+                       syntax: ToolSyntax) -> tuple[list[int], Constraint | None, int | None]:
+    """The prompt's tokens and, with a script whose rule holds for the prompt's text (all of
+    it is the last turn; there is no system prompt and no tool), that rule's forced reply and
+    number."""
+    ids = encode_prompt(tokenizer, completion)
+    if script is None:
+        return ids, None, None
+    text = completion.prompt if isinstance(completion.prompt, str) else tokenizer.decode(ids)
+    rule = script.reply("", text, ())
+    if rule is None:
+        return ids, None, None
+    return ids, forced_reply(tokenizer, reply_text(rule, syntax)), rule.number
+
+
 async def list_models(request: Request) -> Response:
     gw = gateway_of(request)
     listed = (gw.model_id, *gw.model_aliases) if gw.settings.served_model_name else (gw.model_id,)
-    return JSONResponse(models_body(listed, gw.created))
+    return JSONResponse(models_body(listed, gw.created, gw.settings.ctx))
 
 
 async def get_model(request: Request) -> Response:
@@ -69,7 +95,7 @@ async def get_model(request: Request) -> Response:
     if model not in (gw.model_id, *gw.model_aliases):
         raise model_not_found(model)
     named = model if gw.settings.served_model_name else gw.model_id
-    return JSONResponse(model_card(named, gw.created))
+    return JSONResponse(model_card(named, gw.created, gw.settings.ctx))
 
 
 async def health(request: Request) -> Response:

@@ -145,9 +145,12 @@ class CompletionFormat(ResponseFormat):
         return body
 
 
-def models_body(model_ids: tuple[str, ...], created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(m, created) for m in model_ids]}
+def models_body(model_ids: tuple[str, ...], created: int, ctx: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(m, created, ctx) for m in model_ids]}
 
 
-def model_card(model_id: str, created: int) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "switchyard"}
+def model_card(model_id: str, created: int, ctx: int) -> dict[str, Any]:
+    """A model as /v1/models lists it, with its context window under the names clients and
+    routers read: vLLM's `max_model_len`, and `context_length` / `context_window`."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "switchyard",
+            "max_model_len": ctx, "context_length": ctx, "context_window": ctx}

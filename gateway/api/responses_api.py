@@ -23,14 +23,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from switchyard.gateway.context import gateway_of, responses_of
+from switchyard.gateway.context import gateway_of, record_of, responses_of
 from switchyard.gateway.driver import respond, start_chat
 from switchyard.gateway.errors import APIError, invalid
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
 from switchyard.gateway.prompting.prompts import check_model
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.response_store import ResponseStore
-from switchyard.gateway.streaming import sse_event
+from switchyard.gateway.streaming import EventStreamResponse, sse_event
 from switchyard.gateway.output.tools import ToolChoice, function_tool, openai_tool_choice
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.json_body import chat_limits, read_json
@@ -473,10 +473,16 @@ async def create_response(request: Request) -> Response:
         await read_json(request, chat_limits(gw.settings.ctx, "input")), store)
     check_model(parsed.chat.options.model, gw.model_id, gw.model_aliases)
     response_id = _new_id("resp_")
+    fmt = ResponsesFormat(response_id, gw.model_id, parsed)
     # The scheduler's rid is shown in status snapshots: never the response id, which is a
     # capability (previous_response_id) (issue 12, finding 12).
-    turn, submit = await start_chat(request, parsed.chat, rid=new_rid("resp"),
-                                    note_unseen=parsed.store)
+    try:
+        turn, submit = await start_chat(request, parsed.chat, rid=new_rid("resp"),
+                                        note_unseen=parsed.store)
+    except APIError as error:
+        if parsed.chat.options.stream and error.code == "context_length_exceeded":
+            return _failed_stream(request, fmt, error)
+        raise
     if parsed.store:
         instructions = 1 if parsed.instructions else 0
         conversation = seen_messages(parsed.chat.messages,
@@ -486,5 +492,17 @@ async def create_response(request: Request) -> Response:
             store.put(response_id, conversation + [assistant_message(result)])
 
         turn.on_result = keep
-    fmt = ResponsesFormat(response_id, gw.model_id, parsed)
     return await respond(request, turn, submit, fmt, stream=parsed.chat.options.stream)
+
+
+def _failed_stream(request: Request, fmt: ResponsesFormat, error: APIError) -> Response:
+    """A streamed response that fails at once: created, then `response.failed` with the
+    error's code. Codex learns that its context is full only from such a stream (an HTTP 400
+    is an invalid request to it), and then compacts (docs/design.md "The context limit")."""
+    record_of(request).fail(error)
+
+    async def frames():
+        for frame in fmt.head() + fmt.error_frames(error):
+            yield frame
+
+    return EventStreamResponse(frames())

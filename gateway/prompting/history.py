@@ -44,7 +44,7 @@ from typing import Any
 
 import structlog
 
-from switchyard.gateway.errors import Abandoned, invalid
+from switchyard.gateway.errors import Abandoned, context_length_exceeded, invalid
 from switchyard.gateway.output.reasoning import without_reasoning
 from switchyard.gateway.output.tools import ToolSyntax, partial_object
 from switchyard.gateway.prompting.system_turns import place_system_messages
@@ -341,6 +341,7 @@ class RenderOptions:
     # The most characters a rendered prompt may have (ctx x the longest token): a longer
     # rendering cannot fit the context and is refused before it is tokenized.
     max_chars: int | None = None
+    ctx: int = 0  # the context, in tokens (with max_chars)
     note_unseen: bool = False  # find Rendered.unseen_reasoning
     # Set when the request's client left: rendering stops at its next step (Abandoned).
     abandoned: threading.Event | None = None
@@ -490,7 +491,8 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
         if options.image_text is not None:
             text = options.image_text(text)
         if options.max_chars is not None and len(text) > options.max_chars:
-            raise context_length_exceeded_chars(len(text), options.max_chars)
+            raise context_length_exceeded(-(-len(text) * options.ctx // options.max_chars),
+                                          options.ctx, at_least=True)
         result = _splice(tokenizer, text, spliced, sentinels, memory, options, turn_ends)
         if isinstance(result, Rendered):
             tail = text[-256:]
@@ -520,12 +522,6 @@ def _unseen_reasoning(messages: list[dict[str, Any]], text: str,
                 and (len(reasoning) > len(text) or reasoning.strip() not in text):
             unseen.add(i)
     return frozenset(unseen)
-
-
-def context_length_exceeded_chars(num_chars: int, limit: int) -> Exception:
-    return invalid(f"The rendered prompt has {num_chars} characters, more than {limit}, the "
-                   f"most the context's tokens can hold", param="messages",
-                   code="context_length_exceeded")
 
 
 SENTINEL_ARGUMENT = "__switchyard_turn"

@@ -25,10 +25,13 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.helpers.agent_clients import CLIENTS, ClientsUnavailable, install
+from tests.helpers.agent_sessions import (SESSIONS, numbers_name, prepare_work, rule_numbers,
+                                          session_problems, session_script)
 from tests.helpers.group import ServerGroup
 
 MODEL = "local"  # --served-model-name, as in the README
@@ -41,6 +44,7 @@ TURN_TIMEOUT_S = 1500
 ORDER = ("codex", "opencode", "qwen-code", "claude-code")
 
 FIGURES: dict[str, list[dict]] = {}
+SESSION_FIGURES: dict[str, list[dict]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +66,27 @@ def terse_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(versions, terse_model):
+def work(tmp_path_factory) -> Path:
+    """The sessions' files (tests/helpers/agent_sessions.py), one directory for the module: the
+    script's rules name their paths."""
+    work = tmp_path_factory.mktemp("work")
+    prepare_work(work)
+    return work
+
+
+@pytest.fixture(scope="module")
+def server(versions, terse_model, work):
+    script = work.parent / "script.json"
+    script.write_text(json.dumps(session_script(work)))
     with ServerGroup(terse_model, slots=2, ctx=CTX, startup_timeout_s=300,
-                     extra=("--served-model-name", MODEL,
-                            "--page-size", str(PAGE_SIZE))) as group:
+                     extra=("--served-model-name", MODEL, "--page-size", str(PAGE_SIZE),
+                            "--script", str(script))) as group:
         yield group
+    for name, requests in SESSION_FIGURES.items():
+        print(f"\n{name}: " + "; ".join(
+            f"{numbers_name(rule_numbers(work), r)}: {r['num_prompt_tokens']} prompt, "
+            f"{r['num_cached_tokens']} cached, ttft {r.get('ttft_s')}s" for r in requests[1:])
+            + f"; wall {requests[0]['wall_s']:.1f}s")
     for name, turns in FIGURES.items():
         print(f"\n{name} {versions[name]}: " + "; ".join(
             f"turn {n}: {t['num_prompt_tokens']} prompt, {t['num_cached_tokens']} cached, "
@@ -160,3 +180,34 @@ def client_usage(name: str, stdout: str) -> dict | None:
         return None
     usage = json.loads(stdout).get("usage") or {}
     return {"input": usage.get("input_tokens"), "cached": usage.get("cache_read_input_tokens")}
+
+
+@pytest.mark.parametrize("session", SESSIONS, ids=lambda s: s.name)
+def test_a_real_session_loops_over_tools_and_sub_agents_and_reads_only_new_tokens(
+        session, server, work, tmp_path):
+    """A whole session of a client, its words scripted (tests/helpers/agent_sessions.py): the
+    client runs its tools and sub-agents for real, its last turn prints the scripted answer,
+    and the log shows every request after a conversation's first prefilling at most one page
+    beyond its new tokens, and sub-agents started together reading their shared prefix once."""
+    client = CLIENTS[session.client]
+    env = client.prepare(tmp_path / "home", server.url, MODEL) | {"IS_SANDBOX": "1"}
+    mark = len(model_lines(server))
+    start = time.monotonic()
+    for n, prompt in enumerate(session.prompts, 1):
+        done = subprocess.run([*client.turn(n, prompt), *session.flags], cwd=work, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=TURN_TIMEOUT_S)
+        said = f"{session.name} turn {n} (exit {done.returncode}):\n{done.stdout[-3000:]}\n" \
+               f"{done.stderr[-3000:]}\n{server.log_tail(20)}"
+        assert done.returncode == 0, said
+        assert client_succeeded(session.client, done.stdout) is None, said
+    wall_s = time.monotonic() - start
+    assert session.says in done.stdout, said
+    requests = lines_after(server, mark)
+    assert all(r.get("status") == 200 for r in requests), requests
+    SESSION_FIGURES[session.name] = [{"wall_s": wall_s}, *requests]
+    numbers = rule_numbers(work)
+    problems = session_problems(requests, session, numbers, PAGE_SIZE)
+    assert problems == [], (problems, [(numbers_name(numbers, r), r) for r in requests])
+    if session.name == "claude-code-edit":
+        assert (work / "notes.txt").read_text().startswith("status: final\n")

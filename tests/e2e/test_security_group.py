@@ -4,8 +4,10 @@ same kv dir refused (8), shared memory of a SIGKILLed group removed at the next 
 And tenants (issue 28, finding 1): with two keys in the key file, one key's text is neither
 reused (cached prefix) nor copied (speculative drafts) for the other, so the door-code probe
 gives the same counts and events for a right and a wrong guess; within one key it is both,
-by design. One group serves both tests (`--speculative suffix`, which verifies every whole
-proposal, and 16-token pages, so a short prompt fills pages)."""
+by design. What each key is shown: the status and /metrics show the other key none of the
+victim's requests or draft counts, an operator key all of them; the cache dir is made 0700 with
+the salt key 0600 in it. One group serves both tests (`--speculative suffix`, which verifies
+every whole proposal, and 16-token pages, so a short prompt fills pages)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from tests.helpers.group import ServerGroup, short_tmp_dir
 
 KEY = "e2e-secret-key-7f3a"
 ATTACKER_KEY = "e2e-other-key-91c2"
+OPERATOR_KEY = "e2e-operator-key-0d1e"
 LINUX = sys.platform.startswith("linux")
 MODEL = "tiny-qwen3"
 SECRET = "Please remember: Alice's door code is 2 8 5 3 7 0 6 4 1 9."
@@ -41,16 +44,19 @@ def proc_text(pid: int, name: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def group(tiny_qwen3):
-    kv_dir, keys = short_tmp_dir("sykv"), short_tmp_dir("sykeys")
+    kv_dir, keys, cache = short_tmp_dir("sykv"), short_tmp_dir("sykeys"), short_tmp_dir("sycache")
+    cache.chmod(0o755)
     key_file = keys / "api-keys"
-    key_file.write_text(f"# tenants\nvictim {KEY}\nattacker {ATTACKER_KEY}\n")
+    key_file.write_text(f"# tenants\nvictim {KEY}\nattacker {ATTACKER_KEY}\n"
+                        f"ops,role=operator {OPERATOR_KEY}\n")
     key_file.chmod(0o600)
     running = ServerGroup(tiny_qwen3, slots=1, ctx=512, kv_dir=kv_dir,
                           extra=("--api-key-file", str(key_file), "--speculative", "suffix",
-                                 "--page-size", "16"))
+                                 "--page-size", "16", "--cache-dir", str(cache)))
+    running.cache_dir = cache
     with running:
         yield running
-    subprocess.run(["rm", "-rf", str(kv_dir), str(keys)], check=False)
+    subprocess.run(["rm", "-rf", str(kv_dir), str(keys), str(cache)], check=False)
 
 
 def drafts_of(group, rid: str) -> tuple[int, int]:
@@ -131,6 +137,32 @@ def test_one_keys_text_is_neither_reused_nor_drafted_for_another(group):
                             headers={"Authorization": f"Bearer {key}"})
         assert scraped.status_code == 200 and "switchyard_speculative_tokens_total" in scraped.text
     assert httpx.get(group.base_url.removesuffix("/v1") + "/metrics").status_code == 401
+    shown_to_each_key(group, num_requests=9)
+
+
+def shown_to_each_key(group, num_requests: int) -> None:
+    """The other key is shown none of the victim's requests, slots or draft counts; the
+    operator key all of them. The cache dir holds the salt key, private."""
+    def status_of(key: str) -> dict:
+        return httpx.get(group.base_url + "/switchyard/status",
+                         headers={"Authorization": f"Bearer {key}"}).json()
+
+    deadline = time.monotonic() + 10
+    while len(status_of(OPERATOR_KEY)["stats"]["recent_requests"]) < num_requests:
+        assert time.monotonic() < deadline, "the status never counted every request"
+        time.sleep(0.2)
+    everything, seen = status_of(OPERATOR_KEY), status_of(ATTACKER_KEY)
+    assert {s["tenant"] for s in everything["slots"]} == {"victim"}  # its salted turn, last
+    assert seen["slots"] == [] and seen["queue"] == []
+    assert {r["tenant"] for r in seen["stats"]["recent_requests"]} == {"attacker"}
+    assert everything["stats"]["tokens"]["draft_accepted"] >= MAX_TOKENS // 2
+    assert seen["stats"]["tokens"]["draft_accepted"] <= SELF_COPIES
+    assert set(seen["stats"]["by_tenant"]) == {"attacker"}
+    scraped = httpx.get(group.base_url.removesuffix("/v1") + "/metrics",
+                        headers={"Authorization": f"Bearer {ATTACKER_KEY}"}).text
+    assert 'switchyard_slot_tokens{slot="0"}' not in scraped
+    assert (os.stat(group.cache_dir).st_mode & 0o777) == 0o700
+    assert (os.stat(group.cache_dir / "salt.key").st_mode & 0o777) == 0o600
 
 
 @pytest.mark.skipif(not LINUX, reason="reads /proc")

@@ -317,6 +317,60 @@ def test_requests_beyond_the_limit_get_a_503_in_their_apis_format(tokenizer):
         assert httpx.get(url + "/v1/models").status_code == 200
 
 
+def test_one_keys_requests_leave_another_key_its_share_of_the_connections(tokenizer):
+    """Every local tenant comes from 127.0.0.1: with several keys the share kept for others
+    is per key, so one key holding all it may does not refuse another key's request. The
+    scheduler learns each request's tenant and weight, never its key."""
+    import contextlib
+    import shutil
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+    from switchyard.proto.tenants import resolved_keys
+    from tests.integration.test_gateway import FakeScheduler, Hold, wait_until
+
+    own_dir = Path(tempfile.mkdtemp(prefix="sy-cap-", dir="/tmp"))
+    scheduler = FakeScheduler(Endpoints(ensure_runtime_dir(own_dir)).scheduler, [1])
+    scheduler.script = lambda submit: [Hold()]
+    scheduler.start()
+    scheduler.ready.wait(5)
+    keys = resolved_keys("alice sk-alice-1\nbob,weight=3 sk-bob-2\n")
+    settings = make_settings(own_dir, max_connections=3, read_timeout_s=60.0, api_key=keys)
+    bob, alice = {"Authorization": "Bearer sk-bob-2"}, {"Authorization": "Bearer sk-alice-1"}
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, own_dir, ignore_errors=True)
+        stack.callback(scheduler.stop)
+        url, app = stack.enter_context(serving(settings, tokenizer))
+        held = []
+
+        def hold():
+            with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                    "POST", url + "/v1/chat/completions", timeout=60, headers=bob,
+                    json={**CHAT, "stream": True}) as response:
+                held.append(response)
+                for _ in response.iter_bytes():
+                    pass
+
+        threads = [threading.Thread(target=hold, daemon=True) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(scheduler.submits()) == 2)
+        response = httpx.post(url + "/v1/chat/completions", json=CHAT, headers=bob, timeout=20)
+        assert "other clients" in assert_error(response, 503, "overloaded")["message"]
+        response = httpx.get(url + "/v1/models", headers=alice, timeout=20)
+        assert response.status_code == 200, response.text
+        submits = scheduler.submits()
+        assert {(s.tenant, s.tenant_weight) for s in submits} == {("bob", 3.0)}
+        assert all("sk-bob" not in repr(s) for s in submits)
+        wait_until(lambda: len(held) == 2, timeout=30)
+        for response in held:
+            response.close()
+        for thread in threads:
+            thread.join(30)
+
+
 # -- 2. grammars: checked off the event loop, within a bound; guided_choice bounded -------------
 
 def pattern_bomb(num_patterns: int) -> dict:

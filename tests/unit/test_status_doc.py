@@ -73,20 +73,21 @@ def test_json_field_names_are_the_documented_ones():
                                 "num_tokens": 40, "num_running": 1, "num_resident": 1,
                                 "num_preempted": 2}
     assert set(raw["slots"][0]) == {"slot", "num_tokens", "conversation", "last_used", "rid",
-                                    "priority", "state", "waiting_s"}
+                                    "priority", "state", "waiting_s", "tenant"}
     assert set(raw["disk"]) == {"bytes", "budget_bytes", "num_pages", "writable",
                                 "num_evicted", "num_thrash", "num_writing", "error",
                                 "num_unwritten"}
     stats = raw["stats"]
     assert set(stats) == {"requests_finished", "requests_failed", "tokens", "ttft",
-                          "step_time", "num_steps", "restarts", "recent_requests"}
+                          "step_time", "num_steps", "restarts", "recent_requests",
+                          "by_tenant"}
     assert stats["tokens"] == {"prompt": 40, "reused": 32, "copied": 0, "restored": 0,
                                "prefilled": 8, "generated": 3, "draft_proposed": 6,
                                "draft_accepted": 4}
     assert set(stats["ttft"]) == {"bounds", "counts", "sum", "count"}
     assert stats["recent_requests"] == [{"at": 999.0, "ttft_s": 0.05, "cause": "reused",
                                          "prompt_tokens": 40, "cached_tokens": 32,
-                                         "priority": "interactive"}]
+                                         "priority": "interactive", "tenant": ""}]
     assert raw["peers"]["gateway"] == {"boot_id": "g" * 16, "pid": None, "last_seen": None}
 
 

@@ -66,9 +66,9 @@ def test_a_step_prefills_at_most_about_ten_seconds_of_tokens():
 # --- who a step's prefill must not slow, and how much (prefill_plan.prefill_share) -------------
 
 
-def request(interactive=True, generated=(), arrived_at=0.0):
+def request(interactive=True, generated=(), arrived_at=0.0, tenant=""):
     return SimpleNamespace(interactive=interactive, generated=list(generated),
-                           arrived_at=arrived_at)
+                           arrived_at=arrived_at, tenant=tenant)
 
 
 def config(**kw):
@@ -132,6 +132,10 @@ def test_waiting_background_requests_count_only_without_an_interactive_head():
     # A background request that waited out --background-wait counts as interactive.
     share = prefill_share(decoding, [waiting[0], request(interactive=False, arrived_at=-40)],
                           1.0, CFG)
+    assert share.num_waiting == 2
+    # Another tenant's interactive head does not make a tenant's background wait: it counts.
+    share = prefill_share(decoding, [request(tenant="bob"),
+                                     request(interactive=False, tenant="alice")], 1.0, CFG)
     assert share.num_waiting == 2
 
 

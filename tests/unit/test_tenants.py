@@ -46,6 +46,26 @@ def test_a_bad_key_file_is_refused_naming_the_line(text, problem):
         parse_keys(text)
 
 
+def test_a_name_may_carry_a_weight_that_survives_resolution():
+    text = "alice sk-a\nbob,weight=3 sk b\ncarol,weight=0.5 sk-c\nsk-nameless\n"
+    tenants = tenants_of(resolved_keys(text))
+    assert [(t.name, t.key, t.weight) for t in tenants] == [
+        ("alice", "sk-a", 1.0), ("bob", "sk b", 3.0), ("carol", "sk-c", 0.5),
+        (unnamed("sk-nameless"), "sk-nameless", 1.0)]
+    several = Tenants(tenants)
+    assert several.share_of(tenants[1]) == ("bob", 3.0)
+    assert Tenants(tenants[:1]).share_of(tenants[0]) == ("", 1.0)  # one tenant: no shares
+    assert resolved_keys("bob,weight=3 sk-b\n") == "bob,weight=3 sk-b"  # one line: a key
+
+
+@pytest.mark.parametrize("field", ["bob,weight=0", "bob,weight=-1", "bob,weight=nan",
+                                   "bob,weight=inf", "bob,weight=1001", "bob,weight=",
+                                   "bob,weight=" + "9" * 5000, "bob,role=x", "bob,"])
+def test_a_bad_weight_is_refused_naming_the_line(field):
+    with pytest.raises(KeyFileError, match="line 2"):
+        parse_keys(f"alice k1\n{field} k2\n")
+
+
 def test_the_key_file_through_settings(tmp_path):
     path = tmp_path / "keys"
     path.write_text("alice sk-a\nbob sk-b\n")
@@ -152,7 +172,8 @@ def test_the_proposers_table_stays_one_bounded_table_whatever_the_salts():
     for i in range(50):
         p.start(f"r{i}", list(FILE[:300]), bytes([i]) * 16)
         p.finish(f"r{i}")
-    assert p._keys.size == 1 << 10 and p._finished_tokens <= 1000 + 400
+    table = p.table()
+    assert table.size == 1 << 10 and table.finished_tokens <= 1000 + 400
 
 
 # --- the gateway's remembered turns -----------------------------------------------------------
