@@ -30,7 +30,7 @@ from switchyard.gateway.context import (RECORD_SCOPE_KEY, TENANT_SCOPE_KEY, Gate
 from switchyard.gateway.driver import STATUS_CLIENT_CLOSED
 from switchyard.gateway.errors import APIError, api_style
 from switchyard.gateway.guard import GuardPolicy
-from switchyard.gateway.http_limits import RETRY_AFTER_S, ConnectionLimits, host_of
+from switchyard.gateway.http_limits import RETRY_AFTER_S, BodyBytes, ConnectionLimits, host_of
 from switchyard.gateway.prompting.history import TurnMemory
 from switchyard.gateway.prompting.tool_text import text_syntax
 from switchyard.gateway.prompting.turn_journal import TurnJournal, tokenizer_identity
@@ -39,7 +39,7 @@ from switchyard.gateway.prompting.system_turns import renders_system_in_place
 from switchyard.gateway.prompting.prompts import fewest_tokens_per_message, served_model_id
 from switchyard.gateway.vision.inputs import image_inputs
 from switchyard.gateway.vision.prompt import image_prompt_for, model_dir
-from switchyard.gateway.request.response_store import ResponseStore
+from switchyard.gateway.request.response_store import ResponseStores
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
 from switchyard.proto.endpoints import Endpoints
@@ -60,11 +60,12 @@ class RequestLogMiddleware:
     def __init__(self, app: ASGIApp, api_key: str = "",
                  guard: GuardPolicy | None = None,
                  limits: ConnectionLimits | None = None,
-                 tenants: Tenants | None = None) -> None:
+                 tenants: Tenants | None = None, bodies: BodyBytes | None = None) -> None:
         self.app = app
         self.tenants = tenants if tenants is not None else Tenants.from_settings(api_key)
         self.guard = guard
         self.limits = limits
+        self.bodies = bodies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -104,6 +105,8 @@ class RequestLogMiddleware:
         finally:
             if record.status is None:
                 record.status = 500
+            if self.bodies is not None and record.body_bytes:
+                self.bodies.give(record.body_bytes)
             log.info("request.finished", **record.fields())
 
     def _client(self, scope: Scope) -> str:
@@ -241,7 +244,8 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
                       keep_reasoning=settings.keep_reasoning,
                       memory=TurnMemory(settings.history_turns, journal=TurnJournal.in_dir(
                           settings.runtime_path, tokenizer_identity(tokenizer))),
-                      responses=ResponseStore(settings.max_stored_responses),
+                      responses=ResponseStores(settings.max_stored_responses,
+                                               tenants=[t.name for t in tenants.tenants]),
                       script=load_script(settings.script) if settings.script else None,
                       images=image_inputs(settings, image_prompt_for(
                           model_dir(settings.model), tokenizer), model_id))
@@ -260,7 +264,8 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
 
     limits = ConnectionLimits(settings.max_connections)
     middleware = [Middleware(RequestLogMiddleware, tenants=tenants,
-                             guard=GuardPolicy.from_settings(settings), limits=limits)]
+                             guard=GuardPolicy.from_settings(settings), limits=limits,
+                             bodies=gateway.bodies)]
     if settings.allowed_origins:  # answers preflights before the guard sees them
         middleware.insert(0, Middleware(
             CORSMiddleware, allow_origins=sorted(GuardPolicy.from_settings(settings).origins),

@@ -15,10 +15,12 @@ from starlette.requests import ClientDisconnect, Request
 
 from switchyard.gateway.errors import Abandoned, APIError, context_length_exceeded, invalid
 from switchyard.gateway.generation import Usage
+from switchyard.gateway.http_limits import (LARGE_BODY_BYTES, MAX_LARGE_BODIES, RETRY_AFTER_S,
+                                            BodyBytes)
 from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
 from switchyard.gateway.request.grammar_check import GrammarChecker
-from switchyard.gateway.request.response_store import ResponseStore
+from switchyard.gateway.request.response_store import ResponseStore, ResponseStores
 from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
@@ -57,12 +59,14 @@ class Gateway:
     prefix_stable: bool = True
     keep_reasoning: bool = DEFAULT_KEEP_REASONING
     memory: TurnMemory = field(default_factory=lambda: TurnMemory(DEFAULT_MAX_TURNS))
-    responses: ResponseStore = field(default_factory=ResponseStore)
+    responses: ResponseStores = field(default_factory=ResponseStores)  # one per tenant
     # Images in requests (gateway/vision/inputs.py): refused for a text-only model.
     images: Any = None
     grammars: GrammarChecker = field(default_factory=GrammarChecker)
     # The API keys, one tenant each (proto/tenants.py): whose cache a request's text salts.
     tenants: Tenants = field(default_factory=Tenants)
+    # Large request bodies held at once (http_limits.py): MAX_LARGE_BODIES of the largest.
+    bodies: BodyBytes = field(init=False)
     # --script: rules that decide the replies' words (proto/script.py); None: the model's own.
     script: Script | None = None
     # Hugging Face fast tokenizers are not safe to call from several threads at once: each
@@ -74,6 +78,9 @@ class Gateway:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer-large"))
     _large_tokenizer: Any = None
     _max_token_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        self.bodies = BodyBytes(MAX_LARGE_BODIES * self.settings.max_body_bytes)
 
     async def run_tokenizer(self, fn: Callable[..., T], tokenizer: Any, *args: Any,
                             size: int = 0, request: Request | None = None,
@@ -142,9 +149,12 @@ class Gateway:
     async def read_body(self, request: Request) -> bytes:
         """The whole body, or a 413 as soon as it is known to be too large."""
         limit = self.settings.max_body_bytes
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > limit:
+        length = request.headers.get("content-length", "")  # h11: at most 20 ASCII digits
+        declared = int(length) if length.isascii() and length.isdigit() else 0
+        if declared > limit:
             raise body_too_large(limit)
+        record = record_of(request)
+        self._hold_body(record, declared)
         chunks, size = [], 0
         try:
             async with asyncio.timeout(self.settings.read_timeout_s):
@@ -152,12 +162,25 @@ class Gateway:
                     size += len(chunk)
                     if size > limit:
                         raise body_too_large(limit)
+                    self._hold_body(record, size)
                     chunks.append(chunk)
         except TimeoutError:
             raise APIError(408, f"The request body did not arrive within "
                                 f"{self.settings.read_timeout_s:g} s",
                            code="request_timeout", headers={"Connection": "close"}) from None
         return b"".join(chunks)
+
+    def _hold_body(self, record: RequestRecord, size: int) -> None:
+        """Counts a large body of `size` bytes against `bodies` until its request ends (the
+        logging middleware gives it back), or a 503 when they are all taken."""
+        if size < LARGE_BODY_BYTES or size <= record.body_bytes:
+            return
+        if not self.bodies.take(size - record.body_bytes):
+            raise APIError(503, f"The server holds all the large request bodies it takes at "
+                                f"once ({self.bodies.limit >> 20} MiB); try again shortly",
+                           type="server_error", code="overloaded", retry_after_s=RETRY_AFTER_S,
+                           headers={"Connection": "close"})
+        record.body_bytes = size
 
 
 LARGE_PROMPT_CHARS = 100_000
@@ -204,6 +227,7 @@ class RequestRecord:
     num_spliced_turns: int | None = None
     num_spliced_tokens: int | None = None
     tenant: str | None = None  # the key's name, with several keys
+    body_bytes: int = 0  # of a large body, held in Gateway.bodies until the request ends
     script_rule: int | None = None  # --script: the rule that decided the reply
 
     def start(self, submit: SubmitRequest, *, stream: bool) -> None:
@@ -249,6 +273,12 @@ def gateway_of(request: Request) -> Gateway:
 def cache_salt_of(request: Request, cache_salt: str | None) -> bytes:
     """The salt of the request's cached text: its tenant's, and its own `cache_salt`."""
     return gateway_of(request).tenants.salt(request.scope.get(TENANT_SCOPE_KEY), cache_salt)
+
+
+def responses_of(request: Request) -> ResponseStore:
+    """The Responses store of the request's tenant (its key's; "" with no keys)."""
+    tenant = request.scope.get(TENANT_SCOPE_KEY)
+    return gateway_of(request).responses.of(tenant.name if tenant is not None else "")
 
 
 def tenant_share_of(request: Request) -> dict:

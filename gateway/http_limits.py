@@ -20,6 +20,10 @@ response ended (as nginx's `client_header_timeout`). The body has its own deadli
   one client cannot hold every slot). A client is the request's tenant where the key file
   has several keys (local processes all come from one loopback host, so a host would let
   one key shut out the others), else its host.
+
+`BodyBytes` bounds the large bodies (256 KiB or more) the gateway holds at once, from the
+first byte read (or the declared length) to the end of their request: a body costs its bytes
+and the values parsed from them (api/json_body.py), and every connection may send one.
 """
 
 from __future__ import annotations
@@ -38,6 +42,25 @@ KEEP_ALIVE_S = 5
 
 
 RETRY_AFTER_S = 1
+LARGE_BODY_BYTES = 256 * 1024  # smaller bodies are bounded by the connections that send them
+MAX_LARGE_BODIES = 4  # bodies of --max-body-bytes held at once
+
+
+class BodyBytes:
+    """The bytes of large request bodies held at once, within `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, num_bytes: int) -> bool:
+        if self.held + num_bytes > self.limit:
+            return False
+        self.held += num_bytes
+        return True
+
+    def give(self, num_bytes: int) -> None:
+        self.held -= num_bytes
 
 
 class ConnectionLimits:

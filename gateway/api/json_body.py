@@ -1,12 +1,21 @@
-"""A request's JSON body, parsed without holding the event loop, its top-level lists bounded.
+"""A request's JSON body, parsed without holding the event loop, its top-level lists bounded,
+its cost in memory bounded by its size.
 
 `json.loads` holds the GIL from the first byte to the last: 32 MB of empty messages took 1.4 s
 here, during which no other request got a byte (issue 23, finding 3). A small body is parsed
-at once; a large one member by member down to a message's content parts (a value whose end
-is near is parsed at once, at C speed), yielding to the event loop every few milliseconds. A
-list longer than its limit (messages, input items, a prompt's token ids and a message's
-content parts at the context's tokens; tools at 512) is refused as soon as it is passed, so
-parsing one costs work in proportion to the limit, not to the body.
+at once; a large one member by member (a value whose end is near is parsed at once, at C
+speed), yielding to the event loop every few milliseconds. A list longer than its limit
+(messages, input items, a prompt's token ids and a message's content parts at the context's
+tokens; tools at 512) is refused as soon as it is passed, so parsing one costs work in
+proportion to the limit, not to the body.
+
+A value costs the gateway about 80 bytes however short its text (`[],` is three bytes: a
+30 MiB body of empty arrays in an ignored field grew it by 775 MiB, where a 30 MiB string
+costs 30). So a large body may hold at most `max_values` values (`value_budget`: eight per
+token of the context, at least 2**19: about 40 MiB), counted as they are built, and nest at
+most MAX_NESTING levels; past either it is refused (413, 400). A small body cannot hold that
+many values. How many large bodies the gateway holds at once is bounded too (http_limits.py
+`BodyBytes`).
 """
 
 from __future__ import annotations
@@ -21,13 +30,13 @@ from switchyard.gateway.api.validation import (SURROGATE_ESCAPE, invalid_json, l
                                                parse_json)
 from switchyard.gateway.request.wire.common import MAX_TOOLS
 from switchyard.gateway.context import gateway_of
-from switchyard.gateway.errors import invalid
+from switchyard.gateway.errors import APIError, invalid
+from switchyard.gateway.http_limits import LARGE_BODY_BYTES
 
-COOPERATIVE_BYTES = 256 * 1024  # smaller bodies parse in a few milliseconds: at once
-# Levels parsed member by member: the body, its lists (messages), their elements (a message),
-# and their lists (its content parts); deeper values (a part, a tool's schema) at once.
-MAX_DEPTH = 4
+COOPERATIVE_BYTES = LARGE_BODY_BYTES  # smaller bodies parse in a few milliseconds: at once
 SMALL_CHARS = 4096  # a value whose end is this near is parsed at once (C speed)
+MAX_NESTING = 128  # arrays and objects within each other (a tool's schema nests a few)
+MIN_VALUE_BUDGET = 1 << 19  # more than a small body can hold (3 bytes a value)
 SLICE_S = 0.005  # parsing between two yields to the event loop
 _WS = re.compile(r"[ \t\n\r]*")
 
@@ -45,13 +54,20 @@ class ListLimit:
                        code=self.code)
 
 
-async def parse_body(raw: bytes, limits: dict[str, ListLimit]) -> dict[str, Any]:
+def value_budget(ctx: int) -> int:
+    """The values a body may hold: more than any body whose prompt fits the context (a text
+    part of one token is three values: the part, its type and its text)."""
+    return max(MIN_VALUE_BUDGET, 8 * ctx)
+
+
+async def parse_body(raw: bytes, limits: dict[str, ListLimit],
+                     max_values: int = MIN_VALUE_BUDGET) -> dict[str, Any]:
     """The body as a JSON object (400 `invalid_json` if it is not one), with every top-level
-    list within its limit."""
+    list within its limit, and at most `max_values` values (413)."""
     if len(raw) < COOPERATIVE_BYTES:
         body = parse_json(raw)
     else:
-        body = await _Cooperative(raw, limits).parse()
+        body = await _Cooperative(raw, limits, max_values).parse()
     for key, limit in limits.items():
         if isinstance(body.get(key), list) and len(body[key]) > limit.limit:
             raise limit.error(key)
@@ -59,9 +75,11 @@ async def parse_body(raw: bytes, limits: dict[str, ListLimit]) -> dict[str, Any]
 
 
 class _Cooperative:
-    def __init__(self, raw: bytes, limits: dict[str, ListLimit]) -> None:
+    def __init__(self, raw: bytes, limits: dict[str, ListLimit], max_values: int) -> None:
         self.raw = raw
         self.limits = limits
+        self.max_values = max_values
+        self.values_left = max_values
         self.decoder = json.JSONDecoder(parse_constant=_no_constants)
         self.deadline = time.perf_counter() + SLICE_S
 
@@ -101,19 +119,32 @@ class _Cooperative:
 
     async def _value(self, text: str, pos: int, depth: int, key: str | None = None
                      ) -> tuple[Any, int]:
-        """A value at `pos`: objects and lists down to MAX_DEPTH member by member (a message
-        with a million content parts is one element of `messages`), the rest at once."""
+        """A value at `pos`: an object or a list that does not end within SMALL_CHARS member
+        by member (a message with a million content parts is one element of `messages`),
+        the rest at once."""
         opening = text[pos:pos + 1]
-        if depth < MAX_DEPTH and opening in ("[", "{"):
+        if opening in ("[", "{"):
             small = self._small(text, pos, "]" if opening == "[" else "}")
             if small is not None and (depth > 0 or opening == "{"):
                 return small
+            if depth >= MAX_NESTING:
+                raise invalid(f"The request body nests arrays and objects more than "
+                              f"{MAX_NESTING} levels deep", code="invalid_json")
+            self._spend(1)
             if opening == "[":
                 return await self._list(text, pos, depth + 1, key)
             return await self._members(text, pos, depth + 1)
+        self._spend(1)
         value, pos = self.decoder.raw_decode(text, pos)
         await self._yield()
         return value, pos
+
+    def _spend(self, num_values: int) -> None:
+        self.values_left -= num_values
+        if self.values_left < 0:
+            raise APIError(413, f"The request body holds more than {self.max_values} JSON "
+                                f"values (arrays, objects, strings, numbers)",
+                           code="request_too_large")
 
     def _small(self, text: str, pos: int, closing: str) -> tuple[Any, int] | None:
         """The value at `pos` if it ends at the first `closing` within SMALL_CHARS: parsed at
@@ -126,7 +157,11 @@ class _Cooperative:
             value, used = self.decoder.raw_decode(text[pos:end + 1])
         except ValueError:
             return None
-        return (value, end + 1) if used == end + 1 - pos else None
+        if used != end + 1 - pos:
+            return None
+        # At most one value per opening bracket and comma (fewer: some are in strings).
+        self._spend(1 + sum(text.count(c, pos, end) for c in "[{,"))
+        return value, end + 1
 
     async def _members(self, text: str, pos: int, depth: int) -> tuple[dict[str, Any], int]:
         members: dict[str, Any] = {}
@@ -208,4 +243,6 @@ def message_limits(request: Any) -> dict[str, ListLimit]:
 async def read_json(request: Any, limits: dict[str, ListLimit]) -> dict[str, Any]:
     """The request's body (Gateway.read_body bounds its size and time) as a JSON object,
     parsed as `parse_body` does."""
-    return await parse_body(await gateway_of(request).read_body(request), limits)
+    gw = gateway_of(request)
+    return await parse_body(await gw.read_body(request), limits,
+                            value_budget(gw.settings.ctx))

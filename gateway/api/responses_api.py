@@ -23,7 +23,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from switchyard.gateway.context import gateway_of, record_of
+from switchyard.gateway.context import gateway_of, record_of, responses_of
 from switchyard.gateway.driver import respond, start_chat
 from switchyard.gateway.errors import APIError, invalid
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
@@ -468,8 +468,9 @@ def seen_messages(messages: list[dict[str, Any]], unseen: frozenset[int]
 
 async def create_response(request: Request) -> Response:
     gw = gateway_of(request)
+    store = responses_of(request)
     parsed = parse_responses_request(
-        await read_json(request, chat_limits(gw.settings.ctx, "input")), gw.responses)
+        await read_json(request, chat_limits(gw.settings.ctx, "input")), store)
     check_model(parsed.chat.options.model, gw.model_id, gw.model_aliases)
     response_id = _new_id("resp_")
     fmt = ResponsesFormat(response_id, gw.model_id, parsed)
@@ -488,7 +489,7 @@ async def create_response(request: Request) -> Response:
                                      turn.plan.rendered.unseen_reasoning)[instructions:]
 
         def keep(_: ChatTurn, result: TurnResult) -> None:
-            gw.responses.put(response_id, conversation + [assistant_message(result)])
+            store.put(response_id, conversation + [assistant_message(result)])
 
         turn.on_result = keep
     return await respond(request, turn, submit, fmt, stream=parsed.chat.options.stream)

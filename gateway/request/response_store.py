@@ -13,6 +13,11 @@ has gets a 400 that asks for the full input.
 Image files (the bytes of a message's image parts) count toward the byte bound, and each
 distinct file is kept once, by content hash: an agent that sends the same screenshot in many
 requests, each a new input, costs its bytes once (docs/design.md "Images").
+
+Each tenant (API key) has a store of its own (`ResponseStores`), with an equal share of both
+bounds: one key's responses evict only its own conversations, never another's, and another
+key's response ids are not found. Nothing is shared between them, files included (a shared
+file would make a tenant's store cheaper by what another sent).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import dataclasses
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,3 +183,23 @@ class ResponseStore:
             if messages is not None:
                 self._items.move_to_end(response_id)
             return messages
+
+
+class ResponseStores:
+    """One `ResponseStore` per tenant, each with an equal share of the bounds (at least one
+    response each), so the whole stays within them."""
+
+    def __init__(self, max_responses: int = DEFAULT_MAX_RESPONSES,
+                 max_bytes: int = DEFAULT_MAX_BYTES, tenants: Iterable[str] = ("",)) -> None:
+        names = list(tenants) or [""]
+        share = len(names)
+        self._stores = {name: ResponseStore(max_responses and max(1, max_responses // share),
+                                            max_bytes // share) for name in names}
+
+    def of(self, tenant: str) -> ResponseStore:
+        """The store of `tenant` (a name of the key file; "" with no keys)."""
+        return self._stores[tenant]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(store.num_bytes for store in self._stores.values())

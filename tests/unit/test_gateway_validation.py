@@ -342,3 +342,23 @@ def test_reasoning_is_checked_under_both_names():
     chat = parse_chat_request({"messages": [base | {"reasoning_content": None,
                                                     "reasoning": "thought"}]})
     assert chat.messages[0]["reasoning_content"] == "thought"
+
+
+NINES = "9" * 5000
+
+
+@pytest.mark.parametrize("field, value, param", [
+    ("priority", f"x - at `$.a[{NINES}]`", "priority"),
+    ("priority", "x - at `$.messages[0].content`", "priority"),
+    ("messages", [{"role": "x - at `$.tools[3]`", "content": "hi"}], "messages[0].role"),
+    ("messages", [{"role": "user", "content": [{"type": f"x - at `key` in `$[{NINES}]`"}]}],
+     "messages[0].content[0].type"),
+    ("response_format", {"type": "x - at `$.stop`"}, "response_format"),
+    ("logit_bias", {NINES: 1}, "logit_bias"),
+    ("logit_bias", {"x - at `$.messages`": 1}, "logit_bias"),
+])
+def test_a_value_echoing_an_error_path_is_a_400_naming_its_own_field(field, value, param):
+    """msgspec echoes a bad value in its message: the path is read from the end only, no
+    int() is applied to a client's digits, and the injected text never chooses the param."""
+    error = error_of(chat, **{field: value})
+    assert error.status == 400 and error.param == param, (error.param, error.message[:200])

@@ -15,8 +15,8 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": f"message {i} \u0
         "tools": [], "nested": {"a": [1, 2.5, None, True, "x"]}, "empty": {}, "s": "\\n"}
 
 
-def parse(raw: bytes, limits=None):
-    return asyncio.run(parse_body(raw, limits or {}))
+def parse(raw: bytes, limits=None, max_values: int = 10**7):
+    return asyncio.run(parse_body(raw, limits or {}, max_values))
 
 
 def test_a_large_body_parses_as_json_loads_does():
@@ -68,7 +68,7 @@ def test_the_event_loop_runs_while_a_large_body_parses(body):
         ticker = asyncio.ensure_future(tick())
         await asyncio.sleep(0)
         before = ticks
-        parsed = await parse_body(raw, {})
+        parsed = await parse_body(raw, {}, 10**7)
         ticker.cancel()
         return parsed, ticks - before
 
@@ -99,3 +99,49 @@ def test_messages_are_bounded_by_the_fewest_tokens_one_costs():
         parse(body(201), chat_limits(1000, message_tokens=5))
     assert caught.value.param == "messages" and "at least 5 tokens" in caught.value.message
     assert len(parse(body(200), chat_limits(1000, message_tokens=5))["messages"]) == 200
+
+
+def _peak_bytes_parsing(raw: bytes) -> tuple[int, Exception | None]:
+    import tracemalloc
+
+    from switchyard.gateway.api.json_body import MIN_VALUE_BUDGET
+
+    tracemalloc.start()
+    try:
+        parse(raw, max_values=MIN_VALUE_BUDGET)
+        outcome = None
+    except APIError as exc:
+        outcome = exc
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak, outcome
+
+
+def test_a_body_of_nested_arrays_costs_no_more_than_a_string_of_its_size():
+    """`"metadata": [[],[],...]`: 30 MiB grew the gateway by 775 MiB, a 30 MiB string by 30."""
+    size = 30 << 20
+    head = b'{"messages": [{"role": "user", "content": "hi"}], "metadata": '
+    count = (size - len(head)) // 3
+    nested = head + b"[" + b"[]," * (count - 1) + b"[]]}"
+    string = head + b'"' + b"x" * (size - len(head) - 3) + b'"}'
+    string_peak, outcome = _peak_bytes_parsing(string)
+    assert outcome is None
+    nested_peak, outcome = _peak_bytes_parsing(nested)
+    assert outcome is not None and (outcome.status, outcome.code) == (413, "request_too_large")
+    assert nested_peak <= string_peak, (nested_peak >> 20, string_peak >> 20)
+
+
+def test_values_are_counted_at_every_depth_and_nesting_is_bounded():
+    from switchyard.gateway.api.json_body import MAX_NESTING, value_budget
+
+    pad = " " * COOPERATIVE_BYTES
+    deep = ("[" * 6 + ",".join(["[]"] * 5_000) + "]" * 6).encode()  # below the first levels
+    with pytest.raises(APIError) as caught:
+        parse(b'{"tools": ' + deep + pad.encode() + b"}", max_values=4_000)
+    assert caught.value.status == 413
+    too_deep = b'{"a": ' + b"[" * (MAX_NESTING + 1) + pad.encode() + b"]" * (MAX_NESTING + 1) + b"}"
+    with pytest.raises(APIError) as caught:
+        parse(too_deep)
+    assert (caught.value.status, caught.value.code) == (400, "invalid_json")
+    ids = json.dumps({"prompt": list(range(100_000, 232_768))}).encode()  # a context of ids
+    assert len(parse(ids, max_values=value_budget(131_072))["prompt"]) == 132_768

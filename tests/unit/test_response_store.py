@@ -1,7 +1,7 @@
 """The Responses store: bounded by count and bytes, a shared history counted once (issue 23,
 finding 5)."""
 
-from switchyard.gateway.request.response_store import ResponseStore, message_bytes
+from switchyard.gateway.request.response_store import ResponseStore, ResponseStores, message_bytes
 
 
 def user(text):
@@ -83,3 +83,17 @@ def test_a_stored_history_with_images_keeps_its_identity_for_the_next_response()
     store.put("r2", store.get("r1") + [user("more")])
     assert store.get("r2")[0] is store.get("r1")[0]
     assert store.num_bytes == once + message_bytes(user("more"))
+
+
+def test_each_tenant_has_its_own_store_with_an_equal_share():
+    stores = ResponseStores(max_responses=10, max_bytes=10_000, tenants=["alice", "bob"])
+    alice, bob = stores.of("alice"), stores.of("bob")
+    assert (alice.max_responses, alice.max_bytes) == (5, 5_000)
+    alice.put("a", [{"role": "user", "content": "mine"}])
+    for i in range(50):
+        bob.put(f"b{i}", [{"role": "user", "content": f"his {i}"}])
+    assert alice.get("a") is not None and bob.get("a") is None
+    assert len(bob) == 5
+    assert stores.num_bytes == alice.num_bytes + bob.num_bytes
+    assert ResponseStores(max_responses=0, tenants=["a", "b"]).of("a").max_responses == 0
+    assert ResponseStores(max_responses=3, tenants="abcd").of("d").max_responses == 1

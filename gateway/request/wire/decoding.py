@@ -14,9 +14,16 @@ import msgspec
 from switchyard.gateway.request.wire.base import FieldError, Whole, hints, marker, members
 from switchyard.gateway.errors import APIError, invalid, invalid_type, out_of_range
 
-_AT = re.compile(r" - at (`key` in )?`\$(.*)`$", re.S)
-# a member, a list index, or a map's value ("[...]"); a map's key is "`key` in `$.path`"
-_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+# msgspec ends its message with where the failure is: " - at `$.messages[0].role`", or " - at
+# `key` in `$.logit_bias`" for a map's key. It builds that path from the model's member names
+# and the body's list indices, never from a value, but the message before it may echo the
+# value ("Invalid enum value 'x - at `$.a[9]`'"). So the path is read only at the very end and
+# only in that grammar (names, indices of at most 9 digits, a map's value "[...]"), then found
+# in the body step by step: text a client wrote never chooses the member a 400 names.
+_NAME, _INDEX = r"[A-Za-z_][A-Za-z0-9_]*", r"[0-9]{1,9}|\.\.\."
+_STEP = re.compile(rf"\.({_NAME})|\[({_INDEX})\]")
+_AT = re.compile(rf" - at (`key` in )?`\$((?:\.{_NAME}|\[(?:{_INDEX})\])*)`\Z")
+MAX_ECHO_CHARS = 200  # of msgspec's own words, in a 400 no other rule phrases
 _WRONG_TYPE = re.compile(r"Expected `([^`]+)`, got `([^`]+)`$")
 _BOUND = re.compile(r"Expected `([^`]+)` (.+)$")
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean",
@@ -36,7 +43,11 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
               ) -> APIError:
     text = str(exc)
     at = _AT.search(text)
-    steps = _steps(at.group(2)) + (["[key]"] if at.group(1) else []) if at else []
+    steps = _steps(at.group(2)) if at else []
+    if at and _in_body(body, steps):
+        steps += ["[key]"] if at.group(1) else []
+    else:
+        steps = []  # no path msgspec could have written: the failure names no member
     text = text[:at.start()] if at else text
     cause = exc.__cause__
     missing = text.startswith("Object missing required field `")
@@ -67,7 +78,8 @@ def api_error(exc: msgspec.ValidationError, model: Any, body: Any, prefix: str =
         code = "unsupported_content" if tag and steps[-1] == "type" else "invalid_value"
         return invalid(f"'{param}' must be {listed}; {given} is not supported", param=param,
                        code=code)
-    return invalid(f"'{param}': {text}", param=param or None, code="invalid_value")
+    return invalid(f"'{param}': {text[:MAX_ECHO_CHARS]}", param=param or None,
+                   code="invalid_value")
 
 
 def _whole(model: Any, steps: list[str | int], trail: list[tuple[int, Any]], shape: bool,
@@ -98,8 +110,24 @@ def _param(prefix: str, steps: list[str | int]) -> str:
 
 
 def _steps(path: str) -> list[str | int]:
-    return [name or (int(index) if index.isdigit() else "[...]")
+    return [name or ("[...]" if index == "..." else int(index))
             for name, index in _STEP.findall(path)]
+
+
+def _in_body(body: Any, steps: list[str | int]) -> bool:
+    """Whether `steps` lead somewhere in `body`: each name a member of an object, each index
+    within a list (past a map's value "[...]", which msgspec does not say, no further)."""
+    value = body
+    for step in steps:
+        if step == "[...]":
+            return isinstance(value, dict)
+        if isinstance(step, int):
+            if not isinstance(value, list) or step >= len(value):
+                return False
+        elif not isinstance(value, dict) or step not in value:
+            return False
+        value = value[step]
+    return True
 
 
 def _bound_words(kind: str, bound: str) -> str:

@@ -222,8 +222,9 @@ class StreamOptions(Model):
 MinP = Annotated[float, Meta(ge=0, le=1)]
 Stop = Annotated[str | Annotated[list[str], Meta(max_length=MAX_STOP)],
                  Whole("a string or an array of strings")]
+# A token id is below 2**31: ten digits at most (longer keys are refused before any int()).
 LogitBias = Annotated[
-    dict[Annotated[str, Meta(pattern="^[0-9]+$")], Annotated[float, Meta(ge=-100, le=100)]],
+    dict[Annotated[str, Meta(pattern="^[0-9]{1,10}$")], Annotated[float, Meta(ge=-100, le=100)]],
     Meta(max_length=MAX_LOGIT_BIAS, description="token id -> bias added to its logit, as in "
                                                 "OpenAI's API"),
     Whole("a map of token ids to numbers from -100 to 100", scope="all")]
