@@ -478,7 +478,7 @@ async def create_response(request: Request) -> Response:
     # capability (previous_response_id) (issue 12, finding 12).
     try:
         turn, submit = await start_chat(request, parsed.chat, rid=new_rid("resp"),
-                                        note_unseen=parsed.store)
+                                        param="input", note_unseen=parsed.store)
     except APIError as error:
         if parsed.chat.options.stream and error.code == "context_length_exceeded":
             return _failed_stream(request, fmt, error)

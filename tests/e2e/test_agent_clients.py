@@ -12,6 +12,10 @@ the first turn's prompt within one page: its cached tokens >= the first turn's p
 page size, read from the gateway's `request.finished` lines (each turn's main request: the
 largest prompt of the turn; clients also send small side requests).
 
+Then whole sessions, their words decided by `--script` (tests/helpers/agent_sessions.py): tool
+loops, parallel sub-agents, a session that outgrows the context and compacts, each client with
+the flags that let it act headless; and a stream the client stops (the SDK).
+
 The clients are installed into ~/.cache/switchyard/agent-clients (refreshed daily). Without
 npm or a registry the tests skip with the reason, unless SWITCHYARD_REQUIRE_CLIENTS=1 (`.ci/run`
 sets it): then they fail. The clients' first prompts are 13K-26K tokens; the terse twin (one
