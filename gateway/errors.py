@@ -47,7 +47,8 @@ class APIError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.anthropic_message = anthropic_message or message  # where Anthropic words it otherwise
+        # Where Anthropic's API words the error otherwise (the context limit).
+        self.anthropic_message = anthropic_message or message
         self.type = type
         self.param = param
         self.code = code
