@@ -14,9 +14,12 @@ gets mlx_lm's tokens.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import mlx.core as mx
 import openai
 import pytest
@@ -63,8 +66,10 @@ def servers(tiny_model_dir):
     def get(name: str) -> ServerGroup:
         if name not in started:
             # Debug: the worker's `step.done` lines show packed prefill passes.
+            # A long peer timeout: the packing test stops the worker for a moment.
             started[name] = ServerGroup(paths[name](), slots=2, ctx=4096,
-                                        extra=("--log-level", "debug")).start()
+                                        extra=("--log-level", "debug",
+                                               "--peer-timeout-s", "30")).start()
         return started[name]
 
     yield get
@@ -120,32 +125,46 @@ def test_greedy_tokens_match_mlx_lm(servers, reference, arch, text):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_prompts_prefilled_in_one_pass_match_mlx_lm(servers, reference, arch):
-    """A's prompt is one 512-token chunk and a tail as long as B's prompt. B, sent while A's
-    first chunk runs, waits for the next step, where its prompt and A's tail are two chunks of
-    one length: one pass. Whether B arrives during that first step depends on timing, so
-    rounds of fresh prompts (distinct from their first token: no shared prefix to wait for) go
-    until a step has packed two chunks (its `step.done` line); every reply of every round is
-    mlx_lm's."""
+    """A's prompt is one 512-token chunk and a tail as long as B's prompt. B arrives while A's
+    first chunk is in the worker's hands, so it waits for the next step, where its prompt and
+    A's tail are two chunks of one length: one pass. The worker is stopped (SIGSTOP) from
+    before A until both requests are in the scheduler's hands, as the group's status says, so
+    B's arrival never races A's first step; every reply is mlx_lm's."""
     model, tokenizer = reference(arch)
     group = servers(arch)
-    packed = []
-    for round_ in range(8):
-        b = tokenizer.encode(f"Bo walks to the mill, round {round_}. " + SHORT_TEXT)
-        a = tokenizer.encode(f"Ada reads the lines, round {round_}. " + LONG_TEXT)[:512 + len(b)]
-        expected = [greedy_reference(model, tokenizer, p, 16) for p in (a, b)]
-        with ThreadPoolExecutor(2) as pool:
+    b = tokenizer.encode("Bo walks to the mill. " + SHORT_TEXT)
+    a = tokenizer.encode("Ada reads the lines. " + LONG_TEXT)[:512 + len(b)]
+    expected = [greedy_reference(model, tokenizer, p, 16) for p in (a, b)]
+    mark = len(group.log_events("step.done"))
+    worker = group.pid_of("worker")
+    with ThreadPoolExecutor(2) as pool:
+        os.kill(worker, signal.SIGSTOP)
+        try:
             first = pool.submit(served_completion, group, a, 16)
-            time.sleep(0.05)
+            wait_for_health(group, lambda h: h["num_running"] == 1)
             second = pool.submit(served_completion, group, b, 16)
-            replies = [first.result(), second.result()]
-        for reply, want in zip(replies, expected):
-            assert_same_as_reference(reply, tokenizer, want, 16)
-        packed = [e for e in group.wait_events("step.done", timeout_s=2)
-                  if e.get("num_chunks", 0) >= 2 and e["prefill_passes"] < e["num_chunks"]]
-        if packed:
-            break
-    assert packed, "no step packed the two prompts' chunks in 8 rounds"
+            wait_for_health(group, lambda h: h["num_running"] + h["num_waiting"] == 2)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        replies = [first.result(), second.result()]
+    for reply, want in zip(replies, expected):
+        assert_same_as_reference(reply, tokenizer, want, 16)
+    steps = group.wait_events("step.done", at_least=mark + 2, timeout_s=10)[mark:]
+    packed = [e for e in steps
+              if e.get("num_chunks", 0) >= 2 and e["prefill_passes"] < e["num_chunks"]]
+    assert packed, steps
     assert packed[0]["tokens_per_pass"] > 0
+
+
+def wait_for_health(group: ServerGroup, holds, timeout_s: float = 3.0) -> None:
+    """Until the group's /health satisfies `holds` (the scheduler's counts, sent on change)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = httpx.get(group.url + "/health", timeout=5).json()
+        if holds(health) or time.monotonic() > deadline:
+            assert holds(health), health
+            return
+        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
