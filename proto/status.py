@@ -153,6 +153,11 @@ class KvMemoryStatus(_Doc):
 
 
 class RecentRequest(_Doc):
+    """A finished request, for the TTFT plot and the timeline of conversations: when it
+    arrived (`started_at`), got its first token (`started_at + ttft_s`) and finished (`at`),
+    and where its prompt's KV came from (the slot it ran in, another slot, the disk, or
+    prefilled), besides what it decoded."""
+
     at: float
     ttft_s: float
     cause: TtftCause
@@ -160,6 +165,15 @@ class RecentRequest(_Doc):
     cached_tokens: int
     priority: str
     tenant: str = ""  # with several keys: whose request
+    rid: str = ""
+    # Its conversation, as the status may name one (scheduler/conversation_threads.py).
+    conversation: str = ""
+    started_at: float = 0.0
+    reused_tokens: int = 0
+    copied_tokens: int = 0
+    restored_tokens: int = 0
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0
 
 
 class TenantStats(_Doc):

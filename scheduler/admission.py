@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from switchyard.proto.messages import CopyPrefix
 from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.conversation_threads import ConversationThreads
 from switchyard.scheduler.page_cache import DiskPage, PageCache
 from switchyard.scheduler.placement import Placement, Sources, choose_slot, usable_match
 from switchyard.scheduler.requests import Request, Slot
@@ -117,9 +118,11 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
 
 
 def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
-          pinned: Set[bytes], now: float) -> CopyPrefix | None:
+          pinned: Set[bytes], now: float,
+          threads: ConversationThreads | None = None) -> CopyPrefix | None:
     """Put the request in its slot as decided; the copy the worker makes first, if any.
-    `pinned`: pages other requests will restore, never dropped here."""
+    `pinned`: pages other requests will restore, never dropped here; `threads`: where its
+    conversation's label comes from, at its first placement."""
     p, page_size = decision.placement, pages.page_size
     if decision.branch_point is not None:
         req.branch_point = decision.branch_point
@@ -128,7 +131,10 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     # nobody's go (docs/design.md "KV pages"); its own turn is remembered from here.
     chain = list(decision.chain)
     turn = pages.anchor(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
-    pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
+    continued = pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
+    if threads is not None and not req.conversation:
+        first = chain[0] if chain else turn.tail_id if turn is not None else req.rid.encode()
+        req.conversation = threads.place(turn, continued, first, req.tenant)
     pages.drop_passed_tails(chain, set(pinned) | {page.page_id for page in decision.restore_pages},
                             req.root)
     if turn is not None:

@@ -58,6 +58,7 @@ from switchyard.scheduler.events import (
 )
 from switchyard.scheduler.admission import WaitForSibling, apply, place
 from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.conversation_threads import ConversationThreads
 from switchyard.scheduler.fairness import (admission_key, interactive_now, oldest_waiting_s,
                                            preempts)
 from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for
@@ -116,6 +117,7 @@ class FinishedRecord:
     # and had to prefill again: 0 while its pages reach the disk (docs/design.md "Memory plan").
     num_reread_tokens: int = 0
     tenant: str = ""  # its key's name with several keys
+    conversation: str = ""  # the status's label of its conversation (never a page id)
 
 
 class SchedulerCore:
@@ -127,6 +129,7 @@ class SchedulerCore:
         self.inflight: RunStep | None = None
         self.outbox = Outbox()
         self.root_tenants = RootTenants()  # whose an idle slot's text is, for the status
+        self.threads = ConversationThreads()  # recent requests' conversations, for the status
         self.pages = PageCache(config.page_size, config.disk_budget_bytes,
                                config.protect_window_s, self.outbox)
         self.budget = PrefillBudget(config.prefill_chunk, config.decode_share)
@@ -657,7 +660,7 @@ class SchedulerCore:
             if not self._room_for(req, decision):
                 break  # admission keeps its order: placed when running requests give room
             copy = apply(req, decision, self.slots, self.pages,
-                         self._pinned(placing=req), now)
+                         self._pinned(placing=req), now, self.threads)
             self._note_resumed(req, decision)
             if copy is not None:
                 self._copies.append(copy)
@@ -970,7 +973,8 @@ class SchedulerCore:
             ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrived_at,
             duration_s=now - req.arrived_at, num_proposed_tokens=req.num_proposed,
             num_accepted_tokens=req.num_accepted, proposers=",".join(sorted(req.proposers)),
-            num_reread_tokens=req.num_reread, tenant=req.tenant, **_prefill_times(req)))
+            num_reread_tokens=req.num_reread, tenant=req.tenant,
+            conversation=req.conversation, **_prefill_times(req)))
         unsent = self._unsent.pop(req.rid, None)
         if notify:
             if unsent:

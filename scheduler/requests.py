@@ -29,6 +29,9 @@ class Request:
     # so its pages, and slots holding them, are shared only with requests of the same salt.
     root: bytes = ROOT_ID
     tenant: str = ""  # its key's name with several keys (SubmitRequest.tenant)
+    # The status's label of its conversation, set at its first placement
+    # (scheduler/conversation_threads.py).
+    conversation: str = ""
     num_proposed: int = 0  # draft tokens verified for it, and how many of them it kept
     num_accepted: int = 0
     proposers: set = field(default_factory=set)  # whose drafts were verified ("suffix", "draft", "mtp")

@@ -66,6 +66,20 @@ def _token_counts(rec) -> dict[str, int]:
                 draft_proposed=rec.num_proposed_tokens, draft_accepted=rec.num_accepted_tokens)
 
 
+def recent_request(rec, at: float) -> RecentRequest:
+    """A finished request (its `FinishedRecord`, with a TTFT) as the status shows it, `at`
+    the time it finished."""
+    return RecentRequest(
+        at=at, ttft_s=rec.ttft_s, cause=ttft_cause(rec), prompt_tokens=rec.num_prompt_tokens,
+        cached_tokens=rec.num_cached_tokens, priority=rec.priority,
+        tenant=getattr(rec, "tenant", ""), rid=getattr(rec, "rid", ""),
+        conversation=getattr(rec, "conversation", ""),
+        started_at=at - getattr(rec, "duration_s", 0.0),
+        reused_tokens=rec.num_reused_tokens, copied_tokens=rec.num_copied_tokens,
+        restored_tokens=rec.num_restored_tokens, prefilled_tokens=rec.num_prefilled_tokens,
+        generated_tokens=rec.num_generated_tokens)
+
+
 class SchedulerStats:
     def __init__(self) -> None:
         self.finished = Counter()  # finish reason -> requests
@@ -93,10 +107,7 @@ class SchedulerStats:
             self.ttft.observe(rec.ttft_s)
             if own is not None:
                 own.ttft.observe(rec.ttft_s)
-            self.recent.append(RecentRequest(
-                at=at, ttft_s=rec.ttft_s, cause=ttft_cause(rec),
-                prompt_tokens=rec.num_prompt_tokens, cached_tokens=rec.num_cached_tokens,
-                priority=rec.priority, tenant=tenant))
+            self.recent.append(recent_request(rec, at))
 
     def request_failed(self, code: str) -> None:
         self.failed[code] += 1

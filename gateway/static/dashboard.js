@@ -1,5 +1,6 @@
 // Switchyard dashboard: polls /v1/switchyard/status (the scheduler's status.json snapshot) and
-// draws slots, queue, prompt tokens by source, disk use and recent TTFT by cause. No framework,
+// draws slots, queue, prompt tokens by source, disk use, recent TTFT by cause and a timeline of
+// recent requests per conversation. No framework,
 // no build step; the DOM is built with textContent only (no HTML from data).
 "use strict";
 
@@ -9,6 +10,8 @@ const STALE_S = 10;
 const SVG_NS = "http://www.w3.org/2000/svg";
 const SOURCES = ["reused", "copied", "restored", "prefilled"];
 const CAUSES = ["reused", "restored", "prefilled"];
+const PARTS = [...SOURCES, "decoded"];  // a timeline bar's parts
+const MAX_LANES = 16;  // conversations the timeline shows: the latest active
 
 // -- small helpers ---------------------------------------------------------------------------
 
@@ -232,6 +235,91 @@ function renderTtft(data) {
   }
 }
 
+// A request's bar from its arrival to its end: until its first token, split by where its
+// prompt's tokens came from (their share of the prompt, not of the time); then decoding.
+function barParts(r, xOf) {
+  const start = xOf(r.started_at), first = xOf(r.started_at + r.ttft_s), end = xOf(r.at);
+  const widen = Math.max(0, 2 - (end - start));  // a request too short to see stays visible
+  const prompt = SOURCES.reduce((a, k) => a + (r[`${k}_tokens`] || 0), 0);
+  const parts = [];
+  let x = start;
+  const promptWidth = first - start + (r.generated_tokens ? 0 : widen);
+  for (const k of SOURCES) {
+    const w = prompt ? promptWidth * (r[`${k}_tokens`] || 0) / prompt : 0;
+    if (w > 0) parts.push({ part: k, x, width: w });
+    x += w;
+  }
+  if (r.generated_tokens) parts.push({ part: "decoded", x, width: end + widen - x });
+  return parts;
+}
+
+function renderTimeline(data) {
+  const plot = clear($("timeline"));
+  const W = 760, L = 130, R = 12, T = 8, B = 34, LANE = 22;
+  const recent = ((data.stats || {}).recent_requests || []).filter((r) => r.started_at > 0);
+  const lanes = new Map();  // conversation -> its requests, in the order they finished
+  for (const r of recent) {
+    const key = r.conversation || "-";
+    if (!lanes.has(key)) lanes.set(key, []);
+    lanes.get(key).push(r);
+  }
+  const latest = (rs) => Math.max(...rs.map((r) => r.at));
+  const shown = [...lanes.entries()].sort((a, b) => latest(b[1]) - latest(a[1]))
+    .slice(0, MAX_LANES)
+    .sort((a, b) => Math.min(...a[1].map((r) => r.started_at)) -
+                    Math.min(...b[1].map((r) => r.started_at)));
+  const rows = shown.flatMap(([, rs]) => rs);
+  const legend = clear($("timeline-legend"));
+  for (const k of PARTS) {
+    const total = rows.reduce((a, r) => a + (r[k === "decoded" ? "generated_tokens"
+                                                            : `${k}_tokens`] || 0), 0);
+    legend.appendChild(legendItem(k, `${k} ${fmtInt(total)}`));
+  }
+  $("timeline-summary").textContent =
+    `${shown.length} conversations, ${rows.length} requests` +
+    (lanes.size > shown.length ? ` (the latest ${MAX_LANES} of ${lanes.size})` : "");
+  const H = T + Math.max(1, shown.length) * LANE + B;
+  plot.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  if (!rows.length) {
+    plot.appendChild(svg("text", { x: W / 2, y: T + LANE / 2 + 4, "text-anchor": "middle",
+                                   class: "nodata" }, "no finished requests yet"));
+    return;
+  }
+  const t0 = Math.min(...rows.map((r) => r.started_at));
+  const span = Math.max(0.001, Math.max(...rows.map((r) => r.at)) - t0) * 1.02;
+  const xOf = (t) => L + ((t - t0) / span) * (W - L - R);
+  for (const frac of [0, 0.25, 0.5, 0.75, 1]) {
+    const x = L + frac * (W - L - R);
+    plot.appendChild(svg("line", { x1: x, x2: x, y1: T, y2: H - B, class: "grid" }));
+    plot.appendChild(svg("text", { x, y: H - B + 16, "text-anchor": "middle" },
+                         `+${fmtSeconds(frac * span)}`));
+  }
+  plot.appendChild(svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis" }));
+  plot.appendChild(svg("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" },
+                       "after the first request shown; until its first token a bar is split " +
+                       "by where its prompt came from"));
+  shown.forEach(([conv, rs], i) => {
+    const y = T + i * LANE;
+    const lane = svg("g", { class: "lane", "data-conversation": conv });
+    lane.appendChild(svg("text", { x: L - 8, y: y + LANE / 2 + 4, "text-anchor": "end",
+                                   class: "lane" }, conv));
+    for (const r of rs) {
+      const bar = svg("g", { class: "request", "data-rid": r.rid || "" });
+      bar.appendChild(svg("title", {}, `${r.rid || "request"}: TTFT ${fmtSeconds(r.ttft_s)}, ` +
+        `${fmtSeconds(r.at - r.started_at)} in all; ${fmtInt(r.prompt_tokens)} prompt tokens ` +
+        `(${SOURCES.map((k) => `${fmtInt(r[`${k}_tokens`])} ${k}`).join(", ")}), ` +
+        `${fmtInt(r.generated_tokens)} decoded`));
+      for (const p of barParts(r, xOf)) {
+        bar.appendChild(svg("rect", { x: p.x.toFixed(1), y: y + 4, width: p.width.toFixed(2),
+                                      height: LANE - 8, class: `seg ${p.part}`,
+                                      "data-part": p.part }));
+      }
+      lane.appendChild(bar);
+    }
+    plot.appendChild(lane);
+  });
+}
+
 function renderCounters(data) {
   const stats = data.stats || {};
   const counters = clear($("counters"));
@@ -298,6 +386,7 @@ async function poll() {
       renderCache(data);
       renderDisk(data);
       renderTtft(data);
+      renderTimeline(data);
       renderCounters(data);
       document.body.dataset.rendered = String((Number(document.body.dataset.rendered) || 0) + 1);
     }

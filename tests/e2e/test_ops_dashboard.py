@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium against a real group (with an API key): after a
-small workload the page shows the slots' conversations, the prompt tokens by source and a TTFT
-plot with a point per recent request, by cause; without the key it asks for one.
+small workload the page shows the slots' conversations, the prompt tokens by source, a TTFT
+plot with a point per recent request, by cause, and a timeline of the recent requests with a
+lane per conversation; without the key it asks for one.
 
 Needs Debian's `chromium` (.ci/run installs it); skips without it. Set SWITCHYARD_DASHBOARD_PNG
 to a path to keep a screenshot there.
@@ -124,6 +125,17 @@ def test_dashboard_in_headless_chromium(tiny_qwen3, tmp_path):
         segments = {e[1]["data-kind"] for e in dom.find("rect", data_kind=True)}
         assert {"prefilled", "reused", "used"} <= segments
         assert "of 32.0 GiB" in dom.text_of("disk-summary")
+        # The timeline: a lane per conversation (the two that came back are one lane each
+        # with both their requests), a bar per request, split by where its prompt came from.
+        recent = status.stats.recent_requests
+        conversations = {r.conversation for r in recent}
+        assert len(conversations) == 3 and "" not in conversations
+        lanes = dom.find("g", data_conversation=True)
+        assert {lane[1]["data-conversation"] for lane in lanes} == conversations
+        bars = dom.find("g", data_rid=True)
+        assert sorted(b[1]["data-rid"] for b in bars) == sorted(r.rid for r in recent)
+        parts = {e[1]["data-part"] for e in dom.find("rect", data_part=True)}
+        assert {"prefilled", "reused", "restored", "decoded"} <= parts
 
         # Without the key, the page asks for it and shows no data.
         done = chromium("--dump-dom", f"{group.url}/dashboard", user_data_dir=tmp_path / "p2")

@@ -33,7 +33,8 @@ def document(now: float = 1000.0) -> Status:
         finish_reason="stop", num_prompt_tokens=40, num_reused_tokens=32, num_copied_tokens=0,
         num_restored_tokens=0, num_prefilled_tokens=8, num_generated_tokens=3,
         num_cached_tokens=32, ttft_s=0.05, priority="interactive", num_proposed_tokens=6,
-        num_accepted_tokens=4), now - 1)
+        num_accepted_tokens=4, rid="r0", conversation="0123456789ab#2", duration_s=0.25),
+        now - 1)
     stats.step_done(0.01)
     return Status(
         version=STATUS_VERSION, at=now, boot_id="s" * 16, pid=os.getpid(), started_at=now - 9,
@@ -87,7 +88,11 @@ def test_json_field_names_are_the_documented_ones():
     assert set(stats["ttft"]) == {"bounds", "counts", "sum", "count"}
     assert stats["recent_requests"] == [{"at": 999.0, "ttft_s": 0.05, "cause": "reused",
                                          "prompt_tokens": 40, "cached_tokens": 32,
-                                         "priority": "interactive", "tenant": ""}]
+                                         "priority": "interactive", "tenant": "",
+                                         "rid": "r0", "conversation": "0123456789ab#2",
+                                         "started_at": 998.75, "reused_tokens": 32,
+                                         "copied_tokens": 0, "restored_tokens": 0,
+                                         "prefilled_tokens": 8, "generated_tokens": 3}]
     assert raw["peers"]["gateway"] == {"boot_id": "g" * 16, "pid": None, "last_seen": None}
 
 
