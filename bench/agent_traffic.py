@@ -258,7 +258,7 @@ class Shape:
 
     @property
     def openai_tools(self) -> list[dict]:
-        from switchyard.gateway.output.tools import function_tool
+        from switchyard.gateway.request.tools import function_tool
 
         return [function_tool(t["name"], t.get("description"), t.get("input_schema"))
                 for t in self.anthropic_tools]

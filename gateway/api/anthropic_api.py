@@ -31,7 +31,7 @@ from switchyard.gateway.errors import APIError
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
 from switchyard.gateway.streaming import sse_event
-from switchyard.gateway.output.tools import AUTO, NONE, ToolChoice, check_tool_choice, function_tool
+from switchyard.gateway.request.tools import check_tool_choice, function_tool
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
 from switchyard.gateway.request.wire import anthropic as shape
@@ -40,7 +40,7 @@ from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.api.validation import (note_ignored, note_unknown_fields,
                                                reasoning_effort, template_kwargs)
 from switchyard.gateway.vision.parts import ImageRef, decode_base64, from_url, image_part
-from switchyard.gateway.request.model import ChatRequest, Options
+from switchyard.gateway.request.model import AUTO, NONE, ChatRequest, Options, ToolChoice
 
 log = structlog.get_logger()
 

@@ -31,7 +31,7 @@ from switchyard.gateway.prompting.prompts import check_model
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.response_store import ResponseStore
 from switchyard.gateway.streaming import EventStreamResponse, sse_event
-from switchyard.gateway.output.tools import ToolChoice, function_tool, openai_tool_choice
+from switchyard.gateway.request.tools import function_tool, openai_tool_choice
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.json_body import chat_limits, read_json
 from switchyard.gateway.request.wire import responses as shape
@@ -39,7 +39,7 @@ from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.api.validation import note_ignored, note_unknown_fields, reasoning_effort
 from switchyard.gateway.vision.parts import from_url, image_part
-from switchyard.gateway.request.model import ChatRequest, Options
+from switchyard.gateway.request.model import ChatRequest, Options, ToolChoice
 from switchyard.proto.ids import new_rid
 
 def _new_id(prefix: str) -> str:

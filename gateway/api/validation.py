@@ -24,7 +24,7 @@ from switchyard.gateway.request.wire.common import (MAX_TEMPLATE_KWARGS_BYTES,
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options
 from switchyard.gateway.errors import invalid, invalid_type
-from switchyard.gateway.output.tools import chat_function_tools, openai_tool_choice
+from switchyard.gateway.request.tools import chat_function_tools, openai_tool_choice
 from switchyard.gateway.vision.parts import from_url, image_part
 
 _SEED_MODULUS = 2**63

@@ -1,10 +1,10 @@
-"""Tools: one internal shape for definitions and tool_choice, the model family's call syntax,
-and parsing (with repair for forced calls) of the calls a model writes.
+"""Tool calls as a model writes them: the model family's call syntax, and parsing (with repair
+for forced calls) of the calls a model writes. The tools a request offers and its tool_choice
+are request/tools.py's.
 
-Definitions from every API become OpenAI function tools, `{"type": "function", "function":
-{"name", "description", "parameters"}}`, the shape chat templates expect. How a model writes a
-call is its family's `ToolSyntax`; formats.py holds one per family and picks it from the chat
-template (Hermes `<tool_call>{json}</tool_call>` when nothing else matches).
+How a model writes a call is its family's `ToolSyntax`; formats.py holds one per family and
+picks it from the chat template (Hermes `<tool_call>{json}</tool_call>` when nothing else
+matches).
 
 Forcing a call (`tool_choice` naming a function, or `required`) is done by writing the opening
 of the call into the prompt (`forced_opening`) and parsing opening + continuation. Forced calls
@@ -12,7 +12,7 @@ are always returned as calls: when the model's continuation does not parse, `rep
 keeps what can be recovered and falls back to arguments `{}` (the client asked for a call;
 text would break its contract). A forced call cut by the token limit is never repaired: it is
 returned incomplete, with the arguments as far as the model wrote them (`partial_arguments`),
-and the turn ends with "length", as OpenAI does (issue 23, finding 10). Unforced calls that do
+and the turn ends with "length", as OpenAI does. Unforced calls that do
 not parse are returned as text.
 """
 
@@ -25,29 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.request.wire.openai import ChatTool, ChatTools, NamedToolChoice
-from switchyard.gateway.request.wire.openai import ToolChoice as OpenAIToolChoice
-from switchyard.gateway.errors import invalid
-
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 JSON_FAMILY = "json_tools"
 HARMONY_FAMILY = "harmony"
-
-
-@dataclass(frozen=True)
-class ToolChoice:
-    mode: str = "auto"  # "auto" | "none" | "required" | "function"
-    name: str | None = None  # with mode "function"
-
-    def to_openai(self) -> Any:
-        if self.mode == "function":
-            return {"type": "function", "function": {"name": self.name}}
-        return self.mode
-
-
-AUTO = ToolChoice()
-NONE = ToolChoice("none")
 
 
 @dataclass(frozen=True)
@@ -100,57 +80,9 @@ def new_call_id(prefix: str = "call_") -> str:
     return prefix + secrets.token_hex(12)
 
 
-# --- definitions -------------------------------------------------------------------------------
-
-
-def function_tool(name: str, description: str | None, parameters: Any) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": name}
-    if description:
-        function["description"] = description
-    function["parameters"] = parameters if parameters is not None else {
-        "type": "object", "properties": {}}
-    return {"type": "function", "function": function}
-
-
-def parse_openai_tools(value: Any, param: str = "tools") -> list[dict[str, Any]] | None:
-    """Chat Completions tools: `[{"type": "function", "function": {...}}]`."""
-    return chat_function_tools(decode(value, ChatTools | None, param))
-
-
-def chat_function_tools(tools: list[ChatTool] | None) -> list[dict[str, Any]] | None:
-    return [function_tool(t.function.name, t.function.description, t.function.parameters)
-            for t in tools or ()] or None
-
-
 def tool_names(tools: Sequence[dict[str, Any]] | None) -> list[str]:
+    """The names of a request's function tools (request/tools.py made them)."""
     return [t["function"]["name"] for t in tools or ()]
-
-
-def parse_openai_tool_choice(value: Any, tools: list[dict[str, Any]] | None,
-                             param: str = "tool_choice") -> ToolChoice:
-    """"auto" | "none" | "required" | {"type": "function", "function": {"name"}} (Chat) or
-    {"type": "function", "name"} (Responses)."""
-    return openai_tool_choice(decode(value, OpenAIToolChoice | None, param), tools, param)
-
-
-def openai_tool_choice(value: str | NamedToolChoice | None, tools: list[dict[str, Any]] | None,
-                       param: str = "tool_choice") -> ToolChoice:
-    if value is None:
-        return AUTO if tools else NONE
-    choice = ToolChoice(value) if isinstance(value, str) \
-        else ToolChoice("function", value.function_name)
-    return check_tool_choice(choice, tools, param)
-
-
-def check_tool_choice(choice: ToolChoice, tools: list[dict[str, Any]] | None,
-                      param: str) -> ToolChoice:
-    if choice.mode in ("required", "function") and not tools:
-        raise invalid(f"'{param}' requires a tool call but no tools were given", param=param,
-                      code="invalid_value")
-    if choice.mode == "function" and choice.name not in tool_names(tools):
-        raise invalid(f"'{param}' names the function '{choice.name}', which is not in 'tools'",
-                      param=param, code="invalid_value")
-    return choice
 
 
 # --- the model's call syntax -------------------------------------------------------------------

@@ -7,11 +7,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from switchyard.gateway.errors import out_of_range
-from switchyard.gateway.output.tools import AUTO, ToolChoice
 from switchyard.gateway.request.structured import Constraint
 from switchyard.proto.messages import PRIORITIES, PRIORITY_BACKGROUND
 
 PRIORITY_HEADER = "x-switchyard-priority"
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """Whether the turn may, must or must not call a tool, as every API's tool_choice becomes
+    (request/tools.py)."""
+
+    mode: str = "auto"  # "auto" | "none" | "required" | "function"
+    name: str | None = None  # with mode "function"
+
+
+AUTO = ToolChoice()
+NONE = ToolChoice("none")
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from fixtures.chat_formats import FAMILIES, write_tokenizer
-from switchyard.gateway.request.model import ChatRequest, Options
+from switchyard.gateway.request.model import ChatRequest, Options, ToolChoice
 from switchyard.gateway.output.formats import FORMATS, detect_format, hidden_special_ids, token_texts
 from switchyard.gateway.output.harmony import HarmonyParser
 from switchyard.gateway.output.parser import (Forced, OutputParser, ReasoningDelta, TextDelta, ToolCallDone,
                                    ToolCallStart)
-from switchyard.gateway.output.tools import ToolChoice, parse_calls, parse_openai_tools, repair_forced
+from switchyard.gateway.output.tools import parse_calls, repair_forced
+from switchyard.gateway.request.tools import parse_openai_tools
 from switchyard.gateway.prompting.history import RenderOptions, TurnMemory
 from switchyard.gateway.prompting.tool_text import text_syntax
 from switchyard.gateway.turn import ChatTurn, assistant_message, plan_turn

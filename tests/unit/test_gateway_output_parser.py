@@ -8,7 +8,8 @@ import pytest
 from switchyard.gateway.output.parser import (Forced, OutputParser, ReasoningDelta, TextDelta, ToolCallDone,
                             ToolCallStart)
 from switchyard.gateway.output.reasoning import ThinkSyntax, prompt_opens_reasoning
-from switchyard.gateway.output.tools import HERMES, parse_openai_tools
+from switchyard.gateway.output.tools import HERMES
+from switchyard.gateway.request.tools import parse_openai_tools
 
 THINK = ThinkSyntax("<think>", "</think>")
 TOOLS = parse_openai_tools([

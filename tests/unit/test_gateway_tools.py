@@ -7,9 +7,9 @@ import pytest
 
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.output.formats import detect_format
-from switchyard.gateway.output.tools import (HERMES, ToolChoice, ToolSyntax, best_tool, parse_calls,
-                                             parse_openai_tool_choice, parse_openai_tools,
-                                             repair_forced)
+from switchyard.gateway.output.tools import HERMES, ToolSyntax, best_tool, parse_calls, repair_forced
+from switchyard.gateway.request.model import ToolChoice
+from switchyard.gateway.request.tools import parse_openai_tool_choice, parse_openai_tools
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",

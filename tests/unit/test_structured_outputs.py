@@ -250,7 +250,8 @@ def test_json_argument_formats_force_calls_that_parse(family_vocabs, fmt, mode, 
     """Forced and auto calls in each JSON-argument format (Hermes, harmony, DeepSeek, Mistral,
     Llama 3): whatever allowed tokens are picked, the call parses and its arguments validate."""
     from switchyard.gateway.output.formats import FORMATS
-    from switchyard.gateway.output.tools import parse_calls, parse_openai_tools
+    from switchyard.gateway.output.tools import parse_calls
+    from switchyard.gateway.request.tools import parse_openai_tools
 
     syntax = FORMATS[fmt].tools
     tokenizer, hf = family_vocabs[FAMILY_OF_FORMAT[fmt]]

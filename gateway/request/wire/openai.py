@@ -171,7 +171,7 @@ class NamedToolChoice(Model):
                              '{"name": ...}}')
 
 
-ToolChoice = Annotated[Literal["auto", "none", "required"] | NamedToolChoice, Meta(description=(
+ChatToolChoice = Annotated[Literal["auto", "none", "required"] | NamedToolChoice, Meta(description=(
     "'required' or a named function needs 'tools', and the name must be one of them")),
     Whole("'auto', 'none', 'required' or a function", scope="all")]
 
@@ -286,7 +286,7 @@ class OptionsRequest(ServedRequest, kw_only=True):
 class ChatCompletionRequest(OptionsRequest, kw_only=True):
     messages: Annotated[list[Message], Meta(min_length=1)]
     tools: ChatTools | None = None
-    tool_choice: ToolChoice | None = None
+    tool_choice: ChatToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: TemplateKwargs | None = None
     chat_template: unsupported(text="is not accepted: the chat template is the model's, never "
