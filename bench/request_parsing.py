@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from switchyard.gateway.api.anthropic_api import parse_messages_request  # noqa: E402
 from switchyard.gateway.api.responses_api import parse_responses_request  # noqa: E402
-from switchyard.gateway.api.validation import parse_chat_request  # noqa: E402
+from switchyard.gateway.api.openai_request import parse_chat_request  # noqa: E402
 from switchyard.gateway.request.response_store import ResponseStore  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus"

@@ -37,8 +37,8 @@ from switchyard.gateway.api.json_body import message_limits, read_json
 from switchyard.gateway.request.wire import anthropic as shape
 from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.api.validation import (note_ignored, note_unknown_fields,
-                                               reasoning_effort, template_kwargs)
+from switchyard.gateway.api.shared_fields import (note_ignored, note_unknown_fields,
+                                                  reasoning_effort, template_kwargs)
 from switchyard.gateway.vision.parts import ImageRef, decode_base64, from_url, image_part
 from switchyard.gateway.request.model import AUTO, NONE, ChatRequest, Options, ToolChoice
 

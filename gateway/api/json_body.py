@@ -2,7 +2,7 @@
 its cost in memory bounded by its size.
 
 `json.loads` holds the GIL from the first byte to the last: 32 MB of empty messages took 1.4 s
-here, during which no other request got a byte (issue 23, finding 3). A small body is parsed
+here, during which no other request got a byte. A small body is parsed
 at once; a large one member by member (a value whose end is near is parsed at once, at C
 speed), yielding to the event loop every few milliseconds. A list longer than its limit
 (messages, input items, a prompt's token ids and a message's content parts at the context's
@@ -26,8 +26,6 @@ import re
 import time
 from typing import Any
 
-from switchyard.gateway.api.validation import (SURROGATE_ESCAPE, invalid_json, lone_surrogate,
-                                               parse_json)
 from switchyard.gateway.request.wire.common import MAX_TOOLS
 from switchyard.gateway.context import gateway_of
 from switchyard.gateway.errors import APIError, invalid
@@ -39,6 +37,9 @@ MAX_NESTING = 128  # arrays and objects within each other (a tool's schema nests
 MIN_VALUE_BUDGET = 1 << 19  # more than a small body can hold (3 bytes a value)
 SLICE_S = 0.005  # parsing between two yields to the event loop
 _WS = re.compile(r"[ \t\n\r]*")
+# JSON may spell a lone UTF-16 surrogate ("\\ud800"), which Python keeps in its str but which is
+# not text: no tokenizer or encoder takes it.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class ListLimit:
@@ -213,6 +214,52 @@ class _Cooperative:
 
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; NaN and Infinity are not JSON and are refused. (Large bodies
+    are parsed member by member, yielding to the event loop: `_Cooperative`.)"""
+    try:
+        # Decoded strictly: json.loads(bytes) decodes with 'surrogatepass', which lets a raw
+        # encoded surrogate (b"\xed\xa0\x80") through as a lone surrogate.
+        text = raw.decode(json.detect_encoding(raw))
+        body = json.loads(text, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise invalid_json(exc) from None
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object.", code="invalid_json")
+    if SURROGATE_ESCAPE.search(raw):  # only a \\uD800-\\uDFFF escape can make one
+        _refuse_lone_surrogates(body)
+    return body
+
+
+def invalid_json(exc: Exception) -> Exception:
+    return invalid(f"We could not parse the JSON body of your request: {exc}",
+                   code="invalid_json")
+
+
+
+def lone_surrogate(text: str) -> None:
+    """A 400 if `text` holds a lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid("The JSON body holds a lone UTF-16 surrogate (an unpaired "
+                      "\\ud800-\\udfff escape), which is not text.",
+                      code="invalid_json") from None
+
+
+def _refuse_lone_surrogates(body: Any) -> None:
+    stack = [body]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            lone_surrogate(item)
 
 
 def per_token(ctx: int, num_tokens: int = 1) -> ListLimit:

@@ -20,7 +20,7 @@ from switchyard.gateway.prompting.prompts import build_submit, check_model, enco
 from switchyard.gateway.api.responses import ChatFormat, CompletionFormat, model_card, models_body
 from switchyard.gateway.turn import TextTurn
 from switchyard.gateway.api.json_body import message_limits, per_token, read_json
-from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request
+from switchyard.gateway.api.openai_request import parse_chat_request, parse_completion_request
 from switchyard.gateway.output.tools import ToolSyntax
 from switchyard.gateway.request.model import CompletionRequest, request_priority
 from switchyard.gateway.request.scripted import forced_reply, reply_text

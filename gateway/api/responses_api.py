@@ -37,7 +37,7 @@ from switchyard.gateway.api.json_body import chat_limits, read_json
 from switchyard.gateway.request.wire import responses as shape
 from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.api.validation import note_ignored, note_unknown_fields, reasoning_effort
+from switchyard.gateway.api.shared_fields import note_ignored, note_unknown_fields, reasoning_effort
 from switchyard.gateway.vision.parts import from_url, image_part
 from switchyard.gateway.request.model import ChatRequest, Options, ToolChoice
 from switchyard.proto.ids import new_rid

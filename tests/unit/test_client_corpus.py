@@ -16,7 +16,7 @@ import pytest
 
 from switchyard.gateway.api.anthropic_api import parse_messages_request
 from switchyard.gateway.api.responses_api import parse_responses_request
-from switchyard.gateway.api.validation import parse_chat_request
+from switchyard.gateway.api.openai_request import parse_chat_request
 from switchyard.gateway.prompting.history import RenderOptions, render_prompt
 from switchyard.gateway.request.response_store import ResponseStore
 from tests.helpers.agent_clients import CLIENTS, readme_blocks
@@ -108,14 +108,14 @@ def test_every_field_a_client_sends_is_known_and_in_the_readme_table(session):
     "What agent clients send" table names each one."""
     from structlog.testing import capture_logs
 
-    from switchyard.gateway.api import validation
+    from switchyard.gateway.api import shared_fields
 
     readme = (REPO / "README.md").read_text()
     table = readme[readme.index("### What agent clients send"):]
     table = table[:table.index("\n\n", table.index("| API |"))]
     for name in FILES:
         record = load(session, name)
-        validation._noted.clear()
+        shared_fields._noted.clear()
         with capture_logs() as logs:
             parse(record)
         assert [e for e in logs if e["event"] == "request.field_ignored"

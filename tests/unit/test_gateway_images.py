@@ -12,7 +12,7 @@ from PIL import Image
 
 from switchyard.gateway.api.anthropic_api import parse_messages_request
 from switchyard.gateway.api.responses_api import parse_input
-from switchyard.gateway.api.validation import parse_chat_request
+from switchyard.gateway.api.openai_request import parse_chat_request
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.vision.fetch import FetchLimits, fetch_image, is_public
 from switchyard.gateway.vision.images import decode

@@ -4,7 +4,8 @@ import pytest
 
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.prompting.prompts import build_submit, check_model, served_model_id
-from switchyard.gateway.api.validation import parse_chat_request, parse_completion_request, parse_json
+from switchyard.gateway.api.json_body import parse_json
+from switchyard.gateway.api.openai_request import parse_chat_request, parse_completion_request
 from switchyard.gateway.request.model import Options, header_priority, request_priority
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

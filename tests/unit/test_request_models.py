@@ -185,7 +185,7 @@ def test_a_block_without_its_type_is_refused_where_a_type_is_required():
 
 @pytest.mark.parametrize("bias", [{"x": 1}, {"5": 101}, {"5": "1"}, {"5": True}])
 def test_a_bad_key_or_value_of_a_map_names_the_map(bias):
-    from switchyard.gateway.api.validation import parse_chat_request
+    from switchyard.gateway.api.openai_request import parse_chat_request
 
     error = _refused(lambda **f: parse_chat_request(
         {"messages": [{"role": "user", "content": "x"}]} | f), logit_bias=bias)

@@ -1,5 +1,5 @@
 """OpenAI's Chat Completions (`POST /v1/chat/completions`) and Completions (`/v1/completions`)
-requests, declared once: gateway/api/validation.py translates them into the gateway's request
+requests, declared once: gateway/api/openai_request.py translates them into the gateway's request
 shapes, and /openapi.json is made from them (wire/schema.py). What a schema cannot state (a
 named tool must be one of `tools`, token ids within the vocabulary, an image's bytes, the
 context) is checked at runtime and documented as a 400.
@@ -317,7 +317,7 @@ class ChatCompletionRequest(OptionsRequest, kw_only=True):
 class CompletionRequest(OptionsRequest, kw_only=True):
     """One prompt per request: text or token ids, alone or as a batch of one."""
 
-    prompt: AnyValue = None  # its shape depends on the vocabulary: schema_rules, validation.py
+    prompt: AnyValue = None  # its shape depends on the vocabulary: schema_rules, openai_request.py
     logprobs: unsupported(0) = None
     echo: unsupported(False) = None
     suffix: unsupported("") = None

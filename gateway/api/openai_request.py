@@ -1,7 +1,6 @@
 """Chat Completions and Completions requests: decoded against their models
 (request/wire/openai.py: the shape, its checks and limits) and translated into the gateway's
-request shapes; and what every API's parsing shares (the JSON body, notes of unknown fields,
-reasoning effort, template variables).
+request shapes.
 
 Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a
 400 that names the field. Nothing here touches the tokenizer or the network.
@@ -10,123 +9,20 @@ Unknown fields are ignored, as OpenAI does; a known field of the wrong type or o
 from __future__ import annotations
 
 import json
-import re
-import threading
 from typing import Any
-
-import structlog
 
 from switchyard.gateway.request.wire import openai as shape
 from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.request.wire.common import (MAX_TEMPLATE_KWARGS_BYTES,
-                                                  RESERVED_TEMPLATE_KEYS)
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options
 from switchyard.gateway.errors import invalid, invalid_type
 from switchyard.gateway.request.tools import chat_function_tools, openai_tool_choice
 from switchyard.gateway.vision.parts import from_url, image_part
+from switchyard.gateway.api.shared_fields import (note_unknown_fields, reasoning_effort,
+                                                  template_kwargs)
 
 _SEED_MODULUS = 2**63
-
-log = structlog.get_logger()
-
-
-def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; NaN and Infinity are not JSON and are refused. (Large bodies
-    are parsed by api/json_body.py, which yields to the event loop.)"""
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not valid JSON")
-
-    try:
-        # Decoded strictly: json.loads(bytes) decodes with 'surrogatepass', which lets a raw
-        # encoded surrogate (b"\xed\xa0\x80") through as a lone surrogate (issue 23, finding 4).
-        text = raw.decode(json.detect_encoding(raw))
-        body = json.loads(text, parse_constant=no_constants)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise invalid_json(exc) from None
-    if not isinstance(body, dict):
-        raise invalid("The request body must be a JSON object.", code="invalid_json")
-    if SURROGATE_ESCAPE.search(raw):  # only a \\uD800-\\uDFFF escape can make one
-        _refuse_lone_surrogates(body)
-    return body
-
-
-def invalid_json(exc: Exception) -> Exception:
-    return invalid(f"We could not parse the JSON body of your request: {exc}",
-                   code="invalid_json")
-
-
-# JSON may spell a lone UTF-16 surrogate ("\\ud800"), which Python keeps in its str but which is
-# not text: no tokenizer or encoder takes it (issue 12, finding 11).
-SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def lone_surrogate(text: str) -> None:
-    """A 400 if `text` holds a lone surrogate."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise invalid("The JSON body holds a lone UTF-16 surrogate (an unpaired "
-                      "\\ud800-\\udfff escape), which is not text.",
-                      code="invalid_json") from None
-
-
-def _refuse_lone_surrogates(body: Any) -> None:
-    stack = [body]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str):
-            lone_surrogate(item)
-
-
-# --- fields clients send that this server does not read ------------------------------------
-
-# Clients change faster than servers: a top-level field this server does not know is accepted
-# and logged once per name (the names seen are bounded, so junk keys cannot grow memory).
-MAX_NOTED_NAMES = 256
-_noted: set[str] = set()
-_noted_lock = threading.Lock()
-
-
-def note_ignored(name: str) -> None:
-    """Log `request.field_ignored` the first time `name` is seen."""
-    name = "".join(c if c.isprintable() else "?" for c in name[:80])
-    with _noted_lock:
-        if name in _noted or len(_noted) >= MAX_NOTED_NAMES:
-            return
-        _noted.add(name)
-    log.info("request.field_ignored", field=name)
-
-
-def note_unknown_fields(body: dict[str, Any], known: frozenset[str], api: str) -> None:
-    for key in body:
-        if key not in known:
-            note_ignored(f"{api}.{key}")
-
-
-# Reasoning effort as chat templates take it (`reasoning_effort`: gpt-oss's low/medium/high);
-# the other APIs' names for the ends of the scale map to the nearest.
-EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high",
-           "xhigh": "high", "max": "high"}
-
-
-def reasoning_effort(value: Any, param: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise invalid_type(param, "a string")
-    if value == "none":
-        return None
-    effort = EFFORTS.get(value)
-    if effort is None:
-        note_ignored(f"{param}={value[:32]}")
-    return effort
 
 
 def _options(request: shape.OptionsRequest) -> Options:
@@ -186,21 +82,6 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         strict_tools=frozenset(t.function.name for t in request.tools or ()
                                if t.function.strict),
     )
-
-
-def template_kwargs(kwargs: dict[str, Any], param: str = "chat_template_kwargs"
-                    ) -> dict[str, Any]:
-    """The template variables a request sets; a reserved key or oversized values are a 400."""
-    for key in kwargs:
-        if key in RESERVED_TEMPLATE_KEYS:
-            raise invalid(f"'{param}.{key}' is not accepted: '{param}' sets the chat "
-                          f"template's variables, not the template or its arguments",
-                          param=f"{param}.{key}", code="invalid_value")
-    if kwargs and len(json.dumps(kwargs, ensure_ascii=False, default=str)) \
-            > MAX_TEMPLATE_KWARGS_BYTES:
-        raise invalid(f"'{param}' is larger than {MAX_TEMPLATE_KWARGS_BYTES} bytes",
-                      param=param, code="invalid_value")
-    return dict(kwargs)
 
 
 def chat_message(message: shape.ChatMessage, raw: dict[str, Any], index: int
