@@ -1,5 +1,7 @@
-"""What handlers share: the `Gateway` (settings, tokenizer, scheduler client) and, per HTTP
-request, a `RequestRecord` that becomes its one `request.finished` log line."""
+"""What handlers share: the `Gateway` (settings, tokenizer, scheduler client); per HTTP request,
+a `RequestRecord` that becomes its one `request.finished` log line; and the `RequestContext`
+each handler takes from its Starlette request once, which is all that the turn's work below the
+handlers (driver.py, turn.py) is given of it."""
 
 from __future__ import annotations
 
@@ -8,18 +10,20 @@ import copy
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive
 
 from switchyard.gateway.errors import Abandoned, APIError, context_length_exceeded, invalid
 from switchyard.gateway.generation import Usage
-from switchyard.gateway.http_limits import (LARGE_BODY_BYTES, MAX_LARGE_BODIES, RETRY_AFTER_S,
-                                            BodyBytes)
+from switchyard.gateway.http_limits import MAX_LARGE_BODIES, BodyBytes
 from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
 from switchyard.gateway.request.grammar_check import GrammarChecker
+from switchyard.gateway.request.model import request_priority
 from switchyard.gateway.request.response_store import ResponseStore, ResponseStores
 from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.scheduler_client import SchedulerClient
@@ -28,7 +32,7 @@ from switchyard.gateway.output.tools import HERMES, ToolSyntax
 from switchyard.proto.messages import SubmitRequest
 from switchyard.proto.script import Script
 from switchyard.proto.settings import Settings
-from switchyard.proto.tenants import Tenants
+from switchyard.proto.tenants import Tenant, Tenants
 
 T = TypeVar("T")
 
@@ -83,15 +87,15 @@ class Gateway:
         self.bodies = BodyBytes(MAX_LARGE_BODIES * self.settings.max_body_bytes)
 
     async def run_tokenizer(self, fn: Callable[..., T], tokenizer: Any, *args: Any,
-                            size: int = 0, request: Request | None = None,
+                            size: int = 0, receive: Receive | None = None,
                             abandoned: threading.Event | None = None) -> T:
         """`fn(tokenizer, *args)` off the event loop (tokenizing a 100K-token conversation
         takes a while), on the large lane when the prompt has `size` >= LARGE_PROMPT_CHARS
         characters (there with that lane's own copy of `tokenizer`).
 
-        With `request`, the work is abandoned when its client leaves (issue 23, finding 3):
-        not started if it still waits for its lane, and `abandoned` is set for `fn` to stop
-        at its next step; the request then ends as disconnected (ClientDisconnect)."""
+        With `receive` (the request's ASGI channel), the work is abandoned when its client
+        leaves: not started if it still waits for its lane, and `abandoned` is set for `fn` to
+        stop at its next step; the request then ends as disconnected (ClientDisconnect)."""
         loop = asyncio.get_running_loop()
         abandoned = abandoned or threading.Event()
 
@@ -105,10 +109,10 @@ class Gateway:
         else:
             work = loop.run_in_executor(self.large_executor,
                                         lambda: job(self._large_lane_tokenizer()))
-        if request is None:
+        if receive is None:
             return await work
         try:
-            return await until_disconnect(request.receive, work)
+            return await until_disconnect(receive, work)
         except ClientDisconnected:
             abandoned.set()
             raise ClientDisconnect() from None
@@ -136,51 +140,15 @@ class Gateway:
         if self.images is not None:
             self.images.shutdown()
 
-    async def check_grammar(self, constraint: Constraint | None, request: Request) -> None:
+    async def check_grammar(self, constraint: Constraint | None, receive: Receive) -> None:
         """A 400 unless `constraint`'s grammar checks (grammar_check.py: another process,
         bounded in time), abandoned when the client leaves (ClientDisconnect)."""
         if constraint is None:
             return
         try:
-            await until_disconnect(request.receive, self.grammars.check(constraint))
+            await until_disconnect(receive, self.grammars.check(constraint))
         except ClientDisconnected:
             raise ClientDisconnect() from None
-
-    async def read_body(self, request: Request) -> bytes:
-        """The whole body, or a 413 as soon as it is known to be too large."""
-        limit = self.settings.max_body_bytes
-        length = request.headers.get("content-length", "")  # h11: at most 20 ASCII digits
-        declared = int(length) if length.isascii() and length.isdigit() else 0
-        if declared > limit:
-            raise body_too_large(limit)
-        record = record_of(request)
-        self._hold_body(record, declared)
-        chunks, size = [], 0
-        try:
-            async with asyncio.timeout(self.settings.read_timeout_s):
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > limit:
-                        raise body_too_large(limit)
-                    self._hold_body(record, size)
-                    chunks.append(chunk)
-        except TimeoutError:
-            raise APIError(408, f"The request body did not arrive within "
-                                f"{self.settings.read_timeout_s:g} s",
-                           code="request_timeout", headers={"Connection": "close"}) from None
-        return b"".join(chunks)
-
-    def _hold_body(self, record: RequestRecord, size: int) -> None:
-        """Counts a large body of `size` bytes against `bodies` until its request ends (the
-        logging middleware gives it back), or a 503 when they are all taken."""
-        if size < LARGE_BODY_BYTES or size <= record.body_bytes:
-            return
-        if not self.bodies.take(size - record.body_bytes):
-            raise APIError(503, f"The server holds all the large request bodies it takes at "
-                                f"once ({self.bodies.limit >> 20} MiB); try again shortly",
-                           type="server_error", code="overloaded", retry_after_s=RETRY_AFTER_S,
-                           headers={"Connection": "close"})
-        record.body_bytes = size
 
 
 LARGE_PROMPT_CHARS = 100_000
@@ -196,11 +164,6 @@ def longest_token_chars(tokenizer: Any) -> int:
     except Exception:  # a tokenizer without a vocabulary listing: a generous bound
         return _FALLBACK_TOKEN_CHARS
     return max((len(token) for token in vocab), default=_FALLBACK_TOKEN_CHARS) or 1
-
-
-def body_too_large(limit: int) -> APIError:
-    return APIError(413, f"The request body is larger than {limit} bytes",
-                    code="request_too_large")
 
 
 @dataclass
@@ -266,31 +229,67 @@ class RequestRecord:
         return out
 
 
+# Per-request switch for prefix-stable rendering ("0"/"off" or "1"/"on"), for measurements.
+PREFIX_STABLE_HEADER = "x-switchyard-prefix-stable"
+
+
 def gateway_of(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
-def cache_salt_of(request: Request, cache_salt: str | None) -> bytes:
-    """The salt of the request's cached text: its tenant's, and its own `cache_salt`."""
-    return gateway_of(request).tenants.salt(request.scope.get(TENANT_SCOPE_KEY), cache_salt)
+@dataclass(frozen=True)
+class RequestContext:
+    """One HTTP request as the gateway's work sees it: taken from the Starlette request once, by
+    its handler (`of`). The choices that depend on the body (the cache salt, the priority) are
+    made here from what the body asked for; the headers' switches are read where a turn needs
+    them, so a request that does not use one is never refused for it."""
+
+    gateway: Gateway
+    record: RequestRecord
+    tenant: Tenant | None  # whose API key it gave (None: no keys)
+    headers: Mapping[str, str]
+    receive: Receive  # the ASGI channel: watched for the client leaving
+    body: Callable[[], AsyncIterator[bytes]]  # the body's chunks as they arrive
+
+    @classmethod
+    def of(cls, request: Request) -> RequestContext:
+        record = request.scope.get(RECORD_SCOPE_KEY)
+        if record is None:  # the app was called without its logging middleware
+            record = request.scope[RECORD_SCOPE_KEY] = RequestRecord(request.method,
+                                                                     request.url.path)
+        return cls(gateway_of(request), record, request.scope.get(TENANT_SCOPE_KEY),
+                   request.headers, request.receive, request.stream)
+
+    def cache_salt(self, asked: str | None) -> bytes:
+        """The salt of the request's cached text: its tenant's, and the body's `cache_salt`."""
+        return self.gateway.tenants.salt(self.tenant, asked)
+
+    def priority(self, model: str | None) -> str | None:
+        """The priority the header asks for, else the one `model` implies (request/model.py)."""
+        return request_priority(self.headers, model, self.gateway.settings.background_model)
+
+    def prefix_stable(self) -> bool:
+        """Whether the chat is rendered prefix-stable: the gateway's setting, unless the request's
+        header says otherwise."""
+        return header_flag(self.headers, PREFIX_STABLE_HEADER, self.gateway.prefix_stable)
+
+    def tenant_share(self) -> dict[str, Any]:
+        """The SubmitRequest fields naming whose share the request counts against (its tenant's
+        name and weight; none with one tenant)."""
+        name, weight = self.gateway.tenants.share_of(self.tenant)
+        return {"tenant": name, "tenant_weight": weight} if name else {}
+
+    def responses(self) -> ResponseStore:
+        """The Responses store of the request's tenant (its key's; "" with no keys)."""
+        return self.gateway.responses.of(self.tenant.name if self.tenant is not None else "")
 
 
-def responses_of(request: Request) -> ResponseStore:
-    """The Responses store of the request's tenant (its key's; "" with no keys)."""
-    tenant = request.scope.get(TENANT_SCOPE_KEY)
-    return gateway_of(request).responses.of(tenant.name if tenant is not None else "")
-
-
-def tenant_share_of(request: Request) -> dict:
-    """The SubmitRequest fields naming whose share the request counts against (its tenant's
-    name and weight; none with one tenant)."""
-    name, weight = gateway_of(request).tenants.share_of(request.scope.get(TENANT_SCOPE_KEY))
-    return {"tenant": name, "tenant_weight": weight} if name else {}
-
-
-def record_of(request: Request) -> RequestRecord:
-    record = request.scope.get(RECORD_SCOPE_KEY)
-    if record is None:  # the app was called without its logging middleware
-        record = request.scope[RECORD_SCOPE_KEY] = RequestRecord(request.method,
-                                                                 request.url.path)
-    return record
+def header_flag(headers: Mapping[str, str], name: str, default: bool) -> bool:
+    value = headers.get(name)
+    if value is None:
+        return default
+    if value.lower() in ("1", "on", "true", "yes"):
+        return True
+    if value.lower() in ("0", "off", "false", "no"):
+        return False
+    raise invalid(f"Header '{name}' must be 0/off or 1/on", param=name, code="invalid_value")

@@ -1,8 +1,8 @@
 """Run one turn against the scheduler and answer in one API's format, as a JSON body or SSE.
 
-Shared by every endpoint that generates: the API module parses its request, plans the turn
-(turn.py) and hands `respond` the turn, the `SubmitRequest` and an `Output` (how that API shows
-events, results and errors). A streamed response keeps its status line back until the first
+Shared by every endpoint that generates: the API module takes its `RequestContext` from the
+HTTP request (context.py), parses its body, plans the turn (turn.py) and hands `respond` the
+turn, the `SubmitRequest` and an `Output` (how that API shows events, results and errors). A streamed response keeps its status line back until the first
 scheduler event (or the first keepalive), so failures that come at once (queue full, restart)
 still get their own HTTP status.
 """
@@ -16,11 +16,9 @@ from typing import Any, Protocol
 
 import msgspec
 import structlog
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from switchyard.gateway.context import (Gateway, RequestRecord, cache_salt_of, gateway_of,
-                                        record_of, tenant_share_of)
+from switchyard.gateway.context import Gateway, RequestContext, RequestRecord
 from switchyard.gateway.errors import APIError, context_length_exceeded, invalid
 from switchyard.gateway.prompting.history import RenderOptions
 from switchyard.gateway.output.parser import Event
@@ -30,15 +28,13 @@ from switchyard.gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, Eve
                                until_disconnect)
 from switchyard.gateway.turn import ChatTurn, TurnPlan, TurnResult, TurnUpdate, plan_turn
 from switchyard.gateway.vision.inputs import PromptImages
-from switchyard.gateway.request.model import ChatRequest, request_priority
+from switchyard.gateway.request.model import ChatRequest
 from switchyard.proto.logs import content_allowed
 from switchyard.proto.messages import SubmitRequest
 
 log = structlog.get_logger()
 
 STATUS_CLIENT_CLOSED = 499  # nginx's code for "client closed request", for the log only
-# Per-request switch for prefix-stable rendering ("0"/"off" or "1"/"on"), for measurements.
-PREFIX_STABLE_HEADER = "x-switchyard-prefix-stable"
 
 
 class Turn(Protocol):
@@ -66,17 +62,6 @@ class Output(Protocol):
     def error_frames(self, error: APIError) -> list[bytes]: ...
 
     def body(self, result: TurnResult) -> dict[str, Any]: ...
-
-
-def header_flag(headers: Any, name: str, default: bool) -> bool:
-    value = headers.get(name)
-    if value is None:
-        return default
-    if value.lower() in ("1", "on", "true", "yes"):
-        return True
-    if value.lower() in ("0", "off", "false", "no"):
-        return False
-    raise invalid(f"Header '{name}' must be 0/off or 1/on", param=name, code="invalid_value")
 
 
 async def prepare_images(gw: Gateway, chat: ChatRequest):
@@ -109,7 +94,7 @@ def text_chars(value: Any) -> int:
 
 def chat_chars(chat: ChatRequest, *, with_reasoning: bool = True) -> int:
     """Characters a chat's rendering may hold, judged on everything the template may render
-    and the tokenizer read (issue 23, finding 3): every message of every role with its tool
+    and the tokenizer read: every message of every role with its tool
     calls, names and (`with_reasoning`) reasoning, the tool definitions and the template's
     variables, and a few per message. Without reasoning (which templates often drop) and the
     per-message allowance it is what the context check refuses on."""
@@ -123,15 +108,14 @@ def chat_chars(chat: ChatRequest, *, with_reasoning: bool = True) -> int:
     return total
 
 
-def render_options(request: Request, note_unseen: bool = False,
-                   images: PromptImages | None = None, salt: bytes = b"") -> RenderOptions:
+def render_options(ctx: RequestContext, salt: bytes, images: PromptImages | None = None,
+                   note_unseen: bool = False) -> RenderOptions:
     """How a request's chat is rendered: with the gateway's turn memory (its turns under the
     request's cache salt only), its images' markers expanded, bounded by the context (a
     rendering longer than ctx tokens can hold is refused before tokenizing)."""
-    gw = gateway_of(request)
+    gw = ctx.gateway
     return RenderOptions(salt=salt,
-        memory=gw.memory, keep_reasoning=gw.keep_reasoning,
-        prefix_stable=header_flag(request.headers, PREFIX_STABLE_HEADER, gw.prefix_stable),
+        memory=gw.memory, keep_reasoning=gw.keep_reasoning, prefix_stable=ctx.prefix_stable(),
         think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
         tools_as_text=gw.tools_as_text, system_in_place=gw.system_in_place,
         image_text=images.expand if images is not None else None,
@@ -139,36 +123,35 @@ def render_options(request: Request, note_unseen: bool = False,
         note_unseen=note_unseen)
 
 
-async def plan_chat(request: Request, chat: ChatRequest, *, param: str = "messages",
+async def plan_chat(ctx: RequestContext, chat: ChatRequest, *, param: str = "messages",
                     note_unseen: bool = False, images: PromptImages | None = None) -> TurnPlan:
     """Render and tokenize a chat (plan_turn) on a tokenizer lane chosen by its whole size,
     after refusing one that cannot fit the context, abandoned if its client leaves. `chat` is
     as prepare_images leaves it (images as markers, expanded with `images` when rendered).
     `note_unseen`: find the messages whose reasoning the template did not render."""
-    gw = gateway_of(request)
+    gw = ctx.gateway
     check_chat_template(gw.tokenizer)
     if len(chat.messages) > gw.settings.ctx:  # each message takes a token at least
         raise context_length_exceeded(len(chat.messages), gw.settings.ctx, param,
                                       at_least=True)
     gw.check_prompt_chars(chat_chars(chat, with_reasoning=False), param)
     abandoned = threading.Event()
-    salt = cache_salt_of(request, chat.options.cache_salt)
-    options = dataclasses.replace(render_options(request, note_unseen, images, salt),
-                                  abandoned=abandoned)
+    options = dataclasses.replace(
+        render_options(ctx, ctx.cache_salt(chat.options.cache_salt), images, note_unseen),
+        abandoned=abandoned)
     return await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
-                                  gw.think, gw.script, size=chat_chars(chat), request=request,
-                                  abandoned=abandoned)
+                                  gw.think, gw.script, size=chat_chars(chat),
+                                  receive=ctx.receive, abandoned=abandoned)
 
 
-async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
+async def start_chat(ctx: RequestContext, chat: ChatRequest, *, rid: str,
                      id_prefix: str = "call_", param: str = "messages",
                      note_unseen: bool = False) -> tuple[ChatTurn, SubmitRequest]:
     """Render and plan a chat turn for any API; the caller answers with `respond`."""
-    gw = gateway_of(request)
-    record = record_of(request)
+    gw, record = ctx.gateway, ctx.record
     chat, images = await prepare_images(gw, chat)
-    plan = await plan_chat(request, chat, param=param, note_unseen=note_unseen, images=images)
-    await gw.check_grammar(plan.constraint, request)
+    plan = await plan_chat(ctx, chat, param=param, note_unseen=note_unseen, images=images)
+    await gw.check_grammar(plan.constraint, ctx.receive)
     record.script_rule = plan.script_rule
     record.num_spliced_turns = plan.rendered.num_spliced or None
     record.num_spliced_tokens = plan.rendered.num_spliced_tokens or None
@@ -177,31 +160,29 @@ async def start_chat(request: Request, chat: ChatRequest, *, rid: str,
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=tuple(dict.fromkeys(gw.stop_token_ids
                                                              + plan.extra_stop_ids)),
-                          priority=request_priority(request.headers, chat.options.model,
-                                                    gw.settings.background_model),
+                          priority=ctx.priority(chat.options.model),
                           param=param,
                           grammar=plan.constraint.grammar if plan.constraint else "",
                           grammar_trigger=plan.trigger_ids, vocab_size=len(gw.tokenizer),
                           images=spans, image_data=files,
-                          cache_salt=cache_salt_of(request, chat.options.cache_salt))
+                          cache_salt=ctx.cache_salt(chat.options.cache_salt))
     turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids + (gw.hidden_ids or ()),
                     show_special=gw.hidden_ids is not None, think=gw.think,
                     memory=gw.memory, id_prefix=id_prefix)
     return turn, submit
 
 
-async def respond(request: Request, turn: Turn, submit: SubmitRequest, output: Output, *,
+async def respond(ctx: RequestContext, turn: Turn, submit: SubmitRequest, output: Output, *,
                   stream: bool) -> Response:
-    gw = gateway_of(request)
-    record = record_of(request)
+    gw, record = ctx.gateway, ctx.record
     if record.tenant:  # several keys: whose it is (status views, speculation, fair shares)
-        submit = msgspec.structs.replace(submit, **tenant_share_of(request))
+        submit = msgspec.structs.replace(submit, **ctx.tenant_share())
     record.start(submit, stream=stream)
     events = gw.client.submit(submit)
     if stream:
         return await _start_stream(gw, record, events, turn, output)
     try:
-        body = await until_disconnect(request.receive, _collect(record, events, turn, output))
+        body = await until_disconnect(ctx.receive, _collect(record, events, turn, output))
     except ClientDisconnected:
         record.disconnected = True
         return Response(status_code=STATUS_CLIENT_CLOSED)

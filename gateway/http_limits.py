@@ -6,7 +6,7 @@ a few hundred connections that trickle one byte a second (slowloris) hold file d
 forever, before any API key is checked. `DeadlineH11Protocol` closes a connection whose
 request head is not complete `read_timeout_s` after the connection opened or its previous
 response ended (as nginx's `client_header_timeout`). The body has its own deadline in
-`Gateway.read_body` (a 408).
+`api/json_body.read_body` (a 408).
 
 `--max-connections` is `ConnectionLimits`' (uvicorn's `limit_concurrency` answers a plain-text
 503 without `Retry-After`, and lets one client hold every connection: issue 23, finding 9):

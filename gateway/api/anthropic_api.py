@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.request import structured
-from switchyard.gateway.context import gateway_of
+from switchyard.gateway.context import RequestContext
 from switchyard.gateway.driver import plan_chat, prepare_images, respond, start_chat
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.generation import Usage
@@ -379,20 +379,19 @@ class AnthropicFormat:
 
 
 async def messages(request: Request) -> Response:
-    gw = gateway_of(request)
-    parsed = parse_messages_request(await read_json(request, message_limits(request)))
+    ctx = RequestContext.of(request)
+    parsed = parse_messages_request(await read_json(ctx, message_limits(ctx.gateway)))
     message_id = "msg_" + secrets.token_hex(12)
-    turn, submit = await start_chat(request, parsed.chat, rid=message_id, id_prefix="toolu_")
-    fmt = AnthropicFormat(message_id, parsed.model or gw.model_id,
+    turn, submit = await start_chat(ctx, parsed.chat, rid=message_id, id_prefix="toolu_")
+    fmt = AnthropicFormat(message_id, parsed.model or ctx.gateway.model_id,
                           len(submit.prompt_token_ids))
-    return await respond(request, turn, submit, fmt, stream=parsed.chat.options.stream)
+    return await respond(ctx, turn, submit, fmt, stream=parsed.chat.options.stream)
 
 
 async def count_tokens(request: Request) -> Response:
-    gw = gateway_of(request)
-    parsed = parse_messages_request(await read_json(request, message_limits(request)),
+    ctx = RequestContext.of(request)
+    parsed = parse_messages_request(await read_json(ctx, message_limits(ctx.gateway)),
                                     count_only=True)
-    chat, images = await prepare_images(gw, parsed.chat)
-    # The same bounds as a turn (issue 23, #3).
-    plan = await plan_chat(request, chat, images=images)
+    chat, images = await prepare_images(ctx.gateway, parsed.chat)
+    plan = await plan_chat(ctx, chat, images=images)  # the same bounds as a turn's
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

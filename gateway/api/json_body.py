@@ -27,9 +27,9 @@ import time
 from typing import Any
 
 from switchyard.gateway.request.wire.common import MAX_TOOLS
-from switchyard.gateway.context import gateway_of
+from switchyard.gateway.context import Gateway, RequestContext
 from switchyard.gateway.errors import APIError, invalid
-from switchyard.gateway.http_limits import LARGE_BODY_BYTES
+from switchyard.gateway.http_limits import LARGE_BODY_BYTES, RETRY_AFTER_S
 
 COOPERATIVE_BYTES = LARGE_BODY_BYTES  # smaller bodies parse in a few milliseconds: at once
 SMALL_CHARS = 4096  # a value whose end is this near is parsed at once (C speed)
@@ -281,15 +281,56 @@ def chat_limits(ctx: int, key: str = "messages", message_tokens: int = 1
             "tools": ListLimit(MAX_TOOLS, "the most tools one request may define")}
 
 
-def message_limits(request: Any) -> dict[str, ListLimit]:
+def message_limits(gw: Gateway) -> dict[str, ListLimit]:
     """`chat_limits` of a chat request's `messages` under the model's own chat template."""
-    gw = gateway_of(request)
     return chat_limits(gw.settings.ctx, message_tokens=gw.message_tokens)
 
 
-async def read_json(request: Any, limits: dict[str, ListLimit]) -> dict[str, Any]:
-    """The request's body (Gateway.read_body bounds its size and time) as a JSON object,
-    parsed as `parse_body` does."""
-    gw = gateway_of(request)
-    return await parse_body(await gw.read_body(request), limits,
-                            value_budget(gw.settings.ctx))
+async def read_json(ctx: RequestContext, limits: dict[str, ListLimit]) -> dict[str, Any]:
+    """The request's body (`read_body` bounds its size and time) as a JSON object, parsed as
+    `parse_body` does."""
+    return await parse_body(await read_body(ctx), limits, value_budget(ctx.gateway.settings.ctx))
+
+
+async def read_body(ctx: RequestContext) -> bytes:
+    """The whole body, or a 413 as soon as it is known to be too large."""
+    settings = ctx.gateway.settings
+    limit = settings.max_body_bytes
+    length = ctx.headers.get("content-length", "")  # h11: at most 20 ASCII digits
+    declared = int(length) if length.isascii() and length.isdigit() else 0
+    if declared > limit:
+        raise body_too_large(limit)
+    _hold_body(ctx, declared)
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(settings.read_timeout_s):
+            async for chunk in ctx.body():
+                size += len(chunk)
+                if size > limit:
+                    raise body_too_large(limit)
+                _hold_body(ctx, size)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"The request body did not arrive within "
+                            f"{settings.read_timeout_s:g} s",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+    return b"".join(chunks)
+
+
+def _hold_body(ctx: RequestContext, size: int) -> None:
+    """Counts a large body of `size` bytes against the gateway's `bodies` until its request
+    ends (the logging middleware gives it back), or a 503 when they are all taken."""
+    record, bodies = ctx.record, ctx.gateway.bodies
+    if size < LARGE_BODY_BYTES or size <= record.body_bytes:
+        return
+    if not bodies.take(size - record.body_bytes):
+        raise APIError(503, f"The server holds all the large request bodies it takes at "
+                            f"once ({bodies.limit >> 20} MiB); try again shortly",
+                       type="server_error", code="overloaded", retry_after_s=RETRY_AFTER_S,
+                       headers={"Connection": "close"})
+    record.body_bytes = size
+
+
+def body_too_large(limit: int) -> APIError:
+    return APIError(413, f"The request body is larger than {limit} bytes",
+                    code="request_too_large")

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from switchyard.gateway.context import cache_salt_of, gateway_of, record_of
+from switchyard.gateway.context import RequestContext, gateway_of
 from switchyard.gateway.driver import respond, start_chat
 from switchyard.gateway.errors import model_not_found
 from switchyard.gateway.prompting.prompts import build_submit, check_model, encode_prompt
@@ -22,7 +22,7 @@ from switchyard.gateway.turn import TextTurn
 from switchyard.gateway.api.json_body import message_limits, per_token, read_json
 from switchyard.gateway.api.openai_request import parse_chat_request, parse_completion_request
 from switchyard.gateway.output.tools import ToolSyntax
-from switchyard.gateway.request.model import CompletionRequest, request_priority
+from switchyard.gateway.request.model import CompletionRequest
 from switchyard.gateway.request.scripted import forced_reply, reply_text
 from switchyard.gateway.request.structured import Constraint
 from switchyard.proto.script import Script
@@ -30,42 +30,43 @@ from switchyard.proto.ids import new_rid
 
 
 async def chat_completions(request: Request) -> Response:
-    gw = gateway_of(request)
-    chat = parse_chat_request(await read_json(request, message_limits(request)))
+    ctx = RequestContext.of(request)
+    gw = ctx.gateway
+    chat = parse_chat_request(await read_json(ctx, message_limits(gw)))
     check_model(chat.options.model, gw.model_id, gw.model_aliases)
     rid = new_rid("chatcmpl")
-    turn, submit = await start_chat(request, chat, rid=rid)
+    turn, submit = await start_chat(ctx, chat, rid=rid)
     fmt = ChatFormat(rid, gw.model_id, include_usage=chat.options.include_usage)
-    return await respond(request, turn, submit, fmt, stream=chat.options.stream)
+    return await respond(ctx, turn, submit, fmt, stream=chat.options.stream)
 
 
 async def completions(request: Request) -> Response:
-    gw = gateway_of(request)
+    ctx = RequestContext.of(request)
+    gw = ctx.gateway
     completion = parse_completion_request(await read_json(
-        request, {"prompt": per_token(gw.settings.ctx)}))
+        ctx, {"prompt": per_token(gw.settings.ctx)}))
     check_model(completion.options.model, gw.model_id, gw.model_aliases)
-    priority = request_priority(request.headers, completion.options.model,
-                                gw.settings.background_model)
+    priority = ctx.priority(completion.options.model)
     if isinstance(completion.prompt, str):
         gw.check_prompt_chars(len(completion.prompt), "prompt")
     prompt_ids, scripted, rule = await gw.run_tokenizer(
         _encode_completion, gw.tokenizer, completion, gw.script, gw.tool_syntax,
-        size=len(completion.prompt), request=request)
+        size=len(completion.prompt), receive=ctx.receive)
     if scripted is not None:
-        record_of(request).script_rule = rule
+        ctx.record.script_rule = rule
         completion = dataclasses.replace(completion, constraint=scripted)
-    await gw.check_grammar(completion.constraint, request)
+    await gw.check_grammar(completion.constraint, ctx.receive)
     rid = new_rid("cmpl")
     submit = build_submit(rid, prompt_ids, completion.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
                           grammar=completion.constraint.grammar if completion.constraint else "",
                           vocab_size=len(gw.tokenizer),
-                          cache_salt=cache_salt_of(request, completion.options.cache_salt))
+                          cache_salt=ctx.cache_salt(completion.options.cache_salt))
     turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop,
                     gw.stop_token_ids + (gw.hidden_ids or ()), gw.hidden_ids is not None)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)
-    return await respond(request, turn, submit, fmt, stream=completion.options.stream)
+    return await respond(ctx, turn, submit, fmt, stream=completion.options.stream)
 
 
 def _encode_completion(tokenizer: Any, completion: CompletionRequest, script: Script | None,

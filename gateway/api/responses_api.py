@@ -23,7 +23,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from switchyard.gateway.context import gateway_of, record_of, responses_of
+from switchyard.gateway.context import RequestContext
 from switchyard.gateway.driver import respond, start_chat
 from switchyard.gateway.errors import APIError, invalid
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
@@ -467,21 +467,21 @@ def seen_messages(messages: list[dict[str, Any]], unseen: frozenset[int]
 
 
 async def create_response(request: Request) -> Response:
-    gw = gateway_of(request)
-    store = responses_of(request)
+    ctx = RequestContext.of(request)
+    gw, store = ctx.gateway, ctx.responses()
     parsed = parse_responses_request(
-        await read_json(request, chat_limits(gw.settings.ctx, "input")), store)
+        await read_json(ctx, chat_limits(gw.settings.ctx, "input")), store)
     check_model(parsed.chat.options.model, gw.model_id, gw.model_aliases)
     response_id = _new_id("resp_")
     fmt = ResponsesFormat(response_id, gw.model_id, parsed)
     # The scheduler's rid is shown in status snapshots: never the response id, which is a
     # capability (previous_response_id) (issue 12, finding 12).
     try:
-        turn, submit = await start_chat(request, parsed.chat, rid=new_rid("resp"),
+        turn, submit = await start_chat(ctx, parsed.chat, rid=new_rid("resp"),
                                         param="input", note_unseen=parsed.store)
     except APIError as error:
         if parsed.chat.options.stream and error.code == "context_length_exceeded":
-            return _failed_stream(request, fmt, error)
+            return _failed_stream(ctx, fmt, error)
         raise
     if parsed.store:
         instructions = 1 if parsed.instructions else 0
@@ -492,14 +492,14 @@ async def create_response(request: Request) -> Response:
             store.put(response_id, conversation + [assistant_message(result)])
 
         turn.on_result = keep
-    return await respond(request, turn, submit, fmt, stream=parsed.chat.options.stream)
+    return await respond(ctx, turn, submit, fmt, stream=parsed.chat.options.stream)
 
 
-def _failed_stream(request: Request, fmt: ResponsesFormat, error: APIError) -> Response:
+def _failed_stream(ctx: RequestContext, fmt: ResponsesFormat, error: APIError) -> Response:
     """A streamed response that fails at once: created, then `response.failed` with the
     error's code. Codex learns that its context is full only from such a stream (an HTTP 400
     is an invalid request to it), and then compacts (docs/design.md "The context limit")."""
-    record_of(request).fail(error)
+    ctx.record.fail(error)
 
     async def frames():
         for frame in fmt.head() + fmt.error_frames(error):

@@ -193,8 +193,10 @@ def test_tools_and_calls_count_toward_the_context(http, served, fake, where, ren
 def test_reasoning_and_tools_choose_the_large_lane(served, monkeypatch):
     import asyncio
 
+    from types import SimpleNamespace
+
     from switchyard.gateway import driver
-    from switchyard.gateway.context import LARGE_PROMPT_CHARS
+    from switchyard.gateway.context import LARGE_PROMPT_CHARS, RequestContext
     from switchyard.gateway.request.model import ChatRequest, Options
 
     sizes = []
@@ -209,8 +211,10 @@ def test_reasoning_and_tools_choose_the_large_lane(served, monkeypatch):
         headers: dict = {}
         app = served[1]
         scope: dict = {}
+        method, url = "POST", SimpleNamespace(path="/v1/chat/completions")
+        receive = stream = None
 
-    asyncio.run(driver.plan_chat(FakeRequest(), chat))
+    asyncio.run(driver.plan_chat(RequestContext.of(FakeRequest()), chat))
     assert sizes == [driver.chat_chars(chat)] and sizes[0] > LARGE_PROMPT_CHARS
 
 
