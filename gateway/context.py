@@ -20,13 +20,14 @@ from starlette.types import Receive
 from switchyard.gateway.errors import Abandoned, APIError, context_length_exceeded, invalid
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.http_limits import MAX_LARGE_BODIES, BodyBytes
-from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, TurnMemory
+from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, RenderOptions, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
 from switchyard.gateway.request.grammar_check import GrammarChecker
 from switchyard.gateway.request.model import request_priority
 from switchyard.gateway.request.response_store import ResponseStore, ResponseStores
 from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.scheduler_client import SchedulerClient
+from switchyard.gateway.vision.inputs import PromptImages
 from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
 from switchyard.proto.messages import SubmitRequest
@@ -121,6 +122,14 @@ class Gateway:
         if self._large_tokenizer is None:  # made in the lane's own thread, on first use
             self._large_tokenizer = copy.deepcopy(self.tokenizer)
         return self._large_tokenizer
+
+    def check_chat_fits(self, num_messages: int, num_chars: int, param: str) -> None:
+        """Refuse, before rendering, a chat that cannot fit the context: each message takes a
+        token at least, and its text (`num_chars`) as `check_prompt_chars` bounds it."""
+        if num_messages > self.settings.ctx:
+            raise context_length_exceeded(num_messages, self.settings.ctx, param,
+                                          at_least=True)
+        self.check_prompt_chars(num_chars, param)
 
     def check_prompt_chars(self, num_chars: int, param: str) -> None:
         """Refuse, before tokenizing, a prompt that cannot fit the context: no token of this
@@ -272,6 +281,21 @@ class RequestContext:
         """Whether the chat is rendered prefix-stable: the gateway's setting, unless the request's
         header says otherwise."""
         return header_flag(self.headers, PREFIX_STABLE_HEADER, self.gateway.prefix_stable)
+
+    def render_options(self, cache_salt: str | None, images: PromptImages | None,
+                       note_unseen: bool, abandoned: threading.Event) -> RenderOptions:
+        """How the request's chat is rendered: with the gateway's turn memory (its turns under
+        the request's cache salt only), its images' markers expanded, bounded by the context
+        (a rendering longer than ctx tokens can hold is refused before tokenizing)."""
+        gw = self.gateway
+        return RenderOptions(
+            salt=self.cache_salt(cache_salt), memory=gw.memory, keep_reasoning=gw.keep_reasoning,
+            prefix_stable=self.prefix_stable(),
+            think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
+            tools_as_text=gw.tools_as_text, system_in_place=gw.system_in_place,
+            image_text=images.expand if images is not None else None,
+            max_chars=gw.settings.ctx * gw.max_token_chars(), ctx=gw.settings.ctx,
+            note_unseen=note_unseen, abandoned=abandoned)
 
     def tenant_share(self) -> dict[str, Any]:
         """The SubmitRequest fields naming whose share the request counts against (its tenant's

@@ -9,7 +9,6 @@ still get their own HTTP status.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
@@ -19,8 +18,7 @@ import structlog
 from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.context import Gateway, RequestContext, RequestRecord
-from switchyard.gateway.errors import APIError, context_length_exceeded, invalid
-from switchyard.gateway.prompting.history import RenderOptions
+from switchyard.gateway.errors import APIError
 from switchyard.gateway.output.parser import Event
 from switchyard.gateway.prompting.prompts import build_submit, check_chat_template
 from switchyard.gateway.scheduler_client import RequestStream
@@ -108,21 +106,6 @@ def chat_chars(chat: ChatRequest, *, with_reasoning: bool = True) -> int:
     return total
 
 
-def render_options(ctx: RequestContext, salt: bytes, images: PromptImages | None = None,
-                   note_unseen: bool = False) -> RenderOptions:
-    """How a request's chat is rendered: with the gateway's turn memory (its turns under the
-    request's cache salt only), its images' markers expanded, bounded by the context (a
-    rendering longer than ctx tokens can hold is refused before tokenizing)."""
-    gw = ctx.gateway
-    return RenderOptions(salt=salt,
-        memory=gw.memory, keep_reasoning=gw.keep_reasoning, prefix_stable=ctx.prefix_stable(),
-        think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
-        tools_as_text=gw.tools_as_text, system_in_place=gw.system_in_place,
-        image_text=images.expand if images is not None else None,
-        max_chars=gw.settings.ctx * gw.max_token_chars(), ctx=gw.settings.ctx,
-        note_unseen=note_unseen)
-
-
 async def plan_chat(ctx: RequestContext, chat: ChatRequest, *, param: str = "messages",
                     note_unseen: bool = False, images: PromptImages | None = None) -> TurnPlan:
     """Render and tokenize a chat (plan_turn) on a tokenizer lane chosen by its whole size,
@@ -131,17 +114,13 @@ async def plan_chat(ctx: RequestContext, chat: ChatRequest, *, param: str = "mes
     `note_unseen`: find the messages whose reasoning the template did not render."""
     gw = ctx.gateway
     check_chat_template(gw.tokenizer)
-    if len(chat.messages) > gw.settings.ctx:  # each message takes a token at least
-        raise context_length_exceeded(len(chat.messages), gw.settings.ctx, param,
-                                      at_least=True)
-    gw.check_prompt_chars(chat_chars(chat, with_reasoning=False), param)
+    size, rendered_size = chat_chars(chat), chat_chars(chat, with_reasoning=False)
+    gw.check_chat_fits(len(chat.messages), rendered_size, param)
     abandoned = threading.Event()
-    options = dataclasses.replace(
-        render_options(ctx, ctx.cache_salt(chat.options.cache_salt), images, note_unseen),
-        abandoned=abandoned)
+    options = ctx.render_options(chat.options.cache_salt, images, note_unseen, abandoned)
     return await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
-                                  gw.think, gw.script, size=chat_chars(chat),
-                                  receive=ctx.receive, abandoned=abandoned)
+                                  gw.think, gw.script, size=size, receive=ctx.receive,
+                                  abandoned=abandoned)
 
 
 async def start_chat(ctx: RequestContext, chat: ChatRequest, *, rid: str,
