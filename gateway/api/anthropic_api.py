@@ -34,7 +34,7 @@ from switchyard.gateway.streaming import sse_event
 from switchyard.gateway.request.tools import check_tool_choice, function_tool
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
-from switchyard.gateway.request.wire import anthropic as shape
+from switchyard.gateway.request import wire
 from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.api.shared_fields import (note_ignored, note_unknown_fields,
@@ -75,10 +75,10 @@ def strip_volatile_lines(texts: list[str]) -> list[str]:
 
 def parse_system(value: Any) -> str | None:
     """The leading system prompt (`system`, as the request gives it)."""
-    return system_text(decode(value, shape.SystemText | None))
+    return system_text(decode(value, wire.anthropic.SystemText | None))
 
 
-def system_text(system: shape.SystemText | None) -> str | None:
+def system_text(system: wire.anthropic.SystemText | None) -> str | None:
     if system is None:
         return None
     texts = strip_volatile_lines([system] if isinstance(system, str)
@@ -86,54 +86,54 @@ def system_text(system: shape.SystemText | None) -> str | None:
     return "\n".join(texts) if texts else None
 
 
-def _image(block: shape.ImageBlock, param: str) -> dict[str, Any]:
+def _image(block: wire.anthropic.ImageBlock, param: str) -> dict[str, Any]:
     source = block.source
-    if isinstance(source, shape.Base64Source):
+    if isinstance(source, wire.anthropic.Base64Source):
         return image_part(ImageRef(f"{param}.source.data",
                                    data=decode_base64(source.data, f"{param}.source.data")))
     return image_part(from_url(source.url, f"{param}.source.url"))
 
 
-def _tool_result_content(block: shape.ToolResultBlock, param: str
+def _tool_result_content(block: wire.anthropic.ToolResultBlock, param: str
                          ) -> str | list[dict[str, Any]]:
     """A tool result's text; with image blocks, its parts in order (gateway/vision/parts.py)."""
     content = block.content
     if content is None or isinstance(content, str):
         return content or ""
-    if not any(isinstance(b, shape.ImageBlock) for b in content):
+    if not any(isinstance(b, wire.anthropic.ImageBlock) for b in content):
         return "\n".join(b.text for b in content)
-    return [_image(b, f"{param}.content[{j}]") if isinstance(b, shape.ImageBlock)
+    return [_image(b, f"{param}.content[{j}]") if isinstance(b, wire.anthropic.ImageBlock)
             else {"type": "text", "text": b.text} for j, b in enumerate(content)]
 
 
-def chat_messages(message: shape.Message, index: int) -> list[dict[str, Any]]:
+def chat_messages(message: wire.anthropic.Message, index: int) -> list[dict[str, Any]]:
     """One Anthropic message as canonical chat messages (a user message carrying tool results
     becomes tool messages, then the user's text)."""
     content = message.content
     kind = type(message)
-    if kind is shape.SystemMessage:  # between turns (Claude Code's agent list): kept there
+    if kind is wire.anthropic.SystemMessage:  # between turns (Claude Code's agent list): kept there
         return [{"role": "system", "content": content if isinstance(content, str)
                  else "\n".join(b.text for b in content)}]
-    role = "user" if kind is shape.UserMessage else "assistant"
+    role = "user" if kind is wire.anthropic.UserMessage else "assistant"
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    texts = [b.text for b in content if type(b) is shape.TextBlock]
+    texts = [b.text for b in content if type(b) is wire.anthropic.TextBlock]
     if len(texts) == len(content):  # text alone: the common case
         return [{"role": role, "content": "\n".join(texts)}]
     reasoning, calls, results = [], [], []
     parts: list[dict[str, Any]] = []  # text and images in order, when there are images
     for j, block in enumerate(content):
-        if isinstance(block, shape.TextBlock):
+        if isinstance(block, wire.anthropic.TextBlock):
             parts.append({"type": "text", "text": block.text})
-        elif isinstance(block, shape.ImageBlock):
+        elif isinstance(block, wire.anthropic.ImageBlock):
             parts.append(_image(block, f"messages[{index}].content[{j}]"))
-        elif isinstance(block, shape.ThinkingBlock):
+        elif isinstance(block, wire.anthropic.ThinkingBlock):
             reasoning.append(block.thinking)
-        elif isinstance(block, shape.ToolUseBlock):
+        elif isinstance(block, wire.anthropic.ToolUseBlock):
             arguments = json.dumps(block.input or {}, ensure_ascii=False)
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name, "arguments": arguments}})
-        elif isinstance(block, shape.ToolResultBlock):
+        elif isinstance(block, wire.anthropic.ToolResultBlock):
             results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content":
                             _tool_result_content(block, f"messages[{index}].content[{j}]")})
     text = "\n".join(texts)
@@ -149,25 +149,27 @@ def chat_messages(message: shape.Message, index: int) -> list[dict[str, Any]]:
     return [out]
 
 
-def client_tools(tools: list[dict[str, Any]] | None) -> list[shape.CustomTool]:
+def client_tools(tools: list[dict[str, Any]] | None) -> list[wire.anthropic.CustomTool]:
     """The client tools; Anthropic's server tools (web search, ...) are not available here
     and are left out."""
-    found = [shape.client_tool(t, f"tools[{i}]") for i, t in enumerate(tools or ())]
+    found = [wire.anthropic.client_tool(t, f"tools[{i}]") for i, t in enumerate(tools or ())]
     offered = [t for t in found if t is not None]
     if len(offered) < len(found):
         log.info("anthropic.server_tools_skipped", num_skipped=len(found) - len(offered))
     return offered
 
 
-_CHOICES = {shape.ToolChoiceNone: NONE, shape.ToolChoiceAny: ToolChoice("required")}
+_CHOICES = {wire.anthropic.ToolChoiceNone: NONE,
+            wire.anthropic.ToolChoiceAny: ToolChoice("required")}
 
 
-def chat_tool_choice(value: shape.ToolChoice | None, tools: list[dict[str, Any]] | None
+def chat_tool_choice(value: wire.anthropic.MessagesToolChoice | None,
+                     tools: list[dict[str, Any]] | None
                      ) -> tuple[ToolChoice, bool]:
     """(choice, parallel allowed)."""
-    if value is None or isinstance(value, shape.ToolChoiceAuto):
+    if value is None or isinstance(value, wire.anthropic.ToolChoiceAuto):
         choice = AUTO if tools else NONE
-    elif isinstance(value, shape.ToolChoiceTool):
+    elif isinstance(value, wire.anthropic.ToolChoiceTool):
         choice = ToolChoice("function", value.name)
     else:
         choice = _CHOICES[type(value)]
@@ -177,11 +179,11 @@ def chat_tool_choice(value: shape.ToolChoice | None, tools: list[dict[str, Any]]
 
 # `thinking`: `enabled` and `disabled` set the template's thinking switch; `adaptive` leaves
 # the model's default.
-_THINKING = {shape.ThinkingEnabled: {"enable_thinking": True},
-             shape.ThinkingDisabled: {"enable_thinking": False}}
+_THINKING = {wire.anthropic.ThinkingEnabled: {"enable_thinking": True},
+             wire.anthropic.ThinkingDisabled: {"enable_thinking": False}}
 
 
-def _template_kwargs(request: shape.MessagesFields) -> dict[str, Any]:
+def _template_kwargs(request: wire.anthropic.MessagesFields) -> dict[str, Any]:
     """`thinking`, and `output_config.effort` as the template's `reasoning_effort` (gpt-oss's
     switch)."""
     kwargs = dict(_THINKING.get(type(request.thinking), {}))
@@ -197,7 +199,7 @@ def _template_kwargs(request: shape.MessagesFields) -> dict[str, Any]:
 CLEAR_THINKING = "clear_thinking_"
 
 
-def clear_thinking(messages: list[dict[str, Any]], value: shape.ContextManagement | None
+def clear_thinking(messages: list[dict[str, Any]], value: wire.anthropic.ContextManagement | None
                    ) -> list[dict[str, Any]]:
     """`context_management.edits`: a `clear_thinking` edit keeps the thinking of the last
     `keep` assistant turns that have some (`"all"`: every turn's, the default) and drops the
@@ -206,7 +208,7 @@ def clear_thinking(messages: list[dict[str, Any]], value: shape.ContextManagemen
         if not edit.type.startswith(CLEAR_THINKING):
             note_ignored(f"context_management.edits[].type={edit.type[:64]}")
             continue
-        if not isinstance(edit.keep, shape.Keep):  # "all" (the default)
+        if not isinstance(edit.keep, wire.anthropic.Keep):  # "all" (the default)
             continue
         with_thinking = [j for j, m in enumerate(messages) if m.get("reasoning_content")]
         cleared = set(with_thinking[:max(0, len(with_thinking) - edit.keep.value)])
@@ -215,7 +217,7 @@ def clear_thinking(messages: list[dict[str, Any]], value: shape.ContextManagemen
     return messages
 
 
-def output_constraint(request: shape.MessagesFields) -> structured.Constraint | None:
+def output_constraint(request: wire.anthropic.MessagesFields) -> structured.Constraint | None:
     """Structured outputs: `output_format` (the beta's spelling) or `output_config.format`."""
     config = request.output_config
     if config is not None and config.format is not None:
@@ -226,7 +228,7 @@ def output_constraint(request: shape.MessagesFields) -> structured.Constraint | 
 
 
 def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) -> MessagesRequest:
-    model = shape.CountTokensRequest if count_only else shape.MessagesRequest
+    model = wire.anthropic.CountTokensRequest if count_only else wire.anthropic.MessagesRequest
     note_unknown_fields(body, known_fields(model), "messages")
     request = decode(body, model)
     messages: list[dict[str, Any]] = []
@@ -246,7 +248,7 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
     return MessagesRequest(chat, request.model)
 
 
-def _options(request: shape.MessagesFields) -> Options:
+def _options(request: wire.anthropic.MessagesFields) -> Options:
     return Options(
         model=request.model, max_tokens=request.max_tokens,
         temperature=_default(request.temperature, 1.0), top_p=_default(request.top_p, 1.0),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from switchyard.gateway.request.wire import openai as shape
+from switchyard.gateway.request import wire
 from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.request import structured
@@ -25,7 +25,7 @@ from switchyard.gateway.api.shared_fields import (note_unknown_fields, reasoning
 _SEED_MODULUS = 2**63
 
 
-def _options(request: shape.OptionsRequest) -> Options:
+def _options(request: wire.openai.OptionsRequest) -> Options:
     """Sampling, limits and streaming options shared by both endpoints."""
     max_tokens = request.max_completion_tokens  # wins over the older max_tokens
     stop = request.stop
@@ -54,7 +54,7 @@ def _default(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def response_format(value: shape.ResponseFormat | None, body: dict[str, Any]
+def response_format(value: wire.openai.ResponseFormat | None, body: dict[str, Any]
                     ) -> structured.Constraint | None:
     """`response_format`, or vLLM's guided fields (read as the body gives them)."""
     return structured.one_of(structured.format_constraint(value, "response_format"),
@@ -62,8 +62,8 @@ def response_format(value: shape.ResponseFormat | None, body: dict[str, Any]
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
-    note_unknown_fields(body, known_fields(shape.ChatCompletionRequest), "chat.completions")
-    request = decode(body, shape.ChatCompletionRequest)
+    note_unknown_fields(body, known_fields(wire.openai.ChatCompletionRequest), "chat.completions")
+    request = decode(body, wire.openai.ChatCompletionRequest)
     constraint = response_format(request.response_format, body)
     tools = chat_function_tools(request.tools)
     kwargs = request.chat_template_kwargs or {}
@@ -84,7 +84,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     )
 
 
-def chat_message(message: shape.ChatMessage, raw: dict[str, Any], index: int
+def chat_message(message: wire.openai.ChatMessage, raw: dict[str, Any], index: int
                  ) -> dict[str, Any]:
     """One chat message as the template takes it: the client's members as it sent them
     (the template may read any), content parts flattened to a string (with images: the parts,
@@ -110,7 +110,7 @@ def chat_message(message: shape.ChatMessage, raw: dict[str, Any], index: int
     return out
 
 
-def _tool_call(call: shape.ToolCall) -> dict[str, Any]:
+def _tool_call(call: wire.openai.ToolCall) -> dict[str, Any]:
     """An assistant message's tool call; arguments become a JSON string."""
     arguments = call.function.arguments
     if arguments is None:
@@ -121,16 +121,16 @@ def _tool_call(call: shape.ToolCall) -> dict[str, Any]:
             "function": {"name": call.function.name, "arguments": arguments}}
 
 
-def _content(content: shape.Content | None, param: str) -> str | list[dict[str, Any]] | None:
+def _content(content: wire.openai.Content | None, param: str) -> str | list[dict[str, Any]] | None:
     if content is None or isinstance(content, str):
         return content
-    if not any(isinstance(p, shape.ImageUrlPart) for p in content):
+    if not any(isinstance(p, wire.openai.ImageUrlPart) for p in content):
         return "\n".join(p.text for p in content)
-    return [_image(p, f"{param}[{j}]") if isinstance(p, shape.ImageUrlPart)
+    return [_image(p, f"{param}[{j}]") if isinstance(p, wire.openai.ImageUrlPart)
             else {"type": "text", "text": p.text} for j, p in enumerate(content)]
 
 
-def _image(part: shape.ImageUrlPart, param: str) -> dict[str, Any]:
+def _image(part: wire.openai.ImageUrlPart, param: str) -> dict[str, Any]:
     value = part.image_url
     if isinstance(value, str):
         return image_part(from_url(value, f"{param}.image_url"))
@@ -138,8 +138,8 @@ def _image(part: shape.ImageUrlPart, param: str) -> dict[str, Any]:
 
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
-    note_unknown_fields(body, known_fields(shape.CompletionRequest), "completions")
-    request = decode(body, shape.CompletionRequest)
+    note_unknown_fields(body, known_fields(wire.openai.CompletionRequest), "completions")
+    request = decode(body, wire.openai.CompletionRequest)
     constraint = response_format(request.response_format, body)
     return CompletionRequest(prompt=parse_prompt(request.prompt), options=_options(request),
                              constraint=constraint)

@@ -34,7 +34,7 @@ from switchyard.gateway.streaming import EventStreamResponse, sse_event
 from switchyard.gateway.request.tools import function_tool, openai_tool_choice
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.json_body import chat_limits, read_json
-from switchyard.gateway.request.wire import responses as shape
+from switchyard.gateway.request import wire
 from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.api.shared_fields import note_ignored, note_unknown_fields, reasoning_effort
@@ -58,19 +58,20 @@ class ResponsesRequest:
     namespaces: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _text(content: shape.TextContent | None) -> str:
+def _text(content: wire.responses.TextContent | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "\n".join(part.text for part in content)
 
 
-def _content(content: shape.Content | None, param: str) -> str | list[dict[str, Any]]:
+def _content(content: wire.responses.Content | None, param: str) -> str | list[dict[str, Any]]:
     """A user message's or a function call output's text; with `input_image` parts, its parts
     in order (gateway/vision/parts.py)."""
-    if not isinstance(content, list) or not any(type(p) is shape.InputImage for p in content):
+    if not isinstance(content, list) \
+            or not any(type(p) is wire.responses.InputImage for p in content):
         return _text(content)
     return [image_part(from_url(p.image_url, f"{param}[{j}].image_url"))
-            if type(p) is shape.InputImage else {"type": "text", "text": p.text}
+            if type(p) is wire.responses.InputImage else {"type": "text", "text": p.text}
             for j, p in enumerate(content)]
 
 
@@ -91,8 +92,8 @@ class _InputBuilder:
             self.messages.append(self._assistant)
             self._assistant = None
 
-    def add(self, item: shape.Item, param: str) -> None:
-        if isinstance(item, shape.MessageItem):
+    def add(self, item: wire.responses.Item, param: str) -> None:
+        if isinstance(item, wire.responses.MessageItem):
             text = _content(item.content, f"{param}.content")
             if item.role == "assistant":
                 message = self._open_assistant()
@@ -102,16 +103,16 @@ class _InputBuilder:
             self._flush()
             self.messages.append({"role": "system" if item.role == "developer" else item.role,
                                   "content": text})
-        elif isinstance(item, shape.FunctionCallItem):
+        elif isinstance(item, wire.responses.FunctionCallItem):
             message = self._open_assistant()
             message.setdefault("tool_calls", []).append({
                 "id": item.call_id, "type": "function",
                 "function": {"name": item.name, "arguments": item.arguments or "{}"}})
-        elif isinstance(item, shape.FunctionCallOutputItem):
+        elif isinstance(item, wire.responses.FunctionCallOutputItem):
             self._flush()
             self.messages.append({"role": "tool", "tool_call_id": item.call_id,
                                   "content": _content(item.output, f"{param}.output")})
-        elif isinstance(item, shape.ReasoningItem):
+        elif isinstance(item, wire.responses.ReasoningItem):
             text = _text(item.content) or _text(item.summary)
             message = self._open_assistant()  # even empty: the input is never no messages
             if text:
@@ -133,10 +134,10 @@ def typed_items(value: Any) -> Any:
 
 
 def parse_input(value: Any) -> list[dict[str, Any]]:
-    return chat_messages(decode(typed_items(value), shape.Input, "input"))
+    return chat_messages(decode(typed_items(value), wire.responses.Input, "input"))
 
 
-def chat_messages(value: str | list[shape.Item]) -> list[dict[str, Any]]:
+def chat_messages(value: str | list[wire.responses.Item]) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     builder = _InputBuilder()
@@ -171,7 +172,7 @@ def offered_tools(tools: list[dict[str, Any]] | None) -> ResponsesTools:
     if tools is None:
         return ResponsesTools(None, namespaces, frozenset())
 
-    def add(tool: shape.FunctionTool | str, param: str, namespace: str | None) -> None:
+    def add(tool: wire.responses.FunctionTool | str, param: str, namespace: str | None) -> None:
         if isinstance(tool, str):
             builtins.add(tool[:64])
             return
@@ -186,13 +187,13 @@ def offered_tools(tools: list[dict[str, Any]] | None) -> ResponsesTools:
             strict.add(tool.name)
 
     for i, value in enumerate(tools):
-        tool = shape.tool(value, f"tools[{i}]")
-        if not isinstance(tool, shape.NamespaceTool):
+        tool = wire.responses.tool(value, f"tools[{i}]")
+        if not isinstance(tool, wire.responses.NamespaceTool):
             add(tool, f"tools[{i}]", None)
             continue
         for j, inner in enumerate(tool.tools or ()):
             param = f"tools[{i}].tools[{j}]"
-            add(shape.tool(inner, param, in_namespace=True), param, tool.name)
+            add(wire.responses.tool(inner, param, in_namespace=True), param, tool.name)
     for kind in builtins:
         note_ignored(f"responses.tools[].type={kind}")
     return ResponsesTools(functions or None, namespaces, frozenset(strict))
@@ -207,9 +208,10 @@ def previous_not_found(response_id: str) -> APIError:
 
 
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ResponsesRequest:
-    note_unknown_fields(body, known_fields(shape.ResponsesRequest), "responses")
-    request = decode({**body, "input": typed_items(body.get("input"))}
-                     if isinstance(body.get("input"), list) else body, shape.ResponsesRequest)
+    note_unknown_fields(body, known_fields(wire.responses.ResponsesRequest), "responses")
+    typed = {**body, "input": typed_items(body.get("input"))} \
+        if isinstance(body.get("input"), list) else body
+    request = decode(typed, wire.responses.ResponsesRequest)
     text_format = request.text.format if request.text is not None else None
     answer_format = structured.format_constraint(text_format, "text.format")
     instructions = request.instructions

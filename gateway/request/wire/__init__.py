@@ -1,2 +1,6 @@
 """Each API's request shape, declared once (msgspec Structs): the source of its validation, of
 `/openapi.json` and of README's field table (docs/design.md "Request models")."""
+
+from switchyard.gateway.request.wire import anthropic, common, openai, responses
+
+__all__ = ["anthropic", "common", "openai", "responses"]

@@ -12,15 +12,11 @@ from msgspec import Meta
 
 from switchyard.gateway.request.wire.base import Checked, FieldError, Model, integer
 from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.request.wire.common import (MAX_STOP, AnyValue, CacheSalt, Effort,
-                                                  JsonObject, MaxTokens, ModelName, Priority,
-                                                  Speculative, Temperature, TopK, TopP)
+from switchyard.gateway.request.wire.common import (IMAGE_URL, MAX_STOP, AnyValue, CacheSalt,
+                                                    Effort, JsonObject, MaxTokens, ModelName,
+                                                    NonEmpty, Priority, Speculative, Temperature,
+                                                    TopK, TopP, needs_tools)
 
-NonEmpty = Annotated[str, Meta(min_length=1)]
-IMAGE_URL = Annotated[str, Meta(extra_json_schema={
-    "pattern": "^(data:[^,]*;base64,|[Hh][Tt][Tt][Pp][Ss]?://)"}, description=(
-    "a data: URL (data:image/png;base64,...) or, when the server fetches images "
-    "(--image-fetch), an http(s) URL; the image is PNG, JPEG, WebP, GIF or BMP"))]
 
 
 class Block(Model, tag_field="type", kw_only=True):
@@ -126,23 +122,23 @@ def client_tool(tool: dict[str, Any], param: str) -> CustomTool | None:
     return decode(tool, CustomTool, param)
 
 
-class ToolChoice(Model, tag_field="type", kw_only=True):
+class MessagesToolChoice(Model, tag_field="type", kw_only=True):
     disable_parallel_tool_use: bool | None = None
 
 
-class ToolChoiceAuto(ToolChoice, tag="auto"):
+class ToolChoiceAuto(MessagesToolChoice, tag="auto"):
     pass
 
 
-class ToolChoiceNone(ToolChoice, tag="none"):
+class ToolChoiceNone(MessagesToolChoice, tag="none"):
     pass
 
 
-class ToolChoiceAny(ToolChoice, tag="any"):
+class ToolChoiceAny(MessagesToolChoice, tag="any"):
     pass
 
 
-class ToolChoiceTool(ToolChoice, tag="tool"):
+class ToolChoiceTool(MessagesToolChoice, tag="tool"):
     name: NonEmpty
 
 
@@ -186,8 +182,9 @@ class ContextEdit(Model):
     type: str | None = None  # required: the 400 names the edit, not its missing member
     keep: Literal["all"] | Keep | None = None
 
-    schema_rules: ClassVar[dict[str, Any]] = {"required": ["type"],
-                                              "properties": {"type": {"type": "string"}}}
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
+        return {"required": ["type"], "properties": {"type": {"type": "string"}}}
 
     def __post_init__(self) -> None:
         if self.type is None:
@@ -198,14 +195,10 @@ class ContextManagement(Model):
     edits: list[ContextEdit] | None = None
 
 
-# "any" or "tool" needs a client tool to call (which one: a runtime check).
-NEEDS_TOOLS: dict[str, Any] = {
-    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {
-        "type": "object", "required": ["type"],
-        "properties": {"type": {"enum": ["any", "tool"]}}}}},
-    "then": {"required": ["tools"], "properties": {"tools": {
-        "type": "array", "minItems": 1, "contains": {
-            "type": "object", "properties": {"type": {"enum": ["custom", None]}}}}}}}
+# "any" or "tool" needs a client tool to call.
+NEEDS_TOOLS = needs_tools(
+    {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["any", "tool"]}}},
+    {"type": "object", "properties": {"type": {"enum": ["custom", None]}}})
 
 
 class MessagesFields(Checked, kw_only=True):
@@ -235,8 +228,8 @@ class MessagesFields(Checked, kw_only=True):
     container: AnyValue = None
     mcp_servers: AnyValue = None
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
         tools = {"type": "array", "items": {"anyOf": [schema.of(CustomTool), SERVER_TOOL]}}
         return {"properties": {"tools": {"anyOf": [tools, {"type": "null"}]}}, **NEEDS_TOOLS}
 
@@ -251,8 +244,8 @@ class CountTokensRequest(MessagesFields, kw_only=True):
     """`/v1/messages/count_tokens`: the prompt a turn would have. A turn's own members are
     read and checked as in a turn, and published only for the turn."""
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
-        return {**MessagesFields.schema_rules(schema), "unpublished": {
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
+        return {**super().schema_rules(schema), "unpublished": {
             "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
             "metadata", "priority", "speculative", "service_tier", "container", "mcp_servers"}}

@@ -102,8 +102,14 @@ _CHECKS = (IntRange, Unsupported)
 
 class Model(msgspec.Struct, kw_only=True):
     """A request model: unknown members are ignored (clients change faster than servers), an
-    optional member given as null is absent. `schema_rules` (a ClassVar) adds to the published
-    schema what msgspec cannot state (wire/schema.py)."""
+    optional member given as null is absent. `schema_rules` adds to the published schema what
+    msgspec cannot state (wire/schema.py)."""
+
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
+        """What the published schema adds to msgspec's for this model, given the `Schema`
+        being made (wire/schema.py says which keys it takes)."""
+        return {}
 
 
 class Checked(Model, kw_only=True):

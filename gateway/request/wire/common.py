@@ -45,6 +45,10 @@ Effort = Annotated[str, Meta(description=(
     "the chat template's reasoning_effort: low, medium or high (minimal is low; xhigh and max "
     "are high); another value is logged and not applied"))]
 NonEmpty = Annotated[str, Meta(min_length=1)]
+IMAGE_URL = Annotated[str, Meta(extra_json_schema={
+    "pattern": "^(data:[^,]*;base64,|[Hh][Tt][Tt][Pp][Ss]?://)"}, description=(
+    "a data: URL (data:image/png;base64,...) or, when the server fetches images "
+    "(--image-fetch), an http(s) URL; the image is PNG, JPEG, WebP, GIF or BMP"))]
 TemplateKwargs = Annotated[dict[str, Any], Meta(
     extra_json_schema={"propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KEYS)}}},
     description=("the chat template's variables (enable_thinking, reasoning_effort, ...), never "
@@ -52,3 +56,14 @@ TemplateKwargs = Annotated[dict[str, Any], Meta(
                  f"{MAX_TEMPLATE_KWARGS_BYTES // 1024} KiB as JSON (else a 400)"))]
 JsonObject = dict[str, Any]
 AnyValue = Any  # accepted and not used
+
+
+def needs_tools(choice: dict[str, Any], tool: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The schema rule every API states: a `tool_choice` that matches `choice` (one that forces
+    a call) needs `tools` with a tool to call (one that matches `tool`, where only some do).
+    Which tool it names is checked at runtime (request/tools.py: a 400)."""
+    tools: dict[str, Any] = {"type": "array", "minItems": 1}
+    if tool is not None:
+        tools["contains"] = tool
+    return {"if": {"required": ["tool_choice"], "properties": {"tool_choice": choice}},
+            "then": {"required": ["tools"], "properties": {"tools": tools}}}

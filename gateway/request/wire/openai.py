@@ -13,17 +13,13 @@ from msgspec import Meta
 
 from switchyard.gateway.request.wire.base import (Checked, FieldError, Model, Whole, integer,
                                                   unsupported)
-from switchyard.gateway.request.wire.common import (INT64_MIN, MAX_STOP, MAX_TOOLS, UINT64_MAX,
+from switchyard.gateway.request.wire.common import (IMAGE_URL, INT64_MIN, MAX_STOP, MAX_TOOLS, UINT64_MAX,
                                                   AnyValue, CacheSalt, Effort, JsonObject,
                                                   MaxTokens, ModelName, NonEmpty, Priority,
                                                   Speculative, Temperature, TemplateKwargs,
-                                                  TopK, TopP)
+                                                  TopK, TopP, needs_tools)
 
 MAX_LOGIT_BIAS = 1024
-IMAGE_URL = Annotated[str, Meta(extra_json_schema={
-    "pattern": "^(data:[^,]*;base64,|[Hh][Tt][Tt][Pp][Ss]?://)"}, description=(
-    "a data: URL (data:image/png;base64,...) or, when the server fetches images "
-    "(--image-fetch), an http(s) URL; the image is PNG, JPEG, WebP, GIF or BMP"))]
 Detail = Annotated[Literal["auto", "low", "high"], Meta(description=(
     "accepted as in OpenAI's API; the model sees every image at the resolution its processor "
     "makes of it"))]
@@ -157,9 +153,11 @@ class NamedToolChoice(Model):
     function: FunctionName | None = None
     name: NonEmpty | None = None
 
-    schema_rules: ClassVar[dict[str, Any]] = {"required": ["function"], "properties": {
-        "function": {"type": "object", "required": ["name"],
-                     "properties": {"name": {"type": "string", "minLength": 1}}}}}
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
+        return {"required": ["function"], "properties": {
+            "function": {"type": "object", "required": ["name"],
+                         "properties": {"name": {"type": "string", "minLength": 1}}}}}
 
     @property
     def function_name(self) -> str:
@@ -252,7 +250,9 @@ class ServedRequest(Checked, kw_only=True):
     service_tier: AnyValue = None
     safety_identifier: AnyValue = None
 
-    schema_rules: ClassVar[dict[str, Any]] = {"unpublished": GUIDED_FIELDS}
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
+        return {"unpublished": GUIDED_FIELDS}
 
 
 class OptionsRequest(ServedRequest, kw_only=True):
@@ -274,13 +274,18 @@ class OptionsRequest(ServedRequest, kw_only=True):
     metadata: AnyValue = None
     store: AnyValue = None
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
         digits = max(1, len(str(schema.vocab_size)) - 1)  # fewer digits: every id is in it
         bias = schema.of(LogitBias)
         bias["propertyNames"] = {"pattern": f"^[0-9]{{1,{digits}}}$"}
         return {"properties": {"logit_bias": {"anyOf": [bias, {"type": "null"}]}},
-                **ServedRequest.schema_rules}
+                **super().schema_rules(schema)}
+
+
+# "required" or a named function needs a tool.
+FORCES_A_CALL = {"not": {"enum": ["auto", "none", None]}}
+NEEDS_TOOLS = needs_tools(FORCES_A_CALL)
 
 
 class ChatCompletionRequest(OptionsRequest, kw_only=True):
@@ -302,16 +307,9 @@ class ChatCompletionRequest(OptionsRequest, kw_only=True):
     audio: AnyValue = None
     web_search_options: AnyValue = None
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
-        rules = OptionsRequest.schema_rules(schema)
-        # "required" or a named choice needs tools (the name must be one of them: a 400).
-        rules.update({
-            "if": {"required": ["tool_choice"],
-                   "properties": {"tool_choice": {"not": {"enum": ["auto", "none", None]}}}},
-            "then": {"required": ["tools"], "properties": {"tools": {"type": "array",
-                                                                     "minItems": 1}}}})
-        return rules
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
+        return {**super().schema_rules(schema), **NEEDS_TOOLS}
 
 
 class CompletionRequest(OptionsRequest, kw_only=True):
@@ -324,12 +322,12 @@ class CompletionRequest(OptionsRequest, kw_only=True):
     best_of: unsupported(1) = None
     prompt_cache_key: AnyValue = None
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
         ids = {"type": "array", "minItems": 1, "items": {
             "type": "integer", "minimum": 0, "maximum": schema.vocab_size - 1}}
         text = {"type": "string", "minLength": 1}
-        rules = OptionsRequest.schema_rules(schema)
+        rules = super().schema_rules(schema)
         rules["required"] = ["prompt"]
         rules["properties"]["prompt"] = {
             "anyOf": [text, ids, {"type": "array", "items": text, "minItems": 1, "maxItems": 1},

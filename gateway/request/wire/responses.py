@@ -12,14 +12,14 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from switchyard.gateway.request.wire import openai
 from switchyard.gateway.errors import invalid
 from switchyard.gateway.request.wire.base import FieldError, Model, Whole
 from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.request.wire.common import (AnyValue, Effort, JsonObject, MaxTokens,
-                                                    NonEmpty)
-from switchyard.gateway.request.wire.openai import (IMAGE_URL, Detail, JsonObjectFormat,
-                                                    ResponseFormat, TextFormat)
+from switchyard.gateway.request.wire.common import (IMAGE_URL, AnyValue, Effort, JsonObject,
+                                                    MaxTokens, NonEmpty, needs_tools)
+from switchyard.gateway.request.wire.openai import (FORCES_A_CALL, Detail, JsonObjectFormat,
+                                                    NamedToolChoice, ResponseFormat,
+                                                    ServedRequest, TextFormat)
 
 # --- content -------------------------------------------------------------------------------------
 
@@ -61,8 +61,8 @@ class InputImage(Part, tag="input_image"):
     file_id: AnyValue = None
     detail: Detail | None = None
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
         return {"required": ["image_url"], "properties": {"image_url": schema.of(IMAGE_URL)}}
 
     def __post_init__(self) -> None:
@@ -88,8 +88,8 @@ class MessageItem(Item, tag="message"):
     role: Literal["user", "system", "developer", "assistant"]
     content: Content
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
         # OpenAI's EasyInputMessage: `type` left out or null; images in user messages only.
         return {"optional": ["type"], "properties": {"type": {"enum": ["message", None]}},
                 "if": {"properties": {"role": {"const": "user"}}},
@@ -154,8 +154,8 @@ class NamespaceTool(Model):
     description: str | None = None
     tools: list[dict[str, Any]] | None = None  # functions and built-in tools: tool()
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
         inner = {"type": "array", "items": {"anyOf": [schema.of(FunctionTool), BUILT_IN]}}
         return {"properties": {"tools": {"anyOf": [inner, {"type": "null"}]}}}
 
@@ -181,13 +181,15 @@ def tool(value: dict[str, Any], param: str, in_namespace: bool = False
     return decode(value, NamespaceTool, param)
 
 
-class NamedToolChoice(openai.NamedToolChoice):
+class ResponsesNamedToolChoice(NamedToolChoice):
     """`{"type": "function", "name"}`; another type forces a built-in tool: a 400."""
 
     type: str
 
-    schema_rules: ClassVar[dict[str, Any]] = {"required": ["name"], "properties": {
-        "type": {"const": "function"}, "name": {"type": "string", "minLength": 1}}}
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
+        return {"required": ["name"], "properties": {
+            "type": {"const": "function"}, "name": {"type": "string", "minLength": 1}}}
 
     def __post_init__(self) -> None:
         if self.type != "function":
@@ -197,7 +199,7 @@ class NamedToolChoice(openai.NamedToolChoice):
         super().__post_init__()
 
 
-ToolChoice = Annotated[Literal["auto", "none", "required"] | NamedToolChoice, Meta(description=(
+ResponsesToolChoice = Annotated[Literal["auto", "none", "required"] | ResponsesNamedToolChoice, Meta(description=(
     "'required' or a named function needs 'tools', and the name must be one of them")),
     Whole("'auto', 'none', 'required' or a function", scope="all")]
 
@@ -232,14 +234,14 @@ class Reasoning(Model):
 # --- the request ---------------------------------------------------------------------------------
 
 
-class ResponsesRequest(openai.ServedRequest, kw_only=True):
+class ResponsesRequest(ServedRequest, kw_only=True):
     input: Input
     instructions: str | None = None
     previous_response_id: Annotated[str, Meta(description=(
         "a response this server still keeps (recent ones, in memory); else a 400"))] | None = None
     max_output_tokens: MaxTokens | None = None
     tools: list[dict[str, Any]] | None = None  # functions, namespaces, built-in: tool()
-    tool_choice: ToolChoice | None = None
+    tool_choice: ResponsesToolChoice | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
     text: TextConfig | None = None
@@ -254,24 +256,19 @@ class ResponsesRequest(openai.ServedRequest, kw_only=True):
     max_tool_calls: AnyValue = None
     top_logprobs: AnyValue = None
 
-    @staticmethod
-    def schema_rules(schema: Any) -> dict[str, Any]:
+    @classmethod
+    def schema_rules(cls, schema: Any) -> dict[str, Any]:
         tools = {"type": "array", "items": {"anyOf": [
             schema.of(FunctionTool), schema.of(NamespaceTool), BUILT_IN]}}
-        return {**openai.ServedRequest.schema_rules, **NEEDS_FUNCTION,
+        return {**super().schema_rules(schema), **NEEDS_FUNCTION,
                 "properties": {"tools": {"anyOf": [tools, {"type": "null"}]}}}
 
 
 # "required" or a named choice needs a function to call (the name must be one: a 400).
-NEEDS_FUNCTION: dict[str, Any] = {
-    "if": {"required": ["tool_choice"],
-           "properties": {"tool_choice": {"not": {"enum": ["auto", "none", None]}}}},
-    "then": {"required": ["tools"], "properties": {"tools": {
-        "type": "array", "minItems": 1, "contains": {"anyOf": [
-            {"type": "object", "required": ["type"],
-             "properties": {"type": {"const": "function"}}},
-            {"type": "object", "required": ["type", "tools"],
-             "properties": {"type": {"const": "namespace"}, "tools": {
-                 "type": "array", "contains": {
-                     "type": "object", "required": ["type"],
-                     "properties": {"type": {"const": "function"}}}}}}]}}}}}
+NEEDS_FUNCTION = needs_tools(FORCES_A_CALL, {"anyOf": [
+    {"type": "object", "required": ["type"], "properties": {"type": {"const": "function"}}},
+    {"type": "object", "required": ["type", "tools"],
+     "properties": {"type": {"const": "namespace"}, "tools": {
+         "type": "array", "contains": {
+             "type": "object", "required": ["type"],
+             "properties": {"type": {"const": "function"}}}}}}]})

@@ -2,8 +2,8 @@
 
 msgspec states each model's shape; here that is made one self-contained schema per request
 (every `$ref` inlined: a request's schema is read alone, by clients and tests), with what
-msgspec cannot say added from each struct's `schema_rules` (a dict, or a function of the
-`Schema` being made): a member a struct requires though its Python type lets it be absent, an
+msgspec cannot say added from each struct's `schema_rules(schema)` (given the `Schema` being
+made): a member a struct requires though its Python type lets it be absent, an
 if/then between members, what depends on the served model (its vocabulary), a member the
 gateway fills in before decoding (`optional`), and members that are read but not published
 (`unpublished`). Image content is declared only for a model that
@@ -99,9 +99,7 @@ class _Inliner:
 
     def _component(self, name: str) -> dict[str, Any]:
         schema = dict(self.components[name])
-        rules = getattr(self.classes.get(name), "schema_rules", None) or {}
-        if callable(rules):
-            rules = rules(self.schema)
+        rules = self.classes[name].schema_rules(self.schema) if name in self.classes else {}
         for key, value in rules.items():
             if key == "required":
                 schema["required"] = sorted(set(schema.get("required", ())) | set(value))
