@@ -29,7 +29,8 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from switchyard.gateway.prompting import turn_journal as tj  # noqa: E402
-from switchyard.gateway.prompting.history import TurnMemory, message_key  # noqa: E402
+from switchyard.gateway.prompting.history import TurnMemory  # noqa: E402
+from switchyard.gateway.prompting.turn_keys import message_key  # noqa: E402
 
 IDENTITY = b"bench-identity16"
 BODY = list(range(200))  # tokens per reply

@@ -76,7 +76,7 @@ class Gateway:
     script: Script | None = None
     # Hugging Face fast tokenizers are not safe to call from several threads at once: each
     # lane (thread) has its own tokenizer. Prompts of LARGE_PROMPT_CHARS or more take the
-    # large lane, so one huge prompt never delays everyone else's turn (issue 12, finding 9).
+    # large lane, so one huge prompt never delays everyone else's turn.
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer"))
     large_executor: ThreadPoolExecutor = field(

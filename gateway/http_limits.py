@@ -9,7 +9,7 @@ response ended (as nginx's `client_header_timeout`). The body has its own deadli
 `api/json_body.read_body` (a 408).
 
 `--max-connections` is `ConnectionLimits`' (uvicorn's `limit_concurrency` answers a plain-text
-503 without `Retry-After`, and lets one client hold every connection: issue 23, finding 9):
+503 without `Retry-After`, and lets one client hold every connection):
 
 - a connection that would pass the limit first closes an idle one (no request in progress:
   between requests, or a head still arriving) of the client host holding the most, the

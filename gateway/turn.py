@@ -205,7 +205,7 @@ class ChatTurn:
             out.events += self.parser.finish(closed_by_stop=closed,
                                              truncated=reason == "length")
             if self.parser.calls and not self.parser.truncated_call:
-                reason = "tool_calls"  # a call cut by the limit says "length" (issue 23, #10)
+                reason = "tool_calls"  # a call cut by the limit says "length"
             self.result = TurnResult(
                 self.parser.content_text, self.parser.reasoning_text, list(self.parser.calls),
                 reason, self.generation.matched_stop, update.finish.usage)

@@ -44,7 +44,7 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 # What a schema cannot state: a valid-looking request the server refuses with a 400, in the
-# API's own error format (issue 23, finding 11).
+# API's own error format.
 _SEMANTIC_400S = (
     "A request the schema allows is still refused (400, the error names the field) when: "
     "tool_choice names a function that is not in tools; a function name is offered twice "

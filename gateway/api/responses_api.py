@@ -462,7 +462,7 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str,
 def seen_messages(messages: list[dict[str, Any]], unseen: frozenset[int]
                   ) -> list[dict[str, Any]]:
     """The conversation as the model saw it: reasoning the template did not render dropped
-    (the store keeps only that: issue 23, finding 5). Messages kept as they are stay the same
+    (the store keeps only that). Messages kept as they are stay the same
     objects (the store counts a history shared between responses once)."""
     return [{k: v for k, v in m.items() if k != "reasoning_content"} if i in unseen else m
             for i, m in enumerate(messages)]
@@ -477,7 +477,7 @@ async def create_response(request: Request) -> Response:
     response_id = _new_id("resp_")
     fmt = ResponsesFormat(response_id, gw.model_id, parsed)
     # The scheduler's rid is shown in status snapshots: never the response id, which is a
-    # capability (previous_response_id) (issue 12, finding 12).
+    # capability (previous_response_id).
     try:
         turn, submit = await start_chat(ctx, parsed.chat, rid=new_rid("resp"),
                                         param="input", note_unseen=parsed.store)

@@ -13,8 +13,7 @@ generation prompt text they followed (or, for a template without one, the end of
 keyed by the conversation they belong to: a hash of the prompt tokens they followed (the
 prefix), with a hash of the message as returned (text + calls) or a tool-call id. A turn is
 spliced only where the tokens before it are exactly the ones it followed, so one conversation
-never renders another's reply, hidden reasoning included, just because their texts match
-(issue 23, finding 6).
+never renders another's reply, hidden reasoning included, just because their texts match.
 `render_prompt` renders the conversation with each assistant message that may be remembered
 replaced by a sentinel, tokenizes the text between sentinels on its own, and puts the remembered
 body where the sentinel was (the one whose prefix is the tokens so far), cutting the template's
@@ -46,9 +45,11 @@ import structlog
 
 from switchyard.gateway.errors import Abandoned, context_length_exceeded, invalid
 from switchyard.gateway.output.reasoning import without_reasoning
-from switchyard.gateway.output.tools import ToolSyntax, partial_object
+from switchyard.gateway.output.tools import ToolSyntax
 from switchyard.gateway.prompting.system_turns import place_system_messages
 from switchyard.gateway.prompting.tool_text import messages_with_tools_as_text
+from switchyard.gateway.prompting.turn_keys import (PrefixHash, call_ids_of, calls_of,
+                                                    canonical_arguments, message_key)
 from switchyard.gateway.prompting.turn_journal import (Placed, TurnJournal, TurnRecord, make_record,
                                             record_calls)
 
@@ -57,77 +58,6 @@ log = structlog.get_logger()
 DEFAULT_MAX_TURNS = 1024
 _OPENING_WINDOW = 512  # characters before a sentinel searched for the turn's opening
 _PROBE = [{"role": "user", "content": "x"}]
-
-
-# --- keys --------------------------------------------------------------------------------------
-
-
-def _canonical_arguments(arguments: Any) -> Any:
-    """Arguments as an object. A call the token limit cut has the start of one: its members
-    written in full, as an Anthropic client sends such a call back (its `input`), while a
-    Chat client sends the text: both name the same turn."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return partial_object(arguments) if arguments.lstrip().startswith("{") \
-                else arguments
-    return arguments
-
-
-def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
-    out = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function", call) if isinstance(call, dict) else {}
-        if not isinstance(function, dict):
-            function = {}
-        out.append((str(function.get("name")), _canonical_arguments(function.get("arguments"))))
-    return out
-
-
-def _call_ids(message: dict[str, Any]) -> list[str]:
-    return [c["id"] for c in message.get("tool_calls") or ()
-            if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
-
-
-def prefix_digest(ids: Sequence[int], salt: bytes = b"") -> bytes:
-    """The key of the tokens a turn followed (what the model saw before it)."""
-    return PrefixHash(ids, salt).digest()
-
-
-class PrefixHash:
-    """blake2b-128 of token ids as int32, extended as ids are appended; keyed with the
-    request's cache salt (its tenant's, and its `cache_salt`), so a turn is found only by
-    requests of the salt it was generated under (proto/tenants.py)."""
-
-    def __init__(self, ids: Sequence[int] = (), salt: bytes = b"") -> None:
-        self._hash = hashlib.blake2b(digest_size=16, key=salt)
-        self.add(ids)
-
-    def add(self, ids: Sequence[int]) -> None:
-        if len(ids):
-            self._hash.update(array("i", ids).tobytes())
-
-    def with_added(self, ids: Sequence[int]) -> bytes:
-        h = self._hash.copy()
-        if len(ids):
-            h.update(array("i", ids).tobytes())
-        return h.digest()
-
-    def digest(self) -> bytes:
-        return self._hash.digest()
-
-
-def message_key(message: dict[str, Any], salt: bytes = b"") -> str:
-    """A hash of an assistant message as returned: its text and its calls (not reasoning, which
-    many clients drop; not ids or whitespace at the ends, which some clients change), keyed
-    with the request's cache salt: whether a reply text is remembered is never seen, not even
-    in the time a rendering takes, by requests of another salt (another tenant)."""
-    content = message.get("content")
-    text = content.strip() if isinstance(content, str) else ""
-    payload = json.dumps([text, _calls(message)], sort_keys=True, ensure_ascii=False,
-                         default=str)
-    return hashlib.blake2b(payload.encode(), digest_size=16, key=salt).hexdigest()
 
 
 # --- memory ------------------------------------------------------------------------------------
@@ -203,7 +133,7 @@ class TurnMemory:
             return
         key = message_key(message, salt)
         turn = Remembered(array("l", body), opening, has_reasoning, key,
-                          tuple(_calls(message)), tuple(_call_ids(message)), prefix)
+                          tuple(calls_of(message)), tuple(call_ids_of(message)), prefix)
         with self._lock:
             entry = self._insert(turn)
             if self.journal is not None:
@@ -251,8 +181,8 @@ class TurnMemory:
         """Whether an assistant message the client sent back may be a remembered turn (which
         one is decided by the tokens before it: `find`), and the openings to try; `salt`: the
         request's cache salt (turns of other salts are never candidates)."""
-        key, call_ids = message_key(message, salt), tuple(_call_ids(message))
-        calls = tuple(_calls(message))
+        key, call_ids = message_key(message, salt), tuple(call_ids_of(message))
+        calls = tuple(calls_of(message))
         with self._lock:
             openings = list(reversed(self._openings.get(key, {})))
             for call_id in call_ids:
@@ -372,7 +302,7 @@ def apply_template(tokenizer: Any, messages: list[dict[str, Any]],
 
 
 # Keyed by client-supplied chat_template_kwargs: bounded (LRU) and keyed by a digest, so junk
-# kwargs can neither grow memory nor be held (issue 12, finding 6).
+# kwargs can neither grow memory nor be held.
 MAX_OPENINGS = 32
 _openings: OrderedDict[bytes, str | None] = OrderedDict()
 _openings_lock = threading.Lock()
@@ -426,7 +356,7 @@ def template_messages(messages: list[dict[str, Any]], keep_reasoning: bool) -> l
 
 
 def _template_arguments(arguments: Any) -> Any:
-    value = _canonical_arguments(arguments)
+    value = canonical_arguments(arguments)
     return value if isinstance(value, dict) else ({} if arguments in (None, "") else arguments)
 
 

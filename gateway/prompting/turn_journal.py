@@ -73,7 +73,7 @@ class TurnRecord(msgspec.Struct, array_like=True, tag=0):
     body: bytes  # int32 token ids
     opening: str | None
     has_reasoning: bool
-    prefix: bytes  # history.prefix_digest of the prompt tokens the turn followed
+    prefix: bytes  # turn_keys.prefix_digest of the prompt tokens the turn followed
 
     def body_ids(self) -> array:
         ids = array("i")

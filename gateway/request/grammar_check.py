@@ -4,7 +4,7 @@ Every grammar a request brings (a response format, a guided constraint, strict t
 validated under the group's parser limits before the request is submitted, so a bad one is a
 400 naming what is wrong and a hostile one never reaches the worker. Validation can take
 without bound (llguidance's limits do not cover a JSON schema's `patternProperties`: 600
-patterns took 105 s, issue 23, finding 2), so it runs in a child process
+patterns took 105 s), so it runs in a child process
 (`grammar_child.py`) at the lowest CPU priority, which the kernel ends when a check has used
 `CHECK_CPU_S` of CPU (the grammar is then refused as too complex), and which is killed when the
 request's client leaves. The bound is CPU, not wall time: checks only get what CPU the serving

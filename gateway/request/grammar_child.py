@@ -1,7 +1,7 @@
 """The process that checks grammars for the gateway (`python -m ...grammar_child`).
 
 llguidance cannot be stopped once it compiles: a hostile JSON schema (600 `patternProperties`
-in 22 KB) took 105 s, and no limit of the engine bounds that work (issue 23, finding 2). So the
+in 22 KB) took 105 s, and no limit of the engine bounds that work. So the
 gateway checks each new grammar in this small process (gateway/request/grammar_check.py). It
 runs at the lowest CPU priority, so a check never takes CPU from the serving processes, and
 each check may use `--cpu-s` seconds of CPU (rounded up to the next whole second, as the

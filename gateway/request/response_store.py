@@ -3,8 +3,7 @@
 A stored entry is the whole conversation up to and including that response's output, as
 canonical chat messages (without the request's `instructions`, which OpenAI does not carry
 over), holding only what the model saw: reasoning the chat template did not render is not kept
-(a 20 MB `reasoning` input item the template drops cost 20 MB per response: issue 23,
-finding 5). The store is bounded by count and by bytes: messages shared between entries (a
+(a 20 MB `reasoning` input item the template drops cost 20 MB per response). The store is bounded by count and by bytes: messages shared between entries (a
 conversation's history, carried from one response to the next) are counted once, and the
 least recently used entries go when either bound is passed; a conversation larger than the
 byte bound is not stored. The server forgets old entries; a request naming one it no longer

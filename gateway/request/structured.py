@@ -134,7 +134,7 @@ def choice(options: Any, param: str) -> Constraint:
             or not all(isinstance(o, str) and o for o in options)):
         raise invalid(f"'{param}' must be a non-empty array of non-empty strings", param=param,
                       code="invalid_type")
-    if len(options) > MAX_CHOICES:  # 100,000 options held /health for 3.6 s (issue 23, #2)
+    if len(options) > MAX_CHOICES:  # 100,000 options held /health for 3.6 s
         raise invalid(f"'{param}' has more than {MAX_CHOICES} options", param=param,
                       code="invalid_value")
     _bounded("".join(options), param)

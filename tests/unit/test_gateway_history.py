@@ -12,7 +12,8 @@ import random
 import pytest
 
 from switchyard.gateway.errors import APIError
-from switchyard.gateway.prompting.history import RenderOptions, TurnMemory, message_key, render_prompt
+from switchyard.gateway.prompting.history import RenderOptions, TurnMemory, render_prompt
+from switchyard.gateway.prompting.turn_keys import message_key
 
 CALL = {"id": "call_1", "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}

@@ -5,7 +5,8 @@ Pure: no sockets, no MLX."""
 
 import pytest
 
-from switchyard.gateway.prompting.history import TurnMemory, message_key, prefix_digest
+from switchyard.gateway.prompting.history import TurnMemory
+from switchyard.gateway.prompting.turn_keys import message_key, prefix_digest
 from switchyard.proto.messages import SamplingParams, SubmitRequest
 from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, chain_root
 from switchyard.proto.settings import Settings, SettingsError, read_api_key_file

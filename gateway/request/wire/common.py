@@ -18,8 +18,8 @@ MAX_TOOLS = 512
 # `chat_template_kwargs` are the template's variables (enable_thinking, reasoning_effort, ...).
 # A key that is an argument of `apply_chat_template` itself would let a request replace the
 # model's template (`chat_template`: the client's own Jinja, run with no time or memory
-# bound) or what the gateway passes it: refused (issue 23, finding 1). Templates come from the
-# model or the operator, never a request.
+# bound) or what the gateway passes it: refused. Templates come from the model or the
+# operator, never a request.
 RESERVED_TEMPLATE_KEYS = frozenset({
     "chat_template", "messages", "conversation", "tools", "documents",
     "add_generation_prompt", "continue_final_message", "tokenize", "sanitize_control_tokens",
