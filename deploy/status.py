@@ -161,7 +161,7 @@ def format_queue(snapshot: Status) -> list[str]:
 
 
 def format_kv_memory(snapshot: Status) -> list[str]:
-    """The KV the slots hold against the worker's budget (docs/design.md "Memory plan")."""
+    """The KV the slots hold against the worker's budget (docs/design/kv-pages.md "Memory plan")."""
     kv = snapshot.kv_memory
     if kv is None:
         return []

@@ -9,7 +9,7 @@ A page that covers placeholder tokens of images also hashes the images' content 
 "extra hashes"), in another hash domain: `blake2b-128(namespace, person="sy-images", parent_id,
 count, image ids, token ids)`, so equal token ids with other images never share a page (the
 placeholders of two images are the same token ids), and the pages after them differ through
-the chain. Pages without images keep the id they always had (docs/design.md "Images").
+the chain. Pages without images keep the id they always had (docs/design/images.md "Images").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The memory plan (docs/design.md "Memory plan", F7): what the worker needs whatever it
+"""The memory plan (docs/design/kv-pages.md "Memory plan", F7): what the worker needs whatever it
 serves, and the KV budget left for what slots hold, planned and checked at start.
 
 The fixed part counts weights, the largest step's activations, recurrent state and

@@ -8,7 +8,7 @@ number of generated tokens from `usage`.
 
 One group per architecture (`--slots 2`): attention-only qwen3 and hybrid qwen3_next; a GGUF twin
 of the qwen3 model must serve the same greedy text as its MLX directory. Two prompts that wait at
-the same step are prefilled as rows of one pass (docs/design.md "Packed prefill") and each still
+the same step are prefilled as rows of one pass (docs/design/scheduling.md "Packed prefill") and each still
 gets mlx_lm's tokens.
 """
 

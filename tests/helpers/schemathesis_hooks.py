@@ -1,4 +1,4 @@
-"""Hooks for the schemathesis CLI run by hand against a live group (docs/design.md "HTTP API"):
+"""Hooks for the schemathesis CLI run by hand against a live group (docs/design/security.md "Security"):
 
     SCHEMATHESIS_HOOKS=tests.helpers.schemathesis_hooks PYTHONPATH=. \
         .venv/bin/schemathesis run http://127.0.0.1:PORT/openapi.json --checks all \

@@ -1,7 +1,7 @@
 """Two real kvstore processes (ranks 0 and 1 of a worker group, each with its own page
 directory and its own shared-memory pool) driven through the scheduler's fan-out
 (scheduler/page_stores.py): pages written on both, the inventory after both restarted, and
-every rank's share read back bit-identical (docs/design.md "Pages per rank")."""
+every rank's share read back bit-identical (docs/design/worker-groups.md "Pages per rank")."""
 
 from __future__ import annotations
 

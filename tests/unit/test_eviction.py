@@ -1,4 +1,4 @@
-"""The disk page tree and the eviction policy (docs/design.md "Disk eviction policy", F2, F8)."""
+"""The disk page tree and the eviction policy (docs/design/kv-pages.md "Disk eviction policy", F2, F8)."""
 
 import hashlib
 import random

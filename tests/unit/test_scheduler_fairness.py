@@ -48,7 +48,7 @@ def newcomer_stream(overtake_limit: float, num_newcomers: int = 12):
 def test_waiting_request_is_served_within_its_bound_while_shorter_newcomers_keep_coming():
     core, old, waited_at_arrival, ahead = newcomer_stream(overtake_limit=1.0)
     assert old.prefilled_at is not None, "the waiting request was starved"
-    # The bound (docs/design.md "Scheduling"): only requests that became ready before others
+    # The bound (docs/design/scheduling.md "Scheduling"): only requests that became ready before others
     # had been prefilled overtake_limit x R tokens (+ one step's chunk) past it go first.
     assert all(waited_at_arrival[rid] < 1.0 * R + 64 for rid in ahead), \
         (ahead, waited_at_arrival)

@@ -1,4 +1,4 @@
-"""Running requests sized by what they hold (docs/design.md "Memory plan"), driven without
+"""Running requests sized by what they hold (docs/design/kv-pages.md "Memory plan"), driven without
 sockets or MLX: the core with scripted worker and kvstore (tests/unit/test_scheduler_pages.py)
 and a KV budget. Requests that grow past it are staged to disk, the newest or lowest-priority
 first, and resume by restoring their pages; none fails, none prefills again what it had."""

@@ -3,7 +3,7 @@
 The core with scripted worker and kvstore (tests/unit/test_scheduler_pages.py): every running
 request has a slot of its own, and once idle, slots past --slots give their KV up, each only
 when all its tokens are on disk or on their way, so the conversation's next turn restores
-them instead of prefilling them again (docs/design.md "Running past the resident slots").
+them instead of prefilling them again (docs/design/scheduling.md "Running past the resident slots").
 Slots are released as soon as they may be (`release_after_s` 0) unless a test says otherwise.
 """
 
