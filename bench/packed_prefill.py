@@ -1,4 +1,4 @@
-"""Issue 29 item 3: fewer forward passes per step. Packed prefill on and off.
+"""Fewer forward passes per step. Packed prefill on and off.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python bench/packed_prefill.py [--model tiny|default|PATH] [--agents 4]

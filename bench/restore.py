@@ -1,4 +1,4 @@
-"""Issue 10: a conversation comes back from disk at the speed of the disk.
+"""A conversation comes back from disk at the speed of the disk.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/restore.py [--tokens 32768] [--rounds 4] [--model-size tiny]

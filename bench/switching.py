@@ -1,4 +1,4 @@
-"""Issue 3: a conversation that comes back after others pays only for its new tokens.
+"""A conversation that comes back after others pays only for its new tokens.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/switching.py [--model-size tiny|h512] [--slots 1,2] [--rounds 4]

@@ -1,4 +1,4 @@
-"""Issue 12: a restarted gateway remembers the turns in use, at a bounded write cost.
+"""A restarted gateway remembers the turns in use, at a bounded write cost.
 
     .venv/bin/python bench/turn_journal.py
 

@@ -1,4 +1,4 @@
-"""Issue 20: a neighbour's image must not stall a text stream's decode (the encoder in the step
+"""A neighbour's image must not stall a text stream's decode (the encoder in the step
 budget, docs/design/images.md "Images").
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \

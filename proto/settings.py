@@ -287,7 +287,7 @@ class Settings:
     def auto_running(self) -> int:
         """The most requests --max-running 0 runs at once, if the memory plan holds them: a
         decode batch of 32 rows costs about what one of 4 does (it reads the weights), and
-        issue 29's agent traffic fans out 20 sub-agents."""
+        agent traffic fans out 20 sub-agents."""
         return max(self.slots, MAX_AUTO_RUNNING)
 
     @property

@@ -2,7 +2,7 @@
 
 Staging runs first so that it reads what the previous step left in a slot, before this
 step's copies, loads or prefills truncate it. Decode runs before prefill: a running sequence
-never waits for a neighbour's chunk to get its token computed (F6). The step's prefill chunks
+never waits for a neighbour's chunk to get its token computed. The step's prefill chunks
 run packed, several slots' chunks as rows of one forward pass, where the model's caches allow
 it (docs/design/scheduling.md "Packed prefill").
 """

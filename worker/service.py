@@ -55,7 +55,7 @@ from switchyard.worker.sharding import check_splittable, split
 from switchyard.worker.slots import SlotStore, batchable
 from switchyard.worker.vision.memory import vision_bytes
 
-# Bumped whenever the meaning of a page's bytes changes; part of every page namespace (F12).
+# Bumped whenever the meaning of a page's bytes changes; part of every page namespace.
 KV_LAYOUT_VERSION = 1
 
 

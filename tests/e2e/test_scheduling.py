@@ -1,4 +1,4 @@
-"""Scheduling through the whole group (issue 4): disconnects, queue limits, priorities."""
+"""Scheduling through the whole group: disconnects, queue limits, priorities."""
 
 from __future__ import annotations
 

@@ -227,3 +227,24 @@ def test_the_checks_can_fail(tmp_path):
     assert len(broken_links(page)) == 2
     assert len(broken_commands(page)) == 4
     assert len(broken_citations(page)) == 1
+
+
+# Issue numbers mean nothing to a reader without the tracker: sections are named by topic.
+ISSUE_LABEL = re.compile(r"\b[Ii]ssues? #?\d+|\bF(?:[1-9]|1[0-2])\b|\b[Ff]inding \d+")
+NO_ISSUE_FOLDERS = ("docs", "proto", "deploy", "worker", "bench", "tests", "fixtures", ".ci")
+
+
+def test_no_issue_numbers_in_docs_or_code():
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                             *NO_ISSUE_FOLDERS, "*.md"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for name in listed:
+        path = REPO / name
+        if path.suffix not in CITING_SUFFIXES or not path.is_file() or "corpus" in path.parts \
+                or path == Path(__file__):
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if ISSUE_LABEL.search(line):
+                found.append(f"{name}:{n}: {line.strip()}")
+    assert found == []

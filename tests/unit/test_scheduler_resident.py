@@ -150,7 +150,7 @@ def test_an_idle_slot_stays_a_while_for_its_tool_result():
     assert len(holding(g)) == 1, "idle past the grace: back to --slots conversations"
 
 
-# --- a prefix a running request prefills is prefilled once (issue 29) ---------------------------
+# --- a prefix a running request prefills is prefilled once ------------------------------------
 
 
 def prefilled(g, rid):
