@@ -176,12 +176,12 @@ def broken_commands(path: Path) -> list[str]:
                 module = REPO / Path(*word.split("."))
                 if not (module.with_suffix(".py").exists() or module.is_dir()):
                     out.append(f"{where}: `python -m {word}`: no such module")
-        for token in re.findall(r"(?<![\w./<~-])((?:%s)/[\w./-]*)" % "|".join(
+        for token in re.findall(r"(?<![\w./<~-])((?:%s)/[\w./*-]*)" % "|".join(
                 re.escape(t) for t in TREES), line):
             token = token.rstrip(".,;:")
             if "..." in token or token.endswith("-"):
                 continue
-            if not (REPO / token).exists():
+            if not (any(REPO.glob(token)) if "*" in token else (REPO / token).exists()):
                 out.append(f"{where}: `{token}`: no such file")
     # A flag table's first column names `switchyard serve` flags.
     for m in re.finditer(r"(?m)^\| (`--[^|]+)\|", FENCE.sub("", path.read_text())):
