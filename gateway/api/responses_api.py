@@ -498,7 +498,7 @@ async def create_response(request: Request) -> Response:
 def _failed_stream(request: Request, fmt: ResponsesFormat, error: APIError) -> Response:
     """A streamed response that fails at once: created, then `response.failed` with the
     error's code. Codex learns that its context is full only from such a stream (an HTTP 400
-    is an invalid request to it), and then compacts (docs/design.md "The context limit")."""
+    is an invalid request to it), and then compacts (docs/design/requests.md "The context limit")."""
     record_of(request).fail(error)
 
     async def frames():

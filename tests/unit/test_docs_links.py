@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted([REPO / "README.md", REPO / "tests" / "README.md", REPO / "bench" / "README.md",
                 *(REPO / "docs").rglob("*.md")])
 # Where a citation of a page's section may stand: the pages themselves and the code's comments.
-CITING_FOLDERS = ("docs", "proto", "deploy", "worker", "bench", "tests", "fixtures", ".ci")
+CITING_FOLDERS = ("docs", "proto", "deploy", "worker", "bench", "tests", "fixtures", ".ci",
+                  "gateway", "scheduler", "kvstore")
 CITING_SUFFIXES = {".py", ".md", ".sh", ".toml", ".js", ".html", ".css", ""}
 # Top-level folders whose paths a page names in backquotes.
 TREES = ("bench", "tests", "deploy", "fixtures", "gateway", "scheduler", "worker", "kvstore",
