@@ -6,6 +6,7 @@ runtime directories never see each other (tests run several side by side).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -26,13 +27,22 @@ def ensure_runtime_dir(path: Path) -> Path:
     Never follows a symlink at `path` (the default path is predictable: another user could
     plant one there, docs/design/security.md "Security"): lstat, and fchmod through an O_NOFOLLOW fd.
     """
+    return ensure_private_dir(path, "runtime dir", RuntimeDirError, "choose another --runtime-dir")
+
+
+def ensure_private_dir(path: Path, what: str, error: type[Exception], advice: str) -> Path:
+    """Create `path` 0700 (its parents as needed), or accept it as check_private_dir does."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where a directory should be
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
+                                 str(path.parent)) from None
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    check_private_dir(path, "runtime dir", RuntimeDirError, "choose another --runtime-dir")
+    check_private_dir(path, what, error, advice)
     return path
 
 
