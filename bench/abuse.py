@@ -1,7 +1,7 @@
-"""Issue 23's "Done when" figures: each class of abusive request against a live group on
+"""The abuse figures: each class of abusive request against a live group on
 loopback, beside a well-behaved client that sends a small streamed chat every second.
 
-Per class, `--reps` repetitions of its payloads (tests/helpers/abuse.py, the issue's sizes;
+Per class, `--reps` repetitions of its payloads (tests/helpers/abuse.py and its sizes;
 the schema blow-ups are new schemas every repetition, so the refusal cache never answers them):
 
 - abusive s: the slowest abusive request, sent to answered (client side, upload included);

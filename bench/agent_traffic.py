@@ -1,4 +1,4 @@
-"""Issue 21: Claude Code–shaped load on a real model, Switchyard vs mlx_lm.server vs vllm-mlx.
+"""Claude Code–shaped load on a real model, Switchyard vs mlx_lm.server vs vllm-mlx.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python bench/agent_traffic.py [--model M.gguf] [--agents 20] [--turns 6]
@@ -272,7 +272,7 @@ class Shape:
 
 
 def synthetic_shape(system: str, reminder: str) -> Shape:
-    """The bench's first shape (issue 21): SYSTEM_CORE plus seeded instructions, TOOLS."""
+    """The bench's first shape: SYSTEM_CORE plus seeded instructions, TOOLS."""
     return Shape("synthetic", [{"type": "text", "text": system, "cache_control": EPHEMERAL}],
                  ANTHROPIC_TOOLS, [reminder], None, "Task")
 
@@ -860,7 +860,7 @@ def summarize(name: str, done: list[Done], wall: float, mem: TreeMemory) -> tupl
 
 
 def residency(done: list[Done], admitted: dict[str, float], turns: int, k: int) -> list[str]:
-    """Issue 21's agent-aware residency, measured before it is built: with RAM for `k`
+    """Agent-aware residency, measured before it is built: with RAM for `k`
     conversations, how many returning requests find theirs gone, and how many tokens those
     would restore (or re-read without a disk tier), under LRU, under "evict the conversations
     whose last reply ended the turn first, then LRU", and under Belady's furthest-next-use

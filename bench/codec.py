@@ -1,4 +1,4 @@
-"""Issue 10: a long prompt costs nothing on the wire.
+"""A long prompt costs nothing on the wire.
 
     .venv/bin/python bench/codec.py [--rounds 200]
 

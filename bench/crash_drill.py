@@ -1,4 +1,4 @@
-"""Crash-safety drill through a whole group (issue 12): kill -9 the kvstore daemon 100 times
+"""Crash-safety drill through a whole group: kill -9 the kvstore daemon 100 times
 while it writes pages.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\

@@ -1,4 +1,4 @@
-"""Issue 13: a worker group of 2 ranks (ring backend on loopback) against 1 rank.
+"""A worker group of 2 ranks (ring backend on loopback) against 1 rank.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/distributed.py [--model-size tiny|h512] [--tokens 48]

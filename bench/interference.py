@@ -1,4 +1,4 @@
-"""Issue 4: a cold prefill must not starve a neighbour's reply (decode-first steps, F6).
+"""A cold prefill must not starve a neighbour's reply (decode-first steps).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/interference.py [--model-size tiny|h512] [--chunks 128,256,512,1024]

@@ -1,4 +1,4 @@
-"""Issue 10 item 4: what `--kv-bits 8|4` saves and what it changes, measured in one run.
+"""What `--kv-bits 8|4` saves and what it changes, measured in one run.
 
 For the tiny model as served on this CPU (float32) and as a 16-bit model (its float16 twin),
 with full-precision, 8-bit and 4-bit KV (`--kv-group-size`, default 64), through the worker's

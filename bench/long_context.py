@@ -1,4 +1,4 @@
-"""Issue 10: the scheduler's per-step cost follows the batch, not the context.
+"""The scheduler's per-step cost follows the batch, not the context.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/long_context.py [--contexts 1000,10000,100000,200000] [--e2e]

@@ -1,4 +1,4 @@
-"""Issue 14: many agents at once, no agent starves while the others keep working.
+"""Many agents at once, no agent starves while the others keep working.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/multi_agent.py [--agents 8] [--turns 6] [--slots 4]
@@ -20,7 +20,7 @@ the growth of the prompt since that agent's previous turn (what a perfect cache 
 have to read). Switchyard's `request.finished` lines split the slowest turn's TTFT into queue,
 restore, prefill wait and prefill time.
 
-Targets (issue 14): Switchyard's TTFT max <= 2x its p95; its max and p95 <= mlx_lm.server's.
+Targets: Switchyard's TTFT max <= 2x its p95; its max and p95 <= mlx_lm.server's.
 Every figure is measured in one run on a shared machine: compare, do not quote absolutes.
 """
 
@@ -88,7 +88,7 @@ def build(args, model: Path) -> list[Agent]:
     for i in range(args.agents):
         task = f"Agent {i}: work through the files of project {i}, one tool call per step."
         # Agent i's tool results are a few tokens longer than agent i-1's (`--spread` from
-        # the first to the last): near-equal turns, as in issue 14's starved agent.
+        # the first to the last): near-equal turns, as for the agent that starved before aging.
         size = args.tool - args.spread // 2 + round(i * args.spread / max(1, args.agents - 1))
         tools = [make_text(rng, tok, size, words) for _ in range(args.turns)]
         agents.append(Agent(i, system, task, tools))

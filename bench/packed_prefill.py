@@ -1,11 +1,11 @@
-"""Issue 29 item 3: fewer forward passes per step. Packed prefill on and off.
+"""Fewer forward passes per step. Packed prefill on and off.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python bench/packed_prefill.py [--model tiny|default|PATH] [--agents 4]
         [--context 1024] [--chunks 16 48 192] [--rounds 5]
 
 Workload, in process through the worker's own StepExecutor and SlotStore (no sockets: the
-step is what changes, docs/design.md "Packed prefill"): `--agents` slots each hold a
+step is what changes, docs/design/scheduling.md "Packed prefill"): `--agents` slots each hold a
 `--context`-token conversation; every round is one step whose prefill carries each agent's
 next tool result, `--chunks` tokens give or take a few (near-equal, so they pack into one
 pass), all waiting at the same step. Each chunk starts at the context's end, so the step cuts

@@ -1,4 +1,4 @@
-"""Issue 13: what the scheduler pays per page to keep a worker group's shares on N kvstores.
+"""What the scheduler pays per page to keep a worker group's shares on N kvstores.
 
     .venv/bin/python bench/page_fanout.py [--rounds 15] [--pages 64]
 

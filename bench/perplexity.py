@@ -1,4 +1,4 @@
-"""Issue 21: what `--kv-bits 8|4` costs in quality on the trained default model.
+"""What `--kv-bits 8|4` costs in quality on the trained default model.
 
 Perplexity of SmolLM2-135M-Instruct (the default model; `--model` for another) on two fixed
 texts shipped with the bench, English prose (bench/texts/english.txt) and a Python module

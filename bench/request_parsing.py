@@ -1,4 +1,4 @@
-"""Issue 27 item 6: what validating a request against its declared model costs.
+"""What validating a request against its declared model costs.
 
     .venv/bin/python bench/request_parsing.py [--rounds 200]
 

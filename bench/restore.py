@@ -1,4 +1,4 @@
-"""Issue 10: a conversation comes back from disk at the speed of the disk.
+"""A conversation comes back from disk at the speed of the disk.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/restore.py [--tokens 32768] [--rounds 4] [--model-size tiny]
@@ -18,7 +18,7 @@ after the turn, median of 3; cold: after dropping the cache again). Breakdown: k
 (`load_ms`).
 Target: restore >= 50% of `cat` on the same files. Ratios within one run; the machine is shared.
 
-Restored against re-read (README "How it compares"): after the rounds, conversation C of
+Restored against re-read (docs/performance.md "How it compares"): after the rounds, conversation C of
 `--tokens` fresh token ids (nothing of it cached anywhere) is prefilled on the same warm
 server: what a server without a disk tier pays to bring A back. Reported: each switching turn's
 TTFT (scheduler `ttft_s`) over C's, median per page-cache state. The 100K figure:

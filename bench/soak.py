@@ -1,4 +1,4 @@
-"""Soak under faults (issue 12): 16 agents for --minutes against --slots 4 while components
+"""Soak under faults: 16 agents for --minutes against --slots 4 while components
 are killed, the page disk fills or stops being writable, and page files are corrupted.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\

@@ -40,7 +40,7 @@ directory (bench/_peers.py, `--weights same`; `f32` on a CPU, where MLX's quanti
 the edit's prompt takes minutes). mlx_lm.server turns batching off when it has a draft model,
 hence the single stream; it reports no acceptance.
 
-Targets (issue 19): edit >= 2.0x, tools >= 1.5x, chat >= 0.95x, 4 concurrent edits >= 1.5x.
+Targets: edit >= 2.0x, tools >= 1.5x, chat >= 0.95x, 4 concurrent edits >= 1.5x.
 The default model is `switchyard.deploy.default_model.default_model_path()`.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 3: a conversation that comes back after others pays only for its new tokens.
+"""A conversation that comes back after others pays only for its new tokens.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/switching.py [--model-size tiny|h512] [--slots 1,2] [--rounds 4]
@@ -26,7 +26,7 @@ sequential Python read of every `.page` file in the KV dir (page cache warm) and
 
 The summary also gives, per Switchyard configuration, two figures that explain the ratio and
 are free of machine noise: prefilled tokens of the switching turn / of its twin (the switching
-turn re-reads the conversation's last, partial page: docs/design.md "KV pages"), and restore_s as a
+turn re-reads the conversation's last, partial page: docs/design/kv-pages.md "KV pages"), and restore_s as a
 share of the switching turn's TTFT. For families whose slot cannot be cut back (sliding-window
 rings, recurrent states) the twin is restored too; the last column divides by the twin's TTFT
 minus its restore_s, standing for a resident twin.

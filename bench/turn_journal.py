@@ -1,4 +1,4 @@
-"""Issue 12: a restarted gateway remembers the turns in use, at a bounded write cost.
+"""A restarted gateway remembers the turns in use, at a bounded write cost.
 
     .venv/bin/python bench/turn_journal.py
 
@@ -12,7 +12,7 @@ memory and the restarted one: earlier replies found by each (the order the turns
 decides which the next turns push out); "append order" is what loading the last
 `--history-turns` remembered (the journal's first format) would have kept. The long-lived
 agents' turns restored is the figure that matters: their next prompt diverges at the first one
-missing (docs/design.md "Prefix-stable history"). Target: all of them; used records <= 2 per
+missing (docs/design/requests.md "Prefix-stable history"). Target: all of them; used records <= 2 per
 turn remembered + max_turns.
 """
 

@@ -1,5 +1,5 @@
-"""Issue 20: a neighbour's image must not stall a text stream's decode (the encoder in the step
-budget, docs/design.md "Images").
+"""A neighbour's image must not stall a text stream's decode (the encoder in the step
+budget, docs/design/images.md "Images").
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python bench/vision_interference.py [--rounds 3] [--side 896] [--images 2]

@@ -1,4 +1,4 @@
-"""Issue 20's soak: image and text agents at once on a tiny vision twin, every reply checked.
+"""A soak of image and text agents at once on a tiny vision twin, every reply checked.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         nice -n 5 .venv/bin/python bench/vision_soak.py [--minutes 10] [--arch qwen2_5_vl]
@@ -21,7 +21,7 @@ process (tests/helpers/vision.py `Reference`), computed once per distinct prompt
 group starts. Reported: requests, wrong replies (each listed), errors (non-200, failed or cut
 streams), latency p50/p95/max per kind (and TTFT of the streamed ones), prompt tokens read from
 cache, the worker's encoder runs (`vision.encoded`) against the distinct pictures, and the
-gateway's RSS at the start and end. Target (issue 20): 0 wrong replies, 0 errors. Exit 1 if
+gateway's RSS at the start and end. Target: 0 wrong replies, 0 errors. Exit 1 if
 either is not 0.
 """
 

@@ -211,7 +211,7 @@ def serve(settings: Settings, rank_host: bool = False) -> int:
 
 def _private_cache_dir(settings: Settings, roles: tuple[str, ...]) -> None:
     """The cache dir 0700 and ours, and the gateway's salt key made or refused, before any
-    component starts (docs/design.md "Security"). SecretKeyError, naming the path, if not."""
+    component starts (docs/design/security.md "Security"). SecretKeyError, naming the path, if not."""
     from switchyard.proto.secret_keys import ensure_cache_dir
     from switchyard.proto.tenants import load_salt_key
 

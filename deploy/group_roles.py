@@ -1,4 +1,4 @@
-"""Which children a supervisor starts for a worker group (docs/design.md "Worker groups").
+"""Which children a supervisor starts for a worker group (docs/design/worker-groups.md "Worker groups").
 
 `switchyard serve --hostfile F` starts, besides scheduler and gateway, a worker rank (and its
 kvstore) for every hostfile entry that is this machine: children `worker` / `kvstore` for rank
@@ -38,7 +38,7 @@ def serve_roles(settings: Settings, can_bind=None) -> tuple[str, ...]:
             f"machine; run `switchyard serve` there, and `switchyard rank` on the other hosts")
     others = [r for r in local if r]
     # One kvstore per rank (`run kvstore --rank R`: identity `kvstore.R`, its own page
-    # directory), one page store to the scheduler (docs/design.md "Pages per rank").
+    # directory), one page store to the scheduler (docs/design/worker-groups.md "Pages per rank").
     kvstores = ["kvstore", *(role_name("kvstore", r) for r in others)]
     workers = [*(role_name("worker", r) for r in others), "worker"]
     return ("scheduler", *kvstores, *workers, "gateway")

@@ -1,10 +1,10 @@
 """Pid files and the claim on a runtime directory.
 
 A group is found only through its runtime directory: `supervisor.pid` and one `<role>.pid` per
-component (docs/design.md F10). Nothing here looks processes up by name or command line. One supervisor
-owns a runtime directory at a time: it holds an flock on `supervisor.lock` (released by the
-kernel however the supervisor dies) and refuses to start while `supervisor.pid` names a live
-process.
+component (docs/design.md "Processes"). Nothing here looks processes up by name or command
+line. One supervisor owns a runtime directory at a time: it holds an flock on `supervisor.lock`
+(released by the kernel however the supervisor dies) and refuses to start while
+`supervisor.pid` names a live process.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ re-render (install again) after changing one.
 
 The API key is never in a unit: the gateway alone reads it from a file (`--api-key-file`, mode
 0600; under systemd through `LoadCredential=`). A key given inline when installing is written
-to `key_file_path(home, suffix)` first (docs/design.md "Security").
+to `key_file_path(home, suffix)` first (docs/design/security.md "Security").
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def describe(role: str) -> str:
 
 
 def unit_roles(settings: Settings) -> tuple[str, ...]:
-    """The components whose units this host gets (docs/design.md "Worker groups")."""
+    """The components whose units this host gets (docs/design/worker-groups.md "Worker groups")."""
     if not settings.hostfile:
         return ROLES
     return rank_roles(settings) if settings.rank else serve_roles(settings)

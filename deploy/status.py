@@ -1,9 +1,9 @@
 """`switchyard status [--json] [--runtime-dir DIR]`: what one group is doing now.
 
-Components are found by their pid files in the runtime directory (never by name, docs/design.md F10);
-uptimes come from /proc/<pid>/stat on Linux or `ps -o etimes= -p PID` elsewhere. Slots, queue,
-disk usage and counters come from `status.json` (proto/status.py), which the scheduler rewrites
-every heartbeat.
+Components are found by their pid files in the runtime directory (never by name:
+docs/design.md "Processes"); uptimes come from /proc/<pid>/stat on Linux or `ps -o etimes= -p
+PID` elsewhere. Slots, queue, disk usage and counters come from `status.json` (proto/status.py),
+which the scheduler rewrites every heartbeat.
 Exit status: 0 when a group runs there, 1 when none does.
 
     report = collect(runtime_dir)   # I/O
@@ -161,7 +161,7 @@ def format_queue(snapshot: Status) -> list[str]:
 
 
 def format_kv_memory(snapshot: Status) -> list[str]:
-    """The KV the slots hold against the worker's budget (docs/design.md "Memory plan")."""
+    """The KV the slots hold against the worker's budget (docs/design/kv-pages.md "Memory plan")."""
     kv = snapshot.kv_memory
     if kv is None:
         return []

@@ -13,7 +13,7 @@ ends the group with exit code 1, one that refuses to start (exit code 2) with ex
 stop signal the children get SIGTERM in reverse order, SIGKILL after `stop_timeout_s`, and the pid files are removed. Children know their supervisor by
 SWITCHYARD_PARENT_PID and exit if it dies (deploy.lifeline). Only the supervisor's own child pids
 are ever signalled. The API key reaches the gateway alone, in its environment
-($SWITCHYARD_API_KEY), never on a command line (docs/design.md "Security").
+($SWITCHYARD_API_KEY), never on a command line (docs/design/security.md "Security").
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Supervisor:
         self._env = dict(os.environ if env is None else env) | {PARENT_ENV: str(os.getpid())}
         self._children = [_Child(role, RestartTracker(policy)) for role in roles]
         # A worker group's ranks on this machine: when one exits, the others' collectives
-        # fail, so they are restarted together (docs/design.md "Worker groups").
+        # fail, so they are restarted together (docs/design/worker-groups.md "Worker groups").
         self._together = restarted_together(roles)
         self._stop_signal: int | None = None
         self._log = structlog.get_logger()

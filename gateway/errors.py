@@ -88,7 +88,7 @@ def out_of_range(param: str, allowed: str) -> APIError:
 def context_length_exceeded(num_prompt_tokens: int, ctx: int, param: str = "messages", *,
                             at_least: bool = False) -> APIError:
     """A prompt that leaves no token of the context to generate, in the words each client
-    parses to compact its conversation (docs/design.md "The context limit"): OpenAI's
+    parses to compact its conversation (docs/design/requests.md "The context limit"): OpenAI's
     (Qwen Code, opencode: "maximum context length is M tokens ... resulted in N tokens"),
     Anthropic's (Claude Code: "prompt is too long: N tokens > M maximum", M the longest
     prompt). `at_least`: N is a lower bound (counted before tokenizing)."""

@@ -1,4 +1,4 @@
-"""What a web page in the user's browser must not be able to do (docs/design.md "Security").
+"""What a web page in the user's browser must not be able to do (docs/design/security.md "Security").
 
 Without an API key (the loopback default) any page the user visits can send requests to
 127.0.0.1: a `text/plain` POST needs no CORS preflight, and DNS rebinding (a hostile name that

@@ -1,4 +1,4 @@
-"""Connection limits a server on a shared machine needs (docs/design.md "Security").
+"""Connection limits a server on a shared machine needs (docs/design/security.md "Security").
 
 uvicorn bounds idle keep-alive connections (`timeout_keep_alive`) and the size of an
 incomplete request head (h11), but gives a client unlimited time to finish sending its headers:

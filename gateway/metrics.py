@@ -101,7 +101,7 @@ def status_families(status: Status | None, now: float) -> list[Metric]:
 
 
 def _kv_memory_families(kv: KvMemoryStatus | None) -> list[Metric]:
-    """The KV slots hold against the worker's budget (docs/design.md "Memory plan")."""
+    """The KV slots hold against the worker's budget (docs/design/kv-pages.md "Memory plan")."""
     if kv is None:
         return []
     return [

@@ -1,4 +1,4 @@
-"""What the status and /metrics show a key (docs/design.md "Tenants"). Pure.
+"""What the status and /metrics show a key (docs/design/security.md "Tenants"). Pure.
 
 With several keys, a tenant's key is shown its own requests and conversations (slots, queue,
 recent requests, its counters: finished requests, tokens by source, draft tokens, TTFT), and

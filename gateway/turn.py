@@ -44,7 +44,7 @@ class TurnPlan:
     syntax: ToolSyntax | None = None  # None: the output is not searched for tool calls
     channels: bool = False  # harmony output (gpt-oss): parsed by channel (harmony.py)
     # Structured outputs: the grammar the output must match and the tokens after which it
-    # applies (docs/design.md "Structured outputs").
+    # applies (docs/design/requests.md "Structured outputs").
     constraint: Constraint | None = None
     trigger_ids: tuple[int, ...] = ()
     script_rule: int | None = None  # the script's rule that decided the reply (1-based)

@@ -1,5 +1,5 @@
 """One server per KV page directory: an flock on `<kv dir>/lock`, as SQLite and Redis lock
-their files (docs/design.md "Security").
+their files (docs/design/security.md "Security").
 
 Two servers sharing a page directory would remove each other's temporary files and evict each
 other's pages under their own budgets. The kvstore takes the lock before its scan and holds

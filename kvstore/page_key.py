@@ -1,4 +1,4 @@
-"""The install's page key: the secret that keys page checksums (docs/design.md "Security").
+"""The install's page key: the secret that keys page checksums (docs/design/security.md "Security").
 
 `<cache dir>/page.key`, 32 random bytes, created once 0600 and read back on every start
 (proto/secret_keys.py). It lives outside the page directory, so write access to the pages (a

@@ -1,4 +1,4 @@
-"""The KV page record: content-addressed ids and a self-describing header (docs/design.md "KV pages").
+"""The KV page record: content-addressed ids and a self-describing header (docs/design/kv-pages.md "KV pages").
 
 A page file is `header || payload`. The header starts with a fixed 16-byte prefix (magic,
 format version, header length) so a scan reads only the header, never the payload. The payload

@@ -231,7 +231,7 @@ def run(settings: Settings) -> None:
         log.error("kvstore.refused_to_start", reason=str(exc))
         print(f"switchyard kvstore: {exc}", file=sys.stderr)
         sys.exit(2)
-    # Rank R of a worker group is `kvstore.R` to the scheduler (docs/design.md "Pages per rank").
+    # Rank R of a worker group is `kvstore.R` to the scheduler (docs/design/worker-groups.md "Pages per rank").
     try:
         link = SchedulerLink(settings, rank_role(ROLE_KVSTORE, settings.rank), boot_id, log)
     except SettingsError as exc:  # the group key file is missing, readable by others or bad

@@ -1,4 +1,4 @@
-"""Page files on disk and their in-memory index (docs/design.md "KV pages", F1, F5, F12).
+"""Page files on disk and their in-memory index (docs/design/kv-pages.md "KV pages", F1, F5, F12).
 
 Layout: `<root>/<namespace hex[:8]>/<page_id hex[:2]>/<page_id hex>.page`. Sharding keeps
 directories small (a 100K-page cache is ~400 files per directory). Writes go to a temporary
@@ -11,7 +11,7 @@ What is checked, on every read and (all but the payload) by the start-up scan: t
 own fields and check, the file's size against them, its owner (ours), its name and directory,
 the model's page geometry once the worker attached (`PageGeometry`: payload length for its
 token count and flags, tokens per page), the buffer it is read into, the tokens asked for and
-the payload's keyed checksum (docs/design.md "KV pages"). Disk trouble that makes persistence
+the payload's keyed checksum (docs/design/kv-pages.md "KV pages"). Disk trouble that makes persistence
 impossible (full, read-only, no permission) raises StoreUnavailable so the daemon can keep
 serving without persistence.
 
@@ -69,7 +69,7 @@ _FIRST_READ = 4096
 READ_THREADS = max(4, min(8, os.cpu_count() or 1))
 # Page files are opened without following a symlink and without blocking on a FIFO planted
 # in the directory; files are created 0600 in 0700 directories (their headers hold prompt
-# token ids): docs/design.md "Security".
+# token ids): docs/design/security.md "Security".
 _OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Errors that mean "this disk cannot take our pages now", as opposed to a bug.
 _UNAVAILABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO,
@@ -385,7 +385,7 @@ class PageStore:
         """`read_into` for each (page_id, token ids, buffer), on several threads.
 
         A restore reads a batch of pages: read and verified in parallel they keep the disk's
-        queue full and the checksums off one core (docs/design.md "Restores"). The index is
+        queue full and the checksums off one core (docs/design/kv-pages.md "Restores"). The index is
         updated afterwards, here, in order.
         """
         geometry = self.geometry if self.geometry and self.geometry.namespace == namespace \

@@ -1,4 +1,4 @@
-"""Retry backoff after the page disk refused a write (docs/design.md "KV pages").
+"""Retry backoff after the page disk refused a write (docs/design/kv-pages.md "KV pages").
 
 A disk that was full or unwritable is tried again soon (space is often freed within seconds),
 then less and less often while it keeps refusing: FIRST_S, doubling up to MAX_S. One write

@@ -6,6 +6,7 @@ runtime directories never see each other (tests run several side by side).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -24,22 +25,31 @@ def ensure_runtime_dir(path: Path) -> Path:
     """Create `path` 0700, or accept it if it is a real directory of ours; tighten its mode.
 
     Never follows a symlink at `path` (the default path is predictable: another user could
-    plant one there, docs/design.md "Security"): lstat, and fchmod through an O_NOFOLLOW fd.
+    plant one there, docs/design/security.md "Security"): lstat, and fchmod through an O_NOFOLLOW fd.
     """
+    return ensure_private_dir(path, "runtime dir", RuntimeDirError, "choose another --runtime-dir")
+
+
+def ensure_private_dir(path: Path, what: str, error: type[Exception], advice: str) -> Path:
+    """Create `path` 0700 (its parents as needed), or accept it as check_private_dir does."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where a directory should be
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
+                                 str(path.parent)) from None
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    check_private_dir(path, "runtime dir", RuntimeDirError, "choose another --runtime-dir")
+    check_private_dir(path, what, error, advice)
     return path
 
 
 def check_private_dir(path: Path, what: str, error: type[Exception], advice: str) -> None:
     """`path` must be a real directory of ours: never a symlink (a planted one would receive
     our sockets or pages), never another user's; its mode is made 0700 through an O_NOFOLLOW
-    descriptor of the very inode checked (docs/design.md "Security"). Raises `error`, whose
+    descriptor of the very inode checked (docs/design/security.md "Security"). Raises `error`, whose
     message ends with `advice` (the flag that picks another directory)."""
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
@@ -62,7 +72,7 @@ def check_private_dir(path: Path, what: str, error: type[Exception], advice: str
 
 def rank_role(role: str, rank: int) -> str:
     """A worker group's per-rank process name (socket identity, pid file): `kvstore` for rank
-    0, as a single worker's, `kvstore.R` for rank R (docs/design.md "Pages per rank")."""
+    0, as a single worker's, `kvstore.R` for rank R (docs/design/worker-groups.md "Pages per rank")."""
     return role if rank == 0 else f"{role}.{rank}"
 
 

@@ -2,7 +2,7 @@
 
 The gateway validates every grammar under these limits before it submits a request, and the
 worker builds its matchers under the same ones, so a grammar that passed the gateway cannot
-exceed them mid-step (docs/design.md "Structured outputs"). llguidance is imported on use.
+exceed them mid-step (docs/design/requests.md "Structured outputs"). llguidance is imported on use.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The KV memory slots hold, counted in tokens (docs/design.md "Memory plan").
+"""The KV memory slots hold, counted in tokens (docs/design/kv-pages.md "Memory plan").
 
 The worker reports how many tokens of slot KV its memory holds (`WorkerReady.kv_budget_tokens`)
 and sizes `--max-running 0` with `held_tokens`; the scheduler keeps what running requests and

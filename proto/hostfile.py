@@ -1,5 +1,5 @@
 """Worker groups: mlx.launch's hostfile, which entries are this machine, and the environment a
-rank needs for `mx.distributed.init` (docs/design.md "Worker groups").
+rank needs for `mx.distributed.init` (docs/design/worker-groups.md "Worker groups").
 
 We start ranks ourselves (no mlx.launch at run time), so this writes what mlx.launch would: for
 the ring backend a JSON list per rank of "ip:port" (ports counted up from --dist-port, one per
@@ -152,5 +152,5 @@ def _write(path: Path, text: str) -> Path:
 
 
 def layout_tag(parallel: str, size: int, rank: int) -> str:
-    """The page-namespace part of a rank's share, e.g. "tp2r1" (docs/design.md "Worker groups")."""
+    """The page-namespace part of a rank's share, e.g. "tp2r1" (docs/design/worker-groups.md "Worker groups")."""
     return f"{'tp' if parallel == 'tensor' else 'pp'}{size}r{rank}"

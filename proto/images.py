@@ -1,4 +1,4 @@
-"""An image file as every model sees it, and its content id (docs/design.md "Images").
+"""An image file as every model sees it, and its content id (docs/design/images.md "Images").
 
 The gateway opens what a client sent to check it and name it; the worker opens the same bytes
 for the image processor. Both go through `open_rgb`, the steps mlx-vlm's own `load_image`

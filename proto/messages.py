@@ -80,7 +80,7 @@ class SamplingParams(Value):
 
 class ImageSpan(Value):
     """An image in a token sequence: its placeholder tokens are [start, start + num_tokens),
-    where the vision encoder's features of the image go (docs/design.md "Images").
+    where the vision encoder's features of the image go (docs/design/images.md "Images").
 
     `image_id` is the image's content hash (16 bytes, of its decoded pixels), which page ids
     chain for every page the span covers. `grid` is the encoder's patch grid (t, h, w) for
@@ -141,7 +141,7 @@ class DecodeItem(Value):
     stop_token_ids: tuple[int, ...] = ()
     # Speculative decoding: tokens proposed to follow `token_id`, checked in this step's one
     # forward pass; the worker keeps the longest accepted prefix plus the model's next token
-    # (docs/design.md "Speculative decoding"). A step with drafts runs one decode iteration.
+    # (docs/design/speculative-decoding.md "Speculative decoding"). A step with drafts runs one decode iteration.
     draft: tuple[int, ...] = ()
     # Drafts made in the worker (its drafter: a draft model): at most this many tokens, made
     # for this row when `draft` is empty; the step's StepDone.drafts says what was proposed.
@@ -348,7 +348,7 @@ class RunStep(Message, tag="run_step"):
 class PrepareGrammar(Message, tag="prepare_grammar"):
     """Compile `grammar` (a request's SamplingParams.grammar) for request `rid`, off the step
     loop; answered with GrammarPrepared. The request is placed only after that, so no step
-    ever compiles a grammar (docs/design.md "Structured outputs")."""
+    ever compiles a grammar (docs/design/requests.md "Structured outputs")."""
 
     rid: str
     grammar: str
@@ -362,7 +362,7 @@ class ReleaseGrammar(Message, tag="release_grammar"):
 
 class RankInfo(Value):
     """One rank of a worker group: its share's page namespace and buffer pool
-    (docs/design.md "Worker groups")."""
+    (docs/design/worker-groups.md "Worker groups")."""
     rank: int
     host: str  # the hostfile entry's ssh name
     namespace: bytes  # this rank's share namespace
@@ -393,7 +393,7 @@ class WorkerReady(Message, tag="worker_ready"):
     # order, rank 0 included. Empty for a single worker.
     ranks: tuple[RankInfo, ...] = ()
     parallel: str = ""  # "tensor" | "pipeline" for a group
-    # Speculative decoding (docs/design.md "Speculative decoding"): "batched" (every decoding
+    # Speculative decoding (docs/design/speculative-decoding.md "Speculative decoding"): "batched" (every decoding
     # sequence may carry a draft), "alone" (only a lone decoding sequence: sliding-window
     # rings) or "" (off: the setting, or a cache kind without an undo).
     speculation: str = ""
@@ -403,7 +403,7 @@ class WorkerReady(Message, tag="worker_ready"):
     drafter: str = ""
     draft_cost: float = 0.0
     # Tokens of KV its slots may hold, reserves and the decode batch counted as
-    # proto/held_kv.py counts them (docs/design.md "Memory plan"); 0: not counted.
+    # proto/held_kv.py counts them (docs/design/kv-pages.md "Memory plan"); 0: not counted.
     kv_budget_tokens: int = 0
 
 
@@ -444,7 +444,7 @@ class StepDone(Message, tag="step_done"):
     num_draft_passes: int = 0  # the drafter's batched passes in this step
     num_catch_up_tokens: int = 0  # tokens the drafter prefilled to catch its rows up
     # The model's forward passes in this step (each one read of its weights) and the tokens
-    # they computed, padding not counted (docs/design.md "Packed prefill").
+    # they computed, padding not counted (docs/design/scheduling.md "Packed prefill").
     num_forward_passes: int = 0
     num_forward_tokens: int = 0
     num_prefill_passes: int = 0  # of those, the passes that ran the prefill chunks
@@ -484,7 +484,7 @@ class AttachBuffers(Message, tag="attach_buffers"):
 
     The geometry of the namespace's pages (0: not said, nothing checked): a page of n tokens
     (1 to page_size) holds n * token_bytes, plus state_bytes with PageFlags.RECURRENT_STATE;
-    a page that says otherwise is corrupt (docs/design.md "KV pages")."""
+    a page that says otherwise is corrupt (docs/design/kv-pages.md "KV pages")."""
 
     shm_name: str
     num_buffers: int

@@ -1,7 +1,7 @@
 """Page flags: the bits of a KV page's `flags`, one definition for the page file's header
 (kvstore), the page messages (`PageWrite`, `PageInfo`) and the scheduler that asks for them.
 
-The values are the page file's on-disk bits (docs/design.md "KV pages"): never renumber one.
+The values are the page file's on-disk bits (docs/design/kv-pages.md "KV pages"): never renumber one.
 """
 
 from __future__ import annotations

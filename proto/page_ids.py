@@ -1,15 +1,15 @@
 """Content-addressed page ids, shared by the scheduler (matching) and kvstore (verifying).
 
 `page_id = blake2b-128(namespace, parent_id, token ids)`: through the parent, a page id names
-its whole prefix, so matching a request is walking its chain (F4: nothing else is a key).
-The namespace names the model, KV layout and quantization, and page format (F12): foreign pages
+its whole prefix, so matching a request is walking its chain (nothing else is a key).
+The namespace names the model, KV layout and quantization, and page format: foreign pages
 never match.
 
 A page that covers placeholder tokens of images also hashes the images' content hashes (vLLM's
 "extra hashes"), in another hash domain: `blake2b-128(namespace, person="sy-images", parent_id,
 count, image ids, token ids)`, so equal token ids with other images never share a page (the
 placeholders of two images are the same token ids), and the pages after them differ through
-the chain. Pages without images keep the id they always had (docs/design.md "Images").
+the chain. Pages without images keep the id they always had (docs/design/images.md "Images").
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def chain_root(salt: bytes = b"") -> bytes:
 
 
 def make_namespace(*parts: str | bytes) -> bytes:
-    """16-byte namespace from a model fingerprint, KV dtype/layout, ... (F12).
+    """16-byte namespace from a model fingerprint, KV dtype/layout, ...: foreign pages never match.
 
     The page format version is always mixed in, so a format change makes old pages foreign.
     """

@@ -1,5 +1,5 @@
 """Scripted replies (`switchyard serve --script FILE`): rules that decide the model's words while
-everything else stays real (docs/design.md "Scripted replies").
+everything else stays real (docs/design/requests.md "Scripted replies").
 
 The file is a contract that outside checks use:
 

@@ -12,7 +12,7 @@ class SettingsError(ValueError):
 
 def read_private_file(path: str, flag: str, max_bytes: int) -> bytes:
     """The first `max_bytes` of a secret file named by `flag`: a regular file (no symlink, no
-    FIFO) that neither its group nor other users can access (docs/design.md "Security"); on
+    FIFO) that neither its group nor other users can access (docs/design/security.md "Security"); on
     macOS the group `staff` holds every local user."""
     try:
         fd = os.open(os.path.expanduser(path),

@@ -1,5 +1,5 @@
 """Install secrets kept in the cache dir: the page key (kvstore/page_key.py) and the salt key
-(proto/tenants.py) (docs/design.md "Security").
+(proto/tenants.py) (docs/design/security.md "Security").
 
 Each is 32 random bytes, created once 0600 (never overwritten, never through a symlink) and read
 back on every start, so what was keyed with it stays valid across restarts. The cache dir that
@@ -18,7 +18,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from switchyard.proto.endpoints import check_private_dir
+from switchyard.proto.endpoints import ensure_private_dir
 
 KEY_BYTES = 32
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -34,18 +34,7 @@ class SecretKeyError(RuntimeError):
 def ensure_cache_dir(path: Path) -> Path:
     """Create the cache dir 0700, or accept it if it is a real directory of ours (its mode
     tightened): it holds the install's keys and the default models. SecretKeyError if not."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # a file where a directory should be
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
-                                 str(path.parent)) from None
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    check_private_dir(path, "cache dir", SecretKeyError, "choose another --cache-dir")
-    return path
+    return ensure_private_dir(path, "cache dir", SecretKeyError, "choose another --cache-dir")
 
 
 def load_secret_key(path: Path, what: str, lost: str, temporary: str) -> tuple[bytes, str]:

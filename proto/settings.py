@@ -7,7 +7,7 @@ and a child of `switchyard serve` see exactly the same values.
 The API key never goes on a command line (any local user reads those with `ps`): it is read
 from `--api-key-file` (mode 0600, as llama.cpp's `--api-key-file` and systemd's
 `LoadCredential=`) or from `$SWITCHYARD_API_KEY` (as vLLM's `VLLM_API_KEY`), and only the
-gateway is given it (docs/design.md "Security").
+gateway is given it (docs/design/security.md "Security").
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _user_runtime_dir() -> Path:
 
 # --max-running 0 runs at most this many requests at once (Settings.auto_running).
 MAX_AUTO_RUNNING = 32
-# Speculative decoding's proposers (docs/design.md "Speculative decoding").
+# Speculative decoding's proposers (docs/design/speculative-decoding.md "Speculative decoding").
 SPECULATIVE_MODES = ("auto", "suffix", "draft", "mtp", "off")
 
 # The model families' output formats (gateway/output/formats.py has their syntax).
@@ -81,7 +81,7 @@ CHAT_FORMATS = ("auto", "hermes", "qwen3_coder", "harmony", "glm", "deepseek_v31
 
 
 def draft_model_problems(settings: "Settings") -> list[str]:
-    """--draft-model and --speculative together (docs/design.md "Speculative decoding")."""
+    """--draft-model and --speculative together (docs/design/speculative-decoding.md "Speculative decoding")."""
     if settings.speculative == "draft" and not settings.draft_model:
         return ["--speculative draft needs --draft-model PATH (a smaller model with the same "
                 "tokenizer)"]
@@ -196,7 +196,7 @@ class Settings:
                                  "again its body; slower connections are closed (408)",
                                  default=30.0)
     default_max_tokens: int = _opt("max_tokens when a request gives none", default=2048)
-    # Images (vision-language models; docs/design.md "Images").
+    # Images (vision-language models; docs/design/images.md "Images").
     max_images: int = _opt("most images in one request (a vision-language model)", default=16)
     max_image_pixels: int = _opt("most pixels (width x height) of one image; larger ones are "
                                  "refused before they are decoded", default=4096 * 4096)
@@ -272,7 +272,7 @@ class Settings:
     @property
     def rank_kv_path(self) -> Path:
         """This rank's page directory: --kv-dir for rank 0, `<kv-dir>/rank-R` for rank R of a
-        worker group, on every host (docs/design.md "Pages per rank")."""
+        worker group, on every host (docs/design/worker-groups.md "Pages per rank")."""
         return self.kv_path / f"rank-{self.rank}" if self.rank else self.kv_path
 
     @property
@@ -287,7 +287,7 @@ class Settings:
     def auto_running(self) -> int:
         """The most requests --max-running 0 runs at once, if the memory plan holds them: a
         decode batch of 32 rows costs about what one of 4 does (it reads the weights), and
-        issue 29's agent traffic fans out 20 sub-agents."""
+        agent traffic fans out 20 sub-agents."""
         return max(self.slots, MAX_AUTO_RUNNING)
 
     @property
@@ -390,7 +390,7 @@ class Settings:
 
 def _bindable_tcp(address: str) -> bool:
     """tcp://IP:PORT with a literal, non-wildcard IP: the scheduler's TCP endpoint is bound
-    to one interface only (docs/design.md "Pages per rank")."""
+    to one interface only (docs/design/worker-groups.md "Pages per rank")."""
     if not address.startswith("tcp://"):
         return False
     host, _, port = address[len("tcp://"):].rpartition(":")

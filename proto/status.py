@@ -77,7 +77,7 @@ class DiskStatus(_Doc):
 
 
 class RankStatus(_Doc):
-    """One rank of a worker group (docs/design.md "Pages per rank")."""
+    """One rank of a worker group (docs/design/worker-groups.md "Pages per rank")."""
 
     rank: int
     host: str

@@ -1,5 +1,5 @@
 """Tenants: who a request belongs to, and the salt that keeps its cached text its own
-(docs/design.md "Security", "Tenants").
+(docs/design/security.md "Security", "Tenants").
 
 A tenant is an API key. The key file (`--api-key-file`, mode 0600) holds one key per line,
 each with an optional name before it; `#` starts a comment line:

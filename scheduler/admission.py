@@ -2,7 +2,7 @@
 
 `place` decides, with `scheduler.placement` scoring the options, and changes nothing; `apply`
 commits the decision to the slot, the request and the page cache. The core owns the queue and
-calls them while it admits (docs/design.md "Scheduling").
+calls them while it admits (docs/design/scheduling.md "Scheduling").
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
     The slots' page ids must be in sync with their tokens (`PageCache.sync_slot`).
 
     Costs O(pages) of the context, not O(tokens): the request's page chain grows as its
-    pages fill, and slots are matched by page ids (docs/design.md "Scheduling")."""
+    pages fill, and slots are matched by page ids (docs/design/scheduling.md "Scheduling")."""
     if not any(s.free for s in slots):
         return None  # nothing to choose from: decided again when a slot frees
     feed, n, P = req.feed, req.num_context, cfg.page_size
@@ -128,7 +128,7 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         req.branch_point = decision.branch_point
     req.restore_pages = list(decision.restore_pages)
     # The turns this request continues are superseded, then the tails it passes that are
-    # nobody's go (docs/design.md "KV pages"); its own turn is remembered from here.
+    # nobody's go (docs/design/kv-pages.md "KV pages"); its own turn is remembered from here.
     chain = list(decision.chain)
     turn = pages.anchor(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
     continued = pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images, req.root)

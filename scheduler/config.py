@@ -20,12 +20,12 @@ class CoreConfig:
     state_interval: int = 4096
     decode_share: float = 0.5
     decode_burst: int = 8
-    # Prefill order and background bound (scheduler.fairness, docs/design.md "Scheduling").
+    # Prefill order and background bound (scheduler.fairness, docs/design/scheduling.md "Scheduling").
     overtake_limit: float = 1.0
     background_wait_s: float = 30.0
     # Time slicing (scheduler.fairness): tokens a request generates in a slot before it gives
     # the slot to a request waiting for its first token (0: never, the default: measured, it
-    # cost agent traffic more than it gave; docs/design.md "Scheduling").
+    # cost agent traffic more than it gave; docs/design/scheduling.md "Scheduling").
     slice_tokens: int = 0
     # Speculative decoding: drafts of at most this many tokens (0: off), when the worker
     # can verify them ("batched", "alone": WorkerReady.speculation).
@@ -43,7 +43,7 @@ class CoreConfig:
     # ...each released once idle this long: a tool call's result comes back within seconds.
     release_after_s: float = 10.0
     # Tokens of KV the slots may hold (WorkerReady.kv_budget_tokens; 0: not counted), kept by
-    # scheduler.kv_memory (docs/design.md "Memory plan").
+    # scheduler.kv_memory (docs/design/kv-pages.md "Memory plan").
     kv_budget_tokens: int = 0
     # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
     # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.

@@ -1,5 +1,5 @@
 """Which conversation a request belongs to, for the status's timeline of recent requests
-(docs/design.md "A picture of a session").
+(docs/design/scheduling.md "A picture of a session").
 
 There are no conversation ids: as for the turns the page cache keeps (scheduler/turns.py), a
 request whose context starts with a remembered turn's whole prompt context (its prompt less

@@ -1,6 +1,6 @@
 """The scheduler core: admission, placement, step plans, finishing. No I/O, no clocks.
 
-The core is closed (docs/design.md "Scheduling"): the shell hands it typed events with the
+The core is closed (docs/design/scheduling.md "Scheduling"): the shell hands it typed events with the
 current wall-clock time through `handle` (peer messages as they arrived, and the events of
 `scheduler.events`) and gets one `Effects` back: the messages to send, routed by type, the log
 lines and the finished requests. The shell never writes the core's state; the status document
@@ -114,7 +114,7 @@ class FinishedRecord:
     num_accepted_tokens: int = 0
     proposers: str = ""  # whose drafts: "suffix", "draft" (a draft model), "mtp", or several
     # Tokens it had in a slot before it gave the slot up (to memory or to a waiting request)
-    # and had to prefill again: 0 while its pages reach the disk (docs/design.md "Memory plan").
+    # and had to prefill again: 0 while its pages reach the disk (docs/design/kv-pages.md "Memory plan").
     num_reread_tokens: int = 0
     tenant: str = ""  # its key's name with several keys
     conversation: str = ""  # the status's label of its conversation (never a page id)
@@ -140,7 +140,7 @@ class SchedulerCore:
         self._planned_at = 0.0
         self._done_at = 0.0
         self._unsent: dict[str, list[int]] = {}  # tokens of this step, sent once per request
-        # Speculative decoding's drafts (docs/design.md "Speculative decoding").
+        # Speculative decoding's drafts (docs/design/speculative-decoding.md "Speculative decoding").
         self.proposer = (Proposer(ProposerConfig(max_draft=config.num_draft_tokens,
                                                  always=config.always_draft,
                                                  draft_only=config.draft_only))
@@ -538,7 +538,7 @@ class SchedulerCore:
         burst = 1 if (prefills or loads or self.waiting or self.reads or first_tokens) \
             else self.budget.burst(self.config.decode_burst)
         drafted = self._with_drafts(decodes, burst)
-        if drafted is not None:  # one verify pass (docs/design.md "Speculative decoding")
+        if drafted is not None:  # one verify pass (docs/design/speculative-decoding.md "Speculative decoding")
             decodes, burst = drafted, 1
         elif burst > 1:
             decodes = [self._with_burst(d, burst) for d in decodes]
@@ -600,7 +600,7 @@ class SchedulerCore:
         worker's KV budget: idle slots leave memory, then the newest or lowest-priority
         running requests are staged to disk (preempted: they resume by restoring their
         pages). Before the step's stages, so a yielding slot's tail is staged in this step
-        and its slot released with it (docs/design.md "Memory plan")."""
+        and its slot released with it (docs/design/kv-pages.md "Memory plan")."""
         budget = self.config.kv_budget_tokens
         if not budget:
             return
@@ -668,7 +668,7 @@ class SchedulerCore:
             if self._note_overtaken(req):  # one of them ranks higher from now on
                 order = deque(rid for rid in self._admission_order(now) if rid in order)
             # In use from now: a request that waited long must not find the pages it runs on
-            # the least recently used while it runs (docs/design.md "Disk eviction policy").
+            # the least recently used while it runs (docs/design/kv-pages.md "Disk eviction policy").
             self.pages.touch(req.context_chain(self.pages.chain_namespace,
                                                self.config.page_size), now)
 
@@ -744,7 +744,7 @@ class SchedulerCore:
         "Scheduling"). Runs before the step's stages, so a yielding slot's tail is staged
         before the newcomer's copy, load or prefill overwrites it: it resumes from its pages.
         A request with a free slot but no room for its KV takes the memory of such a request
-        the same way (docs/design.md "Memory plan").
+        the same way (docs/design/kv-pages.md "Memory plan").
         """
         if not self.waiting or not self._can_admit():
             return
@@ -862,7 +862,7 @@ class SchedulerCore:
 
     def _pinned(self, placing: Request | None = None) -> set[bytes]:
         """Pages eviction must leave: those requests are restoring, and those waiting
-        requests will restore (docs/design.md "Disk eviction policy"). The request being
+        requests will restore (docs/design/kv-pages.md "Disk eviction policy"). The request being
         placed (`placing`) pins only what it restores: the tails it passed go."""
         pinned = set()
         for req in self.requests.values():

@@ -1,4 +1,4 @@
-"""What the scheduler core takes in and gives out (docs/design.md "Scheduling").
+"""What the scheduler core takes in and gives out (docs/design/scheduling.md "Scheduling").
 
 The core is closed: the shell hands it one event at a time with the current time
 (`SchedulerCore.handle`) and gets back one `Effects`: the messages to send, routed by their

@@ -1,6 +1,6 @@
 """Disk eviction choices and budget sizing. Pure: the caller passes the time and applies the plan.
 
-Policy (docs/design.md "Disk eviction policy", F2, F8):
+Policy (docs/design/kv-pages.md "Disk eviction policy", F2, F8):
 - Only leaf pages go, so a conversation loses its tail first and a prefix shared by several
   conversations (a system prompt) goes only after every conversation through it is gone.
   Evicting a leaf can expose its parent, which joins the candidates in the same pass.

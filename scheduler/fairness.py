@@ -1,6 +1,6 @@
 """Who goes first: the prefill order, the slot admission order and the background bound.
 
-Pure functions of a request's state and the time (docs/design.md "Scheduling"):
+Pure functions of a request's state and the time (docs/design/scheduling.md "Scheduling"):
 
 - Prefill order: interactive before background, then shortest remaining prefill first with
   aging. A request waiting for prefill counts as one token shorter for every `overtake_limit`

@@ -1,4 +1,4 @@
-"""Running requests sized by what they hold (docs/design.md "Memory plan"): the KV that slots
+"""Running requests sized by what they hold (docs/design/kv-pages.md "Memory plan"): the KV that slots
 hold, plus a reserve for the growth of running requests, stays within the worker's budget.
 
 Pure decisions over the core's slots and requests, counted by proto/held_kv.py as the worker

@@ -2,7 +2,7 @@
 
 The core owns it and hands it to the page cache and to the rank fan-out (page_stores), so
 every message and log line of the scheduler goes through one object; the shell takes what it
-holds after each event as one `Effects` and carries it out (docs/design.md "Scheduling").
+holds after each event as one `Effects` and carries it out (docs/design/scheduling.md "Scheduling").
 """
 
 from __future__ import annotations

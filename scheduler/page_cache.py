@@ -3,7 +3,7 @@
 Pure bookkeeping, no I/O: the core asks it what to stage and where pages are, and it queues
 the kvstore commands (`WritePages`, `DeletePages`, `TouchPages`) in the core's outbox.
 
-Write-through (docs/design.md "KV pages"): every full page of every slot is staged into a shared
+Write-through (docs/design/kv-pages.md "KV pages"): every full page of every slot is staged into a shared
 buffer at the start of the step after it filled, then written by kvstore, so a conversation
 that leaves its slot needs no write at that moment. Eviction happens when pages are written:
 the budget is never exceeded, and what goes is chosen by `scheduler.eviction` (F2).
@@ -222,7 +222,7 @@ class PageCache:
         """Whether a page on its way to disk (staged or sent, not yet written) would extend
         what `on_disk` restores of the context `tokens[:n]`: its next full page, or a tail
         that continues it. A request that comes back while its own pages are being written
-        waits for them rather than re-reading them (docs/design.md "Restores")."""
+        waits for them rather than re-reading them (docs/design/kv-pages.md "Restores")."""
         if not self.enabled:
             return False
         P = self.page_size
@@ -347,7 +347,7 @@ class PageCache:
         and, optionally, chain root of each context, the longest waiting first), up to half
         the budget. Each is
         about to be read, so evicting it costs a re-read for certain; the rest of the disk is
-        only likely to be wanted again (docs/design.md "Disk eviction policy")."""
+        only likely to be wanted again (docs/design/kv-pages.md "Disk eviction policy")."""
         awaited: set[bytes] = set()
         total = 0
         for chain, tokens, n, images, *root in contexts:

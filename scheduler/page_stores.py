@@ -1,4 +1,4 @@
-"""The scheduler's kvstores as one page store (docs/design.md "Pages per rank").
+"""The scheduler's kvstores as one page store (docs/design/worker-groups.md "Pages per rank").
 
 A worker group keeps each rank's share of every page in that rank's kvstore (`kvstore` for
 rank 0, `kvstore.R` for rank R). The core still talks to ONE page store: this pure layer sits

@@ -1,6 +1,6 @@
 """The scheduler's index of KV pages on disk: a forest of content-addressed pages. No I/O.
 
-A page names its whole prefix through `parent_id` (docs/design.md "KV pages"), so the pages on disk
+A page names its whole prefix through `parent_id` (docs/design/kv-pages.md "KV pages"), so the pages on disk
 form a tree: a conversation is a path from a root, a shared system prompt is a common prefix
 with several children. A page whose parent is not on disk (evicted, or not written yet) is
 kept: it cannot be restored past the gap, but it is a root for eviction and is linked again if

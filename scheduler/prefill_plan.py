@@ -1,6 +1,6 @@
 """Which prefill chunks a step carries: order, sizes, and where a hybrid model's chunk ends.
 
-Decode-first (docs/design.md "Scheduling"): the chunks fill what the prefill budget grants
+Decode-first (docs/design/scheduling.md "Scheduling"): the chunks fill what the prefill budget grants
 after every decoding request got its token; interactive before background, then the fewest
 remaining tokens first, aged by what a request has waited (`scheduler.fairness`).
 """
@@ -34,7 +34,7 @@ class PrefillShare:
 
 def prefill_share(decoding: list[Request], prefilling: list[Request], now: float,
                   cfg: CoreConfig) -> PrefillShare:
-    """Who this step's prefill must not slow, and how much (docs/design.md "Scheduling").
+    """Who this step's prefill must not slow, and how much (docs/design/scheduling.md "Scheduling").
 
     `prefilling` is in prefill order. Interactive streams are protected: someone may be
     reading them. Background streams (cron jobs, sub-agents: their reader is a program that

@@ -13,7 +13,7 @@ and proposes what followed them there.
   entries (and a match is checked against the source's salt too). Each tenant (with several
   keys: SubmitRequest.tenant) has a table of its own with a hash key of its own
   (scheduler/ngram_table.py), so another tenant's text can neither displace its entries nor
-  be found (docs/design.md "Tenants").
+  be found (docs/design/security.md "Tenants").
 - **How**: a fixed-size hash table of n-grams per tenant (orders 8, 4 and 2): each entry names the
   sequence and position where that n-gram was last seen. Indexing a new token costs one hash
   per order; a prompt's window is indexed once, vectorized, when the request arrives. A lookup

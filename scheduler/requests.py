@@ -21,10 +21,10 @@ class Request:
     arrived_at: float
     generated: list[int] = field(default_factory=list)
     # The prompt's images (their placeholder tokens are in `prompt`) and their files, by id
-    # (docs/design.md "Images").
+    # (docs/design/images.md "Images").
     images: tuple[ImageSpan, ...] = ()
     image_data: dict[bytes, ImageData] = field(default_factory=dict)
-    speculative: bool = True  # drafts may be proposed for it (docs/design.md "Speculative decoding")
+    speculative: bool = True  # drafts may be proposed for it (docs/design/speculative-decoding.md "Speculative decoding")
     # The parent id of its first page: its cache salt's chain root (proto/page_ids.chain_root),
     # so its pages, and slots holding them, are shared only with requests of the same salt.
     root: bytes = ROOT_ID
@@ -190,7 +190,7 @@ class Slot:
         `root`) and whose images are `images`; none under another root (another cache salt:
         not even the tokens of a first, partial page).
 
-        Page ids name their whole prefix (docs/design.md "KV pages"): if page k matches, so
+        Page ids name their whole prefix (docs/design/kv-pages.md "KV pages"): if page k matches, so
         does every page before it. So a binary search finds the first differing page, and at
         most one page of tokens is compared, and its images: two images' placeholders are
         the same token ids, so the shared part ends where the first differing image starts.

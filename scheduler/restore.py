@@ -16,7 +16,7 @@ from switchyard.scheduler.page_cache import PageCache
 from switchyard.scheduler.requests import Request
 
 # Pages read per batch: bounds the buffers one restore holds at a time. A batch takes at most
-# half the buffer pool, so the next one can be read while it loads (docs/design.md "Restores").
+# half the buffer pool, so the next one can be read while it loads (docs/design/kv-pages.md "Restores").
 RESTORE_BATCH = 64
 # The first batch is smaller: the worker starts loading while the rest is read.
 RESTORE_FIRST_BATCH = 16

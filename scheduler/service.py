@@ -7,7 +7,7 @@ decides everything; this module only moves messages, keeps time and writes logs.
 
 A worker group with another host also binds `--scheduler-address`, a second ROUTER socket
 (CURVE, the group key). The key lets in the kvstores of the other hosts' ranks and nothing else
-(docs/design.md "Security"): a peer there whose identity is not one of those kvstores is never
+(docs/design/security.md "Security"): a peer there whose identity is not one of those kvstores is never
 heard, and, the identities of the two sockets being apart, never takes the gateway's or the
 worker's route. An identity that is not UTF-8 is dropped and logged, on either socket.
 """
@@ -155,7 +155,7 @@ class SchedulerService:
         self.tcp_sock = None
         self.refusals = None  # handshakes the TCP endpoint refused, reported in the log
         self.unknown_peers: dict[str, int] = {}  # frames dropped per peer, reported per beat
-        if group_key:  # other hosts' kvstores, CURVE only (docs/design.md "Pages per rank")
+        if group_key:  # other hosts' kvstores, CURVE only (docs/design/worker-groups.md "Pages per rank")
             self.auth = start_authenticator(self.ctx, group_key)
             self.tcp_sock = bind_router(self.ctx, None)
             self.refusals = self.tcp_sock.get_monitor_socket(REFUSED_EVENTS)
@@ -255,7 +255,7 @@ class SchedulerService:
             done_s = time.perf_counter() - t0
             self.apply(effects)
             self.stats.step_done(msg.duration_s)
-            # plan_ms + done_ms: the scheduler's own time per step (docs/design.md "Scheduling").
+            # plan_ms + done_ms: the scheduler's own time per step (docs/design/scheduling.md "Scheduling").
             self.log.debug("step.finished", step=msg.step, batch=msg.num_decode_tokens,
                            num_verified_tokens=msg.num_verified_tokens,
                            num_prefill_tokens=msg.num_prefill_tokens,

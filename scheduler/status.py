@@ -20,7 +20,7 @@ def build_status(service, now: float) -> Status:
                for role, boot in service.peer_boot.items()},
         slots=core.slots, queue=core.queue, oldest_waiting_s=core.oldest_waiting_s,
         disk=core.disk,
-        # A worker group: every rank, its pool and its kvstore (docs/design.md "Pages per rank").
+        # A worker group: every rank, its pool and its kvstore (docs/design/worker-groups.md "Pages per rank").
         ranks=service.stores.rank_status(now, service.last_seen,
                                          service.settings.peer_timeout_s),
         stats=service.stats.snapshot(),

@@ -1,5 +1,5 @@
 """What the status document says of a slot beyond its numbers: which conversation it holds,
-as a label no tenant can turn back into text, and whose it is (docs/design.md "Tenants").
+as a label no tenant can turn back into text, and whose it is (docs/design/security.md "Tenants").
 
 A page id is `blake2b(namespace, parent, tokens)`: shown to a tenant, even a prefix of it lets
 whoever can compute the chain's root test guesses of the text offline. So a slot's conversation

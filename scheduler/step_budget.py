@@ -22,7 +22,7 @@ protected, an encoding that costs more than a step's grant waits until the bucke
 whole cost (decode-only steps first, the stall after them): paying afterwards kept the average
 too, but a neighbour's request that ended right after an encoding left its stall unpaid inside
 its own window (bench/vision_interference.py measured 0.40 of solo speed). With nothing to
-protect it runs at once, and the bucket takes the debt (docs/design.md "Images").
+protect it runs at once, and the bucket takes the debt (docs/design/images.md "Images").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each API key is a tenant (proto/tenants.py); the gateway names a request's tenant and the
 tenant's weight in `SubmitRequest.tenant`/`tenant_weight`. Tenants with a request queued or
 running are active, and divide three things in proportion to their weights (weighted fair
-queuing, docs/design.md "Scheduling"):
+queuing, docs/design/scheduling.md "Scheduling"):
 
 - **Queue places** (`queue_refusal`): a tenant whose queued requests reach its share of
   `--max-queue` gets the 429 with Retry-After; the others still queue. A tenant alone has the

@@ -1,4 +1,4 @@
-"""The turns the scheduler remembers, and the tails each ended in (docs/design.md "KV pages").
+"""The turns the scheduler remembers, and the tails each ended in (docs/design/kv-pages.md "KV pages").
 
 A tail is where a conversation resumes. Conversations that share a prefix (sub-agents under a
 main session's system prompt) keep their tails side by side under the shared page, so a

@@ -3,7 +3,7 @@
 mlx-lm's BatchKVCache left-pads its rows so that they all end at one column and every row
 writes the same columns each step. Speculative decoding breaks that: one forward pass verifies
 a different number of tokens per row and each row keeps its own accepted prefix
-(docs/design.md "Speculative decoding"). So here rows are left-aligned and each has its own
+(docs/design/speculative-decoding.md "Speculative decoding"). So here rows are left-aligned and each has its own
 end: a step writes row r's new tokens at [end_r, end_r + n) and the mask lets each query see
 its own row's columns up to itself; a row cut back (rejected draft tokens, or the padding of a
 shorter row) just moves its end. Nothing is ever shifted. Columns past a row's end, up to the
@@ -166,7 +166,7 @@ class BatchKV(_BaseCache):
         `picks[i]` (a row joining, of this batch's kind). Each part is one concatenation of
         runs of this batch's rows and the joining caches, so every row is copied once; split
         and merged again, each row was copied out, zero-filled and copied back in (rows join
-        and leave the decode batch at every agent's turn: docs/design.md "The decode batch")."""
+        and leave the decode batch at every agent's turn: docs/design/scheduling.md "The decode batch")."""
         ends = [self.ends[p] if isinstance(p, int) else (p.offset if p.keys is not None else 0)
                 for p in picks]
         batch = self._with_ends(ends)

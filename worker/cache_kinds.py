@@ -7,7 +7,7 @@
   them is a snapshot of the state.
 - `RotatingKVCache` (sliding-window attention, optional `keep` sink tokens): a ring of the
   last `max_size` tokens. Like a recurrent state it is stored as a snapshot at a restore
-  point, never per token (docs/design.md "Sliding-window layers, MLA and compound caches").
+  point, never per token (docs/design/kv-pages.md "Sliding-window layers, MLA and compound caches").
 - `CacheList` (compound: DeepSeek-V3.2's attention + indexer): its members are paged as
   layers of their own.
 """
@@ -35,7 +35,7 @@ def rewindable(cache: list) -> bool:
 
 def packable(cache: list) -> bool:
     """True when several slots' prefill chunks can run as right-padded rows of one pass
-    (docs/design.md "Packed prefill"): every layer is per-token attention KV, whose batch
+    (docs/design/scheduling.md "Packed prefill"): every layer is per-token attention KV, whose batch
     (worker/batch_kv.py) writes each row at its own end and cuts each row's padding off, or a
     recurrent state, which mlx-lm's batch advances by each row's length alone (`lengths`,
     as in a verify pass). Rings are merged left-padded and cannot drop a row's padding."""
@@ -68,7 +68,7 @@ def drop_last_token(cache: list, saved: list) -> None:
             c.cache, c.left_padding, c.lengths = list(state[0]), state[1], state[2]
 
 
-# --- speculative decoding (docs/design.md "Speculative decoding") -------------------------------
+# --- speculative decoding (docs/design/speculative-decoding.md "Speculative decoding") -------------------------------
 
 def verifiable(cache: list) -> str:
     """Where a verify pass can undo the draft tokens a sequence rejects: "batched" when every

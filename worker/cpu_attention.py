@@ -2,7 +2,7 @@
 
 MLX's CPU `scaled_dot_product_attention` is the unfused graph (scores, mask, softmax, values).
 Two of its costs are the CPU's alone, and this module routes around them in the worker
-(docs/design.md "Attention on the CPU"):
+(docs/design/models.md "Attention on the CPU"):
 - **Its softmax runs on one thread** at about 12 ns an exponential: for 150 queries over 4.25K
   keys with SmolLM2's 9 heads, 0.09 s a layer, where both matrix products together take
   0.01 s (OpenBLAS, every core). Prefill at agent contexts is nearly all softmax, on one core.

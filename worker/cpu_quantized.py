@@ -8,7 +8,7 @@ model loaded on the CPU therefore take the dequantized path from MIN_ROWS rows u
 expanded in blocks of at most BLOCK_ELEMENTS values (a transient copy, never kept), each block
 multiplied, the outputs joined. The result differs from `quantized_matmul` only in float32
 rounding (the same weights, summed in another order). Decode keeps `quantized_matmul`.
-On Metal nothing changes (docs/design.md "Models for tests and the default").
+On Metal nothing changes (docs/design/models.md "Models for tests and the default").
 """
 
 from __future__ import annotations

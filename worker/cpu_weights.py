@@ -6,7 +6,7 @@ times a one-row pass, and even one row is slower than float32 sgemm with an opti
 0.54 s float32, nine tokens 6.5 s vs 1.2 s; one 1536x576 matrix at 512 rows 2.0 s vs 0.09 s).
 A speculative verify pass, a batched decode and a prefill chunk are all many rows, so without
 the copies the CPU would verify drafts at the price of decoding them one by one
-(docs/design.md "Speculative decoding") and prefill at a crawl. Metal and CUDA have
+(docs/design/speculative-decoding.md "Speculative decoding") and prefill at a crawl. Metal and CUDA have
 multi-row quantized kernels: there nothing changes.
 
 So on the CPU backend, when the copies fit the memory plan, each `QuantizedLinear` (and a
@@ -78,7 +78,7 @@ def add_float_copies(model: nn.Module) -> int:
 def weight_bytes_read(model: nn.Module) -> int:
     """Bytes of weights one forward pass reads (an upper bound: a mixture of experts reads the
     experts its tokens pick): every parameter, except that a matrix with a float32 copy is
-    read as its copy, not as its quantized arrays (docs/design.md "Packed prefill")."""
+    read as its copy, not as its quantized arrays (docs/design/scheduling.md "Packed prefill")."""
     total = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
     for _, m in model.named_modules():
         if isinstance(m, (CopiedLinear, CopiedEmbedding)):

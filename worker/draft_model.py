@@ -1,5 +1,5 @@
 """A draft model (`--draft-model`): a smaller model with the model's tokenizer drafts tokens
-greedily for every decoding row together (docs/design.md "Speculative decoding").
+greedily for every decoding row together (docs/design/speculative-decoding.md "Speculative decoding").
 
 It has slots of its own, one per slot of the model (a SlotStore: rows of their own lengths in
 one batch, as the verify pass has), holding a prefix of the slot's tokens. Per step: a row is

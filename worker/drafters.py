@@ -1,4 +1,4 @@
-"""Drafts made in the worker (docs/design.md "Speculative decoding"): proposers that need the
+"""Drafts made in the worker (docs/design/speculative-decoding.md "Speculative decoding"): proposers that need the
 model's machinery (a draft model, multi-token-prediction heads) rather than the text alone.
 
 The scheduler asks for them per decoding row (`DecodeItem.draft_tokens`: at most that many);

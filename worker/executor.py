@@ -2,9 +2,9 @@
 
 Staging runs first so that it reads what the previous step left in a slot, before this
 step's copies, loads or prefills truncate it. Decode runs before prefill: a running sequence
-never waits for a neighbour's chunk to get its token computed (F6). The step's prefill chunks
+never waits for a neighbour's chunk to get its token computed. The step's prefill chunks
 run packed, several slots' chunks as rows of one forward pass, where the model's caches allow
-it (docs/design.md "Packed prefill").
+it (docs/design/scheduling.md "Packed prefill").
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class StepExecutor:
         for load in step.loads:
             cache = store.loaded(load.slot, load.start, list(load.token_ids), load.images)
             # Room for the context and an eighth more, within --ctx: a conversation that
-            # grows turn by turn re-allocates its slot rarely (docs/design.md "Restores").
+            # grows turn by turn re-allocates its slot rarely (docs/design/kv-pages.md "Restores").
             end = load.start + len(load.token_ids)
             reserve = min(store.ctx - end, load.reserve + (end + load.reserve) // 8)
             self.layout.load(cache, load.start, [self._buffer(b) for b in load.buffers],
@@ -224,7 +224,7 @@ class StepExecutor:
         i, so graph building overlaps compute (as mlx_lm.generate does). When the sequence
         stops, the one speculative token fed past the stop is undone: attention layers trim
         it, recurrent layers get back the state arrays they held before it
-        (docs/design.md "Hybrid models").
+        (docs/design/kv-pages.md "Hybrid models").
 
         A constrained sequence queues token i+1's forward pass the same way, but samples it
         only after token i is read and its matcher advanced: the mask is computed while that

@@ -1,4 +1,4 @@
-"""How each GGUF architecture maps onto an mlx_lm model class (docs/design.md "GGUF").
+"""How each GGUF architecture maps onto an mlx_lm model class (docs/design/models.md "GGUF").
 
 Per architecture: llama.cpp's tensor names -> mlx_lm parameter names, its metadata -> an
 mlx_lm config, and the inverse of whatever else llama.cpp's converter (convert_hf_to_gguf.py)

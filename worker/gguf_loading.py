@@ -3,7 +3,7 @@
 mlx-lm has no GGUF loader. proto.gguf_file memory-maps the file; worker.gguf_tensors turns each
 tensor's blocks into MLX arrays (quantized blocks into MLX quantized weights, without loss where
 the formats match); worker.gguf_archs maps llama.cpp's metadata and tensor names onto mlx_lm's
-model classes, per architecture (docs/design.md "GGUF"). Anything it cannot map exactly (a tensor
+model classes, per architecture (docs/design/models.md "GGUF"). Anything it cannot map exactly (a tensor
 type, an architecture, a tensor name, a RoPE scaling) is refused with one line naming what is
 supported.
 """
@@ -134,7 +134,7 @@ def _flat(weights: dict[str, MlxTensor]) -> dict[str, mx.array]:
 def _half_on_gpu(model: nn.Module) -> None:
     """On a GPU, float32/bfloat16 parameters (norms, routers, biases, affine scales) become
     float16, as in mlx-lm's own half-precision checkpoints: one float32 scale or norm would turn
-    the activations and the KV cache float32, twice the memory (docs/design.md "GGUF"). Scales
+    the activations and the KV cache float32, twice the memory (docs/design/models.md "GGUF"). Scales
     are float32 where the block formats' `d * sc` is exact; float16 rounds them by 2**-11."""
     if not _on_gpu():
         return

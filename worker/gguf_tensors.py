@@ -1,6 +1,6 @@
 """GGUF tensor blocks -> MLX arrays: quantized blocks become MLX quantized weights.
 
-Block formats whose groups are MLX groups are converted without loss (docs/design.md "GGUF"):
+Block formats whose groups are MLX groups are converted without loss (docs/design/models.md "GGUF"):
 each 32-element group of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and each 32-element sub-block of Q4_K and
 Q5_K is `scale * code + bias` with one scale and one bias, which is exactly MLX's affine format
 (group 32, 4/5/8 bits); MXFP4 blocks are MLX's `mxfp4` (same e2m1 codes, same e8m0 scale byte).

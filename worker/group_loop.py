@@ -1,4 +1,4 @@
-"""A worker group's part of serving (docs/design.md "Worker groups"): rank 0's share of each
+"""A worker group's part of serving (docs/design/worker-groups.md "Worker groups"): rank 0's share of each
 step (`GroupLead`: broadcast it, run it, the idle PING, the STOP), the other ranks' loop
 (`follow`), what the ranks exchange once they are ready (`gather_ranks`, `log_comm_probe`), and
 the watchdog that ends a rank whose collective outlasts --group-timeout-s (`start_watchdog`).
@@ -28,7 +28,7 @@ def start_watchdog(group: RankGroup, limit_s: float, log,
     """Watch this rank's collectives from here on. An overdue one logs `group.peer_timeout`,
     runs `before_exit` (removing what a restart would otherwise find stale) and exits 1, so
     the supervisor restarts this machine's ranks, which then wait for the lost peer as at
-    start-up (docs/design.md "Worker groups", "Failures")."""
+    start-up (docs/design/worker-groups.md "Worker groups", "Failures")."""
     hosts = [h.ssh for h in group.hostfile.hosts]
 
     def timed_out(operation: str, waited_s: float) -> None:

@@ -5,7 +5,7 @@ With `--kv-bits B --kv-group-size G` every attention layer (mlx-lm `KVCache`) is
 packed values (uint32) and one scale and one bias per group of G elements of a head (in the
 model's dtype), all `[batch, heads, tokens, ...]`. A token's quantized form depends on that
 token alone, so pages, copies and batch rows move the packed arrays as they are, never
-dequantized (docs/design.md "KV pages"). Unlike mlx_lm.generate there is no
+dequantized (docs/design/kv-pages.md "KV pages"). Unlike mlx_lm.generate there is no
 `quantized_kv_start`: a page's bytes must not depend on where a conversation crossed a
 threshold. Layers whose cache is not a `KVCache` (recurrent `ArraysCache` state, rotating
 windows) keep their own, unquantized form.
@@ -129,7 +129,7 @@ class RotatedRoPE(nn.Module):
     while its cache holds rotated keys. Rotated, a key's few large channels (SmolLM2 has
     them after RoPE) spread over all channels, so a quantization group's scale is no longer
     set by one outlier: 4-bit keys in groups of 64 cost SmolLM2 +15% perplexity unrotated,
-    about a third of that rotated (docs/design.md "Quantized KV"). Values are not touched."""
+    about a third of that rotated (docs/design/kv-pages.md "Quantized KV"). Values are not touched."""
 
     def __init__(self, rope) -> None:
         super().__init__()
@@ -172,7 +172,7 @@ def center_keys(model: nn.Module, tokens: list[int]) -> str:
     A vector subtracted from every key changes each query's scores by one constant, which
     softmax ignores, so attention is unchanged; what the mean removes is the part of the keys
     that is the same for every token, which per-token quantization groups cannot (SmolLM2's
-    4-bit KV: docs/design.md "Quantized KV"). Only where keys have fewer heads than queries
+    4-bit KV: docs/design/kv-pages.md "Quantized KV"). Only where keys have fewer heads than queries
     (told apart by that), and only if the model's output on `tokens` is unchanged: attention
     sinks or soft-capped scores would break the invariance, and then nothing is centred."""
     ropes = [m for _, m in model.named_modules() if isinstance(m, RotatedRoPE)]

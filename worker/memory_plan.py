@@ -1,4 +1,4 @@
-"""The memory plan (docs/design.md "Memory plan", F7): what the worker needs whatever it
+"""The memory plan (docs/design/kv-pages.md "Memory plan"): what the worker needs whatever it
 serves, and the KV budget left for what slots hold, planned and checked at start.
 
 The fixed part counts weights, the largest step's activations, recurrent state and
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from switchyard.proto.held_kv import SlotHold, held_tokens, running_that_fit
 from switchyard.proto.settings import format_size
 
-# --max-running 0 plans for requests of this many tokens (or --ctx, if less): issue 29's
-# sub-agents held 4-6.5K tokens each; one that outgrows it is staged to disk, never failed.
+# --max-running 0 plans for requests of this many tokens (or --ctx, if less): the agent
+# traffic's sub-agents held 4-6.5K tokens each; one that outgrows it is staged to disk, never
+# failed.
 PLANNED_REQUEST_TOKENS = 8192
 
 

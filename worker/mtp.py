@@ -1,4 +1,4 @@
-"""Multi-token-prediction drafts (docs/design.md "Speculative decoding"): the MTP head a
+"""Multi-token-prediction drafts (docs/design/speculative-decoding.md "Speculative decoding"): the MTP head a
 checkpoint ships beside its main model (the `mtp.*` tensors of Qwen3.5 and Qwen3-Next, which
 mlx-lm drops when it loads the main model), read by mlx-vlm's own MTP splitter and run by its
 drafter class (mlx_vlm.speculative.drafters: qwen3_5_mtp).

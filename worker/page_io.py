@@ -126,7 +126,7 @@ class PageLayout:
             layer = cache[self.kv_layers[index]]
             arrays = _writable(layer, specs, start, capacity)
             # One copy per byte: from the shared buffer straight into the slot's memory
-            # (docs/design.md "Restores"). The numpy views are dropped before mlx uses the
+            # (docs/design/kv-pages.md "Restores"). The numpy views are dropped before mlx uses the
             # arrays again: a view held on would stop mlx from updating them in place.
             targets = [np.asarray(a) for a in arrays]
             position = start

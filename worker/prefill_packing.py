@@ -1,4 +1,4 @@
-"""Which prefill chunks of a step share one forward pass (docs/design.md "Packed prefill").
+"""Which prefill chunks of a step share one forward pass (docs/design/scheduling.md "Packed prefill").
 
 A step's chunks belong to different slots. Run one pass per chunk and every pass reads all
 the weights; run them as rows of one pass and the weights are read once. Rows of one pass are

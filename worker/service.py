@@ -55,7 +55,7 @@ from switchyard.worker.sharding import check_splittable, split
 from switchyard.worker.slots import SlotStore, batchable
 from switchyard.worker.vision.memory import vision_bytes
 
-# Bumped whenever the meaning of a page's bytes changes; part of every page namespace (F12).
+# Bumped whenever the meaning of a page's bytes changes; part of every page namespace.
 KV_LAYOUT_VERSION = 1
 
 
@@ -117,7 +117,7 @@ def unpaged_bytes_per_token(loaded: LoadedModel, num_tokens: int = 256) -> int:
 
 
 def speculation_mode(settings: Settings, verifiable: str, kinds: str, log) -> str:
-    """What speculative decoding this worker does (docs/design.md "Speculative decoding"):
+    """What speculative decoding this worker does (docs/design/speculative-decoding.md "Speculative decoding"):
     "batched", "alone" or "" (off), with one line saying why when it is less than batched.
     `--speculative suffix`, `draft` or `mtp` on a model that cannot take rejected tokens back
     is refused.
@@ -324,7 +324,7 @@ def run(settings: Settings) -> None:
         if settings.max_running == 0 and group is None and drafter is None and \
                 batchable(loaded.make_cache()):
             # As many running requests as the KV budget holds at a planned size
-            # (docs/design.md "Running past the resident slots"); a drafter's slots and a
+            # (docs/design/scheduling.md "Running past the resident slots"); a drafter's slots and a
             # group's ranks keep --slots.
             inputs = plan_inputs(loaded, settings, layout, num_buffers, copies)
             widest = widest_running(lambda n: make_plan(**inputs, num_slots=n),
@@ -378,7 +378,7 @@ def run(settings: Settings) -> None:
     else:
         # Constraints and logit_bias act on rank 0's logits alone: it samples for all. The
         # ranks must pack the same chunks (their passes meet in collectives): one figure for
-        # the copy bound, the largest of theirs (docs/design.md "Packed prefill").
+        # the copy bound, the largest of theirs (docs/design/scheduling.md "Packed prefill").
         context = group.all_max(context_per_weight_read(weight_bytes_read(loaded.model),
                                                         loaded.kv_bytes_per_token))
         executor = StepExecutor(store, layout, pool, constraints if group.rank == 0 else None,
@@ -419,7 +419,7 @@ def run(settings: Settings) -> None:
         if group is None:
             raise
         # A collective failed: a peer was lost. The supervisor restarts the whole group
-        # (docs/design.md "Worker groups").
+        # (docs/design/worker-groups.md "Worker groups").
         log.error("worker.group_lost", reason=str(exc))
         sys.exit(1)
     finally:

@@ -1,4 +1,4 @@
-"""Split a model over a worker group with mlx-lm's own methods (docs/design.md "Worker groups"):
+"""Split a model over a worker group with mlx-lm's own methods (docs/design/worker-groups.md "Worker groups"):
 `model.shard(group)` for tensor parallelism (every layer's heads and experts split), or
 `model.model.pipeline(group)` (PipelineMixin: whole layers per rank, rank 0 the last ones).
 

@@ -178,7 +178,7 @@ class SlotStore:
 
     def prefill_packed(self, chunks: list[PrefillChunk]) -> None:
         """Several slots' chunks as rows of one forward pass: the weights are read once for
-        all of them (docs/design.md "Packed prefill"). The rows are right-padded to the
+        all of them (docs/design/scheduling.md "Packed prefill"). The rows are right-padded to the
         longest; each row writes its tokens at its own end of a batch cache (worker/batch_kv.py:
         rows left-aligned, each with its own length), the padding is cut off every row, and
         only each row's new tokens (and a recurrent row's new state) go back into its slot's
@@ -243,7 +243,7 @@ class SlotStore:
         """Feed each slot its row (the input token, then its draft) at its position, all in
         one forward pass, and return the logits of every position, [len(slots), longest row,
         vocab]; shorter rows are padded (their padding's logits are junk). `keep` must follow,
-        saying how much of each row the slots keep (docs/design.md "Speculative decoding")."""
+        saying how much of each row the slots keep (docs/design/speculative-decoding.md "Speculative decoding")."""
         for slot, pos, row in zip(slots, positions, rows):
             self.truncate(slot, pos)
             self._check_room(slot, len(row))
@@ -421,7 +421,7 @@ class SlotStore:
 def _emptied(old: list, fresh: list) -> list:
     """A cache list holding no tokens. Attention KV layers keep their buffers: the slot's next
     conversation, or a restore, writes into memory the slot already has instead of faulting
-    in new memory (docs/design.md "Restores"); every other kind starts fresh."""
+    in new memory (docs/design/kv-pages.md "Restores"); every other kind starts fresh."""
     for c in old:
         if is_attention_kv(c):
             c.offset = 0

@@ -1,5 +1,5 @@
 """A worker group rank's watchdog: the rank ends when one collective outlasts a limit
-(docs/design.md "Worker groups", "Failures").
+(docs/design/worker-groups.md "Worker groups", "Failures").
 
 A peer that vanishes without closing its TCP connection (power loss, a frozen Mac, a pulled
 cable) never makes a ring collective fail: the rank waits in it forever. The serving thread

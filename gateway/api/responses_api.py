@@ -500,7 +500,7 @@ async def create_response(request: Request) -> Response:
 def _failed_stream(ctx: RequestContext, fmt: ResponsesFormat, error: APIError) -> Response:
     """A streamed response that fails at once: created, then `response.failed` with the
     error's code. Codex learns that its context is full only from such a stream (an HTTP 400
-    is an invalid request to it), and then compacts (docs/design.md "The context limit")."""
+    is an invalid request to it), and then compacts (docs/design/requests.md "The context limit")."""
     ctx.record.fail(error)
 
     async def frames():

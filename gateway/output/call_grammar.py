@@ -10,7 +10,7 @@ never matches as text). Each grammar describes what follows the text the prompt 
 - auto: the grammar is the call after its start marker, which the worker waits for (trigger).
 
 Arguments follow the tool's `parameters` schema when the tool is strict, any JSON object
-otherwise: either way a call always parses (docs/design.md "Structured outputs").
+otherwise: either way a call always parses (docs/design/requests.md "Structured outputs").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One `ChatFormat` per family, all in `FORMATS`: its `ToolSyntax` (where a call starts and ends,
 how the arguments are written: `render_call`, the opening a forced call starts from, the parser)
 and its reasoning markers. This is the one place that knows a family's call syntax, so a
-grammar for constrained decoding can be derived from it (docs/design.md "Chat formats").
+grammar for constrained decoding can be derived from it (docs/design/requests.md "Chat formats").
 
 The format is detected from the model's own chat template (and vocabulary), as mlx-lm does;
 `--chat-format` overrides it. Parsers are mlx-lm's where it has one (`json_tools`,

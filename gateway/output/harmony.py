@@ -13,7 +13,7 @@ The `openai-harmony` package parses this from token ids, but it loads the o200k 
 file from the network on first use (no offline copy ships with it), and it only knows gpt-oss's
 own token ids; the documented text format is parsed here instead, with `OutputParser`'s
 streaming rules: markers are held back until decided, so the same events come out however
-the text is chunked (docs/design.md "Chat formats").
+the text is chunked (docs/design/requests.md "Chat formats").
 """
 
 from __future__ import annotations

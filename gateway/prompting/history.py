@@ -99,7 +99,7 @@ class TurnMemory:
     ever found for the other. With a `journal`, turns are also kept on disk and loaded back at start (gateway restart):
     the ones this LRU holds, in its order (a turn it lets go is marked forgotten on disk; a
     lookup marks the turn used when its last mark is more than max_turns/2 remembered turns
-    old: docs/design.md "Prefix-stable history").
+    old: docs/design/requests.md "Prefix-stable history").
     """
 
     def __init__(self, max_turns: int = DEFAULT_MAX_TURNS,

@@ -4,7 +4,7 @@ Agent clients now send system messages between turns: Claude Code's list of agen
 the first user turn (Anthropic `role: "system"` in `messages`), a Responses `developer` item
 between turns. Moving such a message into the leading system block, as several servers do,
 changes the prefix of every later turn, and every turn re-reads the conversation. So it stays
-at its position (docs/design.md "Chat formats"):
+at its position (docs/design/requests.md "Chat formats"):
 
 - where the template writes a system turn at that position (ChatML, Qwen3, Llama 3, GLM, Gemma
   4; found once per template by `renders_system_in_place`), the message is left as it is;

@@ -4,7 +4,7 @@ Such a template drops the tool list, the calls of an assistant turn and the tool
 the model would never see its tools, its own calls or their results, and a replayed call would
 not match what the model generated (history.py needs the call's text in the rendering). The
 gateway then writes them into the messages as text, the way Qwen2.5's template does for Hermes
-(docs/design.md "Chat formats"):
+(docs/design/requests.md "Chat formats"):
 
 - the tool list and how to call ends the system message (one is added when there is none);
 - an assistant turn's calls become its text, each written as the model writes a call

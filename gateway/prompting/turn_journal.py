@@ -1,5 +1,5 @@
 """Remembered assistant turns on disk: prefix-stable rendering survives a gateway restart
-(docs/design.md "Prefix-stable history").
+(docs/design/requests.md "Prefix-stable history").
 
 Without it, a restarted gateway renders each earlier reply from its text again, and for a
 family whose rendering does not round-trip (Qwen3's think blocks, a tokenization decode +

@@ -67,7 +67,7 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Structured outputs: what the answer must match (None: free text), and the tools whose
-    # calls must match their `parameters` schema (docs/design.md "Structured outputs").
+    # calls must match their `parameters` schema (docs/design/requests.md "Structured outputs").
     constraint: Constraint | None = None
     strict_tools: frozenset[str] = frozenset()
 

@@ -11,7 +11,7 @@ has gets a 400 that asks for the full input.
 
 Image files (the bytes of a message's image parts) count toward the byte bound, and each
 distinct file is kept once, by content hash: an agent that sends the same screenshot in many
-requests, each a new input, costs its bytes once (docs/design.md "Images").
+requests, each a new input, costs its bytes once (docs/design/images.md "Images").
 
 Each tenant (API key) has a store of its own (`ResponseStores`), with an equal share of both
 bounds: one key's responses evict only its own conversations, never another's, and another

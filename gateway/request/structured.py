@@ -9,7 +9,7 @@ Building a grammar here is cheap and bounded (inputs of at most 64 KB, `guided_c
 1024 options); checking it is not, and happens later, off the event loop, under a time bound and
 the same resource limits the worker uses (grammar_check.py), so an invalid or unsupported
 schema is a 400 naming what is wrong, and a hostile one never reaches the worker
-(docs/design.md "Structured outputs").
+(docs/design/requests.md "Structured outputs").
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The fuzz and abuse suite (issue 23): each class of abusive request, generated, against one
+"""The fuzz and abuse suite: each class of abusive request, generated, against one
 live group while a well-behaved client chats beside it. Every abusive request gets a bounded
 answer (a 4xx, or a normal reply; a request abandoned by its client gets none), and the
 well-behaved client gets the same correct reply throughout. Sizes are small for CI;
-bench/abuse.py runs the issue's sizes and measures the times and memory."""
+bench/abuse.py runs the full sizes and measures the times and memory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every model family end to end through the HTTP API, on its tiny twin (issue 9).
+"""Every model family end to end through the HTTP API, on its tiny twin.
 
 One process group per family (`--slots 1`, pages of 32 tokens so that short prompts span
 several pages and the sliding windows of 128 wrap), all its checks in one test. The next

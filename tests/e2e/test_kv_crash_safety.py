@@ -1,4 +1,4 @@
-"""Crash safety of the page store and eviction order under a small budget (issue 3).
+"""Crash safety of the page store and eviction order under a small budget.
 
 kill -9 the kvstore daemon while it writes, repeatedly: no partial or corrupt page is ever
 restored, because a page is renamed into place only after fsync and every read is verified.
@@ -92,7 +92,7 @@ def test_planted_corrupt_page_is_a_miss_and_output_stays_correct(tiny_qwen3):
 
 
 def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen3):
-    """The budget holds two conversations (and one page more); a third arrives (F2)."""
+    """The budget holds two conversations (and one page more); a third arrives."""
     tok = _tokenizer(tiny_qwen3)
     system = text(900, 350)
     conversations = [[{"role": "system", "content": system},

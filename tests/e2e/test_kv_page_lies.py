@@ -1,4 +1,4 @@
-"""Page files that lie, and a full disk, against the whole group (issue 28, findings 2 and 8).
+"""Page files that lie, and a full disk, against the whole group.
 
 Each lie is written into a conversation's third page on disk, with the file size and the
 keyed checksum made to agree (the install's key: what a bug, or someone holding the key, could
@@ -57,7 +57,7 @@ def _payload(path: Path) -> bytes:
 
 # name -> (how to write the lie into the page at `path`, what the logged reason says)
 LIES = {
-    # The issue's reproduction: ValueError "page payload is ... bytes, buffer ...".
+    # The reported reproduction: ValueError "page payload is ... bytes, buffer ...".
     # (Judged against the model's geometry first, then against the buffer.)
     "payload 64x the buffer": (lambda p: _rewrite(p, payload=bytes(64 * len(_payload(p)))),
                                "payload is 67108864 bytes"),

@@ -1,4 +1,4 @@
-"""Persistent paged KV through the whole group: switching, restarts, disk use (issue 3).
+"""Persistent paged KV through the whole group: switching, restarts, disk use.
 
 Conversations go through the official `openai` client exactly as an agent sends them: the
 whole history every turn, the last assistant turn sometimes a tool call and sometimes text.
@@ -79,7 +79,7 @@ def one_slot(tiny_qwen3):
 def test_switching_turns_prefill_only_their_new_tokens(one_slot):
     """One slot, A and B alternating for 8 turns, each adding a ~1000-token tool result:
     after the first turn of each, a turn prefills only its new tokens plus at most one
-    partial page, whether the last assistant turn was a tool call or plain text (F4)."""
+    partial page, whether the last assistant turn was a tool call or plain text."""
     client = openai.OpenAI(base_url=one_slot.base_url, api_key="none")
     convs = {"A": Conversation(client, 11), "B": Conversation(client, 22)}
     for turn in range(8):
@@ -126,7 +126,7 @@ def test_disk_use_is_linear_in_unique_tokens(tiny_qwen3):
     # a branch of its own).
     unique_tokens = sum(c.prompt_tokens[-1] + sum(c.completion_tokens) for c in convs)
     assert bad == 0
-    # Superseded prefixes take no extra space: each full page is stored once (F1).
+    # Superseded prefixes take no extra space: each full page is stored once.
     full = [e for e in entries if e.num_tokens == P]
     full_bytes = sum(e.nbytes for e in full)
     assert len(full) <= unique_tokens // P
@@ -181,7 +181,7 @@ def test_restart_one_component_then_next_turn_restores(one_slot, role):
 
 
 def test_budget_is_printed_in_tokens_and_conversations(one_slot):
-    """F8: the disk budget is told at start in terms a user can size."""
+    """The disk budget is told at start in terms a user can size."""
     budget = one_slot.log_events("kv.budget")[0]  # again after each worker restart
     assert budget["budget_tokens"] == budget["budget_bytes"] // budget["kv_bytes_per_token"]
     assert budget["budget_conversations"] > 0
@@ -189,7 +189,7 @@ def test_budget_is_printed_in_tokens_and_conversations(one_slot):
 
 
 def test_pages_of_another_model_are_never_matched(tiny_qwen3, tiny_model_dir, tmp_path):
-    """F12: same page directory, another model: nothing restored, the old pages kept apart."""
+    """Same page directory, another model: nothing restored, the old pages kept apart."""
     kv_dir = tmp_path / "kv"
     prompt = [{"role": "user", "content": text(77, 600)}]
     with ServerGroup(tiny_qwen3, slots=1, ctx=8192, kv_dir=kv_dir) as group:

@@ -1,4 +1,4 @@
-"""MTP drafts end to end (docs/design.md "Speculative decoding", MTP heads): the qwen3_5 twin
+"""MTP drafts end to end (docs/design/speculative-decoding.md "Speculative decoding", MTP heads): the qwen3_5 twin
 with its MTP head served with `--speculative mtp`; one greedy request through the official
 `openai` client gives mlx_lm's greedy tokens (mlx-lm loads the model without the head), and
 the scheduler's request.finished says the MTP head drafted for it. (Exactness batched, with

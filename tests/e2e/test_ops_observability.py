@@ -178,7 +178,7 @@ def test_status_command_against_the_group(ops_group):
 
 
 def test_logs_never_carry_prompt_text(tiny_qwen3):
-    """F9. The gateway never logs content, even with --log-content (nothing checks
+    """The gateway never logs content, even with --log-content (nothing checks
     proto.logs.content_allowed() yet), so only the default is tested: a marker sent every way a
     request can carry text appears in no log line, no status snapshot and no metric."""
     marker = f"MARKER-{uuid.uuid4().hex}"

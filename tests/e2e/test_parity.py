@@ -8,7 +8,7 @@ number of generated tokens from `usage`.
 
 One group per architecture (`--slots 2`): attention-only qwen3 and hybrid qwen3_next; a GGUF twin
 of the qwen3 model must serve the same greedy text as its MLX directory. Two prompts that wait at
-the same step are prefilled as rows of one pass (docs/design.md "Packed prefill") and each still
+the same step are prefilled as rows of one pass (docs/design/scheduling.md "Packed prefill") and each still
 gets mlx_lm's tokens.
 """
 
@@ -189,7 +189,7 @@ def test_continuation_from_a_reused_prefix_matches_mlx_lm(servers, reference, ar
 @pytest.mark.parametrize("arch", ARCHS)
 def test_repeated_page_aligned_prompt_matches_mlx_lm(servers, reference, arch):
     """The same prompt twice, exactly two pages long: the second request finds all of it
-    cached but must still prefill at least one token (F11), and gives the same tokens. (Text
+    cached but must still prefill at least one token, and gives the same tokens. (Text
     no other test sends: pages another prompt already wrote would change what is cached.)"""
     model, tokenizer = reference(arch)
     prompt_ids = tokenizer.encode(REPEAT_TEXT)[:512]

@@ -1,5 +1,5 @@
 """Pages per rank through whole 2-rank groups (ring backend on loopback): each rank's share of
-every page goes to its own kvstore; restores read both (docs/design.md "Pages per rank"). A
+every page goes to its own kvstore; restores read both (docs/design/worker-groups.md "Pages per rank"). A
 tensor group (qwen3 twin, `--slots 1`) is shared by most checks; a pipeline group (qwen3_moe
 twin: each rank holds its own layers' KV) proves a restore of layer shares."""
 

@@ -1,4 +1,4 @@
-"""The restart drill (issue 6): kill -9 each component in turn while three conversations are
+"""The restart drill: kill -9 each component in turn while three conversations are
 served. The supervisor restarts it; every request completes or gets one retryable error (or,
 when the gateway itself dies, loses its connection); afterwards every conversation's next
 turn finds its prefix again; no process outside the group is ever signalled."""

@@ -1,4 +1,4 @@
-"""The first turn after a restart re-reads only its new tokens (issue 12, first part).
+"""The first turn after a restart re-reads only its new tokens.
 
 Three conversations on `--slots 1`. After a whole-group SIGTERM and start, and after each
 single component is killed (the supervisor restarts it), every conversation's next turn is

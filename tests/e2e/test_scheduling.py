@@ -1,4 +1,4 @@
-"""Scheduling through the whole group (issue 4): disconnects, queue limits, priorities."""
+"""Scheduling through the whole group: disconnects, queue limits, priorities."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ KV_BUDGET_TOKENS = 6000
 @pytest.fixture(scope="module")
 def small_kv_memory(tiny_qwen3):
     """Four requests run at once in a KV budget of 6000 tokens, which holds about two of them
-    at 1K tokens (what a request's caches may take: docs/design.md "Memory plan")."""
+    at 1K tokens (what a request's caches may take: docs/design/kv-pages.md "Memory plan")."""
     with ServerGroup(tiny_qwen3, slots=1, ctx=2048,
                      extra=["--max-running", "4", "--release-after-s", "1", "--kv-memory",
                             str(KV_BUDGET_TOKENS * TINY_KV_BYTES_PER_TOKEN)]) as group:

@@ -1,7 +1,7 @@
-"""The security findings of issue 12 that only the whole process group shows: the API key on
+"""The security findings that only the whole process group shows: the API key on
 no process's command line and in the gateway's environment alone (1), a second server on the
 same kv dir refused (8), shared memory of a SIGKILLed group removed at the next start (10).
-And tenants (issue 28, finding 1): with two keys in the key file, one key's text is neither
+And tenants: with two keys in the key file, one key's text is neither
 reused (cached prefix) nor copied (speculative drafts) for the other, so the door-code probe
 gives the same counts and events for a right and a wrong guess; within one key it is both,
 by design. What each key is shown: the status and /metrics show the other key none of the
@@ -66,7 +66,7 @@ def drafts_of(group, rid: str) -> tuple[int, int]:
 
 
 def probe(group, key: str, regex: str, cache_salt: str | None = None) -> dict:
-    """The attacker's probe of issue 28: a streamed greedy completion pinned to a guess."""
+    """The attacker's probe: a streamed greedy completion pinned to a guess."""
     body = {"model": MODEL, "prompt": "Tell me: the door code is", "max_tokens": 24,
             "temperature": 0, "stream": True, "guided_regex": regex}
     if cache_salt:

@@ -1,4 +1,4 @@
-"""Speculative decoding end to end (docs/design.md "Speculative decoding"), through the
+"""Speculative decoding end to end (docs/design/speculative-decoding.md "Speculative decoding"), through the
 official `openai` client on the tiny random qwen3: greedy output with drafts is the output
 without (the per-request opt-out `"speculative": false` gives the reference on the same
 server), with 4 streams decoded together and under a JSON-schema constraint; and a

@@ -175,7 +175,7 @@ def test_bad_schemas_are_400s_in_each_apis_format(oa, an):
 
 
 def test_a_forced_call_cut_by_max_tokens_says_length(oa, an):
-    """Issue 23, finding 10: a forced strict call the token limit cuts is never a complete call
+    """A forced strict call the token limit cuts is never a complete call
     with `{}`: "length" (Anthropic: max_tokens, Responses: incomplete) and the partial
     arguments, as far as the model wrote them."""
     edit = {"type": "object", "properties": {"path": {"type": "string"},

@@ -1,4 +1,4 @@
-"""A worker group of 2 ranks over the ring backend on loopback (docs/design.md "Worker groups").
+"""A worker group of 2 ranks over the ring backend on loopback (docs/design/worker-groups.md "Worker groups").
 
 Greedy output through the HTTP API equals the 1-rank answer (mlx_lm's own greedy tokens, as in
 test_parity: the 1-rank server is held to those) for tensor parallelism (qwen3 and qwen3_moe
@@ -95,7 +95,7 @@ def test_group_greedy_tokens_equal_one_rank(groups, reference, tiny_model_dir, a
 
 def test_the_ranks_keep_the_same_verified_tokens(groups, reference, tiny_model_dir):
     """Speculative decoding in a group: rank 0 samples every verify position and shares the
-    tokens, so every rank keeps the same ones (docs/design.md "Speculative decoding"). A
+    tokens, so every rank keeps the same ones (docs/design/speculative-decoding.md "Speculative decoding"). A
     prompt sent a second time is drafted from the first time's reply."""
     group = groups("qwen3", "tensor")
     model, tokenizer = reference(tiny_model_dir("qwen3"))
@@ -134,7 +134,7 @@ def test_a_rank_that_stops_answering_restarts_the_group(groups, reference, tiny_
     """SIGSTOP of rank 1 keeps its sockets open, so no collective fails: rank 0's next idle
     PING (or step) just waits. Its watchdog logs `group.peer_timeout` and exits 1, the
     supervisor SIGKILLs the stopped rank and starts both; without the watchdog the restart
-    never comes (docs/design.md "Worker groups", "Failures")."""
+    never comes (docs/design/worker-groups.md "Worker groups", "Failures")."""
     group = groups("qwen3", "tensor")
     model, tokenizer = reference(tiny_model_dir("qwen3"))
     first_ids = tokenizer.encode(SHORT_TEXT)

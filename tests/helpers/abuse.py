@@ -1,6 +1,6 @@
-"""Abusive requests by class (issue 23), and a well-behaved client to run beside them.
+"""Abusive requests by class, and a well-behaved client to run beside them.
 
-Used by tests/e2e/test_abuse.py (small sizes, in CI) and bench/abuse.py (the issue's sizes).
+Used by tests/e2e/test_abuse.py (small sizes, in CI) and bench/abuse.py (full sizes).
 Each class is a generator of `Payload`s; `send` answers the status (None for a request sent and
 abandoned: a disconnect storm). `WellBehaved` sends a small chat on a timer and records every
 reply's correctness and time to first token.

@@ -9,7 +9,7 @@ The clients are npm packages, installed with `npm install PKG@latest ...` into a
 cache directory (`~/.cache/switchyard/agent-clients/`, never the repository) at the versions npm
 gives on the day: an install older than a day is refreshed. Their configuration (environment
 variables, config files) is built here from the server's URL and the model name, and the
-README's section per client shows exactly what `readme_blocks(name)` renders for
+section per client of docs/clients.md shows exactly what `doc_blocks(name)` renders for
 `http://127.0.0.1:8000` and the model name `local` (tests/unit/test_client_corpus.py checks it).
 """
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from switchyard.proto.settings import user_cache_dir
 
-README_URL = "http://127.0.0.1:8000"  # what the README's blocks show
-README_MODEL = "local"                 # the README serves with --served-model-name local
+DOC_URL = "http://127.0.0.1:8000"  # what docs/clients.md's blocks show
+DOC_MODEL = "local"                 # docs/clients.md serves with --served-model-name local
 REFRESH_S = 24 * 3600                  # an install older than this is refreshed (npm @latest)
 
 
@@ -38,7 +38,7 @@ def clients_dir() -> Path:
     return Path(os.environ.get("SWITCHYARD_AGENT_CLIENTS") or user_cache_dir() / "agent-clients")
 
 
-# -- each client's configuration, as the README shows it ------------------------------------------
+# -- each client's configuration, as docs/clients.md shows it ------------------------------------
 
 def claude_code_env(url: str, model: str) -> dict[str, str]:
     """Claude Code (Anthropic Messages API): every model slot it uses names the served model."""
@@ -168,9 +168,9 @@ CLIENTS = {c.name: c for c in (
 )}
 
 
-def readme_blocks(name: str) -> list[str]:
-    """The README's code blocks for client `name` (URL README_URL, model README_MODEL)."""
-    url, model = README_URL, README_MODEL
+def doc_blocks(name: str) -> list[str]:
+    """docs/clients.md's code blocks for client `name` (URL DOC_URL, model DOC_MODEL)."""
+    url, model = DOC_URL, DOC_MODEL
     if name == "claude-code":
         return [_exports(claude_code_env(url, model)) + "claude\n"]
     if name == "codex":

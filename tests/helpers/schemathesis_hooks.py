@@ -1,4 +1,4 @@
-"""Hooks for the schemathesis CLI run by hand against a live group (docs/design.md "HTTP API"):
+"""Hooks for the schemathesis CLI run by hand against a live group (docs/design/security.md "Security"):
 
     SCHEMATHESIS_HOOKS=tests.helpers.schemathesis_hooks PYTHONPATH=. \
         .venv/bin/schemathesis run http://127.0.0.1:PORT/openapi.json --checks all \
@@ -7,7 +7,7 @@
 against a group started with short replies, e.g. `switchyard serve --model tiny --ctx 1024
 --default-max-tokens 16` (`--max-response-time`: a request without a token limit generates up
 to --default-max-tokens, which a model on 2 CPU cores writes in more than schemathesis' default
-10 s). With the seed of issue 28 that ran 3,905 cases in 104 s with no server error; its two
+10 s). With one seed that ran 3,905 cases in 104 s with no server error; its two
 findings were prompts over the 1,024-token context, the documented 400 that schemathesis'
 positive-data check does not accept.
 

@@ -108,7 +108,7 @@ def test_a_constrained_burst_equals_single_steps(model):
 
 
 def test_grammars_are_compiled_off_the_step_and_released(model):
-    """Issue 23, finding 2: PrepareGrammar compiles on the grammar thread; a step of that
+    """PrepareGrammar compiles on the grammar thread; a step of that
     request finds it compiled; a grammar no request holds stays only among the few kept for
     reuse; one that does not compile is reported, not raised."""
     import time

@@ -1,4 +1,4 @@
-"""A draft model drafting in the worker (--draft-model; docs/design.md "Speculative decoding"),
+"""A draft model drafting in the worker (--draft-model; docs/design/speculative-decoding.md "Speculative decoding"),
 in-process on the tiny twins: batched over rows of different lengths, its drafts verified by
 the model's one pass, greedy output token for token that of plain decode steps; a twin as its
 own draft has every draft accepted; a slot whose contents change (a copy, a restore) makes

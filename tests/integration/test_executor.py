@@ -125,7 +125,7 @@ def _assert_same_continuation(ex, fed):
 @pytest.mark.parametrize("arch", UNDO_ARCHS)
 def test_burst_stopped_by_a_stop_token_leaves_the_state_of_single_steps(tiny_model_dir, arch):
     """The speculative token fed past the stop is undone exactly: recurrent layers get their
-    state back, attention layers and rings drop it (docs/design.md "Hybrid models")."""
+    state back, attention layers and rings drop it (docs/design/kv-pages.md "Hybrid models")."""
     ex = _undo_executor(tiny_model_dir(arch))
     first = _steps_until_new(ex, 0)
     item = DecodeItem(1, len(RING_PROMPT) - 1, RING_PROMPT[-1], SamplingParams(), 0,

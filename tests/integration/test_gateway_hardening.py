@@ -1,4 +1,4 @@
-"""Regression tests for the gateway findings of issue 23 (hardening, second pass): what an
+"""Regression tests for the gateway's hardening findings (second pass): what an
 abusive, careless or second-tenant client could do to the others. The real app under uvicorn
 against the scripted fake scheduler of test_gateway (loopback, no API key)."""
 

@@ -1,4 +1,4 @@
-"""Regression tests for the gateway findings of issue 12: what a web page, a slow or sloppy
+"""Regression tests for the gateway's local-security findings: what a web page, a slow or sloppy
 client, or a reader of the status snapshot could do. The real app under uvicorn against the
 scripted fake scheduler of test_gateway (loopback, no API key: the default, and the case a
 browser can reach). Raw sockets where the point is the connection itself."""
@@ -180,7 +180,7 @@ def test_a_body_that_never_arrives_gets_a_408(served):
 
 def test_idle_connections_at_the_limit_make_room(tmp_path_factory, tokenizer):
     """Connections that send nothing never keep a request out: at --max-connections the
-    longest idle one is closed (issue 23, finding 9; busy ones: test_gateway_hardening)."""
+    longest idle one is closed (busy ones: test_gateway_hardening)."""
     own_dir = Path(tempfile.mkdtemp(prefix="sy-lim-", dir="/tmp"))  # its own fake scheduler
     scheduler = FakeScheduler(Endpoints(ensure_runtime_dir(own_dir)).scheduler, [1])
     scheduler.start()

@@ -1,5 +1,5 @@
 """Grammars are checked in a child process, within a time bound, abandoned with their client
-(gateway/request/grammar_check.py; issue 23, finding 2)."""
+(gateway/request/grammar_check.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from switchyard.gateway.request.grammar_check import GrammarChecker
 
 
 def pattern_bomb(num_patterns: int) -> dict:
-    """The issue's payload: validation cost grows steeply with the patterns (600: 105 s)."""
+    """The reported payload: validation cost grows steeply with the patterns (600: 105 s)."""
     return {"type": "object", "additionalProperties": False, "patternProperties": {
         f"^p{i}_[a-z]+[0-9]*$": {"type": "integer"} for i in range(num_patterns)}}
 

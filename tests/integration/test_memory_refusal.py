@@ -1,5 +1,5 @@
 """A group whose memory plan does not fit refuses to start, clearly, and leaves nothing
-running (F7)."""
+running."""
 
 import subprocess
 import sys

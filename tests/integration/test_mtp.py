@@ -1,5 +1,5 @@
 """Multi-token-prediction drafts in the worker, in-process on the qwen3_5 twins that carry an
-MTP head (`--mtp`; docs/design.md "Speculative decoding", worker/mtp.py):
+MTP head (`--mtp`; docs/design/speculative-decoding.md "Speculative decoding", worker/mtp.py):
 
 - the head loads with mlx-vlm's drafter class, and the main model is the one without it;
 - for the same hidden states it proposes what mlx-vlm's own loop proposes (its

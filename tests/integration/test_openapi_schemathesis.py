@@ -2,14 +2,13 @@
 test_gateway behind it): every check, a bounded number of generated requests per operation,
 deterministic, valid requests (all accepted) and schema-violating ones (all refused). The spec
 must tell the truth: what it allows is accepted, what it declares is answered, what it
-forbids is refused (issues 12 and 23).
+forbids is refused.
 
 JSON Schema cannot say that a named tool_choice must name one of `tools`, that a
 previous_response_id must be one the server still keeps, nor that an image's bytes are an image;
 each generated valid case is made to follow those rules before it is sent (the spec documents
 them as 400s). The spec of a vision-language model (a tiny Qwen2.5-VL twin's directory behind
-the same fake scheduler) takes image content in each API's shape, and is checked the same way
-(issue 20)."""
+the same fake scheduler) takes image content in each API's shape, and is checked the same way."""
 
 from __future__ import annotations
 
@@ -138,7 +137,7 @@ def check_negative(schema, wanted) -> None:
         run()
 
 
-# --- a vision model's spec (issue 20) ------------------------------------------------------------
+# --- a vision model's spec ------------------------------------------------------------------------
 
 IMAGE_ROUTES = ("/v1/chat/completions", "/v1/responses", "/v1/messages",
                 "/v1/messages/count_tokens")
@@ -208,7 +207,7 @@ def _request_schema(spec: dict, path: str) -> dict:
 
 @pytest.mark.parametrize("path", POST_ROUTES)
 def test_optional_fields_given_null_are_declared_and_accepted(live_schema, path):
-    """Issue 23, finding 11: `priority: null`, `thinking: null` (and every other optional
+    """`priority: null`, `thinking: null` (and every other optional
     field) are read as absent, and the spec says they may be null."""
     import jsonschema
 
@@ -234,7 +233,7 @@ def test_semantic_400s_are_documented(live_schema):
 
 def test_a_name_only_tool_with_thinking_and_one_assistant_message_is_no_server_error(
         live_schema):
-    """Issue 23, finding 11: the body schemathesis found a 500 with."""
+    """The body schemathesis found a 500 with."""
     url = live_schema.location.rsplit("/openapi.json", 1)[0]
     for content in ("", "x", [{"type": "text", "text": "x"}],
                     [{"type": "thinking", "thinking": "t"}],

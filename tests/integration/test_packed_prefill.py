@@ -1,4 +1,4 @@
-"""Packed prefill (docs/design.md "Packed prefill"): several slots' chunks of one step as rows
+"""Packed prefill (docs/design/scheduling.md "Packed prefill"): several slots' chunks of one step as rows
 of one forward pass leave every slot with the KV and recurrent state a pass per chunk leaves,
 and the same greedy tokens after; families whose caches do not allow it keep a pass per chunk.
 In process, two executors on one model: --packed-prefill on and off.

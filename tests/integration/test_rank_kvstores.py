@@ -1,7 +1,7 @@
 """Two real kvstore processes (ranks 0 and 1 of a worker group, each with its own page
 directory and its own shared-memory pool) driven through the scheduler's fan-out
 (scheduler/page_stores.py): pages written on both, the inventory after both restarted, and
-every rank's share read back bit-identical (docs/design.md "Pages per rank")."""
+every rank's share read back bit-identical (docs/design/worker-groups.md "Pages per rank")."""
 
 from __future__ import annotations
 
@@ -360,7 +360,7 @@ def test_only_a_kvstore_holding_the_group_key_reaches_the_scheduler_over_tcp():
 
 
 def test_a_group_key_holder_is_only_a_kvstore_and_odd_identities_are_dropped():
-    """Issue 23, finding 7: over TCP the group key lets in the other hosts' kvstores and
+    """Over TCP the group key lets in the other hosts' kvstores and
     nothing else: a key holder greeting as `gateway` or `worker` is never heard and never
     gets their route; on the ipc socket a non-UTF-8 identity, or a role sending what it may
     not, is dropped and logged, and the scheduler keeps serving."""

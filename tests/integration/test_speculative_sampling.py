@@ -1,4 +1,4 @@
-"""Speculative sampling keeps the model's distribution (docs/design.md "Speculative decoding").
+"""Speculative sampling keeps the model's distribution (docs/design/speculative-decoding.md "Speculative decoding").
 
 A small-vocabulary "model" (a fixed Markov chain over 6 tokens: the logits of the next token
 depend on the last one) is sampled with the worker's own sampler (worker/sampling.py) and

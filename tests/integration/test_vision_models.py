@@ -195,7 +195,7 @@ def test_batched_decode_positions_each_row_after_its_own_images(twins, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_drafts_verify_to_mlx_vlms_greedy_tokens(twins, arch):
-    """Speculative decoding on a vision twin (docs/design.md "Speculative decoding"): verify
+    """Speculative decoding on a vision twin (docs/design/speculative-decoding.md "Speculative decoding"): verify
     passes position their rows after the images as plain decode does, so drafts accepted
     fully, partly and not at all give mlx-vlm's greedy tokens. A Qwen-VL slot with an image
     verifies in one pass with a text-only slot (their M-RoPE offsets differ); Gemma 3's

@@ -1,6 +1,6 @@
 """A model mlx-lm cannot split the way --parallel asks is refused before any rank joins the
 group: one line saying why and what to do, exit status 2, no restart loop
-(docs/design.md "Worker groups")."""
+(docs/design/worker-groups.md "Worker groups")."""
 
 import json
 import subprocess

@@ -212,7 +212,7 @@ def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
     logged.clear()
     cli._reexec_with_openblas(settings)
     assert execs == []
-    # Without the library: one line naming the package (issue 27), unless MLX is not on the CPU.
+    # Without the library: one line naming the package, unless MLX is not on the CPU.
     assert logged == [("worker.blas_missing", {
         "package": "libopenblas0-pthread", "effect": "MLX's CPU matmul runs about 30x slower",
         "fix": "sudo apt-get install libopenblas0-pthread"})]

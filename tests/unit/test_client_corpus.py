@@ -4,7 +4,7 @@ parses, renders with the tiny model's tokenizer and template, and each later req
 session (the second turn, a turn with a tool result) renders as an extension of the first
 turn's prompt, token for token up to at most one page before its end (where a client edits its
 own history), so the server finds the first turn's pages. Also: the
-README's section per client shows exactly the configuration the e2e tests use."""
+section per client of docs/clients.md shows exactly the configuration the e2e tests use."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from switchyard.gateway.api.responses_api import parse_responses_request
 from switchyard.gateway.api.openai_request import parse_chat_request
 from switchyard.gateway.prompting.history import RenderOptions, render_prompt
 from switchyard.gateway.request.response_store import ResponseStore
-from tests.helpers.agent_clients import CLIENTS, readme_blocks
+from tests.helpers.agent_clients import CLIENTS, doc_blocks
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "corpus"
@@ -96,22 +96,22 @@ def test_every_request_parses_and_later_turns_extend_the_first(session, tokenize
 
 
 @pytest.mark.parametrize("name", sorted(CLIENTS))
-def test_readme_shows_the_configuration_the_tests_use(name):
-    readme = (REPO / "README.md").read_text()
-    for block in readme_blocks(name):
-        assert f"\n{block}```\n" in readme, f"README's {name} section lacks the block:\n{block}"
+def test_clients_doc_shows_the_configuration_the_tests_use(name):
+    readme = (REPO / "docs" / "clients.md").read_text()
+    for block in doc_blocks(name):
+        assert f"\n{block}```\n" in readme, f"docs/clients.md's {name} section lacks the block:\n{block}"
 
 
 @pytest.mark.parametrize("session", SESSIONS, ids=lambda p: p.name)
-def test_every_field_a_client_sends_is_known_and_in_the_readme_table(session):
-    """No corpus field is logged as unknown (each is read or ignored by design), and README's
-    "What agent clients send" table names each one."""
+def test_every_field_a_client_sends_is_known_and_in_the_clients_doc_table(session):
+    """No corpus field is logged as unknown (each is read or ignored by design), and
+    docs/clients.md's "What agent clients send" table names each one."""
     from structlog.testing import capture_logs
 
     from switchyard.gateway.api import shared_fields
 
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("### What agent clients send"):]
+    readme = (REPO / "docs" / "clients.md").read_text()
+    table = readme[readme.index("## What agent clients send"):]
     table = table[:table.index("\n\n", table.index("| API |"))]
     for name in FILES:
         record = load(session, name)
@@ -123,4 +123,4 @@ def test_every_field_a_client_sends_is_known_and_in_the_readme_table(session):
                                                "context_management.edits[].type="))] == []
         for field in record["body"]:  # `field` or `field.member`
             assert re.search(f"`{re.escape(field)}[`.]", table), \
-                f"{session.name}/{name}: `{field}` not in README"
+                f"{session.name}/{name}: `{field}` not in docs/clients.md"

@@ -1,4 +1,4 @@
-"""Fields current agent clients send (README "Agent clients"): each is honoured, mapped or
+"""Fields current agent clients send (docs/clients.md "Agent clients"): each is honoured, mapped or
 ignored by design, and an unknown top-level field is accepted and logged once by name."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The disk page tree and the eviction policy (docs/design.md "Disk eviction policy", F2, F8)."""
+"""The disk page tree and the eviction policy (docs/design/kv-pages.md "Disk eviction policy")."""
 
 import hashlib
 import random
@@ -58,7 +58,7 @@ def two_conversations():
     tree = DiskPageTree()
     add_chain(tree, SYS, OLD)
     a = add_chain(tree, CONV_A, OLD, parent=pid("s1"))
-    for k in range(20):  # A was hit many times; hit counts must not matter (F2)
+    for k in range(20):  # A was hit many times; hit counts must not matter
         tree.touch([pid("s0"), pid("s1"), *a], OLD + 100 + k)
     add_chain(tree, CONV_B, OLD + 1000, parent=pid("s1"))
     tree.touch([pid("s0"), pid("s1")], OLD + 1000)
@@ -147,7 +147,7 @@ def test_prefix_is_as_recent_as_its_latest_conversation():
     assert plan.thrash.working_set_bytes == 3 * PAGE
 
 
-# --- the eviction order (F2) ------------------------------------------------------------------
+# --- the eviction order ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("incoming_pages, expected", [
@@ -319,11 +319,11 @@ def test_rejects_negative_sizes():
         plan_eviction(DiskPageTree(), -1, 0, NOW)
 
 
-# --- sizing (F8) ------------------------------------------------------------------------------
+# --- sizing -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("bpt, budget, tokens, conversations", [
-    (100_000, 4 * 10**9, 40_000, 0.4),  # F2's default: 4 GB holds less than one conversation
+    (100_000, 4 * 10**9, 40_000, 0.4),  # a 4 GB default holds less than one conversation
     (100_000, 100 * 10**9, 1_000_000, 10.0),
     (36_864, 64 * GIB, 1_864_135, 18.6),
 ])

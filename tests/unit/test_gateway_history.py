@@ -267,7 +267,7 @@ def test_template_without_tools_replays_calls_written_as_text(tokenizer, as_text
 
 def test_a_template_variable_cannot_blow_the_rendering_past_the_context(tokenizer):
     """A value the template repeats or loops over (here `repeat`) makes a rendering longer than
-    ctx tokens can hold: refused before any of it is tokenized (issue 23, finding 1)."""
+    ctx tokens can hold: refused before any of it is tokenized ."""
     bomb = "{% for m in messages %}{{ m.content * repeat }}{% endfor %}"
     original = tokenizer.chat_template
     tokenizer.chat_template = bomb
@@ -284,7 +284,7 @@ def test_a_template_variable_cannot_blow_the_rendering_past_the_context(tokenize
 
 def test_reasoning_the_template_drops_is_noted_unseen(tokenizer):
     """Qwen3-like templates drop reasoning of turns before the last user query: the model
-    never sees it (the Responses store then does not keep it: issue 23, finding 5)."""
+    never sees it (the Responses store then does not keep it)."""
     early = {"role": "assistant", "content": "a1", "reasoning_content": "early thoughts"}
     late = {"role": "assistant", "content": "a2", "reasoning_content": "late thoughts"}
     messages = [USER, early, {"role": "user", "content": "more"}, late]
@@ -300,7 +300,7 @@ def test_reasoning_the_template_drops_is_noted_unseen(tokenizer):
 
 
 def test_a_reply_is_spliced_only_after_the_tokens_it_followed(tokenizer):
-    """Issue 23, finding 6: conversation B's "Done." carried private reasoning; conversation A
+    """Conversation B's "Done." carried private reasoning; conversation A
     sends its own history with the reply "Done.": A renders as the template renders it
     (B's hidden tokens never reach A's prompt), and B still gets its own tokens back."""
     memory = TurnMemory()

@@ -188,7 +188,7 @@ def test_forced_named_call_closed_by_stop_token():
 
 
 def test_a_forced_call_cut_by_the_token_limit_is_incomplete_not_repaired():
-    """Issue 23, finding 10: the model wrote digits until max_tokens; the call is returned as
+    """The model wrote digits until max_tokens; the call is returned as
     far as it was written, incomplete, never as `{}` presented as complete."""
     forced = Forced(opening='\n{"name": "get_weather", "arguments": ', name="get_weather")
     parser = make(forced=forced, parallel=False)

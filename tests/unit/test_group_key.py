@@ -1,6 +1,6 @@
 """The worker group's key file (proto/group_key.py): written 0600 and never over another file,
 read back only when no other user can read it and its keys belong together; the settings
-refuse a TCP scheduler address without one (docs/design.md "Pages per rank")."""
+refuse a TCP scheduler address without one (docs/design/worker-groups.md "Pages per rank")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A worker group rank's watchdog without MLX or sockets: which operation is overdue, how long
 the watching thread sleeps, and that the thread reports a blocked operation
-(docs/design.md "Worker groups", "Failures")."""
+(docs/design/worker-groups.md "Worker groups", "Failures")."""
 
 import threading
 import time

@@ -1,4 +1,4 @@
-"""Page ids and page files of pages that cover images (docs/design.md "Images")."""
+"""Page ids and page files of pages that cover images (docs/design/images.md "Images")."""
 
 import hashlib
 

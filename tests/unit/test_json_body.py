@@ -1,5 +1,5 @@
 """Large JSON bodies parse without holding the event loop, their top-level lists bounded
-(gateway/api/json_body.py; issue 23, finding 3)."""
+(gateway/api/json_body.py)."""
 
 import asyncio
 import json

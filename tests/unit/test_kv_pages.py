@@ -1,4 +1,4 @@
-"""Page ids and the page header: content addressing (F1, F4), self-describing records (F5, F12)."""
+"""Page ids and the page header: content addressing, self-describing records, namespaces."""
 
 import hashlib
 
@@ -156,7 +156,7 @@ def test_unknown_flag_bits_on_disk_are_corrupt(unknown):
 
 
 def test_kv_namespace_names_bits_and_group_size():
-    """Pages of another --kv-bits / --kv-group-size never match (F12); full-precision KV keeps
+    """Pages of another --kv-bits / --kv-group-size never match; full-precision KV keeps
     the namespace it had before quantized KV existed."""
     base = ("fp", "qwen3", "float32", 1, 256)
     spaces = {tag: kv_namespace(*base, kv_quant=tag) for tag in ("", "q8g64", "q4g64", "q8g32")}

@@ -1,4 +1,4 @@
-"""PageStore: atomic writes, verified reads, rebuild by scan (F5), namespaces (F12), bad pages."""
+"""PageStore: atomic writes, verified reads, rebuild by scan, namespaces, bad pages."""
 
 import errno
 import os
@@ -193,7 +193,7 @@ def test_foreign_namespace_is_kept_but_never_matched(store):
 
 
 # --- lies: a header that agrees with its file and checksum but not with the model ------------
-# (issue 28, finding 2). Each is a miss: removed, logged, never a crash, never wrong bytes.
+# (a security review's finding). Each is a miss: removed, logged, never a crash, never wrong bytes.
 
 GEOMETRY = PageGeometry(NS, P, 4096 // P, 512)  # the pages _write_chain writes: 256 B a token
 
@@ -223,7 +223,7 @@ def _judged_corrupt(store, pid, i, reason, size=8192):
 
 
 def test_a_payload_larger_than_the_buffer_is_a_miss_not_a_crash(store):
-    """The issue's reproduction: a header claiming a payload 64x too large, with a matching
+    """The reported reproduction: a header claiming a payload 64x too large, with a matching
     file size and a recomputed checksum, raised ValueError in _read_page (kvstore crash)."""
     (pid,) = _write_chain(store, 1)
     _lie(store, pid, payload=bytes(64 * 4096))
@@ -275,7 +275,7 @@ def test_pages_the_scan_indexed_are_judged_when_the_model_says_its_geometry(stor
 
 
 def test_a_page_forged_without_the_key_is_a_miss(store):
-    """Finding 3: checksums were unkeyed xxh3, so a forged page with a recomputed checksum
+    """Checksums were unkeyed xxh3, so a forged page with a recomputed checksum
     verified. With another key (an attacker does not have ours) it is a miss."""
     (pid,) = _write_chain(store, 1)
     _lie(store, pid, payload=_payload(7).tobytes(), key=bytes(32))
@@ -298,7 +298,7 @@ def test_a_page_file_of_another_user_is_a_miss(store):
 
 def test_a_page_that_kills_its_reader_is_removed_by_the_next_scan(tmp_path, monkeypatch):
     """The backstop: whatever a future check misses, a kvstore that died reading a page does
-    not die on it again after its restart (issue 28: 6 crashes, then the group stopped)."""
+    not die on it again after its restart (before: 6 crashes, then the group stopped)."""
     store = PageStore(tmp_path / "kv", read_guard=True)
     ids = _write_chain(store, 3)
 

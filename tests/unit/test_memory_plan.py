@@ -1,6 +1,6 @@
-"""The memory plan (F7, docs/design.md "Memory plan"): what the worker needs whatever it serves,
-the KV budget left for what slots hold, and a refusal naming what to lower when one request at
-full context does not fit."""
+"""The memory plan (docs/design/kv-pages.md "Memory plan"): what the worker needs whatever it
+serves, the KV budget left for what slots hold, and a refusal naming what to lower when one
+request at full context does not fit."""
 
 import dataclasses
 

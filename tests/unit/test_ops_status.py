@@ -214,7 +214,7 @@ def test_the_kv_memory_line_shows_what_is_held_against_the_budget():
 
 
 def test_a_disk_that_refuses_pages_says_why_and_how_many():
-    """Issue 28, finding 8: a full kv-dir shows in `switchyard status`."""
+    """A full kv-dir shows in `switchyard status`."""
     full = msgspec.structs.replace(snapshot(time.time()), disk=DiskStatus(
         bytes=2**20, budget_bytes=2**30, num_pages=4, writable=False, num_evicted=0,
         num_thrash=0, num_writing=0, num_unwritten=12,

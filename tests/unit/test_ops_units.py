@@ -65,7 +65,7 @@ def test_flags_are_the_non_default_settings_and_round_trip(tmp_path):
 
 
 def test_units_never_hold_the_api_key(tmp_path):
-    """Finding 1 (issue 12): the key was in every unit's argv; now only a file path is, for
+    """The key was in every unit's argv; now only a file path is, for
     the gateway alone (systemd: LoadCredential=), and `install` writes the file 0600."""
     plan = make_plan(tmp_path, api_key=AWKWARD_KEY)
     rendered = "\n".join([*launchd.render(plan).values(), *systemd.render(plan).values()])

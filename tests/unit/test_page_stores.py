@@ -317,7 +317,7 @@ def test_rank_page_directories_and_the_scheduler_address(tmp_path):
 
 
 def test_each_role_may_send_only_its_own_messages():
-    """Issue 23, finding 7: a peer is heard only in its role (the scheduler drops the rest)."""
+    """A peer is heard only in its role (the scheduler drops the rest)."""
     from switchyard.proto.messages import Heartbeat, PagesDeleted, StepDone, SubmitRequest
     from switchyard.scheduler.service import may_send
 

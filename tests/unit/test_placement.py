@@ -31,7 +31,7 @@ def place(slots, context, disk=0, trimmable=True, persisted=None):
 
 CASES = [
     # name, slots, context, disk, persisted -> (slot, reused, copied from, restored, prefill)
-    ("empty slot first; the shared prefix is copied (F3)", [slot(0, A), slot(1, [])], B + [9],
+    ("empty slot first; the shared prefix is copied", [slot(0, A), slot(1, [])], B + [9],
      0, {}, (1, 0, 0, 0, 2 * P + 1)),
     ("continuation returns to its own slot", [slot(0, A), slot(1, B)], A + [5, 6], 0, {},
      (0, len(A), None, 0, 2)),

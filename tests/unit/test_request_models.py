@@ -1,5 +1,5 @@
-"""Each API's request model (gateway/request/wire/) is the one statement of its shape: README's
-field table names exactly its fields, the models' own checks run, and /openapi.json is made
+"""Each API's request model (gateway/request/wire/) is the one statement of its shape: the field
+table of docs/clients.md names exactly its fields, the models' own checks run, and /openapi.json is made
 from them (its truth against the live server: tests/integration/test_openapi_schemathesis.py)."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ MODELS = {"Messages": anthropic.MessagesRequest, "Chat": openai.ChatCompletionRe
           "Completions": openai.CompletionRequest, "Responses": responses.ResponsesRequest}
 
 
-def readme_rows() -> list[tuple[list[str], list[str]]]:
-    """(APIs, backquoted names in the field column) of each row of README's field table."""
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("### What agent clients send"):]
+def field_table_rows() -> list[tuple[list[str], list[str]]]:
+    """(APIs, backquoted names in the field column) of each row of docs/clients.md's field table."""
+    doc = (REPO / "docs" / "clients.md").read_text()
+    table = doc[doc.index("## What agent clients send"):]
     table = table[table.index("| API |"):]
     table = table[:table.index("\n\n")]
     rows = []
@@ -57,24 +57,24 @@ def declares(model: type, path: str) -> bool:
     return True
 
 
-def test_every_field_of_every_model_is_in_the_readme_table():
-    rows = readme_rows()
+def test_every_field_of_every_model_is_in_the_field_table():
+    rows = field_table_rows()
     assert {api for apis, _ in rows for api in apis} == set(MODELS)
     for api, model in MODELS.items():
         named = {n.split(".")[0] for apis, names in rows if api in apis for n in names}
         missing = sorted(set(model.__struct_fields__) - named)
-        assert not missing, f"README's field table has no row for {api}'s {missing}"
+        assert not missing, f"docs/clients.md's field table has no row for {api}'s {missing}"
 
 
-def test_every_name_in_the_readme_table_is_a_field():
-    for apis, names in readme_rows():
+def test_every_name_in_the_field_table_is_a_field():
+    for apis, names in field_table_rows():
         assert names, apis
         for name in names:
             assert any(declares(MODELS[api], name) for api in apis), \
-                f"README's field table names `{name}` for {apis}: no such field"
+                f"docs/clients.md's field table names `{name}` for {apis}: no such field"
 
 
-def test_the_readme_check_can_fail():
+def test_the_field_table_check_can_fail():
     assert declares(anthropic.MessagesRequest, "output_config.effort")
     assert declares(anthropic.MessagesRequest, "thinking.budget_tokens")
     assert not declares(anthropic.MessagesRequest, "output_config.colour")

@@ -1,5 +1,4 @@
-"""The Responses store: bounded by count and bytes, a shared history counted once (issue 23,
-finding 5)."""
+"""The Responses store: bounded by count and bytes, a shared history counted once."""
 
 from switchyard.gateway.request.response_store import ResponseStore, ResponseStores, message_bytes
 
@@ -53,7 +52,7 @@ def image_message(data: bytes, text: str = "look"):
 
 
 def test_image_files_count_toward_the_byte_bound():
-    """Issue 20: a stored image's file is bytes like any other; before, an image part counted
+    """A stored image's file is bytes like any other; before, an image part counted
     8 bytes, so 256 responses with a 10 MB screenshot each were all kept."""
     store = ResponseStore(max_responses=100, max_bytes=50_000)
     for i in range(10):

@@ -92,7 +92,7 @@ def test_prefill_holds_back_last_token_then_decodes():
     submit(core, "a", range(1, 101), max_tokens=3)
     w = ScriptedWorker(core)
     msgs = w.run()
-    # 99 tokens prefilled in chunks of 64, the 100th is the first decode input (F11).
+    # 99 tokens prefilled in chunks of 64, the 100th is the first decode input.
     assert [sum(len(c.token_ids) for c in s.prefills) for s in w.steps[:2]] == [64, 35]
     assert w.steps[2].decodes[0].token_id == 100 and w.steps[2].decodes[0].position == 99
     assert generated(msgs, "a") == [1099, 1100, 1101]
@@ -110,7 +110,7 @@ def test_stop_token_finishes_without_emitting_it():
 
 
 def test_empty_slot_first_and_continuation_returns_to_its_slot():
-    """F3: A, then B sharing only the system prompt, then A again, with 2 slots."""
+    """Empty slots first: A, then B sharing only the system prompt, then A again, with 2 slots."""
     system = list(range(1, 200))
     core = make_core(prefill_chunk=1000)
     w = ScriptedWorker(core)
@@ -351,7 +351,7 @@ def test_gateway_restart_ends_requests_without_answers():
 
 
 def test_a_constrained_request_is_placed_only_once_its_grammar_is_compiled():
-    """Issue 23, finding 2: the worker compiles a grammar off its steps (PrepareGrammar);
+    """The worker compiles a grammar off its steps (PrepareGrammar);
     until GrammarPrepared the request waits (others are placed), its end releases the
     grammar, a restarted worker compiles it again, and one the worker cannot compile fails."""
     from switchyard.proto.messages import GrammarPrepared, PrepareGrammar, ReleaseGrammar

@@ -1,5 +1,5 @@
-"""Prefill order, slot admission and the background bound (issue 14), driven without sockets
-or MLX; and admission waiting for the page index after a start (issue 12)."""
+"""Prefill order, slot admission and the background bound, driven without sockets
+or MLX; and admission waiting for the page index after a start."""
 
 from switchyard.proto.messages import AttachBuffers, InventoryDescribed
 from switchyard.scheduler.core import SchedulerCore
@@ -48,7 +48,7 @@ def newcomer_stream(overtake_limit: float, num_newcomers: int = 12):
 def test_waiting_request_is_served_within_its_bound_while_shorter_newcomers_keep_coming():
     core, old, waited_at_arrival, ahead = newcomer_stream(overtake_limit=1.0)
     assert old.prefilled_at is not None, "the waiting request was starved"
-    # The bound (docs/design.md "Scheduling"): only requests that became ready before others
+    # The bound (docs/design/scheduling.md "Scheduling"): only requests that became ready before others
     # had been prefilled overtake_limit x R tokens (+ one step's chunk) past it go first.
     assert all(waited_at_arrival[rid] < 1.0 * R + 64 for rid in ahead), \
         (ahead, waited_at_arrival)
@@ -56,7 +56,7 @@ def test_waiting_request_is_served_within_its_bound_while_shorter_newcomers_keep
 
 
 def test_shortest_first_without_aging_starves_the_waiting_request():
-    """The same stream without aging (the order before issue 14): the test above can fail."""
+    """The same stream without aging (the order before aging): the test above can fail."""
     core, old, _, ahead = newcomer_stream(overtake_limit=1e12)
     assert old.prefilled_at is None and old.first_chunk_at is None
     assert len(ahead) >= 12
@@ -130,7 +130,7 @@ def test_oldest_waiting_counts_requests_in_slots_without_a_first_token():
     assert oldest_waiting_s(core.requests.values(), 10.0) == 10.0  # a, prefilling in its slot
 
 
-# --- issue 12: nothing is placed before the page index is known ---------------------------
+# --- nothing is placed before the page index is known ---------------------------
 
 
 def test_requests_wait_for_the_page_index_after_a_restart():

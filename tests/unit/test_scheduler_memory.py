@@ -1,4 +1,4 @@
-"""Running requests sized by what they hold (docs/design.md "Memory plan"), driven without
+"""Running requests sized by what they hold (docs/design/kv-pages.md "Memory plan"), driven without
 sockets or MLX: the core with scripted worker and kvstore (tests/unit/test_scheduler_pages.py)
 and a KV budget. Requests that grow past it are staged to disk, the newest or lowest-priority
 first, and resume by restoring their pages; none fails, none prefills again what it had."""
@@ -203,7 +203,7 @@ def test_room_for_releases_only_idle_slots_on_disk():
 
 
 def test_twenty_sub_agents_run_at_once_at_ctx_32768_on_a_24_gib_machine():
-    """Issue 29's case: SmolLM2-135M (f32 KV, 46080 bytes a token; its plan's fixed part as
+    """The agent traffic's case: SmolLM2-135M (f32 KV, 46080 bytes a token; its plan's fixed part as
     the worker measured it on the 24 GiB test machine) at --ctx 32768. --max-running 0 runs
     26 (it ran 7 when every slot counted at full context), and 20 sub-agents at 4-6.5K tokens
     all run and decode at once, none staged."""

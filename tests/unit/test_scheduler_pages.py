@@ -200,7 +200,7 @@ def test_full_pages_are_written_through():
 
 def test_switching_turns_prefill_only_new_tokens():
     """One slot, A and B alternating with growing history: every turn after the first of
-    each conversation prefills only its new tokens plus at most one partial page (F4)."""
+    each conversation prefills only its new tokens plus at most one partial page."""
     g = Group(num_slots=1)
     hist = {"A": conv(1, 6 * P + 5), "B": conv(2, 7 * P + 9)}
     prev_len: dict[str, int] = {}  # each conversation's previous prompt + reply
@@ -257,7 +257,8 @@ def test_missing_page_falls_back_to_prefill():
 
 
 def test_shared_prefix_is_copied_into_the_empty_slot():
-    """F3 with pages: B shares A's system prompt, goes to the empty slot, copies it."""
+    """Empty slots first, with pages: B shares A's system prompt, goes to the empty slot, copies
+    it."""
     g = Group(num_slots=2)
     system = conv(9, 5 * P)
     g.submit("a", system + conv(1, 40))

@@ -1,5 +1,5 @@
 """A request's page chain and slot matching by page ids: the same answers as the token-by-token
-definitions, at O(pages) cost (docs/design.md "Scheduling")."""
+definitions, at O(pages) cost (docs/design/scheduling.md "Scheduling")."""
 
 import random
 

@@ -3,7 +3,7 @@
 The core with scripted worker and kvstore (tests/unit/test_scheduler_pages.py): every running
 request has a slot of its own, and once idle, slots past --slots give their KV up, each only
 when all its tokens are on disk or on their way, so the conversation's next turn restores
-them instead of prefilling them again (docs/design.md "Running past the resident slots").
+them instead of prefilling them again (docs/design/scheduling.md "Running past the resident slots").
 Slots are released as soon as they may be (`release_after_s` 0) unless a test says otherwise.
 """
 
@@ -150,7 +150,7 @@ def test_an_idle_slot_stays_a_while_for_its_tool_result():
     assert len(holding(g)) == 1, "idle past the grace: back to --slots conversations"
 
 
-# --- a prefix a running request prefills is prefilled once (issue 29) ---------------------------
+# --- a prefix a running request prefills is prefilled once ------------------------------------
 
 
 def prefilled(g, rid):

@@ -1,4 +1,4 @@
-"""Time slicing of slots (docs/design.md "Scheduling"), driven without sockets or MLX: a request
+"""Time slicing of slots (docs/design/scheduling.md "Scheduling"), driven without sockets or MLX: a request
 past its first token and its quantum gives its slot to one waiting for its first token, resumes
 from its pages, and is never starved."""
 

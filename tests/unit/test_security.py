@@ -1,4 +1,4 @@
-"""Regression tests for the local-security findings of issue 12 that need no server: the API
+"""Regression tests for the local-security findings that need no server: the API
 key off command lines, the runtime and KV directories (permissions, symlinks, FIFOs, a lock
 against a second server), stale shared memory. Each test names its finding."""
 
@@ -145,7 +145,7 @@ def test_a_second_server_on_the_same_kv_dir_refuses_naming_the_first(tmp_path):
     os.close(lock_kv_dir(tmp_path / "kv"))  # released with its holder
 
 
-# -- issue 28, finding 3: every level of the kv dir is checked; page files must be ours ------------
+# -- every level of the kv dir is checked; page files must be ours ------------
 
 def _run_kvstore(tmp_path, kv_dir, *extra):
     import subprocess
@@ -173,7 +173,7 @@ def test_a_symlink_at_the_kv_dir_is_refused_and_its_target_left_alone(tmp_path):
 
 
 def test_a_planted_namespace_or_shard_symlink_never_receives_our_pages(tmp_path):
-    """The issue's probe: another user's symlinked namespace directory got our pages."""
+    """The reported probe: another user's symlinked namespace directory got our pages."""
     from switchyard.kvstore.dir_lock import KvDirUnsafe
     from switchyard.kvstore.pages import ROOT_ID, make_namespace
     from switchyard.kvstore.store import PageStore, StoreUnavailable
@@ -338,7 +338,7 @@ def test_uvicorn_logs_through_structlog(capsys):
 
 
 def test_connection_limits_close_the_longest_idle_of_the_busiest_client():
-    """Issue 23, finding 9: at --max-connections a new connection closes an idle one of the
+    """At --max-connections a new connection closes an idle one of the
     client host holding the most; requests keep an eighth of the slots for other hosts."""
     from switchyard.gateway.http_limits import ConnectionLimits
 

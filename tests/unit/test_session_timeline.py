@@ -1,4 +1,4 @@
-"""The timeline of a session in the status (docs/design.md "A picture of a session"), without
+"""The timeline of a session in the status (docs/design/scheduling.md "A picture of a session"), without
 sockets: the core labels each request's conversation (a main agent's turns share one label;
 sub-agents started together under one system prompt are each their own, numbered after the
 first page's label), the status's recent requests carry each request's times and tokens by

@@ -79,7 +79,7 @@ CFG = config(decode_share=0.5, background_wait_s=30.0)
 
 
 def test_one_stream_beside_one_long_prefill_keeps_the_decode_share():
-    """Issue 14's promise: a chat stream beside an agent's long prompt keeps half its speed."""
+    """The promise: a chat stream beside an agent's long prompt keeps half its speed."""
     share = prefill_share([request(generated=[1])], [request()], 1.0, CFG)
     assert (share.decode_share, share.num_protected, share.num_waiting) == (0.5, 1, 1)
 

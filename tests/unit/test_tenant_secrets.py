@@ -1,4 +1,4 @@
-"""What one tenant can learn of another's text (docs/design.md "Tenants"): salts no tenant can
+"""What one tenant can learn of another's text (docs/design/security.md "Tenants"): salts no tenant can
 compute, page ids that never reach a tenant, the status and metrics each key sees, the
 speculative proposer's tables per tenant, the cache dir's keys. Pure: no sockets, no MLX."""
 

@@ -1,4 +1,4 @@
-"""Tenants (proto/tenants.py, docs/design.md "Tenants"): the key file, who a key names, the
+"""Tenants (proto/tenants.py, docs/design/security.md "Tenants"): the key file, who a key names, the
 cache salt of a request; and the salt at work where text could cross tenants: the
 scheduler's page chains and slots, the proposer's n-grams, the gateway's remembered turns.
 Pure: no sockets, no MLX."""

@@ -1,6 +1,6 @@
 """Worker groups without sockets or MLX: the hostfile, which entries are this machine, the ring
 hostfile and environment a rank gets, the step broadcast's framing, the supervisor's children
-and the page namespace of a rank's share (docs/design.md "Worker groups")."""
+and the page namespace of a rank's share (docs/design/worker-groups.md "Worker groups")."""
 
 import json
 
@@ -134,7 +134,7 @@ def _settings(tmp_path, **kw) -> Settings:
 
 def test_serve_starts_a_worker_for_every_local_entry(tmp_path):
     roles = serve_roles(_settings(tmp_path), can_bind=lambda ip: False)
-    # ...and a kvstore for every local rank (docs/design.md "Pages per rank")
+    # ...and a kvstore for every local rank (docs/design/worker-groups.md "Pages per rank")
     assert roles == ("scheduler", "kvstore", "kvstore.1", "worker.1", "worker", "gateway")
     assert restarted_together(roles) == ("worker.1", "worker")
     assert serve_roles(Settings()) == ("scheduler", "kvstore", "worker", "gateway")

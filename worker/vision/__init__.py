@@ -1,2 +1,2 @@
 """Vision-language models: mlx-vlm's classes and processors behind the worker's slots
-(docs/design.md "Images")."""
+(docs/design/images.md "Images")."""

@@ -6,7 +6,7 @@ family's own merge), at explicit positions for multimodal-RoPE families. A chunk
 without images runs exactly as for a text model. Each slot keeps the spans of the images among
 its tokens (`spans`): decoding positions its text after them (`VisionLanguageModel.bind`), a
 copy takes them along, a truncation drops those past the cut, and a scheduler that restarts
-gets them back with the slot's tokens (docs/design.md "Images").
+gets them back with the slot's tokens (docs/design/images.md "Images").
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class VisionSlotStore(SlotStore):
         self._encode_s = 0.0
         self._num_encoded = 0
         # A chunk runs on input embeddings at explicit positions (`prefill_chunk`): one pass
-        # per chunk (docs/design.md "Packed prefill").
+        # per chunk (docs/design/scheduling.md "Packed prefill").
         self.packs_prefill = False
 
     # --- contents --------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Each API's request shape, declared once (msgspec Structs): the source of its validation, of
-`/openapi.json` and of README's field table (docs/design.md "Request models")."""
+`/openapi.json` and of docs/clients.md's field table (docs/design/requests.md "Request models")."""
 
 from switchyard.gateway.request.wire import anthropic, common, openai, responses
 
