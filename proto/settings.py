@@ -214,7 +214,7 @@ class Settings:
     chat_format: str = _opt("tool-call and reasoning format: " + ", ".join(CHAT_FORMATS)
                             + " (auto: from the model's chat template)", default="auto")
     script: str = _opt("scripted replies: a JSON file of rules that decide the model's words "
-                       "(README \"Scripted replies\"); for trying clients and for tests",
+                       "(docs/clients.md \"Scripted replies\"); for trying clients and tests",
                        default="")
     history_turns: int = _opt("assistant turns remembered for prefix-stable rendering",
                               default=1024)

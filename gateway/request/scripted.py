@@ -1,6 +1,6 @@
 """Scripted replies on the gateway's side: what of a request a script's rules read, and the reply
-a rule gives as the served model writes it (proto/script.py has the format; docs/design.md
-"Scripted replies").
+a rule gives as the served model writes it (proto/script.py has the format;
+docs/design/requests.md "Scripted replies").
 
 The reply is text in the model's own chat format (its tool-call syntax), tokenized as the
 template's rendering of it would be, and every one of its tokens is forced through the same
