@@ -1,8 +1,9 @@
 """Placing a request that leaves the queue: its slot and where its prefix comes from.
 
 `place` decides, with `scheduler.placement` scoring the options, and changes nothing; `apply`
-commits the decision to the slot, the request and the page cache. The core owns the queue and
-calls them while it admits (docs/design/scheduling.md "Scheduling").
+commits the decision to the slot, the request and the page cache. The admission manager
+(scheduler/admission_manager.py) owns the queue's order and calls them while it admits
+(docs/design/scheduling.md "Scheduling").
 """
 
 from __future__ import annotations
