@@ -20,7 +20,8 @@ from collections import deque
 
 from switchyard.kvstore.dir_lock import KvDirLocked, KvDirUnsafe, lock_kv_dir
 from switchyard.kvstore.page_key import PageKeyError, key_path, load_page_key
-from switchyard.kvstore.store import CorruptEvent, PageGeometry, PageStore, StoreUnavailable
+from switchyard.kvstore.page_file import PageGeometry
+from switchyard.kvstore.store import CorruptEvent, PageStore, StoreUnavailable
 from switchyard.proto.backoff import Backoff
 from switchyard.proto.endpoints import rank_role
 from switchyard.proto.ids import new_boot_id
