@@ -1,6 +1,6 @@
 """The kvstore checkpoint daemon: owns page files and their index; chooses nothing.
 
-At start it scans the page directory (headers only) and rebuilds its index (F5). It answers
+At start it scans the page directory (headers only) and rebuilds its index. It answers
 `DescribeInventory` with every page it holds, writes pages the scheduler hands it from the
 shared buffer pool, reads pages back into buffers (verified: a bad page is a miss, removed and
 logged), deletes what the scheduler evicts. Reads jump ahead of queued writes: a restore is on
