@@ -1,6 +1,6 @@
 """The kvstore checkpoint daemon: owns page files and their index; chooses nothing.
 
-At start it scans the page directory (headers only) and rebuilds its index (F5). It answers
+At start it scans the page directory (headers only) and rebuilds its index. It answers
 `DescribeInventory` with every page it holds, writes pages the scheduler hands it from the
 shared buffer pool, reads pages back into buffers (verified: a bad page is a miss, removed and
 logged), deletes what the scheduler evicts. Reads jump ahead of queued writes: a restore is on
@@ -20,7 +20,8 @@ from collections import deque
 
 from switchyard.kvstore.dir_lock import KvDirLocked, KvDirUnsafe, lock_kv_dir
 from switchyard.kvstore.page_key import PageKeyError, key_path, load_page_key
-from switchyard.kvstore.store import CorruptEvent, PageGeometry, PageStore, StoreUnavailable
+from switchyard.kvstore.page_file import PageGeometry
+from switchyard.kvstore.store import CorruptEvent, PageStore, StoreUnavailable
 from switchyard.proto.backoff import Backoff
 from switchyard.proto.endpoints import rank_role
 from switchyard.proto.ids import new_boot_id

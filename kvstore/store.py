@@ -1,4 +1,4 @@
-"""Page files on disk and their in-memory index (docs/design/kv-pages.md "KV pages", F1, F5, F12).
+"""Page files on disk and their in-memory index (docs/design/kv-pages.md "KV pages").
 
 Layout: `<root>/<namespace hex[:8]>/<page_id hex[:2]>/<page_id hex>.page`. Sharding keeps
 directories small (a 100K-page cache is ~400 files per directory). Writes go to a temporary
@@ -6,14 +6,10 @@ name in the same directory, are fsynced and renamed, then the directory is fsync
 leaves either the whole page or a `.tmp` file that the next scan removes.
 
 The store chooses nothing (the scheduler picks what to evict) and never raises on bad data: a
-page that fails any check is a miss, its file is removed and the event is counted and reported.
-What is checked, on every read and (all but the payload) by the start-up scan: the header's
-own fields and check, the file's size against them, its owner (ours), its name and directory,
-the model's page geometry once the worker attached (`PageGeometry`: payload length for its
-token count and flags, tokens per page), the buffer it is read into, the tokens asked for and
-the payload's keyed checksum (docs/design/kv-pages.md "KV pages"). Disk trouble that makes persistence
-impossible (full, read-only, no permission) raises StoreUnavailable so the daemon can keep
-serving without persistence.
+page that fails any check (kvstore/page_file.py says which) is a miss, its file is removed and
+the event is counted and reported. Disk trouble that makes persistence impossible (full,
+read-only, no permission) raises StoreUnavailable so the daemon can keep serving without
+persistence.
 
 The directories at every level (root, namespace, shard) must be real directories of ours:
 the root is checked before anything else (kvstore/dir_lock.py), namespace and shard
@@ -21,10 +17,8 @@ directories by the scan and when a write first uses them; a symlink or another u
 directory raises KvDirUnsafe (the kvstore refuses to start), a mode other than 0700 is
 tightened.
 
-Backstop for a bug no check foresaw: with `read_guard`, the paths of the pages being read are
-kept in `<root>/reading` until the batch is done; the next scan removes the pages a dead
-kvstore was reading (`kv.corrupt_page`, "being read when the kvstore died"), so a page that
-crashes the reader costs one restart, never a crash loop.
+With `read_guard`, the pages being read are named in `<root>/reading` until the batch is done,
+so a page that crashes its reader costs one restart, never a crash loop (kvstore/read_guard.py).
 """
 
 from __future__ import annotations
@@ -34,43 +28,27 @@ import dataclasses
 import errno
 import os
 import secrets
-import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from switchyard.kvstore import pages
+from switchyard.kvstore import page_file, pages
 from switchyard.kvstore.dir_lock import KvDirUnsafe, check_private_dir
+from switchyard.kvstore.page_file import (OPEN_READ, PAGE_SUFFIX, TEMP_SUFFIX, PageGeometry,
+                                          read_header, writer_gone)
 from switchyard.kvstore.page_key import key_path, load_page_key
-from switchyard.kvstore.pages import (
-    PREFIX_SIZE,
-    CorruptPage,
-    OtherFormat,
-    PageHeader,
-    encode_header,
-    decode_header,
-    header_length,
-    make_header,
-    payload_checksum,
-)
+from switchyard.kvstore.pages import (CorruptPage, OtherFormat, PageHeader, encode_header,
+                                      make_header)
+from switchyard.kvstore.read_guard import ReadGuard
 from switchyard.proto.messages import PageInfo
 from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.settings import user_cache_dir
 
-PAGE_SUFFIX = ".page"
-TEMP_SUFFIX = ".tmp"
-READING_NAME = "reading"  # the read guard's list of pages being read
-# One read covers the header of a page of up to ~990 tokens (P=256 needs 1152 bytes).
-_FIRST_READ = 4096
 # Threads reading the pages of one restore batch: enough to keep an SSD's queue busy and to
 # verify checksums on several cores; reads release the GIL.
 READ_THREADS = max(4, min(8, os.cpu_count() or 1))
-# Page files are opened without following a symlink and without blocking on a FIFO planted
-# in the directory; files are created 0600 in 0700 directories (their headers hold prompt
-# token ids): docs/design/security.md "Security".
-_OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Errors that mean "this disk cannot take our pages now", as opposed to a bug.
 _UNAVAILABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO,
                 errno.ENOTDIR, errno.ENAMETOOLONG}
@@ -78,29 +56,6 @@ _UNAVAILABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQU
 
 class StoreUnavailable(RuntimeError):
     """The page directory cannot be written (full, read-only, permissions, I/O error)."""
-
-
-@dataclass(frozen=True)
-class PageGeometry:
-    """What the attached worker's pages look like (AttachBuffers): a page of n tokens holds
-    n * token_bytes of K and V, plus state_bytes of recurrent state with RECURRENT_STATE."""
-
-    namespace: bytes
-    page_size: int
-    token_bytes: int
-    state_bytes: int = 0
-
-    def problem(self, num_tokens: int, flags: PageFlags, payload_len: int) -> str:
-        if not 1 <= num_tokens <= self.page_size:
-            return f"{num_tokens} tokens, pages hold 1 to {self.page_size}"
-        if flags & PageFlags.RECURRENT_STATE and not self.state_bytes:
-            return "a recurrent-state page, and the model has no recurrent state"
-        want = num_tokens * self.token_bytes \
-            + (self.state_bytes if flags & PageFlags.RECURRENT_STATE else 0)
-        if payload_len != want:
-            return (f"payload is {payload_len} bytes, the model's page of {num_tokens} tokens "
-                    f"is {want}")
-        return ""
 
 
 @dataclass(frozen=True)
@@ -158,25 +113,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _read_header_fd(fd: int) -> tuple[PageHeader, os.stat_result]:
-    """Header of an open page file, checked against the file size (catches truncation) and
-    its owner (a page file of another user is never trusted)."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise CorruptPage("not a regular file")
-    if st.st_uid != os.getuid():
-        raise CorruptPage(f"owned by uid {st.st_uid}, not ours")
-    buf = os.pread(fd, _FIRST_READ, 0)
-    header_len = header_length(buf[:PREFIX_SIZE])
-    if header_len > len(buf):
-        buf += os.pread(fd, header_len - len(buf), len(buf))
-    header = decode_header(buf)
-    if st.st_size != header_len + header.payload_len:
-        raise CorruptPage(f"file is {st.st_size} bytes, header says "
-                          f"{header_len + header.payload_len}")
-    return header, st
-
-
 class PageStore:
     def __init__(self, root: Path, *, sync: bool = True, key: bytes | None = None,
                  on_corrupt: Callable[[CorruptEvent], None] | None = None,
@@ -188,8 +124,7 @@ class PageStore:
         self.sync = sync
         self.key = key if key is not None else load_page_key(key_path(user_cache_dir()))[0]
         self.on_corrupt = on_corrupt
-        self.read_guard = read_guard
-        self._guard_fd = -1
+        self.read_guard = ReadGuard(self.root) if read_guard else None
         self.geometry: PageGeometry | None = None
         self._private_dirs: set[Path] = set()  # checked, or made by us
         self.num_corrupt_removed = 0
@@ -354,11 +289,11 @@ class PageStore:
             if entry is not None:
                 return (entry.flags, entry.nbytes) == (flags, nbytes) \
                     and os.stat(path).st_size == nbytes
-            fd = os.open(path, _OPEN_READ)
+            fd = os.open(path, OPEN_READ)
         except OSError:  # missing, or a symlink (ELOOP): the rename replaces it
             return False
         try:
-            header, st = _read_header_fd(fd)
+            header, st = read_header(fd)
         except (CorruptPage, OSError):
             return False  # rewritten by the caller; the rename replaces it
         finally:
@@ -385,8 +320,8 @@ class PageStore:
         """`read_into` for each (page_id, token ids, buffer), on several threads.
 
         A restore reads a batch of pages: read and verified in parallel they keep the disk's
-        queue full and the checksums off one core (docs/design/kv-pages.md "Restores"). The index is
-        updated afterwards, here, in order.
+        queue full and the checksums off one core (docs/design/kv-pages.md "Restores"). The
+        index is updated afterwards, here, in order.
         """
         geometry = self.geometry if self.geometry and self.geometry.namespace == namespace \
             else None
@@ -394,9 +329,9 @@ class PageStore:
                 for pid, tokens, out in reads]
         self._guard([job[0] for job in jobs])
         if len(jobs) > 1:
-            results = list(self._readers().map(lambda job: _read_page(*job), jobs))
+            results = list(self._readers().map(lambda job: page_file.read_page(*job), jobs))
         else:
-            results = [_read_page(*job) for job in jobs]
+            results = [page_file.read_page(*job) for job in jobs]
         self._guard([])
         headers = []
         for (path, _, pid, *_), r in zip(jobs, results):
@@ -422,53 +357,12 @@ class PageStore:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-        if self._guard_fd >= 0:
-            os.close(self._guard_fd)
-            self._guard_fd = -1
+        if self.read_guard is not None:
+            self.read_guard.close()
 
     def _guard(self, paths: list[Path]) -> None:
-        """Name the pages about to be read in `<root>/reading` ([]: the batch is done). No
-        fsync: it only has to outlive the process, not the machine. Best effort: a disk that
-        refuses the few bytes only loses the backstop."""
-        if not self.read_guard:
-            return
-        try:
-            if self._guard_fd < 0:
-                if not paths:
-                    return
-                self._guard_fd = os.open(self.root / READING_NAME, os.O_RDWR | os.O_CREAT
-                                         | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            os.ftruncate(self._guard_fd, 0)
-            if paths:
-                text = "".join(f"{p.relative_to(self.root)}\n" for p in paths)
-                os.pwrite(self._guard_fd, text.encode(), 0)
-        except OSError:
-            pass
-
-    def _died_reading(self) -> None:
-        """Pages a kvstore was reading when it died: removed, whatever they look like now."""
-        path = self.root / READING_NAME
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            st = os.fstat(fd)
-            names = []
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-                names = os.pread(fd, 1 << 16, 0).decode("utf-8", "replace").split()
-            os.ftruncate(fd, 0)
-        except OSError:
-            return
-        finally:
-            os.close(fd)
-        for name in names:
-            parts = name.split("/")
-            if len(parts) != 3 or not parts[2].endswith(PAGE_SUFFIX) or ".." in parts:
-                continue  # not a path this store writes
-            page = self.root.joinpath(*parts)
-            if os.path.lexists(page):
-                self._discard(page, None, "being read when the kvstore died")
+        if self.read_guard is not None:
+            self.read_guard.reading(paths)
 
     def _report(self, path: Path, reason: str) -> None:
         event = CorruptEvent(time.time(), str(path), reason)
@@ -479,11 +373,13 @@ class PageStore:
     # --- scan -----------------------------------------------------------------------------
 
     def scan(self) -> list[PageInfo]:
-        """Rebuild the index from page headers (F5); remove crash leftovers and bad pages."""
+        """Rebuild the index from page headers; remove crash leftovers and bad pages (and the
+        pages a kvstore was reading when it died)."""
         self._index.clear()
         self._num_bytes = 0
-        if self.read_guard:
-            self._died_reading()
+        if self.read_guard is not None:
+            for page in self.read_guard.died_reading():
+                self._discard(page, None, "being read when the kvstore died")
         for ns_dir in self._checked_subdirs(self.root):
             for shard in self._checked_subdirs(ns_dir):
                 with os.scandir(shard) as entries:
@@ -511,7 +407,7 @@ class PageStore:
 
     def _remove_temp(self, path: Path) -> None:
         """A crash leftover: ours, or a writer that is gone (`.<stem>.<pid>.<rand>.tmp`)."""
-        if not _writer_gone(path.name):
+        if not writer_gone(path.name):
             return
         try:
             os.unlink(path)
@@ -522,12 +418,12 @@ class PageStore:
     def _scan_page(self, shard: Path, name: str) -> None:
         path = shard / name
         try:
-            fd = os.open(path, _OPEN_READ)
+            fd = os.open(path, OPEN_READ)
         except OSError as exc:  # a symlink (ELOOP) is never followed
             self._report(path, f"unreadable: {exc.strerror}")
             return
         try:
-            header, st = _read_header_fd(fd)
+            header, st = read_header(fd)
         except OtherFormat:
             try:
                 os.unlink(path)
@@ -622,12 +518,12 @@ def read_entries(root: Path) -> tuple[list[IndexEntry], int]:
         for shard in _subdirs(ns_dir):
             for path in shard.glob(f"*{PAGE_SUFFIX}"):
                 try:
-                    fd = os.open(path, _OPEN_READ)
+                    fd = os.open(path, OPEN_READ)
                 except OSError:
                     num_bad += 1
                     continue
                 try:
-                    header, st = _read_header_fd(fd)
+                    header, st = read_header(fd)
                     entries.append(IndexEntry(header.namespace, header.parent_id,
                                               header.num_tokens, st.st_size, st.st_mtime, path,
                                               header.flags))
@@ -638,91 +534,9 @@ def read_entries(root: Path) -> tuple[list[IndexEntry], int]:
     return entries, num_bad
 
 
-@dataclass(frozen=True)
-class _PageRead:
-    """What one thread found reading one page: the header when it was read and verified."""
-
-    header: PageHeader | None = None
-    size: int = 0
-    used_at: float = 0.0
-    corrupt: str = ""  # a bad page: removed by the caller
-    unreadable: str = ""  # an I/O error: reported, kept
-
-
-def _read_page(path: Path, namespace: bytes, page_id: bytes, expected_token_ids: Sequence[int],
-               out, key: bytes, geometry: PageGeometry | None = None) -> _PageRead:
-    """Open, verify and read one page file into `out`, touching no shared state (threads)."""
-    out = memoryview(out).cast("B")
-    try:
-        fd = os.open(path, _OPEN_READ)
-    except FileNotFoundError:
-        return _PageRead()
-    except OSError as exc:
-        return _PageRead(unreadable=f"unreadable: {exc.strerror}")
-    try:
-        with open(fd, "rb", buffering=0, closefd=True) as f:
-            header, st = _read_header_fd(fd)
-            problem = _mismatch(header, namespace, page_id, expected_token_ids) or (
-                geometry.problem(header.num_tokens, header.flags, header.payload_len)
-                if geometry is not None else "")
-            if problem:
-                raise CorruptPage(problem)
-            n = header.payload_len
-            if n > out.nbytes:  # the header lies (a worker's buffer holds its pages)
-                raise CorruptPage(f"page payload is {n} bytes, buffer {out.nbytes}")
-            f.seek(header.header_len)
-            got = 0
-            while got < n:  # one read of the whole payload, straight into the buffer
-                step = f.readinto(out[got:n])
-                if not step:
-                    raise CorruptPage("payload shorter than its header says")
-                got += step
-            if payload_checksum(key, header.namespace, header.page_id, header.flags,
-                                out[:n]) != header.payload_checksum:
-                raise CorruptPage("payload checksum mismatch (damaged, forged, or written "
-                                  "with another page key)")
-            now = time.time()
-            try:
-                os.utime(fd, (now, now))  # recency survives a restart (the file we read)
-            except OSError:
-                pass  # a read-only disk: recency is only kept in memory
-    except CorruptPage as exc:
-        return _PageRead(corrupt=str(exc))
-    except OSError as exc:  # EIO mid-read: a miss; the file may be fine next time
-        return _PageRead(unreadable=f"unreadable: {exc.strerror}")
-    return _PageRead(header, st.st_size, now)
-
-
-def _mismatch(header: PageHeader, namespace: bytes, page_id: bytes,
-              expected_token_ids: Sequence[int]) -> str | None:
-    if header.namespace != namespace:
-        return "namespace does not match"
-    if header.page_id != page_id:
-        return "page id does not match"
-    if header.token_ids != tuple(expected_token_ids):
-        return "token ids do not match"
-    return None
-
-
 def _subdirs(path: Path) -> list[Path]:
     try:
         with os.scandir(path) as entries:
             return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
     except OSError:
         return []
-
-
-def _writer_gone(name: str) -> bool:
-    parts = name.split(".")
-    if len(parts) < 4 or not parts[-3].isdigit():
-        return True
-    pid = int(parts[-3])
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False

@@ -1,8 +1,9 @@
 """Placing a request that leaves the queue: its slot and where its prefix comes from.
 
 `place` decides, with `scheduler.placement` scoring the options, and changes nothing; `apply`
-commits the decision to the slot, the request and the page cache. The core owns the queue and
-calls them while it admits (docs/design/scheduling.md "Scheduling").
+commits the decision to the slot, the request and the page cache. The admission manager
+(scheduler/admission_manager.py) owns the queue's order and calls them while it admits
+(docs/design/scheduling.md "Scheduling").
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def sibling_prefilling(req: Request, chain: list[bytes], have: int,
     """A running request prefilling a prefix `req` (its context's page `chain`) shares
     beyond the `have` tokens a slot or the disk gives it already, and that will hold it
     no later than `req` would prefill it alone: its slot holds at least `have` tokens of it
-    (issue 29: six sub-agents arriving together under one system prompt prefill it once;
+    (six sub-agents arriving together under one system prompt prefill it once;
     the other five copy it). Prefilling beside it instead, each would get half of every
     step's chunk. Whole pages only; never for a model whose slots cannot give a prefix they
     went past (recurrent state)."""

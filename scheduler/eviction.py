@@ -1,11 +1,11 @@
 """Disk eviction choices and budget sizing. Pure: the caller passes the time and applies the plan.
 
-Policy (docs/design/kv-pages.md "Disk eviction policy", F2, F8):
+Policy (docs/design/kv-pages.md "Disk eviction policy"):
 - Only leaf pages go, so a conversation loses its tail first and a prefix shared by several
   conversations (a system prompt) goes only after every conversation through it is gone.
   Evicting a leaf can expose its parent, which joins the candidates in the same pass.
 - Least recently used conversation first. A page's recency is the latest use of it or of any
-  page below it: hit counts are never used (F2: the newest checkpoint has zero hits and is the
+  page below it: hit counts are never used (the newest checkpoint has zero hits and is the
   one the next switch needs).
 - Pages used within the protection window go last; taking one is thrash, reported with the
   working set and a budget that would hold it.
@@ -131,7 +131,7 @@ def round_up_gib(nbytes: int) -> int:
 def budget_report(
     kv_bytes_per_token: int, budget_bytes: int, conversation_tokens: int = 100_000
 ) -> dict:
-    """What the disk budget holds, for the start-up line (F8): tokens and conversations."""
+    """What the disk budget holds, for the start-up line: tokens and conversations."""
     if kv_bytes_per_token <= 0 or conversation_tokens <= 0:
         raise ValueError("kv_bytes_per_token and conversation_tokens must be > 0")
     budget_tokens = budget_bytes // kv_bytes_per_token

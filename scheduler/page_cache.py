@@ -6,7 +6,7 @@ the kvstore commands (`WritePages`, `DeletePages`, `TouchPages`) in the core's o
 Write-through (docs/design/kv-pages.md "KV pages"): every full page of every slot is staged into a shared
 buffer at the start of the step after it filled, then written by kvstore, so a conversation
 that leaves its slot needs no write at that moment. Eviction happens when pages are written:
-the budget is never exceeded, and what goes is chosen by `scheduler.eviction` (F2).
+the budget is never exceeded, and what goes is chosen by `scheduler.eviction`.
 """
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ class PageCache:
         conversation on: its own tails there are superseded (the turns it continues were
         retired by `supersede`), and so are tails no remembered turn ended in (a branch a
         conversation left, one long forgotten), so they go now and disk stays linear in unique
-        tokens (F1). Tails other conversations ended in stay: a main session's under the system
+        tokens. Tails other conversations ended in stay: a main session's under the system
         prompt its sub-agents share is where it resumes. Tails after the request's last full
         page stay: they are where this very request may resume."""
         passed = {root, *chain[:-1]}

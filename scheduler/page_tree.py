@@ -4,7 +4,7 @@ A page names its whole prefix through `parent_id` (docs/design/kv-pages.md "KV p
 form a tree: a conversation is a path from a root, a shared system prompt is a common prefix
 with several children. A page whose parent is not on disk (evicted, or not written yet) is
 kept: it cannot be restored past the gap, but it is a root for eviction and is linked again if
-its parent arrives. The kvstore's inventory rebuilds the tree at start (F5).
+its parent arrives. The kvstore's inventory rebuilds the tree at start.
 """
 
 from __future__ import annotations

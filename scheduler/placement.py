@@ -6,9 +6,9 @@ prefilled. The cost of an option is its token work, weighted by how expensive ea
 relative to prefilling, plus the value of what the slot loses: resident tokens past the shared
 prefix, cheap if their pages are on disk (they can be restored), full price if not.
 
-Rules (docs/design/scheduling.md "Scheduling", F3): a slot that displaces nothing (empty, or holding a prefix
-of the request) always wins over one that displaces a conversation; among equals the cheapest
-wins, then the least recently used slot.
+Rules (docs/design/scheduling.md "Scheduling"): a slot that displaces nothing (empty, or
+holding a prefix of the request) always wins over one that displaces a conversation; among
+equals the cheapest wins, then the least recently used slot.
 """
 
 from __future__ import annotations

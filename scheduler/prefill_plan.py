@@ -41,11 +41,11 @@ def prefill_share(decoding: list[Request], prefilling: list[Request], now: float
     needs the whole reply) are not: they decode every step, but a request waiting for its
     first token may take the rest of it. Protected streams and the requests waiting for their
     first token are equal parties: D streams beside W waiting requests keep D / (D + W) of
-    their solo speed, at most `--decode-share` (one stream beside one long prefill keeps it:
-    issue 14) and at least MIN_DECODE_SHARE. Waiting background requests count only while no
+    their solo speed, at most `--decode-share` (one stream beside one long prefill keeps
+    it) and at least MIN_DECODE_SHARE. Waiting background requests count only while no
     interactive request of their tenant heads its prefill queue (they wait for it anyway).
     So twenty agents' tool results waiting behind a few short replies prefill at nearly full
-    speed (issue 29), and a lone chat stream beside a long prompt keeps half of its speed."""
+    speed, and a lone chat stream beside a long prompt keeps half of its speed."""
     heads: dict[str, bool] = {}  # each tenant's: its background waits only for its own
     for r in prefilling:
         heads.setdefault(r.tenant, interactive_now(r, now, cfg.background_wait_s))

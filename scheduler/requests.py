@@ -81,7 +81,7 @@ class Request:
     num_reread: int = 0
     # Every token the model must see: the prompt, then what it generated so far. All but the
     # last are prefilled into the slot; the last is the next decode input, so there is always
-    # at least one token to run (F11) and the first output token comes from a one-token
+    # at least one token to run and the first output token comes from a one-token
     # forward pass, exactly as mlx_lm.generate does. Grown in place (`add_token`), never
     # rebuilt: per-step work must not depend on the context's length (docs/design.md
     # "Scheduling").

@@ -3,8 +3,8 @@
 kvstore answers reads in the order they were sent, so the batches in flight are a queue. A
 request keeps the batch it waits for in `req.reading` and the pages read but not yet loaded
 in `req.loading`: the next batch is read while the worker loads the last one. A batch whose
-request finished or moved meanwhile only gives its buffers back. Pure bookkeeping: the core
-sends what `issue` returns.
+request finished or moved meanwhile only gives its buffers back. Pure bookkeeping: the disk
+manager (scheduler/disk_manager.py) sends what `issue` returns.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ _SENT_BY_KVSTORES = (PagesWritten, PagesRead, InventoryDescribed, PagesDeleted)
 
 
 def may_send(role: str, kind: type) -> bool:
-    """Whether a peer of `role` may send a message of type `kind` (issue 23, finding 7)."""
+    """Whether a peer of `role` may send a message of type `kind`."""
     if kvstore_rank(role) is not None:
         allowed = _SENT_BY_KVSTORES
     elif role in _SENT_BY:
@@ -440,7 +440,7 @@ class SchedulerService:
 
     def _peer_role(self, sock: zmq.Socket, identity: bytes) -> str | None:
         """The peer's role, or None when a frame from it is dropped: an identity that is not
-        UTF-8 (it crashed the scheduler: issue 23, finding 7), or on the TCP endpoint one the
+        UTF-8 (one crashed the scheduler once), or on the TCP endpoint one the
         group key does not allow there (only the other hosts' kvstores)."""
         try:
             role = identity.decode()

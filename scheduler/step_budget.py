@@ -1,4 +1,4 @@
-"""How many prompt tokens a step may prefill without starving the sequences that decode (F6).
+"""How many prompt tokens a step may prefill without starving the sequences that decode.
 
 A step runs every decoding sequence's token, then prefill chunks. If prefill makes a step
 cycle k times longer than a decode-only cycle, every decoding stream runs at 1/k of its speed.

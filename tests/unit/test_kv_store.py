@@ -8,11 +8,13 @@ import time
 import numpy as np
 import pytest
 
+from switchyard.kvstore import page_file
 from switchyard.kvstore import store as store_mod
 from switchyard.kvstore.pages import (ROOT_ID, chain_page_ids, decode_header, encode_header,
                                       make_header, make_namespace)
 from switchyard.proto.page_flags import PageFlags
-from switchyard.kvstore.store import PageGeometry, PageStore, StoreUnavailable
+from switchyard.kvstore.page_file import PageGeometry
+from switchyard.kvstore.store import PageStore, StoreUnavailable
 
 NS = make_namespace("model-a")
 OTHER_NS = make_namespace("model-b")
@@ -305,7 +307,7 @@ def test_a_page_that_kills_its_reader_is_removed_by_the_next_scan(tmp_path, monk
     def boom(*args):
         raise MemoryError("a bug no check foresaw")
 
-    monkeypatch.setattr(store_mod, "_read_page", boom)
+    monkeypatch.setattr(page_file, "read_page", boom)
     with pytest.raises(MemoryError):
         store.read_many(NS, [(ids[1], _tokens(1), memoryview(bytearray(8192)))])
     monkeypatch.undo()

@@ -1,0 +1,123 @@
+"""What stays in the worker's memory: the KV budget's policy, carried out on the core's slots.
+
+Two limits: the KV the slots hold, with the running requests' reserves, stays within the
+worker's budget (docs/design/kv-pages.md "Memory plan"; `scheduler.kv_memory` decides, this
+manager marks slots to leave and preempts), and with --max-running past --slots at most
+--slots conversations stay resident
+(docs/design/scheduling.md "Running past the resident slots"). A slot leaves memory
+only once its pages are on disk or on their way, so nothing leaves to be prefilled again.
+"""
+
+from __future__ import annotations
+
+from switchyard.proto.held_kv import held_tokens
+from switchyard.scheduler.admission import Decision
+from switchyard.scheduler.core_state import CoreState
+from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for
+from switchyard.scheduler.request_lifecycle import RequestLifecycle
+from switchyard.scheduler.requests import Request
+from switchyard.scheduler.tenant_shares import running_by_tenant
+
+
+class MemoryManager:
+    def __init__(self, state: CoreState, lifecycle: RequestLifecycle):
+        self.state = state
+        self.lifecycle = lifecycle
+
+    def held_tokens(self) -> int:
+        st = self.state
+        return held_tokens(holds(st.slots, st.requests), st.config.ctx)
+
+    def relieve(self, now: float) -> None:
+        """When what the slots hold, with the running requests' reserves, outgrows the
+        worker's KV budget: idle slots leave memory, then the newest or lowest-priority
+        running requests are staged to disk (preempted: they resume by restoring their
+        pages). Before the step's stages, so a yielding slot's tail is staged in this step
+        and its slot released with it."""
+        st = self.state
+        budget = st.config.kv_budget_tokens
+        if not budget:
+            return
+        running = running_by_tenant(st.running())
+        relief = relieve(st.slots, st.requests, budget, st.config.ctx,
+                         lambda r: (st.shares.usage(r.tenant, running),
+                                    not st.interactive(r, now), r.arrived_at))
+        held = self.held_tokens() if relief.preempt else 0
+        for rid in relief.preempt:
+            st.num_memory_preemptions += 1
+            self.lifecycle.preempt(st.requests[rid], now, "memory", held_tokens=held,
+                                   budget_tokens=budget)
+        for index in relief.leave:
+            st.slots[index].leaving = True
+
+    def short_of(self, req: Request) -> bool:
+        """Whether the request's KV would not fit the worker's budget beside what stays
+        (what it may find in a slot does not change its hold). Slots already leaving count
+        as gone: they go as soon as their pages are on their way."""
+        st = self.state
+        budget = st.config.kv_budget_tokens
+        return bool(budget) and room_for(
+            request_hold(req, 0), -1, st.slots, st.requests, budget, st.config.ctx,
+            lambda s: s.leaving or st.releasable(s)) is None
+
+    def room_for(self, req: Request, decision: Decision) -> bool:
+        """Whether the request's KV, placed as decided, fits the worker's budget, making room
+        by releasing idle slots whose pages are on disk; logged once per wait when not."""
+        st = self.state
+        budget = st.config.kv_budget_tokens
+        if not budget:
+            return True
+        p = decision.placement
+        start = p.copied if p.copy_from is not None else p.reused
+        leave = room_for(request_hold(req, start), p.slot, st.slots, st.requests, budget,
+                         st.config.ctx, st.releasable)
+        if leave is None:
+            if not req.waits_for_memory:
+                req.waits_for_memory = True
+                st.outbox.log("request.waits_for_memory", rid=req.rid,
+                              num_context=req.num_context, budget_tokens=budget,
+                              held_tokens=self.held_tokens())
+            return False
+        req.waits_for_memory = False
+        for index in leave:
+            st.slots[index].leaving = True
+        return True
+
+    def releases(self, now: float) -> list[int]:
+        """The slots whose KV leaves memory with this step: those the KV budget wants out,
+        then, with --max-running past --slots, the least recently used idle slots past
+        --slots (running ones counted), each once idle for `release_after_s` (a reply that
+        ended in a tool call is back with its result within seconds, and finds its slot) and
+        once all its tokens are on disk or on their way (its next turn restores them). The
+        worker makes the step's copies first, so a slot copied from in this step may go too."""
+        st, cfg = self.state, self.state.config
+        released = self._budget_releases()
+        if not cfg.resident_slots or cfg.resident_slots >= len(st.slots):
+            return released
+        idle = sorted((s for s in st.slots if s.free and s.tokens), key=lambda s: s.last_used)
+        excess = len(idle) - max(cfg.resident_slots - st.num_running, 0)
+        for slot in idle:
+            if len(released) >= excess or now - slot.last_used < cfg.release_after_s:
+                break
+            if st.pages.enabled and not st.pages.all_on_disk(slot):
+                slot.tail_wanted = True  # staged when a buffer is free, then released
+                continue
+            slot.replace(())
+            released.append(slot.index)
+        return released
+
+    def _budget_releases(self) -> list[int]:
+        """Idle slots the KV budget wants out (`Slot.leaving`), released as soon as their
+        pages are on disk or on their way, grace or not; a slot placed meanwhile stays."""
+        released = []
+        for slot in self.state.slots:
+            if not slot.leaving:
+                continue
+            if not slot.free or not slot.tokens:
+                slot.leaving = False
+            elif self.state.releasable(slot):
+                slot.replace(())
+                released.append(slot.index)
+            else:
+                slot.tail_wanted = True  # staged when a buffer is free, then released
+        return released
