@@ -21,7 +21,7 @@ Header layout, little-endian:
 The payload checksum is a MAC: keyed BLAKE3 (128 bits) with the install's page key
 (kvstore/page_key.py) over the namespace, page id, flags, payload length and payload. Someone
 who can write a page file but not read the key cannot forge a page that verifies, and a
-payload cannot be moved under another page's header (format version 3; docs/design.md
+payload cannot be moved under another page's header (format version 3; docs/design/security.md
 "Security"). The header's own check stays an unkeyed blake2b-8: it only catches damage; what
 a header says is trusted only after the payload's MAC, which covers every field that matters,
 has verified.

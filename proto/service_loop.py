@@ -60,8 +60,8 @@ class SchedulerLink:
         self.ctx = zmq.Context()
         endpoints = Endpoints(ensure_runtime_dir(settings.runtime_path))
         endpoint = scheduler_endpoint(settings, endpoints)
-        # Another host's scheduler admits only holders of the group key (CURVE; docs/design.md
-        # "Pages per rank"); the local ipc socket needs none.
+        # Another host's scheduler admits only holders of the group key (CURVE;
+        # docs/design/worker-groups.md "Pages per rank"); the local ipc socket needs none.
         key = read_group_key(settings.group_key_file) if endpoint.startswith("tcp://") else None
         self.endpoint = endpoint
         self.refusals = None

@@ -278,7 +278,7 @@ class Settings:
     @property
     def worker_slots(self) -> int:
         """Slots the worker holds: one per running request (--max-running), at least --slots;
-        the scheduler keeps at most --slots of them resident while idle (docs/design.md
+        the scheduler keeps at most --slots of them resident while idle (docs/design/scheduling.md
         "Running past the resident slots"). With --max-running 0 the worker decides
         (`auto_running`) and tells the scheduler; until then this is --slots."""
         return max(self.slots, self.max_running)

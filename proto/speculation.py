@@ -1,6 +1,6 @@
-"""Speculative decoding's verifier: which proposed tokens a sequence keeps (docs/design.md
-"Speculative decoding"). Pure: no MLX, no model. The worker applies it to what a verify pass
-sampled; the scheduler counts with it what was accepted.
+"""Speculative decoding's verifier: which proposed tokens a sequence keeps
+(docs/design/speculative-decoding.md "Speculative decoding"). Pure: no MLX, no model. The worker
+applies it to what a verify pass sampled; the scheduler counts with it what was accepted.
 
 A step feeds a sequence's input token followed by its draft d_0..d_{k-1} (a proposal copied
 from text: deterministic, no probabilities of its own) in one forward pass. At every position

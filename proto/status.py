@@ -107,8 +107,8 @@ class TokenCounts(_Doc):
     restored: int = 0
     prefilled: int = 0
     generated: int = 0
-    # Speculative decoding: draft tokens verified, and those kept (docs/design.md
-    # "Speculative decoding").
+    # Speculative decoding: draft tokens verified, and those kept (
+    # docs/design/speculative-decoding.md "Speculative decoding").
     draft_proposed: int = 0
     draft_accepted: int = 0
 

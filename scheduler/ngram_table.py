@@ -1,5 +1,5 @@
-"""One tenant's n-gram index for the speculative proposer (scheduler/proposer.py; docs/design.md
-"Speculative decoding", "Tenants"). Pure: numpy arrays, no I/O.
+"""One tenant's n-gram index for the speculative proposer (scheduler/proposer.py;
+docs/design/speculative-decoding.md "Speculative decoding", "Tenants"). Pure: numpy arrays, no I/O.
 
 A direct-mapped table: each entry names the sequence and position where an n-gram (by its
 hash) was last seen, and an insert overwrites its slot. Shared between tenants, one tenant's

@@ -1,5 +1,5 @@
-"""Draft proposals for speculative decoding, copied from text already seen (docs/design.md
-"Speculative decoding"). Pure: no I/O, no MLX.
+"""Draft proposals for speculative decoding, copied from text already seen
+(docs/design/speculative-decoding.md "Speculative decoding"). Pure: no I/O, no MLX.
 
 An agent's replies are largely copies: a file rewritten with one change, paths and identifiers
 from the tool results above, the same JSON keys in every call, sub-agents repeating each

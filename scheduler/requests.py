@@ -83,7 +83,7 @@ class Request:
     # last are prefilled into the slot; the last is the next decode input, so there is always
     # at least one token to run and the first output token comes from a one-token
     # forward pass, exactly as mlx_lm.generate does. Grown in place (`add_token`), never
-    # rebuilt: per-step work must not depend on the context's length (docs/design.md
+    # rebuilt: per-step work must not depend on the context's length (docs/design/scheduling.md
     # "Scheduling").
     feed: list[int] = field(init=False)
     # Ids of the full pages of the context (`feed[:-1]`) under `chain_namespace`, extended as

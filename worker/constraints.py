@@ -8,11 +8,10 @@ GIL while it compiles) and `GrammarPrepared` lets the scheduler place the reques
 grammar is kept while a request of it lives (`ReleaseGrammar`), and a few more for reuse. A
 step finds it compiled (a step that does not is logged, and compiles it then).
 
-The worker keeps a matcher per slot and computes each row's allowed-token mask on the CPU while
-the forward pass runs on MLX's stream, then masks the logits before sampling (docs/design.md
-"Structured outputs"). Nothing about a matcher is stored: it is rebuilt from the tokens the
-slot's request generated so far, so constraints survive preemption, restores and worker
-restarts.
+The worker keeps a matcher per slot and computes each row's allowed-token mask on the CPU while the
+forward pass runs on MLX's stream, then masks the logits before sampling (docs/design/requests.md
+"Structured outputs"). Nothing about a matcher is stored: it is rebuilt from the tokens the slot's
+request generated so far, so constraints survive preemption, restores and worker restarts.
 
 With a trigger (a tool-call marker, or the end of a reasoning block) the output is free until
 the trigger's tokens appear; from the token after it the grammar is in force to the end. Once
@@ -213,9 +212,10 @@ class ConstraintEngine:
     # --- masks -----------------------------------------------------------------------------
 
     def draft_prefix(self, slot: int, draft: list[int]) -> int:
-        """How many of `draft`'s tokens the grammar accepts in turn (docs/design.md
-        "Speculative decoding": a draft is cut before the first one it rejects). Walked on a
-        copy: the slot's matcher moves only with the tokens a step emits (`accept`)."""
+        """How many of `draft`'s tokens the grammar accepts in turn
+        (docs/design/speculative-decoding.md "Speculative decoding": a draft is cut before the first
+        one it rejects). Walked on a copy: the slot's matcher moves only with the tokens a step
+        emits (`accept`)."""
         walk = self._walk(slot)
         if walk is None:
             return len(draft)

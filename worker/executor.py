@@ -145,8 +145,8 @@ class StepExecutor:
         return self._context_per_read
 
     def _drafted(self, decodes: tuple[DecodeItem, ...]) -> tuple[DecodeItem, ...]:
-        """The step's decodes, those that ask the drafter for a draft given one (docs/design.md
-        "Speculative decoding": drafts made in the worker)."""
+        """The step's decodes, those that ask the drafter for a draft given one (
+        docs/design/speculative-decoding.md "Speculative decoding": drafts made in the worker)."""
         wanted = [i for i, d in enumerate(decodes)
                   if d.draft_tokens and not d.draft and d.burst_limit > 1]
         if self.drafter is None or not wanted:

@@ -1,5 +1,5 @@
-"""A worker group: N ranks of the worker over one `mx.distributed` group (docs/design.md
-"Worker groups").
+"""A worker group: N ranks of the worker over one `mx.distributed` group (
+docs/design/worker-groups.md "Worker groups").
 
 Rank 0 alone talks to the scheduler. It broadcasts every RunStep's encoded bytes through the
 group itself (one all_sum of a frame of kind, length and the payload's head, to which the other

@@ -1,9 +1,9 @@
-"""Speculative decoding in the worker, in-process on the family twins (docs/design.md
-"Speculative decoding"): a decode step that verifies proposed tokens gives, token for token,
-the greedy output of plain decode steps, for every cache kind, batched (rows keeping different
-numbers of tokens in one pass, recurrent states included) and alone (sliding-window rings),
-under a JSON-schema constraint, and with --kv-bits 8;
-a seeded sampled request gives the same tokens with or without drafts.
+"""Speculative decoding in the worker, in-process on the family twins
+(docs/design/speculative-decoding.md "Speculative decoding"): a decode step that verifies proposed
+tokens gives, token for token, the greedy output of plain decode steps, for every cache kind,
+batched (rows keeping different numbers of tokens in one pass, recurrent states included) and alone
+(sliding-window rings), under a JSON-schema constraint, and with --kv-bits 8; a seeded sampled
+request gives the same tokens with or without drafts.
 
 A verify pass multiplies several rows at once, so its float rounding may differ from single
 steps: a divergence is accepted only where the reference's top-2 logit gap is below 1e-4

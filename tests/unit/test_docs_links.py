@@ -27,7 +27,9 @@ TREES = ("bench", "tests", "deploy", "fixtures", "gateway", "scheduler", "worker
          "proto", "docs", ".ci")
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-CITATION = re.compile(r'((?:docs/)?[\w./-]*\.md|README)((?: "[^"\n]+")(?:,\s*"[^"\n]+")*)')
+# A page and its quoted section, which a comment or docstring may carry over to the next line.
+CITATION = re.compile(r'((?:docs/)?[\w./-]*\.md|README)((?:(?: |\n\s*(?:#\s*)?)"[^"\n]+")'
+                      r'(?:,\s*"[^"\n]+")*)')
 CODE_SPAN = re.compile(r"``?([^`\n]+?)``?")
 FENCE = re.compile(r"(?ms)^```[^\n]*\n(.*?)^```")
 

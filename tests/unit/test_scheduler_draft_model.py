@@ -1,8 +1,8 @@
-"""A draft model in the scheduler core, driven without sockets or MLX (docs/design.md
-"Speculative decoding"): the core asks the worker's draft model for draft tokens per row
-(`DecodeItem.draft_tokens`), chooses how many from the measured acceptance and costs, uses
-copied drafts where they match better, and counts what the worker's drafts kept. The scripted
-worker verifies as the real one does (proto/speculation.py)."""
+"""A draft model in the scheduler core, driven without sockets or MLX
+(docs/design/speculative-decoding.md "Speculative decoding"): the core asks the worker's draft model
+for draft tokens per row (`DecodeItem.draft_tokens`), chooses how many from the measured acceptance
+and costs, uses copied drafts where they match better, and counts what the worker's drafts kept. The
+scripted worker verifies as the real one does (proto/speculation.py)."""
 
 from switchyard.proto.messages import (
     SampledToken,
