@@ -43,6 +43,7 @@ class CoreCosts:
     tokens_written: int = 0
     requests: int = 0
     peak_memory_tokens: int = 0  # the most the scripted worker's slots held at once
+    order: tuple[int, ...] = ()  # the trace's requests in the order the core admitted them
 
 
 class ScriptedGroup:
@@ -64,6 +65,7 @@ class ScriptedGroup:
         self.disk: dict[bytes, PageInfo] = {}
         self.written_tokens = 0
         self.peak_memory_tokens = 0
+        self.submitted: dict[str, float] = {}
         self.next_reply_id = REPLY_IDS
         self.do(InventoryDescribed("kv", ()))
         self.do(WorkerReady("w", NAMESPACE, "trace", SLOTS, CTX, page_size, TOKEN_BYTES, True,
@@ -76,6 +78,7 @@ class ScriptedGroup:
         self.finished.update((r.rid, r) for r in effects.finished)
 
     def submit(self, rid: str, prompt: list[int], max_tokens: int) -> None:
+        self.submitted[rid] = self.now
         self.do(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (STOP,),
                               "interactive"))
 
@@ -103,12 +106,14 @@ class ScriptedGroup:
         for slot in plan.releases:
             self.slots[slot] = []
         for ld in plan.loads:
-            self.slots[ld.slot] = self.slots[ld.slot][:ld.start]
+            del self.slots[ld.slot][ld.start:]
             for b in ld.buffers:
                 self.slots[ld.slot] += list(self.buffers[b])
         sampled = []
         for d in plan.decodes:
-            self.slots[d.slot] = self.slots[d.slot][:d.position] + [d.token_id]
+            held = self.slots[d.slot]
+            del held[d.position:]  # in place: slots hold tens of thousands of tokens
+            held.append(d.token_id)
             steps = min(plan.num_decode_steps, d.burst_limit)
             for i in range(steps):
                 token = self.next_reply_id
@@ -118,7 +123,9 @@ class ScriptedGroup:
                     self.slots[d.slot].append(token)
         prefilled = 0
         for c in plan.prefills:
-            self.slots[c.slot] = self.slots[c.slot][:c.start] + list(c.token_ids)
+            held = self.slots[c.slot]
+            del held[c.start:]
+            held.extend(c.token_ids)
             prefilled += len(c.token_ids)
         self.peak_memory_tokens = max(self.peak_memory_tokens, sum(map(len, self.slots)))
         self.now += prefilled / PREFILL_TOKENS_PER_S + DECODE_STEP_S * plan.num_decode_steps
@@ -177,6 +184,8 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
         raise RuntimeError(f"{trace.name}: the core did not finish in {max_steps} steps")
     costs = CoreCosts(tokens_written=g.written_tokens, requests=len(g.finished),
                       peak_memory_tokens=g.peak_memory_tokens)
+    costs.order = tuple(sorted(range(len(trace.requests)),
+                               key=lambda i: g.submitted[f"r{i}"] + g.finished[f"r{i}"].queue_s))
     for r in trace.requests:
         rec = g.finished[f"r{r.i}"]
         costs.tokens_reread += max(0, r.num_shared - rec.num_cached_tokens)

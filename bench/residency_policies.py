@@ -227,6 +227,7 @@ def replay_optimal(trace: Trace, memory_tokens: int, disk_tokens: int) -> Costs:
     costs = Costs()
     on_disk: set[bytes] = set()
     tokens: dict[bytes, int] = {}
+    last_wanted = {u.uid: i for i, a in enumerate(acc) for u in a.wanted}
     for i, a in enumerate(acc):
         cached = 0
         for u in a.wanted:
@@ -243,6 +244,8 @@ def replay_optimal(trace: Trace, memory_tokens: int, disk_tokens: int) -> Costs:
         costs.disk_overshoot_tokens = max(costs.disk_overshoot_tokens, over)
         on_disk &= in_both[i + 1]
         for uid in (in_both[i + 1] - in_mem[i + 1]) - on_disk:
+            if last_wanted.get(uid, -1) <= i:
+                continue  # held only because there was room: never read, never written
             costs.tokens_written += tokens[uid]
             on_disk.add(uid)
     return costs

@@ -147,3 +147,15 @@ def synthesize(trace: Trace) -> list[list[int]]:
         prompts.append(head + list(range(fresh, fresh + r.new)))
         fresh += r.new
     return prompts
+
+
+def reordered(trace: Trace, order: list[int] | tuple[int, ...]) -> Trace:
+    """The same requests in another order (the order a scheduler ran them in), their shared
+    prefixes found again against the requests now before them."""
+    prompts = synthesize(trace)
+    chosen = [prompts[i] for i in order]
+    shared = shared_prefixes(chosen, trace.page_size)
+    reqs = tuple(TraceRequest(k, trace.requests[i].t, trace.requests[i].prompt, shared[k],
+                              trace.requests[i].reply, trace.requests[i].end,
+                              trace.requests[i].conv) for k, i in enumerate(order))
+    return Trace(trace.name, trace.page_size, reqs, trace.source, trace.command)
