@@ -1,0 +1,194 @@
+"""Switchyard's own residency replayed over a trace: the scheduler core driven through its public
+entry point (`SchedulerCore.handle`), with a scripted worker and kvstore, no sockets, no MLX.
+
+Like the core's unit tests (tests/unit/test_scheduler_pages.py), the scripted worker applies
+each step plan to mirrored slot contents and the scripted kvstore keeps pages in a dict; time
+is virtual: a step takes its prefill tokens at `PREFILL_TOKENS_PER_S` plus `DECODE_STEP_S`, and
+a request is submitted at its trace arrival, or when its conversation's previous reply ended
+if that is later (a client sends its next turn only after the reply). The memory budget is the
+core's KV budget (`kv_budget_tokens`, every slot may stay resident within it: the core's own
+rule for what leaves memory, with `--release-after-s`); the disk budget its
+`disk_budget_bytes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from switchyard.proto.messages import (DeletePages, InventoryDescribed, PageInfo, PagesRead,
+                                       PagesWritten, ReadPages, RunStep, SampledToken,
+                                       SamplingParams, StepDone, SubmitRequest, TouchPages,
+                                       WorkerReady, WritePages)
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.core import SchedulerCore
+from switchyard.scheduler.events import PlanStep
+
+from bench.residency_trace import Trace, synthesize
+
+NAMESPACE = b"r" * 16
+STOP = 0
+REPLY_IDS = 3_000_000_000  # generated ids: never in a prompt (ids are < 2**32)
+PREFILL_TOKENS_PER_S = 4000.0
+DECODE_STEP_S = 0.02
+SLOTS = 32
+TOKEN_BYTES = 1024  # on the scripted disk; the figures are counted in tokens
+HEADER_BYTES = 4096  # what the core allows for a page file's header
+CTX = 131072
+
+
+@dataclass
+class CoreCosts:
+    tokens_reread: int = 0
+    tokens_restored: int = 0
+    tokens_written: int = 0
+    requests: int = 0
+    peak_memory_tokens: int = 0  # the most the scripted worker's slots held at once
+    order: tuple[int, ...] = ()  # the trace's requests in the order the core admitted them
+
+
+class ScriptedGroup:
+    """The core plus a worker and a kvstore that do what its messages say."""
+
+    def __init__(self, page_size: int, memory_tokens: int, disk_tokens: int,
+                 release_after_s: float) -> None:
+        self.page_size = page_size
+        self.core = SchedulerCore(CoreConfig(
+            num_slots=SLOTS, ctx=CTX, prefill_chunk=2048, max_queue=1024,
+            page_size=page_size, decode_burst=8,
+            disk_budget_bytes=disk_tokens * TOKEN_BYTES + -(-disk_tokens // page_size) * HEADER_BYTES,
+            release_after_s=release_after_s))
+        self.now = 0.0
+        self.outbox: list = []
+        self.finished: dict[str, object] = {}
+        self.slots: list[list[int]] = [[] for _ in range(SLOTS)]
+        self.buffers: dict[int, tuple[int, ...]] = {}
+        self.disk: dict[bytes, PageInfo] = {}
+        self.written_tokens = 0
+        self.peak_memory_tokens = 0
+        self.submitted: dict[str, float] = {}
+        self.next_reply_id = REPLY_IDS
+        self.do(InventoryDescribed("kv", ()))
+        self.do(WorkerReady("w", NAMESPACE, "trace", SLOTS, CTX, page_size, TOKEN_BYTES, True,
+                            (), "shm", 256, page_size * TOKEN_BYTES, 0,
+                            kv_budget_tokens=memory_tokens))
+
+    def do(self, event) -> None:
+        effects = self.core.handle(event, self.now)
+        self.outbox += effects.messages
+        self.finished.update((r.rid, r) for r in effects.finished)
+
+    def submit(self, rid: str, prompt: list[int], max_tokens: int) -> None:
+        self.submitted[rid] = self.now
+        self.do(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (STOP,),
+                              "interactive"))
+
+    def step(self) -> bool:
+        """Plan and run one step; False when the core had nothing to do."""
+        self.do(PlanStep())
+        ran = False
+        while self.outbox:
+            out, self.outbox = self.outbox, []
+            for msg in out:
+                if isinstance(msg, RunStep):
+                    ran = True
+                    self.do(self._work(msg))
+                elif isinstance(msg, (WritePages, ReadPages, DeletePages, TouchPages)):
+                    self._store(msg)
+        return ran
+
+    def _work(self, plan: RunStep) -> StepDone:
+        p = self.page_size
+        for st in plan.stages:
+            n = st.num_tokens or p
+            self.buffers[st.buffer] = tuple(self.slots[st.slot][st.start:st.start + n])
+        for cp in plan.copies:
+            self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
+        for slot in plan.releases:
+            self.slots[slot] = []
+        for ld in plan.loads:
+            del self.slots[ld.slot][ld.start:]
+            for b in ld.buffers:
+                self.slots[ld.slot] += list(self.buffers[b])
+        sampled = []
+        for d in plan.decodes:
+            held = self.slots[d.slot]
+            del held[d.position:]  # in place: slots hold tens of thousands of tokens
+            held.append(d.token_id)
+            steps = min(plan.num_decode_steps, d.burst_limit)
+            for i in range(steps):
+                token = self.next_reply_id
+                self.next_reply_id += 1
+                sampled.append(SampledToken(d.slot, token))
+                if i + 1 < steps:
+                    self.slots[d.slot].append(token)
+        prefilled = 0
+        for c in plan.prefills:
+            held = self.slots[c.slot]
+            del held[c.start:]
+            held.extend(c.token_ids)
+            prefilled += len(c.token_ids)
+        self.peak_memory_tokens = max(self.peak_memory_tokens, sum(map(len, self.slots)))
+        self.now += prefilled / PREFILL_TOKENS_PER_S + DECODE_STEP_S * plan.num_decode_steps
+        return StepDone(plan.step, tuple(sampled), 0, len(plan.decodes), 0.0)
+
+    def _store(self, msg) -> None:
+        if isinstance(msg, WritePages):
+            infos = []
+            for w in msg.writes:
+                nbytes = len(w.token_ids) * TOKEN_BYTES + HEADER_BYTES
+                infos.append(PageInfo(w.page_id, w.parent_id, NAMESPACE, len(w.token_ids),
+                                      nbytes, self.now, w.flags))
+                self.disk[w.page_id] = infos[-1]
+                self.written_tokens += len(w.token_ids)
+            self.do(PagesWritten(tuple(infos), (), tuple(w.buffer for w in msg.writes)))
+        elif isinstance(msg, ReadPages):
+            ok, missing = [], []
+            for r in msg.reads:
+                if r.page_id in self.disk:
+                    ok.append(r.page_id)
+                    self.buffers[r.buffer] = tuple(r.token_ids)
+                else:
+                    missing.append(r.page_id)
+            self.do(PagesRead(tuple(ok), tuple(missing)))
+        elif isinstance(msg, DeletePages):
+            for pid in msg.page_ids:
+                self.disk.pop(pid, None)
+
+
+def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
+                release_after_s: float = 10.0, max_steps: int = 200_000) -> CoreCosts:
+    """Run the trace through the core; re-reads are the prompt tokens earlier prompts held that
+    were prefilled again (the shared prefix past what was cached, plus any request's re-read
+    after it gave its slot up)."""
+    prompts = synthesize(trace)
+    g = ScriptedGroup(trace.page_size, memory_tokens, disk_tokens, release_after_s)
+    pending = list(trace.requests)
+    last_of: dict[str, str] = {}  # conversation -> rid of its latest request
+
+    def ready(r) -> bool:
+        before = last_of.get(r.conv or f"#{r.i}")
+        return r.t <= g.now and (before is None or before in g.finished)
+
+    for _ in range(max_steps):
+        for r in [r for r in pending if ready(r)]:
+            pending.remove(r)
+            g.submit(f"r{r.i}", prompts[r.i], max(1, r.reply))
+            last_of[r.conv or f"#{r.i}"] = f"r{r.i}"
+        ran = g.step()
+        if len(g.finished) == len(trace.requests):
+            break
+        if not ran:
+            # Nothing to do until the next arrival (a step may still be waiting on pages).
+            g.now = max(g.now + DECODE_STEP_S, min((r.t for r in pending), default=g.now))
+    else:
+        raise RuntimeError(f"{trace.name}: the core did not finish in {max_steps} steps")
+    costs = CoreCosts(tokens_written=g.written_tokens, requests=len(g.finished),
+                      peak_memory_tokens=g.peak_memory_tokens)
+    costs.order = tuple(sorted(range(len(trace.requests)),
+                               key=lambda i: g.submitted[f"r{i}"] + g.finished[f"r{i}"].queue_s))
+    for r in trace.requests:
+        rec = g.finished[f"r{r.i}"]
+        costs.tokens_reread += max(0, r.num_shared - rec.num_cached_tokens)
+        costs.tokens_reread += rec.num_reread_tokens
+        costs.tokens_restored += rec.num_restored_tokens
+    return costs

@@ -1,0 +1,98 @@
+"""bench/residency*.py: the trace format, LRU and the offline optimum on small traces with
+hand-computed answers, and the core's replay (fast: tiny pages, tens of requests)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench.residency_core import replay_core
+from bench.residency_policies import replay, reread_bound
+from bench.residency_trace import (Trace, TraceRequest, dumps, loads, reordered,
+                                   shared_prefixes, synthesize)
+
+P = 4
+
+
+def trace_of(prompts: list[list[int]], name: str = "t") -> Trace:
+    shared = shared_prefixes(prompts, P)
+    return Trace(name, P, tuple(TraceRequest(i, float(i), len(p), s, 2, "tool_calls", "c")
+                                for i, (p, s) in enumerate(zip(prompts, shared))))
+
+
+def synthetic(seed: int = 1, steps: int = 40, convs: int = 5) -> Trace:
+    rng = random.Random(seed)
+    system = list(range(1000, 1010))
+    held = {c: system + [5000 + c] for c in range(convs)}
+    prompts = []
+    for _ in range(steps):
+        c = rng.randrange(convs)
+        held[c] = held[c] + [rng.randrange(10**6, 10**7) for _ in range(rng.randrange(2, 9))]
+        prompts.append(list(held[c]))
+    return trace_of(prompts, "synthetic")
+
+
+def test_the_trace_round_trips_and_holds_no_token_ids():
+    t = synthetic()
+    text = dumps(t)
+    assert loads(text) == t
+    assert "1000" not in text and "5000" not in text  # no token id of the prompts
+
+
+def test_shared_prefixes_find_the_longest_earlier_prompt():
+    a = [1, 2, 3, 4, 5, 6, 7]
+    b = [1, 2, 3, 4, 5, 9]
+    c = [1, 2, 3, 4, 5, 6, 8]
+    assert shared_prefixes([a, b, c], P) == [None, (0, 5), (0, 6)]
+
+
+def test_synthesized_prompts_share_what_the_trace_says():
+    t = synthetic()
+    again = synthesize(t)
+    assert shared_prefixes(again, P) == [r.shared for r in t.requests]
+    assert reordered(t, range(len(t.requests))) == t
+
+
+def test_a_returning_conversation_after_an_interloper_hand_computed():
+    """A (8 tokens), B (8 other tokens), A again (12): memory holds 8 tokens, no disk. LRU
+    evicted A for B: A's 8 are re-read. The optimum keeps A and never keeps B (not wanted
+    again): nothing re-read. With 8 tokens of disk LRU restores A's two pages instead, having
+    written A (leaving for B) and then B (leaving for A's next turn): 16 tokens; the optimum
+    writes nothing."""
+    a, b = list(range(1, 9)), list(range(101, 109))
+    t = trace_of([a, b, a + [9, 10, 11, 12]])
+    assert replay(t, "lru", 8, 0).tokens_reread == 8
+    assert replay(t, "optimal", 8, 0).tokens_reread == 0
+    with_disk = replay(t, "lru", 8, 8)
+    assert (with_disk.tokens_reread, with_disk.tokens_restored, with_disk.tokens_written) \
+        == (0, 8, 16)
+    assert replay(t, "optimal", 8, 8).tokens_written == 0
+
+
+def test_a_tail_is_reused_where_the_next_prompt_continues_it():
+    """6 tokens: a page and a tail of 2; the next prompt extends them: all 6 cached."""
+    t = trace_of([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9]])
+    assert t.requests[1].shared == (0, 6)
+    assert replay(t, "lru", 100, 0).tokens_reread == 0
+
+
+@pytest.mark.parametrize("times", [1, 1.5, 2, 4])
+@pytest.mark.parametrize("disk", [0, 8, 32, 256])
+def test_the_optimum_never_rereads_more_than_lru(times, disk):
+    """Memory of at least the largest prompt (LRU keeps the running request whole, past a
+    smaller budget, which no bound accounts for)."""
+    t = synthetic()
+    memory = int(times * max(r.prompt for r in t.requests))
+    lru, best = replay(t, "lru", memory, disk), replay(t, "optimal", memory, disk)
+    assert best.tokens_reread <= lru.tokens_reread
+    assert best.tokens_reread == reread_bound(t, memory, disk)
+    # Restores plus re-reads are memory misses, fewest under MIN over memory alone.
+    assert best.tokens_reread + best.tokens_restored <= lru.tokens_reread + lru.tokens_restored
+
+
+def test_the_core_replays_a_trace_and_keeps_what_fits():
+    t = synthetic(steps=20)
+    roomy = replay_core(t, memory_tokens=4096, disk_tokens=4096)
+    assert roomy.requests == 20 and roomy.tokens_reread == 0
+    assert sorted(roomy.order) == list(range(20))
