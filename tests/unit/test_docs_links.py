@@ -234,8 +234,8 @@ def test_the_checks_can_fail(tmp_path):
 
 # Issue numbers mean nothing to a reader without the tracker: sections are named by topic.
 ISSUE_LABEL = re.compile(r"\b[Ii]ssues? #?\d+|\bF(?:[1-9]|1[0-2])\b|\b[Ff]inding \d+")
-NO_ISSUE_FOLDERS = ("docs", "proto", "deploy", "worker", "gateway", "bench", "tests", "fixtures",
-                    ".ci")
+NO_ISSUE_FOLDERS = ("docs", "proto", "deploy", "worker", "gateway", "scheduler", "kvstore",
+                    "bench", "tests", "fixtures", ".ci")
 
 
 def test_no_issue_numbers_in_docs_or_code():
