@@ -30,8 +30,16 @@ class FieldError(ValueError):
         self.code = code
 
 
-class IntRange:
-    """The bounds of an `integer()` field (Annotated metadata, which msgspec ignores)."""
+class FieldCheck:
+    """Annotated metadata (which msgspec ignores) that checks a decoded member and may
+    normalize it: `Checked` models call `check(value, field)` and keep what it returns."""
+
+    def check(self, value: Any, field: str) -> Any:
+        raise NotImplementedError
+
+
+class IntRange(FieldCheck):
+    """The bounds of an `integer()` field."""
 
     def __init__(self, lo: int | None, hi: int | None) -> None:
         self.lo, self.hi = lo, hi
@@ -65,9 +73,9 @@ def integer(lo: int | None = None, hi: int | None = None, description: str | Non
                      IntRange(lo, hi)]
 
 
-class Unsupported:
-    """A field this server does not support beyond the values in `allowed` (Annotated
-    metadata): any other value is a 400 `unsupported_parameter`."""
+class Unsupported(FieldCheck):
+    """A field this server does not support beyond the values in `allowed`: any other value
+    is a 400 `unsupported_parameter`."""
 
     def __init__(self, allowed: tuple[Any, ...], text: str) -> None:
         self.allowed = allowed
@@ -97,9 +105,6 @@ class Whole:
         self.scope = scope
 
 
-_CHECKS = (IntRange, Unsupported)
-
-
 class Model(msgspec.Struct, kw_only=True):
     """A request model: unknown members are ignored (clients change faster than servers), an
     optional member given as null is absent. `schema_rules` adds to the published schema what
@@ -113,8 +118,9 @@ class Model(msgspec.Struct, kw_only=True):
 
 
 class Checked(Model, kw_only=True):
-    """A model with `integer()` or `unsupported()` members, checked after decoding (only such
-    models pay for a `__post_init__`: a request has thousands of content blocks)."""
+    """A model with `FieldCheck` members (`integer()`, `unsupported()`, ...), checked after
+    decoding (only such models pay for a `__post_init__`: a request has thousands of content
+    blocks)."""
 
     def __post_init__(self) -> None:
         for name, check in checked_fields(type(self)):
@@ -142,7 +148,7 @@ def hints(cls: type) -> dict[str, Any]:
 def checked_fields(cls: type) -> tuple[tuple[str, Any], ...]:
     found = []
     for name in cls.__struct_fields__:
-        check = next((c for c in (marker(hints(cls)[name], k) for k in _CHECKS) if c), None)
+        check = marker(hints(cls)[name], FieldCheck)
         if check is not None:
             found.append((name, check))
     return tuple(found)

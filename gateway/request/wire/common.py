@@ -7,11 +7,11 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
-from switchyard.gateway.request.wire.base import integer
-from switchyard.proto.messages import PRIORITIES
+from switchyard.gateway.request.wire.base import FieldCheck, FieldError, integer
+from switchyard.proto.messages import PRIORITIES, PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE
 from switchyard.proto.tenants import MAX_CACHE_SALT_CHARS
 
-INT32_MAX = 2**31 - 1  # every integer that reaches the wire must fit msgpack
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1  # every integer that reaches the wire must fit msgpack
 INT64_MIN, UINT64_MAX = -2**63, 2**64 - 1
 MAX_STOP = 16  # stop strings (Chat, Completions) and stop_sequences (Messages)
 MAX_TOOLS = 512
@@ -34,7 +34,32 @@ MaxTokens = integer(lo=1)
 Temperature = Annotated[float, Meta(ge=0, le=2)]
 TopP = Annotated[float, Meta(gt=0, le=1)]
 TopK = integer(lo=0, hi=INT32_MAX)
-Priority = Literal[PRIORITIES]
+
+
+class PriorityLevel(FieldCheck):
+    """`priority` as a named class, or as SGLang's and vLLM's integer (lower runs first; routers
+    such as SMG always send one): 0 and below is interactive, above 0 background. The one place
+    an integer becomes a class, so every API reads a name from here on."""
+
+    TEXT = " or ".join(f"'{p}'" for p in PRIORITIES) + \
+        f" or an integer between {INT32_MIN} and {INT32_MAX}"
+
+    def check(self, value: Any, field: str) -> str:
+        if isinstance(value, str):
+            if value not in PRIORITIES:
+                raise FieldError(field, f"must be {self.TEXT}")
+            return value
+        if isinstance(value, float) and not value.is_integer():
+            raise FieldError(field, "must be an integer", "invalid_type")
+        if not INT32_MIN <= value <= INT32_MAX:
+            raise FieldError(field, f"must be {self.TEXT}")
+        return PRIORITY_INTERACTIVE if value <= 0 else PRIORITY_BACKGROUND
+
+
+Priority = Annotated[str | int | float, Meta(extra_json_schema={"oneOf": [
+    {"enum": list(PRIORITIES)}, {"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX}]},
+    description=("a class, or SGLang's and vLLM's integer: lower runs first, 0 and below "
+                 "interactive, above 0 background")), PriorityLevel()]
 Speculative = Annotated[bool, Meta(description=(
     "false: no speculative decoding for this request (the output is the same either way; "
     "this only changes speed)"))]

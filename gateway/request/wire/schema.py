@@ -89,7 +89,9 @@ class _Inliner:
         if "$ref" in node:
             return self.expand(self._component(node["$ref"]))
         out = {k: self.expand(v) for k, v in node.items() if k not in _DROPPED}
-        if out.get("type") == "integer":  # integer(): int | float, stated as an integer
+        # A field that states its own schema over msgspec's union: integer() (int | float,
+        # stated as an integer), and a class-or-integer priority (stated as oneOf).
+        if out.get("type") == "integer" or "oneOf" in out:
             out.pop("anyOf", None)
         return out
 
