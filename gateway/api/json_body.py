@@ -24,6 +24,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from switchyard.gateway.request.wire.common import MAX_TOOLS
@@ -199,15 +200,8 @@ class _Cooperative:
             await self._yield()
 
     async def _refuse_lone_surrogates(self, body: Any) -> None:
-        stack = [body]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, dict):
-                stack.extend(item.keys())
-                stack.extend(item.values())
-            elif isinstance(item, list):
-                stack.extend(item)
-            elif isinstance(item, str):
+        for item in _items(body):
+            if isinstance(item, str):
                 lone_surrogate(item)
             await self._yield()
 
@@ -238,7 +232,6 @@ def invalid_json(exc: Exception) -> Exception:
                    code="invalid_json")
 
 
-
 def lone_surrogate(text: str) -> None:
     """A 400 if `text` holds a lone surrogate."""
     try:
@@ -250,6 +243,13 @@ def lone_surrogate(text: str) -> None:
 
 
 def _refuse_lone_surrogates(body: Any) -> None:
+    for item in _items(body):
+        if isinstance(item, str):
+            lone_surrogate(item)
+
+
+def _items(body: Any) -> Iterator[Any]:
+    """Every value and key of a parsed JSON body, depth first, without recursion."""
     stack = [body]
     while stack:
         item = stack.pop()
@@ -258,8 +258,7 @@ def _refuse_lone_surrogates(body: Any) -> None:
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-        elif isinstance(item, str):
-            lone_surrogate(item)
+        yield item
 
 
 def per_token(ctx: int, num_tokens: int = 1) -> ListLimit:
