@@ -4,6 +4,12 @@ against the scripted fake scheduler of test_gateway (loopback, no API key)."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -259,13 +265,12 @@ def test_tokenizing_is_abandoned_when_the_client_leaves(served, fake):
 
 # -- 9. at --max-connections: each API's error format, Retry-After, a share for other clients ----
 
-def test_requests_beyond_the_limit_get_a_503_in_their_apis_format(tokenizer):
-    import contextlib
-    import shutil
-    import tempfile
-    import threading
-    from pathlib import Path
-
+@contextlib.contextmanager
+def streams_held_at_the_limit(tokenizer, headers: dict[str, str] | None = None, **settings):
+    """A gateway at `--max-connections 3` whose fake scheduler never answers (`Hold`), with
+    the two streams one client may hold open already held (`headers`: whose). Yields (url,
+    app, scheduler, leave): `leave()` makes those clients leave (their requests are
+    cancelled); it runs on exit too."""
     from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
     from tests.integration.test_gateway import FakeScheduler, Hold, wait_until
 
@@ -274,27 +279,44 @@ def test_requests_beyond_the_limit_get_a_503_in_their_apis_format(tokenizer):
     scheduler.script = lambda submit: [Hold()]
     scheduler.start()
     scheduler.ready.wait(5)
-    settings = make_settings(own_dir, max_connections=3, read_timeout_s=60.0)
+    settings = make_settings(own_dir, max_connections=3, read_timeout_s=60.0, **settings)
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, own_dir, ignore_errors=True)
         stack.callback(scheduler.stop)
         url, app = stack.enter_context(serving(settings, tokenizer))
-        limits = app.state.connection_limits
-        assert limits.per_client == 2  # one of 3 kept for other clients
         held = []
 
         def hold():
             with contextlib.suppress(httpx.HTTPError), httpx.stream(
-                    "POST", url + "/v1/chat/completions", timeout=60,
+                    "POST", url + "/v1/chat/completions", timeout=60, headers=headers,
                     json={**CHAT, "stream": True}) as response:
                 held.append(response)
                 for _ in response.iter_bytes():
                     pass
 
+        def leave():
+            # A stream's headers come with its first event or the first keepalive (5 s, Hold
+            # sends nothing): the clients can leave once they have them.
+            wait_until(lambda: len(held) == 2, timeout=30)
+            for response in held:
+                response.close()
+            for thread in threads:
+                thread.join(30)
+
         threads = [threading.Thread(target=hold, daemon=True) for _ in range(2)]
         for thread in threads:
             thread.start()
         wait_until(lambda: len(scheduler.submits()) == 2)
+        stack.callback(leave)
+        yield url, app, scheduler, leave
+
+
+def test_requests_beyond_the_limit_get_a_503_in_their_apis_format(tokenizer):
+    from tests.integration.test_gateway import wait_until
+
+    with streams_held_at_the_limit(tokenizer) as (url, app, scheduler, leave):
+        limits = app.state.connection_limits
+        assert limits.per_client == 2  # one of 3 kept for other clients
         response = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=20)
         error = assert_error(response, 503, "overloaded")
         assert "other clients" in error["message"]
@@ -310,13 +332,7 @@ def test_requests_beyond_the_limit_get_a_503_in_their_apis_format(tokenizer):
             assert response.status_code == 200, response.text
         except httpx.ConnectError:
             pass  # no 127.0.0.2 on this machine (macOS): the share is not reachable
-        # A stream's headers come with its first event or the first keepalive (5 s, Hold
-        # sends nothing): the clients can leave once they have them.
-        wait_until(lambda: len(held) == 2, timeout=30)
-        for response in held:  # the clients leave: their requests are cancelled
-            response.close()
-        for thread in threads:
-            thread.join(30)
+        leave()  # the clients leave: their requests are cancelled
         wait_until(lambda: not limits.requests)  # every request ended, its share returned
         assert httpx.get(url + "/v1/models").status_code == 200
 
@@ -325,42 +341,11 @@ def test_one_keys_requests_leave_another_key_its_share_of_the_connections(tokeni
     """Every local tenant comes from 127.0.0.1: with several keys the share kept for others
     is per key, so one key holding all it may does not refuse another key's request. The
     scheduler learns each request's tenant and weight, never its key."""
-    import contextlib
-    import shutil
-    import tempfile
-    import threading
-    from pathlib import Path
-
-    from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
     from switchyard.proto.tenants import resolved_keys
-    from tests.integration.test_gateway import FakeScheduler, Hold, wait_until
 
-    own_dir = Path(tempfile.mkdtemp(prefix="sy-cap-", dir="/tmp"))
-    scheduler = FakeScheduler(Endpoints(ensure_runtime_dir(own_dir)).scheduler, [1])
-    scheduler.script = lambda submit: [Hold()]
-    scheduler.start()
-    scheduler.ready.wait(5)
     keys = resolved_keys("alice sk-alice-1\nbob,weight=3 sk-bob-2\n")
-    settings = make_settings(own_dir, max_connections=3, read_timeout_s=60.0, api_key=keys)
     bob, alice = {"Authorization": "Bearer sk-bob-2"}, {"Authorization": "Bearer sk-alice-1"}
-    with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, own_dir, ignore_errors=True)
-        stack.callback(scheduler.stop)
-        url, app = stack.enter_context(serving(settings, tokenizer))
-        held = []
-
-        def hold():
-            with contextlib.suppress(httpx.HTTPError), httpx.stream(
-                    "POST", url + "/v1/chat/completions", timeout=60, headers=bob,
-                    json={**CHAT, "stream": True}) as response:
-                held.append(response)
-                for _ in response.iter_bytes():
-                    pass
-
-        threads = [threading.Thread(target=hold, daemon=True) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        wait_until(lambda: len(scheduler.submits()) == 2)
+    with streams_held_at_the_limit(tokenizer, bob, api_key=keys) as (url, _, scheduler, _):
         response = httpx.post(url + "/v1/chat/completions", json=CHAT, headers=bob, timeout=20)
         assert "other clients" in assert_error(response, 503, "overloaded")["message"]
         response = httpx.get(url + "/v1/models", headers=alice, timeout=20)
@@ -368,11 +353,6 @@ def test_one_keys_requests_leave_another_key_its_share_of_the_connections(tokeni
         submits = scheduler.submits()
         assert {(s.tenant, s.tenant_weight) for s in submits} == {("bob", 3.0)}
         assert all("sk-bob" not in repr(s) for s in submits)
-        wait_until(lambda: len(held) == 2, timeout=30)
-        for response in held:
-            response.close()
-        for thread in threads:
-            thread.join(30)
 
 
 # -- 2. grammars: checked off the event loop, within a bound; guided_choice bounded -------------
