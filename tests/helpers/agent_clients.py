@@ -206,11 +206,15 @@ def install(refresh_s: float = REFRESH_S, timeout_s: float = 600.0) -> dict[str,
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise ClientsUnavailable(f"npm install failed: {exc}") from None
         if done.returncode != 0:
-            lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-            raise ClientsUnavailable("npm install failed: " + (lines[-1] if lines else
-                                                               f"exit {done.returncode}"))
+            raise ClientsUnavailable(f"npm install failed: {last_error_line(done)}")
         stamp.touch()
     missing = [c.name for c in CLIENTS.values() if not c.path.exists()]
     if missing:
         raise ClientsUnavailable(f"npm installed no binary for {', '.join(missing)}")
     return {c.name: c.version() for c in CLIENTS.values()}
+
+
+def last_error_line(done: subprocess.CompletedProcess) -> str:
+    """What a failed installer said last on stderr (its exit code when it said nothing)."""
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else f"exit {done.returncode}"

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from switchyard.proto.settings import user_cache_dir
+from tests.helpers.agent_clients import last_error_line
 from tests.helpers.group import free_port
 
 REFRESH_S = 24 * 3600  # an install older than this is refreshed (pip install --upgrade)
@@ -52,9 +53,7 @@ def install(refresh_s: float = REFRESH_S, timeout_s: float = 600.0) -> Path:
     except (OSError, subprocess.SubprocessError) as exc:
         raise SmgUnavailable(f"pip install smg failed: {exc}") from None
     if done.returncode != 0:
-        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-        raise SmgUnavailable("pip install smg failed: " + (lines[-1] if lines else
-                                                           f"exit {done.returncode}"))
+        raise SmgUnavailable(f"pip install smg failed: {last_error_line(done)}")
     if not exe.exists():
         raise SmgUnavailable("pip installed smg without its `smg` command")
     stamp.touch()
