@@ -114,10 +114,11 @@ class ToolAgent(Agent):
         return msgs
 
 
-def opened(agents: list[Agent], policy: str) -> list[Agent]:
-    """The same agents, every prompt opened by a line naming this run."""
-    line = f"Run {policy}. "
-    return [ToolAgent(a.index, line + a.system, a.task, a.tools) for a in agents]
+def opened(agents: list[Agent], policy: str, own_system: bool = False) -> list[Agent]:
+    """The same agents, every prompt opened by a line naming this run (and the agent, with
+    `own_system`: then no two agents share a prefix)."""
+    return [ToolAgent(a.index, f"Run {policy}." + (f" Agent {a.index}." if own_system else "")
+                      + " " + a.system, a.task, a.tools) for a in agents]
 
 
 def run_policy(policy: str, smg: Path, model: Path, agents: list[Agent], args, log) -> dict:
@@ -154,6 +155,9 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--system", type=int, default=600, help="shared system prompt tokens")
+    ap.add_argument("--own-system", action="store_true",
+                    help="every agent's system prompt opens with a line of its own (agents of "
+                    "different projects): no two agents share a prefix")
     ap.add_argument("--tool", type=int, default=200, help="tool-result tokens per turn")
     ap.add_argument("--spread", type=int, default=8,
                     help="tokens between the shortest and the longest agent's tool results")
@@ -198,12 +202,14 @@ def main() -> int:
     where = ", ".join(args.server_url) if args.server_url else "two servers on this machine"
     print(f"model {model}; SMG {version(smg)} in front of {where}"
           f"{' (each --peer the other)' if args.peer else ''}; {args.agents} agents x "
-          f"{args.turns} turns, shared ~{args.system}-token system prompt, +~{args.tool} tokens "
+          f"{args.turns} turns, {'own' if args.own_system else 'shared'} ~{args.system}-token "
+          f"system prompt, +~{args.tool} tokens "
           f"per turn, {args.reply}-token replies; --slots {args.slots}", flush=True)
     figs = {}
     for policy in policies:
         print(f"\n== --policy {policy}", flush=True)
-        figs[policy] = run_policy(policy, smg, model, opened(base, policy), args, log)
+        figs[policy] = run_policy(policy, smg, model, opened(base, policy, args.own_system), args,
+                                    log)
     report(figs, args, model)
     return 0
 
@@ -243,7 +249,8 @@ def report(figs: dict[str, dict], args, model: Path) -> None:
         from bench._plot import plot_ttft
 
         title = (f"{model.name}: {args.agents} agents x {args.turns} turns through SMG, two "
-                 f"servers{' (--peer)' if args.peer else ''}")
+                 f"servers{' (--peer)' if args.peer else ''}, "
+                 f"{'own' if args.own_system else 'shared'} system prompts")
         print(f"plot: {plot_ttft({p: f['points'] for p, f in figs.items()}, Path(args.plot), title)}")
 
 
