@@ -14,7 +14,8 @@ the whole history (chat completions, streamed, greedy, `--reply`-token replies).
 run opens every prompt with a line of its own, so no run finds what another one left.
 
 Per policy (in the order given), SMG (tests/helpers/smg.py installs it from PyPI into
-~/.cache/switchyard/smg-venv) is started in front of the two servers with `--policy P`. On one
+~/.cache/switchyard/smg-venv) is started in front of the two servers with `--policy P` and the
+health-check and failover flags of the router's unit (deploy/router_unit.py). On one
 machine the bench starts two fresh servers for each policy (`--served-model-name`, the name
 SMG routes by); `--peer` starts each with `--peer URL` pointing at the other (servers that
 fetch KV pages from each other), and stops with a clear message where `switchyard serve` has no
@@ -44,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import (MODELS, fmt, log_events, model_dir, preload_note,  # noqa: E402
                            table)
 from bench.multi_agent import Agent, build, percentile, reread, run_workload  # noqa: E402
+from switchyard.deploy.router_unit import FAILOVER_FLAGS  # noqa: E402
 from tests.helpers.group import ServerGroup, free_port, short_tmp_dir, stop_all  # noqa: E402
 from tests.helpers.smg import SmgRouter, SmgUnavailable, install, version  # noqa: E402
 
@@ -126,7 +128,7 @@ def run_policy(policy: str, smg: Path, model: Path, agents: list[Agent], args, l
     urls = args.server_url or [g.url for g in groups]
     smg_log = short_tmp_dir("smg") / f"smg-{policy}.log"
     try:
-        with SmgRouter(smg, urls, smg_log, policy=policy) as router:
+        with SmgRouter(smg, urls, smg_log, policy=policy, extra=FAILOVER_FLAGS) as router:
             turns, wall = run_workload(router.url, agents, args, log, args.model_name)
         counts = turns_taken(groups) if groups else None
     finally:
