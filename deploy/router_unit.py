@@ -53,6 +53,8 @@ FAILOVER_FLAGS = (
     "--worker-wedge-secs", "120",
     # Open requests get 20 s after SIGTERM (the units allow 40 s before SIGKILL).
     "--shutdown-grace-period-secs", "20",
+    # SMG's own Prometheus metrics listen on 0.0.0.0:29000 unless told: keep them on this host.
+    "--prometheus-host", "127.0.0.1",
 )
 
 
