@@ -96,9 +96,10 @@ def build(args, model: Path, tok=None) -> list[Agent]:
     return agents
 
 
-def run_workload(url: str, agents: list[Agent], args, log, model: str | None = None
-                 ) -> tuple[list[Turn], float]:
-    """Every agent's turns; `model`: the name to ask for (a router routes by it)."""
+def run_workload(url: str, agents: list[Agent], args, log, model: str | None = None,
+                 headers: dict | None = None) -> tuple[list[Turn], float]:
+    """Every agent's turns; `model`: the name to ask for (a router routes by it); `headers`:
+    sent with every request (a key)."""
     turns: list[Turn] = []
     lock = threading.Lock()
     errors: list[str] = []
@@ -107,7 +108,7 @@ def run_workload(url: str, agents: list[Agent], args, log, model: str | None = N
         for t in range(args.turns):
             body = {"messages": agent.messages(t), "max_tokens": args.reply, "temperature": 0,
                     **({"model": model} if model else {})}
-            res = stream(url, CHAT, body)
+            res = stream(url, CHAT, body, headers)
             if res.error:
                 errors.append(f"agent {agent.index} turn {t}: {res.error}")
                 return

@@ -5,7 +5,7 @@
         [--policies cache_aware,round_robin] [--peer] [--plot docs/several-macs.png]
     # servers already running elsewhere (two Macs), SMG started here by the bench:
     .venv/bin/python bench/several_macs.py --server-url http://10.0.0.1:8001 \\
-        --server-url http://10.0.0.2:8001 --model-name local --model PATH
+        --server-url http://10.0.0.2:8001 --api-key KEY --model-name local --model PATH
 
 Workload: bench/multi_agent.py's tool loops. `--agents` agents run at once, `--turns` turns
 each; every agent shares one `--system`-token system prompt and has its own task line, and each
@@ -54,11 +54,15 @@ NO_PEER = ("this checkout's `switchyard serve` has no --peer flag yet (servers t
            "pages from each other): run the bench without --peer")
 
 
+def lists_peer_flag(help_text: str) -> bool:
+    """Whether a --help text lists `--peer` itself (not only `--peer-timeout-s` and the like)."""
+    return re.search(r"--peer(?![-\w])", help_text) is not None
+
+
 def serve_supports_peer() -> bool:
-    """Whether `switchyard serve --help` lists `--peer` itself (not only `--peer-...`)."""
     done = subprocess.run([sys.executable, "-m", "switchyard.deploy.cli", "serve", "--help"],
                           capture_output=True, text=True, timeout=120)
-    return re.search(r"--peer(?![-\w])", done.stdout) is not None
+    return lists_peer_flag(done.stdout)
 
 
 def peer_flags(ports: list[int], peer: bool) -> list[list[str]]:
@@ -119,8 +123,8 @@ class ToolAgent(Agent):
 def opened(agents: list[Agent], policy: str, own_system: bool = False) -> list[Agent]:
     """The same agents, every prompt opened by a line naming this run (and the agent, with
     `own_system`: then no two agents share a prefix)."""
-    return [ToolAgent(a.index, f"Run {policy}." + (f" Agent {a.index}." if own_system else "")
-                      + " " + a.system, a.task, a.tools) for a in agents]
+    return [ToolAgent(a.index, (f"Agent {a.index}. " if own_system else "") + f"Run {policy}. "
+                      + a.system, a.task, a.tools) for a in agents]
 
 
 def run_policy(policy: str, smg: Path, model: Path, agents: list[Agent], args, log) -> dict:
@@ -128,8 +132,13 @@ def run_policy(policy: str, smg: Path, model: Path, agents: list[Agent], args, l
     urls = args.server_url or [g.url for g in groups]
     smg_log = short_tmp_dir("smg") / f"smg-{policy}.log"
     try:
-        with SmgRouter(smg, urls, smg_log, policy=policy, extra=FAILOVER_FLAGS) as router:
-            turns, wall = run_workload(router.url, agents, args, log, args.model_name)
+        # With a key, SMG takes it as its own: it accepts it and polls the servers' loads with it.
+        keyed = ("--api-key", args.api_key) if args.api_key else ()
+        with SmgRouter(smg, urls, smg_log, policy=policy,
+                       extra=(*FAILOVER_FLAGS, *keyed)) as router:
+            turns, wall = run_workload(router.url, agents, args, log, args.model_name,
+                                       {"Authorization": f"Bearer {args.api_key}"}
+                                       if args.api_key else None)
         counts = turns_taken(groups) if groups else None
     finally:
         stop_all(groups)
@@ -151,6 +160,8 @@ def main() -> int:
                     "has --peer)")
     ap.add_argument("--server-url", action="append", metavar="URL",
                     help="a server already running (give two); the bench then starts only SMG")
+    ap.add_argument("--api-key", help="a key of the --server-url servers (off loopback a "
+                    "server needs one): sent with every request, and SMG's own")
     ap.add_argument("--model-name", default="local",
                     help="the name the servers announce (--served-model-name) and SMG routes by")
     ap.add_argument("--slots", type=int, default=2)
