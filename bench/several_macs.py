@@ -22,7 +22,8 @@ fetch KV pages from each other), and stops with a clear message where `switchyar
 `--peer`. With `--server-url` (twice) it uses servers already running (two Macs: start them with
 the same `--served-model-name`; each policy's opening line keeps the runs apart).
 
-Reported per policy: wall time, TTFT p50 / p95 / max over all turns, tokens re-read (for every
+Reported per policy (over all its runs when `--policies` names it twice: wall times summed,
+TTFTs pooled): wall time, TTFT p50 / p95 / max over all turns, tokens re-read (for every
 turn after an agent's first: prompt - cached - new, new being the growth of the prompt since
 that agent's previous turn; each server's own usage figures), tokens prefilled (prompt -
 cached), and how many turns each server took (from the servers' `request.finished` log lines
@@ -142,19 +143,32 @@ def run_policy(policy: str, smg: Path, model: Path, agents: list[Agent], args, l
         counts = turns_taken(groups) if groups else None
     finally:
         stop_all(groups)
-    ttfts = [t.res.ttft for t in turns]
     extra, prefilled = reread(turns)
     t0 = min(t.res.sent for t in turns)
-    return dict(policy=policy, turns=turns, wall=wall, p50=percentile(ttfts, 0.5),
-                p95=percentile(ttfts, 0.95), max=max(ttfts), reread=extra, prefilled=prefilled,
-                counts=counts, points=sorted((t.res.sent - t0, t.res.ttft) for t in turns))
+    return dict(turns=turns, wall=wall, reread=extra, prefilled=prefilled, counts=counts,
+                points=[(t.res.sent - t0, t.res.ttft) for t in turns])
+
+
+def pooled(runs: list[dict]) -> dict:
+    """One policy's figures over its runs: TTFTs pooled, the rest summed."""
+    ttfts = [t.res.ttft for run in runs for t in run["turns"]]
+    counts = [run["counts"] for run in runs]
+    return dict(runs=len(runs), turns=len(ttfts), wall=sum(r["wall"] for r in runs),
+                p50=percentile(ttfts, 0.5), p95=percentile(ttfts, 0.95), max=max(ttfts),
+                reread=sum(r["reread"] for r in runs),
+                prefilled=sum(r["prefilled"] for r in runs),
+                counts=[sum(c) for c in zip(*counts)] if None not in counts else None,
+                points=sorted(p for r in runs for p in r["points"]))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="in this order; one named twice runs twice and its figures are pooled "
+                    "(cache_aware,round_robin,round_robin,cache_aware evens out a load that "
+                    "drifts)")
     ap.add_argument("--peer", action="store_true",
                     help="start each server with --peer URL of the other (needs a server that "
                     "has --peer)")
@@ -218,12 +232,12 @@ def main() -> int:
           f"{args.turns} turns, {'own' if args.own_system else 'shared'} ~{args.system}-token "
           f"system prompt, +~{args.tool} tokens "
           f"per turn, {args.reply}-token replies; --slots {args.slots}", flush=True)
-    figs = {}
-    for policy in policies:
+    runs: dict[str, list[dict]] = {}
+    for k, policy in enumerate(policies):  # a policy named twice runs twice (ABBA order)
         print(f"\n== --policy {policy}", flush=True)
-        figs[policy] = run_policy(policy, smg, model, opened(base, policy, args.own_system), args,
-                                    log)
-    report(figs, args, model)
+        agents = opened(base, f"{policy} {k}", args.own_system)
+        runs.setdefault(policy, []).append(run_policy(policy, smg, model, agents, args, log))
+    report({policy: pooled(r) for policy, r in runs.items()}, args, model)
     return 0
 
 
@@ -245,12 +259,12 @@ def report(figs: dict[str, dict], args, model: Path) -> None:
     rows = []
     for policy, f in figs.items():
         counts = " / ".join(map(str, f["counts"])) if f["counts"] else "n/a"
-        rows.append([policy, len(f["turns"]), fmt(f["wall"], 1), fmt(f["p50"], 2),
+        rows.append([policy, f["runs"], f["turns"], fmt(f["wall"], 1), fmt(f["p50"], 2),
                      fmt(f["p95"], 2), fmt(f["max"], 2), f["reread"], f["prefilled"], counts])
     print("\nTTFT over all turns (s); re-read: tokens prefilled beyond each turn's new tokens "
           "(turns after an agent's first); prefilled: prompt - cached, all turns; turns per "
           "server: request.finished lines of each")
-    print(table(["policy", "turns", "wall s", "p50", "p95", "max", "re-read", "prefilled",
+    print(table(["policy", "runs", "turns", "wall s", "p50", "p95", "max", "re-read", "prefilled",
                  "turns per server"], rows))
     a, b = figs.get("cache_aware"), figs.get("round_robin")
     if a and b:
