@@ -157,7 +157,7 @@ def pooled(runs: list[dict]) -> dict:
                 p50=percentile(ttfts, 0.5), p95=percentile(ttfts, 0.95), max=max(ttfts),
                 reread=sum(r["reread"] for r in runs),
                 prefilled=sum(r["prefilled"] for r in runs),
-                counts=[sum(c) for c in zip(*counts)] if None not in counts else None,
+                counts=counts if None not in counts else None,
                 points=sorted(p for r in runs for p in r["points"]))
 
 
@@ -258,12 +258,13 @@ def build_agents(args, model: Path) -> list[Agent]:
 def report(figs: dict[str, dict], args, model: Path) -> None:
     rows = []
     for policy, f in figs.items():
-        counts = " / ".join(map(str, f["counts"])) if f["counts"] else "n/a"
+        counts = ", ".join(" / ".join(map(str, c)) for c in f["counts"]) if f["counts"] \
+            else "n/a"
         rows.append([policy, f["runs"], f["turns"], fmt(f["wall"], 1), fmt(f["p50"], 2),
                      fmt(f["p95"], 2), fmt(f["max"], 2), f["reread"], f["prefilled"], counts])
     print("\nTTFT over all turns (s); re-read: tokens prefilled beyond each turn's new tokens "
           "(turns after an agent's first); prefilled: prompt - cached, all turns; turns per "
-          "server: request.finished lines of each")
+          "server: request.finished lines of each, run by run")
     print(table(["policy", "runs", "turns", "wall s", "p50", "p95", "max", "re-read", "prefilled",
                  "turns per server"], rows))
     a, b = figs.get("cache_aware"), figs.get("round_robin")
