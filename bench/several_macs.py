@@ -136,7 +136,7 @@ def run_policy(policy: str, smg: Path, model: Path, agents: list[Agent], args, l
         # With a key, SMG takes it as its own: it accepts it and polls the servers' loads with it.
         keyed = ("--api-key", args.api_key) if args.api_key else ()
         with SmgRouter(smg, urls, smg_log, policy=policy,
-                       extra=(*FAILOVER_FLAGS, *keyed)) as router:
+                       extra=(*FAILOVER_FLAGS, *keyed, *args.smg_extra.split())) as router:
             turns, wall = run_workload(router.url, agents, args, log, args.model_name,
                                        {"Authorization": f"Bearer {args.api_key}"}
                                        if args.api_key else None)
@@ -190,6 +190,8 @@ def main() -> int:
                     help="tokens between the shortest and the longest agent's tool results")
     ap.add_argument("--reply", type=int, default=16, help="reply tokens (max_tokens)")
     ap.add_argument("--extra", default="", help="more switchyard serve flags, space-separated")
+    ap.add_argument("--smg-extra", default="", help="more smg launch flags, space-separated "
+                    "(after the unit's: a later flag wins)")
     ap.add_argument("--plot", metavar="PNG", help="draw every turn's TTFT per policy here")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model-size", choices=tuple(MODELS), default="tiny")
