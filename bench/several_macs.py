@@ -155,6 +155,7 @@ def pooled(runs: list[dict]) -> dict:
     counts = [run["counts"] for run in runs]
     return dict(runs=len(runs), turns=len(ttfts), wall=sum(r["wall"] for r in runs),
                 p50=percentile(ttfts, 0.5), p95=percentile(ttfts, 0.95), max=max(ttfts),
+                longest=max(t.prompt for run in runs for t in run["turns"]),
                 reread=sum(r["reread"] for r in runs),
                 prefilled=sum(r["prefilled"] for r in runs),
                 counts=counts if None not in counts else None,
@@ -263,11 +264,13 @@ def report(figs: dict[str, dict], args, model: Path) -> None:
         counts = ", ".join(" / ".join(map(str, c)) for c in f["counts"]) if f["counts"] \
             else "n/a"
         rows.append([policy, f["runs"], f["turns"], fmt(f["wall"], 1), fmt(f["p50"], 2),
-                     fmt(f["p95"], 2), fmt(f["max"], 2), f["reread"], f["prefilled"], counts])
+                     fmt(f["p95"], 2), fmt(f["max"], 2), f["longest"], f["reread"],
+                     f["prefilled"], counts])
     print("\nTTFT over all turns (s); re-read: tokens prefilled beyond each turn's new tokens "
           "(turns after an agent's first); prefilled: prompt - cached, all turns; turns per "
           "server: request.finished lines of each, run by run")
-    print(table(["policy", "runs", "turns", "wall s", "p50", "p95", "max", "re-read", "prefilled",
+    print(table(["policy", "runs", "turns", "wall s", "p50", "p95", "max", "prompt max",
+                 "re-read", "prefilled",
                  "turns per server"], rows))
     a, b = figs.get("cache_aware"), figs.get("round_robin")
     if a and b:
