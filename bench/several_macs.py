@@ -121,10 +121,10 @@ class ToolAgent(Agent):
         return msgs
 
 
-def opened(agents: list[Agent], policy: str, own_system: bool = False) -> list[Agent]:
+def opened(agents: list[Agent], run: str, own_system: bool = False) -> list[Agent]:
     """The same agents, every prompt opened by a line naming this run (and the agent, with
     `own_system`: then no two agents share a prefix)."""
-    return [ToolAgent(a.index, (f"Agent {a.index}. " if own_system else "") + f"Run {policy}. "
+    return [ToolAgent(a.index, (f"Agent {a.index}. " if own_system else "") + f"Run {run}. "
                       + a.system, a.task, a.tools) for a in agents]
 
 
