@@ -30,10 +30,10 @@ from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.vision.inputs import PromptImages
 from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
-from switchyard.proto.messages import SubmitRequest
-from switchyard.proto.script import Script
-from switchyard.proto.settings import Settings
-from switchyard.proto.tenants import Tenant, Tenants
+from switchyard.proto.gateway_scheduler import SubmitRequest
+from switchyard.common.script import Script
+from switchyard.common.settings import Settings
+from switchyard.common.tenants import Tenant, Tenants
 
 T = TypeVar("T")
 
@@ -68,11 +68,11 @@ class Gateway:
     # Images in requests (gateway/vision/inputs.py): refused for a text-only model.
     images: Any = None
     grammars: GrammarChecker = field(default_factory=GrammarChecker)
-    # The API keys, one tenant each (proto/tenants.py): whose cache a request's text salts.
+    # The API keys, one tenant each (common/tenants.py): whose cache a request's text salts.
     tenants: Tenants = field(default_factory=Tenants)
     # Large request bodies held at once (http_limits.py): MAX_LARGE_BODIES of the largest.
     bodies: BodyBytes = field(init=False)
-    # --script: rules that decide the replies' words (proto/script.py); None: the model's own.
+    # --script: rules that decide the replies' words (common/script.py); None: the model's own.
     script: Script | None = None
     # Hugging Face fast tokenizers are not safe to call from several threads at once: each
     # lane (thread) has its own tokenizer. Prompts of LARGE_PROMPT_CHARS or more take the

@@ -27,8 +27,8 @@ from switchyard.gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, Eve
 from switchyard.gateway.turn import ChatTurn, TurnPlan, TurnResult, TurnUpdate, plan_turn
 from switchyard.gateway.vision.inputs import PromptImages
 from switchyard.gateway.request.model import ChatRequest
-from switchyard.proto.logs import content_allowed
-from switchyard.proto.messages import SubmitRequest
+from switchyard.common.logs import content_allowed
+from switchyard.proto.gateway_scheduler import SubmitRequest
 
 log = structlog.get_logger()
 

@@ -25,7 +25,7 @@ from switchyard.gateway.output.tools import ToolSyntax
 from switchyard.gateway.request.model import CompletionRequest
 from switchyard.gateway.request.scripted import forced_reply, reply_text
 from switchyard.gateway.request.structured import Constraint
-from switchyard.proto.script import Script
+from switchyard.common.script import Script
 from switchyard.proto.ids import new_rid
 
 

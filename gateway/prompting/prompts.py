@@ -13,7 +13,9 @@ from typing import Any
 
 from switchyard.gateway.errors import context_length_exceeded, invalid, model_not_found
 from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options
-from switchyard.proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
+from switchyard.proto.base import PRIORITY_INTERACTIVE
+from switchyard.proto.values import SamplingParams
+from switchyard.proto.gateway_scheduler import SubmitRequest
 from switchyard.proto.tokens import TokenIds
 
 DEFAULT_MODEL_ID = "switchyard-tiny"

@@ -8,7 +8,7 @@ from typing import Any
 
 from switchyard.gateway.errors import out_of_range
 from switchyard.gateway.request.structured import Constraint
-from switchyard.proto.messages import PRIORITIES, PRIORITY_BACKGROUND
+from switchyard.proto.base import PRIORITIES, PRIORITY_BACKGROUND
 
 PRIORITY_HEADER = "x-switchyard-priority"
 
@@ -45,7 +45,7 @@ class Options:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unchecked here
     speculative: bool = True  # False: no speculative decoding for this request
     # vLLM's `cache_salt`: the request's cached text (pages, drafts, remembered turns) is
-    # shared only with requests of its tenant that give the same salt (proto/tenants.py).
+    # shared only with requests of its tenant that give the same salt (common/tenants.py).
     cache_salt: str | None = None
 
 
