@@ -203,6 +203,7 @@ def test_reasoning_and_tools_choose_the_large_lane(served, monkeypatch):
 
     from switchyard.gateway import driver
     from switchyard.gateway.context import LARGE_PROMPT_CHARS, RequestContext
+    from switchyard.gateway.prompting.prompts import chat_chars
     from switchyard.gateway.request.model import ChatRequest, Options
 
     sizes = []
@@ -220,8 +221,9 @@ def test_reasoning_and_tools_choose_the_large_lane(served, monkeypatch):
         method, url = "POST", SimpleNamespace(path="/v1/chat/completions")
         receive = stream = None
 
-    asyncio.run(driver.plan_chat(RequestContext.of(FakeRequest()), chat))
-    assert sizes == [driver.chat_chars(chat)] and sizes[0] > LARGE_PROMPT_CHARS
+    ctx = RequestContext.of(FakeRequest())
+    asyncio.run(driver.plan_chat(ctx, chat, ctx.decide(chat.options)))
+    assert sizes == [chat_chars(chat)] and sizes[0] > LARGE_PROMPT_CHARS
 
 
 def test_tokenizing_is_abandoned_when_the_client_leaves(served, fake):

@@ -3,7 +3,7 @@ range stated once (the validators and /openapi.json both read it from here)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from msgspec import Meta
 
