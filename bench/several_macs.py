@@ -13,7 +13,7 @@ turn appends a scripted assistant line and a tool result of about `--tool` token
 the whole history (chat completions, streamed, greedy, `--reply`-token replies). Each policy's
 run opens every prompt with a line of its own, so no run finds what another one left.
 
-Per policy (in the order given), SMG (tests/helpers/smg.py installs it from PyPI into
+Per policy (in the order given), SMG (testing/smg.py installs it from PyPI into
 ~/.cache/switchyard/smg-venv) is started in front of the two servers with `--policy P` and the
 health-check and failover flags of the router's unit (deploy/router_unit.py). On one
 machine the bench starts two fresh servers for each policy (`--served-model-name`, the name
@@ -47,8 +47,8 @@ from bench._common import (MODELS, fmt, log_events, model_dir, preload_note,  # 
                            table)
 from bench.multi_agent import Agent, build, percentile, reread, run_workload  # noqa: E402
 from switchyard.deploy.router_unit import FAILOVER_FLAGS  # noqa: E402
-from tests.helpers.group import ServerGroup, free_port, short_tmp_dir, stop_all  # noqa: E402
-from tests.helpers.smg import SmgRouter, SmgUnavailable, install, version  # noqa: E402
+from switchyard.testing.group import ServerGroup, free_port, short_tmp_dir, stop_all  # noqa: E402
+from switchyard.testing.smg import SmgRouter, SmgUnavailable, install, version  # noqa: E402
 
 POLICIES = ("cache_aware", "round_robin")
 NO_PEER = ("this checkout's `switchyard serve` has no --peer flag yet (servers that fetch KV "
@@ -251,7 +251,7 @@ def build_agents(args, model: Path) -> list[Agent]:
         return build(args, model)
     from tokenizers import Tokenizer
 
-    from switchyard.proto.tokenizer_loading import save_gguf_tokenizer
+    from switchyard.common.tokenizer_loading import save_gguf_tokenizer
 
     out = short_tmp_dir("sytok")
     save_gguf_tokenizer(model, out)

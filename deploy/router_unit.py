@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from switchyard.common.settings import Settings, user_cache_dir
 from switchyard.deploy import launchd, systemd
 from switchyard.deploy.service_units import UnitError, check_suffix, project_root
-from switchyard.proto.settings import Settings, user_cache_dir
 
 ROLE = "router"
 POLICY = "cache_aware"
@@ -108,7 +108,7 @@ def check_router_settings(settings: Settings) -> None:
 
 
 def find_smg(given: str | None) -> str:
-    """`given`, else `smg` on PATH, else the one tests/helpers/smg.py installs."""
+    """`given`, else `smg` on PATH, else the one switchyard.testing.smg installs."""
     candidates = [given] if given else [shutil.which("smg"),
                                         str(user_cache_dir() / "smg-venv" / "bin" / "smg")]
     for candidate in candidates:

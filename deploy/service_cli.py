@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from switchyard.common.settings import Settings, add_arguments
 from switchyard.deploy import launchd, router_unit, systemd
 from switchyard.deploy.service_units import (ROLES, UnitError, UnitPlan, check_second_group,
                                              check_suffix, parse_env, unit_plan, write_files,
                                              write_key_file)
-from switchyard.proto.settings import Settings, add_arguments
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

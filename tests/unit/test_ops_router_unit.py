@@ -12,11 +12,11 @@ import subprocess
 
 import pytest
 
+from switchyard.common.settings import Settings
 from switchyard.deploy import cli, router_unit
 from switchyard.deploy.router_unit import (FAILOVER_FLAGS, RouterPlan, launchd_files, router_plan,
                                            smg_arguments, systemd_files)
 from switchyard.deploy.service_units import UnitError
-from switchyard.proto.settings import Settings
 
 URLS = ["http://10.0.0.1:8001", "http://10.0.0.2:8001"]
 
