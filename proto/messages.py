@@ -28,7 +28,8 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 12: StepDone.num_forward_passes/num_forward_tokens/num_prefill_passes (packed prefill).
 # 13: SubmitRequest.tenant (whose request: status views and speculation per tenant).
 # 14: SubmitRequest.tenant_weight (fair shares between tenants).
-PROTOCOL_VERSION = 14
+# 15: FetchPeerPages / PeerPagesFetched (pages from a peer server).
+PROTOCOL_VERSION = 15
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -530,6 +531,33 @@ class TouchPages(Message, tag="touch_pages"):
     page_ids: tuple[bytes, ...]
 
 
+class FetchPeerPages(Message, tag="fetch_peer_pages"):
+    """Ask the peers for `page_ids[start:]` of a chain from `root` (proto/peer_pages.py);
+    answered by PeerPagesFetched within `deadline_s` (docs/design/kv-pages.md "Pages from a
+    peer")."""
+
+    rid: str
+    root: bytes
+    page_ids: tuple[bytes, ...]
+    start: int
+    max_bytes: int
+    deadline_s: float
+
+
+class PeerFetchResult(Value):
+    peer: str  # its URL
+    num_pages: int
+    num_bytes: int
+    fetch_s: float
+    error: str = ""  # "": it answered (with pages or none)
+
+
+class PeerPagesFetched(Message, tag="peer_pages_fetched"):
+    rid: str
+    pages: tuple[PageInfo, ...]  # written to disk here, in chain order
+    results: tuple[PeerFetchResult, ...]
+
+
 MESSAGE_TYPES: tuple[type[Message], ...] = (
     Hello,
     Heartbeat,
@@ -555,6 +583,8 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     DeletePages,
     PagesDeleted,
     TouchPages,
+    FetchPeerPages,
+    PeerPagesFetched,
 )
 
 for _cls in MESSAGE_TYPES:

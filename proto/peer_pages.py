@@ -1,0 +1,105 @@
+"""Pages from a peer: the key peers share, and the ask one server sends another for pages
+(docs/design/kv-pages.md "Pages from a peer"; docs/design/security.md "Peers").
+
+A server that lacks a request's prefix asks its peers (`--peer URL`) for the page ids it lacks,
+in one `PeerAsk`: the model's namespace, the chain root of the request's cache salt (the
+tenant, as pages know it), the ids of the context's full pages from that root, and from which
+of them it wants pages. The ask travels as msgpack in a POST to `PEER_PAGES_PATH` with its MAC
+(keyed BLAKE3 under the peer key) in `MAC_HEADER`; the answer's pages carry MACs under the same
+key (kvstore/peer_wire.py). A peer serves a page only when its whole chain from that root is in
+its own index, so it serves exactly what a request of that salt could restore from its disk.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from pathlib import Path
+
+import blake3
+import msgspec
+
+from switchyard.proto.page_ids import ID_BYTES
+from switchyard.proto.secret_files import SettingsError, read_private_file
+from switchyard.proto.secret_keys import KEY_BYTES, load_secret_key
+
+PEER_PAGES_PATH = "/switchyard/peer/pages"
+MAC_HEADER = "x-switchyard-peer-mac"
+PEER_KEY_NAME = "peer.key"
+# An ask older or newer than this is refused: a recorded ask cannot be replayed for long.
+MAX_SKEW_S = 60.0
+MAX_ASK_PAGES = 8192  # 2M tokens of 256-token pages: any context
+MAX_ASK_BYTES = MAX_ASK_PAGES * (ID_BYTES + 2) + 1024
+
+
+class PeerAskError(ValueError):
+    """An ask that is not one (bad MAC, stale, malformed): the peer answers 403 or 400."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class PeerAsk(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    namespace: bytes  # the model's page namespace (proto/page_ids.kv_namespace)
+    root: bytes  # the chain root of the request's cache salt (proto/page_ids.chain_root)
+    page_ids: tuple[bytes, ...]  # the context's full pages, from the root
+    start: int  # the first page wanted; those before it are only checked
+    max_bytes: int  # the most page bytes the asker has room for
+    sent_at: float  # unix time: asks outside MAX_SKEW_S are refused
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(PeerAsk)
+
+
+def ask_mac(key: bytes, body: bytes) -> str:
+    return blake3.blake3(body, key=key).hexdigest(16)
+
+
+def encode_ask(ask: PeerAsk, key: bytes) -> tuple[bytes, str]:
+    """The POST body and its MAC header value."""
+    body = _encoder.encode(ask)
+    return body, ask_mac(key, body)
+
+
+def decode_ask(body: bytes, mac: str | None, key: bytes, now: float | None = None) -> PeerAsk:
+    """The ask in `body`, checked: its MAC first (403), then its shape and age (400, 403)."""
+    if not mac or not _equal(ask_mac(key, body), mac):
+        raise PeerAskError(403, "not a peer: the ask's MAC does not verify under this "
+                                "server's peer key")
+    try:
+        ask = _decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise PeerAskError(400, f"not a peer ask: {exc}") from None
+    now = time.time() if now is None else now
+    if abs(now - ask.sent_at) > MAX_SKEW_S:
+        raise PeerAskError(403, "the ask is stale (or the clocks differ by over "
+                                f"{MAX_SKEW_S:.0f} s)")
+    ids = (ask.namespace, ask.root, *ask.page_ids)
+    if any(len(i) != ID_BYTES for i in ids) or len(ask.page_ids) > MAX_ASK_PAGES \
+            or not 0 <= ask.start < max(1, len(ask.page_ids)) or ask.max_bytes < 0:
+        raise PeerAskError(400, "not a peer ask: ids of 16 bytes, at most "
+                                f"{MAX_ASK_PAGES} pages, 0 <= start < pages")
+    return ask
+
+
+def _equal(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.strip().lower().encode())
+
+
+def load_peer_key(key_file: str, cache_dir: Path) -> bytes:
+    """`--peer-key-file`'s 32 bytes (0600, not a symlink), or `<cache dir>/peer.key`, made once
+    like the page and salt keys (proto/secret_keys.py). SettingsError or SecretKeyError."""
+    if key_file:
+        key = read_private_file(key_file, "--peer-key-file", KEY_BYTES + 1)
+        if len(key) != KEY_BYTES:
+            raise SettingsError(f"--peer-key-file {key_file} is not a peer key ({len(key)} "
+                                f"bytes, not {KEY_BYTES}): copy one peer's key to the others")
+        return key
+    key, warning = load_secret_key(Path(cache_dir) / PEER_KEY_NAME, "peer key",
+                                   "peers holding the old key are refused",
+                                   "peers cannot authenticate this server")
+    if warning:
+        raise SettingsError(warning)
+    return key
