@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import msgspec
+import structlog
 import zmq
 
 from switchyard.kvstore.page_file import PageGeometry
@@ -62,8 +63,10 @@ class PeerPageServer(threading.Thread):
         self.endpoint, self.store, self.peer_key, self.log = endpoint, store, peer_key, log
         self.stopping = threading.Event()
         self.ctx = zmq.Context()
+        self.log_context = structlog.contextvars.get_contextvars()  # role, boot id, pid
 
     def run(self) -> None:
+        structlog.contextvars.bind_contextvars(**self.log_context)
         sock = bind_router(self.ctx, self.endpoint)
         try:
             while not self.stopping.is_set():
