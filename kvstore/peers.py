@@ -150,6 +150,7 @@ class PeerFetcher:
         results = []
         for future, url in futures.items():
             if future not in finished:
+                future.cancel()  # not started yet (the pool is busy with silent peers)
                 results.append(PeerFetchResult(url, 0, 0, round(time.monotonic() - started, 4),
                                                f"no answer within {msg.deadline_s} s"))
                 continue

@@ -9,18 +9,24 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import msgspec
 import pytest
 
+from switchyard.deploy.status import format_peers
 from switchyard.kvstore.peer_wire import decode_pages, encode_page, read_local_page
 from switchyard.kvstore.peers import pages_to_serve
 from switchyard.kvstore.store import PageStore
 from switchyard.proto.messages import FetchPeerPages, PageInfo, PeerFetchResult, PeerPagesFetched
 from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, chain_root
 from switchyard.proto.peer_pages import PeerAsk, PeerAskError, decode_ask, encode_ask
+from switchyard.proto.status import PeerServerStatus
 from switchyard.scheduler.events import PlanStep
 from switchyard.scheduler.outbox import Addressed
 from switchyard.scheduler.peer_fetch import ANSWER_GRACE_S, held_pages
 from switchyard.scheduler.requests import Slot
+from tests.unit.test_ops_metrics import exposition, samples
+from tests.unit.test_ops_metrics import snapshot as metrics_snapshot
+from tests.unit.test_ops_status import snapshot as status_snapshot
 from tests.unit.test_scheduler_pages import NS, Group, conv
 
 KEY = b"k" * 32
@@ -190,3 +196,27 @@ def test_what_this_server_holds_is_not_asked_for():
     g.run()
     asks = fetches(g)
     assert len(asks) == 2 and asks[1].start == 4 and len(asks[1].page_ids) == 6
+
+
+# --- what status and /metrics show -----------------------------------------------------------
+
+def with_peers(status):
+    return msgspec.structs.replace(status, peer_servers=[
+        PeerServerStatus(url=URL, num_asks=3, num_pages=40, num_bytes=5 << 20, fetch_s=0.75,
+                         num_failures=1, last_error="no answer within 2.0 s")])
+
+
+def test_switchyard_status_lists_each_peer_and_what_it_gave():
+    lines = format_peers(with_peers(status_snapshot(time.time())))
+    assert lines[0] == "peers: 1 (pages fetched from each)"
+    assert URL in lines[-1] and "5.0 MiB" in lines[-1] and "no answer within" in lines[-1]
+    assert format_peers(status_snapshot(time.time())) == []
+
+
+def test_metrics_count_pages_bytes_time_and_failures_per_peer():
+    now = time.time()
+    got = samples(exposition(with_peers(metrics_snapshot(now)), now))
+    assert got[("switchyard_peer_pages_total", (("peer", URL),))] == 40
+    assert got[("switchyard_peer_bytes_total", (("peer", URL),))] == 5 << 20
+    assert got[("switchyard_peer_fetch_seconds_total", (("peer", URL),))] == 0.75
+    assert got[("switchyard_peer_fetch_failures_total", (("peer", URL),))] == 1
