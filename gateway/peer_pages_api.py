@@ -5,7 +5,8 @@ Mounted only with `--peer`. Outside /v1: no API key opens it; the ask's MAC unde
 does (proto/peer_pages.py), checked here before anything else. The gateway holds no pages: it
 forwards the checked ask to the kvstore's `peer-pages.sock` from a thread (off the event
 loop) and streams back the page records the kvstore answers, already MAC'd with the peer key.
-A kvstore that does not answer in time gives an empty answer: the asker prefills.
+A kvstore that does not answer within the asker's deadline gives an empty answer: the asker
+prefills.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from switchyard.proto.sockets import connect_dealer
 
 log = structlog.get_logger()
 PAGES_HEADER = "x-switchyard-pages"  # how many page records the answer holds
-# The asker waits --peer-fetch-timeout-s at most; the kvstore is given as long.
-_KVSTORE_WAIT_S = 60.0
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -65,11 +64,12 @@ def mount(app: Starlette, settings: Settings) -> None:
             if len(body) > MAX_ASK_BYTES:
                 return _error(400, f"a peer ask is at most {MAX_ASK_BYTES} bytes")
         try:
-            decode_ask(body, request.headers.get(MAC_HEADER), key)
+            ask = decode_ask(body, request.headers.get(MAC_HEADER), key)
         except PeerAskError as exc:
             log.warning("peer.ask_refused", status=exc.status, reason=str(exc))
             return _error(exc.status, str(exc))
-        count, blob = await run_in_threadpool(ask_kvstore, endpoint, body, _KVSTORE_WAIT_S)
+        # Past the asker's deadline nobody reads the answer: the thread is given back then.
+        count, blob = await run_in_threadpool(ask_kvstore, endpoint, body, ask.deadline_s)
         return Response(blob, media_type="application/octet-stream",
                         headers={PAGES_HEADER: str(count), "Cache-Control": "no-store"})
 

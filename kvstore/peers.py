@@ -140,7 +140,8 @@ class PeerFetcher:
 
     def _fetch(self, msg: FetchPeerPages, namespace: bytes,
                geometry: PageGeometry | None) -> None:
-        ask = PeerAsk(namespace, msg.root, msg.page_ids, msg.start, msg.max_bytes, time.time())
+        ask = PeerAsk(namespace, msg.root, msg.page_ids, msg.start, msg.max_bytes, time.time(),
+                      msg.deadline_s)
         body, mac = encode_ask(ask, self.peer_key)
         started = time.monotonic()
         futures = {self.asks.submit(self._ask, url, body, mac, msg, namespace, geometry,

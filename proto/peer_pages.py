@@ -47,6 +47,7 @@ class PeerAsk(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     start: int  # the first page wanted; those before it are only checked
     max_bytes: int  # the most page bytes the asker has room for
     sent_at: float  # unix time: asks outside MAX_SKEW_S are refused
+    deadline_s: float  # how long the asker waits: the peer gives up on it after that
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -78,9 +79,11 @@ def decode_ask(body: bytes, mac: str | None, key: bytes, now: float | None = Non
                                 f"{MAX_SKEW_S:.0f} s)")
     ids = (ask.namespace, ask.root, *ask.page_ids)
     if any(len(i) != ID_BYTES for i in ids) or len(ask.page_ids) > MAX_ASK_PAGES \
-            or not 0 <= ask.start < max(1, len(ask.page_ids)) or ask.max_bytes < 0:
+            or not 0 <= ask.start < max(1, len(ask.page_ids)) or ask.max_bytes < 0 \
+            or not 0 < ask.deadline_s <= 60:
         raise PeerAskError(400, "not a peer ask: ids of 16 bytes, at most "
-                                f"{MAX_ASK_PAGES} pages, 0 <= start < pages")
+                                f"{MAX_ASK_PAGES} pages, 0 <= start < pages, a deadline "
+                                "of at most 60 s")
     return ask
 
 

@@ -18,7 +18,10 @@ from switchyard.kvstore.peers import pages_to_serve
 from switchyard.kvstore.store import PageStore
 from switchyard.proto.messages import FetchPeerPages, PageInfo, PeerFetchResult, PeerPagesFetched
 from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, chain_root
-from switchyard.proto.peer_pages import PeerAsk, PeerAskError, decode_ask, encode_ask
+from switchyard.proto.peer_pages import (PeerAsk, PeerAskError, decode_ask, encode_ask,
+                                         load_peer_key)
+from switchyard.proto.secret_files import SettingsError
+from switchyard.proto.settings import Settings
 from switchyard.proto.status import PeerServerStatus
 from switchyard.scheduler.events import PlanStep
 from switchyard.scheduler.outbox import Addressed
@@ -37,7 +40,7 @@ URL = "http://peer:8000"
 
 def ask_for(ids, root=ROOT_ID, start=0, max_bytes=1 << 30, sent_at=None):
     return PeerAsk(NS, root, tuple(ids), start, max_bytes,
-                   time.time() if sent_at is None else sent_at)
+                   time.time() if sent_at is None else sent_at, 2.0)
 
 
 # --- the ask -------------------------------------------------------------------------------
@@ -220,3 +223,32 @@ def test_metrics_count_pages_bytes_time_and_failures_per_peer():
     assert got[("switchyard_peer_bytes_total", (("peer", URL),))] == 5 << 20
     assert got[("switchyard_peer_fetch_seconds_total", (("peer", URL),))] == 0.75
     assert got[("switchyard_peer_fetch_failures_total", (("peer", URL),))] == 1
+
+
+# --- the flags -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, problem", [
+    (dict(peer=("127.0.0.1:8001",)), "--peer must be a server's base URL"),
+    (dict(peer=("http://h:1/v1",)), "--peer must be a server's base URL"),
+    (dict(peer=("http://h:1",), hostfile="hosts.json"), "serve without --hostfile"),
+    (dict(peer=("http://h:1",), peer_fetch_timeout_s=0), "--peer-fetch-timeout-s"),
+])
+def test_bad_peer_flags_are_refused_in_one_line(flags, problem):
+    with pytest.raises(SettingsError, match=problem):
+        Settings(**flags).validate()
+
+
+def test_a_peer_key_file_must_be_private_and_a_key(tmp_path):
+    path = tmp_path / "peer.key"
+    path.write_bytes(b"short")
+    path.chmod(0o600)
+    with pytest.raises(SettingsError, match="is not a peer key"):
+        load_peer_key(str(path), tmp_path)
+    path.write_bytes(KEY)
+    path.chmod(0o644)
+    with pytest.raises(SettingsError, match="accessible"):
+        load_peer_key(str(path), tmp_path)
+    path.chmod(0o600)
+    assert load_peer_key(str(path), tmp_path) == KEY
+    made = load_peer_key("", tmp_path / "cache")  # the default: made once, then the same
+    assert len(made) == 32 and load_peer_key("", tmp_path / "cache") == made
