@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from switchyard.deploy.status import format_peers
+from switchyard.gateway.tenant_view import status_for
 from switchyard.kvstore.peer_wire import decode_pages, encode_page, read_local_page
 from switchyard.kvstore.peers import pages_to_serve
 from switchyard.kvstore.store import PageStore
@@ -23,6 +24,7 @@ from switchyard.proto.peer_pages import (PeerAsk, PeerAskError, decode_ask, enco
 from switchyard.proto.secret_files import SettingsError
 from switchyard.proto.settings import Settings
 from switchyard.proto.status import PeerServerStatus
+from switchyard.proto.tenants import Tenants, parse_keys
 from switchyard.scheduler.events import PlanStep
 from switchyard.scheduler.outbox import Addressed
 from switchyard.scheduler.peer_fetch import ANSWER_GRACE_S, held_pages
@@ -252,3 +254,12 @@ def test_a_peer_key_file_must_be_private_and_a_key(tmp_path):
     assert load_peer_key(str(path), tmp_path) == KEY
     made = load_peer_key("", tmp_path / "cache")  # the default: made once, then the same
     assert len(made) == 32 and load_peer_key("", tmp_path / "cache") == made
+
+
+def test_a_tenant_key_is_not_shown_the_peers():
+    """Any tenant's turns move the peers' counts: the operator's alone."""
+    tenants = Tenants(parse_keys("alice sk-a\nops,role=operator sk-o\n"))
+    alice, ops = tenants.tenants
+    status = with_peers(status_snapshot(time.time()))
+    assert status_for(status, alice, tenants).peer_servers == []
+    assert status_for(status, ops, tenants).peer_servers[0].url == URL
