@@ -46,16 +46,17 @@ def test_a_killed_server_s_conversations_go_on_on_its_peer(tiny_qwen3, smg_exe):
                        extra=HEALTH) as router, \
                 openai.OpenAI(base_url=router.url + "/v1", api_key="none", timeout=TIMEOUT_S,
                               max_retries=0) as client:
-            convs = {}
+            convs, homes, firsts = {}, {}, {}
             for name in ("a", "b", "c"):
-                convs[name] = [{"role": "system", "content": SYSTEM + name},
+                convs[name] = [{"role": "system", "content": f"Agent {name}. " + SYSTEM},
                                {"role": "user", "content": f"Task {name}."}]
                 reply = client.chat.completions.create(model=MODEL, messages=convs[name],
                                                        max_tokens=4, temperature=0)
+                homes[name], firsts[name] = server_of(groups, reply.id), reply.usage
                 convs[name].append({"role": "assistant",
                                     "content": reply.choices[0].message.content})
                 convs[name].append({"role": "user", "content": "Go on."})
-            dead = server_of(groups, reply.id)
+            dead = homes["c"]
             survivor = next(g for g in groups if g is not dead)
             assert worker_healthy(router, dead.url) is True  # SMG's list is read right
             os.killpg(dead.supervisor_pid, signal.SIGKILL)  # the whole server, at once
@@ -69,5 +70,8 @@ def test_a_killed_server_s_conversations_go_on_on_its_peer(tiny_qwen3, smg_exe):
                                                        max_tokens=4, temperature=0)
                 assert reply.choices[0].finish_reason in ("stop", "length"), name
                 assert server_of([survivor], reply.id) is survivor
+                if homes[name] is survivor:  # its own pages: nothing of it re-read
+                    cached = reply.usage.prompt_tokens_details.cached_tokens
+                    assert cached >= firsts[name].prompt_tokens - PAGE_SIZE, (name, reply.usage)
     finally:
         stop_all([g for g in groups if g.proc is not None and g.proc.poll() is None])
