@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import http.client
 import queue
 import threading
 import time
@@ -155,7 +156,12 @@ class PeerFetcher:
                 results.append(PeerFetchResult(url, 0, 0, round(time.monotonic() - started, 4),
                                                f"no answer within {msg.deadline_s} s"))
                 continue
-            pages, result = future.result()
+            try:
+                pages, result = future.result()
+            except Exception as exc:  # noqa: BLE001 - one peer's answer: never the request
+                pages, result = [], PeerFetchResult(url, 0, 0,
+                                                    round(time.monotonic() - started, 4),
+                                                    f"{type(exc).__name__}: {exc}")
             results.append(result)
             if len(pages) > len(best):
                 best = pages
@@ -174,8 +180,10 @@ class PeerFetcher:
                 blob = response.read(limit + 1)
         except urllib.error.HTTPError as exc:
             return [], self._result(url, started, f"HTTP {exc.code}")
-        except (OSError, ValueError) as exc:  # refused, unreachable, timed out, reset
-            return [], self._result(url, started, str(getattr(exc, "reason", exc)))
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            # refused, unreachable, timed out, reset, cut short, not HTTP
+            return [], self._result(url, started,
+                                    str(getattr(exc, "reason", exc)) or type(exc).__name__)
         if len(blob) > limit:
             return [], self._result(url, started, "answer larger than the pages asked for")
         pages, problem = decode_pages(blob, self.peer_key, namespace, msg.root, msg.page_ids,

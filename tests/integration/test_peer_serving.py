@@ -7,6 +7,7 @@ and a chain asked under another root nothing.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -95,3 +96,23 @@ def test_an_ask_under_another_peer_key_is_refused(peer):
     url, ids = peer
     got = fetch(url, b"x" * 32, ALICE, ids)
     assert got.pages == [] and got.results[0].error == "HTTP 403"
+
+
+@pytest.mark.parametrize("reply", [b"SSH-2.0-OpenSSH_9.6\r\n",
+                                   b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nshort"])
+def test_a_garbled_answer_is_a_failure_not_a_crash(reply):
+    """A peer that answers something else, or a cut-short body, and hangs up: one failed
+    answer, and the fetch still ends."""
+    with socket.socket() as liar:
+        liar.bind(("127.0.0.1", 0))
+        liar.listen(1)
+
+        def answer() -> None:
+            conn, _ = liar.accept()
+            conn.recv(65536)
+            conn.sendall(reply)
+            conn.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        got = fetch(f"http://127.0.0.1:{liar.getsockname()[1]}", KEY, ALICE, [b"a" * 16])
+    assert got.pages == [] and got.results[0].error
