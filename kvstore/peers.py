@@ -141,6 +141,16 @@ class PeerFetcher:
 
     def _fetch(self, msg: FetchPeerPages, namespace: bytes,
                geometry: PageGeometry | None) -> None:
+        best: list[WirePage] = []
+        results: list[PeerFetchResult] = []
+        try:
+            best, results = self._ask_all(msg, namespace, geometry)
+        finally:  # whatever happened, the daemon hears of this fetch
+            self.done.put(Fetched(msg, best, tuple(results)))
+
+    def _ask_all(self, msg: FetchPeerPages, namespace: bytes, geometry: PageGeometry | None
+                 ) -> tuple[list[WirePage], list[PeerFetchResult]]:
+        """Every peer asked at once; the longest verified run within the deadline."""
         ask = PeerAsk(namespace, msg.root, msg.page_ids, msg.start, msg.max_bytes, time.time(),
                       msg.deadline_s)
         body, mac = encode_ask(ask, self.peer_key)
@@ -165,7 +175,7 @@ class PeerFetcher:
             results.append(result)
             if len(pages) > len(best):
                 best = pages
-        self.done.put(Fetched(msg, best, tuple(results)))
+        return best, results
 
     def _ask(self, url: str, body: bytes, mac: str, msg: FetchPeerPages, namespace: bytes,
              geometry: PageGeometry | None, timeout_s: float
