@@ -14,7 +14,6 @@ import time
 
 import httpx
 import openai
-import pytest
 
 from tests.e2e.test_router_smg import MODEL, PAGE_SIZE, SYSTEM, TIMEOUT_S, server_of, smg_exe  # noqa: F401
 from tests.helpers.group import ServerGroup, free_port, short_tmp_dir, start_all, stop_all
