@@ -92,8 +92,11 @@ def run(settings: Settings) -> None:
         raise SystemExit(1) from None
     try:
         app = build_app(settings, tokenizer, boot_id=boot_id)
-    except (SecretKeyError, SettingsError) as exc:  # the salt or peer key is not ours or not
-        log.error("gateway.salt_key_refused", error=str(exc))  # private: say so, exit 2
+    except SecretKeyError as exc:  # the salt key is not ours or not private: say so, exit 2
+        log.error("gateway.salt_key_refused", error=str(exc))
+        raise SystemExit(2) from None
+    except SettingsError as exc:  # the peer key (--peer): missing, not private, not a key
+        log.error("gateway.peer_key_refused", error=str(exc))
         raise SystemExit(2) from None
     log.info("gateway.starting", host=settings.host, port=settings.port,
              model=app.state.gateway.model_id)
