@@ -39,6 +39,9 @@ class Request:
     slot: int | None = None
     cancelled: bool = False
     grammar_ready: bool = True  # False while the worker compiles its grammar (PrepareGrammar)
+    # Pages from a peer (scheduler/peer_fetch.py): looked at once; not placed while asked.
+    peer_asked: bool = False
+    fetching: bool = False
     # Where the context's KV came from (tokens): kept in the slot, copied from another slot,
     # restored from disk. Set at the first placement; `num_cached` is what usage reports.
     num_reused: int = 0
