@@ -31,8 +31,8 @@ from switchyard.gateway.errors import (CODE_COMPONENT_RESTARTED, CODE_SCHEDULER_
 from switchyard.gateway.peer import PeerChange, PeerMonitor, RequestEvent, RequestTable, SchedulerStatus
 from switchyard.proto import codec
 from switchyard.proto.messages import (PROTOCOL_VERSION, ROLE_GATEWAY, CancelRequest, GroupState,
-                            Heartbeat, Hello, RequestFailed, RequestFinished, SubmitRequest,
-                            TokensGenerated)
+                            Heartbeat, Hello, ReplyEnded, RequestFailed, RequestFinished,
+                            SubmitRequest, TokensGenerated)
 from switchyard.proto.sockets import connect_dealer
 
 GATEWAY_IDENTITY = b"gateway"
@@ -87,6 +87,10 @@ class RequestStream:
         if not self.finished and not self._cancel_sent:
             self._cancel_sent = True
             self._client.send(CancelRequest(self.rid))
+
+    def reply_ended(self, end: str) -> None:
+        """Tell the scheduler how the reply ended (ReplyEnded), once its final event came."""
+        self._client.send(ReplyEnded(self.rid, end))
 
     def close(self) -> None:
         """Stop listening; cancels the request if it is still running. Never blocks."""

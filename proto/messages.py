@@ -28,7 +28,8 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 12: StepDone.num_forward_passes/num_forward_tokens/num_prefill_passes (packed prefill).
 # 13: SubmitRequest.tenant (whose request: status views and speculation per tenant).
 # 14: SubmitRequest.tenant_weight (fair shares between tenants).
-PROTOCOL_VERSION = 14
+# 15: ReplyEnded (how a reply ended, for the scheduler's residency).
+PROTOCOL_VERSION = 15
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"
@@ -287,6 +288,21 @@ class CancelRequest(Message, tag="cancel_request"):
     rid: str
 
 
+# How a reply ended, as the gateway parsed it: the API's finish reasons, and a side call.
+REPLY_ENDS = ("tool_calls", "stop", "length", "cancelled", "side_call")
+
+
+class ReplyEnded(Message, tag="reply_ended"):
+    """How request `rid`'s reply ended, sent after its RequestFinished: "tool_calls" (the
+    client runs them and sends the results), "stop" (the end of a turn), "length",
+    "cancelled" (the client stopped it), or "side_call" (a reply whose shape the client forced:
+    a title, a classifier's verdict). The scheduler keeps conversations that are back soon
+    in memory (docs/design/scheduling.md "Residency")."""
+
+    rid: str
+    end: str
+
+
 # --- scheduler -> gateway ---------------------------------------------------------------------
 
 
@@ -535,6 +551,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Heartbeat,
     SubmitRequest,
     CancelRequest,
+    ReplyEnded,
     TokensGenerated,
     RequestFinished,
     RequestFailed,

@@ -32,6 +32,7 @@ from switchyard.proto.messages import (
     PagesRead,
     PagesWritten,
     PrepareGrammar,
+    ReplyEnded,
     RequestFailed,
     RunStep,
     SlotContents,
@@ -85,6 +86,8 @@ class SchedulerCore(CoreState):
                 self.lifecycle.submit(event, now)
             case CancelRequest():
                 self.lifecycle.cancel(event.rid, now)
+            case ReplyEnded():
+                self.memory.reply_ended(event)
             case StepDone():
                 self._step_done(event, now)
             case PagesRead():

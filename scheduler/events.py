@@ -17,6 +17,7 @@ from switchyard.proto.messages import (
     InventoryDescribed,
     PagesRead,
     PagesWritten,
+    ReplyEnded,
     RunStep,
     StepDone,
     SubmitRequest,
@@ -62,7 +63,7 @@ class IndexOverdue:
     overdue: bool
 
 
-Event = (SubmitRequest | CancelRequest | StepDone | WorkerReady | GrammarPrepared
+Event = (SubmitRequest | CancelRequest | ReplyEnded | StepDone | WorkerReady | GrammarPrepared
          | InventoryDescribed | PagesRead | PagesWritten | PlanStep | GatewayRestarted
          | WorkerLost | KvstoreRestarted | FailAll | IndexOverdue)
 

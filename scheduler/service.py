@@ -49,6 +49,7 @@ from switchyard.proto.messages import (
     PrepareGrammar,
     ReadPages,
     ReleaseGrammar,
+    ReplyEnded,
     RequestFailed,
     RequestFinished,
     RunStep,
@@ -80,7 +81,7 @@ from switchyard.scheduler.stats import SchedulerStats
 from switchyard.scheduler.status import build_status
 
 # What each role may send besides Hello and Heartbeat; a peer of no known role is not heard.
-_SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest),
+_SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest, ReplyEnded),
             ROLE_WORKER: (StepDone, WorkerReady, GrammarPrepared)}
 _SENT_BY_KVSTORES = (PagesWritten, PagesRead, InventoryDescribed, PagesDeleted)
 
@@ -245,7 +246,7 @@ class SchedulerService:
         elif role not in self.peer_boot:
             # A peer from before our start: make it greet us first.
             self._send(role, Hello(PROTOCOL_VERSION, self.boot_id, ROLE_SCHEDULER, os.getpid()))
-        elif isinstance(msg, (SubmitRequest, CancelRequest)):
+        elif isinstance(msg, (SubmitRequest, CancelRequest, ReplyEnded)):
             self.apply(self.core.handle(msg, now))
         elif isinstance(msg, (PagesWritten, PagesRead, InventoryDescribed)):
             self._from_kvstore(role, msg, now)
