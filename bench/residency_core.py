@@ -8,7 +8,8 @@ a request is submitted at its trace arrival, or when its conversation's previous
 if that is later (a client sends its next turn only after the reply). The memory budget is the
 core's KV budget (`kv_budget_tokens`, every slot may stay resident within it: the core's own
 rule for what leaves memory, with `--release-after-s`); the disk budget its
-`disk_budget_bytes`.
+`disk_budget_bytes`. After each reply the core is told how it ended (`ReplyEnded`, the trace's
+`end`), as the gateway tells it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from switchyard.proto.messages import (DeletePages, InventoryDescribed, PageInfo, PagesRead,
-                                       PagesWritten, ReadPages, RunStep, SampledToken,
+                                       PagesWritten, ReadPages, ReplyEnded, RunStep,
+                                       SampledToken,
                                        SamplingParams, StepDone, SubmitRequest, TouchPages,
                                        WorkerReady, WritePages)
 from switchyard.scheduler.config import CoreConfig
@@ -164,6 +166,8 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
     g = ScriptedGroup(trace.page_size, memory_tokens, disk_tokens, release_after_s)
     pending = list(trace.requests)
     last_of: dict[str, str] = {}  # conversation -> rid of its latest request
+    ends = {f"r{r.i}": r.end for r in trace.requests}
+    told: set[str] = set()
 
     def ready(r) -> bool:
         before = last_of.get(r.conv or f"#{r.i}")
@@ -175,6 +179,9 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
             g.submit(f"r{r.i}", prompts[r.i], max(1, r.reply))
             last_of[r.conv or f"#{r.i}"] = f"r{r.i}"
         ran = g.step()
+        for rid in [rid for rid in g.finished if rid not in told]:
+            told.add(rid)  # the gateway's word on the reply's end, after its last token
+            g.do(ReplyEnded(rid, ends[rid]))
         if len(g.finished) == len(trace.requests):
             break
         if not ran:

@@ -83,6 +83,8 @@ from switchyard.scheduler.status import build_status
 # What each role may send besides Hello and Heartbeat; a peer of no known role is not heard.
 _SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest, ReplyEnded),
             ROLE_WORKER: (StepDone, WorkerReady, GrammarPrepared)}
+# The core's lines logged at debug: a request's hashed page ids (bench/residency_record.py).
+_DEBUG_EVENTS = ("request.pages",)
 _SENT_BY_KVSTORES = (PagesWritten, PagesRead, InventoryDescribed, PagesDeleted)
 
 
@@ -199,7 +201,8 @@ class SchedulerService:
                 self.apply(self.core.handle(WorkerLost(), time.time()))
         for event, fields in effects.logs:
             level = "warning" if event in ("kv.thrash", "kv.persistence_off",
-                                           "kv.budget_exhausted") else "info"
+                                           "kv.budget_exhausted") else \
+                "debug" if event in _DEBUG_EVENTS else "info"
             getattr(self.log, level)(event, **fields)
         now = time.time()
         for rec in effects.finished:
