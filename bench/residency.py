@@ -3,6 +3,8 @@ through Switchyard's own policy (the scheduler core), LRU and the offline optimu
 
     PYTHONPATH=. .venv/bin/python bench/residency.py --json [--plot docs/residency.png]
     PYTHONPATH=. .venv/bin/python bench/residency.py record --shape agent-traffic
+    PYTHONPATH=. .venv/bin/python bench/residency.py record --shape sessions
+    PYTHONPATH=. .venv/bin/python bench/residency.py record --log LOG --name NAME
 
 One JSON line per trace x budget x policy:
     {"trace", "budget": {"memory_tokens", "disk_tokens"}, "policy": "switchyard"|"lru"|"optimal",
@@ -26,6 +28,7 @@ if str(REPO) not in sys.path:
 
 from bench.residency_core import replay_core  # noqa: E402
 from bench.residency_policies import replay, reread_bound  # noqa: E402
+from bench.residency_record import read_log, record_sessions, trace_from_log  # noqa: E402
 from bench.residency_trace import (Trace, TraceRequest, load, reordered, save,  # noqa: E402
                                    shared_prefixes)
 
@@ -158,17 +161,37 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["record"]:
         ap = argparse.ArgumentParser(description="record a trace into bench/traces/")
-        ap.add_argument("--shape", choices=["agent-traffic"], required=True)
+        ap.add_argument("--shape", choices=["agent-traffic", "sessions"],
+                        help="agent-traffic: bench/agent_traffic.py's requests with modelled "
+                        "times; sessions: the scripted agent-client sessions, run for real")
+        ap.add_argument("--log", type=Path, help="a server's JSON log at --log-level debug "
+                        "(bench/residency_record.py)")
+        ap.add_argument("--name", help="the trace's name, with --log")
+        ap.add_argument("--source", default="", help="what the log is of, with --log")
+        ap.add_argument("--sessions", nargs="*", help="with --shape sessions: only these")
         ap.add_argument("--agents", type=int, default=20)
         ap.add_argument("--turns", type=int, default=6)
         ap.add_argument("--grow-to", type=int, default=20000)
         ap.add_argument("--reply", type=int, default=16)
         args = ap.parse_args(argv[1:])
-        trace = record_agent_traffic(args.agents, args.turns, args.grow_to, args.reply)
-        path = TRACES / f"{trace.name}.jsonl"
         TRACES.mkdir(parents=True, exist_ok=True)
-        save(trace, path)
-        print(f"{path}: {len(trace.requests)} requests, {path.stat().st_size} bytes")
+        if args.shape == "sessions":
+            paths = record_sessions(TRACES, args.sessions)
+        elif args.log:
+            if not args.name:
+                ap.error("--log needs --name")
+            trace = trace_from_log(read_log(args.log), args.name, 256, args.source,
+                                   f"bench/residency.py record --log LOG --name {args.name}")
+            paths = [TRACES / f"{trace.name}.jsonl"]
+            save(trace, paths[0])
+        elif args.shape == "agent-traffic":
+            trace = record_agent_traffic(args.agents, args.turns, args.grow_to, args.reply)
+            paths = [TRACES / f"{trace.name}.jsonl"]
+            save(trace, paths[0])
+        else:
+            ap.error("give --shape or --log")
+        for path in paths:
+            print(f"{path}: {len(load(path).requests)} requests, {path.stat().st_size} bytes")
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="one JSON line per trace x budget x "

@@ -96,3 +96,40 @@ def test_the_core_replays_a_trace_and_keeps_what_fits():
     roomy = replay_core(t, memory_tokens=4096, disk_tokens=4096)
     assert roomy.requests == 20 and roomy.tokens_reread == 0
     assert sorted(roomy.order) == list(range(20))
+
+
+def test_a_trace_is_read_from_the_servers_log():
+    """The scheduler's request.pages and request.finished lines and the gateway's
+    request.finished line make a trace: arrival order, pages shared with the latest request
+    holding them, the reply's length and end, conversations renamed in order."""
+    from bench.residency_record import trace_from_log
+
+    def at(s):
+        return f"2026-12-05T08:00:{s:06.3f}Z"
+
+    lines = [
+        {"event": "request.pages", "role": "scheduler", "rid": "a", "timestamp": at(0),
+         "num_prompt_tokens": 9, "pages": ["p1", "p2"]},
+        {"event": "request.pages", "role": "scheduler", "rid": "b", "timestamp": at(1.5),
+         "num_prompt_tokens": 13, "pages": ["p1", "p2", "p3"]},
+        {"event": "request.pages", "role": "scheduler", "rid": "side", "timestamp": at(2),
+         "num_prompt_tokens": 5, "pages": ["p1", "q2"]},
+        {"event": "request.pages", "role": "scheduler", "rid": "lost", "timestamp": at(3),
+         "num_prompt_tokens": 5, "pages": []},  # never finished: not in the trace
+        {"event": "request.finished", "role": "scheduler", "rid": "a", "conversation": "xy",
+         "num_generated_tokens": 3, "finish_reason": "stop"},
+        {"event": "request.finished", "role": "scheduler", "rid": "b", "conversation": "xy",
+         "num_generated_tokens": 4, "finish_reason": "stop"},
+        {"event": "request.finished", "role": "scheduler", "rid": "side",
+         "conversation": "zz", "num_generated_tokens": 1, "finish_reason": "stop"},
+        {"event": "request.finished", "role": "gateway", "rid": "a", "reply_end": "tool_calls"},
+        {"event": "request.finished", "role": "gateway", "rid": "side",
+         "reply_end": "side_call"},
+    ]
+    t = trace_from_log(lines, "log", P)
+    assert [(r.i, r.t, r.prompt, r.shared, r.reply, r.end, r.conv) for r in t.requests] == [
+        (0, 0.0, 9, None, 3, "tool_calls", "c1"),
+        (1, 1.5, 13, (0, 2 * P), 4, "stop", "c1"),
+        (2, 2.0, 5, (1, P), 1, "side_call", "c2"),
+    ]
+    assert loads(dumps(t)) == t

@@ -1,0 +1,129 @@
+"""Traces for the residency bench, recorded from a real server's log (bench/residency_trace.py
+says the format).
+
+The server says all a trace needs in its JSON log at `--log-level debug`: the scheduler's
+`request.pages` line when a request arrives (its full pages' ids, hashed again: no token, no
+text), its `request.finished` line (the reply's length, the conversation's label) and the
+gateway's `request.finished` line (`reply_end`: how the reply ended, as the scheduler was told).
+A request shares with the earlier request whose pages it starts with the longest run of (whole
+pages: the tail of a page is counted as new). Conversations are renamed c1, c2, ... in the order
+they began.
+
+    # any server log (deploy/dev.sh serve --log-level debug --log-format json 2> LOG):
+    PYTHONPATH=. .venv/bin/python bench/residency.py record --log LOG --name NAME
+    # the scripted agent-client sessions (tests/helpers/agent_sessions.py), one trace each:
+    PYTHONPATH=. .venv/bin/python bench/residency.py record --shape sessions
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+from bench.residency_trace import Trace, TraceRequest, save
+
+def _when(line: dict) -> float:
+    return datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def read_log(path: Path) -> list[dict]:
+    out = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def trace_from_log(lines: list[dict], name: str, page_size: int, source: str = "",
+                   command: str = "") -> Trace:
+    """The requests the scheduler ran (those it finished), in arrival order."""
+    pages, finished, ends = {}, {}, {}
+    for e in lines:
+        event, role = e.get("event"), e.get("role")
+        if role == "scheduler" and event == "request.pages":
+            pages[e["rid"]] = e
+        elif role == "scheduler" and event == "request.finished":
+            finished[e["rid"]] = e
+        elif role == "gateway" and event == "request.finished" and e.get("rid"):
+            ends[e["rid"]] = e.get("reply_end") or e.get("finish_reason")
+    rids = sorted((rid for rid in pages if rid in finished), key=lambda r: _when(pages[r]))
+    if not rids:
+        raise ValueError("no request with both a request.pages and a request.finished line "
+                         "(was the server at --log-level debug?)")
+    t0 = _when(pages[rids[0]])
+    labels: dict[str, str] = {}
+    # A page id names its whole prefix (docs/design/kv-pages.md "KV pages"): page id -> the
+    # latest request whose prompt holds it.
+    owners: dict[str, int] = {}
+    requests = []
+    for i, rid in enumerate(rids):
+        ids = pages[rid]["pages"]
+        k = 0
+        while k < len(ids) and ids[k] in owners:
+            k += 1
+        shared = (owners[ids[k - 1]], k * page_size) if k else None
+        owners.update((pid, i) for pid in ids)
+        rec = finished[rid]
+        label = rec.get("conversation") or rid
+        conv = labels.setdefault(label, f"c{len(labels) + 1}")
+        end = ends.get(rid) or rec.get("finish_reason", "stop")
+        requests.append(TraceRequest(i, _when(pages[rid]) - t0, pages[rid]["num_prompt_tokens"],
+                                     shared, rec.get("num_generated_tokens", 0), end, conv))
+    return Trace(name, page_size, tuple(requests), source, command)
+
+
+def record_sessions(out_dir: Path, names: list[str] | None = None) -> list[Path]:
+    """Run the scripted agent-client sessions of tests/e2e/test_agent_clients.py (real Claude
+    Code, Codex, opencode, Qwen Code against `serve --script` on the terse twin), each from a
+    fresh server group at --log-level debug, and write each one's trace."""
+    import tempfile
+
+    from fixtures.tiny_models import generate_tiny_model
+    from tests.helpers.agent_clients import CLIENTS, install
+    from tests.helpers.agent_sessions import SESSIONS, prepare_work, session_script
+    from tests.helpers.group import ServerGroup
+
+    page_size, ctx, model_name = 256, 65536, "local"
+    versions = install()
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model = generate_tiny_model(tmp / "tiny-terse", "qwen3", terse=True)
+        work = tmp / "work"
+        prepare_work(work)
+        script = tmp / "script.json"
+        script.write_text(json.dumps(session_script(work)))
+        for session in SESSIONS:
+            if names and session.name not in names:
+                continue
+            client = CLIENTS[session.client]
+            with ServerGroup(model, slots=2, ctx=ctx, startup_timeout_s=300, extra=(
+                    "--served-model-name", model_name, "--page-size", str(page_size),
+                    "--script", str(script), "--log-level", "debug")) as group:
+                env = client.prepare(tmp / f"home-{session.name}", group.url, model_name) \
+                    | {"IS_SANDBOX": "1"}
+                for n, prompt in enumerate(session.prompts, 1):
+                    done = subprocess.run([*client.turn(n, prompt), *session.flags], cwd=work,
+                                          env=env, stdin=subprocess.DEVNULL,
+                                          capture_output=True, text=True, timeout=1500)
+                    if done.returncode != 0:
+                        raise RuntimeError(f"{session.name} turn {n}: exit {done.returncode}: "
+                                           f"{done.stderr[-2000:]}")
+                time.sleep(2)  # the last request's lines reach the log through the supervisor
+                lines = group.log_events()
+            trace = trace_from_log(
+                lines, session.name, page_size,
+                source=f"{session.client} {versions.get(session.client, '')}, scripted session "
+                       f"{session.name} (tests/helpers/agent_sessions.py) against serve "
+                       f"--script on the terse twin, --slots 2; measured times",
+                command="bench/residency.py record --shape sessions")
+            path = Path(out_dir) / f"{session.name}.jsonl"
+            save(trace, path)
+            written.append(path)
+    return written
