@@ -7,7 +7,8 @@ through Switchyard's own policy (the scheduler core), LRU and the offline optimu
     PYTHONPATH=. .venv/bin/python bench/residency.py record --log LOG --name NAME
 
 One JSON line per trace x budget x policy:
-    {"trace", "budget": {"memory_tokens", "disk_tokens"}, "policy": "switchyard"|"lru"|"optimal",
+    {"trace", "budget": {"memory_tokens", "disk_tokens"},
+     "policy": "switchyard"|"switchyard-no-word"|"lru"|"optimal",
      "tokens_reread", "bytes_restored", "bytes_written", ...}
 Bytes are tokens x `--bytes-per-token` (default 46,080: SmolLM2-135M's KV at float32, as the
 memory plan counts it). Traces: bench/traces/*.jsonl (bench/residency_trace.py says the
@@ -40,6 +41,11 @@ PREFILL_TOKENS_PER_S = 4000.0
 DECODE_TOKEN_S = 0.02
 
 
+# The core told how each reply ended (its residency order), the core told nothing (least
+# recently used among idle slots, as before the gateway's word), LRU pages, the optimum.
+POLICIES = ("switchyard", "switchyard-no-word", "lru", "optimal")
+
+
 def budgets(trace: Trace) -> list[dict]:
     """Memory of 1.5, 3 and 6 of the trace's largest prompts; disk of a quarter of the tokens
     its prompts hold and of all of them (the unique tokens, whole pages: a disk that keeps
@@ -59,13 +65,14 @@ def measure(trace: Trace, budget: dict, bytes_per_token: int) -> list[dict]:
     m, d = budget["memory_tokens"], budget["disk_tokens"]
     rows = []
     in_core_order = trace
-    for policy in ("switchyard", "lru", "optimal"):
+    for policy in POLICIES:
         extra = {}
-        if policy == "switchyard":
-            c = replay_core(trace, m, d)
+        if policy.startswith("switchyard"):
+            c = replay_core(trace, m, d, tell_ends=policy == "switchyard")
             reread, restored, written = c.tokens_reread, c.tokens_restored, c.tokens_written
             extra["peak_memory_tokens"] = c.peak_memory_tokens
-            in_core_order = reordered(trace, c.order)
+            if policy == "switchyard":
+                in_core_order = reordered(trace, c.order)
         else:
             c = replay(in_core_order, policy, m, d)
             reread, restored, written = c.tokens_reread, c.tokens_restored, c.tokens_written
@@ -96,10 +103,12 @@ def plot(rows: list[dict], path: Path) -> Path:
             label = f"mem {b['memory_tokens'] // 1000}K\ndisk {b['disk_tokens'] // 1000}K"
             if label not in labels:
                 labels.append(label)
-        for k, policy in enumerate(("switchyard", "lru", "optimal")):
+        width = 0.8 / len(POLICIES)
+        for k, policy in enumerate(POLICIES):
             ys = [r["tokens_reread"] + r["tokens_restored"] for r in mine
                   if r["policy"] == policy]
-            ax.bar([x + 0.27 * (k - 1) for x in range(len(ys))], ys, width=0.27, label=policy)
+            ax.bar([x + width * (k - (len(POLICIES) - 1) / 2) for x in range(len(ys))], ys,
+                   width=width, label=policy)
         ax.set_xticks(range(len(labels)), labels, fontsize=7)
         ax.set_ylabel("tokens re-read + restored")
         ax.set_title(name, fontsize=10)

@@ -69,6 +69,7 @@ class ScriptedGroup:
         self.peak_memory_tokens = 0
         self.submitted: dict[str, float] = {}
         self.next_reply_id = REPLY_IDS
+        self.replies: dict[str, list[int]] = {}  # rid -> the tokens its reply is made of
         self.do(InventoryDescribed("kv", ()))
         self.do(WorkerReady("w", NAMESPACE, "trace", SLOTS, CTX, page_size, TOKEN_BYTES, True,
                             (), "shm", 256, page_size * TOKEN_BYTES, 0,
@@ -117,9 +118,10 @@ class ScriptedGroup:
             del held[d.position:]  # in place: slots hold tens of thousands of tokens
             held.append(d.token_id)
             steps = min(plan.num_decode_steps, d.burst_limit)
+            said = self.replies.get(self.core.slots[d.slot].rid, [])
             for i in range(steps):
-                token = self.next_reply_id
-                self.next_reply_id += 1
+                token = said.pop(0) if said else self.next_reply_id
+                self.next_reply_id += not said and token == self.next_reply_id
                 sampled.append(SampledToken(d.slot, token))
                 if i + 1 < steps:
                     self.slots[d.slot].append(token)
@@ -158,10 +160,12 @@ class ScriptedGroup:
 
 
 def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
-                release_after_s: float = 10.0, max_steps: int = 200_000) -> CoreCosts:
+                release_after_s: float = 10.0, max_steps: int = 200_000,
+                tell_ends: bool = True) -> CoreCosts:
     """Run the trace through the core; re-reads are the prompt tokens earlier prompts held that
     were prefilled again (the shared prefix past what was cached, plus any request's re-read
-    after it gave its slot up)."""
+    after it gave its slot up). `tell_ends` False: the core is never told how a reply ended
+    (an older gateway), so its residency order is least recently used alone."""
     prompts = synthesize(trace)
     g = ScriptedGroup(trace.page_size, memory_tokens, disk_tokens, release_after_s)
     pending = list(trace.requests)
@@ -173,13 +177,22 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
         before = last_of.get(r.conv or f"#{r.i}")
         return r.t <= g.now and (before is None or before in g.finished)
 
+    # A reply is what the conversation's next prompt holds after this one (the gateway renders
+    # a turn's generated tokens back as they were: docs/design/requests.md), so the next turn
+    # extends its slot; replies nothing extends are tokens no prompt has.
+    for r in trace.requests:
+        if r.shared and r.shared[1] == trace.requests[r.shared[0]].prompt:
+            j = r.shared[0]
+            g.replies.setdefault(f"r{j}", prompts[r.i][r.shared[1]:r.shared[1] + max(1, trace.requests[j].reply)])
     for _ in range(max_steps):
-        for r in [r for r in pending if ready(r)]:
+        for r in list(pending):  # in order: a conversation's next turn waits for this one
+            if not ready(r):
+                continue
             pending.remove(r)
             g.submit(f"r{r.i}", prompts[r.i], max(1, r.reply))
             last_of[r.conv or f"#{r.i}"] = f"r{r.i}"
         ran = g.step()
-        for rid in [rid for rid in g.finished if rid not in told]:
+        for rid in [rid for rid in g.finished if rid not in told and tell_ends]:
             told.add(rid)  # the gateway's word on the reply's end, after its last token
             g.do(ReplyEnded(rid, ends[rid]))
         if len(g.finished) == len(trace.requests):

@@ -21,7 +21,7 @@ from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for
 from switchyard.scheduler.request_lifecycle import RequestLifecycle
 from switchyard.scheduler.requests import Request, Slot
-from switchyard.scheduler.residency import feeding, grace_s, keep_key
+from switchyard.scheduler.residency import feeding, grace_s, keep_key, waited_for
 from switchyard.scheduler.tenant_shares import running_by_tenant
 
 
@@ -99,17 +99,21 @@ class MemoryManager:
 
     def _keep_key(self) -> Callable[[Slot], tuple]:
         """Idle slots sorted by this leave memory first-to-last (scheduler/residency.py), with
-        the slots feeding waiting siblings known."""
+        the slots whose conversation waits in the queue and those feeding waiting siblings
+        known."""
         st = self.state
+        if not st.waiting:
+            return keep_key
         ns, P = st.pages.chain_namespace, st.config.page_size
-        firsts = set()
+        firsts, pages = set(), set()
         for rid in st.waiting:
             req = st.requests[rid]
             chain = req.context_chain(ns, P)
             if chain:
                 firsts.add((req.root, chain[0]))
-        fed = feeding(st.slots, firsts) if firsts else set()
-        return lambda slot: keep_key(slot, fed)
+                pages.update((req.root, pid) for pid in chain)
+        fed, back = feeding(st.slots, firsts), waited_for(st.slots, pages)
+        return lambda slot: keep_key(slot, fed, back)
 
     def releases(self, now: float) -> list[int]:
         """The slots whose KV leaves memory with this step: those the KV budget wants out,

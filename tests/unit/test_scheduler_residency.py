@@ -9,7 +9,7 @@ import dataclasses
 from switchyard.proto.messages import ReplyEnded
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.requests import Slot
-from switchyard.scheduler.residency import feeding, grace_s, keep_key
+from switchyard.scheduler.residency import feeding, grace_s, keep_key, waited_for
 
 from tests.unit.test_scheduler_pages import Group, P, conv
 from tests.unit.test_scheduler_resident import holding, idle
@@ -130,3 +130,14 @@ def test_grace_by_the_word():
     words = {"side_call": 0.0, "stop": 0.0, "cancelled": 0.0, "": 10.0, "tool_calls": 60.0,
              "length": 60.0}
     assert {w: grace_s(Slot(0, reply_end=w), cfg) for w in words} == words
+
+
+def test_a_slot_whose_next_turn_waits_is_kept_before_a_tool_call():
+    """Pure: the slot whose last full page a waiting request's context holds is that
+    conversation's, used next: it sorts after every other idle slot."""
+    own, other = Slot(0, [1] * 2 * P, page_ids=[b"s0", b"a1"]), Slot(1, [2] * P, page_ids=[b"b0"])
+    own.last_used, other.last_used = 1.0, 2.0
+    own.reply_end, other.reply_end = "stop", "tool_calls"
+    back = waited_for([own, other], {(own.root, b"s0"), (own.root, b"a1"), (own.root, b"a2")})
+    assert back == {0}
+    assert [s.index for s in sorted([own, other], key=lambda s: keep_key(s, (), back))] == [1, 0]
