@@ -93,8 +93,13 @@ def plot(rows: list[dict], path: Path) -> Path:
     from bench._plot import DPI, HEIGHT, WIDTH
 
     traces = sorted({r["trace"] for r in rows})
-    fig = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
-    axes = fig.subplots(1, len(traces), squeeze=False)[0]
+    cols = min(3, len(traces))
+    nrows = -(-len(traces) // cols)
+    height = HEIGHT if nrows == 1 else 0.6 * HEIGHT * nrows
+    fig = Figure(figsize=(WIDTH / DPI, height / DPI), dpi=DPI)
+    axes = list(fig.subplots(nrows, cols, squeeze=False).flat)
+    for ax in axes[len(traces):]:
+        ax.set_visible(False)
     for ax, name in zip(axes, traces):
         mine = [r for r in rows if r["trace"] == name]
         labels = []
@@ -113,7 +118,7 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.set_ylabel("tokens re-read + restored")
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

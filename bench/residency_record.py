@@ -80,8 +80,10 @@ def trace_from_log(lines: list[dict], name: str, page_size: int, source: str = "
 
 def record_sessions(out_dir: Path, names: list[str] | None = None) -> list[Path]:
     """Run the scripted agent-client sessions of tests/e2e/test_agent_clients.py (real Claude
-    Code, Codex, opencode, Qwen Code against `serve --script` on the terse twin), each from a
-    fresh server group at --log-level debug, and write each one's trace."""
+    Code, Codex, opencode, Qwen Code against `serve --script` on the terse twin) one after
+    another against one server group at --log-level debug, as the e2e module does, and write
+    a trace of each session and one of them all (`agent-sessions`: sessions of one client
+    share its system prompt, as a day's sessions do)."""
     import tempfile
 
     from fixtures.tiny_models import generate_tiny_model
@@ -91,7 +93,8 @@ def record_sessions(out_dir: Path, names: list[str] | None = None) -> list[Path]
 
     page_size, ctx, model_name = 256, 65536, "local"
     versions = install()
-    written = []
+    sessions = [s for s in SESSIONS if not names or s.name in names]
+    spans = []  # (session, the rids its requests had)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = generate_tiny_model(tmp / "tiny-terse", "qwen3", terse=True)
@@ -99,15 +102,14 @@ def record_sessions(out_dir: Path, names: list[str] | None = None) -> list[Path]
         prepare_work(work)
         script = tmp / "script.json"
         script.write_text(json.dumps(session_script(work)))
-        for session in SESSIONS:
-            if names and session.name not in names:
-                continue
-            client = CLIENTS[session.client]
-            with ServerGroup(model, slots=2, ctx=ctx, startup_timeout_s=300, extra=(
-                    "--served-model-name", model_name, "--page-size", str(page_size),
-                    "--script", str(script), "--log-level", "debug")) as group:
+        with ServerGroup(model, slots=2, ctx=ctx, startup_timeout_s=300, extra=(
+                "--served-model-name", model_name, "--page-size", str(page_size),
+                "--script", str(script), "--log-level", "debug")) as group:
+            for session in sessions:
+                client = CLIENTS[session.client]
                 env = client.prepare(tmp / f"home-{session.name}", group.url, model_name) \
                     | {"IS_SANDBOX": "1"}
+                before = {e["rid"] for e in group.log_events("request.pages")}
                 for n, prompt in enumerate(session.prompts, 1):
                     done = subprocess.run([*client.turn(n, prompt), *session.flags], cwd=work,
                                           env=env, stdin=subprocess.DEVNULL,
@@ -116,14 +118,23 @@ def record_sessions(out_dir: Path, names: list[str] | None = None) -> list[Path]
                         raise RuntimeError(f"{session.name} turn {n}: exit {done.returncode}: "
                                            f"{done.stderr[-2000:]}")
                 time.sleep(2)  # the last request's lines reach the log through the supervisor
-                lines = group.log_events()
-            trace = trace_from_log(
-                lines, session.name, page_size,
-                source=f"{session.client} {versions.get(session.client, '')}, scripted session "
-                       f"{session.name} (tests/helpers/agent_sessions.py) against serve "
-                       f"--script on the terse twin, --slots 2; measured times",
-                command="bench/residency.py record --shape sessions")
-            path = Path(out_dir) / f"{session.name}.jsonl"
-            save(trace, path)
-            written.append(path)
+                spans.append((session, {e["rid"] for e in group.log_events("request.pages")}
+                               - before))
+            lines = group.log_events()
+    used = ", ".join(f"{c} {v}" for c, v in sorted(versions.items())
+                     if any(s.client == c for s in sessions))
+    written = []
+    for session, rids in [*spans, (None, None)]:
+        mine = lines if rids is None else [e for e in lines if e.get("rid") in rids]
+        name = session.name if session else "agent-sessions"
+        what = f"scripted session {name}" if session else \
+            "the scripted sessions one after another on one server"
+        trace = trace_from_log(
+            mine, name, page_size,
+            source=f"{used}; {what} (tests/helpers/agent_sessions.py) against serve --script "
+                   f"on the terse twin, --slots 2; measured times",
+            command="bench/residency.py record --shape sessions")
+        path = Path(out_dir) / f"{name}.jsonl"
+        save(trace, path)
+        written.append(path)
     return written

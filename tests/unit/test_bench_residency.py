@@ -133,3 +133,26 @@ def test_a_trace_is_read_from_the_servers_log():
         (2, 2.0, 5, (1, P), 1, "side_call", "c2"),
     ]
     assert loads(dumps(t)) == t
+
+
+def test_the_core_told_how_replies_ended_keeps_the_tool_loop_in_memory():
+    """A tool loop (A), then a turn that ends (B, more recent), then a newcomer (C) that
+    needs one of their slots: told the words, the core lets B's go and A's next turn restores
+    nothing; told nothing, it lets the least recently used go (A's), which A restores."""
+    page = 16
+
+    def conv(seed, n):
+        return [seed * 100_000 + i for i in range(1, n + 1)]
+
+    a, b, c = conv(1, 600), conv(2, 600), conv(3, 600)
+    reqs = [("A", 0.0, a, "tool_calls"), ("A", 1.0, a + conv(4, 40), "tool_calls"),
+            ("B", 2.0, b, "stop"), ("C", 3.0, c, "stop"),
+            ("A", 6.0, a + conv(4, 40) + conv(5, 40), "stop")]
+    prompts = [p for _, _, p, _ in reqs]
+    shared = shared_prefixes(prompts, page)
+    t = Trace("words", page, tuple(TraceRequest(i, at, len(p), shared[i], 8, end, name)
+                                   for i, (name, at, p, end) in enumerate(reqs)))
+    told = replay_core(t, memory_tokens=2000, disk_tokens=10_000)
+    not_told = replay_core(t, memory_tokens=2000, disk_tokens=10_000, tell_ends=False)
+    assert (told.tokens_reread, told.tokens_restored) == (0, 0)
+    assert not_told.tokens_reread == 0 and not_told.tokens_restored >= len(a)
