@@ -6,7 +6,8 @@ The server says all a trace needs in its JSON log at `--log-level debug`: the sc
 text), its `request.finished` line (the reply's length, the conversation's label) and the
 gateway's `request.finished` line (`reply_end`: how the reply ended, as the scheduler was told).
 A request shares with the earlier request whose pages it starts with the longest run of (whole
-pages: the tail of a page is counted as new). Conversations are renamed c1, c2, ... in the order
+pages: the tail of a page is counted as new), or, when the scheduler's label says it continues
+that request's conversation through its last full page, that request's whole prompt. Conversations are renamed c1, c2, ... in the order
 they began.
 
     # any server log (deploy/dev.sh serve --log-level debug --log-format json 2> LOG):
@@ -72,6 +73,11 @@ def trace_from_log(lines: list[dict], name: str, page_size: int, source: str = "
         rec = finished[rid]
         label = rec.get("conversation") or rid
         conv = labels.setdefault(label, f"c{len(labels) + 1}")
+        if shared and requests[shared[0]].conv == conv and \
+                k == len(pages[rids[shared[0]]]["pages"]):
+            # The scheduler's label says it continues that turn: its whole prompt context
+            # (scheduler/conversation_threads.py), the partial last page too.
+            shared = (shared[0], requests[shared[0]].prompt)
         end = ends.get(rid) or rec.get("finish_reason", "stop")
         requests.append(TraceRequest(i, _when(pages[rid]) - t0, pages[rid]["num_prompt_tokens"],
                                      shared, rec.get("num_generated_tokens", 0), end, conv))
@@ -129,9 +135,10 @@ def record_sessions(out_dir: Path, names: list[str] | None = None) -> list[Path]
         name = session.name if session else "agent-sessions"
         what = f"scripted session {name}" if session else \
             "the scripted sessions one after another on one server"
+        who = f"{session.client} {versions.get(session.client, '')}" if session else used
         trace = trace_from_log(
             mine, name, page_size,
-            source=f"{used}; {what} (tests/helpers/agent_sessions.py) against serve --script "
+            source=f"{who}; {what} (tests/helpers/agent_sessions.py) against serve --script "
                    f"on the terse twin, --slots 2; measured times",
             command="bench/residency.py record --shape sessions")
         path = Path(out_dir) / f"{name}.jsonl"

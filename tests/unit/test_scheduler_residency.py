@@ -141,3 +141,16 @@ def test_a_slot_whose_next_turn_waits_is_kept_before_a_tool_call():
     back = waited_for([own, other], {(own.root, b"s0"), (own.root, b"a1"), (own.root, b"a2")})
     assert back == {0}
     assert [s.index for s in sorted([own, other], key=lambda s: keep_key(s, (), back))] == [1, 0]
+
+
+def test_a_conversation_copied_whole_to_go_on_elsewhere_leaves_its_old_slot_first():
+    """The next turn took its prefix by copy into another slot (its own would have lost the
+    reply it does not resend): the old slot's word is spent, nobody comes back to it."""
+    g = Group(num_slots=2)
+    prompt = conv(1, 2 * P + 5)
+    finish(g, "a", prompt, "tool_calls")
+    old = slot_of(g, "a")
+    finish(g, "a2", prompt + [7, 8, 9])  # not its reply: the copy keeps the old slot whole
+    assert slot_of(g, "a2") != old and g.records["a2"].num_copied_tokens >= len(prompt) - 1
+    assert g.core.slots[old].reply_end == "superseded"
+    assert keep_key(g.core.slots[old])[0] == 0, "it goes first, with the side calls"
