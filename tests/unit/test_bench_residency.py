@@ -101,7 +101,8 @@ def test_the_core_replays_a_trace_and_keeps_what_fits():
 def test_a_trace_is_read_from_the_servers_log():
     """The scheduler's request.pages and request.finished lines and the gateway's
     request.finished line make a trace: arrival order, pages shared with the latest request
-    holding them, the reply's length and end, conversations renamed in order."""
+    holding them (the whole prompt of the turn a request continues), the reply's length and
+    end, conversations renamed in order."""
     from bench.residency_record import trace_from_log
 
     def at(s):
@@ -129,7 +130,7 @@ def test_a_trace_is_read_from_the_servers_log():
     t = trace_from_log(lines, "log", P)
     assert [(r.i, r.t, r.prompt, r.shared, r.reply, r.end, r.conv) for r in t.requests] == [
         (0, 0.0, 9, None, 3, "tool_calls", "c1"),
-        (1, 1.5, 13, (0, 2 * P), 4, "stop", "c1"),
+        (1, 1.5, 13, (0, 9), 4, "stop", "c1"),  # continues a: its whole prompt
         (2, 2.0, 5, (1, P), 1, "side_call", "c2"),
     ]
     assert loads(dumps(t)) == t
