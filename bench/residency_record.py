@@ -2,8 +2,8 @@
 says the format).
 
 The server says all a trace needs in its JSON log at `--log-level debug`: the scheduler's
-`request.pages` line when a request arrives (its full pages' ids, hashed again: no token, no
-text), its `request.finished` line (the reply's length, the conversation's label) and the
+`request.pages` line when a request is first placed (its arrival and its full pages' ids,
+hashed again: no token, no text), its `request.finished` line (the reply's length, the conversation's label) and the
 gateway's `request.finished` line (`reply_end`: how the reply ended, as the scheduler was told).
 A request shares with the earlier request whose pages it starts with the longest run of (whole
 pages: the tail of a page is counted as new), or, when the scheduler's label says it continues
@@ -27,6 +27,9 @@ from pathlib import Path
 from bench.residency_trace import Trace, TraceRequest, save
 
 def _when(line: dict) -> float:
+    """A request's arrival: the line's `arrived_at`, else the time it was logged."""
+    if "arrived_at" in line:
+        return float(line["arrived_at"])
     return datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00")).timestamp()
 
 

@@ -9,7 +9,6 @@ unsent tokens and the `FinishedRecord` are settled in one place
 from __future__ import annotations
 
 from dataclasses import dataclass
-from hashlib import blake2b
 
 from switchyard.proto.messages import (PrepareGrammar, ReleaseGrammar, RequestFailed,
                                        RequestFinished, SubmitRequest, TokensGenerated)
@@ -89,11 +88,6 @@ class RequestLifecycle:
         if st.proposer is not None and req.speculative:
             st.proposer.start(req.rid, req.feed, msg.cache_salt, tenant=msg.tenant)
         st.waiting.append(msg.rid)
-        # What it shares with earlier requests, for the residency bench's traces (a debug
-        # line; bench/residency_record.py): its full pages' ids, hashed again, never a token.
-        st.outbox.log("request.pages", rid=msg.rid, num_prompt_tokens=len(req.prompt),
-                      pages=[blake2b(pid, digest_size=6).hexdigest() for pid in
-                             req.context_chain(st.pages.chain_namespace, cfg.page_size)])
         if msg.sampling.grammar:  # placed once the worker compiled it, off its steps
             req.grammar_ready = False
             st.outbox.send(PrepareGrammar(msg.rid, msg.sampling.grammar))
