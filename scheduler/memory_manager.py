@@ -102,8 +102,8 @@ class MemoryManager:
         the slots whose conversation waits in the queue and those feeding waiting siblings
         known."""
         st = self.state
-        if not st.waiting:
-            return keep_key
+        if not st.waiting or not any(s.free and s.page_ids for s in st.slots):
+            return keep_key  # no waiting request, or no idle slot to order: nothing to look up
         ns, P = st.pages.chain_namespace, st.config.page_size
         firsts, pages = set(), set()
         for rid in st.waiting:
