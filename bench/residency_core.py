@@ -175,7 +175,14 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
 
     def ready(r) -> bool:
         before = last_of.get(r.conv or f"#{r.i}")
-        return r.t <= g.now and (before is None or before in g.finished)
+        return r.t <= g.now and (before is None or before in g.finished) and (
+            f"r{waits_for[r.i]}" in g.finished if r.i in waits_for else True)
+
+    # A recorded request arrived after the reply of the one it shares with had ended (the
+    # client waited for it: a compaction's summary, a main session's next turn): so here.
+    waits_for = {r.i: r.shared[0] for r in trace.requests if r.shared
+                 and trace.requests[r.shared[0]].took is not None
+                 and trace.requests[r.shared[0]].t + trace.requests[r.shared[0]].took <= r.t}
 
     # A reply is what the conversation's next prompt holds after this one (the gateway renders
     # a turn's generated tokens back as they were: docs/design/requests.md), so the next turn

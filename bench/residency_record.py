@@ -83,7 +83,8 @@ def trace_from_log(lines: list[dict], name: str, page_size: int, source: str = "
             shared = (shared[0], requests[shared[0]].prompt)
         end = ends.get(rid) or rec.get("finish_reason", "stop")
         requests.append(TraceRequest(i, _when(pages[rid]) - t0, pages[rid]["num_prompt_tokens"],
-                                     shared, rec.get("num_generated_tokens", 0), end, conv))
+                                     shared, rec.get("num_generated_tokens", 0), end, conv,
+                                     rec.get("duration_s")))
     return Trace(name, page_size, tuple(requests), source, command)
 
 
