@@ -190,7 +190,8 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
     for r in trace.requests:
         if r.shared and r.shared[1] == trace.requests[r.shared[0]].prompt:
             j = r.shared[0]
-            g.replies.setdefault(f"r{j}", prompts[r.i][r.shared[1]:r.shared[1] + max(1, trace.requests[j].reply)])
+            n = r.shared[1]
+            g.replies.setdefault(f"r{j}", prompts[r.i][n:n + max(1, trace.requests[j].reply)])
     for _ in range(max_steps):
         for r in list(pending):  # in order: a conversation's next turn waits for this one
             if not ready(r):

@@ -3,16 +3,17 @@ says the format).
 
 The server says all a trace needs in its JSON log at `--log-level debug`: the scheduler's
 `request.pages` line when a request is first placed (its arrival and its full pages' ids,
-hashed again: no token, no text), its `request.finished` line (the reply's length, the conversation's label) and the
-gateway's `request.finished` line (`reply_end`: how the reply ended, as the scheduler was told).
-A request shares with the earlier request whose pages it starts with the longest run of (whole
-pages: the tail of a page is counted as new), or, when the scheduler's label says it continues
-that request's conversation through its last full page, that request's whole prompt. Conversations are renamed c1, c2, ... in the order
+hashed again: no token, no text), its `request.finished` line (the reply's length, the time it
+took, the conversation's label) and the gateway's `request.finished` line (`reply_end`: how
+the reply ended, as the scheduler was told). A request shares with the earlier request whose
+pages it starts with the longest run of (whole pages: the tail of a page is counted as new),
+or, when the scheduler's label says it continues that request's conversation through its last
+full page, that request's whole prompt. Conversations are renamed c1, c2, ... in the order
 they began.
 
     # any server log (deploy/dev.sh serve --log-level debug --log-format json 2> LOG):
     PYTHONPATH=. .venv/bin/python bench/residency.py record --log LOG --name NAME
-    # the scripted agent-client sessions (tests/helpers/agent_sessions.py), one trace each:
+    # the scripted agent-client sessions (tests/helpers/agent_sessions.py), on one server:
     PYTHONPATH=. .venv/bin/python bench/residency.py record --shape sessions
 """
 

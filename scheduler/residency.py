@@ -11,7 +11,8 @@ completion) sits between the end of a turn and a tool call, with the grace it al
 A slot whose conversation's next turn already waits in the queue stays before all of them
 (it is used next). Within the same word, a slot holding the start of a waiting request's
 prompt that no running slot holds (sub-agents started together, under one system prompt)
-stays: the waiting siblings copy it instead of restoring it. Pure: the managers pass the slots and the time.
+stays: the waiting siblings copy it instead of restoring it. Pure: the managers pass the slots
+and the time.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from switchyard.scheduler.requests import Slot
 # How a reply ended (ReplyEnded.end) -> how soon its conversation is back, lowest first out;
 # BACK_NOW: its next turn is already waiting in the queue.
 SIDE_CALL, END_OF_TURN, NO_WORD, BACK_SOON, BACK_NOW = 0, 1, 2, 3, 4
-_RETURNS = {"side_call": SIDE_CALL, "superseded": SIDE_CALL, "stop": END_OF_TURN, "cancelled": END_OF_TURN,
-            "tool_calls": BACK_SOON, "length": BACK_SOON}
+_RETURNS = {"side_call": SIDE_CALL, "superseded": SIDE_CALL, "stop": END_OF_TURN,
+            "cancelled": END_OF_TURN, "tool_calls": BACK_SOON, "length": BACK_SOON}
 
 
 def returns(slot: Slot) -> int:
