@@ -3,9 +3,12 @@ through Switchyard's own policy (the scheduler core), LRU and the offline optimu
 
     PYTHONPATH=. .venv/bin/python bench/residency.py --json [--plot docs/residency.png]
     PYTHONPATH=. .venv/bin/python bench/residency.py record --shape agent-traffic
+    PYTHONPATH=. .venv/bin/python bench/residency.py record --shape sessions
+    PYTHONPATH=. .venv/bin/python bench/residency.py record --log LOG --name NAME
 
 One JSON line per trace x budget x policy:
-    {"trace", "budget": {"memory_tokens", "disk_tokens"}, "policy": "switchyard"|"lru"|"optimal",
+    {"trace", "budget": {"memory_tokens", "disk_tokens"},
+     "policy": "switchyard"|"switchyard-no-word"|"lru"|"optimal",
      "tokens_reread", "bytes_restored", "bytes_written", ...}
 Bytes are tokens x `--bytes-per-token` (default 46,080: SmolLM2-135M's KV at float32, as the
 memory plan counts it). Traces: bench/traces/*.jsonl (bench/residency_trace.py says the
@@ -26,6 +29,7 @@ if str(REPO) not in sys.path:
 
 from bench.residency_core import replay_core  # noqa: E402
 from bench.residency_policies import replay, reread_bound  # noqa: E402
+from bench.residency_record import read_log, record_sessions, trace_from_log  # noqa: E402
 from bench.residency_trace import (Trace, TraceRequest, load, reordered, save,  # noqa: E402
                                    shared_prefixes)
 
@@ -35,6 +39,11 @@ BYTES_PER_TOKEN = 46_080
 TOOL_S = 2.0
 PREFILL_TOKENS_PER_S = 4000.0
 DECODE_TOKEN_S = 0.02
+
+
+# The core told how each reply ended (its residency order), the core told nothing (least
+# recently used among idle slots, as before the gateway's word), LRU pages, the optimum.
+POLICIES = ("switchyard", "switchyard-no-word", "lru", "optimal")
 
 
 def budgets(trace: Trace) -> list[dict]:
@@ -56,13 +65,14 @@ def measure(trace: Trace, budget: dict, bytes_per_token: int) -> list[dict]:
     m, d = budget["memory_tokens"], budget["disk_tokens"]
     rows = []
     in_core_order = trace
-    for policy in ("switchyard", "lru", "optimal"):
+    for policy in POLICIES:
         extra = {}
-        if policy == "switchyard":
-            c = replay_core(trace, m, d)
+        if policy.startswith("switchyard"):
+            c = replay_core(trace, m, d, tell_ends=policy == "switchyard")
             reread, restored, written = c.tokens_reread, c.tokens_restored, c.tokens_written
             extra["peak_memory_tokens"] = c.peak_memory_tokens
-            in_core_order = reordered(trace, c.order)
+            if policy == "switchyard":
+                in_core_order = reordered(trace, c.order)
         else:
             c = replay(in_core_order, policy, m, d)
             reread, restored, written = c.tokens_reread, c.tokens_restored, c.tokens_written
@@ -83,8 +93,13 @@ def plot(rows: list[dict], path: Path) -> Path:
     from bench._plot import DPI, HEIGHT, WIDTH
 
     traces = sorted({r["trace"] for r in rows})
-    fig = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
-    axes = fig.subplots(1, len(traces), squeeze=False)[0]
+    cols = min(3, len(traces))
+    nrows = -(-len(traces) // cols)
+    height = HEIGHT if nrows == 1 else 0.6 * HEIGHT * nrows
+    fig = Figure(figsize=(WIDTH / DPI, height / DPI), dpi=DPI)
+    axes = list(fig.subplots(nrows, cols, squeeze=False).flat)
+    for ax in axes[len(traces):]:
+        ax.set_visible(False)
     for ax, name in zip(axes, traces):
         mine = [r for r in rows if r["trace"] == name]
         labels = []
@@ -93,15 +108,17 @@ def plot(rows: list[dict], path: Path) -> Path:
             label = f"mem {b['memory_tokens'] // 1000}K\ndisk {b['disk_tokens'] // 1000}K"
             if label not in labels:
                 labels.append(label)
-        for k, policy in enumerate(("switchyard", "lru", "optimal")):
+        width = 0.8 / len(POLICIES)
+        for k, policy in enumerate(POLICIES):
             ys = [r["tokens_reread"] + r["tokens_restored"] for r in mine
                   if r["policy"] == policy]
-            ax.bar([x + 0.27 * (k - 1) for x in range(len(ys))], ys, width=0.27, label=policy)
+            ax.bar([x + width * (k - (len(POLICIES) - 1) / 2) for x in range(len(ys))], ys,
+                   width=width, label=policy)
         ax.set_xticks(range(len(labels)), labels, fontsize=7)
         ax.set_ylabel("tokens re-read + restored")
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,17 +175,37 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["record"]:
         ap = argparse.ArgumentParser(description="record a trace into bench/traces/")
-        ap.add_argument("--shape", choices=["agent-traffic"], required=True)
+        ap.add_argument("--shape", choices=["agent-traffic", "sessions"],
+                        help="agent-traffic: bench/agent_traffic.py's requests with modelled "
+                        "times; sessions: the scripted agent-client sessions, run for real")
+        ap.add_argument("--log", type=Path, help="a server's JSON log at --log-level debug "
+                        "(bench/residency_record.py)")
+        ap.add_argument("--name", help="the trace's name, with --log")
+        ap.add_argument("--source", default="", help="what the log is of, with --log")
+        ap.add_argument("--sessions", nargs="*", help="with --shape sessions: only these")
         ap.add_argument("--agents", type=int, default=20)
         ap.add_argument("--turns", type=int, default=6)
         ap.add_argument("--grow-to", type=int, default=20000)
         ap.add_argument("--reply", type=int, default=16)
         args = ap.parse_args(argv[1:])
-        trace = record_agent_traffic(args.agents, args.turns, args.grow_to, args.reply)
-        path = TRACES / f"{trace.name}.jsonl"
         TRACES.mkdir(parents=True, exist_ok=True)
-        save(trace, path)
-        print(f"{path}: {len(trace.requests)} requests, {path.stat().st_size} bytes")
+        if args.shape == "sessions":
+            paths = record_sessions(TRACES, args.sessions)
+        elif args.log:
+            if not args.name:
+                ap.error("--log needs --name")
+            trace = trace_from_log(read_log(args.log), args.name, 256, args.source,
+                                   f"bench/residency.py record --log LOG --name {args.name}")
+            paths = [TRACES / f"{trace.name}.jsonl"]
+            save(trace, paths[0])
+        elif args.shape == "agent-traffic":
+            trace = record_agent_traffic(args.agents, args.turns, args.grow_to, args.reply)
+            paths = [TRACES / f"{trace.name}.jsonl"]
+            save(trace, paths[0])
+        else:
+            ap.error("give --shape or --log")
+        for path in paths:
+            print(f"{path}: {len(load(path).requests)} requests, {path.stat().st_size} bytes")
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="one JSON line per trace x budget x "

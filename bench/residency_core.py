@@ -8,7 +8,8 @@ a request is submitted at its trace arrival, or when its conversation's previous
 if that is later (a client sends its next turn only after the reply). The memory budget is the
 core's KV budget (`kv_budget_tokens`, every slot may stay resident within it: the core's own
 rule for what leaves memory, with `--release-after-s`); the disk budget its
-`disk_budget_bytes`.
+`disk_budget_bytes`. After each reply the core is told how it ended (`ReplyEnded`, the trace's
+`end`), as the gateway tells it.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from switchyard.proto.scheduler_kvstore import (
     TouchPages,
     WritePages,
 )
+from switchyard.proto.gateway_scheduler import ReplyEnded, SubmitRequest
 from switchyard.proto.scheduler_worker import RunStep, SampledToken, StepDone, WorkerReady
 from switchyard.proto.values import SamplingParams
-from switchyard.proto.gateway_scheduler import SubmitRequest
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
 from switchyard.scheduler.events import PlanStep
@@ -76,6 +77,7 @@ class ScriptedGroup:
         self.peak_memory_tokens = 0
         self.submitted: dict[str, float] = {}
         self.next_reply_id = REPLY_IDS
+        self.replies: dict[str, list[int]] = {}  # rid -> the tokens its reply is made of
         self.do(InventoryDescribed("kv", ()))
         self.do(WorkerReady("w", NAMESPACE, "trace", SLOTS, CTX, page_size, TOKEN_BYTES, True,
                             (), "shm", 256, page_size * TOKEN_BYTES, 0,
@@ -124,9 +126,10 @@ class ScriptedGroup:
             del held[d.position:]  # in place: slots hold tens of thousands of tokens
             held.append(d.token_id)
             steps = min(plan.num_decode_steps, d.burst_limit)
+            said = self.replies.get(self.core.slots[d.slot].rid, [])
             for i in range(steps):
-                token = self.next_reply_id
-                self.next_reply_id += 1
+                token = said.pop(0) if said else self.next_reply_id
+                self.next_reply_id += not said and token == self.next_reply_id
                 sampled.append(SampledToken(d.slot, token))
                 if i + 1 < steps:
                     self.slots[d.slot].append(token)
@@ -165,25 +168,49 @@ class ScriptedGroup:
 
 
 def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
-                release_after_s: float = 10.0, max_steps: int = 200_000) -> CoreCosts:
+                release_after_s: float = 10.0, max_steps: int = 200_000,
+                tell_ends: bool = True) -> CoreCosts:
     """Run the trace through the core; re-reads are the prompt tokens earlier prompts held that
     were prefilled again (the shared prefix past what was cached, plus any request's re-read
-    after it gave its slot up)."""
+    after it gave its slot up). `tell_ends` False: the core is never told how a reply ended
+    (an older gateway), so its residency order is least recently used alone."""
     prompts = synthesize(trace)
     g = ScriptedGroup(trace.page_size, memory_tokens, disk_tokens, release_after_s)
     pending = list(trace.requests)
     last_of: dict[str, str] = {}  # conversation -> rid of its latest request
+    ends = {f"r{r.i}": r.end for r in trace.requests}
+    told: set[str] = set()
 
     def ready(r) -> bool:
         before = last_of.get(r.conv or f"#{r.i}")
-        return r.t <= g.now and (before is None or before in g.finished)
+        return r.t <= g.now and (before is None or before in g.finished) and (
+            f"r{waits_for[r.i]}" in g.finished if r.i in waits_for else True)
 
+    # A recorded request arrived after the reply of the one it shares with had ended (the
+    # client waited for it: a compaction's summary, a main session's next turn): so here.
+    waits_for = {r.i: r.shared[0] for r in trace.requests if r.shared
+                 and trace.requests[r.shared[0]].took is not None
+                 and trace.requests[r.shared[0]].t + trace.requests[r.shared[0]].took <= r.t}
+
+    # A reply is what the conversation's next prompt holds after this one (the gateway renders
+    # a turn's generated tokens back as they were: docs/design/requests.md), so the next turn
+    # extends its slot; replies nothing extends are tokens no prompt has.
+    for r in trace.requests:
+        if r.shared and r.shared[1] == trace.requests[r.shared[0]].prompt:
+            j = r.shared[0]
+            n = r.shared[1]
+            g.replies.setdefault(f"r{j}", prompts[r.i][n:n + max(1, trace.requests[j].reply)])
     for _ in range(max_steps):
-        for r in [r for r in pending if ready(r)]:
+        for r in list(pending):  # in order: a conversation's next turn waits for this one
+            if not ready(r):
+                continue
             pending.remove(r)
             g.submit(f"r{r.i}", prompts[r.i], max(1, r.reply))
             last_of[r.conv or f"#{r.i}"] = f"r{r.i}"
         ran = g.step()
+        for rid in [rid for rid in g.finished if rid not in told and tell_ends]:
+            told.add(rid)  # the gateway's word on the reply's end, after its last token
+            g.do(ReplyEnded(rid, ends[rid]))
         if len(g.finished) == len(trace.requests):
             break
         if not ran:

@@ -20,6 +20,9 @@ then one line per request, in arrival order:
 - `reply`: tokens generated; `end`: how the reply ended ("tool_calls", "stop" for the end of
   a turn, "length").
 - `conv`: the conversation it belongs to, if known ("main", "agent 3", ...), else null.
+- `took` (recorded traces): seconds from its arrival to its reply's end. A replay sends a
+  request only after the reply of the request it shares with has ended, where the recording
+  says that reply had ended before it arrived (the client waited for it).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class TraceRequest:
     reply: int
     end: str
     conv: str | None = None
+    took: float | None = None  # seconds from its arrival to its reply's end, when recorded
 
     @property
     def new(self) -> int:
@@ -69,6 +73,10 @@ def dumps(trace: Trace) -> str:
         row["shared"] = list(r.shared) if r.shared else None
         row["new"] = r.new
         row["t"] = round(r.t, 3)
+        if r.took is None:
+            del row["took"]
+        else:
+            row["took"] = round(r.took, 3)
         lines.append(json.dumps(row))
     return "\n".join(lines) + "\n"
 
@@ -81,7 +89,7 @@ def loads(text: str) -> Trace:
     requests = tuple(TraceRequest(
         i=r["i"], t=r["t"], prompt=r["prompt"],
         shared=tuple(r["shared"]) if r["shared"] else None, reply=r["reply"], end=r["end"],
-        conv=r.get("conv")) for r in body)
+        conv=r.get("conv"), took=r.get("took")) for r in body)
     for r in requests:
         if r.shared and not (0 <= r.shared[0] < r.i and r.shared[1] <= r.prompt):
             raise ValueError(f"request {r.i}: shared {r.shared} does not point back")
@@ -157,5 +165,6 @@ def reordered(trace: Trace, order: list[int] | tuple[int, ...]) -> Trace:
     shared = shared_prefixes(chosen, trace.page_size)
     reqs = tuple(TraceRequest(k, trace.requests[i].t, trace.requests[i].prompt, shared[k],
                               trace.requests[i].reply, trace.requests[i].end,
-                              trace.requests[i].conv) for k, i in enumerate(order))
+                              trace.requests[i].conv, trace.requests[i].took)
+                 for k, i in enumerate(order))
     return Trace(trace.name, trace.page_size, reqs, trace.source, trace.command)

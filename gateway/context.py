@@ -201,6 +201,7 @@ class RequestRecord:
     tenant: str | None = None  # the key's name, with several keys
     body_bytes: int = 0  # of a large body, held in Gateway.bodies until the request ends
     script_rule: int | None = None  # --script: the rule that decided the reply
+    reply_end: str | None = None  # what the scheduler was told of the reply's end (ReplyEnded)
 
     def start(self, submit: SubmitRequest, *, stream: bool) -> None:
         self.rid = submit.rid
@@ -227,7 +228,8 @@ class RequestRecord:
         for name in ("rid", "stream", "priority", "num_prompt_tokens", "num_cached_tokens",
                      "num_generated_tokens", "finish_reason", "error_code", "num_tool_calls",
                      "num_malformed_tool_calls", "num_repaired_tool_calls",
-                     "num_spliced_turns", "num_spliced_tokens", "tenant", "script_rule"):
+                     "num_spliced_turns", "num_spliced_tokens", "tenant", "script_rule",
+                     "reply_end"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value

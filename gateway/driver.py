@@ -27,7 +27,7 @@ from switchyard.gateway.turn import ChatTurn, TurnPlan, TurnResult, TurnUpdate, 
 from switchyard.gateway.vision.inputs import PromptImages
 from switchyard.gateway.request.model import ChatRequest, TurnChoices
 from switchyard.common.logs import content_allowed
-from switchyard.proto.gateway_scheduler import SubmitRequest
+from switchyard.proto.gateway_scheduler import REPLY_ENDS, SubmitRequest
 
 log = structlog.get_logger()
 
@@ -36,6 +36,7 @@ STATUS_CLIENT_CLOSED = 499  # nginx's code for "client closed request", for the 
 
 class Turn(Protocol):
     result: TurnResult | None
+    side_call: bool  # the client forced the reply's shape (scheduler/residency.py)
     num_malformed: int
     num_repaired: int
     malformed_texts: list[str]
@@ -140,6 +141,8 @@ def _apply(update: TurnUpdate, turn: Turn, stream: RequestStream, record: Reques
         record.first_text()
     if update.result is not None:
         record.finish(update.result.finish_reason, update.result.usage)
+        record.reply_end = reply_end(turn, update.result)
+        stream.reply_ended(record.reply_end)
         record.num_tool_calls = len(update.result.tool_calls) or None
         if turn.num_malformed:
             record.num_malformed_tool_calls = turn.num_malformed
@@ -151,6 +154,14 @@ def _apply(update: TurnUpdate, turn: Turn, stream: RequestStream, record: Reques
             log.info("tool_call.repaired", rid=stream.rid, num_repaired=turn.num_repaired)
     if update.error is not None:
         record.fail(update.error)
+
+
+def reply_end(turn: Turn, result: TurnResult) -> str:
+    """How the reply ended, for the scheduler's residency (ReplyEnded): a side call, or the
+    API's finish reason (a stop sequence, a content filter: the end of a turn)."""
+    if turn.side_call:
+        return "side_call"
+    return result.finish_reason if result.finish_reason in REPLY_ENDS else "stop"
 
 
 async def _collect(record: RequestRecord, stream: RequestStream, turn: Turn,

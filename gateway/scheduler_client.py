@@ -34,6 +34,7 @@ from switchyard.proto.base import PROTOCOL_VERSION, ROLE_GATEWAY, Heartbeat, Hel
 from switchyard.proto.gateway_scheduler import (
     CancelRequest,
     GroupState,
+    ReplyEnded,
     RequestFailed,
     RequestFinished,
     SubmitRequest,
@@ -93,6 +94,10 @@ class RequestStream:
         if not self.finished and not self._cancel_sent:
             self._cancel_sent = True
             self._client.send(CancelRequest(self.rid))
+
+    def reply_ended(self, end: str) -> None:
+        """Tell the scheduler how the reply ended (ReplyEnded), once its final event came."""
+        self._client.send(ReplyEnded(self.rid, end))
 
     def close(self) -> None:
         """Stop listening; cancels the request if it is still running. Never blocks."""

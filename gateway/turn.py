@@ -183,6 +183,10 @@ class ChatTurn:
             self._end_ids = []
         self.on_result = on_result
         self.result: TurnResult | None = None
+        # A reply whose shape the client forced (a named or required tool, a response
+        # format): a side call (a title, a classifier), whose conversation is not extended.
+        self.side_call = chat.constraint is not None or bool(chat.tools) and \
+            chat.tool_choice.mode not in ("auto", "none")
         self._start_events = self.parser.start_events()  # before any output is parsed
         self._cut = False  # cancelled by us after the one call allowed
 
@@ -288,6 +292,7 @@ class TextTurn:
         self.generation = Generation(tokenizer, prompt_ids=prompt_ids, stop=stop,
                                      skip_ids=skip_ids, show_special=show_special)
         self.result: TurnResult | None = None
+        self.side_call = False
         self.num_malformed = self.num_repaired = 0
         self.malformed_texts: list[str] = []
         self._text: list[str] = []

@@ -31,7 +31,8 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 13: SubmitRequest.tenant (whose request: status views and speculation per tenant).
 # 14: SubmitRequest.tenant_weight (fair shares between tenants).
 # 15: FetchPeerPages / PeerPagesFetched (pages from a peer server).
-PROTOCOL_VERSION = 15
+# 16: ReplyEnded (how a reply ended, for the scheduler's residency).
+PROTOCOL_VERSION = 16
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"

@@ -41,6 +41,21 @@ class CancelRequest(Message, tag="cancel_request"):
     rid: str
 
 
+# How a reply ended, as the gateway parsed it: the API's finish reasons, and a side call.
+REPLY_ENDS = ("tool_calls", "stop", "length", "cancelled", "side_call")
+
+
+class ReplyEnded(Message, tag="reply_ended"):
+    """How request `rid`'s reply ended, sent after its RequestFinished: "tool_calls" (the
+    client runs them and sends the results), "stop" (the end of a turn), "length",
+    "cancelled" (the client stopped it), or "side_call" (a reply whose shape the client forced:
+    a title, a classifier's verdict). The scheduler keeps conversations that are back soon
+    in memory (docs/design/scheduling.md "Residency")."""
+
+    rid: str
+    end: str
+
+
 # --- scheduler -> gateway ---------------------------------------------------------------------
 
 
@@ -76,5 +91,6 @@ class GroupState(Message, tag="group_state"):
 
 
 MESSAGES: tuple[type[Message], ...] = (
-    SubmitRequest, CancelRequest, TokensGenerated, RequestFinished, RequestFailed, GroupState)
+    SubmitRequest, CancelRequest, ReplyEnded, TokensGenerated, RequestFinished, RequestFailed,
+    GroupState)
 name_kinds(MESSAGES)

@@ -146,10 +146,13 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         src = slots[p.copy_from]
         slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // page_size],
                      root=src.root)
+        if src.rid is None and p.copied + page_size > len(src.tokens):
+            src.reply_end = "superseded"  # its conversation goes on here: nobody comes back
         copy = CopyPrefix(p.copy_from, p.slot, p.copied)
     else:
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
     slot.rid, slot.last_used, slot.turn = req.rid, now, turn
+    slot.last_rid, slot.reply_end = req.rid, ""
     if slot.root != req.root:  # it kept nothing (shared_prefix): the slot is this salt's now
         slot.truncate(0, page_size)
         slot.root = req.root

@@ -10,6 +10,7 @@ cannot be placed holds back those behind it (docs/design/scheduling.md "Scheduli
 from __future__ import annotations
 
 from collections import Counter, deque
+from hashlib import blake2b
 
 from switchyard.scheduler.admission import Decision, WaitForSibling, apply, place
 from switchyard.scheduler.core_state import CoreState
@@ -58,8 +59,16 @@ class AdmissionManager:
                 break
             if not self.memory.room_for(req, decision):
                 break  # admission keeps its order: placed when running requests give room
+            first = req.admitted_at is None
             copy = apply(req, decision, st.slots, st.pages, st.pinned(placing=req), now,
                          st.threads)
+            if first:
+                # What it shares with earlier requests, for the residency bench's traces (a
+                # debug line; bench/residency_record.py): its full pages' ids hashed again.
+                st.outbox.log("request.pages", rid=req.rid, arrived_at=req.arrived_at,
+                              num_prompt_tokens=len(req.prompt),
+                              pages=[blake2b(pid, digest_size=6).hexdigest()
+                                     for pid in decision.chain])
             self._note_resumed(req, decision)
             if copy is not None:
                 st.copies.append(copy)

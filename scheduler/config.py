@@ -42,6 +42,10 @@ class CoreConfig:
     resident_slots: int = 0
     # ...each released once idle this long: a tool call's result comes back within seconds.
     release_after_s: float = 10.0
+    # ...or this long after a reply that ended in a tool call (its result, or a main session's
+    # sub-agents, come back), and at once after the end of a turn or a side call
+    # (scheduler/residency.py).
+    tool_return_s: float = 60.0
     # Tokens of KV the slots may hold (WorkerReady.kv_budget_tokens; 0: not counted), kept by
     # scheduler.kv_memory (docs/design/kv-pages.md "Memory plan").
     kv_budget_tokens: int = 0

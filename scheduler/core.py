@@ -28,6 +28,7 @@ import dataclasses
 
 from switchyard.proto.gateway_scheduler import (
     CancelRequest,
+    ReplyEnded,
     RequestFailed,
     SubmitRequest,
     TokensGenerated,
@@ -93,6 +94,8 @@ class SchedulerCore(CoreState):
                 self.lifecycle.submit(event, now)
             case CancelRequest():
                 self.lifecycle.cancel(event.rid, now)
+            case ReplyEnded():
+                self.memory.reply_ended(event)
             case StepDone():
                 self._step_done(event, now)
             case PagesRead():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from switchyard.proto.gateway_scheduler import CancelRequest, SubmitRequest
+from switchyard.proto.gateway_scheduler import CancelRequest, ReplyEnded, SubmitRequest
 from switchyard.proto.scheduler_worker import GrammarPrepared, RunStep, StepDone, WorkerReady
 from switchyard.proto.scheduler_kvstore import InventoryDescribed, PagesRead, PagesWritten
 
@@ -54,7 +54,7 @@ class IndexOverdue:
     overdue: bool
 
 
-Event = (SubmitRequest | CancelRequest | StepDone | WorkerReady | GrammarPrepared
+Event = (SubmitRequest | CancelRequest | ReplyEnded | StepDone | WorkerReady | GrammarPrepared
          | InventoryDescribed | PagesRead | PagesWritten | PlanStep | GatewayRestarted
          | WorkerLost | KvstoreRestarted | FailAll | IndexOverdue)
 

@@ -3,7 +3,8 @@ hold, plus a reserve for the growth of running requests, stays within the worker
 
 Pure decisions over the core's slots and requests, counted by common/held_kv.py as the worker
 planned them. Before each step `relieve` says what must leave memory when the holds outgrow the
-budget: idle slots first (least recently used; their pages are on disk or on their way), then
+budget: idle slots first (those least worth keeping, scheduler/residency.py; their pages are on
+disk or on their way), then
 running requests, the newest or lowest-priority first, each staged to disk and resuming later
 by restore (never the last one: one request at full context always fits, the worker's plan
 checked that). A request is placed only where `room_for` finds its hold fits, making room by
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from switchyard.common.held_kv import SlotHold, growth_reserve, held_tokens
 from switchyard.scheduler.requests import Request, Slot
+from switchyard.scheduler.residency import keep_key
 
 
 def request_hold(req: Request, held: int) -> SlotHold:
@@ -44,10 +46,12 @@ class Relief:
 
 
 def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: int,
-            goes_first: Callable[[Request], tuple]) -> Relief:
-    """What must leave memory for the holds to fit `budget` (tokens): idle slots, least
-    recently used first, then running requests, the greatest `goes_first` first (the newest
-    or lowest-priority), never the last one running."""
+            goes_first: Callable[[Request], tuple],
+            keep: Callable[[Slot], tuple] = keep_key) -> Relief:
+    """What must leave memory for the holds to fit `budget` (tokens): idle slots, the least
+    `keep` first (scheduler/residency.py: a side call, the end of a turn, ..., least recently
+    used), then running requests, the greatest `goes_first` first (the newest or
+    lowest-priority), never the last one running."""
     gone: set[int] = set()
     leave, preempt = [], []
 
@@ -55,8 +59,7 @@ def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: i
         return held_tokens((slot_hold(s, requests) for s in slots if s.index not in gone and (
             s.rid is not None or (s.tokens and not s.leaving))), ctx)
 
-    idle = sorted((s for s in slots if s.rid is None and s.tokens and not s.leaving),
-                  key=lambda s: s.last_used)
+    idle = sorted((s for s in slots if s.rid is None and s.tokens and not s.leaving), key=keep)
     running = sorted((requests[s.rid] for s in slots if s.rid is not None), key=goes_first,
                      reverse=True)
     while held() > budget:
@@ -75,10 +78,11 @@ def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: i
 
 def room_for(hold: SlotHold, slot_index: int, slots: list[Slot],
              requests: dict[str, Request], budget: int, ctx: int,
-             releasable: Callable[[Slot], bool]) -> list[int] | None:
+             releasable: Callable[[Slot], bool],
+             keep: Callable[[Slot], tuple] = keep_key) -> list[int] | None:
     """The idle slots that must leave for a request placed in slot `slot_index` with `hold`
     to fit `budget`, or None when it does not fit: idle slots that are `releasable` now (all
-    their tokens on disk or on their way) may go, the least recently used first; the others
+    their tokens on disk or on their way) may go, the least `keep` first; the others
     stay (a slot already leaving goes only once releasable, and counts until then). A request
     with none running beside it always runs (then every idle slot that can, leaves)."""
     fixed, spare = [hold], []
@@ -95,7 +99,7 @@ def room_for(hold: SlotHold, slot_index: int, slots: list[Slot],
     if held_tokens(fixed, ctx) > budget and not alone:
         return None  # (alone, a request always runs: one at full context fits the plan)
     kept, leave = list(fixed), []
-    for s in sorted(spare, key=lambda s: s.last_used, reverse=True):  # most recent stays
+    for s in sorted(spare, key=keep, reverse=True):  # the most worth keeping stays
         if not s.leaving and held_tokens(kept + [SlotHold(len(s.tokens))], ctx) <= budget:
             kept.append(SlotHold(len(s.tokens)))
         else:

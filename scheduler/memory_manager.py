@@ -4,18 +4,24 @@ Two limits: the KV the slots hold, with the running requests' reserves, stays wi
 worker's budget (docs/design/kv-pages.md "Memory plan"; `scheduler.kv_memory` decides, this
 manager marks slots to leave and preempts), and with --max-running past --slots at most
 --slots conversations stay resident
-(docs/design/scheduling.md "Running past the resident slots"). A slot leaves memory
-only once its pages are on disk or on their way, so nothing leaves to be prefilled again.
+(docs/design/scheduling.md "Running past the resident slots"). Which idle slot goes first,
+and when, is the residency order (scheduler/residency.py, docs/design/scheduling.md
+"Residency"): how its reply ended, as the gateway said. A slot leaves memory only once its
+pages are on disk or on their way, so nothing leaves to be prefilled again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from switchyard.common.held_kv import held_tokens
+from switchyard.proto.gateway_scheduler import ReplyEnded
 from switchyard.scheduler.admission import Decision
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for
 from switchyard.scheduler.request_lifecycle import RequestLifecycle
-from switchyard.scheduler.requests import Request
+from switchyard.scheduler.requests import Request, Slot
+from switchyard.scheduler.residency import feeding, grace_s, keep_key, waited_for
 from switchyard.scheduler.tenant_shares import running_by_tenant
 
 
@@ -41,7 +47,8 @@ class MemoryManager:
         running = running_by_tenant(st.running())
         relief = relieve(st.slots, st.requests, budget, st.config.ctx,
                          lambda r: (st.shares.usage(r.tenant, running),
-                                    not st.interactive(r, now), r.arrived_at))
+                                    not st.interactive(r, now), r.arrived_at),
+                         self._keep_key())
         held = self.held_tokens() if relief.preempt else 0
         for rid in relief.preempt:
             st.num_memory_preemptions += 1
@@ -70,7 +77,7 @@ class MemoryManager:
         p = decision.placement
         start = p.copied if p.copy_from is not None else p.reused
         leave = room_for(request_hold(req, start), p.slot, st.slots, st.requests, budget,
-                         st.config.ctx, st.releasable)
+                         st.config.ctx, st.releasable, self._keep_key())
         if leave is None:
             if not req.waits_for_memory:
                 req.waits_for_memory = True
@@ -83,22 +90,51 @@ class MemoryManager:
             st.slots[index].leaving = True
         return True
 
+    def reply_ended(self, msg: ReplyEnded) -> None:
+        """The gateway's word on how a reply ended: kept by the idle slot that holds it (not
+        by one a newer request took meanwhile), for the residency order."""
+        for slot in self.state.slots:
+            if slot.last_rid == msg.rid and slot.rid is None:
+                slot.reply_end = msg.end
+
+    def _keep_key(self) -> Callable[[Slot], tuple]:
+        """Idle slots sorted by this leave memory first-to-last (scheduler/residency.py), with
+        the slots whose conversation waits in the queue and those feeding waiting siblings
+        known."""
+        st = self.state
+        if not st.waiting or not any(s.free and s.page_ids for s in st.slots):
+            return keep_key  # no waiting request, or no idle slot to order: nothing to look up
+        ns, P = st.pages.chain_namespace, st.config.page_size
+        firsts, pages = set(), set()
+        for rid in st.waiting:
+            req = st.requests[rid]
+            chain = req.context_chain(ns, P)
+            if chain:
+                firsts.add((req.root, chain[0]))
+                pages.update((req.root, pid) for pid in chain)
+        fed, back = feeding(st.slots, firsts), waited_for(st.slots, pages)
+        return lambda slot: keep_key(slot, fed, back)
+
     def releases(self, now: float) -> list[int]:
         """The slots whose KV leaves memory with this step: those the KV budget wants out,
-        then, with --max-running past --slots, the least recently used idle slots past
-        --slots (running ones counted), each once idle for `release_after_s` (a reply that
-        ended in a tool call is back with its result within seconds, and finds its slot) and
-        once all its tokens are on disk or on their way (its next turn restores them). The
-        worker makes the step's copies first, so a slot copied from in this step may go too."""
+        then, with --max-running past --slots, idle slots past --slots (running ones
+        counted), those least worth keeping first (scheduler/residency.py: a side call, the
+        end of a turn, no word, a tool call; the least recently used first within each), each
+        once idle for its grace (none after the end of a turn, `release_after_s` with no
+        word, `tool_return_s` after a tool call) and once all its tokens are on disk or on
+        their way (its next turn restores them). The worker makes the step's copies first,
+        so a slot copied from in this step may go too."""
         st, cfg = self.state, self.state.config
         released = self._budget_releases()
         if not cfg.resident_slots or cfg.resident_slots >= len(st.slots):
             return released
-        idle = sorted((s for s in st.slots if s.free and s.tokens), key=lambda s: s.last_used)
+        idle = sorted((s for s in st.slots if s.free and s.tokens), key=self._keep_key())
         excess = len(idle) - max(cfg.resident_slots - st.num_running, 0)
         for slot in idle:
-            if len(released) >= excess or now - slot.last_used < cfg.release_after_s:
+            if len(released) >= excess:
                 break
+            if now - slot.last_used < grace_s(slot, cfg):
+                continue
             if st.pages.enabled and not st.pages.all_on_disk(slot):
                 slot.tail_wanted = True  # staged when a buffer is free, then released
                 continue

@@ -7,8 +7,9 @@ relative to prefilling, plus the value of what the slot loses: resident tokens p
 prefix, cheap if their pages are on disk (they can be restored), full price if not.
 
 Rules (docs/design/scheduling.md "Scheduling"): a slot that displaces nothing (empty, or
-holding a prefix of the request) always wins over one that displaces a conversation; among
-equals the cheapest wins, then the least recently used slot.
+holding a prefix of the request) always wins over one that displaces a conversation; of those
+that displace one, the conversation expected back last goes (scheduler/residency.py: a side
+call, then the end of a turn, ...), then the cheapest, then the least recently used slot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from switchyard.scheduler.requests import Slot
+from switchyard.scheduler.residency import returns
 
 # Cost of a token relative to prefilling it. Restoring reads and verifies a page from disk
 # (~1 GB/s) and copies it into the slot; copying is a memory copy inside the worker.
@@ -101,4 +103,6 @@ def choose_slot(slots: list[Slot], src: Sources,
     harmless = [p for p in options if p.displaced == 0]
     if harmless:
         return min(harmless, key=lambda p: (p.work, last_used[p.slot]))
-    return min(options, key=lambda p: (p.work + p.displaced_cost, last_used[p.slot]))
+    back = {s.index: returns(s) for s in slots}  # a side call's slot goes before a tool call's
+    return min(options, key=lambda p: (back[p.slot], p.work + p.displaced_cost,
+                                       last_used[p.slot]))

@@ -165,6 +165,11 @@ class Slot:
     # Idle, its KV leaves memory as soon as its tokens are on disk or on their way: the KV
     # budget wants the room (scheduler.kv_memory).
     leaving: bool = False
+    # The request that ran here last, and how its reply ended as the gateway told
+    # (ReplyEnded.end; "" until it does): how soon its conversation is expected back
+    # (scheduler/residency.py).
+    last_rid: str | None = None
+    reply_end: str = ""
 
     @property
     def free(self) -> bool:

@@ -52,6 +52,7 @@ from switchyard.proto.scheduler_kvstore import (
 from switchyard.proto.gateway_scheduler import (
     CancelRequest,
     GroupState,
+    ReplyEnded,
     RequestFailed,
     RequestFinished,
     SubmitRequest,
@@ -87,8 +88,10 @@ from switchyard.scheduler.stats import SchedulerStats
 from switchyard.scheduler.status import build_status
 
 # What each role may send besides Hello and Heartbeat; a peer of no known role is not heard.
-_SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest),
+_SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest, ReplyEnded),
             ROLE_WORKER: (StepDone, WorkerReady, GrammarPrepared)}
+# The core's lines logged at debug: a request's hashed page ids (bench/residency_record.py).
+_DEBUG_EVENTS = ("request.pages",)
 _SENT_BY_KVSTORES = (PagesWritten, PagesRead, InventoryDescribed, PagesDeleted,
                      PeerPagesFetched)
 
@@ -207,7 +210,8 @@ class SchedulerService:
                 self.apply(self.core.handle(WorkerLost(), time.time()))
         for event, fields in effects.logs:
             level = "warning" if event in ("kv.thrash", "kv.persistence_off",
-                                           "kv.budget_exhausted") else "info"
+                                           "kv.budget_exhausted") else \
+                "debug" if event in _DEBUG_EVENTS else "info"
             getattr(self.log, level)(event, **fields)
         now = time.time()
         for rec in effects.finished:
@@ -254,7 +258,7 @@ class SchedulerService:
         elif role not in self.peer_boot:
             # A peer from before our start: make it greet us first.
             self._send(role, Hello(PROTOCOL_VERSION, self.boot_id, ROLE_SCHEDULER, os.getpid()))
-        elif isinstance(msg, (SubmitRequest, CancelRequest)):
+        elif isinstance(msg, (SubmitRequest, CancelRequest, ReplyEnded)):
             self.apply(self.core.handle(msg, now))
         elif isinstance(msg, (PagesWritten, PagesRead, InventoryDescribed)):
             self._from_kvstore(role, msg, now)

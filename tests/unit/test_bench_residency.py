@@ -96,3 +96,64 @@ def test_the_core_replays_a_trace_and_keeps_what_fits():
     roomy = replay_core(t, memory_tokens=4096, disk_tokens=4096)
     assert roomy.requests == 20 and roomy.tokens_reread == 0
     assert sorted(roomy.order) == list(range(20))
+
+
+def test_a_trace_is_read_from_the_servers_log():
+    """The scheduler's request.pages and request.finished lines and the gateway's
+    request.finished line make a trace: arrival order, pages shared with the latest request
+    holding them (the whole prompt of the turn a request continues), the reply's length and
+    end, conversations renamed in order."""
+    from bench.residency_record import trace_from_log
+
+    def at(s):
+        return f"2026-12-05T08:00:{s:06.3f}Z"
+
+    lines = [
+        {"event": "request.pages", "role": "scheduler", "rid": "a", "timestamp": at(0),
+         "num_prompt_tokens": 9, "pages": ["p1", "p2"]},
+        {"event": "request.pages", "role": "scheduler", "rid": "b", "timestamp": at(1.5),
+         "num_prompt_tokens": 13, "pages": ["p1", "p2", "p3"]},
+        {"event": "request.pages", "role": "scheduler", "rid": "side", "timestamp": at(2),
+         "num_prompt_tokens": 5, "pages": ["p1", "q2"]},
+        {"event": "request.pages", "role": "scheduler", "rid": "lost", "timestamp": at(3),
+         "num_prompt_tokens": 5, "pages": []},  # never finished: not in the trace
+        {"event": "request.finished", "role": "scheduler", "rid": "a", "conversation": "xy",
+         "num_generated_tokens": 3, "finish_reason": "stop"},
+        {"event": "request.finished", "role": "scheduler", "rid": "b", "conversation": "xy",
+         "num_generated_tokens": 4, "finish_reason": "stop"},
+        {"event": "request.finished", "role": "scheduler", "rid": "side",
+         "conversation": "zz", "num_generated_tokens": 1, "finish_reason": "stop"},
+        {"event": "request.finished", "role": "gateway", "rid": "a", "reply_end": "tool_calls"},
+        {"event": "request.finished", "role": "gateway", "rid": "side",
+         "reply_end": "side_call"},
+    ]
+    t = trace_from_log(lines, "log", P)
+    assert [(r.i, r.t, r.prompt, r.shared, r.reply, r.end, r.conv) for r in t.requests] == [
+        (0, 0.0, 9, None, 3, "tool_calls", "c1"),
+        (1, 1.5, 13, (0, 9), 4, "stop", "c1"),  # continues a: its whole prompt
+        (2, 2.0, 5, (1, P), 1, "side_call", "c2"),
+    ]
+    assert loads(dumps(t)) == t
+
+
+def test_the_core_told_how_replies_ended_keeps_the_tool_loop_in_memory():
+    """A tool loop (A), then a turn that ends (B, more recent), then a newcomer (C) that
+    needs one of their slots: told the words, the core lets B's go and A's next turn restores
+    nothing; told nothing, it lets the least recently used go (A's), which A restores."""
+    page = 16
+
+    def conv(seed, n):
+        return [seed * 100_000 + i for i in range(1, n + 1)]
+
+    a, b, c = conv(1, 600), conv(2, 600), conv(3, 600)
+    reqs = [("A", 0.0, a, "tool_calls"), ("A", 1.0, a + conv(4, 40), "tool_calls"),
+            ("B", 2.0, b, "stop"), ("C", 3.0, c, "stop"),
+            ("A", 6.0, a + conv(4, 40) + conv(5, 40), "stop")]
+    prompts = [p for _, _, p, _ in reqs]
+    shared = shared_prefixes(prompts, page)
+    t = Trace("words", page, tuple(TraceRequest(i, at, len(p), shared[i], 8, end, name)
+                                   for i, (name, at, p, end) in enumerate(reqs)))
+    told = replay_core(t, memory_tokens=2000, disk_tokens=10_000)
+    not_told = replay_core(t, memory_tokens=2000, disk_tokens=10_000, tell_ends=False)
+    assert (told.tokens_reread, told.tokens_restored) == (0, 0)
+    assert not_told.tokens_reread == 0 and not_told.tokens_restored >= len(a)

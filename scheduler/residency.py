@@ -1,0 +1,74 @@
+"""Which idle conversation leaves memory first, and when: what the agent said when its reply
+ended (docs/design/scheduling.md "Residency").
+
+The gateway tells the scheduler how each reply ended (`ReplyEnded`): a tool call or a reply
+cut at its limit is back within seconds (the tool's result, the client's continuation), the
+end of a turn waits for a person, and a side call (a title, a summary, a classifier: a reply
+whose shape the client forced) is never extended, nor is a slot whose conversation was copied
+whole into another slot to go on there (`superseded`). Idle slots leave memory in that order, the
+least recently used first within each; a slot no word came for (an old gateway, a plain
+completion) sits between the end of a turn and a tool call, with the grace it always had.
+A slot whose conversation's next turn already waits in the queue stays before all of them
+(it is used next). Within the same word, a slot holding the start of a waiting request's
+prompt that no running slot holds (sub-agents started together, under one system prompt)
+stays: the waiting siblings copy it instead of restoring it. Pure: the managers pass the slots
+and the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.requests import Slot
+
+# How a reply ended (ReplyEnded.end) -> how soon its conversation is back, lowest first out;
+# BACK_NOW: its next turn is already waiting in the queue.
+SIDE_CALL, END_OF_TURN, NO_WORD, BACK_SOON, BACK_NOW = 0, 1, 2, 3, 4
+_RETURNS = {"side_call": SIDE_CALL, "superseded": SIDE_CALL, "stop": END_OF_TURN,
+            "cancelled": END_OF_TURN, "tool_calls": BACK_SOON, "length": BACK_SOON}
+
+
+def returns(slot: Slot) -> int:
+    """How soon the conversation idle in `slot` is expected back (a rank, higher: sooner)."""
+    return _RETURNS.get(slot.reply_end, NO_WORD)
+
+
+def keep_key(slot: Slot, feeding: Set[int] = frozenset(), back: Set[int] = frozenset()) -> tuple:
+    """Idle slots sorted by this leave memory first-to-last: a side call, then the end of a
+    turn, then no word, then a tool call, then a conversation whose next turn is waiting
+    (`back`); a slot feeding waiting siblings after the others of its rank; then the least
+    recently used."""
+    rank = BACK_NOW if slot.index in back else returns(slot)
+    return rank, slot.index in feeding, slot.last_used
+
+
+def grace_s(slot: Slot, config: CoreConfig) -> float:
+    """How long an idle slot past --slots stays before its KV leaves memory: none for a side
+    call or the end of a turn (nobody is coming back soon), --release-after-s with no word,
+    and `tool_return_s` after a tool call (the tool runs; a main session waits for its
+    sub-agents)."""
+    rank = returns(slot)
+    if rank <= END_OF_TURN:
+        return 0.0
+    if rank == BACK_SOON:
+        return max(config.release_after_s, config.tool_return_s)
+    return config.release_after_s
+
+
+def waited_for(slots: Iterable[Slot], waiting_pages: Set[tuple[bytes, bytes]]) -> set[int]:
+    """Idle slots whose conversation's next turn is in the queue: the last full page the slot
+    holds (a page id names its whole prefix) is one of a waiting request's. Such a slot is
+    used next; giving it up for another request only trades one restore for another."""
+    return {s.index for s in slots if s.rid is None and s.page_ids
+            and (s.root, s.page_ids[-1]) in waiting_pages}
+
+
+def feeding(slots: Iterable[Slot], waiting_first_pages: Set[tuple[bytes, bytes]]) -> set[int]:
+    """Idle slots whose first page (under its chain root) begins a waiting request's context
+    and is held by no running slot: a sibling that waits will copy it from there."""
+    slots = list(slots)
+    running = {(s.root, s.page_ids[0]) for s in slots if s.rid is not None and s.page_ids}
+    return {s.index for s in slots if s.rid is None and s.page_ids
+            and (s.root, s.page_ids[0]) in waiting_first_pages
+            and (s.root, s.page_ids[0]) not in running}

@@ -1,0 +1,156 @@
+"""The residency order (docs/design/scheduling.md "Residency"): idle conversations leave memory
+by what the gateway said of their reply's end (`ReplyEnded`): a side call first, then the end of
+a turn, then no word, then a tool call; a slot feeding waiting siblings after the others of its
+rank. The core with scripted worker and kvstore (tests/unit/test_scheduler_pages.py), events and
+a clock, no sockets."""
+
+import dataclasses
+
+from switchyard.proto.gateway_scheduler import ReplyEnded
+from switchyard.scheduler.config import CoreConfig
+from switchyard.scheduler.requests import Slot
+from switchyard.scheduler.residency import feeding, grace_s, keep_key, waited_for
+
+from tests.unit.test_scheduler_pages import Group, P, conv
+from tests.unit.test_scheduler_resident import holding, idle
+
+
+def finish(g, rid, prompt, end=None, max_tokens=3):
+    """Run one request to its end; the gateway then says how its reply ended."""
+    g.submit(rid, prompt, max_tokens=max_tokens)
+    g.run()
+    if end is not None:
+        g.do(ReplyEnded(rid, end))
+
+
+def slot_of(g, rid):
+    return next(s.index for s in g.core.slots if s.last_rid == rid)
+
+
+def test_the_end_of_a_turn_and_a_side_call_leave_at_once_a_tool_call_stays_its_grace():
+    """--slots 1 of four: the turn that ended and the side call go as soon as their pages are
+    on disk (nobody comes back soon); the two tool calls stay for `tool_return_s`, past
+    --release-after-s; then the least recently used of them goes and --slots stay."""
+    g = Group(num_slots=4, resident_slots=1, release_after_s=10.0)
+    g.core.config = dataclasses.replace(g.core.config, tool_return_s=60.0)
+    prompts = {rid: conv(i, 2 * P + 7) for i, rid in enumerate(("tool1", "turn", "side",
+                                                                  "tool2"))}
+    for rid, end in (("tool1", "tool_calls"), ("turn", "stop"), ("side", "side_call"),
+                     ("tool2", "tool_calls")):
+        g.submit(rid, prompts[rid], max_tokens=3)
+    g.run()
+    for rid, end in (("tool1", "tool_calls"), ("turn", "stop"), ("side", "side_call"),
+                     ("tool2", "tool_calls")):
+        g.now += 1.0
+        g.do(ReplyEnded(rid, end))
+    idle(g, 2)
+    kept = {g.core.slots[i].last_rid for i in holding(g)}
+    assert kept == {"tool1", "tool2"}
+    idle(g, 20)  # past --release-after-s: a tool call's conversation is still there
+    assert {g.core.slots[i].last_rid for i in holding(g)} == {"tool1", "tool2"}
+    idle(g, 45)
+    assert {g.core.slots[i].last_rid for i in holding(g)} == {"tool2"}, "LRU of the two went"
+    # The tool result comes back: its whole conversation is cached.
+    g.submit("tool2'", prompts["tool2"] + g.reply("tool2") + [5, 6], max_tokens=1)
+    g.run()
+    assert g.finished("tool2'").num_cached_tokens >= len(prompts["tool2"]) + 2
+
+
+def test_with_no_word_the_grace_is_release_after_s_as_before():
+    g = Group(num_slots=2, resident_slots=1, release_after_s=10.0)
+    g.submit("a", conv(1, P + 3), max_tokens=3)
+    g.submit("b", conv(2, P + 3), max_tokens=3)
+    g.run()
+    idle(g, 3)
+    assert len(holding(g)) == 2
+    idle(g, 10)
+    assert len(holding(g)) == 1
+
+
+def test_memory_short_a_side_call_leaves_before_an_older_tool_call():
+    """The KV budget wants one idle conversation out for a newcomer: not the least recently
+    used (a tool call, its result on the way) but the side call, then the end of a turn."""
+    g = Group(num_slots=4, resident_slots=4, release_after_s=1000.0, kv_budget_tokens=2600)
+    finish(g, "tool", conv(1, 600), "tool_calls")
+    g.now += 5
+    finish(g, "side", conv(2, 600), "side_call")
+    g.now += 5
+    finish(g, "turn", conv(3, 600), "stop")
+    assert len(holding(g)) == 3
+    finish(g, "new", conv(4, 600))
+    left = {g.core.slots[i].last_rid for i in holding(g)}
+    assert "side" not in left and "tool" in left, left
+    finish(g, "new2", conv(5, 600))
+    left = {g.core.slots[i].last_rid for i in holding(g)}
+    assert "turn" not in left and "tool" in left, left
+
+
+def test_placement_displaces_the_end_of_a_turn_before_an_older_tool_call():
+    g = Group(num_slots=2)
+    finish(g, "tool", conv(1, P + 9), "tool_calls")
+    g.now += 5
+    finish(g, "turn", conv(2, P + 9), "stop")
+    finish(g, "new", conv(3, P + 9))
+    assert g.core.slots[slot_of(g, "tool")].tokens, "the tool call's conversation stayed"
+    assert slot_of(g, "new") != slot_of(g, "tool")
+
+
+def test_a_word_for_a_slot_taken_since_is_not_its_new_request():
+    """A ReplyEnded that arrives after the slot was taken by another request is dropped: the
+    word belongs to the conversation it was said of."""
+    g = Group(num_slots=1)
+    finish(g, "a", conv(1, P + 3))
+    finish(g, "b", conv(2, P + 3))  # takes the only slot
+    g.do(ReplyEnded("a", "side_call"))
+    assert g.core.slots[0].last_rid == "b" and g.core.slots[0].reply_end == ""
+    g.do(ReplyEnded("b", "tool_calls"))
+    assert g.core.slots[0].reply_end == "tool_calls"
+
+
+def test_a_slot_feeding_waiting_siblings_stays_within_its_rank():
+    """Pure: an idle slot whose first page begins a waiting request's context (and no running
+    slot holds it) sorts after the other idle slots of its rank, never past a higher rank."""
+    system, other = [b"s0", b"s1"], [b"o0"]
+    a, b, c = Slot(0, [1] * 2 * P, page_ids=system), Slot(1, [2] * P, page_ids=other), \
+        Slot(2, [3] * P, page_ids=[b"x0"])
+    a.last_used, b.last_used, c.last_used = 1.0, 2.0, 3.0
+    a.reply_end = b.reply_end = "tool_calls"
+    c.reply_end = "stop"
+    fed = feeding([a, b, c], {(a.root, b"s0")})
+    assert fed == {0}
+    order = sorted([a, b, c], key=lambda s: keep_key(s, fed))
+    assert [s.index for s in order] == [2, 1, 0]
+    running = Slot(3, [1] * P, rid="r", page_ids=[b"s0"])
+    assert feeding([a, b, c, running], {(a.root, b"s0")}) == set(), "a running slot holds it"
+
+
+def test_grace_by_the_word():
+    cfg = CoreConfig(num_slots=1, ctx=1024, prefill_chunk=64, max_queue=1,
+                     release_after_s=10.0, tool_return_s=60.0)
+    words = {"side_call": 0.0, "stop": 0.0, "cancelled": 0.0, "": 10.0, "tool_calls": 60.0,
+             "length": 60.0}
+    assert {w: grace_s(Slot(0, reply_end=w), cfg) for w in words} == words
+
+
+def test_a_slot_whose_next_turn_waits_is_kept_before_a_tool_call():
+    """Pure: the slot whose last full page a waiting request's context holds is that
+    conversation's, used next: it sorts after every other idle slot."""
+    own, other = Slot(0, [1] * 2 * P, page_ids=[b"s0", b"a1"]), Slot(1, [2] * P, page_ids=[b"b0"])
+    own.last_used, other.last_used = 1.0, 2.0
+    own.reply_end, other.reply_end = "stop", "tool_calls"
+    back = waited_for([own, other], {(own.root, b"s0"), (own.root, b"a1"), (own.root, b"a2")})
+    assert back == {0}
+    assert [s.index for s in sorted([own, other], key=lambda s: keep_key(s, (), back))] == [1, 0]
+
+
+def test_a_conversation_copied_whole_to_go_on_elsewhere_leaves_its_old_slot_first():
+    """The next turn took its prefix by copy into another slot (its own would have lost the
+    reply it does not resend): the old slot's word is spent, nobody comes back to it."""
+    g = Group(num_slots=2)
+    prompt = conv(1, 2 * P + 5)
+    finish(g, "a", prompt, "tool_calls")
+    old = slot_of(g, "a")
+    finish(g, "a2", prompt + [7, 8, 9])  # not its reply: the copy keeps the old slot whole
+    assert slot_of(g, "a2") != old and g.records["a2"].num_copied_tokens >= len(prompt) - 1
+    assert g.core.slots[old].reply_end == "superseded"
+    assert keep_key(g.core.slots[old])[0] == 0, "it goes first, with the side calls"
