@@ -142,7 +142,9 @@ def test_unusable_page_directory_serves_without_persistence(tiny_qwen3, tmp_path
         for _ in range(2):
             resp = client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": text(5, 400)}], max_tokens=4)
-            assert resp.choices[0].finish_reason == "length"
+            # Answered: a random twin may sample its end token before the limit ("stop").
+            assert resp.choices[0].finish_reason in ("length", "stop")
+            assert resp.usage.completion_tokens >= 1
         [warning] = group.log_events("kv.persistence_off")[:1]
         assert "unusable" in warning["error"]
         metrics = httpx.get(f"{group.url}/metrics").text
