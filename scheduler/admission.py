@@ -146,6 +146,8 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         src = slots[p.copy_from]
         slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // page_size],
                      root=src.root)
+        if src.state_mark <= p.copied:  # the worker copies the mark with the prefix
+            slot.state_mark = src.state_mark
         copy = CopyPrefix(p.copy_from, p.slot, p.copied)
     else:
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start

@@ -150,6 +150,13 @@ class Slot:
     num_persisted: int = 0
     # A prompt or a turn ended here: store the partial last page too (next step's stages).
     tail_wanted: bool = False
+    # A prompt's context (all its tokens but the last) ended at this token: store the partial
+    # page that ends here (next step's stages), where a retry of the prompt resumes. 0: none.
+    prompt_tail_at: int = 0
+    # Where the worker keeps this slot's state besides its end (a hybrid or sliding-window
+    # model's mark: the end of its last prefill or restore; docs/design/kv-pages.md "Exact
+    # repeats and state marks"): the slot can be cut back or copied there. 0: none.
+    state_mark: int = 0
     # The turn whose tokens these are (scheduler.turns): the tails stored from here are its.
     turn: Anchor | None = None
     # The images among (and past) `tokens`: the request's that filled the slot last (its
@@ -167,6 +174,10 @@ class Slot:
         return self.rid is None
 
     def truncate(self, length: int, page_size: int) -> None:
+        if length < self.state_mark:
+            self.state_mark = 0
+        if length < self.prompt_tail_at:
+            self.prompt_tail_at = 0
         del self.tokens[length:]
         del self.page_ids[length // page_size:]
         self.num_persisted = min(self.num_persisted, len(self.page_ids))
@@ -178,6 +189,7 @@ class Slot:
         self.tokens = list(tokens)
         self.page_ids = list(page_ids)
         self.num_persisted = 0
+        self.state_mark = self.prompt_tail_at = 0
         self.images = tuple(images)
         self.turn = None
         self.root = root
