@@ -430,6 +430,10 @@ class PageCache:
                 if stored_plain and pid not in self.staged and pid not in self.writing:
                     if not self._stage(slot, at_end, with_state=True, out=stages):
                         return stages
+            if 0 < slot.branch_tail_at <= len(slot.tokens):  # owned by the slot's turn
+                end, slot.branch_tail_at = slot.branch_tail_at, 0
+                if not self._stage_tail(slot, trimmable, stages, end):
+                    return stages
             if slot.prompt_tail_at:
                 end, slot.prompt_tail_at = slot.prompt_tail_at, 0
                 if not self._stage_tail(slot, trimmable, stages, end):

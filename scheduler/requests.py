@@ -153,6 +153,9 @@ class Slot:
     # A prompt's context (all its tokens but the last) ended at this token: store the partial
     # page that ends here (next step's stages), where a retry of the prompt resumes. 0: none.
     prompt_tail_at: int = 0
+    # A hybrid request's branch point inside a page: once the slot's prefill reaches it, store
+    # the partial page that ends there with the state (docs/design/kv-pages.md "Branch points").
+    branch_tail_at: int = 0
     # Where the worker keeps this slot's state besides its end (a hybrid or sliding-window
     # model's mark: the end of its last prefill or restore; docs/design/kv-pages.md "Exact
     # repeats and state marks"): the slot can be cut back or copied there. 0: none.
@@ -189,7 +192,7 @@ class Slot:
         self.tokens = list(tokens)
         self.page_ids = list(page_ids)
         self.num_persisted = 0
-        self.state_mark = self.prompt_tail_at = 0
+        self.state_mark = self.prompt_tail_at = self.branch_tail_at = 0
         self.images = tuple(images)
         self.turn = None
         self.root = root

@@ -14,7 +14,8 @@ overlap:
   switch, from disk, each cached up to its last token with mlx_lm's greedy tokens; for the
   window and hybrid families (whose state exists only at a slot's end and at its mark) also
   after the worker and kvstore restarted (docs/design/kv-pages.md "Exact repeats and state
-  marks").
+  marks"), and two sub-agents that part from A's prompt inside a page: the second resumes
+  where they part (the first stored the state there: "Branch points").
 
 DeepSeek-V4.1, whose cache cannot be paged, is served without pages (its own test below).
 
@@ -150,6 +151,14 @@ def test_family_serves_pages_and_switches(tiny_model_dir, family_groups, arch):
             after = assert_repeat(client, follow, expected_follow, tokenizer)
             [done] = group.wait_events("request.finished", rid=after.id, role="scheduler")
             assert done["num_restored_tokens"] == len(follow) - 1, done
+
+            shared = a_ids[:3 * P + 7]  # sub-agents under A's first pages, parting mid-page
+            complete(client, shared + b_ids[:P])
+            second = shared + b_ids[P:2 * P]
+            sub = complete(client, second)
+            assert sub.usage.prompt_tokens_details.cached_tokens == len(shared)
+            assert sub.choices[0].text == tokenizer.decode(greedy(model, tokenizer, second),
+                                                           skip_special_tokens=True)
     finally:
         family_groups.retire(group)
 

@@ -86,3 +86,40 @@ def test_without_marks_a_hybrid_repeat_rereads_its_last_partial_page():
     g.submit("a2", a)
     g.run()
     assert g.finished("a2").num_cached_tokens < len(a) - 1
+
+
+def test_hybrid_sub_agents_resume_at_their_branch_point_inside_a_page():
+    """Sub-agents under a main session's system prompt that ends mid-page: the first one's
+    prefill stops where it parts from the main session and stores the state there (a tail);
+    the next ones restore to that token instead of re-reading from a page end, also after the
+    main session's next turn passed the page (the tail is the first sub-agent's turn's)."""
+    g = Group(num_slots=2, trimmable=False)
+    system = conv(5, 3 * P + 5)  # ends inside a page; no snapshot interval (4 P) within
+    g.submit("main", system + conv(6, 2 * P + 3))
+    g.run()
+    g.submit("sub1", system + conv(7, P + 1))
+    g.run()
+    assert g.finished("sub1").num_cached_tokens == 0  # nothing with a state under it yet
+    g.submit("sub2", system + conv(8, P + 2))
+    g.run()
+    assert g.finished("sub2").num_cached_tokens == len(system)
+    follow = system + conv(6, 2 * P + 3) + g.reply("main")[:-1] + [5, 6]
+    g.submit("main2", follow)
+    g.run()
+    g.submit("sub3", system + conv(9, P + 3))
+    g.run()
+    assert g.finished("sub3").num_cached_tokens == len(system)
+
+
+def test_a_rewritten_reply_is_no_branch_point():
+    """A next turn whose history rewrote the reply parts from its own slot inside the reply:
+    no state tail is stored there (clients that rewrite every reply would write one per turn)."""
+    g = Group(num_slots=1, trimmable=False)
+    a = conv(1, 3 * P + 5)
+    g.submit("a1", a)
+    g.run()
+    tails = {i.page_id for i in g.disk.values() if i.num_tokens < P}
+    g.submit("a2", a + g.reply("a1")[:2] + [9, 9, 9])
+    g.run()
+    new = [i.num_tokens for i in g.disk.values() if i.num_tokens < P and i.page_id not in tails]
+    assert len(a) + 2 not in [3 * P + n for n in new]
