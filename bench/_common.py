@@ -60,7 +60,7 @@ def load_tokenizer(model: Path):
 
 def word_list() -> list[str]:
     """Plain words the tiny tokenizer was trained on (about one token each)."""
-    from switchyard.deploy import tiny_tokenizer
+    from switchyard.twins import tokenizer as tiny_tokenizer
 
     return sorted(set(tiny_tokenizer._WORDS))
 
@@ -194,7 +194,7 @@ class MlxLmServer:
     """`python -m mlx_lm server --model DIR --port P` with its default prompt cache settings."""
 
     def __init__(self, model: Path, extra: list[str] | None = None):
-        from tests.helpers.group import free_port
+        from switchyard.testing.group import free_port
 
         self.model = model
         self.port = free_port()

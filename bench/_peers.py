@@ -35,7 +35,7 @@ PEER_WEIGHTS = ("same", "f16", "f32")
 
 
 def bench_cache() -> Path:
-    from switchyard.proto.settings import user_cache_dir
+    from switchyard.common.settings import user_cache_dir
 
     return user_cache_dir() / "bench"
 
@@ -67,7 +67,7 @@ def _write_hf(gguf: Path, weights: str, out: Path) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from switchyard.proto.tokenizer_loading import save_gguf_tokenizer
+    from switchyard.common.tokenizer_loading import save_gguf_tokenizer
     from switchyard.worker.gguf_loading import load_gguf
 
     if weights not in PEER_WEIGHTS:
@@ -138,7 +138,7 @@ class PeerServer:
     name = "peer"
 
     def __init__(self, cmd: list[str], env: dict | None = None, startup_s: float = 300):
-        from tests.helpers.group import free_port, short_tmp_dir
+        from switchyard.testing.group import free_port, short_tmp_dir
 
         self.port = free_port()
         self.dir = short_tmp_dir("sypeer")
@@ -165,7 +165,7 @@ class PeerServer:
             return ""
 
     def __enter__(self):
-        from tests.helpers.lifeline import lifeline
+        from switchyard.testing.lifeline import lifeline
 
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
@@ -181,7 +181,7 @@ class PeerServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        from tests.helpers.lifeline import lifeline
+        from switchyard.testing.lifeline import lifeline
 
         if self.proc is None:
             return
@@ -252,7 +252,7 @@ def vllm_cached_tokens(log: str) -> list[tuple[int, int]]:
 
 
 def _group_pids(pgid: int) -> list[int]:
-    from tests.helpers.group import group_members
+    from switchyard.testing.group import group_members
 
     return group_members(pgid)
 

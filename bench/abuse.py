@@ -1,7 +1,7 @@
 """The abuse figures: each class of abusive request against a live group on
 loopback, beside a well-behaved client that sends a small streamed chat every second.
 
-Per class, `--reps` repetitions of its payloads (tests/helpers/abuse.py and its sizes;
+Per class, `--reps` repetitions of its payloads (testing/abuse.py and its sizes;
 the schema blow-ups are new schemas every repetition, so the refusal cache never answers them):
 
 - abusive s: the slowest abusive request, sent to answered (client side, upload included);
@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import parse_with_model, table  # noqa: E402
-from tests.helpers.abuse import CLASSES, WellBehaved, p95  # noqa: E402
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.testing.abuse import CLASSES, WellBehaved, p95  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

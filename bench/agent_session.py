@@ -4,9 +4,9 @@
         .venv/bin/python bench/agent_session.py [--png docs/agent-session.png] [--slots 4]
 
 Starts a group on the terse twin (`--model tiny-terse`) with `--script` from
-tests/helpers/agent_sessions.py, so the model's words follow the session's rules while the
+testing/agent_sessions.py, so the model's words follow the session's rules while the
 server does all the real work (prefill, decode, KV pages, tool-call parsing, streaming), and
-runs the real Claude Code (installed by tests/helpers/agent_clients.py, as in CI) headless on
+runs the real Claude Code (installed by testing/agent_clients.py, as in CI) headless on
 the "claude-code-subagents" session: the main agent starts three sub-agents in one message,
 each runs Bash (`wc -l`) and answers, and the main agent sums their answers.
 
@@ -32,10 +32,14 @@ if str(REPO) not in sys.path:
 
 from bench._plot import PARTS, Bar  # noqa: E402
 from switchyard.proto.status import RecentRequest, read_status  # noqa: E402
-from tests.helpers.agent_clients import CLIENTS, install  # noqa: E402
-from tests.helpers.agent_sessions import (SESSIONS, prepare_work, rule_numbers,  # noqa: E402
-                                          session_script)
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.testing.agent_clients import CLIENTS, install  # noqa: E402
+from switchyard.testing.agent_sessions import (  # noqa: E402
+    SESSIONS,
+    prepare_work,
+    rule_numbers,
+    session_script,
+)
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 SESSION = "claude-code-subagents"
 MODEL = "local"  # --served-model-name, as in the README

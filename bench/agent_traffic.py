@@ -73,7 +73,7 @@ from bench._common import (MODELS, Streamed, fmt, model_dir, preload_note,  # no
                            stream, table)
 from bench._peers import (PEER_WEIGHTS, TreeMemory, hf_export, mlx_lm_server,  # noqa: E402
                           vllm_cached_tokens, vllm_mlx_server)
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 SERVERS = ("switchyard", "mlx_lm", "vllm_mlx")
 CLAUDE_MODEL = "claude-sonnet-4-5-20250929"
@@ -1008,7 +1008,7 @@ def main() -> int:
         peers or args.weights != "same") else model
     ours = model if args.weights == "same" else peer_model
 
-    from switchyard.proto.tokenizer_loading import load_tokenizer
+    from switchyard.common.tokenizer_loading import load_tokenizer
 
     w = Workload(args, load_tokenizer(str(model)))
     reqs = prepare(w, args.ctx)

@@ -26,7 +26,8 @@ import msgpack
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from switchyard.proto import codec  # noqa: E402
-from switchyard.proto.messages import SamplingParams, SubmitRequest  # noqa: E402
+from switchyard.proto.values import SamplingParams  # noqa: E402
+from switchyard.proto.gateway_scheduler import SubmitRequest  # noqa: E402
 from switchyard.proto.tokens import TokenIds  # noqa: E402
 
 LENGTHS = (1_000, 10_000, 100_000, 200_000)

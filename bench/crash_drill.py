@@ -10,7 +10,7 @@ while it writes pages.
    the moment a page file is being written (its temp file appears: polled every millisecond),
    or, if none is seen, at a random moment (seeded) up to `--kill-window` s after sending.
    The supervisor restarts it
-   (tests/helpers/drill_serve.py: the serve command with a drill restart policy, since the real
+   (testing/drill_serve.py: the serve command with a drill restart policy, since the real
    one gives up after 5 crashes a minute) and the next round waits until it is ready.
 3. The group is stopped; every page file on disk is checked with the kvstore's own code
    (`PageStore.scan` then `PageStore.read_into` of each page: header, token ids, checksum).
@@ -40,9 +40,9 @@ import httpx  # noqa: E402
 from bench._common import parse_with_model, table  # noqa: E402
 from switchyard.kvstore.pages import decode_header  # noqa: E402
 from switchyard.kvstore.store import PageStore  # noqa: E402
-from tests.helpers.drill_serve import DRILL_SERVE  # noqa: E402
-from tests.helpers.group import ServerGroup, short_tmp_dir  # noqa: E402
-from tests.helpers.workload import text, wait_ready  # noqa: E402
+from switchyard.testing.drill_serve import DRILL_SERVE  # noqa: E402
+from switchyard.testing.group import ServerGroup, short_tmp_dir  # noqa: E402
+from switchyard.testing.workload import text, wait_ready  # noqa: E402
 
 PAGE = 256
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 
 def server_tps(url: str, prompt: str, num_tokens: int) -> float:
@@ -91,7 +91,7 @@ def main() -> None:
 def run(model_dir: Path, args) -> str:
     prompt = "Switchyard keeps every conversation's KV pages warm. " * 8
     ours, theirs = [], []
-    from switchyard.proto.tokenizer_loading import load_tokenizer
+    from switchyard.common.tokenizer_loading import load_tokenizer
 
     server_tps.tokenizer = load_tokenizer(str(model_dir))
     with ServerGroup(model_dir, slots=1, ctx=4096) as group:

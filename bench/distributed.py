@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import (fmt, load_tokenizer, log_events, make_text, median,  # noqa: E402
                            model_dir, preload_note, stream, table, word_list)
-from tests.helpers.group import ServerGroup, free_port_pair  # noqa: E402
+from switchyard.testing.group import ServerGroup, free_port_pair  # noqa: E402
 
 CONFIGS = [("qwen3", 1, ""), ("qwen3", 2, "tensor"),
            ("qwen3_moe", 1, ""), ("qwen3_moe", 2, "tensor"), ("qwen3_moe", 2, "pipeline")]
@@ -138,7 +138,7 @@ def probe_rank(rank: int, hosts: Path, port: int, zmq_port: int, repeats: int) -
     a byte, so the figure is a round trip, as the all_sum's is)."""
     import zmq
 
-    from switchyard.proto.hostfile import read_hostfile
+    from switchyard.common.hostfile import read_hostfile
     from switchyard.worker.group import STEP, RankGroup
 
     group = RankGroup.join(read_hostfile(hosts), rank, "ring", "tensor", port, hosts.parent)

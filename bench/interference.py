@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import (Streamed, fmt, log_events, median, model_dir,  # noqa: E402
                            preload_note, random_token_ids, stream, table)
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 COMPLETIONS = "/v1/completions"
 BACKGROUND = {"X-Switchyard-Priority": "background"}

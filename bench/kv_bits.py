@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 
 from bench._common import model_dir  # noqa: E402
 from switchyard.kvstore.store import PageStore  # noqa: E402
-from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, kv_namespace  # noqa: E402
-from tests.e2e.test_parity import LONG_TEXT, MAX_TOKENS, REPEAT_TEXT, SHORT_TEXT  # noqa: E402
+from switchyard.common.page_ids import ROOT_ID, chain_page_ids, kv_namespace  # noqa: E402
+from switchyard.testing.texts import LONG_TEXT, MAX_TOKENS, REPEAT_TEXT, SHORT_TEXT  # noqa: E402
 from switchyard.worker.kv_layout import is_attention_kv, kv_quant  # noqa: E402
 from switchyard.worker.model_loading import load_model  # noqa: E402
 from switchyard.worker.page_io import PageLayout  # noqa: E402

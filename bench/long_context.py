@@ -38,23 +38,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from switchyard.proto import codec  # noqa: E402
-from switchyard.proto.messages import (  # noqa: E402
-    CancelRequest,
+from switchyard.proto.gateway_scheduler import CancelRequest, SubmitRequest  # noqa: E402
+from switchyard.proto.scheduler_kvstore import (  # noqa: E402
     DeletePages,
     InventoryDescribed,
     PageInfo,
     PagesRead,
     PagesWritten,
     ReadPages,
-    RunStep,
-    SampledToken,
-    SamplingParams,
-    SlotContents,
-    StepDone,
-    SubmitRequest,
-    WorkerReady,
     WritePages,
 )
+from switchyard.proto.scheduler_worker import (  # noqa: E402
+    RunStep,
+    SampledToken,
+    SlotContents,
+    StepDone,
+    WorkerReady,
+)
+from switchyard.proto.values import SamplingParams  # noqa: E402
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore  # noqa: E402
 from switchyard.scheduler.events import PlanStep  # noqa: E402
@@ -209,7 +210,7 @@ def part_e2e(args) -> None:
     from bench._common import (fmt, log_events, median, model_dir, preload_note, stream, table,
                                timestamp)
     from bench.switching import build, pair_ratios, run_workload, summarize_switchyard, ttfts
-    from tests.helpers.group import ServerGroup
+    from switchyard.testing.group import ServerGroup
 
     if preload_note():
         print(preload_note())

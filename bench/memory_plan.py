@@ -6,7 +6,7 @@
 Fills every slot to (almost) its full context concurrently, decodes in one batch, and reads
 the worker's peak RSS (VmHWM in /proc) against what the plan counts for it: the fixed part the
 worker logged at start (`worker.memory_plan`) plus the KV those slots hold as the scheduler
-counts it (proto/held_kv.py: capacity, reserves and the decode batch; docs/design.md "Memory
+counts it (common/held_kv.py: capacity, reserves and the decode batch; docs/design.md "Memory
 plan"). Target: the count is not below the peak, and within 10% of it. Linux only (reads
 /proc).
 """
@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from switchyard.proto.held_kv import CACHE_STEP, SlotHold, held_tokens  # noqa: E402
-from switchyard.proto.settings import format_size  # noqa: E402
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.common.held_kv import CACHE_STEP, SlotHold, held_tokens  # noqa: E402
+from switchyard.common.settings import format_size  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 
 def peak_rss(pid: int) -> int:

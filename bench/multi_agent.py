@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import (MlxLmServer, Streamed, fmt, load_tokenizer, log_events,  # noqa: E402
                            make_text, model_dir, preload_note, stream, table,
                            word_list)
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 

@@ -57,7 +57,8 @@ def executors(loaded, agents: int, ctx: int):
 
 
 def run(loaded, args, context: int, chunk: int, rng: random.Random) -> list:
-    from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
+    from switchyard.proto.scheduler_worker import DecodeItem, PrefillChunk, RunStep
+    from switchyard.proto.values import SamplingParams
 
     vocab = loaded.model.args.vocab_size if hasattr(loaded.model, "args") else 4000
     ids = lambda n: tuple(rng.randrange(300, min(vocab, 40000)) for _ in range(n))  # noqa: E731

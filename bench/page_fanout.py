@@ -20,14 +20,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from switchyard.proto import codec  # noqa: E402
-from switchyard.proto.messages import (  # noqa: E402
+from switchyard.proto.scheduler_kvstore import (  # noqa: E402
     PageInfo,
     PagesWritten,
     PageWrite,
-    RankInfo,
-    WorkerReady,
     WritePages,
 )
+from switchyard.proto.scheduler_worker import RankInfo, WorkerReady  # noqa: E402
 from switchyard.scheduler.page_stores import PageStores, kvstore_identity  # noqa: E402
 
 P = 256

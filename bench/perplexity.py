@@ -30,7 +30,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench._common import preload_note, table  # noqa: E402
 from switchyard.deploy.default_model import default_model_path  # noqa: E402
-from switchyard.proto.tokenizer_loading import load_tokenizer  # noqa: E402
+from switchyard.common.tokenizer_loading import load_tokenizer  # noqa: E402
 from switchyard.worker.kv_layout import kv_quant  # noqa: E402
 from switchyard.worker.model_loading import LoadedModel, load_model  # noqa: E402
 

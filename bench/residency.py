@@ -120,7 +120,7 @@ def record_agent_traffic(agents: int, turns: int, grow_to: int, reply: int) -> T
     from transformers import PreTrainedTokenizerFast
 
     from bench.agent_traffic import Workload, prepare
-    from switchyard.deploy.tiny_tokenizer import tokenizer_files
+    from switchyard.twins.tokenizer import tokenizer_files
 
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in tokenizer_files().items():

@@ -15,10 +15,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from switchyard.proto.messages import (DeletePages, InventoryDescribed, PageInfo, PagesRead,
-                                       PagesWritten, ReadPages, RunStep, SampledToken,
-                                       SamplingParams, StepDone, SubmitRequest, TouchPages,
-                                       WorkerReady, WritePages)
+from switchyard.proto.scheduler_kvstore import (
+    DeletePages,
+    InventoryDescribed,
+    PageInfo,
+    PagesRead,
+    PagesWritten,
+    ReadPages,
+    TouchPages,
+    WritePages,
+)
+from switchyard.proto.scheduler_worker import RunStep, SampledToken, StepDone, WorkerReady
+from switchyard.proto.values import SamplingParams
+from switchyard.proto.gateway_scheduler import SubmitRequest
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
 from switchyard.scheduler.events import PlanStep

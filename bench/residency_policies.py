@@ -50,7 +50,7 @@ class Costs:
 
 
 def units_of(ids: list[int], page_size: int) -> tuple[list[Unit], Unit | None]:
-    """A prompt's whole pages, chained like proto/page_ids.py, and its tail (or None)."""
+    """A prompt's whole pages, chained like common/page_ids.py, and its tail (or None)."""
     pages, parent = [], b"\0" * 16
     for k in range(len(ids) // page_size):
         chunk = ids[k * page_size:(k + 1) * page_size]

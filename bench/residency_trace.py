@@ -13,7 +13,7 @@ then one line per request, in arrival order:
 - `t`: arrival, seconds from the first request.
 - `shared`: [j, n]: the first n tokens of this prompt are the first n tokens of request j's
   prompt (the earlier request with the longest common prefix), or null. This is the compact
-  equivalent of the prompt's page ids: pages chain (proto/page_ids.py), so two prompts share
+  equivalent of the prompt's page ids: pages chain (common/page_ids.py), so two prompts share
   exactly the pages of their common prefix, and a replay rebuilds a token sequence with the
   same sharing (`synthesize`). It holds no text and no token id, so nothing can be recovered.
 - `new`: prompt - n, the tokens no earlier prompt held: what even a perfect cache prefills.

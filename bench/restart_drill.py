@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.helpers.drill import run_drill  # noqa: E402
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.testing.drill import run_drill  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 
 def main() -> None:

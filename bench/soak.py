@@ -51,12 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 
 from bench._common import parse_with_model, table  # noqa: E402
-from switchyard.proto.backoff import MAX_S  # noqa: E402
-from switchyard.proto.endpoints import Endpoints  # noqa: E402
-from tests.helpers.drill_serve import DRILL_SERVE  # noqa: E402
-from tests.helpers.group import ServerGroup, short_tmp_dir  # noqa: E402
+from switchyard.common.backoff import MAX_S  # noqa: E402
+from switchyard.common.endpoints import Endpoints  # noqa: E402
+from switchyard.testing.drill_serve import DRILL_SERVE  # noqa: E402
+from switchyard.testing.group import ServerGroup, short_tmp_dir  # noqa: E402
 from switchyard.proto.status import DiskStatus, read_status  # noqa: E402
-from tests.helpers.workload import text, wait_ready  # noqa: E402
+from switchyard.testing.workload import text, wait_ready  # noqa: E402
 
 PAGE = 256
 NUM_AGENTS = 16
@@ -500,7 +500,7 @@ def shm_segments(prefix: str) -> list[str]:
 
 
 def parse_size(s: str) -> int:
-    from switchyard.proto.settings import parse_size as parse
+    from switchyard.common.settings import parse_size as parse
 
     return parse(s)
 
@@ -582,7 +582,7 @@ def main() -> int:
                   stop_problem, leaked_shm, tmpfs, time.monotonic() - started)
 
 
-# After a disk fault ends, writes resume within one backoff delay at most (proto/backoff.py).
+# After a disk fault ends, writes resume within one backoff delay at most (common/backoff.py).
 PAUSE_S = MAX_S
 
 

@@ -62,7 +62,7 @@ if str(REPO) not in sys.path:
 
 import httpx  # noqa: E402
 
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 NAMES = ["config", "session", "invoice", "report", "cache", "profile", "order", "ticket",
          "payment", "schedule", "inventory", "message"]

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._common import model_dir, stream  # noqa: E402
-from tests.helpers.group import ServerGroup  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
 
 # About 300 tokens of JSON: long enough that the first token's latency does not count.
 SCHEMA = {"type": "object", "properties": {

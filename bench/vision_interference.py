@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import Streamed, fmt, log_events, median, preload_note, stream, table  # noqa: E402
 from bench.interference import rate_during  # noqa: E402
-from tests.helpers.group import ServerGroup  # noqa: E402
-from tests.helpers.vision import data_url, picture  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
+from switchyard.testing.vision import data_url, picture  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 

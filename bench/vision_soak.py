@@ -17,7 +17,7 @@ advance):
   and Messages.
 
 Every reply is checked against the expected greedy output: mlx-vlm's own generation in this
-process (tests/helpers/vision.py `Reference`), computed once per distinct prompt before the
+process (testing/vision.py `Reference`), computed once per distinct prompt before the
 group starts. Reported: requests, wrong replies (each listed), errors (non-200, failed or cut
 streams), latency p50/p95/max per kind (and TTFT of the streamed ones), prompt tokens read from
 cache, the worker's encoder runs (`vision.encoded`) against the distinct pictures, and the
@@ -42,10 +42,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 
 from bench._common import fmt, log_events, preload_note, table  # noqa: E402
-from tests.helpers.group import ServerGroup  # noqa: E402
-from tests.helpers.vision import (Reference, anthropic_content, openai_content,  # noqa: E402
-                                  picture, responses_content, short_id)
-from tests.helpers.workload import text  # noqa: E402
+from switchyard.testing.group import ServerGroup  # noqa: E402
+from switchyard.testing.vision import (  # noqa: E402
+    Reference,
+    anthropic_content,
+    openai_content,
+    picture,
+    responses_content,
+    short_id,
+)
+from switchyard.testing.workload import text  # noqa: E402
 
 IMAGE_APIS = ("chat", "messages", "responses")
 TEXT_APIS = ("chat", "messages")

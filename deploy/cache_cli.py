@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from switchyard.deploy.default_model import DefaultModelUnavailable, model_for
-from switchyard.proto.settings import Settings, format_size
+from switchyard.common.settings import Settings, format_size
 
 _HEADER_BYTES = 4096  # page header allowance, as the scheduler budgets it
 

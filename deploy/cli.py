@@ -9,7 +9,7 @@
     switchyard group-key --out PATH            a new key file for --group-key-file (mode 0600)
     switchyard launchd|systemd ACTION          service units per component (deploy.service_cli)
 
-Settings come from proto.settings (defaults < --config TOML < flags). Exit codes: 0 after a stop
+Settings come from common.settings (defaults < --config TOML < flags). Exit codes: 0 after a stop
 signal, 1 when a component kept crashing (or crashed, for `run`), 2 for bad settings or usage
 (for `serve`: also when a component refused to start), 3 when another group already runs in the
 runtime directory.
@@ -29,9 +29,15 @@ from switchyard.deploy.cache_cli import add_cache_parser, run_cache
 from switchyard.deploy.default_model import TINY, TINY_TERSE, DefaultModelUnavailable
 from switchyard.deploy.resolve import with_concrete_paths, with_model
 from switchyard.deploy.supervisor import ROLES, Supervisor
-from switchyard.proto.endpoints import Endpoints, RuntimeDirError
-from switchyard.proto.secret_keys import SecretKeyError
-from switchyard.proto.settings import Settings, SettingsError, add_arguments, format_size, from_namespace
+from switchyard.common.endpoints import Endpoints, RuntimeDirError
+from switchyard.common.secret_keys import SecretKeyError
+from switchyard.common.settings import (
+    Settings,
+    SettingsError,
+    add_arguments,
+    format_size,
+    from_namespace,
+)
 
 EXIT_GAVE_UP = 1
 EXIT_USAGE = 2
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_group_key_file(path: str) -> int:
-    from switchyard.proto.group_key import write_group_key
+    from switchyard.common.group_key import write_group_key
 
     try:
         write_group_key(path)
@@ -169,9 +175,9 @@ def serve(settings: Settings, rank_host: bool = False) -> int:
     """The whole group; with `rank_host`, only rank --rank's children of a worker group."""
     from switchyard.deploy.group_roles import rank_roles, serve_roles
     from switchyard.deploy.runtime import GroupRunningError, RuntimeDirClaim
-    from switchyard.proto.hostfile import HostfileError
+    from switchyard.common.hostfile import HostfileError
     from switchyard.proto.ids import new_boot_id
-    from switchyard.proto.logs import configure_logging
+    from switchyard.common.logs import configure_logging
 
     settings = with_concrete_paths(settings)
     endpoints = Endpoints(settings.runtime_path)
@@ -212,8 +218,8 @@ def serve(settings: Settings, rank_host: bool = False) -> int:
 def _private_cache_dir(settings: Settings, roles: tuple[str, ...]) -> None:
     """The cache dir 0700 and ours, and the gateway's salt key made or refused, before any
     component starts (docs/design/security.md "Security"). SecretKeyError, naming the path, if not."""
-    from switchyard.proto.secret_keys import ensure_cache_dir
-    from switchyard.proto.tenants import load_salt_key
+    from switchyard.common.secret_keys import ensure_cache_dir
+    from switchyard.common.tenants import load_salt_key
 
     ensure_cache_dir(settings.cache_path)
     if "gateway" in roles:
@@ -231,7 +237,7 @@ def run_component(role: str, settings: Settings, service: ServiceRun | None = No
     Standalone (no supervisor), it keeps its own pid file and returns 3 if another copy runs."""
     from switchyard.deploy.lifeline import parent_pid_from_env, watch_parent
     from switchyard.deploy.runtime import pid_alive, read_pid_file, remove_pid_file, write_pid_file
-    from switchyard.proto.endpoints import ensure_runtime_dir
+    from switchyard.common.endpoints import ensure_runtime_dir
 
     parent = parent_pid_from_env()
     if parent is not None:
@@ -277,7 +283,7 @@ def _reexec_with_openblas(settings: Settings) -> None:
     if lib is not None and env is None:
         return
     from switchyard.proto.ids import new_boot_id
-    from switchyard.proto.logs import configure_logging
+    from switchyard.common.logs import configure_logging
 
     log = configure_logging("worker", new_boot_id(), settings.log_level, settings.log_format,
                             settings.log_content)

@@ -7,7 +7,7 @@
   package is never imported or installed (its dependencies pull in llama-cpp-python).
 - `--model tiny`: a tiny random-weight qwen3, generated on first use: no download, nonsense
   text, quickly.
-- `--model tiny-terse`: the same twin made to end its replies (deploy/tiny_models.py
+- `--model tiny-terse`: the same twin made to end its replies (twins/models.py
   make_terse): sampled replies stop after a few dozen tokens, as a real model's turn does, so
   an agent client's turn completes (tests/e2e/test_agent_clients.py).
 
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from switchyard.proto.settings import user_cache_dir
+from switchyard.common.settings import user_cache_dir
 
 TINY = "tiny"  # the --model value that names the generated model
 TINY_MODEL_NAME = "tiny-qwen3-v1"
@@ -70,7 +70,7 @@ def tiny_model_path(cache_dir: Path | None = None, terse: bool = False) -> Path:
     if out.exists():
         return out
     # Imported here: it brings MLX, which fetching the default model does not need.
-    from switchyard.deploy.tiny_models import write_tiny_mlx
+    from switchyard.twins.models import write_tiny_mlx
 
     with _creation_lock(out.parent, name):
         if not out.exists():

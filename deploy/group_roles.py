@@ -8,8 +8,8 @@ rank R's children alone on another host. The worker ranks of one machine are res
 
 from __future__ import annotations
 
-from switchyard.proto.hostfile import HostfileError, local_ranks, read_hostfile
-from switchyard.proto.settings import Settings
+from switchyard.common.hostfile import HostfileError, local_ranks, read_hostfile
+from switchyard.common.settings import Settings
 
 BASE_ROLES = ("scheduler", "kvstore", "worker", "gateway")
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from switchyard.deploy.default_model import GENERATED, model_for
-from switchyard.proto.settings import Settings
+from switchyard.common.settings import Settings
 
 
 def with_concrete_paths(settings: Settings) -> Settings:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
 
 SUPERVISOR = "supervisor"
 

@@ -30,7 +30,7 @@ from typing import Callable
 from switchyard.deploy import launchd, systemd
 from switchyard.deploy.service_units import (ROLES, UnitError, UnitPlan, check_second_group, parse_env,
                                   unit_plan, write_files, write_key_file)
-from switchyard.proto.settings import Settings, add_arguments
+from switchyard.common.settings import Settings, add_arguments
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

@@ -28,7 +28,7 @@ from pathlib import Path
 from switchyard.deploy.group_roles import rank_roles, serve_roles, split_role
 from switchyard.deploy.resolve import with_concrete_paths
 from switchyard.deploy.supervisor import ROLES  # noqa: F401  (start order; re-exported)
-from switchyard.proto.settings import GATEWAY_ONLY, SECRET_FIELDS, Settings, flag_args
+from switchyard.common.settings import GATEWAY_ONLY, SECRET_FIELDS, Settings, flag_args
 
 _SUFFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 

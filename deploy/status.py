@@ -24,8 +24,8 @@ import msgspec
 
 from switchyard.deploy.runtime import pid_alive, read_pid_file
 from switchyard.deploy.supervisor import ROLES
-from switchyard.proto.endpoints import Endpoints
-from switchyard.proto.settings import Settings, format_size
+from switchyard.common.endpoints import Endpoints
+from switchyard.common.settings import Settings, format_size
 from switchyard.proto.status import (TOKEN_KINDS, PrefillShareStatus, SpeculationStatus, Status,
                                      TokenCounts, read_status)
 
@@ -276,7 +276,7 @@ def format_report(report: dict) -> str:
 # -- the command ---------------------------------------------------------------------------------
 
 def add_parser(sub) -> None:
-    from switchyard.proto.settings import add_arguments
+    from switchyard.common.settings import add_arguments
 
     parser = sub.add_parser("status", help="slots, queue, disk cache and components of a "
                                            "running group (by --runtime-dir)")

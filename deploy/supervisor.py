@@ -33,8 +33,8 @@ from switchyard.deploy.group_roles import restarted_together, split_role
 from switchyard.deploy.lifeline import PARENT_ENV
 from switchyard.deploy.restart_policy import GiveUp, RestartPolicy, RestartTracker
 from switchyard.deploy.runtime import RuntimeDirClaim, remove_pid_file, write_pid_file
-from switchyard.proto.endpoints import Endpoints
-from switchyard.proto.settings import API_KEY_ENV, Settings
+from switchyard.common.endpoints import Endpoints
+from switchyard.common.settings import API_KEY_ENV, Settings
 
 ROLES = ("scheduler", "kvstore", "worker", "gateway")  # start order; stop order is reversed
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

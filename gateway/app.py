@@ -42,10 +42,10 @@ from switchyard.gateway.vision.prompt import image_prompt_for, model_dir
 from switchyard.gateway.request.response_store import ResponseStores
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.output.formats import detect_format, hidden_special_ids, token_texts
-from switchyard.proto.endpoints import Endpoints
-from switchyard.proto.script import load_script
-from switchyard.proto.settings import Settings
-from switchyard.proto.tenants import Tenants, load_salt_key
+from switchyard.common.endpoints import Endpoints
+from switchyard.common.script import load_script
+from switchyard.common.settings import Settings
+from switchyard.common.tenants import Tenants, load_salt_key
 
 log = structlog.get_logger()
 
@@ -203,7 +203,7 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
 
 
 def salt_key(settings: Settings) -> bytes:
-    """The install's salt key (proto/tenants.py): SecretKeyError (the gateway does not start)
+    """The install's salt key (common/tenants.py): SecretKeyError (the gateway does not start)
     when the file is not ours or not private; a key of this run only where none can be made."""
     key, warning = load_salt_key(settings.cache_path)
     if warning:

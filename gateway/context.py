@@ -23,17 +23,17 @@ from switchyard.gateway.http_limits import MAX_LARGE_BODIES, BodyBytes
 from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, RenderOptions, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
 from switchyard.gateway.request.grammar_check import GrammarChecker
-from switchyard.gateway.request.model import request_priority
+from switchyard.gateway.request.model import Options, TurnChoices, request_priority
 from switchyard.gateway.request.response_store import ResponseStore, ResponseStores
 from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.vision.inputs import PromptImages
 from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
-from switchyard.proto.messages import SubmitRequest
-from switchyard.proto.script import Script
-from switchyard.proto.settings import Settings
-from switchyard.proto.tenants import Tenant, Tenants
+from switchyard.proto.gateway_scheduler import SubmitRequest
+from switchyard.common.script import Script
+from switchyard.common.settings import Settings
+from switchyard.common.tenants import Tenant, Tenants
 
 T = TypeVar("T")
 
@@ -68,11 +68,11 @@ class Gateway:
     # Images in requests (gateway/vision/inputs.py): refused for a text-only model.
     images: Any = None
     grammars: GrammarChecker = field(default_factory=GrammarChecker)
-    # The API keys, one tenant each (proto/tenants.py): whose cache a request's text salts.
+    # The API keys, one tenant each (common/tenants.py): whose cache a request's text salts.
     tenants: Tenants = field(default_factory=Tenants)
     # Large request bodies held at once (http_limits.py): MAX_LARGE_BODIES of the largest.
     bodies: BodyBytes = field(init=False)
-    # --script: rules that decide the replies' words (proto/script.py); None: the model's own.
+    # --script: rules that decide the replies' words (common/script.py); None: the model's own.
     script: Script | None = None
     # Hugging Face fast tokenizers are not safe to call from several threads at once: each
     # lane (thread) has its own tokenizer. Prompts of LARGE_PROMPT_CHARS or more take the
@@ -249,9 +249,9 @@ def gateway_of(request: Request) -> Gateway:
 @dataclass(frozen=True)
 class RequestContext:
     """One HTTP request as the gateway's work sees it: taken from the Starlette request once, by
-    its handler (`of`). The choices that depend on the body (the cache salt, the priority) are
-    made here from what the body asked for; the headers' switches are read where a turn needs
-    them, so a request that does not use one is never refused for it."""
+    its handler (`of`). The choices that depend on the body (the cache salt, the priority, the
+    tenant's share) are made here once per turn (`decide`); the headers' switches are read
+    where a turn needs them, so a request that does not use one is never refused for it."""
 
     gateway: Gateway
     record: RequestRecord
@@ -269,39 +269,36 @@ class RequestContext:
         return cls(gateway_of(request), record, request.scope.get(TENANT_SCOPE_KEY),
                    request.headers, request.receive, request.stream)
 
-    def cache_salt(self, asked: str | None) -> bytes:
-        """The salt of the request's cached text: its tenant's, and the body's `cache_salt`."""
-        return self.gateway.tenants.salt(self.tenant, asked)
-
-    def priority(self, model: str | None) -> str | None:
-        """The priority the header asks for, else the one `model` implies (request/model.py)."""
-        return request_priority(self.headers, model, self.gateway.settings.background_model)
+    def decide(self, options: Options) -> TurnChoices:
+        """The turn's salt (its tenant's, and the body's `cache_salt`), its priority (the body's,
+        the header's or the model name's: request/model.py) and its tenant's share."""
+        tenants = self.gateway.tenants
+        tenant, weight = tenants.share_of(self.tenant)
+        return TurnChoices(
+            salt=tenants.salt(self.tenant, options.cache_salt),
+            priority=request_priority(options, self.headers,
+                                      self.gateway.settings.background_model),
+            tenant=tenant, tenant_weight=weight)
 
     def prefix_stable(self) -> bool:
         """Whether the chat is rendered prefix-stable: the gateway's setting, unless the request's
         header says otherwise."""
         return header_flag(self.headers, PREFIX_STABLE_HEADER, self.gateway.prefix_stable)
 
-    def render_options(self, cache_salt: str | None, images: PromptImages | None,
+    def render_options(self, salt: bytes, images: PromptImages | None,
                        note_unseen: bool, abandoned: threading.Event) -> RenderOptions:
         """How the request's chat is rendered: with the gateway's turn memory (its turns under
         the request's cache salt only), its images' markers expanded, bounded by the context
         (a rendering longer than ctx tokens can hold is refused before tokenizing)."""
         gw = self.gateway
         return RenderOptions(
-            salt=self.cache_salt(cache_salt), memory=gw.memory, keep_reasoning=gw.keep_reasoning,
+            salt=salt, memory=gw.memory, keep_reasoning=gw.keep_reasoning,
             prefix_stable=self.prefix_stable(),
             think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
             tools_as_text=gw.tools_as_text, system_in_place=gw.system_in_place,
             image_text=images.expand if images is not None else None,
             max_chars=gw.settings.ctx * gw.max_token_chars(), ctx=gw.settings.ctx,
             note_unseen=note_unseen, abandoned=abandoned)
-
-    def tenant_share(self) -> dict[str, Any]:
-        """The SubmitRequest fields naming whose share the request counts against (its tenant's
-        name and weight; none with one tenant)."""
-        name, weight = self.gateway.tenants.share_of(self.tenant)
-        return {"tenant": name, "tenant_weight": weight} if name else {}
 
     def responses(self) -> ResponseStore:
         """The Responses store of the request's tenant (its key's; "" with no keys)."""

@@ -21,10 +21,10 @@ from starlette.routing import Route
 
 from switchyard.gateway.context import TENANT_SCOPE_KEY
 from switchyard.gateway.tenant_view import status_for
-from switchyard.proto.endpoints import Endpoints
-from switchyard.proto.settings import Settings
+from switchyard.common.endpoints import Endpoints
+from switchyard.common.settings import Settings
 from switchyard.proto.status import Status, read_status
-from switchyard.proto.tenants import Tenants
+from switchyard.common.tenants import Tenants
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ASSETS = {  # the only files served, with their types

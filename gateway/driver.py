@@ -13,22 +13,21 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-import msgspec
 import structlog
 from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.context import Gateway, RequestContext, RequestRecord
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.output.parser import Event
-from switchyard.gateway.prompting.prompts import build_submit, check_chat_template
+from switchyard.gateway.prompting.prompts import build_submit, chat_chars, check_chat_template
 from switchyard.gateway.scheduler_client import RequestStream
 from switchyard.gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
                                until_disconnect)
 from switchyard.gateway.turn import ChatTurn, TurnPlan, TurnResult, TurnUpdate, plan_turn
 from switchyard.gateway.vision.inputs import PromptImages
-from switchyard.gateway.request.model import ChatRequest
-from switchyard.proto.logs import content_allowed
-from switchyard.proto.messages import SubmitRequest
+from switchyard.gateway.request.model import ChatRequest, TurnChoices
+from switchyard.common.logs import content_allowed
+from switchyard.proto.gateway_scheduler import SubmitRequest
 
 log = structlog.get_logger()
 
@@ -70,44 +69,9 @@ async def prepare_images(gw: Gateway, chat: ChatRequest):
     return await gw.images.prepare(chat)
 
 
-# What a template writes around each message (role markers, separators), at least: counts
-# for the lane choice, so a million empty messages are a large prompt.
-MESSAGE_MARKER_CHARS = 8
-
-
-def text_chars(value: Any) -> int:
-    """The characters of every string in a JSON value (keys included)."""
-    stack, total = [value], 0
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return total
-
-
-def chat_chars(chat: ChatRequest, *, with_reasoning: bool = True) -> int:
-    """Characters a chat's rendering may hold, judged on everything the template may render
-    and the tokenizer read: every message of every role with its tool
-    calls, names and (`with_reasoning`) reasoning, the tool definitions and the template's
-    variables, and a few per message. Without reasoning (which templates often drop) and the
-    per-message allowance it is what the context check refuses on."""
-    total = text_chars(chat.tools) + text_chars(chat.template_kwargs)
-    for message in chat.messages:
-        fields = message if with_reasoning else {
-            k: v for k, v in message.items() if k not in ("reasoning_content", "thinking")}
-        total += text_chars(fields)
-    if with_reasoning:
-        total += MESSAGE_MARKER_CHARS * len(chat.messages)
-    return total
-
-
-async def plan_chat(ctx: RequestContext, chat: ChatRequest, *, param: str = "messages",
-                    note_unseen: bool = False, images: PromptImages | None = None) -> TurnPlan:
+async def plan_chat(ctx: RequestContext, chat: ChatRequest, choices: TurnChoices, *,
+                    param: str = "messages", note_unseen: bool = False,
+                    images: PromptImages | None = None) -> TurnPlan:
     """Render and tokenize a chat (plan_turn) on a tokenizer lane chosen by its whole size,
     after refusing one that cannot fit the context, abandoned if its client leaves. `chat` is
     as prepare_images leaves it (images as markers, expanded with `images` when rendered).
@@ -117,7 +81,7 @@ async def plan_chat(ctx: RequestContext, chat: ChatRequest, *, param: str = "mes
     size, rendered_size = chat_chars(chat), chat_chars(chat, with_reasoning=False)
     gw.check_chat_fits(len(chat.messages), rendered_size, param)
     abandoned = threading.Event()
-    options = ctx.render_options(chat.options.cache_salt, images, note_unseen, abandoned)
+    options = ctx.render_options(choices.salt, images, note_unseen, abandoned)
     return await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
                                   gw.think, gw.script, size=size, receive=ctx.receive,
                                   abandoned=abandoned)
@@ -128,8 +92,10 @@ async def start_chat(ctx: RequestContext, chat: ChatRequest, *, rid: str,
                      note_unseen: bool = False) -> tuple[ChatTurn, SubmitRequest]:
     """Render and plan a chat turn for any API; the caller answers with `respond`."""
     gw, record = ctx.gateway, ctx.record
+    choices = ctx.decide(chat.options)
     chat, images = await prepare_images(gw, chat)
-    plan = await plan_chat(ctx, chat, param=param, note_unseen=note_unseen, images=images)
+    plan = await plan_chat(ctx, chat, choices, param=param, note_unseen=note_unseen,
+                           images=images)
     await gw.check_grammar(plan.constraint, ctx.receive)
     record.script_rule = plan.script_rule
     record.num_spliced_turns = plan.rendered.num_spliced or None
@@ -139,12 +105,10 @@ async def start_chat(ctx: RequestContext, chat: ChatRequest, *, rid: str,
                           default_max_tokens=gw.settings.default_max_tokens,
                           stop_token_ids=tuple(dict.fromkeys(gw.stop_token_ids
                                                              + plan.extra_stop_ids)),
-                          priority=ctx.priority(chat.options.model),
-                          param=param,
+                          choices=choices, param=param,
                           grammar=plan.constraint.grammar if plan.constraint else "",
                           grammar_trigger=plan.trigger_ids, vocab_size=len(gw.tokenizer),
-                          images=spans, image_data=files,
-                          cache_salt=ctx.cache_salt(chat.options.cache_salt))
+                          images=spans, image_data=files)
     turn = ChatTurn(gw.tokenizer, plan, chat, skip_ids=gw.stop_token_ids + (gw.hidden_ids or ()),
                     show_special=gw.hidden_ids is not None, think=gw.think,
                     memory=gw.memory, id_prefix=id_prefix)
@@ -154,8 +118,6 @@ async def start_chat(ctx: RequestContext, chat: ChatRequest, *, rid: str,
 async def respond(ctx: RequestContext, turn: Turn, submit: SubmitRequest, output: Output, *,
                   stream: bool) -> Response:
     gw, record = ctx.gateway, ctx.record
-    if record.tenant:  # several keys: whose it is (status views, speculation, fair shares)
-        submit = msgspec.structs.replace(submit, **ctx.tenant_share())
     record.start(submit, stream=stream)
     events = gw.client.submit(submit)
     if stream:

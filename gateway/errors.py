@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from switchyard.proto.messages import RequestFailed
+from switchyard.proto.gateway_scheduler import RequestFailed
 
 # Failure codes the gateway itself puts into request streams (the scheduler sends the others).
 CODE_COMPONENT_RESTARTED = "component_restarted"

@@ -13,7 +13,7 @@ from typing import Any
 
 from switchyard.gateway.output.detokenizer import IncrementalDetokenizer, StopMatcher
 from switchyard.gateway.errors import APIError, from_failure
-from switchyard.proto.messages import RequestFailed, RequestFinished, TokensGenerated
+from switchyard.proto.gateway_scheduler import RequestFailed, RequestFinished, TokensGenerated
 
 
 @dataclass(frozen=True)

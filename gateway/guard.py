@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from starlette.types import Scope
 
 from switchyard.gateway.errors import APIError
-from switchyard.proto.settings import LOOPBACK_HOSTS, Settings
+from switchyard.common.settings import LOOPBACK_HOSTS, Settings
 
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 # The routes that take a JSON body (others answer a POST with 404/405 as before).

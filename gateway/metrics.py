@@ -35,10 +35,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from switchyard.gateway.context import RECORD_SCOPE_KEY
 from switchyard.gateway.tenant_view import status_for
-from switchyard.proto.endpoints import Endpoints
-from switchyard.proto.messages import PRIORITIES, ROLE_GATEWAY, ROLE_KVSTORE, ROLE_WORKER
-from switchyard.proto.settings import Settings
-from switchyard.proto.tenants import Tenant, Tenants
+from switchyard.common.endpoints import Endpoints
+from switchyard.proto.base import PRIORITIES, ROLE_GATEWAY, ROLE_KVSTORE, ROLE_WORKER
+from switchyard.common.settings import Settings
+from switchyard.common.tenants import Tenant, Tenants
 from switchyard.proto.status import (SLOT_STATES, TOKEN_KINDS, DiskStatus, KvMemoryStatus, Stats,
                                       Status, read_status)
 from switchyard.proto.status import Histogram as HistogramStatus  # prometheus has a Histogram

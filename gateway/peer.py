@@ -12,7 +12,13 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from switchyard.proto.messages import GroupState, Hello, RequestFailed, RequestFinished, TokensGenerated
+from switchyard.proto.gateway_scheduler import (
+    GroupState,
+    RequestFailed,
+    RequestFinished,
+    TokensGenerated,
+)
+from switchyard.proto.base import Hello
 
 RequestEvent = TokensGenerated | RequestFinished | RequestFailed
 

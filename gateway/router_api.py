@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from switchyard.gateway.context import Gateway, gateway_of
-from switchyard.proto.endpoints import Endpoints
+from switchyard.common.endpoints import Endpoints
 from switchyard.proto.status import Status, read_status
 
 LOADS_PATH = "/v1/loads"

@@ -30,9 +30,15 @@ from switchyard.gateway.errors import (CODE_COMPONENT_RESTARTED, CODE_SCHEDULER_
                             CODE_SHUTTING_DOWN, unavailable)
 from switchyard.gateway.peer import PeerChange, PeerMonitor, RequestEvent, RequestTable, SchedulerStatus
 from switchyard.proto import codec
-from switchyard.proto.messages import (PROTOCOL_VERSION, ROLE_GATEWAY, CancelRequest, GroupState,
-                            Heartbeat, Hello, RequestFailed, RequestFinished, SubmitRequest,
-                            TokensGenerated)
+from switchyard.proto.base import PROTOCOL_VERSION, ROLE_GATEWAY, Heartbeat, Hello
+from switchyard.proto.gateway_scheduler import (
+    CancelRequest,
+    GroupState,
+    RequestFailed,
+    RequestFinished,
+    SubmitRequest,
+    TokensGenerated,
+)
 from switchyard.proto.sockets import connect_dealer
 
 GATEWAY_IDENTITY = b"gateway"

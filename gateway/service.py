@@ -21,9 +21,9 @@ from starlette.applications import Starlette
 from switchyard.gateway.app import build_app
 from switchyard.gateway.http_limits import server_limits
 from switchyard.proto.ids import new_boot_id
-from switchyard.proto.logs import configure_logging
-from switchyard.proto.secret_keys import SecretKeyError
-from switchyard.proto.settings import Settings, SettingsError, add_arguments, from_namespace
+from switchyard.common.logs import configure_logging
+from switchyard.common.secret_keys import SecretKeyError
+from switchyard.common.settings import Settings, SettingsError, add_arguments, from_namespace
 
 # On SIGTERM open requests get this long to finish; then they end with a retryable 503.
 GRACE_S = 5.0
@@ -82,7 +82,7 @@ def run(settings: Settings) -> None:
     boot_id = new_boot_id()
     log = configure_logging("gateway", boot_id, level=settings.log_level,
                             fmt=settings.log_format, log_content=settings.log_content)
-    from switchyard.proto.tokenizer_loading import load_tokenizer  # MLX and transformers: import only here
+    from switchyard.common.tokenizer_loading import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(settings.model)

@@ -15,7 +15,7 @@ import re
 import msgspec
 
 from switchyard.proto.status import Histogram, Stats, Status, TenantStats, TokenCounts
-from switchyard.proto.tenants import Tenant, Tenants
+from switchyard.common.tenants import Tenant, Tenants
 
 _OS_REASON = re.compile(r"\[Errno \d+\] ([^:'\"]+)")
 DISK_REFUSED = "the disk refused page writes"

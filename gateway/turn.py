@@ -25,7 +25,7 @@ from switchyard.gateway.request.scripted import forced_reply, reply_text, script
 from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.output.call_grammar import UnsupportedCallFormat, call_grammar, token_literals
 from switchyard.gateway.output.tools import HARMONY_FAMILY, ToolCall, ToolSyntax, new_call_id, tool_names
-from switchyard.proto.script import Rule, Script
+from switchyard.common.script import Rule, Script
 
 
 

@@ -18,7 +18,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from switchyard.proto.endpoints import check_private_dir as check_dir
+from switchyard.common.endpoints import check_private_dir as check_dir
 
 LOCK_NAME = "lock"
 
@@ -33,7 +33,7 @@ class KvDirUnsafe(RuntimeError):
 
 def check_private_dir(path: Path, what: str) -> None:
     """A level of the page directory must be a real directory of ours, as the runtime dir
-    (proto.endpoints.check_private_dir); KvDirUnsafe if not."""
+    (common.endpoints.check_private_dir); KvDirUnsafe if not."""
     check_dir(path, what, KvDirUnsafe, "choose another --kv-dir")
 
 

@@ -1,7 +1,7 @@
 """The install's page key: the secret that keys page checksums (docs/design/security.md "Security").
 
 `<cache dir>/page.key`, 32 random bytes, created once 0600 and read back on every start
-(proto/secret_keys.py). It lives outside the page directory, so write access to the pages (a
+(common/secret_keys.py). It lives outside the page directory, so write access to the pages (a
 kv-dir on an external volume that ignores ownership, a copied cache) is not enough to forge one
 that verifies. A lost key costs only re-reads: every page becomes a miss.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from switchyard.proto.secret_keys import SecretKeyError, load_secret_key
+from switchyard.common.secret_keys import SecretKeyError, load_secret_key
 
 KEY_NAME = "page.key"
 PageKeyError = SecretKeyError  # the key file (or its cache dir) cannot be trusted or used

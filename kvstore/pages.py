@@ -13,7 +13,7 @@ Header layout, little-endian:
             | payload_len u64 | created_at f64 | payload_checksum 16s (keyed, below)
     tokens  num_tokens x u32
     images  num_images x 16s (the ids of the images whose placeholders the page covers; part
-            of the page id, proto/page_ids.py; a page without images has none, and its header
+            of the page id, common/page_ids.py; a page without images has none, and its header
             is byte for byte what it was before images existed)
     check   blake2b-8 of everything above
     padding zeros up to header_len (a multiple of 64, so the payload starts cache-line aligned)
@@ -39,7 +39,7 @@ import blake3
 import numpy as np
 
 from switchyard.proto.page_flags import PageFlags, unknown_page_flags
-from switchyard.proto.page_ids import (  # noqa: F401  (re-exported: the page format's id scheme)
+from switchyard.common.page_ids import (  # noqa: F401  (re-exported: the page format's id scheme)
     ID_BYTES,
     MAX_PAGE_IMAGES,
     PAGE_FORMAT_VERSION,

@@ -22,12 +22,12 @@ from switchyard.kvstore.dir_lock import KvDirLocked, KvDirUnsafe, lock_kv_dir
 from switchyard.kvstore.page_key import PageKeyError, key_path, load_page_key
 from switchyard.kvstore.page_file import PageGeometry
 from switchyard.kvstore.store import CorruptEvent, PageStore, StoreUnavailable
-from switchyard.proto.backoff import Backoff
-from switchyard.proto.endpoints import rank_role
+from switchyard.common.backoff import Backoff
+from switchyard.common.endpoints import rank_role
 from switchyard.proto.ids import new_boot_id
-from switchyard.proto.logs import configure_logging
-from switchyard.proto.messages import (
-    ROLE_KVSTORE,
+from switchyard.common.logs import configure_logging
+from switchyard.proto.base import ROLE_KVSTORE
+from switchyard.proto.scheduler_kvstore import (
     AttachBuffers,
     DeletePages,
     DescribeInventory,
@@ -41,7 +41,7 @@ from switchyard.proto.messages import (
     WritePages,
 )
 from switchyard.proto.service_loop import GroupKeyRefused, SchedulerLink, StopFlag
-from switchyard.proto.settings import Settings, SettingsError
+from switchyard.common.settings import Settings, SettingsError
 from switchyard.proto.shm import PageBufferPool, ShmError
 
 

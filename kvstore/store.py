@@ -42,9 +42,9 @@ from switchyard.kvstore.page_key import key_path, load_page_key
 from switchyard.kvstore.pages import (CorruptPage, OtherFormat, PageHeader, encode_header,
                                       make_header)
 from switchyard.kvstore.read_guard import ReadGuard
-from switchyard.proto.messages import PageInfo
+from switchyard.proto.scheduler_kvstore import PageInfo
 from switchyard.proto.page_flags import PageFlags
-from switchyard.proto.settings import user_cache_dir
+from switchyard.common.settings import user_cache_dir
 
 # Threads reading the pages of one restore batch: enough to keep an SSD's queue busy and to
 # verify checksums on several cores; reads release the GIL.

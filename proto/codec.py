@@ -1,4 +1,4 @@
-"""msgpack codec for `proto.messages`, compiled by msgspec: tagged structs in and out.
+"""msgpack codec for the protocol's messages, compiled by msgspec: tagged structs in and out.
 
 A message is a msgpack map `{"kind": tag, field: value, ...}`, decoded against the union of
 `MESSAGE_TYPES` only: an unknown kind, an unknown or missing field, or a value of the wrong
@@ -13,7 +13,8 @@ from typing import Any, Union
 
 import msgspec
 
-from switchyard.proto.messages import MESSAGE_TYPES, Message
+from switchyard.proto import base, gateway_scheduler, scheduler_kvstore, scheduler_worker
+from switchyard.proto.base import Message
 from switchyard.proto.tokens import TokenIds
 
 
@@ -45,6 +46,11 @@ def _dec_hook(kind: type, value: Any) -> Any:
         return value
     raise NotImplementedError(f"{kind.__name__} is not a protocol type")
 
+
+# Every direction's messages: the union a frame is decoded against.
+MESSAGE_TYPES: tuple[type[Message], ...] = (
+    base.MESSAGES + gateway_scheduler.MESSAGES + scheduler_worker.MESSAGES
+    + scheduler_kvstore.MESSAGES)
 
 _kinds = [cls.kind for cls in MESSAGE_TYPES]
 if len(_kinds) != len(set(_kinds)):

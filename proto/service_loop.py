@@ -11,10 +11,10 @@ from collections.abc import Callable
 import zmq
 
 from switchyard.proto import codec
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
-from switchyard.proto.group_key import curve_client, read_group_key
-from switchyard.proto.messages import PROTOCOL_VERSION, Heartbeat, Hello
-from switchyard.proto.settings import Settings, SettingsError
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.common.group_key import curve_client, read_group_key
+from switchyard.proto.base import PROTOCOL_VERSION, Heartbeat, Hello
+from switchyard.common.settings import Settings, SettingsError
 from switchyard.proto.sockets import connect_dealer, send
 
 
@@ -34,7 +34,7 @@ def scheduler_endpoint(settings: Settings, endpoints: Endpoints) -> str:
     """The scheduler's ipc socket on its own machine; from another host of a worker group
     (rank 0, where the scheduler runs, is not this machine) its TCP `--scheduler-address`."""
     if settings.scheduler_address and settings.hostfile:
-        from switchyard.proto.hostfile import is_local, read_hostfile
+        from switchyard.common.hostfile import is_local, read_hostfile
 
         if not is_local(read_hostfile(settings.hostfile).hosts[0]):
             return settings.scheduler_address

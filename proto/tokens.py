@@ -91,7 +91,7 @@ class TokenIds(Sequence[int]):
         return _wrap(as_token_ids(other)._ids + self._ids)
 
     def __array__(self, dtype=None, copy=None):
-        """numpy sees the packed ids without a copy (page hashing: `proto.page_ids`)."""
+        """numpy sees the packed ids without a copy (page hashing: `common.page_ids`)."""
         import numpy as np
 
         arr = np.frombuffer(self._ids, dtype=np.uint32)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
-from switchyard.proto.messages import CopyPrefix
+from switchyard.proto.scheduler_worker import CopyPrefix
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.conversation_threads import ConversationThreads
 from switchyard.scheduler.page_cache import DiskPage, PageCache

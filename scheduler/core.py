@@ -25,21 +25,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from switchyard.proto.messages import (
+from switchyard.proto.gateway_scheduler import (
     CancelRequest,
-    GrammarPrepared,
-    InventoryDescribed,
-    PagesRead,
-    PagesWritten,
-    PrepareGrammar,
     RequestFailed,
+    SubmitRequest,
+    TokensGenerated,
+)
+from switchyard.proto.scheduler_worker import (
+    GrammarPrepared,
+    PrepareGrammar,
     RunStep,
     SlotContents,
     StepDone,
-    SubmitRequest,
-    TokensGenerated,
     WorkerReady,
 )
+from switchyard.proto.scheduler_kvstore import InventoryDescribed, PagesRead, PagesWritten
 from switchyard.scheduler.admission_manager import AdmissionManager
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core_snapshot import CoreSnapshot, snapshot

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from switchyard.proto.held_kv import held_tokens
+from switchyard.common.held_kv import held_tokens
 from switchyard.proto.status import (DiskStatus, KvMemoryStatus, PrefillShareStatus,
                                      QueuedRequest, SlotState, SlotStatus, SpeculationStatus)
 from switchyard.scheduler.core_state import CoreState

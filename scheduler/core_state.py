@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from switchyard.proto.messages import CopyPrefix, RunStep
+from switchyard.proto.scheduler_worker import CopyPrefix, RunStep
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.conversation_threads import ConversationThreads
 from switchyard.scheduler.fairness import interactive_now

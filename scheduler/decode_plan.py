@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
-from switchyard.proto.messages import DecodeItem, RunStep, StepDone
-from switchyard.proto.speculation import num_accepted
+from switchyard.proto.scheduler_worker import DecodeItem, RunStep, StepDone
+from switchyard.common.speculation import num_accepted
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.requests import Request
 

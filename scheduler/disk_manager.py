@@ -9,7 +9,12 @@ kvstore that restarted or failed a write lost.
 
 from __future__ import annotations
 
-from switchyard.proto.messages import DescribeInventory, InventoryDescribed, PagesRead, PagesWritten
+from switchyard.proto.scheduler_kvstore import (
+    DescribeInventory,
+    InventoryDescribed,
+    PagesRead,
+    PagesWritten,
+)
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.request_lifecycle import RequestLifecycle
 from switchyard.scheduler.requests import Request

@@ -11,17 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from switchyard.proto.messages import (
-    CancelRequest,
-    GrammarPrepared,
-    InventoryDescribed,
-    PagesRead,
-    PagesWritten,
-    RunStep,
-    StepDone,
-    SubmitRequest,
-    WorkerReady,
-)
+from switchyard.proto.gateway_scheduler import CancelRequest, SubmitRequest
+from switchyard.proto.scheduler_worker import GrammarPrepared, RunStep, StepDone, WorkerReady
+from switchyard.proto.scheduler_kvstore import InventoryDescribed, PagesRead, PagesWritten
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Running requests sized by what they hold (docs/design/kv-pages.md "Memory plan"): the KV that slots
 hold, plus a reserve for the growth of running requests, stays within the worker's budget.
 
-Pure decisions over the core's slots and requests, counted by proto/held_kv.py as the worker
+Pure decisions over the core's slots and requests, counted by common/held_kv.py as the worker
 planned them. Before each step `relieve` says what must leave memory when the holds outgrow the
 budget: idle slots first (least recently used; their pages are on disk or on their way), then
 running requests, the newest or lowest-priority first, each staged to disk and resuming later
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from switchyard.proto.held_kv import SlotHold, growth_reserve, held_tokens
+from switchyard.common.held_kv import SlotHold, growth_reserve, held_tokens
 from switchyard.scheduler.requests import Request, Slot
 
 

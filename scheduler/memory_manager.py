@@ -10,7 +10,7 @@ only once its pages are on disk or on their way, so nothing leaves to be prefill
 
 from __future__ import annotations
 
-from switchyard.proto.held_kv import held_tokens
+from switchyard.common.held_kv import held_tokens
 from switchyard.scheduler.admission import Decision
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from switchyard.proto.messages import RunStep
+from switchyard.proto.scheduler_worker import RunStep
 from switchyard.scheduler.events import Effects
 
 

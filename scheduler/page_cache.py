@@ -15,19 +15,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 
-from switchyard.proto.messages import (
+from switchyard.proto.scheduler_kvstore import (
     AttachBuffers,
     DeletePages,
     PageInfo,
     PagesWritten,
     PageWrite,
-    StagePage,
     TouchPages,
     WritePages,
 )
-from switchyard.proto.backoff import Backoff
+from switchyard.proto.scheduler_worker import StagePage
+from switchyard.common.backoff import Backoff
 from switchyard.proto.page_flags import PageFlags
-from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, page_id, page_image_ids
+from switchyard.common.page_ids import ROOT_ID, chain_page_ids, page_id, page_image_ids
 from switchyard.proto.shm import BufferAllocator
 from switchyard.proto.status import DiskStatus
 from switchyard.scheduler.eviction import EvictionPlan, plan_eviction

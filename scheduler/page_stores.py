@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from switchyard.proto.endpoints import rank_role
-from switchyard.proto.messages import (
-    ROLE_KVSTORE,
+from switchyard.common.endpoints import rank_role
+from switchyard.proto.base import ROLE_KVSTORE
+from switchyard.proto.scheduler_kvstore import (
     AttachBuffers,
     DeletePages,
     DescribeInventory,
@@ -32,11 +32,10 @@ from switchyard.proto.messages import (
     PagesRead,
     PagesWritten,
     PageWrite,
-    RankInfo,
     ReadPages,
     WritePages,
-    WorkerReady,
 )
+from switchyard.proto.scheduler_worker import RankInfo, WorkerReady
 from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.status import KvstoreState, RankStatus
 from switchyard.scheduler.outbox import Outbox

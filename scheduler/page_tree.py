@@ -17,7 +17,7 @@ ROOT_ID = bytes(PAGE_ID_BYTES)  # the parent of the first page of every sequence
 
 
 class PageLike(Protocol):
-    """What `from_inventory` reads: `proto.messages.PageInfo` fits."""
+    """What `from_inventory` reads: `proto.scheduler_kvstore.PageInfo` fits."""
 
     page_id: bytes
     parent_id: bytes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from switchyard.proto.messages import PrefillChunk
+from switchyard.proto.scheduler_worker import PrefillChunk
 from switchyard.scheduler.fairness import interactive_now, prefill_key
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.requests import Request, Slot

@@ -8,7 +8,7 @@ and proposes what followed them there.
 
 - **Where it looks**: the request's own context (the last `window` tokens of its prompt, and
   all it generated) and every other request's of the same cache salt (its tenant's, and its
-  `cache_salt`: proto/tenants.py), running or recently finished. Text of another salt is never
+  `cache_salt`: common/tenants.py), running or recently finished. Text of another salt is never
   copied: each n-gram is keyed with its sequence's salt, so a lookup finds only its own salt's
   entries (and a match is checked against the source's salt too). Each tenant (with several
   keys: SubmitRequest.tenant) has a table of its own with a hash key of its own

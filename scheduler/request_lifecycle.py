@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from switchyard.proto.messages import (PrepareGrammar, ReleaseGrammar, RequestFailed,
-                                       RequestFinished, SubmitRequest, TokensGenerated)
-from switchyard.proto.page_ids import chain_root
+from switchyard.proto.scheduler_worker import PrepareGrammar, ReleaseGrammar
+from switchyard.proto.gateway_scheduler import (
+    RequestFailed,
+    RequestFinished,
+    SubmitRequest,
+    TokensGenerated,
+)
+from switchyard.common.page_ids import chain_root
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.events import FailAll
 from switchyard.scheduler.requests import Request

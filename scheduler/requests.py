@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from switchyard.proto.messages import PRIORITY_INTERACTIVE, ImageData, ImageSpan, SamplingParams
-from switchyard.proto.page_ids import ROOT_ID, chain_page_ids
+from switchyard.proto.base import PRIORITY_INTERACTIVE
+from switchyard.proto.values import ImageData, ImageSpan, SamplingParams
+from switchyard.common.page_ids import ROOT_ID, chain_page_ids
 from switchyard.scheduler.turns import Anchor
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from switchyard.proto.messages import LoadPages, PageRead, PagesRead, ReadPages
+from switchyard.proto.scheduler_worker import LoadPages
+from switchyard.proto.scheduler_kvstore import PageRead, PagesRead, ReadPages
 from switchyard.scheduler.page_cache import PageCache
 from switchyard.scheduler.requests import Request
 

@@ -23,43 +23,49 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from switchyard.proto import codec
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
-from switchyard.proto.group_key import bind_curve, read_group_key, start_authenticator
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.common.group_key import bind_curve, read_group_key, start_authenticator
 from switchyard.proto.ids import new_boot_id
-from switchyard.proto.logs import configure_logging
-from switchyard.proto.messages import (
+from switchyard.common.logs import configure_logging
+from switchyard.proto.base import (
     PROTOCOL_VERSION,
-    WritePages,
     ROLE_GATEWAY,
     ROLE_KVSTORE,
     ROLE_SCHEDULER,
     ROLE_WORKER,
-    AttachBuffers,
-    CancelRequest,
-    DeletePages,
-    DescribeInventory,
-    GrammarPrepared,
-    GroupState,
     Heartbeat,
     Hello,
+)
+from switchyard.proto.scheduler_kvstore import (
+    WritePages,
+    AttachBuffers,
+    DeletePages,
+    DescribeInventory,
     InventoryDescribed,
     PagesDeleted,
     PagesRead,
     PagesWritten,
-    PrepareGrammar,
     ReadPages,
-    ReleaseGrammar,
+    TouchPages,
+)
+from switchyard.proto.gateway_scheduler import (
+    CancelRequest,
+    GroupState,
     RequestFailed,
     RequestFinished,
-    RunStep,
-    StepDone,
     SubmitRequest,
     TokensGenerated,
-    TouchPages,
+)
+from switchyard.proto.scheduler_worker import (
+    GrammarPrepared,
+    PrepareGrammar,
+    ReleaseGrammar,
+    RunStep,
+    StepDone,
     WorkerReady,
 )
 from switchyard.proto.service_loop import StopFlag
-from switchyard.proto.settings import Settings, SettingsError, format_size
+from switchyard.common.settings import Settings, SettingsError, format_size
 from switchyard.proto.status import write_status
 from switchyard.proto.sockets import bind_router, send_to
 from switchyard.scheduler.config import CoreConfig
@@ -490,7 +496,7 @@ def remote_kvstore_address(settings: Settings) -> str:
     another host and no address refuses to start (exit 2)."""
     if not settings.hostfile:
         return ""
-    from switchyard.proto.hostfile import HostfileError, is_local, read_hostfile
+    from switchyard.common.hostfile import HostfileError, is_local, read_hostfile
 
     try:
         remote = [h for h in read_hostfile(settings.hostfile).hosts if not is_local(h)]
@@ -506,7 +512,7 @@ def remote_kvstore_address(settings: Settings) -> str:
 
 def remote_kvstore_identities(settings: Settings) -> frozenset[str]:
     """The identities of the kvstores of the hostfile's ranks on other machines."""
-    from switchyard.proto.hostfile import is_local, read_hostfile
+    from switchyard.common.hostfile import is_local, read_hostfile
 
     return frozenset(kvstore_identity(h.rank) for h in read_hostfile(settings.hostfile).hosts
                      if not is_local(h))

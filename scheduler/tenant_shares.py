@@ -1,6 +1,6 @@
 """Fair shares between tenants: the queue, the running requests and the prefill.
 
-Each API key is a tenant (proto/tenants.py); the gateway names a request's tenant and the
+Each API key is a tenant (common/tenants.py); the gateway names a request's tenant and the
 tenant's weight in `SubmitRequest.tenant`/`tenant_weight`. Tenants with a request queued or
 running are active, and divide three things in proportion to their weights (weighted fair
 queuing, docs/design/scheduling.md "Scheduling"):

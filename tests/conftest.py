@@ -91,7 +91,7 @@ def tiny_hf_tokenizer(tmp_path_factory):
     """The tiny model's tokenizer and chat template through transformers (no MLX)."""
     from transformers import PreTrainedTokenizerFast
 
-    from switchyard.deploy.tiny_tokenizer import tokenizer_files
+    from switchyard.twins.tokenizer import tokenizer_files
 
     path = tmp_path_factory.mktemp("tok")
     for name, data in tokenizer_files().items():

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from switchyard.proto.grammar_limits import parser_limits
-from switchyard.proto.messages import SamplingParams
+from switchyard.common.grammar_limits import parser_limits
+from switchyard.proto.values import SamplingParams
 
 log = structlog.get_logger()
 
@@ -297,7 +297,7 @@ def llguidance_tokenizer(model_ref: str) -> tuple[object, list[int]]:
     second; done once, on the first constrained request)."""
     import llguidance.hf
 
-    from switchyard.proto.tokenizer_loading import load_tokenizer
+    from switchyard.common.tokenizer_loading import load_tokenizer
 
     wrapper = load_tokenizer(model_ref)
     eos = sorted(getattr(wrapper, "eos_token_ids", None) or [wrapper.eos_token_id])

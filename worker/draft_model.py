@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from switchyard.proto.tokenizer_loading import TokenizerLoadError, load_tokenizer
+from switchyard.common.tokenizer_loading import TokenizerLoadError, load_tokenizer
 from switchyard.worker.cache_kinds import leaves
 from switchyard.worker.drafters import DraftRow, draft_end, vocab_difference
 from switchyard.worker.errors import ModelLoadError

@@ -4,7 +4,7 @@ model's machinery (a draft model, multi-token-prediction heads) rather than the 
 The scheduler asks for them per decoding row (`DecodeItem.draft_tokens`: at most that many);
 the executor hands the rows to its drafter, puts the drafts in the rows and runs the one
 verify pass of the main model that every draft goes through, whoever made it
-(proto/speculation.py decides). A drafter's drafts are greedy (a point mass), which keeps the
+(common/speculation.py decides). A drafter's drafts are greedy (a point mass), which keeps the
 verifier exact for sampled requests too.
 
 A drafter keeps its own state per slot (a draft model's KV, say). That state covers a prefix

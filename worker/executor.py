@@ -16,8 +16,15 @@ import numpy as np
 
 import msgspec
 
-from switchyard.proto.messages import (DecodeItem, PrefillChunk, RunStep, SampledToken,
-                                       SlotDraft, SlotFailure, StepDone)
+from switchyard.proto.scheduler_worker import (
+    DecodeItem,
+    PrefillChunk,
+    RunStep,
+    SampledToken,
+    SlotDraft,
+    SlotFailure,
+    StepDone,
+)
 from switchyard.proto.shm import PageBufferPool
 from switchyard.worker.cache_kinds import before_token, drop_last_token
 from switchyard.worker.constraints import ConstraintEngine
@@ -28,7 +35,7 @@ from switchyard.worker.cpu_weights import weight_bytes_read
 from switchyard.worker.prefill_packing import context_per_weight_read, pack_groups
 from switchyard.worker.sampling import sample_lazy
 from switchyard.worker.slots import SlotStore
-from switchyard.proto.speculation import verified
+from switchyard.common.speculation import verified
 
 
 class StepExecutor:
@@ -283,7 +290,7 @@ class StepExecutor:
         decoding"): row = input token + draft; the model's token at each position is sampled
         as a plain decode would sample it (same filters, mask and key), and each sequence
         keeps its draft up to the first disagreement plus the model's own next token
-        (proto/speculation.py). Rejected tokens leave the slots' caches."""
+        (common/speculation.py). Rejected tokens leave the slots' caches."""
         drafts = []
         for item in items:
             draft = list(item.draft[:max(0, item.burst_limit - 1)])

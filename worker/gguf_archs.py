@@ -109,7 +109,7 @@ _SUFFIXES = ("weight", "bias")
 
 
 class Meta:
-    """`{arch}.*` and general metadata of a GGUF file (proto.gguf_file.GGUFFile)."""
+    """`{arch}.*` and general metadata of a GGUF file (common.gguf_file.GGUFFile)."""
 
     def __init__(self, file) -> None:
         self._file = file

@@ -1,6 +1,6 @@
 """Load a GGUF file (llama.cpp's format) into an mlx_lm model.
 
-mlx-lm has no GGUF loader. proto.gguf_file memory-maps the file; worker.gguf_tensors turns each
+mlx-lm has no GGUF loader. common.gguf_file memory-maps the file; worker.gguf_tensors turns each
 tensor's blocks into MLX arrays (quantized blocks into MLX quantized weights, without loss where
 the formats match); worker.gguf_archs maps llama.cpp's metadata and tensor names onto mlx_lm's
 model classes, per architecture (docs/design/models.md "GGUF"). Anything it cannot map exactly (a tensor
@@ -23,7 +23,7 @@ from switchyard.worker.gguf_archs import (ARCHS, SUPPORTED_ARCHS, Arch, Meta, de
 from switchyard.worker.gguf_tensors import (SUPPORTED_TYPES, MlxTensor, UnsupportedTensorType, convert,
                                  dequantize_mlx)
 from switchyard.worker.errors import ModelLoadError
-from switchyard.proto.gguf_file import GGUFFile, GGUFFormatError
+from switchyard.common.gguf_file import GGUFFile, GGUFFormatError
 
 def _open(path: Path) -> GGUFFile:
     try:

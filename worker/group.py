@@ -20,7 +20,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from switchyard.proto.hostfile import Hostfile, HostfileError, rank_environment
+from switchyard.common.hostfile import Hostfile, HostfileError, rank_environment
 
 # What rank 0 broadcasts (the header's first word).
 STEP, PING, STOP = 1, 2, 3

@@ -14,7 +14,7 @@ from typing import Callable
 import msgspec
 
 from switchyard.proto.codec import decode, encode
-from switchyard.proto.messages import RankInfo, RunStep, StepDone
+from switchyard.proto.scheduler_worker import RankInfo, RunStep, StepDone
 from switchyard.proto.service_loop import StopFlag
 from switchyard.worker.executor import StepExecutor
 from switchyard.worker.group import IDLE_TICK_S, PING, STEP, STOP, GroupError, RankGroup

@@ -5,7 +5,7 @@ The fixed part counts weights, the largest step's activations, recurrent state a
 sliding-window rings (fixed per slot), shared page buffers, a vision tower's and a draft
 model's needs. What is left of the device limit minus headroom (or `--kv-memory`, if less) is
 the KV budget: the scheduler keeps the KV that running requests and resident conversations
-hold, plus a reserve for their growth, within it (proto/held_kv.py), staging the newest
+hold, plus a reserve for their growth, within it (common/held_kv.py), staging the newest
 running request to disk when it runs short. KV is counted in the form the slots hold it: with
 --kv-bits, packed values plus scales and biases (kv_bytes_per_token is measured on the
 quantized cache). The worker refuses to start, saying which setting to lower, if one request
@@ -19,8 +19,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from switchyard.proto.held_kv import SlotHold, held_tokens, running_that_fit
-from switchyard.proto.settings import format_size
+from switchyard.common.held_kv import SlotHold, held_tokens, running_that_fit
+from switchyard.common.settings import format_size
 
 # --max-running 0 plans for requests of this many tokens (or --ctx, if less): the agent
 # traffic's sub-agents held 4-6.5K tokens each; one that outgrows it is staged to disk, never

@@ -13,7 +13,7 @@ of k tokens is the input's pair, then k - 1 pairs chained on the head's own outp
 mlx-vlm's `draft_block` chains), each read greedily through the main model's lm_head; those
 entries are taken back after the draft, so only pairs with the main model's own hidden
 states stay in the head's KV. Drafts are a point mass, so the verifier stays exact
-(proto/speculation.py) for sampled requests too.
+(common/speculation.py) for sampled requests too.
 
 Nothing of it is paged: a slot restored from pages has pairs only from the restore point on
 (the head attends to fewer positions, which costs acceptance, never exactness).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from switchyard.proto.messages import SamplingParams
+from switchyard.proto.values import SamplingParams
 
 _INDEX_STRIDE = 1_000_003  # prime: distinct (seed, index) pairs map to distinct keys
 

@@ -18,15 +18,23 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
-from switchyard.proto.hostfile import Hostfile, HostfileError, layout_tag, read_hostfile
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.common.hostfile import Hostfile, HostfileError, layout_tag, read_hostfile
 from switchyard.proto.ids import new_boot_id
-from switchyard.proto.logs import configure_logging
-from switchyard.proto.messages import (ROLE_WORKER, GrammarPrepared, PrepareGrammar, RankInfo,
-                                       ReleaseGrammar, RunStep, SlotContents, WorkerReady)
-from switchyard.proto.page_ids import kv_namespace as page_namespace
+from switchyard.common.logs import configure_logging
+from switchyard.proto.base import ROLE_WORKER
+from switchyard.proto.scheduler_worker import (
+    GrammarPrepared,
+    PrepareGrammar,
+    RankInfo,
+    ReleaseGrammar,
+    RunStep,
+    SlotContents,
+    WorkerReady,
+)
+from switchyard.common.page_ids import kv_namespace as page_namespace
 from switchyard.proto.service_loop import SchedulerLink, StopFlag
-from switchyard.proto.settings import Settings, parse_size
+from switchyard.common.settings import Settings, parse_size
 from switchyard.proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
 from switchyard.worker.cache_kinds import leaves, verifiable, window_bytes
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer

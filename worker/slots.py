@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache
 
-from switchyard.proto.messages import PrefillChunk
+from switchyard.proto.scheduler_worker import PrefillChunk
 from switchyard.worker.batch_kv import BatchKV, BatchQuantizedKV
 from switchyard.worker.cache_kinds import (
     before_verify,

@@ -35,9 +35,8 @@ from switchyard.gateway.request.tools import check_tool_choice, function_tool
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
 from switchyard.gateway.request import wire
-from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.api.shared_fields import (note_ignored, note_unknown_fields,
+from switchyard.gateway.api.shared_fields import (decode_body, note_ignored,
                                                   reasoning_effort, template_kwargs)
 from switchyard.gateway.vision.parts import ImageRef, decode_base64, from_url, image_part
 from switchyard.gateway.request.model import AUTO, NONE, ChatRequest, Options, ToolChoice
@@ -229,8 +228,7 @@ def output_constraint(request: wire.anthropic.MessagesFields) -> structured.Cons
 
 def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) -> MessagesRequest:
     model = wire.anthropic.CountTokensRequest if count_only else wire.anthropic.MessagesRequest
-    note_unknown_fields(body, known_fields(model), "messages")
-    request = decode(body, model)
+    request = decode_body(body, model, "messages")
     messages: list[dict[str, Any]] = []
     system = system_text(request.system)
     if system is not None:
@@ -395,5 +393,5 @@ async def count_tokens(request: Request) -> Response:
     parsed = parse_messages_request(await read_json(ctx, message_limits(ctx.gateway)),
                                     count_only=True)
     chat, images = await prepare_images(ctx.gateway, parsed.chat)
-    plan = await plan_chat(ctx, chat, images=images)  # the same bounds as a turn's
+    plan = await plan_chat(ctx, chat, ctx.decide(chat.options), images=images)  # a turn's bounds
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

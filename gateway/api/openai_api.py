@@ -25,7 +25,7 @@ from switchyard.gateway.output.tools import ToolSyntax
 from switchyard.gateway.request.model import CompletionRequest
 from switchyard.gateway.request.scripted import forced_reply, reply_text
 from switchyard.gateway.request.structured import Constraint
-from switchyard.proto.script import Script
+from switchyard.common.script import Script
 from switchyard.proto.ids import new_rid
 
 
@@ -46,7 +46,7 @@ async def completions(request: Request) -> Response:
     completion = parse_completion_request(await read_json(
         ctx, {"prompt": per_token(gw.settings.ctx)}))
     check_model(completion.options.model, gw.model_id, gw.model_aliases)
-    priority = ctx.priority(completion.options.model)
+    choices = ctx.decide(completion.options)
     if isinstance(completion.prompt, str):
         gw.check_prompt_chars(len(completion.prompt), "prompt")
     prompt_ids, scripted, rule = await gw.run_tokenizer(
@@ -59,10 +59,9 @@ async def completions(request: Request) -> Response:
     rid = new_rid("cmpl")
     submit = build_submit(rid, prompt_ids, completion.options, ctx=gw.settings.ctx,
                           default_max_tokens=gw.settings.default_max_tokens,
-                          stop_token_ids=gw.stop_token_ids, priority=priority, param="prompt",
+                          stop_token_ids=gw.stop_token_ids, choices=choices, param="prompt",
                           grammar=completion.constraint.grammar if completion.constraint else "",
-                          vocab_size=len(gw.tokenizer),
-                          cache_salt=ctx.cache_salt(completion.options.cache_salt))
+                          vocab_size=len(gw.tokenizer))
     turn = TextTurn(gw.tokenizer, prompt_ids, completion.options.stop,
                     gw.stop_token_ids + (gw.hidden_ids or ()), gw.hidden_ids is not None)
     fmt = CompletionFormat(rid, gw.model_id, include_usage=completion.options.include_usage)

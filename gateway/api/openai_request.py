@@ -12,14 +12,12 @@ import json
 from typing import Any
 
 from switchyard.gateway.request import wire
-from switchyard.gateway.request.wire.base import known_fields
-from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.request import structured
 from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options
 from switchyard.gateway.errors import invalid, invalid_type
 from switchyard.gateway.request.tools import chat_function_tools, openai_tool_choice
 from switchyard.gateway.vision.parts import from_url, image_part
-from switchyard.gateway.api.shared_fields import (note_unknown_fields, reasoning_effort,
+from switchyard.gateway.api.shared_fields import (decode_body, reasoning_effort,
                                                   template_kwargs)
 
 _SEED_MODULUS = 2**63
@@ -62,8 +60,7 @@ def response_format(value: wire.openai.ResponseFormat | None, body: dict[str, An
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
-    note_unknown_fields(body, known_fields(wire.openai.ChatCompletionRequest), "chat.completions")
-    request = decode(body, wire.openai.ChatCompletionRequest)
+    request = decode_body(body, wire.openai.ChatCompletionRequest, "chat.completions")
     constraint = response_format(request.response_format, body)
     tools = chat_function_tools(request.tools)
     kwargs = request.chat_template_kwargs or {}
@@ -138,8 +135,7 @@ def _image(part: wire.openai.ImageUrlPart, param: str) -> dict[str, Any]:
 
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
-    note_unknown_fields(body, known_fields(wire.openai.CompletionRequest), "completions")
-    request = decode(body, wire.openai.CompletionRequest)
+    request = decode_body(body, wire.openai.CompletionRequest, "completions")
     constraint = response_format(request.response_format, body)
     return CompletionRequest(prompt=parse_prompt(request.prompt), options=_options(request),
                              constraint=constraint)

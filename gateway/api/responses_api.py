@@ -35,9 +35,8 @@ from switchyard.gateway.request.tools import function_tool, openai_tool_choice
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.json_body import chat_limits, read_json
 from switchyard.gateway.request import wire
-from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.api.shared_fields import note_ignored, note_unknown_fields, reasoning_effort
+from switchyard.gateway.api.shared_fields import decode_body, note_ignored, reasoning_effort
 from switchyard.gateway.vision.parts import from_url, image_part
 from switchyard.gateway.request.model import ChatRequest, Options, ToolChoice
 from switchyard.proto.ids import new_rid
@@ -208,10 +207,9 @@ def previous_not_found(response_id: str) -> APIError:
 
 
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ResponsesRequest:
-    note_unknown_fields(body, known_fields(wire.responses.ResponsesRequest), "responses")
     typed = {**body, "input": typed_items(body.get("input"))} \
         if isinstance(body.get("input"), list) else body
-    request = decode(typed, wire.responses.ResponsesRequest)
+    request = decode_body(typed, wire.responses.ResponsesRequest, "responses")
     text_format = request.text.format if request.text is not None else None
     answer_format = structured.format_constraint(text_format, "text.format")
     instructions = request.instructions

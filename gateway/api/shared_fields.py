@@ -1,5 +1,5 @@
-"""What every API's request translation shares: fields a client sends that this server does not
-read (accepted, and logged once per name), reasoning effort, and the chat template's variables.
+"""What every API's request translation shares: decoding a body into its request model, where
+fields a client sends that this server does not read are accepted, and logged once per name; reasoning effort, and the chat template's variables.
 """
 
 from __future__ import annotations
@@ -8,11 +8,14 @@ import json
 import threading
 from typing import Any
 
+import msgspec
 import structlog
 
 from switchyard.gateway.errors import invalid, invalid_type
+from switchyard.gateway.request.wire.base import known_fields
 from switchyard.gateway.request.wire.common import (MAX_TEMPLATE_KWARGS_BYTES,
                                                     RESERVED_TEMPLATE_KEYS)
+from switchyard.gateway.request.wire.decoding import decode
 
 log = structlog.get_logger()
 
@@ -33,10 +36,14 @@ def note_ignored(name: str) -> None:
     log.info("request.field_ignored", field=name)
 
 
-def note_unknown_fields(body: dict[str, Any], known: frozenset[str], api: str) -> None:
+def decode_body(body: dict[str, Any], model: type[msgspec.Struct], api: str) -> Any:
+    """`body` as the API's request `model` (or the 400 naming the field that does not fit:
+    wire/decoding.py), its top-level fields that `model` does not know noted as ignored."""
+    known = known_fields(model)
     for key in body:
         if key not in known:
             note_ignored(f"{api}.{key}")
+    return decode(body, model)
 
 
 # Reasoning effort as chat templates take it (`reasoning_effort`: gpt-oss's low/medium/high);

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.gateway.errors import context_length_exceeded, invalid, model_not_found
-from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options
-from switchyard.proto.messages import PRIORITY_INTERACTIVE, SamplingParams, SubmitRequest
+from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Options, TurnChoices
+from switchyard.proto.values import SamplingParams
+from switchyard.proto.gateway_scheduler import SubmitRequest
 from switchyard.proto.tokens import TokenIds
 
 DEFAULT_MODEL_ID = "switchyard-tiny"
@@ -93,12 +94,48 @@ def encode_prompt(tokenizer: Any, request: CompletionRequest) -> list[int]:
     return list(request.prompt)
 
 
+# What a template writes around each message (role markers, separators), at least: counts
+# for the lane choice, so a million empty messages are a large prompt.
+MESSAGE_MARKER_CHARS = 8
+
+
+def text_chars(value: Any) -> int:
+    """The characters of every string in a JSON value (keys included)."""
+    stack, total = [value], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total
+
+
+def chat_chars(chat: ChatRequest, *, with_reasoning: bool = True) -> int:
+    """Characters a chat's rendering may hold, judged on everything the template may render
+    and the tokenizer read: every message of every role with its tool
+    calls, names and (`with_reasoning`) reasoning, the tool definitions and the template's
+    variables, and a few per message. Without reasoning (which templates often drop) and the
+    per-message allowance it is what the context check refuses on."""
+    total = text_chars(chat.tools) + text_chars(chat.template_kwargs)
+    for message in chat.messages:
+        fields = message if with_reasoning else {
+            k: v for k, v in message.items() if k not in ("reasoning_content", "thinking")}
+        total += text_chars(fields)
+    if with_reasoning:
+        total += MESSAGE_MARKER_CHARS * len(chat.messages)
+    return total
+
+
 def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
                  default_max_tokens: int, stop_token_ids: tuple[int, ...],
-                 priority: str | None, param: str = "messages", grammar: str = "",
+                 choices: TurnChoices, param: str = "messages", grammar: str = "",
                  grammar_trigger: tuple[int, ...] = (),
                  vocab_size: int | None = None, images: tuple = (),
-                 image_data: tuple = (), cache_salt: bytes = b"") -> SubmitRequest:
+                 image_data: tuple = ()) -> SubmitRequest:
     """Check the context, clamp max_tokens to what is left of it, draw a seed if none given."""
     if vocab_size is not None:
         for token, _ in options.logit_bias:
@@ -122,6 +159,6 @@ def build_submit(rid: str, prompt_ids: list[int], options: Options, *, ctx: int,
         rid=rid, prompt_token_ids=TokenIds(prompt_ids),
         max_tokens=max(1, min(requested, ctx - num_prompt)), sampling=sampling,
         stop_token_ids=stop_token_ids,
-        priority=options.priority or priority or PRIORITY_INTERACTIVE,
-        images=images, image_data=image_data, speculative=options.speculative,
-        cache_salt=cache_salt)
+        priority=choices.priority, images=images, image_data=image_data,
+        speculative=options.speculative, cache_salt=choices.salt, tenant=choices.tenant,
+        tenant_weight=choices.tenant_weight)

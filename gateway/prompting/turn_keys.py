@@ -48,7 +48,7 @@ def prefix_digest(ids: Sequence[int], salt: bytes = b"") -> bytes:
 class PrefixHash:
     """blake2b-128 of token ids as int32, extended as ids are appended; keyed with the
     request's cache salt (its tenant's, and its `cache_salt`), so a turn is found only by
-    requests of the salt it was generated under (proto/tenants.py)."""
+    requests of the salt it was generated under (common/tenants.py)."""
 
     def __init__(self, ids: Sequence[int] = (), salt: bytes = b"") -> None:
         self._hash = hashlib.blake2b(digest_size=16, key=salt)

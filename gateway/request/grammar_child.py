@@ -64,7 +64,7 @@ def main() -> None:
 
     import llguidance
 
-    from switchyard.proto.grammar_limits import parser_limits
+    from switchyard.common.grammar_limits import parser_limits
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     write_frame(stdout, b"")

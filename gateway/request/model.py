@@ -8,7 +8,7 @@ from typing import Any
 
 from switchyard.gateway.errors import out_of_range
 from switchyard.gateway.request.structured import Constraint
-from switchyard.proto.messages import PRIORITIES, PRIORITY_BACKGROUND
+from switchyard.proto.base import PRIORITIES, PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE
 
 PRIORITY_HEADER = "x-switchyard-priority"
 
@@ -45,7 +45,7 @@ class Options:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unchecked here
     speculative: bool = True  # False: no speculative decoding for this request
     # vLLM's `cache_salt`: the request's cached text (pages, drafts, remembered turns) is
-    # shared only with requests of its tenant that give the same salt (proto/tenants.py).
+    # shared only with requests of its tenant that give the same salt (common/tenants.py).
     cache_salt: str | None = None
 
 
@@ -91,12 +91,24 @@ def header_priority(headers: Any) -> str | None:
     return parse_priority(headers.get(PRIORITY_HEADER), "X-Switchyard-Priority")
 
 
-def request_priority(headers: Any, model: str | None,
-                     background_models: tuple[str, ...]) -> str | None:
-    """The priority the header asks for, else background for a `--background-model` name
-    (an agent's sub-agents, which cannot send headers of their own); None: the body's field
-    or the default decides (prompts.build_submit)."""
+def request_priority(options: Options, headers: Any, background_models: tuple[str, ...]) -> str:
+    """The body's priority, else the header's, else background for a `--background-model` name
+    (an agent's sub-agents, which cannot send headers of their own), else interactive."""
+    if options.priority is not None:
+        return options.priority
     asked = header_priority(headers)
-    if asked is None and model is not None and model in background_models:
+    if asked is None and options.model is not None and options.model in background_models:
         return PRIORITY_BACKGROUND
-    return asked
+    return asked or PRIORITY_INTERACTIVE
+
+
+@dataclass(frozen=True)
+class TurnChoices:
+    """What a turn's options and its HTTP request decide together, once per turn
+    (`RequestContext.decide`): the salt of its cached text, its priority, and whose share it
+    counts against (its tenant's name and weight; "" and 1 with one tenant)."""
+
+    salt: bytes
+    priority: str
+    tenant: str = ""
+    tenant_weight: float = 1.0

@@ -1,5 +1,5 @@
 """Scripted replies on the gateway's side: what of a request a script's rules read, and the reply
-a rule gives as the served model writes it (proto/script.py has the format;
+a rule gives as the served model writes it (common/script.py has the format;
 docs/design/requests.md "Scripted replies").
 
 The reply is text in the model's own chat format (its tool-call syntax), tokenized as the
@@ -17,7 +17,7 @@ from switchyard.gateway.errors import APIError
 from switchyard.gateway.output.tools import ToolSyntax, tool_names
 from switchyard.gateway.request.model import ChatRequest
 from switchyard.gateway.request.structured import Constraint, checked
-from switchyard.proto.script import Rule, Script
+from switchyard.common.script import Rule, Script
 
 SYSTEM_ROLES = ("system", "developer")
 

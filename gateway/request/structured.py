@@ -24,7 +24,7 @@ from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.request.wire.openai import (JsonObjectFormat, ResponseFormat,
                                                     ResponseFormats, TextFormat)
 from switchyard.gateway.request.wire.responses import TextFormats
-from switchyard.proto.grammar_limits import parser_limits
+from switchyard.common.grammar_limits import parser_limits
 
 # A schema's compile time grows with its size (measured: 240 KB, 3,000 patterned properties,
 # 0.4 s); 64 KB keeps one unique schema well under 0.1 s of the gateway's time, and compiled

@@ -8,7 +8,7 @@ request) and the problem:
    refused (named from its signature when it is a common one), and so is a size beyond
    --max-image-pixels, before any pixel is decoded (a decompression bomb is a small file with
    a huge header size);
-3. its pixels: decoded as every model sees them (proto/images.py); a file that does not decode
+3. its pixels: decoded as every model sees them (common/images.py); a file that does not decode
    (truncated, corrupt) is refused.
 Decoding runs on a small thread pool of its own (`ImageDecoder`): a request's images never
 block the event loop, and at most that many images are decoded at once. URLs are fetched on
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from switchyard.gateway.errors import invalid
 from switchyard.gateway.vision.fetch import Fetch, FetchLimits, fetch_image
 from switchyard.gateway.vision.parts import ImageRef
-from switchyard.proto.images import FORMATS, image_id, open_rgb
+from switchyard.common.images import FORMATS, image_id, open_rgb
 
 DECODE_THREADS = 2
 FETCH_THREADS = 8  # fetches wait on the network, not the CPU; each is bounded by its deadline

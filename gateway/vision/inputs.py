@@ -19,7 +19,7 @@ from switchyard.gateway.vision.fetch import FetchLimits
 from switchyard.gateway.vision.images import DecodedImage, ImageDecoder
 from switchyard.gateway.vision.parts import image_refs, template_messages
 from switchyard.gateway.vision.prompt import ImagePrompt, ImageTokens
-from switchyard.proto.messages import ImageData, ImageSpan
+from switchyard.proto.values import ImageData, ImageSpan
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class ImageInputs:
 
 
 def image_inputs(settings: Any, prompt: ImagePrompt | None, model_id: str) -> ImageInputs:
-    from switchyard.proto.settings import parse_size
+    from switchyard.common.settings import parse_size
 
     fetch = FetchLimits(parse_size(settings.image_fetch_bytes), settings.image_fetch_timeout_s) \
         if settings.image_fetch else None

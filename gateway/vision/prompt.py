@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.gateway.errors import invalid
-from switchyard.proto.messages import ImageSpan
+from switchyard.proto.values import ImageSpan
 
 
 @dataclass(frozen=True)

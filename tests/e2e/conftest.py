@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 
 def pytest_collection_modifyitems(config, items):

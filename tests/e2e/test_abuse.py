@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.abuse import (WellBehaved, disconnect_storm, huge_tools, many_messages,
-                                 raw_bytes, schema_blowups, template_bombs)
+from switchyard.testing.abuse import (
+    WellBehaved,
+    disconnect_storm,
+    huge_tools,
+    many_messages,
+    raw_bytes,
+    schema_blowups,
+    template_bombs,
+)
 
 CLASSES = {
     "template bombs": lambda: template_bombs(),

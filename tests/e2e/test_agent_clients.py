@@ -1,7 +1,7 @@
 """Real agent clients, installed as users install them (npm, the versions of the day), drive
 one server end to end: Claude Code (Anthropic Messages), Codex CLI (Responses), Qwen Code and
 opencode (Chat Completions), each with its own default system prompt and tools, two turns of one
-session, headless, in a scratch HOME (tests/helpers/agent_clients.py builds their configuration,
+session, headless, in a scratch HOME (testing/agent_clients.py builds their configuration,
 the same the README shows).
 
 One server group for the module, on the terse twin (`--model tiny-terse`: sampled replies end
@@ -12,14 +12,14 @@ the first turn's prompt within one page: its cached tokens >= the first turn's p
 page size, read from the gateway's `request.finished` lines (each turn's main request: the
 largest prompt of the turn; clients also send small side requests).
 
-Then whole sessions, their words decided by `--script` (tests/helpers/agent_sessions.py): tool
+Then whole sessions, their words decided by `--script` (testing/agent_sessions.py): tool
 loops, parallel sub-agents, a session that outgrows the context and compacts, each client with
 the flags that let it act headless; and a stream the client stops (the SDK).
 
 The clients are installed into ~/.cache/switchyard/agent-clients (refreshed daily). Without
 npm or a registry the tests skip with the reason, unless SWITCHYARD_REQUIRE_CLIENTS=1 (`.ci/run`
 sets it): then they fail. The clients' first prompts are 13K-26K tokens; the terse twin (one
-layer of two narrow heads, deploy/tiny_models.py TERSE_SIZES) prefills one in about a second on 2
+layer of two narrow heads, twins/models.py TERSE_SIZES) prefills one in about a second on 2
 CPU cores, and every later turn re-reads only its own new tokens.
 """
 
@@ -33,10 +33,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.agent_clients import CLIENTS, ClientsUnavailable, install
-from tests.helpers.agent_sessions import (SESSIONS, numbers_name, prepare_work, rule_numbers,
-                                          session_problems, session_script)
-from tests.helpers.group import ServerGroup
+from switchyard.testing.agent_clients import CLIENTS, ClientsUnavailable, install
+from switchyard.testing.agent_sessions import (
+    SESSIONS,
+    numbers_name,
+    prepare_work,
+    rule_numbers,
+    session_problems,
+    session_script,
+)
+from switchyard.testing.group import ServerGroup
 
 MODEL = "local"  # --served-model-name, as in the README
 PAGE_SIZE = 256
@@ -71,7 +77,7 @@ def terse_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
-    """The sessions' files (tests/helpers/agent_sessions.py), one directory for the module: the
+    """The sessions' files (testing/agent_sessions.py), one directory for the module: the
     script's rules name their paths."""
     work = tmp_path_factory.mktemp("work")
     prepare_work(work)
@@ -191,7 +197,7 @@ def client_usage(name: str, stdout: str) -> dict | None:
 @pytest.mark.parametrize("session", SESSIONS, ids=lambda s: s.name)
 def test_a_real_session_loops_over_tools_and_sub_agents_and_reads_only_new_tokens(
         session, server, work, tmp_path):
-    """A whole session of a client, its words scripted (tests/helpers/agent_sessions.py): the
+    """A whole session of a client, its words scripted (testing/agent_sessions.py): the
     client runs its tools and sub-agents for real, its last turn prints the scripted answer,
     and the log shows every request after a conversation's first prefilling at most one page
     beyond its new tokens, and sub-agents started together reading their shared prefix once."""

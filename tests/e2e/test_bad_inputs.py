@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 TIMEOUT_S = 180.0
 CTX = 512

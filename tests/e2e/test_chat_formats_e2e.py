@@ -17,7 +17,7 @@ import pytest
 
 from fixtures.chat_formats import write_tokenizer
 from tests.helpers.calls import assert_forced_call
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 TIMEOUT_S = 180.0
 WEATHER = {"type": "function", "function": {

@@ -33,8 +33,8 @@ import pytest
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
 
-from tests.helpers.group import ServerGroup
-from tests.helpers.workload import wait_ready
+from switchyard.testing.group import ServerGroup
+from switchyard.testing.workload import wait_ready
 
 FAMILIES = ["qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gpt_oss", "gemma3_text",
             "gemma4_text", "glm4_moe", "deepseek_v3", "deepseek_v32", "minimax", "mistral3",

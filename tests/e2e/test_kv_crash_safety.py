@@ -16,8 +16,8 @@ import openai
 from switchyard.kvstore.pages import decode_header
 from switchyard.kvstore.store import PageStore, read_entries
 from tests.e2e.test_kv_persistence import Conversation
-from tests.helpers.workload import text, wait_ready
-from tests.helpers.group import ServerGroup
+from switchyard.testing.workload import text, wait_ready
+from switchyard.testing.group import ServerGroup
 
 P = 256
 
@@ -127,7 +127,7 @@ def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen
 
 
 def _tokenizer(model_dir):
-    from switchyard.proto.tokenizer_loading import load_tokenizer
+    from switchyard.common.tokenizer_loading import load_tokenizer
 
     return load_tokenizer(str(model_dir))
 

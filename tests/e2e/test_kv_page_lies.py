@@ -28,11 +28,11 @@ from switchyard.kvstore.page_key import key_path, load_page_key
 from switchyard.kvstore.pages import decode_header, encode_header, make_header
 from switchyard.kvstore.store import PageStore, read_entries
 from switchyard.proto.page_flags import PageFlags
-from switchyard.proto.settings import user_cache_dir
+from switchyard.common.settings import user_cache_dir
 from tests.e2e.test_kv_crash_safety import _tokenizer, page_tokens
 from tests.e2e.test_kv_persistence import Conversation
-from tests.helpers.group import ServerGroup, short_tmp_dir
-from tests.helpers.workload import text
+from switchyard.testing.group import ServerGroup, short_tmp_dir
+from switchyard.testing.workload import text
 
 P = 256
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from switchyard.kvstore.store import read_entries
-from tests.helpers.group import ServerGroup
-from tests.helpers.workload import text, wait_ready
+from switchyard.testing.group import ServerGroup
+from switchyard.testing.workload import text, wait_ready
 
 P = 256
 class Conversation:

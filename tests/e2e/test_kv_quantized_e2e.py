@@ -12,7 +12,7 @@ import pytest
 
 from switchyard.kvstore.store import read_entries
 from tests.e2e.test_kv_persistence import Conversation, new_tokens, prefilled
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 P = 256
 KV8_BYTES_PER_TOKEN = 1152  # tiny qwen3: 4 layers x K,V x 2 heads x (64 B packed + 2 f32 / 64)

@@ -11,7 +11,7 @@ import pytest
 from mlx_lm import load as mlx_load
 
 from tests.e2e.test_parity import assert_same_as_reference, greedy_reference, served_completion
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 MAX_TOKENS = 24
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from switchyard.proto.tokenizer_loading import load_tokenizer
+from switchyard.common.tokenizer_loading import load_tokenizer
 
 TIMEOUT_S = 180.0  # the machine is shared and slow; nothing here asserts on time
 MAX_TOKENS = 12

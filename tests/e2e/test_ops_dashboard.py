@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from switchyard.proto.status import read_status
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 API_KEY = "dash-key"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

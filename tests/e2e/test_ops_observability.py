@@ -20,9 +20,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from switchyard.proto.settings import parse_size
+from switchyard.common.settings import parse_size
 from switchyard.proto.status import read_status
-from tests.helpers.group import REPO_ROOT, ServerGroup, short_tmp_dir
+from switchyard.testing.group import REPO_ROOT, ServerGroup, short_tmp_dir
 
 EXTRA = ("--page-size", "16", "--prefill-chunk", "256")
 CHAT = (("endpoint", "/v1/chat/completions"), ("method", "POST"), ("status", "200"))
@@ -179,7 +179,7 @@ def test_status_command_against_the_group(ops_group):
 
 def test_logs_never_carry_prompt_text(tiny_qwen3):
     """The gateway never logs content, even with --log-content (nothing checks
-    proto.logs.content_allowed() yet), so only the default is tested: a marker sent every way a
+    common.logs.content_allowed() yet), so only the default is tested: a marker sent every way a
     request can carry text appears in no log line, no status snapshot and no metric."""
     marker = f"MARKER-{uuid.uuid4().hex}"
     runtime_dir = short_tmp_dir("syl")

@@ -24,9 +24,9 @@ import openai
 from switchyard.deploy import launchd
 from switchyard.deploy.runtime import read_pid_file
 from switchyard.deploy.service_units import ROLES, unit_plan
-from switchyard.proto.settings import Settings
-from tests.helpers.group import REPO_ROOT, free_port, short_tmp_dir
-from tests.helpers.lifeline import lifeline
+from switchyard.common.settings import Settings
+from switchyard.testing.group import REPO_ROOT, free_port, short_tmp_dir
+from switchyard.testing.lifeline import lifeline
 
 
 def test_units_start_a_working_group(tiny_qwen3):

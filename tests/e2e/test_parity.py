@@ -26,20 +26,11 @@ import pytest
 from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
 
-from tests.helpers.group import ServerGroup, stop_all
+from switchyard.testing.group import ServerGroup, stop_all
+from switchyard.testing.texts import LONG_TEXT, MAX_TOKENS, REPEAT_TEXT, SHORT_TEXT
 
 TIMEOUT_S = 180.0
-MAX_TOKENS = 40
 ARCHS = ("qwen3", "qwen3_next")
-
-SHORT_TEXT = "The old mill stands by the river, and every morning the miller"
-# Longer than one prefill chunk (512) and several KV pages (256): chunked prefill and page
-# writes happen on the server while the reference prefills in one piece.
-LONG_TEXT = " ".join(f"Line {i}: the {w} river runs past the {w} hill to the sea."
-                     for i, w in enumerate(["north", "south", "east", "west"] * 12))
-
-REPEAT_TEXT = " ".join(f"Step {i}: carry the {w} stone up the {w} stair." for i, w in
-                       enumerate(["red", "green", "blue"] * 20))
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from mlx_lm import load as mlx_load
 from mlx_lm.convert import convert
 
 from fixtures.tiny_models import generate_tiny_model
-from switchyard.proto.tokenizer_loading import load_tokenizer
-from tests.e2e.test_parity import (LONG_TEXT, SHORT_TEXT, assert_same_as_reference,
-                                   greedy_reference)
-from tests.helpers.group import ServerGroup, stop_all
+from switchyard.common.tokenizer_loading import load_tokenizer
+from switchyard.testing.group import ServerGroup, stop_all
+from switchyard.testing.texts import LONG_TEXT, SHORT_TEXT
+from tests.e2e.test_parity import assert_same_as_reference, greedy_reference
 from switchyard.worker.model_loading import load_model
 
 MAX_TOKENS = 32

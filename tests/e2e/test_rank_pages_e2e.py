@@ -13,9 +13,9 @@ import pytest
 
 from switchyard.kvstore.store import read_entries
 from tests.e2e.test_worker_group import free_port_pair
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 from switchyard.proto.status import Status, read_status
-from tests.helpers.workload import text, wait_ready
+from switchyard.testing.workload import text, wait_ready
 
 P = 256
 

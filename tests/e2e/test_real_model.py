@@ -19,10 +19,10 @@ import openai
 import pytest
 
 from switchyard.deploy.default_model import DEFAULT_MODEL_FILE, models_dir
-from switchyard.proto.tokenizer_loading import load_tokenizer
+from switchyard.common.tokenizer_loading import load_tokenizer
 from switchyard.worker.model_loading import load_model
 from tests.e2e.test_parity import assert_same_as_reference, greedy_reference
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 TIMEOUT_S = 300.0
 MODEL_ID = DEFAULT_MODEL_FILE.removesuffix(".gguf")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.helpers.drill import run_drill
-from tests.helpers.group import ServerGroup
+from switchyard.testing.drill import run_drill
+from switchyard.testing.group import ServerGroup
 
 
 def test_kill_each_component_while_serving(tiny_qwen3):

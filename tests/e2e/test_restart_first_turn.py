@@ -17,8 +17,8 @@ import time
 
 import httpx
 
-from tests.helpers.group import ServerGroup, short_tmp_dir
-from tests.helpers.workload import text, wait_ready
+from switchyard.testing.group import ServerGroup, short_tmp_dir
+from switchyard.testing.workload import text, wait_ready
 
 PAGE = 256
 

@@ -1,5 +1,5 @@
 """Two servers behind SMG (Shepherd Model Gateway, SGLang's router), installed from PyPI as its
-users install it (tests/helpers/smg.py), on the tiny model: Chat, Messages and Responses answer
+users install it (testing/smg.py), on the tiny model: Chat, Messages and Responses answer
 through it, streamed and not, with SGLang's integer priority (SMG itself adds one to Responses);
 SMG's discovery and load monitor accept what the servers answer; a later turn of a conversation
 sent through SMG's `cache_aware` policy reaches the server that holds it, and is cached.
@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.group import ServerGroup, short_tmp_dir, stop_all
-from tests.helpers.smg import SmgRouter, SmgUnavailable, install
+from switchyard.testing.group import ServerGroup, short_tmp_dir, stop_all
+from switchyard.testing.smg import SmgRouter, SmgUnavailable, install
 
 MODEL = "tiny"
 CLAUDE_MODEL = "claude-sonnet-4-5"  # a name Claude Code sends, routed by SMG's --model-alias

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from switchyard.proto.status import read_status
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 
 @pytest.fixture(scope="module")

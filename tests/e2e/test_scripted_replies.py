@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 SAY = "Checking the weather."
 CITY = {"city": "Paris"}

@@ -24,8 +24,8 @@ import httpx
 import openai
 import pytest
 
-from switchyard.proto.endpoints import Endpoints
-from tests.helpers.group import ServerGroup, short_tmp_dir
+from switchyard.common.endpoints import Endpoints
+from switchyard.testing.group import ServerGroup, short_tmp_dir
 
 KEY = "e2e-secret-key-7f3a"
 ATTACKER_KEY = "e2e-other-key-91c2"

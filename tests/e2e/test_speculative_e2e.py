@@ -26,7 +26,7 @@ import pytest
 from mlx_lm import load as mlx_load
 
 from tests.e2e.test_parity import assert_same_as_reference, greedy_reference
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 TIMEOUT_S = 300.0
 MODEL = "tiny-qwen3"

@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from tests.helpers.group import ServerGroup, short_tmp_dir
+from switchyard.testing.group import ServerGroup, short_tmp_dir
 
 ALICE_KEY = "e2e-alice-key-3c1d"
 BOB_KEY = "e2e-bob-key-8e2f"

@@ -13,8 +13,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.helpers.group import ServerGroup, stop_all
-from tests.helpers.vision import Reference, openai_content, picture, short_id
+from switchyard.testing.group import ServerGroup, stop_all
+from switchyard.testing.vision import Reference, openai_content, picture, short_id
 
 FAMILIES = ("qwen3_vl", "gemma3")
 PAGE = 256

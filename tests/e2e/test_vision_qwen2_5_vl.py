@@ -23,9 +23,16 @@ import anthropic
 import openai
 import pytest
 
-from tests.helpers.group import ServerGroup, short_tmp_dir
-from tests.helpers.vision import (Reference, anthropic_content, data_url, openai_content,
-                                  picture, responses_content, short_id)
+from switchyard.testing.group import ServerGroup, short_tmp_dir
+from switchyard.testing.vision import (
+    Reference,
+    anthropic_content,
+    data_url,
+    openai_content,
+    picture,
+    responses_content,
+    short_id,
+)
 
 ARCH = "qwen2_5_vl"
 PAGE = 256

@@ -24,7 +24,7 @@ from tests.e2e.test_parity import (
     greedy_reference,
     served_completion,
 )
-from tests.helpers.group import ServerGroup, free_port_pair, stop_all
+from switchyard.testing.group import ServerGroup, free_port_pair, stop_all
 
 SHORT_TEXT = "The old mill stands by the river, and every morning the miller"
 # Longer than one prefill chunk (--prefill-chunk 128 below): chunked prefill on every rank.

@@ -13,7 +13,8 @@ import warnings
 import mlx.core as mx
 import numpy as np
 
-from switchyard.proto.messages import DecodeItem, SamplingParams
+from switchyard.proto.scheduler_worker import DecodeItem
+from switchyard.proto.values import SamplingParams
 
 NEAR_TIE = 1e-4
 STOP = (4087, 4089)  # the twins' eos ids

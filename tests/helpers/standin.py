@@ -28,8 +28,8 @@ from switchyard.deploy.restart_policy import RestartPolicy
 from switchyard.deploy.runtime import GroupRunningError
 from switchyard.deploy.supervisor import ROLES, Supervisor
 from switchyard.proto.ids import new_boot_id
-from switchyard.proto.logs import configure_logging
-from switchyard.proto.settings import Settings, add_arguments, from_namespace
+from switchyard.common.logs import configure_logging
+from switchyard.common.settings import Settings, add_arguments, from_namespace
 
 CRASH_EXIT_CODE = 7
 REFUSE_EXIT_CODE = 2

@@ -4,7 +4,7 @@ import json
 
 from switchyard.deploy.cli import main
 from switchyard.kvstore.store import PageStore
-from switchyard.proto.page_ids import ROOT_ID, make_namespace
+from switchyard.common.page_ids import ROOT_ID, make_namespace
 
 
 def test_cache_plan_sizes_linearly(tiny_model_dir, capsys):

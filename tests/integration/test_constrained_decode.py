@@ -10,7 +10,8 @@ import jsonschema
 import pytest
 
 from switchyard.gateway.request import structured
-from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
+from switchyard.proto.scheduler_worker import DecodeItem, PrefillChunk, RunStep
+from switchyard.proto.values import SamplingParams
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
 from switchyard.worker.executor import StepExecutor
 from switchyard.worker.model_loading import load_model
@@ -89,7 +90,7 @@ def test_constrained_and_free_rows_share_a_batch_and_bursts_stop_at_the_end(mode
 
 
 def ex_decode(model, tokens) -> str:
-    from switchyard.proto.tokenizer_loading import load_tokenizer
+    from switchyard.common.tokenizer_loading import load_tokenizer
 
     path, _ = model
     return load_tokenizer(str(path)).decode(tokens)

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.helpers.group import REPO_ROOT, short_tmp_dir
+from switchyard.testing.group import REPO_ROOT, short_tmp_dir
 
 
 def test_serve_without_the_index_says_so_in_one_line(tmp_path):

@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 
 from switchyard.gateway.request import structured
-from switchyard.proto.messages import CopyPrefix, DecodeItem, PrefillChunk, RunStep, SamplingParams
-from switchyard.proto.speculation import num_accepted
-from switchyard.proto.tokenizer_loading import load_tokenizer
+from switchyard.proto.scheduler_worker import CopyPrefix, DecodeItem, PrefillChunk, RunStep
+from switchyard.proto.values import SamplingParams
+from switchyard.common.speculation import num_accepted
+from switchyard.common.tokenizer_loading import load_tokenizer
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
 from switchyard.worker.draft_model import DraftModelDrafter, load_drafter
 from switchyard.worker.drafters import DraftRow

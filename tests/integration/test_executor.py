@@ -4,7 +4,8 @@ token, and a burst that meets a stop token leaves the slot exactly as single ste
 import mlx.core as mx
 import pytest
 
-from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
+from switchyard.proto.scheduler_worker import DecodeItem, PrefillChunk, RunStep
+from switchyard.proto.values import SamplingParams
 from switchyard.worker.executor import StepExecutor
 from switchyard.worker.model_loading import load_model
 from switchyard.worker.slots import SlotStore

@@ -32,10 +32,17 @@ import zmq
 from switchyard.gateway.app import build_app
 from switchyard.gateway.service import make_server
 from switchyard.proto import codec
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
-from switchyard.proto.messages import (PROTOCOL_VERSION, CancelRequest, GroupState, Hello, RequestFailed,
-                            RequestFinished, SubmitRequest, TokensGenerated)
-from switchyard.proto.settings import Settings
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.base import PROTOCOL_VERSION, Hello
+from switchyard.proto.gateway_scheduler import (
+    CancelRequest,
+    GroupState,
+    RequestFailed,
+    RequestFinished,
+    SubmitRequest,
+    TokensGenerated,
+)
+from switchyard.common.settings import Settings
 from switchyard.proto.sockets import bind_router
 
 API_KEY = "sekret"

@@ -20,9 +20,9 @@ import pytest
 import structlog
 
 from switchyard.gateway.api.anthropic_api import VOLATILE_SYSTEM_PREFIXES
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
-from switchyard.proto.messages import RequestFinished, TokensGenerated
-from switchyard.proto.settings import Settings
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.gateway_scheduler import RequestFinished, TokensGenerated
+from switchyard.common.settings import Settings
 from tests.integration.test_gateway import (Fail, FakeScheduler, Finish, Running, Sleep,
                                             Tokens, serving, wait_until)
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from switchyard.gateway.http_limits import LARGE_BODY_BYTES, MAX_LARGE_BODIES
-from switchyard.proto.tenants import resolved_keys
+from switchyard.common.tenants import resolved_keys
 
 from tests.integration.test_gateway import CHAT, JSON_TYPE, assert_error, wait_until
 

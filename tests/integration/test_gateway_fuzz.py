@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
-from switchyard.proto.settings import Settings
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.common.settings import Settings
 from tests.integration.test_gateway import FakeScheduler, serving, wait_until
 
 API_KEY = "fuzz"

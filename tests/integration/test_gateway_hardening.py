@@ -203,6 +203,7 @@ def test_reasoning_and_tools_choose_the_large_lane(served, monkeypatch):
 
     from switchyard.gateway import driver
     from switchyard.gateway.context import LARGE_PROMPT_CHARS, RequestContext
+    from switchyard.gateway.prompting.prompts import chat_chars
     from switchyard.gateway.request.model import ChatRequest, Options
 
     sizes = []
@@ -220,8 +221,9 @@ def test_reasoning_and_tools_choose_the_large_lane(served, monkeypatch):
         method, url = "POST", SimpleNamespace(path="/v1/chat/completions")
         receive = stream = None
 
-    asyncio.run(driver.plan_chat(RequestContext.of(FakeRequest()), chat))
-    assert sizes == [driver.chat_chars(chat)] and sizes[0] > LARGE_PROMPT_CHARS
+    ctx = RequestContext.of(FakeRequest())
+    asyncio.run(driver.plan_chat(ctx, chat, ctx.decide(chat.options)))
+    assert sizes == [chat_chars(chat)] and sizes[0] > LARGE_PROMPT_CHARS
 
 
 def test_tokenizing_is_abandoned_when_the_client_leaves(served, fake):
@@ -271,7 +273,7 @@ def streams_held_at_the_limit(tokenizer, headers: dict[str, str] | None = None, 
     the two streams one client may hold open already held (`headers`: whose). Yields (url,
     app, scheduler, leave): `leave()` makes those clients leave (their requests are
     cancelled); it runs on exit too."""
-    from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
+    from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
     from tests.integration.test_gateway import FakeScheduler, Hold, wait_until
 
     own_dir = Path(tempfile.mkdtemp(prefix="sy-cap-", dir="/tmp"))
@@ -341,7 +343,7 @@ def test_one_keys_requests_leave_another_key_its_share_of_the_connections(tokeni
     """Every local tenant comes from 127.0.0.1: with several keys the share kept for others
     is per key, so one key holding all it may does not refuse another key's request. The
     scheduler learns each request's tenant and weight, never its key."""
-    from switchyard.proto.tenants import resolved_keys
+    from switchyard.common.tenants import resolved_keys
 
     keys = resolved_keys("alice sk-alice-1\nbob,weight=3 sk-bob-2\n")
     bob, alice = {"Authorization": "Bearer sk-bob-2"}, {"Authorization": "Bearer sk-alice-1"}

@@ -13,7 +13,7 @@ import pytest
 
 from switchyard.gateway.request.wire.common import INT32_MAX, INT32_MIN
 from switchyard.gateway.router_api import Throughput
-from switchyard.proto.endpoints import Endpoints
+from switchyard.common.endpoints import Endpoints
 from switchyard.proto.status import KvMemoryStatus, write_status
 from tests.integration.test_gateway import (API_KEY, CHAT, Hold, Tokens,  # noqa: F401
                                             base_url, fake, http, runtime_dir, scheduler,

@@ -18,8 +18,8 @@ import pytest
 
 from switchyard.gateway.app import build_app
 from switchyard.gateway.service import make_server
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
-from switchyard.proto.settings import Settings
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.common.settings import Settings
 from tests.integration.test_gateway import (CHAT, JSON_TYPE, REPLY, FakeScheduler, assert_error,
                                             wait_until)
 

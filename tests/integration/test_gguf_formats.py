@@ -21,8 +21,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from fixtures import gguf_blocks, gguf_writer
-from switchyard.deploy import tiny_tokenizer
-from switchyard.deploy.tiny_models import make_weights, tiny_config
+from switchyard.twins import tokenizer as tiny_tokenizer
+from switchyard.twins.models import make_weights, tiny_config
 from switchyard.worker import gguf_archs, gguf_loading
 from switchyard.worker.gguf_tensors import LOSSLESS_TYPES, REQUANT_BITS, MlxTensor, convert, dequantize_mlx
 from switchyard.worker.errors import ModelLoadError
@@ -287,9 +287,9 @@ def test_unsupported_arch_and_tensor_type_are_refused_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("quant", ["Q4_K_M", "BF16", "F16", "Q8_0"])
 def test_metadata_and_tensors_read_as_gguf_py_reads_them(tmp_path, quant):
-    """proto.gguf_file (the fast reader) against gguf-py's GGUFReader: every metadata value
+    """common.gguf_file (the fast reader) against gguf-py's GGUFReader: every metadata value
     (the vocabulary and merges included) and every tensor's type, shape, dtype and bytes."""
-    from switchyard.proto.gguf_file import GGUFFile
+    from switchyard.common.gguf_file import GGUFFile
 
     path, _, _ = write_twin(tmp_path, "qwen3", quant)
     fast, reference = GGUFFile(path), gguf.GGUFReader(str(path))

@@ -5,7 +5,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from switchyard.proto.messages import SamplingParams
+from switchyard.proto.values import SamplingParams
 from switchyard.worker.batch_kv import BatchQuantizedKV
 from switchyard.worker.kv_layout import kv_quant, token_arrays
 from switchyard.worker.errors import ModelLoadError

@@ -1,4 +1,4 @@
-"""The test-only lifeline (tests/helpers/lifeline.py): a group outlives the process that started
+"""The test-only lifeline (testing/lifeline.py): a group outlives the process that started
 it only until that process dies. Each test runs a python child that starts what it holds, then
 the child dies; what it held must be gone within a bounded wait."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 from switchyard.deploy.runtime import pid_alive, wait_gone
 from switchyard.deploy.supervisor import ROLES
-from switchyard.proto.endpoints import Endpoints
+from switchyard.common.endpoints import Endpoints
 from switchyard.proto.shm import remove_stale_segments
-from tests.helpers.group import REPO_ROOT, group_members
-from tests.helpers.lifeline import with_repo_path
+from switchyard.testing.group import REPO_ROOT, group_members
+from switchyard.testing.lifeline import with_repo_path
 
 # Longer than the lifeline's grace for a whole group (ServerGroup's stop_timeout_s), so a
 # group that ignores its SIGTERM is still SIGKILLed within it.
@@ -26,8 +26,8 @@ BOUND_S = 90.0
 
 GROUP_CHILD = """
 import json, sys, time
-from tests.helpers.group import ServerGroup
-from tests.helpers.lifeline import lifeline
+from switchyard.testing.group import ServerGroup
+from switchyard.testing.lifeline import lifeline
 group = ServerGroup(sys.argv[1], slots=1, ctx=512).start()
 print(json.dumps({"supervisor": group.supervisor_pid, "pids": sorted(group.seen_pids),
                   "runtime_dir": str(group.runtime_dir), "kv_dir": str(group.kv_dir),
@@ -49,8 +49,8 @@ time.sleep(600)
 # The child then exits without stopping either.
 STUBBORN_CHILD = """
 import json, os, subprocess, sys
-from tests.helpers.group import short_tmp_dir
-from tests.helpers.lifeline import lifeline
+from switchyard.testing.group import short_tmp_dir
+from switchyard.testing.lifeline import lifeline
 out = {}
 for name in ("held", "released"):
     runtime_dir = short_tmp_dir("sylife")

@@ -4,7 +4,7 @@ running."""
 import subprocess
 import sys
 
-from tests.helpers.group import REPO_ROOT, short_tmp_dir
+from switchyard.testing.group import REPO_ROOT, short_tmp_dir
 
 
 def test_serve_refuses_a_plan_that_does_not_fit(tiny_model_dir):

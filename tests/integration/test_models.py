@@ -13,7 +13,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
-from switchyard.proto.tokenizer_loading import load_tokenizer
+from switchyard.common.tokenizer_loading import load_tokenizer
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.model_loading import load_model
 from fixtures.tiny_models import generate_tiny_model, main
@@ -237,7 +237,7 @@ def test_cli_writes_gguf(tmp_path, capsys):
 def test_memory_plan_per_family(tiny_model_dir, arch, full_layers, kv_per_layer):
     """Only full-attention KV grows with --ctx; sliding rings and states are fixed per slot;
     every weight (each expert once) is counted once: the plan equals the file's tensors."""
-    from switchyard.proto.settings import Settings
+    from switchyard.common.settings import Settings
     from switchyard.worker.service import page_layout, plan_memory
 
     model_dir = tiny_model_dir(arch)
@@ -263,7 +263,7 @@ def test_memory_plan_counts_a_cache_that_cannot_be_paged(tiny_model_dir):
     KVCache layers: the plan measures its growth, so it still grows with --ctx."""
     import structlog
 
-    from switchyard.proto.settings import Settings
+    from switchyard.common.settings import Settings
     from switchyard.worker.service import page_layout, plan_memory
 
     model_dir = tiny_model_dir("deepseek_v41")
@@ -282,7 +282,7 @@ def test_memory_plan_counts_a_cache_that_cannot_be_paged(tiny_model_dir):
 def test_kv_bits_refused_for_gpt_oss_sinks(tiny_model_dir):
     """mlx-lm's quantized attention has no attention sinks: --kv-bits on gpt-oss is refused at
     start with one line (exit 2 in the worker), not a crash on the first request."""
-    from switchyard.proto.settings import Settings
+    from switchyard.common.settings import Settings
     from switchyard.worker.kv_layout import kv_quant
     from switchyard.worker.service import check_kv_quant_runs
 

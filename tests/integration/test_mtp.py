@@ -19,8 +19,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
-from switchyard.proto.speculation import num_accepted
+from switchyard.proto.scheduler_worker import DecodeItem, PrefillChunk, RunStep
+from switchyard.proto.values import SamplingParams
+from switchyard.common.speculation import num_accepted
 from switchyard.worker.drafters import DraftRow
 from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.executor import StepExecutor
@@ -131,7 +132,7 @@ def assert_same(reference, gaps, got):
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
 def test_twin_head_loads_and_main_model_is_the_same(tiny_model_dir, arch):
     """qwen3_5: an MLX-layout checkpoint; qwen3_next: Hugging Face's layout, main model and
-    head (deploy/tiny_models.py)."""
+    head (twins/models.py)."""
     with_head = load_model(str(mtp_twin(tiny_model_dir, arch)))
     without = load_model(str(tiny_model_dir(arch)))
     assert ships_mtp(with_head.path, with_head.model_type)
@@ -143,7 +144,7 @@ def test_twin_head_loads_and_main_model_is_the_same(tiny_model_dir, arch):
     # the head's weights are the drawn ones, whichever layout stored them
     from mlx.utils import tree_flatten
 
-    from switchyard.deploy.tiny_models import make_mtp_weights
+    from switchyard.twins.models import make_mtp_weights
 
     drawn = make_mtp_weights(with_head.config, 1)  # the twin's seed 0 + 1, MLX layout
     for name, w in tree_flatten(drafter.head.parameters()):
@@ -154,7 +155,7 @@ def test_twin_head_loads_and_main_model_is_the_same(tiny_model_dir, arch):
 
 
 def test_speculative_mtp_loads_the_head_or_is_refused_in_one_line(tiny_model_dir):
-    from switchyard.proto.settings import Settings
+    from switchyard.common.settings import Settings
     from switchyard.worker.service import plan_memory
 
     with_head = load_model(str(mtp_twin(tiny_model_dir)))

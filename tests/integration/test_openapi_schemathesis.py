@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402  (after the im
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import CHECKS  # noqa: E402
 
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir  # noqa: E402
-from switchyard.proto.settings import Settings  # noqa: E402
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir  # noqa: E402
+from switchyard.common.settings import Settings  # noqa: E402
 from tests.helpers.openapi_rules import (MAX_IMAGES, PNG_BASE64, PNG_URL,  # noqa: E402
                                          follow_unstateable_rules)
 from tests.integration.test_gateway import FakeScheduler, wait_until  # noqa: E402

@@ -10,8 +10,9 @@ round differently with its length (the decode batch has the same property); toke
 import mlx.core as mx
 import pytest
 
-from switchyard.deploy.tiny_models import TEXT_ARCHS
-from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
+from switchyard.twins.models import TEXT_ARCHS
+from switchyard.proto.scheduler_worker import DecodeItem, PrefillChunk, RunStep
+from switchyard.proto.values import SamplingParams
 from switchyard.worker.cache_kinds import leaves
 from switchyard.worker.executor import StepExecutor
 from mlx.utils import tree_flatten

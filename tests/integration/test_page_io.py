@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import structlog
 
-from switchyard.proto.messages import SamplingParams
+from switchyard.proto.values import SamplingParams
 from switchyard.worker.kv_layout import kv_quant
 from switchyard.worker.model_loading import load_model
 from switchyard.worker.page_io import PageLayout
@@ -252,7 +252,7 @@ def test_cache_kind_without_pages_still_serves_and_copies(tiny_model_dir):
     from mlx_lm.models.cache import ChunkedKVCache
     from structlog.testing import capture_logs
 
-    from switchyard.proto.settings import Settings
+    from switchyard.common.settings import Settings
     from switchyard.worker.service import page_layout
 
     loaded = load_model(str(tiny_model_dir("qwen3")))

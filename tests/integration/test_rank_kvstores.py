@@ -20,30 +20,28 @@ import zmq
 
 from switchyard.deploy.lifeline import PARENT_ENV
 from switchyard.proto import codec
-from switchyard.proto.endpoints import Endpoints, ensure_runtime_dir
-from switchyard.proto.messages import (
-    PROTOCOL_VERSION,
-    ROLE_SCHEDULER,
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir
+from switchyard.proto.base import PROTOCOL_VERSION, ROLE_SCHEDULER, Hello
+from switchyard.proto.scheduler_kvstore import (
     AttachBuffers,
     DescribeInventory,
-    Hello,
     InventoryDescribed,
     PageRead,
     PagesRead,
     PagesWritten,
     PageWrite,
-    RankInfo,
     ReadPages,
-    WorkerReady,
     WritePages,
 )
-from switchyard.proto.page_ids import ROOT_ID, chain_page_ids
+from switchyard.proto.scheduler_worker import RankInfo, WorkerReady
+from switchyard.common.page_ids import ROOT_ID, chain_page_ids
 from switchyard.proto.shm import PageBufferPool
 from switchyard.proto.sockets import bind_router, send_to
 from switchyard.scheduler.page_stores import PageStores, kvstore_identity
 from switchyard.proto.status import read_status
-from tests.helpers.group import REPO_ROOT, short_tmp_dir
+from switchyard.testing.group import short_tmp_dir
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 P = 16
 NS = bytes(range(16))
 PER_TOKEN = (64, 40)  # rank 1's share of a token is smaller (another head count)
@@ -207,7 +205,7 @@ def test_the_scheduler_serves_the_pages_every_rank_holds():
     the page index is the pages both ranks hold, the share only rank 0 has is deleted, and
     status lists both ranks."""
     from switchyard.kvstore.store import PageStore
-    from switchyard.proto.messages import Heartbeat
+    from switchyard.proto.base import Heartbeat
 
     tmp = short_tmp_dir("sysk")
     runtime, kv_dir, log = tmp / "rt", tmp / "kv", tmp / "group.log"
@@ -276,8 +274,8 @@ def test_only_a_kvstore_holding_the_group_key_reaches_the_scheduler_over_tcp():
     as kvstore.1 with the group key. One holding another group's key is refused at the
     handshake: the scheduler never hears from it. Without a key file the scheduler does not
     start. (One machine plays every host: each gets the hostfile as its host sees it.)"""
-    from switchyard.proto.group_key import write_group_key
-    from tests.helpers.group import free_port
+    from switchyard.common.group_key import write_group_key
+    from switchyard.testing.group import free_port
 
     tmp = short_tmp_dir("sytc")
     here_0 = tmp / "host-a.json"  # 192.0.2.0/24 is documentation space: never this machine
@@ -364,10 +362,12 @@ def test_a_group_key_holder_is_only_a_kvstore_and_odd_identities_are_dropped():
     nothing else: a key holder greeting as `gateway` or `worker` is never heard and never
     gets their route; on the ipc socket a non-UTF-8 identity, or a role sending what it may
     not, is dropped and logged, and the scheduler keeps serving."""
-    from switchyard.proto.group_key import curve_client, read_group_key, write_group_key
-    from switchyard.proto.messages import Heartbeat, SamplingParams, SubmitRequest
+    from switchyard.common.group_key import curve_client, read_group_key, write_group_key
+    from switchyard.proto.base import Heartbeat
+    from switchyard.proto.values import SamplingParams
+    from switchyard.proto.gateway_scheduler import SubmitRequest
     from switchyard.proto.tokens import TokenIds
-    from tests.helpers.group import free_port
+    from switchyard.testing.group import free_port
 
     tmp = short_tmp_dir("syid")
     hostfile = tmp / "host-a.json"  # rank 1 on another machine: the TCP endpoint is bound

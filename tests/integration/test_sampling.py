@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from switchyard.proto.messages import SamplingParams
+from switchyard.proto.values import SamplingParams
 from switchyard.worker.sampling import sample_rows
 
 

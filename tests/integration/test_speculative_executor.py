@@ -19,7 +19,8 @@ import jsonschema
 import pytest
 
 from switchyard.gateway.request import structured
-from switchyard.proto.messages import DecodeItem, PrefillChunk, RunStep, SamplingParams
+from switchyard.proto.scheduler_worker import DecodeItem, PrefillChunk, RunStep
+from switchyard.proto.values import SamplingParams
 from switchyard.worker.cache_kinds import verifiable
 from switchyard.worker.constraints import ConstraintEngine, llguidance_tokenizer
 from switchyard.worker.executor import StepExecutor
@@ -190,7 +191,7 @@ def test_constrained_drafts_are_cut_where_the_grammar_rejects_them(tiny_model_di
 
     spec, stats = d.speculative(ref, 60, sampling, corrupt=with_a_foreign_token)
     assert spec == ref
-    from switchyard.proto.tokenizer_loading import load_tokenizer
+    from switchyard.common.tokenizer_loading import load_tokenizer
 
     text = load_tokenizer(str(path)).decode([t for t in spec[0] if t not in STOP])
     jsonschema.validate(json.loads(text), SCHEMA)

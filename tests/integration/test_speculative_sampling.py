@@ -2,7 +2,7 @@
 
 A small-vocabulary "model" (a fixed Markov chain over 6 tokens: the logits of the next token
 depend on the last one) is sampled with the worker's own sampler (worker/sampling.py) and
-verifier (proto/speculation.py), without and with drafts that are right part of the time. Over a
+verifier (common/speculation.py), without and with drafts that are right part of the time. Over a
 fixed set of seeds (so the test cannot flake) the frequencies of each output position match
 the chain's exact distribution (chi-square), and each seed's tokens are the same with or
 without drafts: the verifier accepts a draft token exactly when it is the token the plain
@@ -17,9 +17,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from switchyard.proto.messages import SamplingParams
+from switchyard.proto.values import SamplingParams
 from switchyard.worker.sampling import sample_lazy
-from switchyard.proto.speculation import verified
+from switchyard.common.speculation import verified
 
 V, LENGTH, START, NUM_SEEDS = 6, 3, 0, 1000
 rng = np.random.default_rng(7)

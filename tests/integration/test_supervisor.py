@@ -15,7 +15,7 @@ import pytest
 
 from switchyard.deploy.runtime import pid_alive, read_pid_file, wait_gone
 from switchyard.deploy.supervisor import ROLES
-from tests.helpers.group import ServerGroup, free_port, group_members, short_tmp_dir
+from switchyard.testing.group import ServerGroup, free_port, group_members, short_tmp_dir
 from tests.helpers.standin import CRASH_EXIT_CODE
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,9 @@ STANDIN = ("tests.helpers.standin", "supervise")
 
 
 def standin_group(tmp_path, env=None, extra=(), **kw) -> ServerGroup:
-    return ServerGroup(tmp_path, entry=STANDIN, wait_for="pids", env=env or {},
+    # The stand-in is a test module: its processes find it through the checkout on PYTHONPATH.
+    env = {"PYTHONPATH": str(_REPO_ROOT), **(env or {})}
+    return ServerGroup(tmp_path, entry=STANDIN, wait_for="pids", env=env,
                        extra=extra, startup_timeout_s=30, stop_timeout_s=30, **kw)
 
 

@@ -15,15 +15,15 @@ import pytest
 import structlog
 
 from switchyard.gateway.vision.prompt import image_prompt_for
-from switchyard.proto.images import image_id, open_rgb
-from switchyard.proto.messages import (DecodeItem, ImageData, ImageSpan, PrefillChunk, RunStep,
-                                       SamplingParams)
+from switchyard.common.images import image_id, open_rgb
+from switchyard.proto.scheduler_worker import DecodeItem, PrefillChunk, RunStep
+from switchyard.proto.values import ImageData, ImageSpan, SamplingParams
 from switchyard.worker.executor import StepExecutor
 from switchyard.worker.model_loading import load_model
 from switchyard.worker.vision.encoder import ImageEncoder
 from switchyard.worker.vision.positions import positions
 from switchyard.worker.vision.slots import VisionSlotStore
-from tests.helpers.vision import Reference, picture
+from switchyard.testing.vision import Reference, picture
 
 ARCHS = ("qwen2_5_vl", "qwen3_vl", "gemma3")
 MAX_TOKENS = 12

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from importlib.metadata import version
 
-from tests.helpers.group import REPO_ROOT, free_port, free_port_pair, short_tmp_dir
+from switchyard.testing.group import REPO_ROOT, free_port, free_port_pair, short_tmp_dir
 
 
 MLX_LM = version("mlx-lm")
@@ -55,7 +55,7 @@ def test_a_group_of_one_broadcasts_and_shares_tokens_without_sockets():
     """The collectives' plumbing on a singleton group (no peers, no sockets)."""
     import mlx.core as mx
 
-    from switchyard.proto.hostfile import parse_hostfile
+    from switchyard.common.hostfile import parse_hostfile
     from switchyard.worker.group import PING, STEP, RankGroup
 
     hostfile = parse_hostfile('[{"ssh": "a", "ips": ["127.0.0.1"]}]')

@@ -25,7 +25,7 @@ from switchyard.gateway.output.formats import detect_format
 from switchyard.gateway.prompting.history import RenderOptions, render_prompt
 from switchyard.gateway.prompting.system_turns import renders_system_in_place
 from switchyard.gateway.prompting.tool_text import text_syntax
-from switchyard.proto.tokenizer_loading import load_tokenizer
+from switchyard.common.tokenizer_loading import load_tokenizer
 
 
 def workload(tokenizer, shape: str) -> Workload:

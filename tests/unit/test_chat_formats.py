@@ -23,8 +23,8 @@ from switchyard.gateway.request.tools import parse_openai_tools
 from switchyard.gateway.prompting.history import RenderOptions, TurnMemory
 from switchyard.gateway.prompting.tool_text import text_syntax
 from switchyard.gateway.turn import ChatTurn, assistant_message, plan_turn
-from switchyard.proto.messages import RequestFinished, TokensGenerated
-from switchyard.proto.settings import CHAT_FORMATS, Settings, SettingsError
+from switchyard.proto.gateway_scheduler import RequestFinished, TokensGenerated
+from switchyard.common.settings import CHAT_FORMATS, Settings, SettingsError
 
 TOOLS = parse_openai_tools([
     {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
@@ -41,7 +41,7 @@ FAMILY_FORMAT = {"chatml": "hermes", "qwen3": "hermes", "qwen3_coder": "qwen3_co
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
-    from switchyard.proto.tokenizer_loading import load_tokenizer
+    from switchyard.common.tokenizer_loading import load_tokenizer
 
     root = tmp_path_factory.mktemp("families")
     return {family: load_tokenizer(str(write_tokenizer(root / family, family)))

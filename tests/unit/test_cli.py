@@ -8,7 +8,7 @@ import pytest
 
 from switchyard.deploy import blas, cli, resolve
 from switchyard.deploy.supervisor import ROLES, component_command
-from switchyard.proto.settings import Settings
+from switchyard.common.settings import Settings
 
 
 def parse(argv):
@@ -186,7 +186,7 @@ def test_worker_reexecs_with_openblas(tmp_path, monkeypatch):
 
         warning = info
 
-    from switchyard.proto import logs
+    from switchyard.common import logs
     monkeypatch.setattr(logs, "configure_logging", lambda *a, **kw: Log())
     settings = Settings(model="/m", runtime_dir="/tmp/syx", log_format="json")
     cli._reexec_with_openblas(settings)

@@ -1,5 +1,5 @@
 """The corpus of real agent-client requests (tests/corpus/<client>-<version>/, recorded by
-bench/record_clients.py) replayed through the gateway's parsing and rendering: every request
+tools/record_clients.py) replayed through the gateway's parsing and rendering: every request
 parses, renders with the tiny model's tokenizer and template, and each later request of a
 session (the second turn, a turn with a tool result) renders as an extension of the first
 turn's prompt, token for token up to at most one page before its end (where a client edits its
@@ -19,7 +19,7 @@ from switchyard.gateway.api.responses_api import parse_responses_request
 from switchyard.gateway.api.openai_request import parse_chat_request
 from switchyard.gateway.prompting.history import RenderOptions, render_prompt
 from switchyard.gateway.request.response_store import ResponseStore
-from tests.helpers.agent_clients import CLIENTS, doc_blocks
+from switchyard.testing.agent_clients import CLIENTS, doc_blocks
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "corpus"

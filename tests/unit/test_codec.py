@@ -7,8 +7,11 @@ import msgpack
 import msgspec
 import pytest
 
-from switchyard.proto import codec, messages
-from switchyard.proto.messages import MESSAGE_TYPES
+from switchyard.proto import codec
+from switchyard.proto.gateway_scheduler import CancelRequest, SubmitRequest
+from switchyard.proto.scheduler_kvstore import PageWrite, WritePages
+from switchyard.proto.values import SamplingParams
+from switchyard.proto.codec import MESSAGE_TYPES
 from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.tokens import TokenIds
 
@@ -40,8 +43,8 @@ def test_every_message_round_trips(cls):
 
 
 def test_page_flags_travel_typed_and_as_the_same_int():
-    write = messages.PageWrite(b"\x01" * 16, bytes(16), (1, 2), 0, 8, PageFlags.RECURRENT_STATE)
-    frame = codec.encode(messages.WritePages((write,)))
+    write = PageWrite(b"\x01" * 16, bytes(16), (1, 2), 0, 8, PageFlags.RECURRENT_STATE)
+    frame = codec.encode(WritePages((write,)))
     assert msgpack.unpackb(frame)["writes"][0]["flags"] == 1
     assert codec.decode(frame).writes[0].flags is PageFlags.RECURRENT_STATE
 
@@ -81,7 +84,7 @@ def test_wrong_type_is_rejected():
 
 
 def test_token_ids_travel_packed_and_nothing_else_passes_for_them():
-    submit = messages.SubmitRequest("r", [1, 2, 70000], 4, messages.SamplingParams())
+    submit = SubmitRequest("r", [1, 2, 70000], 4, SamplingParams())
     assert isinstance(submit.prompt_token_ids, TokenIds)  # a list is packed when built
     raw = msgpack.unpackb(codec.encode(submit))
     packed = raw["prompt_token_ids"]
@@ -111,10 +114,10 @@ def test_garbage_is_rejected():
 
 def test_non_message_cannot_be_encoded():
     with pytest.raises(codec.ProtocolError):
-        codec.encode(messages.SamplingParams())
+        codec.encode(SamplingParams())
 
 
 def test_messages_are_frozen():
-    msg = messages.CancelRequest("a")
+    msg = CancelRequest("a")
     with pytest.raises(AttributeError):
         msg.rid = "b"

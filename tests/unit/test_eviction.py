@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from switchyard.proto.messages import PageInfo
+from switchyard.proto.scheduler_kvstore import PageInfo
 from switchyard.scheduler.eviction import (
     GIB,
     EvictionPlan,

@@ -7,7 +7,7 @@ from transformers import PreTrainedTokenizerFast
 
 from switchyard.gateway.output.detokenizer import IncrementalDetokenizer, StopMatcher
 from switchyard.gateway.generation import Generation
-from switchyard.proto.messages import RequestFailed, RequestFinished, TokensGenerated
+from switchyard.proto.gateway_scheduler import RequestFailed, RequestFinished, TokensGenerated
 
 TEXTS = [
     "Hello 🦜 world",
@@ -20,7 +20,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from switchyard.deploy.tiny_tokenizer import tokenizer_files
+    from switchyard.twins.tokenizer import tokenizer_files
 
     directory = tmp_path_factory.mktemp("tok")
     for name, data in tokenizer_files().items():

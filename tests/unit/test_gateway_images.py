@@ -19,7 +19,7 @@ from switchyard.gateway.vision.images import decode
 from switchyard.gateway.vision.inputs import ImageInputs
 from switchyard.gateway.vision.parts import ImageRef, image_refs, template_messages
 from switchyard.gateway.vision.prompt import Gemma3, ImageTokens, QwenVL
-from switchyard.proto.images import image_id, open_rgb
+from switchyard.common.images import image_id, open_rgb
 
 MAX_PIXELS = 200 * 200
 

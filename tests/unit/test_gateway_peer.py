@@ -6,9 +6,16 @@ from switchyard.gateway.errors import APIError
 from switchyard.gateway.peer import PeerChange, PeerMonitor, RequestTable
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.proto import codec
-from switchyard.proto.messages import (PROTOCOL_VERSION, CancelRequest, GroupState, Heartbeat, Hello,
-                            RequestFailed, RequestFinished, SamplingParams, SubmitRequest,
-                            TokensGenerated)
+from switchyard.proto.base import PROTOCOL_VERSION, Heartbeat, Hello
+from switchyard.proto.gateway_scheduler import (
+    CancelRequest,
+    GroupState,
+    RequestFailed,
+    RequestFinished,
+    SubmitRequest,
+    TokensGenerated,
+)
+from switchyard.proto.values import SamplingParams
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from switchyard.gateway.output.tools import ToolCall
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.streaming import (SSE_DONE, SSE_KEEPALIVE, ClientDisconnected,
                                EventStreamResponse, sse_data, until_disconnect)
-from switchyard.proto.messages import RequestFailed
+from switchyard.proto.gateway_scheduler import RequestFailed
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ from switchyard.gateway.errors import APIError
 from switchyard.gateway.prompting.prompts import build_submit, check_model, served_model_id
 from switchyard.gateway.api.json_body import parse_json
 from switchyard.gateway.api.openai_request import parse_chat_request, parse_completion_request
-from switchyard.gateway.request.model import Options, header_priority, request_priority
+from switchyard.gateway.request.model import (Options, TurnChoices, header_priority,
+                                               request_priority)
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -167,16 +168,21 @@ def test_priority_header():
 
 def test_a_background_model_name_asks_for_background():
     subagents = ("local-subagents",)
-    assert request_priority({}, "local-subagents", subagents) == "background"
-    assert request_priority({}, "local", subagents) is None
-    assert request_priority({}, None, subagents) is None
-    assert request_priority({"x-switchyard-priority": "interactive"}, "local-subagents",
-                            subagents) == "interactive"
+    assert request_priority(Options(model="local-subagents"), {}, subagents) == "background"
+    assert request_priority(Options(model="local"), {}, subagents) == "interactive"
+    assert request_priority(Options(), {}, subagents) == "interactive"
+    assert request_priority(Options(model="local-subagents"),
+                            {"x-switchyard-priority": "interactive"}, subagents) == "interactive"
+
+
+def choices_of(options: Options, headers=None) -> TurnChoices:
+    return TurnChoices(salt=b"", priority=request_priority(options, headers or {}, ()))
 
 
 def submit(prompt_len=10, ctx=100, **option_fields):
-    return build_submit("r1", list(range(prompt_len)), Options(**option_fields), ctx=ctx,
-                        default_max_tokens=50, stop_token_ids=(7,), priority=None)
+    options = Options(**option_fields)
+    return build_submit("r1", list(range(prompt_len)), options, ctx=ctx,
+                        default_max_tokens=50, stop_token_ids=(7,), choices=choices_of(options))
 
 
 def test_submit_clamps_max_tokens_to_the_context():
@@ -201,12 +207,9 @@ def test_submit_always_has_a_seed_and_eos_ids():
 
 
 def test_body_priority_overrides_header():
-    request = build_submit("r", [1], Options(priority="interactive"), ctx=10,
-                           default_max_tokens=5, stop_token_ids=(), priority="background")
-    assert request.priority == "interactive"
-    request = build_submit("r", [1], Options(), ctx=10, default_max_tokens=5,
-                           stop_token_ids=(), priority="background")
-    assert request.priority == "background"
+    header = {"x-switchyard-priority": "background"}
+    assert choices_of(Options(priority="interactive"), header).priority == "interactive"
+    assert choices_of(Options(), header).priority == "background"
 
 
 def test_served_model_id(tmp_path):
@@ -251,7 +254,7 @@ def test_random_bodies_give_a_request_or_a_400_never_anything_else():
                 request = parse(body)
                 submitted = build_submit("r", [1, 2], request.options, ctx=64,
                                          default_max_tokens=8, stop_token_ids=(0,),
-                                         priority=None)
+                                         choices=choices_of(request.options))
                 # everything must fit the wire, with the types the scheduler's decoder checks
                 assert codec.decode(codec.encode(submitted)) == submitted
             except APIError as error:
@@ -283,8 +286,9 @@ def test_a_request_may_opt_out_of_speculative_decoding_in_every_api():
                                    store).chat.options.speculative is False
     with pytest.raises(APIError, match="speculative"):
         parse_chat_request(chat | {"speculative": "no"})
-    request = build_submit("r", [1], Options(speculative=False), ctx=10, default_max_tokens=5,
-                           stop_token_ids=(), priority=None)
+    options = Options(speculative=False)
+    request = build_submit("r", [1], options, ctx=10, default_max_tokens=5,
+                           stop_token_ids=(), choices=choices_of(options))
     assert request.speculative is False
 
 

@@ -1,4 +1,4 @@
-"""The worker group's key file (proto/group_key.py): written 0600 and never over another file,
+"""The worker group's key file (common/group_key.py): written 0600 and never over another file,
 read back only when no other user can read it and its keys belong together; the settings
 refuse a TCP scheduler address without one (docs/design/worker-groups.md "Pages per rank")."""
 
@@ -12,8 +12,8 @@ import pytest
 import zmq
 
 from switchyard.deploy.cli import main
-from switchyard.proto.group_key import read_group_key, write_group_key
-from switchyard.proto.settings import Settings, SettingsError
+from switchyard.common.group_key import read_group_key, write_group_key
+from switchyard.common.settings import Settings, SettingsError
 
 
 def test_a_new_key_file_is_private_and_reads_back(tmp_path):

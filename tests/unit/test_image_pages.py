@@ -7,7 +7,7 @@ import pytest
 
 from switchyard.kvstore import pages
 from switchyard.kvstore.store import PageStore
-from switchyard.proto.page_ids import ROOT_ID, make_namespace, page_id
+from switchyard.common.page_ids import ROOT_ID, make_namespace, page_id
 
 NS = make_namespace("model", "float32", "layout-1")
 X, Y = b"x" * 16, b"y" * 16

@@ -10,8 +10,8 @@ import pytest
 from switchyard.kvstore.pages import ROOT_ID, chain_page_ids, make_namespace
 from switchyard.kvstore.service import KvStoreDaemon
 from switchyard.kvstore.store import _unavailable
-from switchyard.proto.backoff import Backoff
-from switchyard.proto.messages import (
+from switchyard.common.backoff import Backoff
+from switchyard.proto.scheduler_kvstore import (
     DeletePages,
     PageInfo,
     PagesDeleted,
@@ -19,7 +19,7 @@ from switchyard.proto.messages import (
     PageWrite,
     WritePages,
 )
-from switchyard.proto.settings import Settings
+from switchyard.common.settings import Settings
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_cache import PageCache
 

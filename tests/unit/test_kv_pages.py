@@ -19,7 +19,7 @@ from switchyard.kvstore.pages import (
     page_id,
 )
 from switchyard.proto.page_flags import PageFlags
-from switchyard.proto.page_ids import kv_namespace
+from switchyard.common.page_ids import kv_namespace
 
 NS = make_namespace("model-a", "float32", "layout-1")
 P = 256

@@ -5,7 +5,7 @@ request at full context does not fit."""
 import dataclasses
 
 import pytest
-from switchyard.proto.held_kv import SlotHold, held_tokens, running_that_fit, slot_capacity
+from switchyard.common.held_kv import SlotHold, held_tokens, running_that_fit, slot_capacity
 from switchyard.worker.memory_plan import (PLANNED_REQUEST_TOKENS, MemoryPlanError, check_plan,
                                            make_plan, widest_running)
 

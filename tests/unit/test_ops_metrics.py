@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 
 from switchyard.gateway import dashboard, metrics
 from switchyard.gateway.app import RequestLogMiddleware
-from switchyard.proto.settings import Settings
+from switchyard.common.settings import Settings
 from switchyard.proto.status import (
     STATUS_VERSION,
     DiskStatus,

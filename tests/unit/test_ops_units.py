@@ -16,7 +16,7 @@ import pytest
 from switchyard.deploy import cli, launchd, systemd
 from switchyard.deploy.service_units import (ROLES, UnitError, check_second_group, parse_env,
                                   program_arguments, settings_flags, unit_plan, write_key_file)
-from switchyard.proto.settings import Settings, read_api_key_file
+from switchyard.common.settings import Settings, read_api_key_file
 
 OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 AWKWARD_KEY = 'k e$y%"\\x'

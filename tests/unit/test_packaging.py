@@ -153,3 +153,27 @@ def test_services_never_import_each_other():
         if name.split(".")[1] in services and target.split(".")[1] in services
         and name.split(".")[1] != target.split(".")[1])
     assert crossing == []
+
+
+# Each floor imports only from its own floor and those below it (docs/design.md "Layout").
+FLOORS = {"common": 0, "proto": 1, "twins": 1, "gateway": 2, "scheduler": 2, "worker": 2,
+          "kvstore": 2, "deploy": 3, "testing": 4}
+
+
+def test_every_folder_has_a_floor():
+    assert set(FLOORS) == TOP_NAMES
+
+
+def test_no_arrow_climbs_a_floor():
+    climbing = sorted(
+        f"{name} -> {target}" for name, targets in import_graph().items()
+        for target in targets
+        if FLOORS[target.split(".")[1]] > FLOORS[name.split(".")[1]])
+    assert climbing == []
+
+
+def test_twins_stand_beside_the_protocol():
+    crossing = sorted(f"{name} -> {target}" for name, targets in import_graph().items()
+                      for target in targets
+                      if {name.split(".")[1], target.split(".")[1]} == {"twins", "proto"})
+    assert crossing == []

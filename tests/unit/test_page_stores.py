@@ -3,7 +3,7 @@ core over one kvstore per rank. No sockets: replies are scripted per rank."""
 
 from pathlib import Path
 
-from switchyard.proto.messages import (
+from switchyard.proto.scheduler_kvstore import (
     AttachBuffers,
     DeletePages,
     DescribeInventory,
@@ -13,12 +13,11 @@ from switchyard.proto.messages import (
     PagesRead,
     PagesWritten,
     PageWrite,
-    RankInfo,
     ReadPages,
     TouchPages,
-    WorkerReady,
     WritePages,
 )
+from switchyard.proto.scheduler_worker import RankInfo, WorkerReady
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
 from switchyard.scheduler.events import KvstoreRestarted, PlanStep
@@ -160,7 +159,9 @@ def test_buffers_are_freed_only_when_every_rank_replied():
         for msg in stores.incoming(ident, InventoryDescribed(ident, ())):
             deliver(core.handle(msg, 1.0))
     deliver(core.handle(ready(stores.ranks), 1.0))
-    from switchyard.proto.messages import SamplingParams, SubmitRequest, StepDone
+    from switchyard.proto.values import SamplingParams
+    from switchyard.proto.gateway_scheduler import SubmitRequest
+    from switchyard.proto.scheduler_worker import StepDone
     deliver(core.handle(SubmitRequest("a", tuple(range(10, 10 + 2 * P + 1)), 1,
                                       SamplingParams(), ()), 1.0))
     step = core.handle(PlanStep(), 2.0).step
@@ -282,9 +283,9 @@ def test_a_rank_kvstore_restart_is_a_restart_of_the_group_store():
 def test_rank_page_directories_and_the_scheduler_address(tmp_path):
     import pytest
 
-    from switchyard.proto.endpoints import Endpoints
+    from switchyard.common.endpoints import Endpoints
     from switchyard.proto.service_loop import scheduler_endpoint
-    from switchyard.proto.settings import Settings, SettingsError
+    from switchyard.common.settings import Settings, SettingsError
     from switchyard.scheduler.service import remote_kvstore_address
 
     assert Settings(kv_dir="/kv").rank_kv_path == Path("/kv")
@@ -318,7 +319,10 @@ def test_rank_page_directories_and_the_scheduler_address(tmp_path):
 
 def test_each_role_may_send_only_its_own_messages():
     """A peer is heard only in its role (the scheduler drops the rest)."""
-    from switchyard.proto.messages import Heartbeat, PagesDeleted, StepDone, SubmitRequest
+    from switchyard.proto.base import Heartbeat
+    from switchyard.proto.scheduler_kvstore import PagesDeleted
+    from switchyard.proto.scheduler_worker import StepDone
+    from switchyard.proto.gateway_scheduler import SubmitRequest
     from switchyard.scheduler.service import may_send
 
     beat, step, submit, deleted = Heartbeat, StepDone, SubmitRequest, PagesDeleted

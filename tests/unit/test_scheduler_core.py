@@ -1,17 +1,14 @@
 """The scheduler core, driven without sockets or MLX: a scripted worker answers each step."""
 
-from switchyard.proto.messages import (
+from switchyard.proto.gateway_scheduler import (
     CancelRequest,
     RequestFailed,
     RequestFinished,
-    SampledToken,
-    SamplingParams,
-    SlotContents,
-    StepDone,
     SubmitRequest,
     TokensGenerated,
-    WorkerReady,
 )
+from switchyard.proto.scheduler_worker import SampledToken, SlotContents, StepDone, WorkerReady
+from switchyard.proto.values import SamplingParams
 from switchyard.proto.status import QueuedRequest
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
@@ -354,7 +351,7 @@ def test_a_constrained_request_is_placed_only_once_its_grammar_is_compiled():
     """The worker compiles a grammar off its steps (PrepareGrammar);
     until GrammarPrepared the request waits (others are placed), its end releases the
     grammar, a restarted worker compiles it again, and one the worker cannot compile fails."""
-    from switchyard.proto.messages import GrammarPrepared, PrepareGrammar, ReleaseGrammar
+    from switchyard.proto.scheduler_worker import GrammarPrepared, PrepareGrammar, ReleaseGrammar
 
     core = make_core()
     w = ScriptedWorker(core)

@@ -2,18 +2,12 @@
 (docs/design/speculative-decoding.md "Speculative decoding"): the core asks the worker's draft model
 for draft tokens per row (`DecodeItem.draft_tokens`), chooses how many from the measured acceptance
 and costs, uses copied drafts where they match better, and counts what the worker's drafts kept. The
-scripted worker verifies as the real one does (proto/speculation.py)."""
+scripted worker verifies as the real one does (common/speculation.py)."""
 
-from switchyard.proto.messages import (
-    SampledToken,
-    SamplingParams,
-    SlotDraft,
-    StepDone,
-    SubmitRequest,
-    TokensGenerated,
-    WorkerReady,
-)
-from switchyard.proto.speculation import verified
+from switchyard.proto.scheduler_worker import SampledToken, SlotDraft, StepDone, WorkerReady
+from switchyard.proto.values import SamplingParams
+from switchyard.proto.gateway_scheduler import SubmitRequest, TokensGenerated
+from switchyard.common.speculation import verified
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
 from switchyard.scheduler.events import PlanStep

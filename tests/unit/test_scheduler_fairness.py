@@ -1,7 +1,7 @@
 """Prefill order, slot admission and the background bound, driven without sockets
 or MLX; and admission waiting for the page index after a start."""
 
-from switchyard.proto.messages import AttachBuffers, InventoryDescribed
+from switchyard.proto.scheduler_kvstore import AttachBuffers, InventoryDescribed
 from switchyard.scheduler.core import SchedulerCore
 from switchyard.scheduler.events import IndexOverdue, KvstoreRestarted
 from switchyard.scheduler.fairness import oldest_waiting_s

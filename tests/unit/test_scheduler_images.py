@@ -2,9 +2,11 @@
 differing image starts, commands carry what the worker needs, the encoder's cost is budgeted.
 No sockets, no MLX: the scripted worker and kvstore of test_scheduler_pages."""
 
-from switchyard.proto.messages import (ImageData, ImageSpan, SamplingParams, SlotContents,
-                                       SubmitRequest, WritePages)
-from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, page_id, page_image_ids
+from switchyard.proto.values import ImageData, ImageSpan, SamplingParams
+from switchyard.proto.scheduler_worker import SlotContents
+from switchyard.proto.gateway_scheduler import SubmitRequest
+from switchyard.proto.scheduler_kvstore import WritePages
+from switchyard.common.page_ids import ROOT_ID, chain_page_ids, page_id, page_image_ids
 from switchyard.scheduler.prefill_plan import cut_before_images
 from switchyard.scheduler.requests import Request, Slot, images_agree
 from switchyard.scheduler.step_budget import PrefillBudget
@@ -183,7 +185,7 @@ class RefusingWorker(Group):
     """A worker whose image processor refuses every image: chunks that carry files fail."""
 
     def _worker(self, plan):
-        from switchyard.proto.messages import SlotFailure, StepDone
+        from switchyard.proto.scheduler_worker import SlotFailure, StepDone
 
         bad = [c for c in plan.prefills if c.image_data]
         if not bad:
@@ -198,7 +200,7 @@ class RefusingWorker(Group):
 
 
 def test_an_image_the_worker_refuses_fails_its_request_only():
-    from switchyard.proto.messages import RequestFailed
+    from switchyard.proto.gateway_scheduler import RequestFailed
 
     g = RefusingWorker(num_slots=2)
     prompt, span = with_image(conv(6, 3 * P), 5, 8, X)

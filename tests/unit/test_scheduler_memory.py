@@ -5,8 +5,9 @@ first, and resume by restoring their pages; none fails, none prefills again what
 
 import dataclasses
 
-from switchyard.proto.held_kv import SlotHold, held_tokens
-from switchyard.proto.messages import SamplingParams, SubmitRequest
+from switchyard.common.held_kv import SlotHold, held_tokens
+from switchyard.proto.values import SamplingParams
+from switchyard.proto.gateway_scheduler import SubmitRequest
 from switchyard.scheduler.events import PlanStep
 from switchyard.scheduler.kv_memory import relieve, room_for
 from switchyard.scheduler.requests import Request, Slot

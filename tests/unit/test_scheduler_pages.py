@@ -6,26 +6,30 @@ keeps pages in a dict, so every message the core sends is checked against what i
 
 from itertools import accumulate
 
-from switchyard.proto.messages import (
+from switchyard.proto.gateway_scheduler import (
     CancelRequest,
+    RequestFinished,
+    SubmitRequest,
+    TokensGenerated,
+)
+from switchyard.proto.scheduler_kvstore import (
     DeletePages,
     InventoryDescribed,
     PageInfo,
     PagesRead,
     PagesWritten,
     ReadPages,
-    RequestFinished,
-    RunStep,
-    SampledToken,
-    SamplingParams,
-    SlotContents,
-    StepDone,
-    SubmitRequest,
-    TokensGenerated,
     TouchPages,
-    WorkerReady,
     WritePages,
 )
+from switchyard.proto.scheduler_worker import (
+    RunStep,
+    SampledToken,
+    SlotContents,
+    StepDone,
+    WorkerReady,
+)
+from switchyard.proto.values import SamplingParams
 from switchyard.proto.page_flags import PageFlags
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore

@@ -6,7 +6,8 @@ cut, copy and stage against where it has the state."""
 
 import pytest
 
-from switchyard.proto.messages import InventoryDescribed, SlotContents
+from switchyard.proto.scheduler_kvstore import InventoryDescribed
+from switchyard.proto.scheduler_worker import SlotContents
 from switchyard.scheduler.core import SchedulerCore
 from tests.unit.test_scheduler_pages import P, Group, conv, worker_ready
 

@@ -3,8 +3,8 @@ definitions, at O(pages) cost (docs/design/scheduling.md "Scheduling")."""
 
 import random
 
-from switchyard.proto.messages import SamplingParams
-from switchyard.proto.page_ids import chain_page_ids
+from switchyard.proto.values import SamplingParams
+from switchyard.common.page_ids import chain_page_ids
 from switchyard.scheduler.requests import Request, Slot, common_prefix_len
 
 NS = b"n" * 16

@@ -7,7 +7,7 @@ them instead of prefilling them again (docs/design/scheduling.md "Running past t
 Slots are released as soon as they may be (`release_after_s` 0) unless a test says otherwise.
 """
 
-from switchyard.proto.messages import WritePages
+from switchyard.proto.scheduler_kvstore import WritePages
 from switchyard.scheduler.events import PlanStep
 
 from tests.unit.test_scheduler_pages import Group, P, conv

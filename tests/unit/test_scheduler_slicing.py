@@ -4,7 +4,7 @@ from its pages, and is never starved."""
 
 import dataclasses
 
-from switchyard.proto.messages import RunStep
+from switchyard.proto.scheduler_worker import RunStep
 from switchyard.scheduler.events import PlanStep
 from switchyard.scheduler.step_budget import PrefillBudget
 from tests.unit.test_scheduler_core import ScriptedWorker, finished, generated, make_core, submit

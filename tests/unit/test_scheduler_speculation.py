@@ -1,20 +1,18 @@
 """Speculative decoding in the scheduler core, driven without sockets or MLX: a scripted worker
-verifies drafts the way the real one does (proto/speculation.py) against a "model" that
+verifies drafts the way the real one does (common/speculation.py) against a "model" that
 copies text; the core proposes, keeps only accepted tokens in its slots, and never emits
 past a stop token or max_tokens."""
 
 from switchyard.proto.status import SpeculationStatus
-from switchyard.proto.messages import (
+from switchyard.proto.gateway_scheduler import (
     CancelRequest,
     RequestFinished,
-    SampledToken,
-    SamplingParams,
-    StepDone,
     SubmitRequest,
     TokensGenerated,
-    WorkerReady,
 )
-from switchyard.proto.speculation import verified
+from switchyard.proto.scheduler_worker import SampledToken, StepDone, WorkerReady
+from switchyard.proto.values import SamplingParams
+from switchyard.common.speculation import verified
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
 from switchyard.scheduler.events import PlanStep

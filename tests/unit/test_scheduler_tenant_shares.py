@@ -4,7 +4,8 @@ its first token within a few steps; one key's interactive prefills leave another
 background work its share; weights divide the shares; nothing changes hands back and forth;
 and with one tenant the order is what it was."""
 
-from switchyard.proto.messages import RequestFailed, SamplingParams, SubmitRequest, TokensGenerated
+from switchyard.proto.gateway_scheduler import RequestFailed, SubmitRequest, TokensGenerated
+from switchyard.proto.values import SamplingParams
 from switchyard.scheduler.tenant_shares import TenantShares
 from tests.unit.test_scheduler_core import EOS, ScriptedWorker, make_core
 

@@ -1,4 +1,4 @@
-"""Scripted replies: the file format (proto/script.py) and what of a request the rules read
+"""Scripted replies: the file format (common/script.py) and what of a request the rules read
 (gateway/request/scripted.py), without sockets or a model."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from switchyard.gateway.output.tools import HERMES
 from switchyard.gateway.request.model import ChatRequest, Options
 from switchyard.gateway.request.scripted import reply_text, request_texts, scripted_rule
-from switchyard.proto.script import ScriptError, load_script, parse_script
+from switchyard.common.script import ScriptError, load_script, parse_script
 
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
          for n in ("Bash", "Agent")]

@@ -10,8 +10,13 @@ import stat
 import pytest
 
 from switchyard.deploy.supervisor import child_env, component_command
-from switchyard.proto.settings import (API_KEY_ENV, Settings, SettingsError, read_api_key_file,
-                            resolve_api_key)
+from switchyard.common.settings import (
+    API_KEY_ENV,
+    Settings,
+    SettingsError,
+    read_api_key_file,
+    resolve_api_key,
+)
 
 KEY = "s3cret-key"
 
@@ -54,7 +59,7 @@ def test_api_key_from_a_file_or_the_environment(tmp_path):
 
 def test_a_symlink_at_the_runtime_dir_is_refused_and_its_target_left_alone(tmp_path, capsys):
     from switchyard.deploy import cli
-    from switchyard.proto.endpoints import RuntimeDirError, ensure_runtime_dir
+    from switchyard.common.endpoints import RuntimeDirError, ensure_runtime_dir
 
     target = tmp_path / "victim"
     target.mkdir(mode=0o755)
@@ -277,7 +282,7 @@ def test_a_cache_dir_that_cannot_take_a_key_gives_a_key_for_this_run(tmp_path):
 def test_stale_shared_memory_of_this_group_is_removed_and_others_kept(tmp_path):
     from multiprocessing import resource_tracker
 
-    from switchyard.proto.endpoints import Endpoints
+    from switchyard.common.endpoints import Endpoints
     from switchyard.proto.shm import PageBufferPool, ShmError, record_segment, remove_stale_segments
 
     ours = Endpoints(tmp_path / "a")
@@ -316,7 +321,7 @@ def test_uvicorn_logs_through_structlog(capsys):
 
     import structlog
 
-    from switchyard.proto.logs import configure_logging
+    from switchyard.common.logs import configure_logging
 
     saved = structlog.get_config()
     root = logging.getLogger()

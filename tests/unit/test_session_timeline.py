@@ -11,9 +11,11 @@ from types import SimpleNamespace
 import msgspec
 
 from switchyard.gateway.tenant_view import status_for
-from switchyard.proto.messages import SampledToken, SamplingParams, StepDone, SubmitRequest
-from switchyard.proto.page_ids import chain_page_ids
-from switchyard.proto.tenants import Tenants, parse_keys
+from switchyard.proto.scheduler_worker import SampledToken, StepDone
+from switchyard.proto.values import SamplingParams
+from switchyard.proto.gateway_scheduler import SubmitRequest
+from switchyard.common.page_ids import chain_page_ids
+from switchyard.common.tenants import Tenants, parse_keys
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.conversation_threads import ConversationThreads
 from switchyard.scheduler.core import SchedulerCore

@@ -2,7 +2,13 @@ import argparse
 
 import pytest
 
-from switchyard.proto.settings import Settings, SettingsError, add_arguments, from_namespace, parse_size
+from switchyard.common.settings import (
+    Settings,
+    SettingsError,
+    add_arguments,
+    from_namespace,
+    parse_size,
+)
 
 
 def _parse(argv):

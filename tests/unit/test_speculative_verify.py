@@ -1,7 +1,7 @@
-"""The verifier core (proto/speculation.py): scripted proposals accepted fully, partly and not at
+"""The verifier core (common/speculation.py): scripted proposals accepted fully, partly and not at
 all; stop tokens and limits cut what a verify pass emits."""
 
-from switchyard.proto.speculation import num_accepted, verified
+from switchyard.common.speculation import num_accepted, verified
 
 DRAFT = [11, 12, 13, 14]
 

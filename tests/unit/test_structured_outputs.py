@@ -26,7 +26,7 @@ def vocab(tmp_path_factory):
     import llguidance.hf
     from transformers import PreTrainedTokenizerFast
 
-    from switchyard.deploy.tiny_tokenizer import tokenizer_files
+    from switchyard.twins.tokenizer import tokenizer_files
 
     directory = tmp_path_factory.mktemp("tok")
     for name, data in tokenizer_files().items():
@@ -231,7 +231,7 @@ def family_vocabs(tmp_path_factory):
     import llguidance.hf
 
     from fixtures.chat_formats import write_tokenizer
-    from switchyard.proto.tokenizer_loading import load_tokenizer
+    from switchyard.common.tokenizer_loading import load_tokenizer
 
     root = tmp_path_factory.mktemp("families")
     out = {}

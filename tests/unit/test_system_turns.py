@@ -11,7 +11,7 @@ from fixtures.chat_formats import FAMILIES, write_tokenizer
 from switchyard.gateway.prompting.history import RenderOptions, TurnMemory, render_prompt
 from switchyard.gateway.prompting.system_turns import (place_system_messages,
                                                        renders_system_in_place)
-from switchyard.proto.tokenizer_loading import load_tokenizer
+from switchyard.common.tokenizer_loading import load_tokenizer
 
 IN_PLACE = {"chatml", "qwen3", "qwen3_coder", "glm", "llama3", "gemma3", "gemma4"}
 # gpt-oss, MiniMax and Mistral drop a later system message; DeepSeek-V3.1 hoists it to the

@@ -8,10 +8,16 @@ import stat
 
 import pytest
 
-from switchyard.proto.page_ids import chain_page_ids, chain_root
-from switchyard.proto.secret_keys import SecretKeyError, ensure_cache_dir
-from switchyard.proto.tenants import (SALT_BYTES, Tenants, load_salt_key, parse_keys,
-                                      resolved_keys, tenants_of)
+from switchyard.common.page_ids import chain_page_ids, chain_root
+from switchyard.common.secret_keys import SecretKeyError, ensure_cache_dir
+from switchyard.common.tenants import (
+    SALT_BYTES,
+    Tenants,
+    load_salt_key,
+    parse_keys,
+    resolved_keys,
+    tenants_of,
+)
 
 KEYS = "alice sk-a\nbob sk-b\nops,role=operator sk-o\n"
 
@@ -198,7 +204,7 @@ def test_the_status_and_metrics_routes_cut_the_document_for_the_key(tmp_path):
 
     from switchyard.gateway import dashboard, metrics
     from switchyard.gateway.app import RequestLogMiddleware
-    from switchyard.proto.settings import Settings
+    from switchyard.common.settings import Settings
     from switchyard.proto.status import write_status
 
     keys = resolved_keys(KEYS)
@@ -228,7 +234,8 @@ def test_the_status_and_metrics_routes_cut_the_document_for_the_key(tmp_path):
 
 
 def test_the_core_shows_no_page_id_and_says_whose_each_slot_is():
-    from switchyard.proto.messages import SamplingParams, SubmitRequest
+    from switchyard.proto.values import SamplingParams
+    from switchyard.proto.gateway_scheduler import SubmitRequest
     from switchyard.scheduler.status_rows import conversation_label
 
     from tests.unit.test_scheduler_pages import EOS, NS, P, Group, conv

@@ -1,4 +1,4 @@
-"""Tenants (proto/tenants.py, docs/design/security.md "Tenants"): the key file, who a key names, the
+"""Tenants (common/tenants.py, docs/design/security.md "Tenants"): the key file, who a key names, the
 cache salt of a request; and the salt at work where text could cross tenants: the
 scheduler's page chains and slots, the proposer's n-grams, the gateway's remembered turns.
 Pure: no sockets, no MLX."""
@@ -7,11 +7,19 @@ import pytest
 
 from switchyard.gateway.prompting.history import TurnMemory
 from switchyard.gateway.prompting.turn_keys import message_key, prefix_digest
-from switchyard.proto.messages import SamplingParams, SubmitRequest
-from switchyard.proto.page_ids import ROOT_ID, chain_page_ids, chain_root
-from switchyard.proto.settings import Settings, SettingsError, read_api_key_file
-from switchyard.proto.tenants import (KeyFileError, Tenant, Tenants, parse_keys, resolved_keys,
-                                      tenants_of, unnamed)
+from switchyard.proto.values import SamplingParams
+from switchyard.proto.gateway_scheduler import SubmitRequest
+from switchyard.common.page_ids import ROOT_ID, chain_page_ids, chain_root
+from switchyard.common.settings import Settings, SettingsError, read_api_key_file
+from switchyard.common.tenants import (
+    KeyFileError,
+    Tenant,
+    Tenants,
+    parse_keys,
+    resolved_keys,
+    tenants_of,
+    unnamed,
+)
 from switchyard.scheduler.proposer import Proposer, ProposerConfig
 
 from tests.unit.test_scheduler_pages import EOS, NS, P, Group, conv

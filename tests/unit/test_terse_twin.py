@@ -1,4 +1,4 @@
-"""The terse twin (`--model tiny-terse`, deploy/tiny_models.py make_terse) ends its replies:
+"""The terse twin (`--model tiny-terse`, twins/models.py make_terse) ends its replies:
 under plain sampling (temperature 1, as agent clients send) every reply stops at its end token
 within a few dozen tokens, and carries no markup or control token."""
 
@@ -9,8 +9,8 @@ import random
 import mlx.core as mx
 import pytest
 
-from switchyard.deploy import tiny_tokenizer
-from switchyard.deploy.tiny_models import write_tiny_mlx
+from switchyard.twins import tokenizer as tiny_tokenizer
+from switchyard.twins.models import write_tiny_mlx
 
 LIMIT = 200  # tokens: the longest reply the test allows (the median is about a dozen)
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from switchyard.proto.page_ids import token_bytes
+from switchyard.common.page_ids import token_bytes
 from switchyard.proto.tokens import TokenIds
 
 

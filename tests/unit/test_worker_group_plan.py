@@ -9,7 +9,7 @@ import pytest
 
 from switchyard.deploy.group_roles import rank_roles, restarted_together, serve_roles, split_role
 from switchyard.deploy.supervisor import component_command
-from switchyard.proto.hostfile import (
+from switchyard.common.hostfile import (
     HostfileError,
     is_local,
     layout_tag,
@@ -18,8 +18,8 @@ from switchyard.proto.hostfile import (
     rank_environment,
     ring_hosts,
 )
-from switchyard.proto.page_ids import kv_namespace
-from switchyard.proto.settings import Settings, SettingsError
+from switchyard.common.page_ids import kv_namespace
+from switchyard.common.settings import Settings, SettingsError
 
 TWO_MACS = json.dumps([{"ssh": "mac-a", "ips": ["10.0.0.1"]},
                        {"ssh": "mac-b", "ips": ["10.0.0.2", "10.0.1.2"]}])

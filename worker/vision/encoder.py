@@ -1,7 +1,7 @@
 """The vision encoder, run once per distinct image: its features are kept in memory by image id.
 
 A prefill chunk that covers an image's placeholder tokens takes the image's features from here;
-the first time, the image is opened (proto/images.py), turned into pixels by the model's own
+the first time, the image is opened (common/images.py), turned into pixels by the model's own
 mlx-vlm processor and encoded by the model's vision tower. Kept features are evicted least
 recently used first when they outgrow `budget_bytes`. A conversation restored from pages needs
 no features for the tokens its pages hold: the encoder does not run for them at all.
@@ -15,7 +15,7 @@ from collections import OrderedDict
 import mlx.core as mx
 import numpy as np
 
-from switchyard.proto.images import open_rgb
+from switchyard.common.images import open_rgb
 from switchyard.worker.errors import ImageInputError
 from switchyard.worker.vision.families import Family, Features
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from switchyard.proto.settings import parse_size
+from switchyard.common.settings import parse_size
 
 
 def max_patches(processor: Any, vision_config: dict) -> int:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from switchyard.proto.messages import ImageSpan, PrefillChunk
+from switchyard.proto.values import ImageSpan
+from switchyard.proto.scheduler_worker import PrefillChunk
 from switchyard.worker.slots import SlotStore
 from switchyard.worker.vision.encoder import ImageEncoder
 from switchyard.worker.vision.families import Features

@@ -3,13 +3,13 @@ range stated once (the validators and /openapi.json both read it from here)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from msgspec import Meta
 
 from switchyard.gateway.request.wire.base import FieldCheck, FieldError, integer
-from switchyard.proto.messages import PRIORITIES, PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE
-from switchyard.proto.tenants import MAX_CACHE_SALT_CHARS
+from switchyard.proto.base import PRIORITIES, PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE
+from switchyard.common.tenants import MAX_CACHE_SALT_CHARS
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1  # every integer that reaches the wire must fit msgpack
 INT64_MIN, UINT64_MAX = -2**63, 2**64 - 1

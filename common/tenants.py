@@ -26,7 +26,7 @@ What a tenant's requests leave behind that another request could sense (KV pages
 prefix they make faster, the speculative proposer's n-grams, the gateway's remembered turns)
 is keyed by a **salt**: with several tenants, each tenant's own, and within a tenant the
 request's `cache_salt` (vLLM's field) isolates further. A salt is keyed with the install's
-salt key (`<cache dir>/salt.key`, proto/secret_keys.py), so no tenant can compute another's,
+salt key (`<cache dir>/salt.key`, common/secret_keys.py), so no tenant can compute another's,
 nor the page ids its text makes. The tenants named by
 `--shared-prefix-tenants` share one salt (their pages, drafts and turns), for an operator who
 wants a common system prompt prefilled once for all of them: they can sense each other's text.
@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from switchyard.proto.secret_keys import load_secret_key
+from switchyard.common.secret_keys import load_secret_key
 
 SALT_BYTES = 16
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")

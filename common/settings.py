@@ -22,11 +22,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from switchyard.proto.group_key import read_group_key
-from switchyard.proto.hostfile import BACKENDS, PARALLEL_MODES
-from switchyard.proto.script import ScriptError, load_script
-from switchyard.proto.secret_files import SettingsError, read_private_file
-from switchyard.proto.tenants import KeyFileError, Tenants, resolved_keys
+from switchyard.common.group_key import read_group_key
+from switchyard.common.hostfile import BACKENDS, PARALLEL_MODES
+from switchyard.common.script import ScriptError, load_script
+from switchyard.common.secret_files import SettingsError, read_private_file
+from switchyard.common.tenants import KeyFileError, Tenants, resolved_keys
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -423,7 +423,7 @@ _KEY_FILE_BYTES = 64 * 1024
 
 
 def read_api_key_file(path: str) -> str:
-    """The keys in `path` (proto/tenants.py: one a line, 'NAME KEY' or 'KEY'), refusing a file
+    """The keys in `path` (common/tenants.py: one a line, 'NAME KEY' or 'KEY'), refusing a file
     other users can read: a file of one key alone gives that key, as it always did."""
     data = read_private_file(path, "--api-key-file", _KEY_FILE_BYTES + 1)
     if len(data) > _KEY_FILE_BYTES:  # the keys travel to the gateway in its environment

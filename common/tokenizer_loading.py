@@ -3,7 +3,7 @@
 The gateway tokenizes and detokenizes with it; the worker builds its grammar engine's vocabulary
 from it (structured outputs). MLX and transformers are imported only when a tokenizer is loaded.
 
-For a GGUF file only the metadata is read (proto.gguf_file memory-maps the file and leaves the
+For a GGUF file only the metadata is read (common.gguf_file memory-maps the file and leaves the
 tensors alone), then transformers rebuilds the tokenizer from llama.cpp's vocabulary and merges.
 transformers' own `from_pretrained(gguf_file=...)` imports torch, which is not installed, so the
 torch-free pieces are called directly. The result is saved as a temporary tokenizer directory and
@@ -83,7 +83,7 @@ def _generation_eos(path: Path) -> list[int] | None:
 
 def read_gguf_tokenizer_metadata(path: Path) -> dict:
     """The tokenizer metadata of a GGUF file, keyed as transformers' GGUF code names it."""
-    from switchyard.proto.gguf_file import GGUFFile, GGUFFormatError
+    from switchyard.common.gguf_file import GGUFFile, GGUFFormatError
 
     try:
         metadata = GGUFFile(path).metadata

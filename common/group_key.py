@@ -17,7 +17,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from switchyard.proto.secret_files import SettingsError, read_private_file
+from switchyard.common.secret_files import SettingsError, read_private_file
 
 FORMAT = "switchyard-group-key-1"
 ZAP_DOMAIN = "switchyard-group"

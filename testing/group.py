@@ -12,7 +12,7 @@ It picks a free port and a short runtime dir (ipc paths must stay under 100 byte
 stderr going to a log file, and waits for `GET /health` to answer 200. On exit it SIGTERMs the
 supervisor and asserts that every component pid it saw is gone and no process is left in the
 group. Processes are found only through the group's pid files and process-group membership.
-Until then the group hangs on this process's lifeline (tests/helpers/lifeline.py): if this
+Until then the group hangs on this process's lifeline (testing/lifeline.py): if this
 process dies first, however it dies, a watcher stops the group.
 """
 
@@ -33,9 +33,8 @@ from pathlib import Path
 
 from switchyard.deploy.runtime import pid_alive, read_pid_file, wait_gone
 from switchyard.deploy.supervisor import ROLES
-from tests.helpers.lifeline import lifeline, with_repo_path
+from switchyard.testing.lifeline import lifeline
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVE = ("switchyard.deploy.cli", "serve")
 
 
@@ -235,10 +234,10 @@ class ServerGroup:
     # -- lifetime ----------------------------------------------------------------------------
 
     def start(self) -> "ServerGroup":
-        env = with_repo_path(dict(os.environ) | self.env)
+        env = dict(os.environ) | self.env
         cmd = [sys.executable, "-m", *self.entry, *self.args]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         try:

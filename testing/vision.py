@@ -29,7 +29,7 @@ def data_url(data: bytes, media_type: str = "image/png") -> str:
 
 def short_id(data: bytes) -> str:
     """The image's id as the worker logs it (vision.encoded's `image`)."""
-    from switchyard.proto.images import image_id, open_rgb
+    from switchyard.common.images import image_id, open_rgb
 
     return image_id(open_rgb(data)).hex()[:12]
 
@@ -64,7 +64,7 @@ class Reference:
 
     def prompt(self, messages: list[dict], images: list[bytes]) -> dict:
         """The processor's inputs for chat messages whose image parts are {"type": "image"}."""
-        from switchyard.proto.images import open_rgb
+        from switchyard.common.images import open_rgb
 
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                   tokenize=False)

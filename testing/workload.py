@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 from switchyard.proto.status import read_status
-from tests.helpers.group import ServerGroup
+from switchyard.testing.group import ServerGroup
 
 WORDS = ("alpha beta gamma delta ledger invoice shipment crate harbor tide signal route "
          "switch yard engine cargo manifest weather north south east west river bridge "

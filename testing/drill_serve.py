@@ -1,6 +1,6 @@
 """`switchyard serve` with a restart policy made for fault drills (many kills in a short time).
 
-    python -m tests.helpers.drill_serve serve [settings flags]
+    python -m switchyard.testing.drill_serve serve [settings flags]
     ServerGroup(model, entry=DRILL_SERVE, ...)
 
 The real supervisor gives up after more than 5 crashes of a component within 60 s and doubles
@@ -19,7 +19,7 @@ from switchyard.deploy import cli
 from switchyard.deploy.restart_policy import RestartPolicy
 from switchyard.deploy.supervisor import Supervisor
 
-DRILL_SERVE = ("tests.helpers.drill_serve", "serve")
+DRILL_SERVE = ("switchyard.testing.drill_serve", "serve")
 DRILL_POLICY = RestartPolicy(initial_delay_s=0.2, max_delay_s=0.2, factor=1.0,
                              max_crashes=10_000, window_s=60.0, stable_after_s=30.0)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.helpers.workload import text, wait_ready
-from tests.helpers.group import ServerGroup
+from switchyard.testing.workload import text, wait_ready
+from switchyard.testing.group import ServerGroup
 
 ROLES_IN_DRILL = ("worker", "kvstore", "scheduler", "gateway")
 

@@ -41,13 +41,13 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from switchyard.deploy import tiny_tokenizer
-from switchyard.deploy.tiny_vision import VISION_ARCHS
+from switchyard.twins import tokenizer as tiny_tokenizer
+from switchyard.twins.vision import VISION_ARCHS
 
 TEXT_ARCHS = ("qwen3", "qwen3_next", "qwen2", "llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe",
               "gpt_oss", "gemma3_text", "gemma4_text", "glm4_moe", "deepseek_v3", "deepseek_v32",
               "deepseek_v41", "minimax", "mistral3")
-# Vision-language twins (deploy/tiny_vision.py) need the `vision` extra (mlx-vlm).
+# Vision-language twins (twins/vision.py) need the `vision` extra (mlx-vlm).
 ARCHS = TEXT_ARCHS + VISION_ARCHS
 WEIGHT_SCALE = 4.0
 
@@ -343,7 +343,7 @@ def tiny_model_parts(arch: str = "qwen3", seed: int = 0, mtp: bool = False,
     if terse:  # the output head reads the constant dimension: it must not be the embedding
         sizes = {**TERSE_SIZES, **sizes, "tie_word_embeddings": False}
     if arch in VISION_ARCHS:
-        from switchyard.deploy.tiny_vision import vision_model_parts
+        from switchyard.twins.vision import vision_model_parts
 
         return vision_model_parts(arch, seed, {**SIZES, **sizes})
     files = tiny_tokenizer.tokenizer_files()

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from switchyard.proto.settings import user_cache_dir
+from switchyard.common.settings import user_cache_dir
 
 DOC_URL = "http://127.0.0.1:8000"  # what docs/clients.md's blocks show
 DOC_MODEL = "local"                 # docs/clients.md serves with --served-model-name local

@@ -3,7 +3,7 @@
 A supervisor outlives whoever started it (right for users), so a test process killed with
 SIGKILL (a CI timeout, kill -9, the OOM killer) would leave its groups running under PID 1.
 The first `hold` in a process starts one small watcher process (`python -m
-tests.helpers.lifeline`, in a session of its own so a signal to the test's process group does
+switchyard.testing.lifeline`, in a session of its own so a signal to the test's process group does
 not reach it). The test process tells it over a pipe which groups it holds and releases. The
 watcher waits for the test process to die: a pidfd of it turns readable (Linux), or the pipe,
 whose write end only the test process holds, reads EOF. It then stops every group still held
@@ -28,7 +28,6 @@ import threading
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- the test process's side ------------------------------------------------------------------
@@ -83,26 +82,18 @@ class Lifeline:
         read_end, self._write_end = os.pipe()  # both non-inheritable (PEP 446)
         pidfd = _own_pidfd()
         pass_fds = [read_end] if pidfd is None else [read_end, pidfd]
-        env = with_repo_path(dict(os.environ))
         try:
             # stdout/stderr to /dev/null: a watcher holding an inherited pipe would keep a
             # caller's communicate() waiting after the test process is gone.
             self.watcher = subprocess.Popen(
-                [sys.executable, "-m", "tests.helpers.lifeline", str(read_end),
+                [sys.executable, "-m", "switchyard.testing.lifeline", str(read_end),
                  str(-1 if pidfd is None else pidfd)],
-                cwd=REPO_ROOT, env=env, pass_fds=pass_fds, stdin=subprocess.DEVNULL,
+                pass_fds=pass_fds, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         finally:
             os.close(read_end)
             if pidfd is not None:
                 os.close(pidfd)
-
-
-def with_repo_path(env: dict[str, str]) -> dict[str, str]:
-    """`env` with the repository first on PYTHONPATH (`python -m tests.helpers...` anywhere)."""
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
-    return env
 
 
 _lifeline: Lifeline | None = None
@@ -224,7 +215,7 @@ def _kill_group(pgid: int, runtime_dir: Path) -> None:
 
 def _remove_segments(runtime_dir: Path) -> None:
     """A worker stopped by SIGKILL leaves its segments behind (a clean stop unlinks them)."""
-    from switchyard.proto.endpoints import Endpoints
+    from switchyard.common.endpoints import Endpoints
     from switchyard.proto.shm import remove_stale_segments
 
     endpoints = Endpoints(runtime_dir)

@@ -2,7 +2,7 @@
 
 Each family keeps its published shape in miniature: the vision tower, the projector and the
 language model of mlx-vlm's class, a config laid out as the family publishes it, random weights
-(matrices scaled like the text twins, deploy/tiny_models.py), the tiny tokenizer with the
+(matrices scaled like the text twins, twins/models.py), the tiny tokenizer with the
 family's image tokens, a chat template that writes the family's image marker for an image part,
 and the processor configs (preprocessor_config.json, processor_config.json) that mlx-vlm's
 processor reads offline. Images are small: a Qwen-VL twin turns a 28x28 image into one token and
@@ -17,7 +17,7 @@ import json
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from switchyard.deploy import tiny_tokenizer
+from switchyard.twins import tokenizer as tiny_tokenizer
 
 VISION_ARCHS = ("qwen2_5_vl", "qwen3_vl", "gemma3")
 WEIGHT_SCALE = 4.0
@@ -153,7 +153,7 @@ _FAMILIES = {
 
 def vision_model_parts(arch: str, seed: int, sizes: dict):
     """(text files, special token ids, config, float32 weights) of a tiny vision twin; `sizes`
-    are deploy/tiny_models.py's size knobs, resolved."""
+    are twins/models.py's size knobs, resolved."""
     tokens, marker, make_config, processor, tokenizer_keys = _FAMILIES[arch]
     files = tiny_tokenizer.tokenizer_files(sizes["vocab_size"], tokens, marker, tokenizer_keys)
     token_ids = tiny_tokenizer.token_ids(files["tokenizer.json"])

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import httpx
 
-from switchyard.proto.settings import user_cache_dir
-from tests.helpers.agent_clients import last_error_line
-from tests.helpers.group import free_port
+from switchyard.common.settings import user_cache_dir
+from switchyard.testing.agent_clients import last_error_line
+from switchyard.testing.group import free_port
 
 REFRESH_S = 24 * 3600  # an install older than this is refreshed (pip install --upgrade)
 
@@ -125,5 +125,5 @@ class SmgRouter:
         self.stop()
 
 
-if __name__ == "__main__":  # install by hand: python -m tests.helpers.smg
+if __name__ == "__main__":  # install by hand: python -m switchyard.testing.smg
     print(install(), file=sys.stdout)

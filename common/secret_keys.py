@@ -1,5 +1,5 @@
 """Install secrets kept in the cache dir: the page key (kvstore/page_key.py) and the salt key
-(proto/tenants.py) (docs/design/security.md "Security").
+(common/tenants.py) (docs/design/security.md "Security").
 
 Each is 32 random bytes, created once 0600 (never overwritten, never through a symlink) and read
 back on every start, so what was keyed with it stays valid across restarts. The cache dir that
@@ -18,7 +18,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from switchyard.proto.endpoints import ensure_private_dir
+from switchyard.common.endpoints import ensure_private_dir
 
 KEY_BYTES = 32
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -29,7 +29,7 @@ _ROOT_PERSON = b"sy-chain-root"
 
 
 def chain_root(salt: bytes = b"") -> bytes:
-    """The parent id of the first page of a sequence under a cache salt (proto/tenants.py):
+    """The parent id of the first page of a sequence under a cache salt (common/tenants.py):
     ROOT_ID unsalted, so one tenant's page ids are the ones every release computed; another
     salt's chain shares no page id with it, nor with any other salt's (docs/design/security.md
     "Tenants"). The kvstore needs nothing of it: a page's parent id is any 16 bytes."""

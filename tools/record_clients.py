@@ -1,9 +1,9 @@
 """Refresh tests/corpus/: the requests real agent clients send, recorded through a proxy.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
-        .venv/bin/python bench/record_clients.py [--clients claude-code codex ...] [--keep-old]
+        .venv/bin/python tools/record_clients.py [--clients claude-code codex ...] [--keep-old]
 
-Installs the clients at npm's newest versions (tests/helpers/agent_clients.py), starts a
+Installs the clients at npm's newest versions (testing/agent_clients.py), starts a
 server on the terse twin (`--model tiny-terse`, which ends its replies), puts a recording
 proxy between each client and the server, and runs the client headless in a scratch HOME for
 two turns of one session (the same prompts as tests/e2e/test_agent_clients.py). Every
@@ -15,7 +15,7 @@ A third file, `tool_result.json`, is built from turn 1's request: the client's o
 tool call and its result appended (the random twin rarely calls a tool, so it is constructed,
 and says so in its `constructed` field).
 
-    .venv/bin/python bench/record_clients.py --proxy-only --upstream http://127.0.0.1:8000 \
+    .venv/bin/python tools/record_clients.py --proxy-only --upstream http://127.0.0.1:8000 \
         --port 8100 --out /tmp/requests       # just the proxy: point any client at :8100
 """
 
@@ -35,11 +35,9 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from switchyard.testing.agent_clients import CLIENTS, install
 
-from tests.helpers.agent_clients import CLIENTS, install  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 CORPUS = REPO / "tests" / "corpus"
 SECRET_HEADERS = {"authorization", "x-api-key", "cookie", "proxy-authorization"}
@@ -182,7 +180,7 @@ def with_tool_result(record: dict, api: str) -> dict:
                 {"id": "call_corpus", "type": "function",
                  "function": {"name": name, "arguments": json.dumps(args)}}]},
             {"role": "tool", "tool_call_id": "call_corpus", "content": "README.md\nsrc\n"}]
-    out["constructed"] = ("built by bench/record_clients.py from turn1.json: a call of the "
+    out["constructed"] = ("built by tools/record_clients.py from turn1.json: a call of the "
                           f"client's tool {name!r} and its result appended in the {api} API's "
                           "shape (not sent by the client)")
     return out
@@ -244,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = install(refresh_s=0)
     group = None
     if args.upstream is None:
-        from tests.helpers.group import ServerGroup
+        from switchyard.testing.group import ServerGroup
 
         group = ServerGroup("tiny-terse", slots=2, ctx=65536, startup_timeout_s=600,
                             extra=("--served-model-name", args.model)).start()
