@@ -73,7 +73,9 @@ class StepExecutor:
         store = self.store
         for stage in step.stages:
             end = stage.start + (stage.num_tokens or self.layout.page_size)
-            cache = store.state_at(stage.slot, end) if stage.with_state else store.parked(stage.slot)
+            # The state at the page's end: the slot's own, or its mark's (worker/state_marks.py).
+            cache = (store.state_at(stage.slot, end) if stage.with_state
+                     else store.parked(stage.slot))
             self.layout.stage(cache, stage.start, self._buffer(stage.buffer), stage.with_state,
                               stage.num_tokens)
         for copy in step.copies:

@@ -60,8 +60,8 @@ from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.model_loading import LoadedModel, load_model
 from switchyard.worker.mtp import MTPDrafter, mtp_drafter_for
 from switchyard.worker.sharding import check_splittable, split
-from switchyard.worker.slots import SlotStore, batchable
 from switchyard.worker import state_marks
+from switchyard.worker.slots import SlotStore, batchable
 from switchyard.worker.vision.memory import vision_bytes
 
 # Bumped whenever the meaning of a page's bytes changes; part of every page namespace.
@@ -210,12 +210,13 @@ def plan_inputs(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
-    # Recurrent states and sliding-window rings: fixed per slot, whatever --ctx is, and
-    # their copy at the slot's mark (worker/state_marks.py).
+    # Recurrent states and sliding-window rings: fixed per slot, whatever --ctx is; twice
+    # where a slot keeps them at its mark too (worker/state_marks.py: a ring as a prefill
+    # chunk left it).
     probe = probe_cache(loaded)
     recurrent = sum(window_bytes(c, settings.prefill_chunk) if type(c) is RotatingKVCache
                     else c.nbytes for c in leaves(probe) if not is_attention_kv(c))
-    recurrent += state_marks.mark_bytes(probe) if state_marks.markable(probe) else 0
+    recurrent *= 2 if state_marks.markable(probe) else 1
     if num_buffers is None:
         num_buffers = buffer_count(layout, settings)
     page_buffers = num_buffers * (layout.buffer_bytes if layout else 0)

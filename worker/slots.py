@@ -30,8 +30,8 @@ from switchyard.worker.cache_kinds import (
 )
 from switchyard.worker.kv_layout import (is_attention_kv, kv_bytes_per_token, set_token_arrays,
                                          token_arrays)
-from switchyard.worker.page_io import copy_prefix
 from switchyard.worker import state_marks
+from switchyard.worker.page_io import copy_prefix
 
 
 # Junk columns a row of the decode batch may carry (rows that kept fewer verified tokens than

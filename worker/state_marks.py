@@ -5,14 +5,14 @@ A model with such layers cannot cut a slot back to an earlier token: its state e
 the slot's end. The mark keeps one earlier state per slot, the one where the prompt's context
 ended (a request's last prefill chunk, or the restore that brought its whole context back),
 since that is where a retried or repeated request resumes. With the mark, the slot can be cut
-back to it (`restore`), copied there, and its page staged with that state after the slot
+back to it (`SlotStore.truncate`), copied there, and its page staged with that state after the slot
 moved on (the prompt's tail, written after the first token). Attention KV needs no mark: it is
 cut per token.
 
 Cost: a recurrent layer's arrays by reference (mlx-lm replaces them on every update, never
 writes into them); a ring as new array objects sharing its buffers, copied once when the next
-decode token writes into the ring in place. So one more state per slot at most, which the
-memory plan counts (`mark_bytes`).
+decode token writes into the ring in place. So one more state per slot at most (a ring as a
+prefill chunk left it), which the memory plan counts (worker/service.py `plan_inputs`).
 """
 
 from __future__ import annotations
@@ -59,18 +59,6 @@ def copy_state(src, dst):
     else:
         dst.cache = list(src.cache)
     return dst
-
-
-def mark_bytes(cache: list) -> int:
-    """Memory a mark may hold beyond the slot (a state at most: a ring at `max_size`)."""
-    total = 0
-    for c in leaves(cache):
-        if type(c) is RotatingKVCache and c.keys is not None:
-            total += sum(a.shape[1] * a.shape[3] * a.dtype.size
-                         for a in (c.keys, c.values)) * c.max_size
-        elif type(c) is ArraysCache:
-            total += c.nbytes
-    return total
 
 
 def _empty_like(c):
