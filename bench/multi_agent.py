@@ -79,8 +79,9 @@ class Turn:
             "cached_tokens", 0) or 0
 
 
-def build(args, model: Path) -> list[Agent]:
-    tok = load_tokenizer(model)
+def build(args, model: Path, tok=None) -> list[Agent]:
+    """`tok`: a `tokenizers` tokenizer (default: the model directory's tokenizer.json)."""
+    tok = tok or load_tokenizer(model)
     words = word_list()
     rng = random.Random(args.seed)
     system = "You are a coding agent with tools. " + make_text(rng, tok, args.system, words)
@@ -95,15 +96,19 @@ def build(args, model: Path) -> list[Agent]:
     return agents
 
 
-def run_workload(url: str, agents: list[Agent], args, log) -> tuple[list[Turn], float]:
+def run_workload(url: str, agents: list[Agent], args, log, model: str | None = None,
+                 headers: dict | None = None) -> tuple[list[Turn], float]:
+    """Every agent's turns; `model`: the name to ask for (a router routes by it); `headers`:
+    sent with every request (a key)."""
     turns: list[Turn] = []
     lock = threading.Lock()
     errors: list[str] = []
 
     def loop(agent: Agent) -> None:
         for t in range(args.turns):
-            body = {"messages": agent.messages(t), "max_tokens": args.reply, "temperature": 0}
-            res = stream(url, CHAT, body)
+            body = {"messages": agent.messages(t), "max_tokens": args.reply, "temperature": 0,
+                    **({"model": model} if model else {})}
+            res = stream(url, CHAT, body, headers)
             if res.error:
                 errors.append(f"agent {agent.index} turn {t}: {res.error}")
                 return

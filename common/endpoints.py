@@ -84,6 +84,11 @@ class Endpoints:
     def scheduler(self) -> str:
         return self._ipc("scheduler.sock")
 
+    @property
+    def peer_pages(self) -> str:
+        """The kvstore's socket where the gateway forwards peers' asks for pages."""
+        return self._ipc("peer-pages.sock")
+
     def pid_file(self, role: str) -> Path:
         return self.runtime_dir / f"{role}.pid"
 

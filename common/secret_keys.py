@@ -1,5 +1,5 @@
-"""Install secrets kept in the cache dir: the page key (kvstore/page_key.py) and the salt key
-(common/tenants.py) (docs/design/security.md "Security").
+"""Install secrets kept in the cache dir: the page key (kvstore/page_key.py), the salt key
+(common/tenants.py) and the peer key (proto/peer_pages.py) (docs/design/security.md "Security").
 
 Each is 32 random bytes, created once 0600 (never overwritten, never through a symlink) and read
 back on every start, so what was keyed with it stays valid across restarts. The cache dir that
@@ -19,6 +19,7 @@ import stat
 from pathlib import Path
 
 from switchyard.common.endpoints import ensure_private_dir
+from switchyard.common.secret_files import SettingsError, read_private_file
 
 KEY_BYTES = 32
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -100,4 +101,24 @@ def _create(path: Path, what: str, lost: str) -> bytes:
         if fd >= 0:
             os.close(fd)
         os.unlink(tmp)
+    return key
+
+
+PEER_KEY_NAME = "peer.key"
+
+
+def load_peer_key(key_file: str, cache_dir: Path) -> bytes:
+    """`--peer-key-file`'s 32 bytes (0600, not a symlink), or `<cache dir>/peer.key`, made once
+    like the page and salt keys. SettingsError or SecretKeyError."""
+    if key_file:
+        key = read_private_file(key_file, "--peer-key-file", KEY_BYTES + 1)
+        if len(key) != KEY_BYTES:
+            raise SettingsError(f"--peer-key-file {key_file} is not a peer key ({len(key)} "
+                                f"bytes, not {KEY_BYTES}): copy one peer's key to the others")
+        return key
+    key, warning = load_secret_key(Path(cache_dir) / PEER_KEY_NAME, "peer key",
+                                   "peers holding the old key are refused",
+                                   "peers cannot authenticate this server")
+    if warning:
+        raise SettingsError(warning)
     return key

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from switchyard.common.group_key import read_group_key
 from switchyard.common.hostfile import BACKENDS, PARALLEL_MODES
+from switchyard.common.secret_keys import load_peer_key
 from switchyard.common.script import ScriptError, load_script
 from switchyard.common.secret_files import SettingsError, read_private_file
 from switchyard.common.tenants import KeyFileError, Tenants, resolved_keys
@@ -237,6 +238,15 @@ class Settings:
     log_content: bool = _opt("allow prompt and output text in logs", default=False)
     heartbeat_s: float = _opt("seconds between heartbeats", default=1.0)
     peer_timeout_s: float = _opt("a peer silent this long is considered gone", default=5.0)
+    peer: tuple[str, ...] = _opt(
+        "another Switchyard server's base URL (repeatable): a prefix neither in memory nor on "
+        "disk here is asked of the peers before it is prefilled, and this server serves its "
+        "pages to theirs (docs/operations.md \"Pages from a peer\")", default=())
+    peer_key_file: str = _opt("the key (32 bytes, mode 0600) peers authenticate each other "
+                              "and their pages with; the same file on every peer (default: "
+                              "<cache dir>/peer.key, made once)", default="")
+    peer_fetch_timeout_s: float = _opt("the most a request waits for its pages from the peers "
+                                       "before it prefills them itself", default=2.0)
     memory_headroom: str = _opt("memory kept free beyond the plan", default="1GiB")
     kv_memory: str = _opt("the most memory the KV of running requests and resident "
                           "conversations may take (e.g. 8GiB; empty: what the device limit "
@@ -366,6 +376,7 @@ class Settings:
                 Tenants.from_settings(self.api_key, self.shared_prefix_tenants)
             except KeyFileError as exc:
                 problems.append(str(exc))
+        problems.extend(peer_problems(self))
         if any(not name.strip() for name in self.served_model_name):
             problems.append("--served-model-name must not be empty")
         if any(not name.strip() for name in self.background_model):
@@ -386,6 +397,20 @@ class Settings:
         return [a for f in dataclasses.fields(self)
                 if f.name not in SECRET_FIELDS and (role == "gateway" or f.name not in GATEWAY_ONLY)
                 for a in flag_args(f.name, getattr(self, f.name))]
+
+
+def peer_problems(settings: "Settings") -> list[str]:
+    """--peer URLs and the fetch deadline (docs/design/kv-pages.md "Pages from a peer")."""
+    bad = [url for url in settings.peer
+           if not re.fullmatch(r"https?://[^/\s?#]+/?", url.strip())]
+    problems = [f"--peer must be a server's base URL (http://HOST:PORT), not {url!r}"
+                for url in bad]
+    if settings.peer and settings.hostfile:
+        problems.append("--peer serves and fetches a single worker's pages; serve without "
+                        "--hostfile")
+    if not 0 < settings.peer_fetch_timeout_s <= 60:
+        problems.append("--peer-fetch-timeout-s must be in (0, 60]")
+    return problems
 
 
 def _bindable_tcp(address: str) -> bool:
@@ -481,6 +506,8 @@ def from_namespace(ns: argparse.Namespace) -> Settings:
     settings = Settings(**resolve_api_key(values)).validate()
     if settings.group_key_file:  # refuse a bad or readable key file before starting anything
         read_group_key(settings.group_key_file)
+    if settings.peer and settings.peer_key_file:
+        load_peer_key(settings.peer_key_file, settings.cache_path)
     return settings
 
 

@@ -8,6 +8,10 @@
     switchyard launchd restart COMPONENT|all [--dry-run]         launchctl kickstart -k
     switchyard systemd render|install|uninstall|status|restart   the same with systemctl --user
 
+    switchyard launchd|systemd install --router --worker-url URL [--worker-url URL ...]
+        [--port 8000] [--smg PATH] [--model-alias NAME=SERVED]   SMG in front of the servers
+        (deploy/router_unit.py); `uninstall --router`, `restart router`, `status router`
+
 `--label-suffix S` names a second group's units (com.switchyard.<role>.S,
 switchyard-S-<role>.service); give that group its own --port and --runtime-dir too. render and
 --dry-run work on any system; the others exit 2 with a message where the service manager is
@@ -27,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from switchyard.deploy import launchd, systemd
-from switchyard.deploy.service_units import (ROLES, UnitError, UnitPlan, check_second_group, parse_env,
-                                  unit_plan, write_files, write_key_file)
 from switchyard.common.settings import Settings, add_arguments
+from switchyard.deploy import launchd, router_unit, systemd
+from switchyard.deploy.service_units import (ROLES, UnitError, UnitPlan, check_second_group,
+                                             check_suffix, parse_env, unit_plan, write_files,
+                                             write_key_file)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -49,9 +54,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--label-suffix", default="",
                            help="suffix of the labels/unit names, for a second group")
             if action == "restart":
-                p.add_argument("component", choices=(*ROLES, "all"))
+                p.add_argument("component", choices=(*ROLES, router_unit.ROLE, "all"))
             if action == "status":
-                p.add_argument("component", nargs="?", choices=ROLES)
+                p.add_argument("component", nargs="?", choices=(*ROLES, router_unit.ROLE))
+            if action in ("render", "install", "uninstall"):
+                p.add_argument("--router", action="store_true",
+                               help="the unit of SMG (the Shepherd Model Gateway, pip install "
+                               "smg) in front of the servers of --worker-url, listening on "
+                               "--host and --port")
+            if action in ("render", "install"):
+                p.add_argument("--worker-url", action="append", metavar="URL",
+                               help="with --router: a server, http://HOST:PORT (repeat for each)")
+                p.add_argument("--smg", metavar="PATH", help="with --router: the smg "
+                               "executable (default: smg on PATH)")
+                p.add_argument("--model-alias", action="append", metavar="NAME=SERVED",
+                               help="with --router: SMG routes NAME as the servers' SERVED name "
+                               "(repeatable)")
+                p.add_argument("--smg-arg", action="append", metavar="ARG",
+                               help="with --router: one more word for `smg launch`, appended "
+                               "(repeatable; --smg-arg=--policy --smg-arg=round_robin)")
             if action in ("install", "uninstall", "restart"):
                 p.add_argument("--dry-run", action="store_true",
                                help="print what would be written and run; change nothing")
@@ -144,6 +165,8 @@ MANAGERS = {"launchd": LAUNCHD, "systemd": SYSTEMD}
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
     manager = MANAGERS[args.command]
+    if getattr(args, "router", False):
+        return router_main(manager, args, settings)
     try:
         suffix = args.label_suffix
         if args.action in ("render", "install"):
@@ -197,6 +220,64 @@ def install(manager: Manager, plan: UnitPlan, args: argparse.Namespace) -> int:
              else f"logs: journalctl --user -u '{systemd.target_name(plan.label_suffix)[:-7]}-*'")
     print(f"installed {len(files)} {manager.name} units into {directory}; {where}\n"
           f"status: switchyard status --runtime-dir {plan.settings.runtime_dir}")
+    return 0
+
+
+def router_main(manager: Manager, args: argparse.Namespace, settings: Settings) -> int:
+    """render, install or uninstall the router's unit (deploy/router_unit.py)."""
+    try:
+        suffix = check_suffix(args.label_suffix)
+        plan = None if args.action == "uninstall" else router_unit.router_plan(
+            settings, args.worker_url, smg=args.smg, model_aliases=args.model_alias,
+            smg_args=args.smg_arg, label_suffix=suffix)
+    except UnitError as exc:
+        print(f"switchyard: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    directory = manager.units_dir(str(Path.home()))
+    if manager is LAUNCHD:
+        name = launchd.plist_name(router_unit.ROLE, suffix)
+        install_commands = router_unit.launchd_install(os.getuid(), directory / name, suffix)
+        uninstall_commands = [launchd.bootout(os.getuid(), router_unit.ROLE, suffix)]
+    else:
+        name = systemd.unit_name(router_unit.ROLE, suffix)
+        install_commands = router_unit.systemd_install(suffix)
+        uninstall_commands = router_unit.systemd_uninstall(suffix)
+    if args.action == "uninstall":
+        if args.dry_run:
+            _print_commands(uninstall_commands)
+            return 0
+        if not _have(manager):
+            return EXIT_USAGE
+        for argv in uninstall_commands:  # a unit that is not loaded is fine
+            _run(argv, check=False)
+        path = directory / name
+        if path.exists():
+            path.unlink()
+            print(f"removed {path}")
+        return 0
+    files = (router_unit.launchd_files if manager is LAUNCHD else router_unit.systemd_files)(plan)
+    if args.action == "render":
+        if args.dir is None:
+            _print_files(files, None)
+        else:
+            print("\n".join(map(str, write_files(files, args.dir))))
+        return 0
+    if args.dry_run:
+        _print_files(files, directory)
+        _print_commands(install_commands)
+        return 0
+    if not _have(manager):
+        return EXIT_USAGE
+    if manager is LAUNCHD:
+        launchd.log_dir(plan).mkdir(parents=True, exist_ok=True)
+        _run(uninstall_commands[0], check=False)  # reload: bootstrap fails on a loaded agent
+    write_files(files, directory)
+    if not _run_all(install_commands):
+        return EXIT_FAILED
+    where = (f"log in {launchd.log_dir(plan)}/router.log" if manager is LAUNCHD
+             else f"log: journalctl --user -u {name}")
+    print(f"installed {directory / name}: SMG on http://{plan.host}:{plan.port} in front of "
+          f"{' '.join(plan.worker_urls)}; {where}")
     return 0
 
 

@@ -189,6 +189,18 @@ def format_disk(snapshot: Status) -> list[str]:
     return lines
 
 
+def format_peers(snapshot: Status) -> list[str]:
+    """The --peer servers and the pages fetched from each (docs/design/kv-pages.md "Pages
+    from a peer")."""
+    peers = snapshot.peer_servers
+    if not peers:
+        return []
+    rows = [[p.url, f"{p.num_asks:,}", f"{p.num_pages:,}", format_size(p.num_bytes),
+             f"{p.fetch_s:.2f}s", f"{p.num_failures:,}", p.last_error[:60]] for p in peers]
+    return [f"peers: {len(peers)} (pages fetched from each)"] + _table(
+        ["peer", "asks", "pages", "bytes", "time", "failures", "last error"], rows)
+
+
 def format_ranks(snapshot: Status) -> list[str]:
     """A worker group's ranks: host, pool, and each rank's kvstore (state, pages held)."""
     ranks = snapshot.ranks
@@ -269,6 +281,7 @@ def format_report(report: dict) -> str:
     lines += format_queue(snapshot)
     lines += format_kv_memory(snapshot)
     lines += format_disk(snapshot)
+    lines += format_peers(snapshot)
     lines += format_counters(snapshot)
     return "\n".join(lines)
 

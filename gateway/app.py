@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from switchyard.gateway import dashboard, metrics, router_api
+from switchyard.gateway import dashboard, metrics, peer_pages_api, router_api
 from switchyard.gateway.api import anthropic_api, openai_api, responses_api
 from switchyard.gateway.context import (RECORD_SCOPE_KEY, TENANT_SCOPE_KEY, Gateway,
                                         RequestRecord, gateway_of)
@@ -282,4 +282,5 @@ def build_app(settings: Settings, tokenizer: Any, *, boot_id: str,
     metrics.mount(app, settings, tenants)  # GET /metrics, requests counted by endpoint and status
     dashboard.mount(app, settings, tenants)  # GET /dashboard, GET /v1/switchyard/status
     router_api.mount(app)  # GET /v1/loads, /server_info, /model_info: what a router reads
+    peer_pages_api.mount(app, settings)  # POST /switchyard/peer/pages, with --peer
     return app

@@ -96,8 +96,26 @@ def status_families(status: Status | None, now: float) -> list[Metric]:
     families += _slot_families(status)
     families += _disk_families(status.disk)
     families += _kv_memory_families(status.kv_memory)
+    families += _peer_families(status)
     families += _stats_families(status.stats)
     return families
+
+
+def _peer_families(status: Status) -> list[Metric]:
+    """Pages from the --peer servers (docs/design/kv-pages.md "Pages from a peer")."""
+    if not status.peer_servers:
+        return []
+    peers = status.peer_servers
+    return [_labelled(CounterMetricFamily, name, doc, "peer", [(p.url, value(p)) for p in peers])
+            for name, doc, value in (
+                ("switchyard_peer_pages", "KV pages fetched from a peer server",
+                 lambda p: p.num_pages),
+                ("switchyard_peer_bytes", "bytes of KV pages fetched from a peer server",
+                 lambda p: p.num_bytes),
+                ("switchyard_peer_fetch_seconds", "seconds spent waiting for a peer's pages",
+                 lambda p: p.fetch_s),
+                ("switchyard_peer_fetch_failures", "asks a peer refused, failed or did not "
+                 "answer within --peer-fetch-timeout-s", lambda p: p.num_failures))]
 
 
 def _kv_memory_families(kv: KvMemoryStatus | None) -> list[Metric]:

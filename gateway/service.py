@@ -95,6 +95,9 @@ def run(settings: Settings) -> None:
     except SecretKeyError as exc:  # the salt key is not ours or not private: say so, exit 2
         log.error("gateway.salt_key_refused", error=str(exc))
         raise SystemExit(2) from None
+    except SettingsError as exc:  # the peer key (--peer): missing, not private, not a key
+        log.error("gateway.peer_key_refused", error=str(exc))
+        raise SystemExit(2) from None
     log.info("gateway.starting", host=settings.host, port=settings.port,
              model=app.state.gateway.model_id)
     server = make_server(app, settings.host, settings.port)

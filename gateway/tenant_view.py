@@ -3,8 +3,9 @@
 With several keys, a tenant's key is shown its own requests and conversations (slots, queue,
 recent requests, its counters: finished requests, tokens by source, draft tokens, TTFT), and
 aggregates of the machine that no other tenant's text moves (step times, disk use, memory,
-component state). Nothing of another tenant's request is shown one by one; failures are
-counted for the operator only; no path (the kv dir in a disk error) reaches a tenant. An
+component state). Nothing of another tenant's request is shown one by one; failures, and the
+pages fetched from peer servers (any tenant's turns move them), are counted for the operator
+only; no path (the kv dir in a disk error) reaches a tenant. An
 operator key (`role=operator` in the key file), and the one tenant of a single key, see it all.
 """
 
@@ -32,7 +33,7 @@ def status_for(status: Status, viewer: Tenant | None, tenants: Tenants) -> Statu
     return msgspec.structs.replace(
         status, slots=slots, queue=queue, oldest_waiting_s=max(waits, default=0.0),
         disk=msgspec.structs.replace(status.disk, error=reason_without_paths(status.disk.error)),
-        stats=_own_stats(status.stats, name))
+        stats=_own_stats(status.stats, name), peer_servers=[])
 
 
 def _own_stats(stats: Stats, name: str | None) -> Stats:

@@ -8,7 +8,9 @@ a request's critical path, a write-through never is. A disk that refuses pages (
 read-only) makes persistence pause with a warning and retried after a short backoff (1 s,
 doubling to 30 s, reset by a write that succeeds); serving goes on. An eviction the disk refused
 is retried before any later write: nothing is written while pages the scheduler counted as
-gone are still there (the budget holds).
+gone are still there (the budget holds). With `--peer`, it serves its pages to the peers' asks
+the gateway forwards, and fetches the pages the scheduler asks for from the peers
+(kvstore/peers.py; docs/design/kv-pages.md "Pages from a peer").
 """
 
 from __future__ import annotations
@@ -21,21 +23,26 @@ from collections import deque
 from switchyard.kvstore.dir_lock import KvDirLocked, KvDirUnsafe, lock_kv_dir
 from switchyard.kvstore.page_key import PageKeyError, key_path, load_page_key
 from switchyard.kvstore.page_file import PageGeometry
+from switchyard.kvstore.peers import Fetched, PeerFetcher, PeerPageServer
 from switchyard.kvstore.store import CorruptEvent, PageStore, StoreUnavailable
 from switchyard.common.backoff import Backoff
-from switchyard.common.endpoints import rank_role
+from switchyard.common.endpoints import Endpoints, ensure_runtime_dir, rank_role
 from switchyard.proto.ids import new_boot_id
 from switchyard.common.logs import configure_logging
+from switchyard.common.secret_keys import load_peer_key
+from switchyard.common.secret_keys import SecretKeyError
 from switchyard.proto.base import ROLE_KVSTORE
 from switchyard.proto.scheduler_kvstore import (
     AttachBuffers,
     DeletePages,
     DescribeInventory,
+    FetchPeerPages,
     InventoryDescribed,
     PageInfo,
     PagesDeleted,
     PagesRead,
     PagesWritten,
+    PeerPagesFetched,
     ReadPages,
     TouchPages,
     WritePages,
@@ -78,6 +85,14 @@ class KvStoreDaemon:
             self.inventory = []
             log.warning("kv.persistence_off", error=self.error)
         self.scan_s = time.perf_counter() - started
+        self.peer_server: PeerPageServer | None = None
+        self.fetcher: PeerFetcher | None = None
+        if settings.peer:  # SettingsError, SecretKeyError: the caller refuses
+            peer_key = load_peer_key(settings.peer_key_file, settings.cache_path)
+            self.fetcher = PeerFetcher(tuple(settings.peer), peer_key, log)
+            endpoint = Endpoints(ensure_runtime_dir(settings.runtime_path)).peer_pages
+            self.peer_server = PeerPageServer(endpoint, self.store, peer_key, log)
+            self.peer_server.start()
         log.info("kvstore.scanned", kv_dir=str(settings.rank_kv_path),
                  num_pages=len(self.inventory),
                  num_other_format_removed=self.store.num_other_format_removed,
@@ -107,6 +122,38 @@ class KvStoreDaemon:
             now = time.time()
             for pid in msg.page_ids:
                 self.store.touch(pid, now)
+        elif isinstance(msg, FetchPeerPages):
+            if self.fetcher is not None and self.namespace and self._may_write():
+                self.fetcher.start(msg, self.namespace, self.store.geometry)
+            else:  # nothing to fetch into: the request prefills now
+                self.send(PeerPagesFetched(msg.rid, (), ()))
+
+    def finish_fetches(self) -> None:
+        """Write what the peers gave into the store, and tell the scheduler."""
+        for fetched in self.fetcher.finished() if self.fetcher is not None else ():
+            self.send(PeerPagesFetched(fetched.msg.rid, tuple(self._store_fetched(fetched)),
+                                       fetched.results))
+            for result in fetched.results:
+                self.log.info("peer.fetched", rid=fetched.msg.rid, peer=result.peer,
+                              num_pages=result.num_pages, num_bytes=result.num_bytes,
+                              fetch_s=result.fetch_s, error=result.error)
+
+    def _store_fetched(self, fetched: Fetched) -> list[PageInfo]:
+        written = []
+        for page in fetched.pages:
+            h = page.header
+            if h.namespace != self.namespace or not self._may_write():
+                break
+            try:
+                self.store.write(self.namespace, h.parent_id, h.token_ids, page.payload,
+                                 flags=h.flags, page_id=h.page_id, image_ids=h.image_ids)
+            except StoreUnavailable as exc:
+                self._refused(exc)
+                break
+            entry = self.store.get(h.page_id)
+            written.append(PageInfo(h.page_id, h.parent_id, self.namespace, h.num_tokens,
+                                    entry.nbytes, entry.last_used, entry.flags))
+        return written
 
     def attach(self, msg: AttachBuffers) -> None:
         if self.pool is not None:
@@ -212,6 +259,10 @@ class KvStoreDaemon:
             self.write_one_batch()
 
     def close(self) -> None:
+        if self.peer_server is not None:
+            self.peer_server.stop()
+        if self.fetcher is not None:
+            self.fetcher.close()
         self.store.close()
         if self.pool is not None:
             self.pool.close()
@@ -227,7 +278,7 @@ def run(settings: Settings) -> None:
     stop = StopFlag()
     try:
         daemon = KvStoreDaemon(settings, log, boot_id)
-    except (KvDirLocked, KvDirUnsafe, PageKeyError) as exc:
+    except (KvDirLocked, KvDirUnsafe, PageKeyError, SettingsError, SecretKeyError) as exc:
         # refuse to start: exit 2 ends the group with a message
         log.error("kvstore.refused_to_start", reason=str(exc))
         print(f"switchyard kvstore: {exc}", file=sys.stderr)
@@ -241,12 +292,17 @@ def run(settings: Settings) -> None:
     log.info("kvstore.started", kv_dir=str(settings.rank_kv_path))
     try:
         while not stop.requested:
-            # With writes queued, only peek: a read arriving meanwhile goes first.
-            message = link.receive(0.0 if daemon.writes else settings.heartbeat_s)
+            # With writes queued, only peek: a read arriving meanwhile goes first. While
+            # peers are asked, look for their answers often.
+            fetching = daemon.fetcher is not None and daemon.fetcher.num_inflight
+            message = link.receive(0.0 if daemon.writes else 0.005 if fetching
+                                   else settings.heartbeat_s)
             if message is not None:
                 daemon.handle(message)
             elif daemon.writes:
                 daemon.write_one_batch()
+            if fetching:
+                daemon.finish_fetches()
     except GroupKeyRefused as exc:  # another group's key file: retrying cannot help
         refused = exc
     else:

@@ -30,7 +30,8 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 12: StepDone.num_forward_passes/num_forward_tokens/num_prefill_passes (packed prefill).
 # 13: SubmitRequest.tenant (whose request: status views and speculation per tenant).
 # 14: SubmitRequest.tenant_weight (fair shares between tenants).
-PROTOCOL_VERSION = 14
+# 15: FetchPeerPages / PeerPagesFetched (pages from a peer server).
+PROTOCOL_VERSION = 15
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"

@@ -1,5 +1,6 @@
 """Messages between the scheduler and the kvstore: the disk's inventory, the worker's shared page
-buffers, and page writes, reads, deletes and touches (the bytes stay in shared memory)."""
+buffers, page writes, reads, deletes and touches (the bytes stay in shared memory), and the pages a
+request asks the peer servers for."""
 
 from __future__ import annotations
 
@@ -105,7 +106,35 @@ class TouchPages(Message, tag="touch_pages"):
     page_ids: tuple[bytes, ...]
 
 
+
+class FetchPeerPages(Message, tag="fetch_peer_pages"):
+    """Ask the peers for `page_ids[start:]` of a chain from `root` (proto/peer_pages.py);
+    answered by PeerPagesFetched within `deadline_s` (docs/design/kv-pages.md "Pages from a
+    peer")."""
+
+    rid: str
+    root: bytes
+    page_ids: tuple[bytes, ...]
+    start: int
+    max_bytes: int
+    deadline_s: float
+
+
+class PeerFetchResult(Value):
+    peer: str  # its URL
+    num_pages: int
+    num_bytes: int
+    fetch_s: float
+    error: str = ""  # "": it answered (with pages or none)
+
+
+class PeerPagesFetched(Message, tag="peer_pages_fetched"):
+    rid: str
+    pages: tuple[PageInfo, ...]  # written to disk here, in chain order
+    results: tuple[PeerFetchResult, ...]
+
+
 MESSAGES: tuple[type[Message], ...] = (
     DescribeInventory, InventoryDescribed, AttachBuffers, WritePages, PagesWritten, ReadPages,
-    PagesRead, DeletePages, PagesDeleted, TouchPages)
+    PagesRead, DeletePages, PagesDeleted, TouchPages, FetchPeerPages, PeerPagesFetched)
 name_kinds(MESSAGES)

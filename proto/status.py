@@ -40,6 +40,19 @@ class PeerStatus(_Doc):
     last_seen: float | None  # unix time of its last message
 
 
+class PeerServerStatus(_Doc):
+    """Another server this one asks for pages (--peer), and what it gave since the scheduler
+    started (docs/design/kv-pages.md "Pages from a peer")."""
+
+    url: str
+    num_asks: int  # asks it answered or let time out
+    num_pages: int  # pages it sent that verified
+    num_bytes: int
+    fetch_s: float  # seconds its answers took, summed
+    num_failures: int  # asks it refused, failed or did not answer in time
+    last_error: str = ""
+
+
 class SlotStatus(_Doc):
     slot: int
     num_tokens: int  # tokens whose KV the slot holds
@@ -217,6 +230,7 @@ class Status(_Doc):
     speculation: SpeculationStatus | None = None
     prefill_share: PrefillShareStatus | None = None
     kv_memory: KvMemoryStatus | None = None  # None when the worker's budget is not counted
+    peer_servers: list[PeerServerStatus] = []  # --peer: the servers pages come from
 
 
 _decoder = msgspec.json.Decoder(Status)

@@ -48,8 +48,8 @@ class AdmissionManager:
         order = deque(self.order(now))
         while order:
             req = st.requests[order.popleft()]
-            if not req.grammar_ready:
-                continue  # the worker is compiling its grammar (it never does in a step)
+            if not req.grammar_ready or req.fetching:
+                continue  # its grammar compiles, or its pages come from a peer
             decision = place(req, st.slots, st.pages, st.config, st.prefilling())
             if isinstance(decision, WaitForSibling):
                 self._note_sibling_wait(req, decision)
@@ -89,7 +89,8 @@ class AdmissionManager:
         promised = Counter()  # slots this pass gives, by tenant (scheduler.tenant_shares)
         for rid in self.order(now):
             req = st.requests[rid]
-            if not req.grammar_ready or req.waits_for in {r.rid for r in st.prefilling()}:
+            if not req.grammar_ready or req.fetching \
+                    or req.waits_for in {r.rid for r in st.prefilling()}:
                 continue  # not placed now: no slot is freed for it
             if free and not self.memory.short_of(req):
                 free -= 1  # a free slot is there for it

@@ -51,3 +51,7 @@ class CoreConfig:
     # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
     # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
     wait_for_index: bool = False
+    # Other servers asked for pages no slot or disk here holds (--peer), and how long
+    # (docs/design/kv-pages.md "Pages from a peer").
+    peers: tuple[str, ...] = ()
+    peer_deadline_s: float = 2.0

@@ -18,6 +18,7 @@ shared state (`scheduler.core_state`):
 - `MemoryManager` (memory_manager.py): the KV budget and the resident slots;
 - `DecodePlanner` (decode_plan.py): bursts, drafts, and the cost of decoding;
 - `DiskManager` (disk_manager.py): restore reads and kvstore's answers;
+- `PeerFetches` (peer_fetch.py): pages asked of other servers before a request is placed;
 - prefill chunks (prefill_plan.py), page staging and eviction (page_cache.py).
 """
 
@@ -39,7 +40,12 @@ from switchyard.proto.scheduler_worker import (
     StepDone,
     WorkerReady,
 )
-from switchyard.proto.scheduler_kvstore import InventoryDescribed, PagesRead, PagesWritten
+from switchyard.proto.scheduler_kvstore import (
+    InventoryDescribed,
+    PagesRead,
+    PagesWritten,
+    PeerPagesFetched,
+)
 from switchyard.scheduler.admission_manager import AdmissionManager
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core_snapshot import CoreSnapshot, snapshot
@@ -57,6 +63,7 @@ from switchyard.scheduler.events import (
     WorkerLost,
 )
 from switchyard.scheduler.memory_manager import MemoryManager
+from switchyard.scheduler.peer_fetch import PeerFetches
 from switchyard.scheduler.prefill_plan import plan_prefills, state_points
 from switchyard.scheduler.request_lifecycle import RequestLifecycle
 from switchyard.scheduler.requests import Slot
@@ -73,6 +80,7 @@ class SchedulerCore(CoreState):
         self.admission = AdmissionManager(self, self.lifecycle, self.memory)
         self.decode = DecodePlanner(self)
         self.disk = DiskManager(self, self.lifecycle)
+        self.peers = PeerFetches(self)
         self._next_step = 0
 
     def handle(self, event: Event, now: float) -> Effects:
@@ -97,7 +105,10 @@ class SchedulerCore(CoreState):
                 self._grammar_prepared(event, now)
             case InventoryDescribed():
                 self.disk.inventory(event, now)
+            case PeerPagesFetched():
+                self.peers.fetched(event, now)
             case KvstoreRestarted():
+                self.peers.kvstore_restarted()
                 self.disk.kvstore_restarted()
             case WorkerLost():
                 self.inflight = None
@@ -113,13 +124,15 @@ class SchedulerCore(CoreState):
 
     def snapshot(self, now: float) -> CoreSnapshot:
         """The core's part of the status document. No prompt or output text."""
-        return snapshot(self, now)
+        return snapshot(self, now, self.peers.status())
 
     # --- the step --------------------------------------------------------------------------
 
     def _plan_step(self, now: float) -> RunStep | None:
         if self.inflight is not None:
             return None
+        self.peers.expire(now)
+        self.peers.ask(now)  # before admission: a request asked for is not placed yet
         # Stage before admitting: staging reads a slot as the last step left it, before a new
         # request's copy, load or prefill overwrites it (write-back of a displaced tail, and of
         # the tail of a request that gave its slot up just now).

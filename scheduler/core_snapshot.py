@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from switchyard.common.held_kv import held_tokens
-from switchyard.proto.status import (DiskStatus, KvMemoryStatus, PrefillShareStatus,
-                                     QueuedRequest, SlotState, SlotStatus, SpeculationStatus)
+from switchyard.proto.status import (DiskStatus, KvMemoryStatus, PeerServerStatus,
+                                     PrefillShareStatus, QueuedRequest, SlotState, SlotStatus,
+                                     SpeculationStatus)
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.fairness import oldest_waiting_s
 from switchyard.scheduler.kv_memory import holds
@@ -28,9 +29,11 @@ class CoreSnapshot:
     speculation: SpeculationStatus
     prefill_share: PrefillShareStatus | None = None
     kv_memory: KvMemoryStatus | None = None
+    peer_servers: list[PeerServerStatus] | None = None  # scheduler/peer_fetch.py
 
 
-def snapshot(st: CoreState, now: float) -> CoreSnapshot:
+def snapshot(st: CoreState, now: float,
+             peer_servers: list[PeerServerStatus] | None = None) -> CoreSnapshot:
     slots = []
     for slot in st.slots:
         req = st.requests.get(slot.rid) if slot.rid else None
@@ -58,7 +61,8 @@ def snapshot(st: CoreState, now: float) -> CoreSnapshot:
                                    num_protected=split.num_protected,
                                    num_waiting=split.num_waiting, age_s=now - at)
     return CoreSnapshot(slots, queue, oldest_waiting_s(st.requests.values(), now),
-                        st.pages.disk_status(), speculation, share, _kv_memory(st))
+                        st.pages.disk_status(), speculation, share, _kv_memory(st),
+                        peer_servers)
 
 
 def _slot_state(st: CoreState, req: Request) -> SlotState:

@@ -87,6 +87,7 @@ class PageCache:
         # Sent to kvstore from a worker's pool that is gone: they still reach the disk, so
         # they count against the budget until kvstore answers (or a new kvstore rescans).
         self.orphans: dict[bytes, int] = {}
+        self.fetching_bytes = 0  # held for pages asked of the peers (scheduler/peer_fetch.py)
         self.resend_writes = False  # a new kvstore gets `writing` again after its inventory
         self.allocator: BufferAllocator | None = None
         self.pool: AttachBuffers | None = None
@@ -430,28 +431,14 @@ class PageCache:
                 if stored_plain and pid not in self.staged and pid not in self.writing:
                     if not self._stage(slot, at_end, with_state=True, out=stages):
                         return stages
-            if 0 < slot.branch_tail_at <= len(slot.tokens):  # owned by the slot's turn
-                end, slot.branch_tail_at = slot.branch_tail_at, 0
+            for end in slot.take_tails():
                 if not self._stage_tail(slot, trimmable, stages, end):
-                    return stages
-            if slot.prompt_tail_at:
-                end, slot.prompt_tail_at = slot.prompt_tail_at, 0
-                if not self._stage_tail(slot, trimmable, stages, end):
-                    return stages
-            if slot.tail_wanted:
-                slot.tail_wanted = False
-                if not self._stage_tail(slot, trimmable, stages):
                     return stages
         return stages
 
-    def _stage_tail(self, slot: Slot, trimmable: bool, out: list[StagePage],
-                    end: int | None = None) -> bool:
-        """The partial page where a turn ended (the slot's end) or a prompt's context ended
-        (`end`): the next turn resumes there (after the turn: if its history carries the
-        reply's exact tokens; after the prompt: whatever the client made of the reply), and
-        so does the same prompt sent again. A hybrid model's page carries the state at its
-        end, which the worker has at the slot's end and at its mark."""
-        end = len(slot.tokens) if end is None else end
+    def _stage_tail(self, slot: Slot, trimmable: bool, out: list[StagePage], end: int) -> bool:
+        """The partial page that ends at token `end` (`Slot.take_tails`). A hybrid model's
+        page carries the state at its end, which the worker has at the slot's end and mark."""
         tail = self._tail(slot, end)
         if tail is None or not (trimmable or end in (len(slot.tokens), slot.state_mark)):
             return True
@@ -518,9 +505,34 @@ class PageCache:
 
     def _write(self, pending: list[_Pending], now: float, pinned: Pinned) -> None:
         """Make room on disk for `pending`, then hand them to kvstore (or drop them)."""
-        # Pages still being written count too: they are on disk as soon as kvstore answers.
-        incoming = (sum(p.nbytes for p in pending) + sum(p.nbytes for p in self.writing.values())
-                    + sum(self.orphans.values()))
+        if not self._evict(sum(p.nbytes for p in pending), now, pinned):
+            self._release([p.write.buffer for p in pending])
+            self.outbox.log("kv.budget_exhausted", **{"num_pages_skipped": len(pending),
+                                                        "budget_bytes": self.budget_bytes})
+            return
+        for p in pending:
+            self.writing[p.write.page_id] = p
+        self.outbox.send(WritePages(tuple(p.write for p in pending)))
+
+    def make_room_for_fetch(self, nbytes: int, now: float, pinned: Pinned) -> int:
+        """`nbytes` if the budget has room for pages asked of the peers (evicting as for a
+        write), else 0 (docs/design/kv-pages.md "Pages from a peer")."""
+        return nbytes if self._evict(nbytes, now, pinned) else 0
+
+    def add_fetched(self, pages: Iterable[PageInfo]) -> None:
+        for info in pages:  # written by kvstore from what a peer sent
+            self._add(info)
+
+    def here(self, pid: bytes) -> bool:
+        """On disk, or on its way there."""
+        return pid in self.tree or pid in self.writing or pid in self.staged
+
+    def _evict(self, nbytes: int, now: float, pinned: Pinned) -> bool:
+        """Make room for `nbytes` more on disk; whether it fits."""
+        # Pages still being written count too: they are on disk as soon as kvstore answers;
+        # so do the bytes held for pages asked of the peers.
+        incoming = (nbytes + sum(p.nbytes for p in self.writing.values())
+                    + sum(self.orphans.values()) + self.fetching_bytes)
         if self.tree.total_bytes + incoming <= self.budget_bytes:
             plan = EvictionPlan()  # room enough: what is pinned does not matter
         else:
@@ -542,14 +554,7 @@ class PageCache:
                 "budget_bytes": plan.thrash.budget_bytes,
                 "suggested_budget_bytes": plan.thrash.suggested_budget_bytes,
                 "advice": "raise --kv-disk-budget to the suggested size"})
-        if not plan.fits:
-            self._release([p.write.buffer for p in pending])
-            self.outbox.log("kv.budget_exhausted", **{"num_pages_skipped": len(pending),
-                                                        "budget_bytes": self.budget_bytes})
-            return
-        for p in pending:
-            self.writing[p.write.page_id] = p
-        self.outbox.send(WritePages(tuple(p.write for p in pending)))
+        return plan.fits
 
     def pages_written(self, msg: PagesWritten, now: float) -> None:
         for info in msg.written:

@@ -39,6 +39,9 @@ class Request:
     slot: int | None = None
     cancelled: bool = False
     grammar_ready: bool = True  # False while the worker compiles its grammar (PrepareGrammar)
+    # Pages from a peer (scheduler/peer_fetch.py): looked at once; not placed while asked.
+    peer_asked: bool = False
+    fetching: bool = False
     # Where the context's KV came from (tokens): kept in the slot, copied from another slot,
     # restored from disk. Set at the first placement; `num_cached` is what usage reports.
     num_reused: int = 0
@@ -176,6 +179,22 @@ class Slot:
     @property
     def free(self) -> bool:
         return self.rid is None
+
+    def take_tails(self) -> list[int]:
+        """The ends of the partial pages to store now (next step's stages), each once: a
+        branch point the prefill reached (the slot's turn owns it), where the prompt's
+        context ended (the next turn, whatever the client made of the reply, and the same
+        prompt again resume there), where the turn ended (the next turn, if its history
+        carries the reply's exact tokens)."""
+        ends = [e for e in (self.branch_tail_at, self.prompt_tail_at)
+                if 0 < e <= len(self.tokens)]
+        if self.branch_tail_at <= len(self.tokens):
+            self.branch_tail_at = 0
+        self.prompt_tail_at = 0
+        if self.tail_wanted:
+            self.tail_wanted = False
+            ends.append(len(self.tokens))
+        return ends
 
     def truncate(self, length: int, page_size: int) -> None:
         if length < self.state_mark:

@@ -45,6 +45,7 @@ from switchyard.proto.scheduler_kvstore import (
     PagesDeleted,
     PagesRead,
     PagesWritten,
+    PeerPagesFetched,
     ReadPages,
     TouchPages,
 )
@@ -88,7 +89,8 @@ from switchyard.scheduler.status import build_status
 # What each role may send besides Hello and Heartbeat; a peer of no known role is not heard.
 _SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest),
             ROLE_WORKER: (StepDone, WorkerReady, GrammarPrepared)}
-_SENT_BY_KVSTORES = (PagesWritten, PagesRead, InventoryDescribed, PagesDeleted)
+_SENT_BY_KVSTORES = (PagesWritten, PagesRead, InventoryDescribed, PagesDeleted,
+                     PeerPagesFetched)
 
 
 def may_send(role: str, kind: type) -> bool:
@@ -135,7 +137,8 @@ class SchedulerService:
             wait_for_index=True,
             num_draft_tokens=settings.num_draft_tokens if settings.speculative != "off" else 0,
             always_draft=settings.speculative == "suffix",
-            draft_only=settings.speculative in ("draft", "mtp")))
+            draft_only=settings.speculative in ("draft", "mtp"),
+            peers=tuple(settings.peer), peer_deadline_s=settings.peer_fetch_timeout_s))
         self.started_at = time.time()
         self.stats = SchedulerStats()
         self.peer_boot: dict[str, str] = {}
@@ -255,6 +258,8 @@ class SchedulerService:
             self.apply(self.core.handle(msg, now))
         elif isinstance(msg, (PagesWritten, PagesRead, InventoryDescribed)):
             self._from_kvstore(role, msg, now)
+        elif isinstance(msg, PeerPagesFetched):  # rank 0's kvstore alone (no worker group)
+            self.apply(self.core.handle(msg, now))
         elif isinstance(msg, StepDone):
             t0 = time.perf_counter()
             effects = self.core.handle(msg, now)

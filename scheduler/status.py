@@ -25,5 +25,5 @@ def build_status(service, now: float) -> Status:
                                          service.settings.peer_timeout_s),
         stats=service.stats.snapshot(),
         speculation=core.speculation, prefill_share=core.prefill_share,
-        kv_memory=core.kv_memory,
+        kv_memory=core.kv_memory, peer_servers=core.peer_servers or [],
     )

@@ -327,6 +327,28 @@ class ServerGroup:
         self.stop()
 
 
+def start_all(groups) -> None:
+    """Start every group side by side (each start is mostly waiting); raise the first error
+    once all tried."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def start(group: ServerGroup) -> None:
+        try:
+            group.start()
+        except BaseException as exc:  # noqa: BLE001 - reported below, after all tried
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(g,)) for g in groups]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
 def stop_all(groups) -> None:
     """Stop every group, then report every group that did not stop cleanly (one failing stop
     must not leave the others running)."""

@@ -76,8 +76,12 @@ class SmgRouter:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        # SMG's Prometheus listener defaults to 0.0.0.0:29000: one of its own, on loopback, so
+        # that two routers (two test files, a bench) run side by side.
         self.cmd = [str(exe), "launch", "--worker-urls", *worker_urls, "--policy", policy,
-                    "--host", "127.0.0.1", "--port", str(self.port), *extra]
+                    "--host", "127.0.0.1", "--port", str(self.port),
+                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                    *extra]
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 60.0) -> "SmgRouter":

@@ -169,6 +169,12 @@ function renderDisk(data) {
                        `${fmtInt(disk.num_thrash)} thrash events`));
   if (disk.writable === false) facts.appendChild(el("li", { class: "state-prefilling" },
                                                     "writes paused"));
+  // --peer servers: the pages fetched from each (docs/design/kv-pages.md "Pages from a peer").
+  for (const peer of data.peer_servers || []) {
+    facts.appendChild(el("li", { class: peer.num_failures ? "state-prefilling" : "" },
+      `from ${peer.url}: ${fmtInt(peer.num_pages)} pages, ${fmtBytes(peer.num_bytes)} in ` +
+      `${peer.fetch_s.toFixed(2)} s, ${fmtInt(peer.num_failures)} failed`));
+  }
 }
 
 function logTicks(lo, hi) {

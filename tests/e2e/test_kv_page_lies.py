@@ -32,10 +32,9 @@ from switchyard.common.settings import user_cache_dir
 from tests.e2e.test_kv_crash_safety import _tokenizer, page_tokens
 from tests.e2e.test_kv_persistence import Conversation
 from switchyard.testing.group import ServerGroup, short_tmp_dir
-from switchyard.testing.workload import text
+from tests.helpers.checkout import REPO_ROOT
 
 P = 256
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rewrite(path: Path, *, payload=None, flags=None, key: bytes | None = None) -> None:

@@ -22,7 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from switchyard.common.settings import parse_size
 from switchyard.proto.status import read_status
-from switchyard.testing.group import REPO_ROOT, ServerGroup, short_tmp_dir
+from switchyard.testing.group import ServerGroup, short_tmp_dir
+from tests.helpers.checkout import REPO_ROOT
 
 EXTRA = ("--page-size", "16", "--prefill-chunk", "256")
 CHAT = (("endpoint", "/v1/chat/completions"), ("method", "POST"), ("status", "200"))

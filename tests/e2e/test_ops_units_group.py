@@ -25,7 +25,8 @@ from switchyard.deploy import launchd
 from switchyard.deploy.runtime import read_pid_file
 from switchyard.deploy.service_units import ROLES, unit_plan
 from switchyard.common.settings import Settings
-from switchyard.testing.group import REPO_ROOT, free_port, short_tmp_dir
+from switchyard.testing.group import free_port, short_tmp_dir
+from tests.helpers.checkout import REPO_ROOT
 from switchyard.testing.lifeline import lifeline
 
 

@@ -1,7 +1,7 @@
 """What JSON Schema cannot state about a request, applied to schemathesis' generated ones.
 
 A named tool_choice must name one of `tools`, the grammar of the tools' calls stays within its
-bound, and a function is offered once (a Responses
+bound, each tool's parameter schema is one the grammar compiler takes, and a function is offered once (a Responses
 namespace's included); a previous_response_id must be one the server
 still keeps; an image's bytes must be an image (and at most --max-images of them). The published
 spec documents each as a 400 (gateway/api/openapi.py `_SEMANTIC_400S`); a valid generated case
@@ -80,12 +80,35 @@ def follow_unstateable_rules(body) -> None:
             if function["name"] in names:  # a function offered twice is a 400
                 function["name"] += f"_{len(names)}"
             names.append(function["name"])
+        if isinstance(function, dict):
+            for key in SCHEMA_KEYS:
+                if key in function and not _compiles(function[key]):
+                    function[key] = {"type": "object"}
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and names:
         if isinstance(choice.get("function"), dict):
             choice["function"]["name"] = names[0]
         elif "name" in choice:
             choice["name"] = names[0]
+
+
+# Where each API's tool holds its parameters' JSON Schema (Chat's `function.parameters`,
+# Responses' `parameters`, Messages' `input_schema`).
+SCHEMA_KEYS = ("parameters", "input_schema")
+
+
+def _compiles(schema) -> bool:
+    """Whether the grammar compiler takes `schema` as a JSON Schema: a forced call (a strict
+    tool, a required or named tool_choice) is a 400 otherwise, which no schema can state (a
+    generated `{"minLength": [5, 3]}` is an object like any other)."""
+    from switchyard.gateway.errors import APIError
+    from switchyard.gateway.request.structured import check_now, json_schema
+
+    try:
+        check_now(json_schema(schema, "tools"))
+    except APIError:
+        return False
+    return True
 
 
 def _offered(tools) -> list:

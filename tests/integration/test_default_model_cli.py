@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 
-from switchyard.testing.group import REPO_ROOT, short_tmp_dir
+from switchyard.testing.group import short_tmp_dir
+from tests.helpers.checkout import REPO_ROOT
 
 
 def test_serve_without_the_index_says_so_in_one_line(tmp_path):

@@ -17,8 +17,8 @@ from switchyard.deploy.runtime import pid_alive, wait_gone
 from switchyard.deploy.supervisor import ROLES
 from switchyard.common.endpoints import Endpoints
 from switchyard.proto.shm import remove_stale_segments
-from switchyard.testing.group import REPO_ROOT, group_members
-from switchyard.testing.lifeline import with_repo_path
+from switchyard.testing.group import group_members
+from tests.helpers.checkout import REPO_ROOT
 
 # Longer than the lifeline's grace for a whole group (ServerGroup's stop_timeout_s), so a
 # group that ignores its SIGTERM is still SIGKILLed within it.
@@ -71,7 +71,7 @@ def run_child(code: str, *args: str, log: Path) -> tuple[subprocess.Popen, dict]
     """Start `code` in a python child; return it and the JSON line it prints."""
     with open(log, "wb") as err:
         child = subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO_ROOT,
-                                 env=with_repo_path(dict(os.environ)),
+                                 env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
     line = child.stdout.readline()
     assert line, f"child printed nothing (exit {child.wait()}):\n{log.read_text()}"

@@ -4,7 +4,8 @@ running."""
 import subprocess
 import sys
 
-from switchyard.testing.group import REPO_ROOT, short_tmp_dir
+from switchyard.testing.group import short_tmp_dir
+from tests.helpers.checkout import REPO_ROOT
 
 
 def test_serve_refuses_a_plan_that_does_not_fit(tiny_model_dir):

@@ -40,8 +40,8 @@ from switchyard.proto.sockets import bind_router, send_to
 from switchyard.scheduler.page_stores import PageStores, kvstore_identity
 from switchyard.proto.status import read_status
 from switchyard.testing.group import short_tmp_dir
+from tests.helpers.checkout import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 P = 16
 NS = bytes(range(16))
 PER_TOKEN = (64, 40)  # rank 1's share of a token is smaller (another head count)

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from importlib.metadata import version
 
-from switchyard.testing.group import REPO_ROOT, free_port, free_port_pair, short_tmp_dir
+from switchyard.testing.group import free_port, free_port_pair, short_tmp_dir
+from tests.helpers.checkout import REPO_ROOT
 
 
 MLX_LM = version("mlx-lm")

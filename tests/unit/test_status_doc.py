@@ -69,7 +69,7 @@ def test_json_field_names_are_the_documented_ones():
     assert list(raw) == ["version", "at", "boot_id", "pid", "started_at", "worker_ready",
                          "kvstore_ready", "peers", "slots", "queue", "oldest_waiting_s",
                          "disk", "ranks", "stats", "speculation", "prefill_share",
-                         "kv_memory"]
+                         "kv_memory", "peer_servers"]
     assert raw["kv_memory"] == {"held_tokens": 1280, "budget_tokens": 100_000,
                                 "num_tokens": 40, "num_running": 1, "num_resident": 1,
                                 "num_preempted": 2}
