@@ -32,7 +32,8 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 14: SubmitRequest.tenant_weight (fair shares between tenants).
 # 15: FetchPeerPages / PeerPagesFetched (pages from a peer server).
 # 16: ReplyEnded (how a reply ended, for the scheduler's residency).
-PROTOCOL_VERSION = 16
+# 17: WorkerReady.state_marks (window and hybrid slots keep their state at the prompt's end).
+PROTOCOL_VERSION = 17
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"

@@ -59,8 +59,9 @@ class StagePage(Value):
     """Copy tokens [start, start + page_size) of `slot` into page buffer `buffer`.
 
     Runs before the step's compute, on the slot's contents as the previous step left them.
-    `with_state` also copies the recurrent state, which exists only at the slot's end, so the
-    scheduler asks for it only when the page ends exactly there.
+    `with_state` also copies the recurrent state, which exists only at the slot's end and at
+    its mark (`WorkerReady.state_marks`), so the scheduler asks for it only when the page
+    ends exactly at one of them.
     """
 
     slot: int
@@ -199,6 +200,10 @@ class WorkerReady(Message, tag="worker_ready"):
     # Tokens of KV its slots may hold, reserves and the decode batch counted as
     # common/held_kv.py counts them (docs/design/kv-pages.md "Memory plan"); 0: not counted.
     kv_budget_tokens: int = 0
+    # Such a worker keeps each slot's state where its last prefill or restore ended (its
+    # mark): a slot is cut back, copied and staged there too (docs/design/kv-pages.md "Exact
+    # repeats and state marks").
+    state_marks: bool = False
 
 
 class SampledToken(Value):

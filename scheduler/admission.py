@@ -84,12 +84,16 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
     chain = req.context_chain(pages.chain_namespace, P)
     on_disk = pages.disk_prefix(chain, feed, n, cfg.trimmable, req.images, req.root)
     disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
-    matches = {}
+    matches, parts = {}, 0
     for slot in slots:
-        m = usable_match(slot, slot.shared_prefix(chain, feed, n, P, req.images, req.root),
-                         cfg.trimmable)
+        shared = slot.shared_prefix(chain, feed, n, P, req.images, req.root)
+        m = usable_match(slot, shared, cfg.trimmable)
         if m:
             matches[slot.index] = m
+        # Where the context parts from another conversation's prompt (a sibling sub-agent
+        # under a shared prefix); a slot's own reply, which a client may rewrite, is no branch.
+        if shared < min(n, slot.turn.num_tokens if slot.turn else len(slot.tokens)):
+            parts = max(parts, shared)
     # A conversation that comes back while its own pages are still on their way to disk
     # (its slot was taken meanwhile) waits for them instead of re-reading them; one that
     # a slot still holds is served from memory.
@@ -111,8 +115,10 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
     branch_point = None
     if not cfg.trimmable and pages.enabled:
         # Where this request leaves the pages already on disk (the end of a shared prefix,
-        # say a system prompt) is where its state is worth a snapshot for the next one.
-        branch_point = pages.tree.longest_prefix(chain) * cfg.page_size
+        # say a system prompt), or the tokens a slot holds, is where its state is worth a
+        # snapshot for the next one: a tail when it falls inside a page
+        # (docs/design/kv-pages.md "Branch points").
+        branch_point = max(pages.tree.longest_prefix(chain) * cfg.page_size, parts)
     restore = tuple(p for p in on_disk if p.start >= placement.restore_from) \
         if placement.restored else ()
     return Decision(placement, restore, branch_point, tuple(chain))
@@ -148,6 +154,8 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
                      root=src.root)
         if src.rid is None and p.copied + page_size > len(src.tokens):
             src.reply_end = "superseded"  # its conversation goes on here: nobody comes back
+        if src.state_mark <= p.copied:  # the worker copies the mark with the prefix
+            slot.state_mark = src.state_mark
         copy = CopyPrefix(p.copy_from, p.slot, p.copied)
     else:
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
@@ -157,6 +165,7 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         slot.truncate(0, page_size)
         slot.root = req.root
     slot.images = req.images  # the slot's kept tokens are this request's: so are its images
+    slot.branch_tail_at = decision.branch_point or 0
     req.slot = p.slot
     if req.admitted_at is None:
         req.admitted_at = now

@@ -12,6 +12,9 @@ class CoreConfig:
     prefill_chunk: int
     max_queue: int
     trimmable: bool = True
+    # The worker keeps each slot's state where its last prefill or restore ended (a slot
+    # mark: WorkerReady.state_marks; docs/design/kv-pages.md "Exact repeats and state marks").
+    state_marks: bool = False
     retry_after_s: float = 1.0
     page_size: int = 256
     disk_budget_bytes: int = 32 << 30

@@ -191,13 +191,19 @@ class SchedulerCore(CoreState):
         if plan is None or done.step != plan.step:
             return  # a stale reply from before a restart
         self.decode.observe_step(done, plan, now)
+        marks = self.config.state_marks  # the worker's rule (worker/state_marks.py)
         for load in plan.loads:
-            self.slots[load.slot].tokens.extend(load.token_ids)
+            slot = self.slots[load.slot]
+            slot.tokens.extend(load.token_ids)
+            if marks and load.with_state:
+                slot.state_mark = len(slot.tokens)
             self.pages.release(load.buffers)
         failed = {f.slot: f for f in done.failed}
         for chunk in plan.prefills:
             if chunk.slot not in failed:
-                self.slots[chunk.slot].tokens.extend(chunk.token_ids)
+                slot = self.slots[chunk.slot]
+                slot.tokens.extend(chunk.token_ids)
+                slot.state_mark = len(slot.tokens) if marks else 0
         sampled: dict[int, list[int]] = {}
         for s in done.sampled:
             sampled.setdefault(s.slot, []).append(s.token_id)
@@ -243,6 +249,7 @@ class SchedulerCore(CoreState):
     def _worker_ready(self, msg: WorkerReady) -> None:
         """A worker (re)started, or greets a restarted scheduler: its shape and slots."""
         self.config = dataclasses.replace(self.config, trimmable=msg.trimmable,
+                                          state_marks=msg.state_marks and not msg.trimmable,
                                           num_slots=msg.num_slots, ctx=msg.ctx,
                                           page_size=msg.page_size,
                                           speculation=msg.speculation,

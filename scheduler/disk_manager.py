@@ -55,7 +55,9 @@ class DiskManager:
             req.num_cached = min(len(st.slots[req.slot].tokens), len(req.prompt) - 1)
         if not req.prompt_tail_saved and st.remaining_prefill(req) == 0:
             req.prompt_tail_saved = True
-            st.slots[req.slot].tail_wanted = True  # the prompt's tail, staged next step
+            # The page where the prompt's context ends, staged next step: a next turn, or
+            # the same prompt again, resumes there (docs/design/kv-pages.md "KV pages").
+            st.slots[req.slot].prompt_tail_at = req.num_context
 
     # --- kvstore's events ------------------------------------------------------------------
 

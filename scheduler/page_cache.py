@@ -431,18 +431,16 @@ class PageCache:
                 if stored_plain and pid not in self.staged and pid not in self.writing:
                     if not self._stage(slot, at_end, with_state=True, out=stages):
                         return stages
-            if slot.tail_wanted:
-                slot.tail_wanted = False
-                if not self._stage_tail(slot, trimmable, stages):
+            for end in slot.take_tails():
+                if not self._stage_tail(slot, trimmable, stages, end):
                     return stages
         return stages
 
-    def _stage_tail(self, slot: Slot, trimmable: bool, out: list[StagePage]) -> bool:
-        """The partial last page where a prompt or a turn ended: the next turn resumes there
-        (after the turn: if its history carries the reply's exact tokens; after the prompt:
-        whatever the client made of the reply)."""
-        tail = self._tail(slot)
-        if tail is None:
+    def _stage_tail(self, slot: Slot, trimmable: bool, out: list[StagePage], end: int) -> bool:
+        """The partial page that ends at token `end` (`Slot.take_tails`). A hybrid model's
+        page carries the state at its end, which the worker has at the slot's end and mark."""
+        tail = self._tail(slot, end)
+        if tail is None or not (trimmable or end in (len(slot.tokens), slot.state_mark)):
             return True
         start, pid, parent, tokens, images = tail
         if slot.turn is not None:
@@ -452,15 +450,17 @@ class PageCache:
         return self._stage_page(slot.index, start, pid, parent, tokens,
                                 with_state=not trimmable, out=out, image_ids=images)
 
-    def _tail(self, slot: Slot) -> tuple[int, bytes, bytes, tuple[int, ...], bytes] | None:
-        """The slot's partial last page: its start, page id, parent id, tokens and image ids;
-        None when the slot ends on a page boundary."""
-        start = len(slot.tokens) // self.page_size * self.page_size
-        if start == len(slot.tokens):
+    def _tail(self, slot: Slot, end: int | None = None
+              ) -> tuple[int, bytes, bytes, tuple[int, ...], bytes] | None:
+        """The partial page that ends at token `end` of the slot (its end by default): its
+        start, page id, parent id, tokens and image ids; None when `end` is a page boundary."""
+        end = len(slot.tokens) if end is None else end
+        start = end // self.page_size * self.page_size
+        if start == end:
             return None
-        parent = slot.page_ids[-1] if start else slot.root
-        tokens = tuple(slot.tokens[start:])
-        images = page_image_ids(slot.images, start, len(slot.tokens))
+        parent = slot.page_ids[start // self.page_size - 1] if start else slot.root
+        tokens = tuple(slot.tokens[start:end])
+        images = page_image_ids(slot.images, start, end)
         return start, page_id(self.namespace, parent, tokens, images), parent, tokens, images
 
     def _kept(self, pid: bytes) -> bool:

@@ -58,7 +58,9 @@ def usable_match(slot: Slot, shared: int, trimmable: bool) -> int:
     """Of the `shared` leading tokens a slot has in common with a context, those it can give
     (keep, or copy to another slot)."""
     if not trimmable and shared < len(slot.tokens):
-        return 0  # recurrent state cannot be rewound: only a pure extension reuses a slot
+        # Recurrent state cannot be rewound: only a pure extension reuses a slot, or one
+        # that goes back to the slot's mark (a repeated prompt: worker/state_marks.py).
+        return slot.state_mark if 0 < slot.state_mark <= shared else 0
     return shared
 
 

@@ -154,6 +154,16 @@ class Slot:
     num_persisted: int = 0
     # A prompt or a turn ended here: store the partial last page too (next step's stages).
     tail_wanted: bool = False
+    # A prompt's context (all its tokens but the last) ended at this token: store the partial
+    # page that ends here (next step's stages), where a retry of the prompt resumes. 0: none.
+    prompt_tail_at: int = 0
+    # A hybrid request's branch point inside a page: once the slot's prefill reaches it, store
+    # the partial page that ends there with the state (docs/design/kv-pages.md "Branch points").
+    branch_tail_at: int = 0
+    # Where the worker keeps this slot's state besides its end (a hybrid or sliding-window
+    # model's mark: the end of its last prefill or restore; docs/design/kv-pages.md "Exact
+    # repeats and state marks"): the slot can be cut back or copied there. 0: none.
+    state_mark: int = 0
     # The turn whose tokens these are (scheduler.turns): the tails stored from here are its.
     turn: Anchor | None = None
     # The images among (and past) `tokens`: the request's that filled the slot last (its
@@ -175,7 +185,27 @@ class Slot:
     def free(self) -> bool:
         return self.rid is None
 
+    def take_tails(self) -> list[int]:
+        """The ends of the partial pages to store now (next step's stages), each once: a
+        branch point the prefill reached (the slot's turn owns it), where the prompt's
+        context ended (the next turn, whatever the client made of the reply, and the same
+        prompt again resume there), where the turn ended (the next turn, if its history
+        carries the reply's exact tokens)."""
+        ends = [e for e in (self.branch_tail_at, self.prompt_tail_at)
+                if 0 < e <= len(self.tokens)]
+        if self.branch_tail_at <= len(self.tokens):
+            self.branch_tail_at = 0
+        self.prompt_tail_at = 0
+        if self.tail_wanted:
+            self.tail_wanted = False
+            ends.append(len(self.tokens))
+        return ends
+
     def truncate(self, length: int, page_size: int) -> None:
+        if length < self.state_mark:
+            self.state_mark = 0
+        if length < self.prompt_tail_at:
+            self.prompt_tail_at = 0
         del self.tokens[length:]
         del self.page_ids[length // page_size:]
         self.num_persisted = min(self.num_persisted, len(self.page_ids))
@@ -187,6 +217,7 @@ class Slot:
         self.tokens = list(tokens)
         self.page_ids = list(page_ids)
         self.num_persisted = 0
+        self.state_mark = self.prompt_tail_at = self.branch_tail_at = 0
         self.images = tuple(images)
         self.turn = None
         self.root = root

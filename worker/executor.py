@@ -72,8 +72,12 @@ class StepExecutor:
         started = time.perf_counter()
         store = self.store
         for stage in step.stages:
-            self.layout.stage(store.parked(stage.slot), stage.start, self._buffer(stage.buffer),
-                              stage.with_state, stage.num_tokens)
+            end = stage.start + (stage.num_tokens or self.layout.page_size)
+            # The state at the page's end: the slot's own, or its mark's (worker/state_marks.py).
+            cache = (store.state_at(stage.slot, end) if stage.with_state
+                     else store.parked(stage.slot))
+            self.layout.stage(cache, stage.start, self._buffer(stage.buffer), stage.with_state,
+                              stage.num_tokens)
         for copy in step.copies:
             store.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens)
         for slot in step.releases:
@@ -92,6 +96,8 @@ class StepExecutor:
             reserve = min(store.ctx - end, load.reserve + (end + load.reserve) // 8)
             self.layout.load(cache, load.start, [self._buffer(b) for b in load.buffers],
                              load.with_state, len(load.token_ids), max(0, reserve))
+            if load.with_state:  # where a repeat of this context resumes
+                store.mark(load.slot)
         decode_started = time.perf_counter()
         self._drafts, self._from_drafter = [], set()
         decodes = self._drafted(step.decodes)

@@ -60,6 +60,7 @@ from switchyard.worker.errors import ModelLoadError
 from switchyard.worker.model_loading import LoadedModel, load_model
 from switchyard.worker.mtp import MTPDrafter, mtp_drafter_for
 from switchyard.worker.sharding import check_splittable, split
+from switchyard.worker import state_marks
 from switchyard.worker.slots import SlotStore, batchable
 from switchyard.worker.vision.memory import vision_bytes
 
@@ -209,9 +210,13 @@ def plan_inputs(loaded: LoadedModel, settings: Settings, layout: PageLayout | No
     cfg = loaded.config
     text_cfg = cfg.get("text_config", cfg)
     weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
-    # Recurrent states and sliding-window rings: fixed per slot, whatever --ctx is.
+    # Recurrent states and sliding-window rings: fixed per slot, whatever --ctx is; twice
+    # where a slot keeps them at its mark too (worker/state_marks.py: a ring as a prefill
+    # chunk left it).
+    probe = probe_cache(loaded)
     recurrent = sum(window_bytes(c, settings.prefill_chunk) if type(c) is RotatingKVCache
-                    else c.nbytes for c in leaves(probe_cache(loaded)) if not is_attention_kv(c))
+                    else c.nbytes for c in leaves(probe) if not is_attention_kv(c))
+    recurrent *= 2 if state_marks.markable(probe) else 1
     if num_buffers is None:
         num_buffers = buffer_count(layout, settings)
     page_buffers = num_buffers * (layout.buffer_bytes if layout else 0)
@@ -403,7 +408,7 @@ def run(settings: Settings) -> None:
             boot_id=boot_id, namespace=namespace,
             model_type=loaded.model_type, num_slots=settings.worker_slots, ctx=settings.ctx,
             page_size=settings.page_size, kv_bytes_per_token=loaded.kv_bytes_per_token,
-            trimmable=store.trimmable, speculation=speculation,
+            trimmable=store.trimmable, state_marks=store.keeps_marks, speculation=speculation,
             drafter=drafter.kind if drafter is not None else "",
             draft_cost=draft_cost(loaded, draft, drafter),
             slots=tuple(SlotContents(i, t, store.slot_images(i))

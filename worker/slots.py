@@ -30,6 +30,7 @@ from switchyard.worker.cache_kinds import (
 )
 from switchyard.worker.kv_layout import (is_attention_kv, kv_bytes_per_token, set_token_arrays,
                                          token_arrays)
+from switchyard.worker import state_marks
 from switchyard.worker.page_io import copy_prefix
 
 
@@ -55,6 +56,11 @@ class SlotStore:
         # Recurrent states and sliding-window rings exist only at the slot's end: such a slot
         # is never cut back (mlx-lm's is_trimmable() is True for a ring that has not wrapped).
         self.trimmable = rewindable(self._parked[0])
+        # Such a slot keeps its state where its last prefill or restore ended (its mark:
+        # position, state layers), so it can be cut back, copied and staged there too
+        # (worker/state_marks.py).
+        self.keeps_marks = state_marks.markable(self._parked[0])
+        self._marks: dict[int, tuple[int, list]] = {}
         self.drops_last_token = drops_last_token(self._parked[0])
         # Speculative decoding: "batched", "alone" (only a lone decoding sequence) or ""
         # (worker/cache_kinds.py `verifiable`).
@@ -123,14 +129,38 @@ class SlotStore:
         self._unbatch_slot(slot)
         if self.mtp is not None:
             self.mtp.cut(slot, length)
+        mark = self._marks.get(slot)
         if length == 0:
             self._parked[slot] = _emptied(self._parked[slot], self._make_cache())
+            self._marks.pop(slot, None)
         elif self.trimmable:
             for c in self._parked[slot]:
                 c.trim(held - length)
+        elif mark is not None and mark[0] == length:
+            for c in leaves(self._parked[slot]):
+                if is_attention_kv(c):
+                    c.trim(held - length)
+            state_marks.put(mark[1], self._parked[slot])
         else:
             raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         del self.tokens[slot][length:]
+
+    def mark(self, slot: int) -> None:
+        """Keep the slot's state at its end as its mark (after a prefill or a restore that
+        loaded the state), replacing the one before."""
+        if self.keeps_marks:
+            self._marks[slot] = (len(self.tokens[slot]), state_marks.take(self.parked(slot)))
+
+    def state_at(self, slot: int, end: int) -> list:
+        """The slot's layers with the state they had after its first `end` tokens: its own
+        at its end, the marked ones at its mark (a page staged after the slot moved on)."""
+        cache = self.parked(slot)
+        if end == len(self.tokens[slot]):
+            return cache
+        mark = self._marks.get(slot)
+        if mark is None or mark[0] != end:
+            raise SlotError(f"slot {slot} holds no state at token {end}")
+        return state_marks.with_state(cache, mark[1])
 
     def release(self, slot: int) -> None:
         """Drop the slot's KV and its memory: a conversation not kept resident (--slots with
@@ -139,6 +169,7 @@ class SlotStore:
         if self.mtp is not None:
             self.mtp.release(slot)
         self._parked[slot] = self._make_cache()
+        self._marks.pop(slot, None)
         self.tokens[slot] = []
 
     def cut_back(self, slot: int, length: int) -> None:
@@ -175,6 +206,7 @@ class SlotStore:
         # skips the lm_head for prefill.
         mx.eval([c.state for c in cache])
         self.tokens[slot].extend(token_ids)
+        self.mark(slot)
 
     def prefill_packed(self, chunks: list[PrefillChunk]) -> None:
         """Several slots' chunks as rows of one forward pass: the weights are read once for
@@ -206,6 +238,8 @@ class SlotStore:
             self.tokens[chunk.slot].extend(row)
         # The caches only: a prefill's logits are never needed (as in `prefill`).
         mx.eval([c.state for s in slots for c in leaves(self._parked[s])])
+        for s in slots:
+            self.mark(s)
 
     def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> mx.array:
         """Append one token per slot and return the next-token logits, [len(slots), vocab]."""
@@ -326,8 +360,10 @@ class SlotStore:
     def copy_prefix(self, src: int, dst: int, num_tokens: int) -> None:
         if num_tokens > len(self.tokens[src]):
             raise SlotError(f"slot {src} holds {len(self.tokens[src])} tokens, not {num_tokens}")
-        if not self.trimmable and num_tokens != len(self.tokens[src]):
-            raise SlotError("recurrent state exists only at the end of a slot")
+        mark = self._marks.get(src)
+        at_mark = mark is not None and mark[0] == num_tokens != len(self.tokens[src])
+        if not self.trimmable and num_tokens != len(self.tokens[src]) and not at_mark:
+            raise SlotError("recurrent state exists only at the end of a slot and at its mark")
         # A sibling decoding in the batch stays there: its row is copied out alone.
         source = (self._row_copy(self._batch_slots.index(src)) if src in self._batch_slots
                   else self._parked[src])
@@ -335,6 +371,12 @@ class SlotStore:
         if self.mtp is not None:  # the head's pairs of the source are not copied
             self.mtp.release(dst)
         self._parked[dst] = copy_prefix(source, num_tokens, self._make_cache())
+        if at_mark:
+            state_marks.put(mark[1], self._parked[dst])
+        if mark is not None and mark[0] <= num_tokens:
+            self._marks[dst] = mark  # never written into: shared
+        else:
+            self._marks.pop(dst, None)
         self.tokens[dst] = self.tokens[src][:num_tokens]
 
     def loaded(self, slot: int, start: int, token_ids: list[int], images=()) -> list:

@@ -9,7 +9,13 @@ overlap:
 - the start-up line says paging is on and names the family's cache kinds;
 - an A/B/A switch on the one slot: A comes back with its reply and a few new tokens, and
   re-reads only those (`cached_tokens` = prompt - new; restored from disk, since B took the
-  slot), with mlx_lm's greedy tokens for the whole prompt.
+  slot), with mlx_lm's greedy tokens for the whole prompt;
+- exact repeats (a retried request): A again at once, from its slot, and B again after the
+  switch, from disk, each cached up to its last token with mlx_lm's greedy tokens; for the
+  window and hybrid families (whose state exists only at a slot's end and at its mark) also
+  after the worker and kvstore restarted (docs/design/kv-pages.md "Exact repeats and state
+  marks"), and two sub-agents that part from A's prompt inside a page: the second resumes
+  where they part (the first stored the state there: "Branch points").
 
 DeepSeek-V4.1, whose cache cannot be paged, is served without pages (its own test below).
 
@@ -28,10 +34,14 @@ from mlx_lm import load as mlx_load
 from mlx_lm.generate import generate_step
 
 from switchyard.testing.group import ServerGroup
+from switchyard.testing.workload import wait_ready
 
 FAMILIES = ["qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gpt_oss", "gemma3_text",
             "gemma4_text", "glm4_moe", "deepseek_v3", "deepseek_v32", "minimax", "mistral3",
             "qwen2", "llama"]
+# State only at a slot's end and its mark: sliding windows, recurrent layers.
+WINDOW_OR_HYBRID = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "gpt_oss", "gemma3_text",
+                    "gemma4_text"}
 P = 32
 MAX_TOKENS = 16
 A_TEXT = " ".join(f"Line {i}: the {w} river runs past the {w} hill." for i, w in
@@ -111,6 +121,7 @@ def test_family_serves_pages_and_switches(tiny_model_dir, family_groups, arch):
         a = complete(client, a_ids)
         assert a.choices[0].text == tokenizer.decode(expected_a, skip_special_tokens=True)
         assert a.usage.completion_tokens == len(expected_a)
+        assert_repeat(client, a_ids, expected_a, tokenizer)  # retried: from its slot
 
         complete(client, b_ids)  # takes the only slot
 
@@ -125,8 +136,40 @@ def test_family_serves_pages_and_switches(tiny_model_dir, family_groups, arch):
                                                          skip_special_tokens=True)
         [done] = group.wait_events("request.finished", rid=again.id, role="scheduler")
         assert done["num_restored_tokens"] == held, done
+
+        # B again, its slot taken by A: from the tail stored where its prompt's context ended.
+        b_back = assert_repeat(client, b_ids, greedy(model, tokenizer, b_ids), tokenizer)
+        [done] = group.wait_events("request.finished", rid=b_back.id, role="scheduler")
+        assert done["num_restored_tokens"] == len(b_ids) - 1, done
+
+        if arch in WINDOW_OR_HYBRID:
+            # Worker and kvstore restart: the slot is gone, the page index is read from disk.
+            # A's pages were written before B's restore was read (kvstore answers in order).
+            old = {role: group.kill(role) for role in ("worker", "kvstore")}
+            for role, pid in old.items():
+                wait_ready(group, role, group.wait_restarted(role, pid))
+            after = assert_repeat(client, follow, expected_follow, tokenizer)
+            [done] = group.wait_events("request.finished", rid=after.id, role="scheduler")
+            assert done["num_restored_tokens"] == len(follow) - 1, done
+
+            shared = a_ids[:3 * P + 7]  # sub-agents under A's first pages, parting mid-page
+            complete(client, shared + b_ids[:P])
+            second = shared + b_ids[P:2 * P]
+            sub = complete(client, second)
+            assert sub.usage.prompt_tokens_details.cached_tokens == len(shared)
+            assert sub.choices[0].text == tokenizer.decode(greedy(model, tokenizer, second),
+                                                           skip_special_tokens=True)
     finally:
         family_groups.retire(group)
+
+
+def assert_repeat(client: openai.OpenAI, prompt_ids: list[int], expected: list[int],
+                  tokenizer):
+    """The prompt sent again is cached up to its last token and answers mlx_lm's tokens."""
+    reply = complete(client, prompt_ids)
+    assert reply.usage.prompt_tokens_details.cached_tokens == len(prompt_ids) - 1
+    assert reply.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
+    return reply
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v41"])

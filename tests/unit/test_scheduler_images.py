@@ -77,13 +77,13 @@ def test_the_same_tokens_with_another_image_share_nothing_from_where_it_starts()
     submit(g, "y", prompt, (span_y,))
     g.run()
     assert g.finished("y").num_cached_tokens == 2 * P
-    # The same image comes back, up to the last full page (an identical repeated prompt
-    # resumes at the last page end before its final token, images or not).
+    # The same image comes back: all but the prompt's last token, from the tail stored
+    # where its context ended (docs/design/kv-pages.md "Exact repeats and state marks").
     submit(g, "b2", conv(9, 3 * P))
     g.run()
     submit(g, "x2", prompt, (span_x,))
     g.run()
-    assert g.finished("x2").num_cached_tokens == (len(prompt) - 1) // P * P
+    assert g.finished("x2").num_cached_tokens == len(prompt) - 1
 
 
 def test_chunks_and_loads_carry_the_images_and_files_they_need():

@@ -30,6 +30,7 @@ from switchyard.proto.scheduler_worker import (
     WorkerReady,
 )
 from switchyard.proto.values import SamplingParams
+from switchyard.proto.page_flags import PageFlags
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
 from switchyard.scheduler.events import KvstoreRestarted, PlanStep
@@ -45,7 +46,7 @@ class Group:
 
     def __init__(self, num_slots=1, budget_pages=10_000, trimmable=True, num_buffers=64,
                  prefill_chunk=64, missing=(), resident_slots=0, release_after_s=0.0,
-                 kv_budget_tokens=0):
+                 kv_budget_tokens=0, state_marks=None):
         self.budget_bytes = budget_pages * (100 + 4096)
         self.core = SchedulerCore(CoreConfig(
             num_slots=num_slots, ctx=8192, prefill_chunk=prefill_chunk, max_queue=16,
@@ -57,9 +58,14 @@ class Group:
         self.records = {}  # rid -> FinishedRecord
         self.now = 1000.0
         self.do(InventoryDescribed("kv", ()))
+        # A hybrid worker keeps each slot's state at its end and at its mark, where its
+        # last prefill or restore ended (worker/state_marks.py), unless told otherwise.
+        self.state_marks = not trimmable if state_marks is None else state_marks
+        self.trimmable = trimmable
         self.do(worker_ready(self.core, num_buffers, state_bytes=0 if trimmable else 10,
-                             kv_budget_tokens=kv_budget_tokens))
+                             kv_budget_tokens=kv_budget_tokens, state_marks=self.state_marks))
         self.slots = [[] for _ in range(num_slots)]  # what the worker holds
+        self.marks = [0] * num_slots
         self.buffers = {}  # buffer -> (slot tokens staged, with_state)
         self.disk = {}  # page_id -> PageInfo
         self.missing = set(missing)
@@ -81,36 +87,58 @@ class Group:
         self.do(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (EOS,),
                               "interactive"))
 
+    def _states(self, slot):
+        """Where the worker has the slot's state: its end, and its mark (hybrid models)."""
+        return {len(self.slots[slot]), *([self.marks[slot]] if self.state_marks else [])}
+
+    def _cut(self, slot, n):
+        """The worker trims the slot to `n` tokens: any `n` for attention KV; a hybrid
+        slot only back to a point where it has the state (or to nothing)."""
+        assert len(self.slots[slot]) >= n
+        if not self.trimmable and n != len(self.slots[slot]):
+            assert n == 0 or n in self._states(slot), "recurrent state cannot be rewound"
+        self.slots[slot] = self.slots[slot][:n]
+        if n < self.marks[slot]:
+            self.marks[slot] = 0
+
     def _worker(self, plan: RunStep):
         for st in plan.stages:
             n = st.num_tokens or P
             assert len(self.slots[st.slot]) >= st.start + n
             if st.with_state:
-                assert len(self.slots[st.slot]) == st.start + n, "state exists only at the end"
+                assert st.start + n in self._states(st.slot), "no state there"
             self.buffers[st.buffer] = (tuple(self.slots[st.slot][st.start:st.start + n]),
                                        st.with_state)
         for cp in plan.copies:
+            if not self.trimmable:
+                assert cp.num_tokens in self._states(cp.src_slot), "no state to copy there"
             self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
+            mark = self.marks[cp.src_slot]
+            self.marks[cp.dst_slot] = mark if mark <= cp.num_tokens else 0
         for slot in plan.releases:
             self.slots[slot] = []
+            self.marks[slot] = 0
         for ld in plan.loads:
-            assert len(self.slots[ld.slot]) >= ld.start
-            self.slots[ld.slot] = self.slots[ld.slot][:ld.start]
+            self._cut(ld.slot, ld.start)
             for b in ld.buffers:
                 self.slots[ld.slot] += list(self.buffers[b][0])
             assert self.slots[ld.slot][ld.start:] == list(ld.token_ids)
+            if ld.with_state:
+                assert self.buffers[ld.buffers[-1]][1], "a state load from a page without one"
+                self.marks[ld.slot] = len(self.slots[ld.slot])
         sampled = []
         for d in plan.decodes:
-            assert len(self.slots[d.slot]) >= d.position
-            self.slots[d.slot] = self.slots[d.slot][:d.position] + [d.token_id]
+            self._cut(d.slot, d.position)
+            self.slots[d.slot] = self.slots[d.slot] + [d.token_id]
             for i in range(min(plan.num_decode_steps, d.burst_limit)):
                 token = 3000 + d.position + i
                 sampled.append(SampledToken(d.slot, token))
                 if i + 1 < min(plan.num_decode_steps, d.burst_limit):
                     self.slots[d.slot].append(token)  # fed back within the burst
         for c in plan.prefills:
-            assert len(self.slots[c.slot]) >= c.start
-            self.slots[c.slot] = self.slots[c.slot][:c.start] + list(c.token_ids)
+            self._cut(c.slot, c.start)
+            self.slots[c.slot] = self.slots[c.slot] + list(c.token_ids)
+            self.marks[c.slot] = len(self.slots[c.slot])
         return StepDone(plan.step, tuple(sampled), 0, len(plan.decodes), 0.0)
 
     def _kvstore(self, msg):
@@ -131,7 +159,8 @@ class Group:
             for r in msg.reads:
                 if r.page_id in self.disk and r.page_id not in self.missing:
                     ok.append(r.page_id)
-                    self.buffers[r.buffer] = (r.token_ids, False)
+                    self.buffers[r.buffer] = (r.token_ids, bool(
+                        self.disk[r.page_id].flags & PageFlags.RECURRENT_STATE))
                 else:
                     missing.append(r.page_id)
                     self.disk.pop(r.page_id, None)
@@ -178,11 +207,13 @@ class Group:
         return sum(len(c.token_ids) for s in self.steps[since:] for c in s.prefills)
 
 
-def worker_ready(core, num_buffers=64, slots=(), state_bytes=0, kv_budget_tokens=0):
+def worker_ready(core, num_buffers=64, slots=(), state_bytes=0, kv_budget_tokens=0,
+                 state_marks=None):
     c = core.config
+    marks = not c.trimmable if state_marks is None else state_marks
     return WorkerReady("w", NS, "tiny", c.num_slots, c.ctx, c.page_size, 100, c.trimmable,
                        slots, "shm", num_buffers, 100, state_bytes,
-                       kv_budget_tokens=kv_budget_tokens)
+                       kv_budget_tokens=kv_budget_tokens, state_marks=marks)
 
 
 def conv(seed, n):
@@ -196,8 +227,9 @@ def test_full_pages_are_written_through():
     full = [i for i in g.disk.values() if i.num_tokens == P]
     tails = [i for i in g.disk.values() if i.num_tokens < P]
     assert len(full) == 5  # every full page of the prompt, written through
-    # ...and the partial page where the prompt ended and where the turn ended (3 replied).
-    assert sorted(t.num_tokens for t in tails) == [3, 3 + 3]
+    # ...and the partial page where the prompt's context ended (all but its last token: a
+    # repeat resumes there) and where the turn ended (3 replied).
+    assert sorted(t.num_tokens for t in tails) == [2, 3 + 3]
     assert g.core.pages.tree.total_bytes == 7 * (4096 + 100)
     assert g.core.pages.allocator.num_free == 64, "every buffer comes back"
 
@@ -377,11 +409,13 @@ def test_scheduler_restart_rebuilds_from_inventory():
     g.slots = [[]]
     g.submit("a2", a + [4])
     g.run()
-    assert g.finished("a2").num_cached_tokens == len(a)  # the prompt's tail was stored too
+    # The tail of the prompt's context was stored too: all but the prompt's last token.
+    assert g.finished("a2").num_cached_tokens == len(a) - 1
 
 
 def test_hybrid_shared_prefix_gets_a_snapshot_for_the_next_conversation():
-    """A writes the shared prefix without state; B stops there and snapshots it; C restores."""
+    """A writes the shared prefix without state; B stops where it parts from A (inside a
+    page) and stores the state there as a tail; C restores to that token."""
     g = Group(num_slots=1, trimmable=False)
     shared = conv(9, 2 * P + 5)
     g.submit("a", shared + conv(1, 3 * P + 7), max_tokens=1)
@@ -390,13 +424,14 @@ def test_hybrid_shared_prefix_gets_a_snapshot_for_the_next_conversation():
     assert chain[1] in g.disk and not g.disk[chain[1]].flags
     g.submit("b", shared + conv(2, 3 * P), max_tokens=1)
     g.run()
-    assert g.disk[chain[1]].flags, "B re-wrote the end of the shared prefix with its state"
+    branch = [i for i in g.disk.values() if i.parent_id == chain[1] and i.num_tokens == 5]
+    assert branch and branch[0].flags, "B stored the end of the shared prefix with its state"
     g.submit("c", shared + conv(3, 2 * P), max_tokens=1)
     before = len(g.steps)
     g.run()
     load = next(s for s in g.steps[before:] if s.loads).loads[0]
-    assert load.with_state and len(load.buffers) == 2
-    assert g.finished("c").num_cached_tokens == 2 * P
+    assert load.with_state and len(load.buffers) == 3
+    assert g.finished("c").num_cached_tokens == len(shared)
 
 
 def test_pages_lost_with_a_kvstore_restart_are_written_again():
@@ -433,7 +468,7 @@ def _step_until_eviction(g):
 
 
 def _fill_disk(g):
-    g.submit("a", conv(1, 6 * P + 1))
+    g.submit("a", conv(1, 6 * P + 2))
     g.run()
     assert g.disk_bytes() > g.budget_bytes - 2 * (4096 + 100)
     g.submit("b", conv(2, 4 * P + 1))
