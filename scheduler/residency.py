@@ -1,13 +1,14 @@
 """Which idle conversation leaves memory first, and when: what the agent said when its reply
 ended (docs/design/scheduling.md "Residency").
 
-The gateway tells the scheduler how each reply ended (`ReplyEnded`): a tool call or a reply
-cut at its limit is back within seconds (the tool's result, the client's continuation), the
-end of a turn waits for a person, and a side call (a title, a summary, a classifier: a reply
+The gateway tells the scheduler how each reply ended (`ReplyEnded`): a tool call is back within
+seconds (the tool's result), the end of a turn waits for a person, a reply cut at its token
+limit says nothing (no word), and a side call (a title, a summary, a classifier: a reply
 whose shape the client forced) is never extended, nor is a slot whose conversation was copied
-whole into another slot to go on there (`superseded`). Idle slots leave memory in that order, the
-least recently used first within each; a slot no word came for (an old gateway, a plain
-completion) sits between the end of a turn and a tool call, with the grace it always had.
+whole into another slot to go on there (`superseded`). Idle slots leave memory side calls and
+superseded slots first, then ends of turns, then slots no word came for (an old gateway, a
+plain completion, a reply cut at its limit: with the grace they always had), then tool calls;
+the least recently used first within each.
 A slot whose conversation's next turn already waits in the queue stays before all of them
 (it is used next). Within the same word, a slot holding the start of a waiting request's
 prompt that no running slot holds (sub-agents started together, under one system prompt)
@@ -25,8 +26,9 @@ from switchyard.scheduler.requests import Slot
 # How a reply ended (ReplyEnded.end) -> how soon its conversation is back, lowest first out;
 # BACK_NOW: its next turn is already waiting in the queue.
 SIDE_CALL, END_OF_TURN, NO_WORD, BACK_SOON, BACK_NOW = 0, 1, 2, 3, 4
+# A reply cut at its token limit says nothing of when its client is back: no word.
 _RETURNS = {"side_call": SIDE_CALL, "superseded": SIDE_CALL, "stop": END_OF_TURN,
-            "cancelled": END_OF_TURN, "tool_calls": BACK_SOON, "length": BACK_SOON}
+            "cancelled": END_OF_TURN, "tool_calls": BACK_SOON}
 
 
 def returns(slot: Slot) -> int:

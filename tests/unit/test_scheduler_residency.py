@@ -128,7 +128,7 @@ def test_grace_by_the_word():
     cfg = CoreConfig(num_slots=1, ctx=1024, prefill_chunk=64, max_queue=1,
                      release_after_s=10.0, tool_return_s=60.0)
     words = {"side_call": 0.0, "stop": 0.0, "cancelled": 0.0, "": 10.0, "tool_calls": 60.0,
-             "length": 60.0}
+             "length": 10.0}
     assert {w: grace_s(Slot(0, reply_end=w), cfg) for w in words} == words
 
 
