@@ -114,10 +114,12 @@ class SmgRouter:
         return "\n".join(lines[-num_lines:])
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 2 s: on SIGTERM SMG drains for its shutdown grace period
+        (the unit's 20 s), and a stopped test holds no request worth draining."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(2)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
