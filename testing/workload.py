@@ -1,5 +1,5 @@
 """Workload pieces shared by end-to-end tests and benchmarks: text of a given length,
-and waiting until a (restarted) group is ready to serve."""
+waiting until a (restarted) group is ready to serve, and until a turn's pages are on disk."""
 
 from __future__ import annotations
 
@@ -47,3 +47,17 @@ def wait_ready(group: ServerGroup, role: str | None = None, pid: int | None = No
     raise AssertionError(f"group not ready\n{group.log_tail()}")
 
 
+def wait_written(group: ServerGroup, num_pages: int, replied_at: float,
+                 timeout_s: float = 60.0) -> None:
+    """Until `group` has at least `num_pages` pages on disk and none on their way (a peer
+    serves only pages on its disk; a turn's pages are written through just after its reply),
+    as a status written after the reply at `replied_at` (time.time()) says: one from before it
+    may show no write yet of the prompt's tail, which is staged after the first token."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = read_status(group.runtime_dir / "status.json")
+        if status is not None and status.at > replied_at \
+                and status.disk.num_pages >= num_pages and not status.disk.num_writing:
+            return
+        assert time.monotonic() < deadline, status.disk if status else None
+        time.sleep(0.1)

@@ -18,7 +18,7 @@ import pytest
 from switchyard.proto.peer_pages import MAC_HEADER, PEER_PAGES_PATH
 from switchyard.proto.status import read_status
 from switchyard.testing.group import ServerGroup, free_port, start_all, stop_all
-from switchyard.testing.workload import text
+from switchyard.testing.workload import text, wait_written
 
 P = 16
 DEADLINE_S = 2.0
@@ -51,18 +51,6 @@ def chat(group: ServerGroup, messages, **extra):
                                               extra_body=extra or None)
 
 
-def wait_written(group: ServerGroup, num_pages: int, timeout_s: float = 60.0) -> None:
-    """Until `group` has at least `num_pages` pages on disk and none on their way: a turn's
-    pages are written through after its reply, and a peer serves only what is on disk."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = read_status(group.runtime_dir / "status.json")
-        if status is not None and status.disk.num_pages >= num_pages \
-                and not status.disk.num_writing:
-            return
-        assert time.monotonic() < deadline, status.disk if status else None
-        time.sleep(0.1)
-
 
 def two_turns(first: ServerGroup, second: ServerGroup, seed: int, **extra):
     """Turn 1 on `first`, turn 2 (the history plus a new message) on `second` once the first
@@ -70,7 +58,7 @@ def two_turns(first: ServerGroup, second: ServerGroup, seed: int, **extra):
     messages = [{"role": "system", "content": text(seed, 120)},
                 {"role": "user", "content": text(seed + 1, 60)}]
     one = chat(first, messages, **extra)
-    wait_written(first, one.usage.prompt_tokens // P)
+    wait_written(first, one.usage.prompt_tokens // P, time.time())
     messages += [{"role": "assistant", "content": one.choices[0].message.content},
                  {"role": "user", "content": text(seed + 2, 20)}]
     return one, chat(second, messages, **extra)

@@ -23,9 +23,9 @@ import httpx
 import openai
 import pytest
 
-from switchyard.proto.status import read_status
 from switchyard.testing.group import ServerGroup, free_port, short_tmp_dir, start_all, stop_all
 from switchyard.testing.smg import SmgRouter, SmgUnavailable, install
+from switchyard.testing.workload import wait_written
 
 MODEL = "tiny"
 CLAUDE_MODEL = "claude-sonnet-4-5"  # a name Claude Code sends, routed by SMG's --model-alias
@@ -285,18 +285,6 @@ def server_of(servers, rid: str) -> ServerGroup:
     raise AssertionError(f"no server logged {rid}")
 
 
-def wait_written(group: ServerGroup, num_pages: int) -> None:
-    """Until `group` has `num_pages` pages on disk and none on their way (a peer serves only
-    pages on its disk; a turn's pages are written through just after its reply)."""
-    deadline = time.monotonic() + 60
-    while True:
-        status = read_status(group.runtime_dir / "status.json")
-        if status is not None and status.disk.num_pages >= num_pages \
-                and not status.disk.num_writing:
-            return
-        assert time.monotonic() < deadline, status
-        time.sleep(0.1)
-
 
 @pytest.mark.parametrize("salt", ["same", "other"])
 def test_a_turn_on_the_wrong_server_restores_from_its_peer(client, servers, salt):
@@ -307,9 +295,10 @@ def test_a_turn_on_the_wrong_server_restores_from_its_peer(client, servers, salt
                 {"role": "user", "content": f"Plan the {salt} step."}]
     first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
                                            temperature=0, extra_body={"cache_salt": "t1"})
+    replied_at = time.time()
     home = server_of(servers, first.id)
     wrong = next(g for g in servers if g is not home)
-    wait_written(home, first.usage.prompt_tokens // PAGE_SIZE)
+    wait_written(home, first.usage.prompt_tokens // PAGE_SIZE, replied_at)
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
                  {"role": "user", "content": "And the next one?"}]
     with openai.OpenAI(base_url=wrong.base_url, api_key="none", timeout=TIMEOUT_S,
