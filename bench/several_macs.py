@@ -38,7 +38,6 @@ import argparse
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,7 +46,8 @@ from bench._common import (MODELS, fmt, log_events, model_dir, preload_note,  # 
                            table)
 from bench.multi_agent import Agent, build, percentile, reread, run_workload  # noqa: E402
 from switchyard.deploy.router_unit import FAILOVER_FLAGS  # noqa: E402
-from switchyard.testing.group import ServerGroup, free_port, short_tmp_dir, stop_all  # noqa: E402
+from switchyard.testing.group import (ServerGroup, free_port, short_tmp_dir, start_all,  # noqa: E402
+                                      stop_all)
 from switchyard.testing.smg import SmgRouter, SmgUnavailable, install, version  # noqa: E402
 
 POLICIES = ("cache_aware", "round_robin")
@@ -80,22 +80,11 @@ def start_servers(model: Path, args) -> list[ServerGroup]:
     groups = [ServerGroup(model, slots=args.slots, ctx=args.ctx, port=port,
                           extra=[*common, *peers], startup_timeout_s=600)
               for port, peers in zip(ports, peer_flags(ports, args.peer))]
-    errors: list[BaseException] = []
-
-    def start(group: ServerGroup) -> None:
-        try:
-            group.start()
-        except BaseException as exc:  # noqa: BLE001 - raised below, after both tried
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(g,)) for g in groups]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
+    try:
+        start_all(groups)
+    except BaseException:
         stop_all(groups)
-        raise errors[0]
+        raise
     return groups
 
 
