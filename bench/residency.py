@@ -8,12 +8,14 @@ through Switchyard's own policy (the scheduler core), LRU and the offline optimu
 
 One JSON line per trace x budget x policy:
     {"trace", "budget": {"memory_tokens", "disk_tokens"},
-     "policy": "switchyard"|"switchyard-no-word"|"lru"|"optimal",
+     "policy": "switchyard"|"switchyard-no-word"|"optimal-slots"|"lru"|"optimal",
      "tokens_reread", "bytes_restored", "bytes_written", ...}
 Bytes are tokens x `--bytes-per-token` (default 46,080: SmolLM2-135M's KV at float32, as the
 memory plan counts it). Traces: bench/traces/*.jsonl (bench/residency_trace.py says the
 format). Policies: bench/residency_policies.py (LRU, Belady and the bound it gives),
-bench/residency_core.py (the core through `SchedulerCore.handle`, scripted peers).
+bench/residency_core.py (the core through `SchedulerCore.handle`, scripted peers),
+bench/residency_oracle.py (`optimal-slots`: the core told the future, so the best its own
+memory layout allows; the rest of the gap to `optimal` is the layout's, not the policy's).
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ DECODE_TOKEN_S = 0.02
 
 
 # The core told how each reply ended (its residency order), the core told nothing (least
-# recently used among idle slots, as before the gateway's word), LRU pages, the optimum.
-POLICIES = ("switchyard", "switchyard-no-word", "lru", "optimal")
+# recently used among idle slots, as before the gateway's word), the core told the future
+# (whole slots per conversation, as the worker keeps them), LRU pages, the optimum over pages
+# (a shared prefix held once).
+POLICIES = ("switchyard", "switchyard-no-word", "optimal-slots", "lru", "optimal")
 
 
 def budgets(trace: Trace) -> list[dict]:
@@ -67,8 +71,9 @@ def measure(trace: Trace, budget: dict, bytes_per_token: int) -> list[dict]:
     in_core_order = trace
     for policy in POLICIES:
         extra = {}
-        if policy.startswith("switchyard"):
-            c = replay_core(trace, m, d, tell_ends=policy == "switchyard")
+        if policy.startswith("switchyard") or policy == "optimal-slots":
+            c = replay_core(trace, m, d, tell_ends=policy != "switchyard-no-word",
+                            oracle=policy == "optimal-slots")
             reread, restored, written = c.tokens_reread, c.tokens_restored, c.tokens_written
             extra["peak_memory_tokens"] = c.peak_memory_tokens
             if policy == "switchyard":

@@ -14,6 +14,7 @@ rule for what leaves memory, with `--release-after-s`); the disk budget its
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from switchyard.proto.scheduler_kvstore import (
@@ -33,6 +34,7 @@ from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.core import SchedulerCore
 from switchyard.scheduler.events import PlanStep
 
+from bench.residency_oracle import Oracle, told_the_future
 from bench.residency_trace import Trace, synthesize
 
 NAMESPACE = b"r" * 16
@@ -169,11 +171,12 @@ class ScriptedGroup:
 
 def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
                 release_after_s: float = 10.0, max_steps: int = 200_000,
-                tell_ends: bool = True) -> CoreCosts:
+                tell_ends: bool = True, oracle: bool = False) -> CoreCosts:
     """Run the trace through the core; re-reads are the prompt tokens earlier prompts held that
     were prefilled again (the shared prefix past what was cached, plus any request's re-read
     after it gave its slot up). `tell_ends` False: the core is never told how a reply ended
-    (an older gateway), so its residency order is least recently used alone."""
+    (an older gateway), so its residency order is least recently used alone. `oracle`: its
+    residency, displacement and disk eviction know the future (bench/residency_oracle.py)."""
     prompts = synthesize(trace)
     g = ScriptedGroup(trace.page_size, memory_tokens, disk_tokens, release_after_s)
     pending = list(trace.requests)
@@ -200,24 +203,29 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
             j = r.shared[0]
             n = r.shared[1]
             g.replies.setdefault(f"r{j}", prompts[r.i][n:n + max(1, trace.requests[j].reply)])
-    for _ in range(max_steps):
-        for r in list(pending):  # in order: a conversation's next turn waits for this one
-            if not ready(r):
-                continue
-            pending.remove(r)
-            g.submit(f"r{r.i}", prompts[r.i], max(1, r.reply))
-            last_of[r.conv or f"#{r.i}"] = f"r{r.i}"
-        ran = g.step()
-        for rid in [rid for rid in g.finished if rid not in told and tell_ends]:
-            told.add(rid)  # the gateway's word on the reply's end, after its last token
-            g.do(ReplyEnded(rid, ends[rid]))
-        if len(g.finished) == len(trace.requests):
-            break
-        if not ran:
-            # Nothing to do until the next arrival (a step may still be waiting on pages).
-            g.now = max(g.now + DECODE_STEP_S, min((r.t for r in pending), default=g.now))
-    else:
-        raise RuntimeError(f"{trace.name}: the core did not finish in {max_steps} steps")
+    future = contextlib.nullcontext()
+    if oracle:
+        chains = [g.core.pages.chain(p) for p in prompts]
+        future = told_the_future(g.core, Oracle(chains, lambda i: f"r{i}" in g.finished))
+    with future:
+        for _ in range(max_steps):
+            for r in list(pending):  # in order: a conversation's next turn waits for this one
+                if not ready(r):
+                    continue
+                pending.remove(r)
+                g.submit(f"r{r.i}", prompts[r.i], max(1, r.reply))
+                last_of[r.conv or f"#{r.i}"] = f"r{r.i}"
+            ran = g.step()
+            for rid in [rid for rid in g.finished if rid not in told and tell_ends]:
+                told.add(rid)  # the gateway's word on the reply's end, after its last token
+                g.do(ReplyEnded(rid, ends[rid]))
+            if len(g.finished) == len(trace.requests):
+                break
+            if not ran:
+                # Nothing to do until the next arrival (a step may still be waiting on pages).
+                g.now = max(g.now + DECODE_STEP_S, min((r.t for r in pending), default=g.now))
+        else:
+            raise RuntimeError(f"{trace.name}: the core did not finish in {max_steps} steps")
     costs = CoreCosts(tokens_written=g.written_tokens, requests=len(g.finished),
                       peak_memory_tokens=g.peak_memory_tokens)
     costs.order = tuple(sorted(range(len(trace.requests)),
@@ -228,3 +236,4 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
         costs.tokens_reread += rec.num_reread_tokens
         costs.tokens_restored += rec.num_restored_tokens
     return costs
+

@@ -105,13 +105,13 @@ class MemoryManager:
         if not st.waiting or not any(s.free and s.page_ids for s in st.slots):
             return keep_key  # no waiting request, or no idle slot to order: nothing to look up
         ns, P = st.pages.chain_namespace, st.config.page_size
-        firsts, pages = set(), set()
-        for rid in st.waiting:
-            req = st.requests[rid]
+        firsts, pages = set(), {}
+        for req in sorted((st.requests[rid] for rid in st.waiting), key=lambda r: r.arrived_at):
             chain = req.context_chain(ns, P)
             if chain:
                 firsts.add((req.root, chain[0]))
-                pages.update((req.root, pid) for pid in chain)
+                for pid in chain:  # the page's first asker in the queue
+                    pages.setdefault((req.root, pid), req.arrived_at)
         fed, back = feeding(st.slots, firsts), waited_for(st.slots, pages)
         return lambda slot: keep_key(slot, fed, back)
 

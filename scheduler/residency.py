@@ -18,7 +18,8 @@ and the time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
+from types import MappingProxyType
 
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.requests import Slot
@@ -36,13 +37,16 @@ def returns(slot: Slot) -> int:
     return _RETURNS.get(slot.reply_end, NO_WORD)
 
 
-def keep_key(slot: Slot, feeding: Set[int] = frozenset(), back: Set[int] = frozenset()) -> tuple:
+def keep_key(slot: Slot, feeding: Set[int] = frozenset(),
+             back: Mapping[int, float] = MappingProxyType({})) -> tuple:
     """Idle slots sorted by this leave memory first-to-last: a side call, then the end of a
     turn, then no word, then a tool call, then a conversation whose next turn is waiting
-    (`back`); a slot feeding waiting siblings after the others of its rank; then the least
-    recently used."""
-    rank = BACK_NOW if slot.index in back else returns(slot)
-    return rank, slot.index in feeding, slot.last_used
+    (`back`: when that turn arrived); a slot feeding waiting siblings after the others of its
+    rank; then the least recently used, or, of slots whose turn waits, the one whose turn
+    arrived last (the queue serves it last)."""
+    if slot.index in back:
+        return BACK_NOW, slot.index in feeding, -back[slot.index]
+    return returns(slot), slot.index in feeding, slot.last_used
 
 
 def grace_s(slot: Slot, config: CoreConfig) -> float:
@@ -58,12 +62,15 @@ def grace_s(slot: Slot, config: CoreConfig) -> float:
     return config.release_after_s
 
 
-def waited_for(slots: Iterable[Slot], waiting_pages: Set[tuple[bytes, bytes]]) -> set[int]:
-    """Idle slots whose conversation's next turn is in the queue: the last full page the slot
-    holds (a page id names its whole prefix) is one of a waiting request's. Such a slot is
-    used next; giving it up for another request only trades one restore for another."""
-    return {s.index for s in slots if s.rid is None and s.page_ids
-            and (s.root, s.page_ids[-1]) in waiting_pages}
+def waited_for(slots: Iterable[Slot], waiting_pages: Mapping[tuple[bytes, bytes], float]
+               ) -> dict[int, float]:
+    """Idle slots whose conversation's next turn is in the queue, with when that turn arrived
+    (`waiting_pages`: each waiting request's pages, by the arrival of the first to ask): the
+    last full page the slot holds (a page id names its whole prefix) is one of a waiting
+    request's. Such a slot is used next; giving it up for another request only trades one
+    restore for another."""
+    return {s.index: waiting_pages[(s.root, s.page_ids[-1])] for s in slots
+            if s.rid is None and s.page_ids and (s.root, s.page_ids[-1]) in waiting_pages}
 
 
 def feeding(slots: Iterable[Slot], waiting_first_pages: Set[tuple[bytes, bytes]]) -> set[int]:

@@ -157,3 +157,29 @@ def test_the_core_told_how_replies_ended_keeps_the_tool_loop_in_memory():
     not_told = replay_core(t, memory_tokens=2000, disk_tokens=10_000, tell_ends=False)
     assert (told.tokens_reread, told.tokens_restored) == (0, 0)
     assert not_told.tokens_reread == 0 and not_told.tokens_restored >= len(a)
+
+
+def test_the_core_told_the_future_keeps_what_comes_back_first():
+    """Three conversations in turn, memory for two: the core with plain recency lets go of the
+    one that comes back next, every turn; told the future (`optimal-slots`), it lets go of
+    the one needed last, and restores about half as much. Both re-read nothing (disk holds
+    all)."""
+    page = 16
+
+    def conv(seed, n):
+        return [seed * 100_000 + i for i in range(1, n + 1)]
+
+    held = {k: conv(k, 600) for k in (1, 2, 3)}
+    reqs = []
+    for turn in range(4):
+        for k in (1, 2, 3):
+            held[k] = held[k] + conv(10 * turn + k + 10, 20)
+            reqs.append((f"c{k}", 2.0 * len(reqs), list(held[k])))
+    shared = shared_prefixes([p for _, _, p in reqs], page)
+    t = Trace("cycle", page, tuple(TraceRequest(i, at, len(p), shared[i], 8, "length", name)
+                                   for i, (name, at, p) in enumerate(reqs)))
+    recency = replay_core(t, memory_tokens=2000, disk_tokens=100_000)
+    future = replay_core(t, memory_tokens=2000, disk_tokens=100_000, oracle=True)
+    assert recency.tokens_reread == future.tokens_reread == 0
+    assert recency.tokens_restored > 3 * 600  # restored every turn after the first round
+    assert future.tokens_restored <= 0.6 * recency.tokens_restored

@@ -138,9 +138,20 @@ def test_a_slot_whose_next_turn_waits_is_kept_before_a_tool_call():
     own, other = Slot(0, [1] * 2 * P, page_ids=[b"s0", b"a1"]), Slot(1, [2] * P, page_ids=[b"b0"])
     own.last_used, other.last_used = 1.0, 2.0
     own.reply_end, other.reply_end = "stop", "tool_calls"
-    back = waited_for([own, other], {(own.root, b"s0"), (own.root, b"a1"), (own.root, b"a2")})
-    assert back == {0}
+    waiting = {(own.root, b"s0"): 5.0, (own.root, b"a1"): 5.0, (own.root, b"a2"): 5.0}
+    back = waited_for([own, other], waiting)
+    assert back == {0: 5.0}
     assert [s.index for s in sorted([own, other], key=lambda s: keep_key(s, (), back))] == [1, 0]
+
+
+def test_of_slots_whose_next_turns_wait_the_one_served_last_goes_first():
+    """Pure: twenty agents' turns queue while memory holds a few of their slots. Whatever the
+    slots' recency, the slot whose turn arrived last (the queue serves it last) leaves
+    first: letting go of the next one served would trade a restore now for one later."""
+    a, b = Slot(0, [1] * P, page_ids=[b"a0"]), Slot(1, [2] * P, page_ids=[b"b0"])
+    a.last_used, b.last_used = 2.0, 1.0  # a was used last: recency alone would keep it
+    back = waited_for([a, b], {(a.root, b"a0"): 9.0, (b.root, b"b0"): 3.0})  # a's turn is later
+    assert [s.index for s in sorted([a, b], key=lambda s: keep_key(s, (), back))] == [0, 1]
 
 
 def test_a_conversation_copied_whole_to_go_on_elsewhere_leaves_its_old_slot_first():
