@@ -1,5 +1,6 @@
 """The shipped packages: one import namespace (`switchyard.*`), every folder listed in
-pyproject.toml, no bare imports of the folders' own names, and no import cycles."""
+pyproject.toml, no bare imports of the folders' own names, no import cycles, and no module
+over 600 lines."""
 
 from __future__ import annotations
 
@@ -177,3 +178,10 @@ def test_twins_stand_beside_the_protocol():
                       for target in targets
                       if {name.split(".")[1], target.split(".")[1]} == {"twins", "proto"})
     assert crossing == []
+
+
+def test_no_shipped_module_is_over_600_lines():
+    """A module a reader can hold in mind: a longer one is split by what it does."""
+    long = {name: n for name, path in shipped_modules().items()
+            if (n := len(path.read_text().splitlines())) > 600}
+    assert not long, f"split these modules (lines): {long}"
