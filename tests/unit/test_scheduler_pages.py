@@ -188,6 +188,21 @@ class Group:
                 elif isinstance(msg, (WritePages, ReadPages, DeletePages, TouchPages)):
                     self._kvstore(msg)
 
+    def turn(self, rid, prompt, max_tokens=4):
+        """Submit a request and run until the group settles: its RequestFinished."""
+        self.submit(rid, prompt, max_tokens)
+        self.run()
+        return self.finished(rid)
+
+    def restart_core(self, slots=1):
+        """A new scheduler core: it learns the disk from kvstore and finds the worker's
+        slots empty (a whole-group restart keeps the disk only)."""
+        pages = tuple(self.disk.values())
+        self.core = SchedulerCore(self.core.config)
+        self.do(InventoryDescribed("kv", pages))
+        self.do(worker_ready(self.core, slots=tuple(SlotContents(i, ()) for i in range(slots))))
+        self.slots, self.marks = [[] for _ in range(slots)], [0] * slots
+
     def run(self, limit=2000):
         for _ in range(limit):
             self.now += 1.0
@@ -402,11 +417,7 @@ def test_scheduler_restart_rebuilds_from_inventory():
     a = conv(1, 4 * P + 2)
     g.submit("a1", a)
     g.run()
-    pages = tuple(g.disk.values())
-    g.core = SchedulerCore(g.core.config)
-    g.do(InventoryDescribed("kv", pages))
-    g.do(worker_ready(g.core, slots=(SlotContents(0, ()),)))
-    g.slots = [[]]
+    g.restart_core()
     g.submit("a2", a + [4])
     g.run()
     # The tail of the prompt's context was stored too: all but the prompt's last token.

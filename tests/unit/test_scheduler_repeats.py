@@ -6,21 +6,16 @@ cut, copy and stage against where it has the state."""
 
 import pytest
 
-from switchyard.proto.scheduler_kvstore import InventoryDescribed
-from switchyard.proto.scheduler_worker import SlotContents
-from switchyard.scheduler.core import SchedulerCore
-from tests.unit.test_scheduler_pages import P, Group, conv, worker_ready
+from tests.unit.test_scheduler_pages import P, Group, conv
 
 
 @pytest.mark.parametrize("trimmable", [True, False])
 def test_a_repeat_resumes_at_its_last_token_in_its_slot(trimmable):
     g = Group(num_slots=1, trimmable=trimmable)
     a = conv(1, 6 * P + 3)
-    g.submit("a1", a)
-    g.run()
+    g.turn("a1", a)
     before = len(g.steps)
-    g.submit("a2", a)
-    g.run()
+    g.turn("a2", a)
     assert g.finished("a2").num_cached_tokens == len(a) - 1
     assert g.prefilled_in(before) == 0
     assert g.reply("a2") == g.reply("a1")
@@ -30,36 +25,27 @@ def test_a_repeat_resumes_at_its_last_token_in_its_slot(trimmable):
 def test_a_repeat_after_a_switch_restores_its_prompts_tail(trimmable):
     g = Group(num_slots=1, trimmable=trimmable)
     a = conv(1, 6 * P + 3)
-    g.submit("a1", a)
-    g.run()
+    g.turn("a1", a)
     g.submit("b1", conv(2, 3 * P + 5))  # takes the only slot
     g.run()
     before = len(g.steps)
-    g.submit("a2", a)
-    g.run()
+    g.turn("a2", a)
     assert g.finished("a2").num_cached_tokens == len(a) - 1
     assert g.prefilled_in(before) == 0
     loads = [ld for s in g.steps[before:] for ld in s.loads]
     assert loads[-1].start + len(loads[-1].token_ids) == len(a) - 1
     assert loads[-1].with_state != trimmable
     # ...and once more in the slot it came back to: the restore left its state marked.
-    g.submit("a3", a)
-    g.run()
+    g.turn("a3", a)
     assert g.finished("a3").num_cached_tokens == len(a) - 1
 
 
 def test_a_hybrid_repeat_after_a_restart_restores_from_disk():
     g = Group(num_slots=1, trimmable=False)
     a = conv(1, 5 * P + 7)
-    g.submit("a1", a)
-    g.run()
-    pages = tuple(g.disk.values())
-    g.core = SchedulerCore(g.core.config)
-    g.do(InventoryDescribed("kv", pages))
-    g.do(worker_ready(g.core, slots=(SlotContents(0, ()),)))
-    g.slots, g.marks = [[]], [0]
-    g.submit("a2", a)
-    g.run()
+    g.turn("a1", a)
+    g.restart_core()
+    g.turn("a2", a)
     assert g.finished("a2").num_cached_tokens == len(a) - 1
 
 
@@ -67,13 +53,10 @@ def test_a_hybrid_next_turn_after_a_repeat_still_resumes_in_its_slot():
     """The slot went back to its mark for the repeat; the next turn extends it."""
     g = Group(num_slots=1, trimmable=False)
     a = conv(1, 4 * P + 3)
-    g.submit("a1", a)
-    g.run()
-    g.submit("a2", a)
-    g.run()
+    g.turn("a1", a)
+    g.turn("a2", a)
     follow = a + g.reply("a2")[:-1] + [7, 8, 9]
-    g.submit("a3", follow)
-    g.run()
+    g.turn("a3", follow)
     assert g.finished("a3").num_cached_tokens == len(a) + len(g.reply("a2")) - 1
 
 
@@ -82,10 +65,8 @@ def test_without_marks_a_hybrid_repeat_rereads_its_last_partial_page():
     tail carries no state (the slot moved on before it was staged)."""
     g = Group(num_slots=1, trimmable=False, state_marks=False)
     a = conv(1, 4 * P + 3)
-    g.submit("a1", a)
-    g.run()
-    g.submit("a2", a)
-    g.run()
+    g.turn("a1", a)
+    g.turn("a2", a)
     assert g.finished("a2").num_cached_tokens < len(a) - 1
 
 
@@ -96,19 +77,14 @@ def test_hybrid_sub_agents_resume_at_their_branch_point_inside_a_page():
     main session's next turn passed the page (the tail is the first sub-agent's turn's)."""
     g = Group(num_slots=2, trimmable=False)
     system = conv(5, 3 * P + 5)  # ends inside a page; no snapshot interval (4 P) within
-    g.submit("main", system + conv(6, 2 * P + 3))
-    g.run()
-    g.submit("sub1", system + conv(7, P + 1))
-    g.run()
+    g.turn("main", system + conv(6, 2 * P + 3))
+    g.turn("sub1", system + conv(7, P + 1))
     assert g.finished("sub1").num_cached_tokens == 0  # nothing with a state under it yet
-    g.submit("sub2", system + conv(8, P + 2))
-    g.run()
+    g.turn("sub2", system + conv(8, P + 2))
     assert g.finished("sub2").num_cached_tokens == len(system)
     follow = system + conv(6, 2 * P + 3) + g.reply("main")[:-1] + [5, 6]
-    g.submit("main2", follow)
-    g.run()
-    g.submit("sub3", system + conv(9, P + 3))
-    g.run()
+    g.turn("main2", follow)
+    g.turn("sub3", system + conv(9, P + 3))
     assert g.finished("sub3").num_cached_tokens == len(system)
 
 
@@ -117,10 +93,8 @@ def test_a_rewritten_reply_is_no_branch_point():
     no state tail is stored there (clients that rewrite every reply would write one per turn)."""
     g = Group(num_slots=1, trimmable=False)
     a = conv(1, 3 * P + 5)
-    g.submit("a1", a)
-    g.run()
+    g.turn("a1", a)
     tails = {i.page_id for i in g.disk.values() if i.num_tokens < P}
-    g.submit("a2", a + g.reply("a1")[:2] + [9, 9, 9])
-    g.run()
+    g.turn("a2", a + g.reply("a1")[:2] + [9, 9, 9])
     new = [i.num_tokens for i in g.disk.values() if i.num_tokens < P and i.page_id not in tails]
     assert len(a) + 2 not in [3 * P + n for n in new]
