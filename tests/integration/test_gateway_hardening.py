@@ -231,7 +231,6 @@ def test_tokenizing_is_abandoned_when_the_client_leaves(served, fake):
     tokenized, and ends logged as disconnected (not as its 400 or 200)."""
     import socket
     import threading
-    import time
 
     import structlog
 
@@ -244,21 +243,24 @@ def test_tokenizing_is_abandoned_when_the_client_leaves(served, fake):
     started.wait(5)
     body = b'{"messages": [{"role": "user", "content": "leave"}]}'
     port = int(served[0].rsplit(":", 1)[1])
-    real = gateway.tokenizer.encode
+    real, real_submit = gateway.tokenizer.encode, gateway.executor.submit
+    queued = threading.Event()  # the request's tokenizing job waits for the lane
     try:
         gateway.tokenizer.encode = lambda *a, **k: ran.append(1) or real(*a, **k)
+        gateway.executor.submit = lambda *a, **k: (queued.set(), real_submit(*a, **k))[1]
         with structlog.testing.capture_logs() as logs:
             with socket.create_connection(("127.0.0.1", port)) as sock:
                 sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                              % (len(body), body))
-                time.sleep(0.3)
+                assert queued.wait(30)
             wait_until(lambda: any(e.get("event") == "request.finished"
-                                   and e.get("disconnected") for e in logs))
+                                   and e.get("disconnected") for e in logs), timeout=30)
             release.set()
-            time.sleep(0.3)
+            real_submit(lambda: None).result(30)  # the lane ran (or dropped) the queued job
     finally:
         release.set()
+        gateway.executor.submit = real_submit
         gateway.tokenizer.encode = real
     (finished,) = [e for e in logs if e.get("event") == "request.finished"]
     assert finished["status"] == 499 and finished["disconnected"]
