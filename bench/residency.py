@@ -141,7 +141,7 @@ def record_agent_traffic(agents: int, turns: int, grow_to: int, reply: int) -> T
 
     from transformers import PreTrainedTokenizerFast
 
-    from bench.agent_traffic import Workload, prepare
+    from bench.agent_traffic_workload import Workload, prepare
     from switchyard.twins.tokenizer import tokenizer_files
 
     with tempfile.TemporaryDirectory() as tmp:

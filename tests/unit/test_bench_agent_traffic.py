@@ -17,8 +17,9 @@ import struct
 
 import pytest
 
-from bench.agent_traffic import (CORPUS, Workload, anthropic_body, claude_code_shape,
-                                 openai_body, prepare, ttft_points)
+from bench.agent_traffic_figures import ttft_points
+from bench.agent_traffic_shapes import CORPUS, claude_code_shape
+from bench.agent_traffic_workload import Workload, anthropic_body, openai_body, prepare
 from fixtures.chat_formats import write_tokenizer
 from switchyard.gateway.api.anthropic_api import parse_messages_request
 from switchyard.gateway.output.formats import detect_format
