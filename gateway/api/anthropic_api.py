@@ -35,9 +35,7 @@ from switchyard.gateway.request.tools import check_tool_choice, function_tool
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
 from switchyard.gateway.request import wire
-from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.api.shared_fields import (decode_body, note_ignored,
-                                                  reasoning_effort, template_kwargs)
+from switchyard.gateway.request.wire.decoding import decode, decode_body, note_ignored
 from switchyard.gateway.vision.parts import ImageRef, decode_base64, from_url, image_part
 from switchyard.gateway.request.model import AUTO, NONE, ChatRequest, Options, ToolChoice
 
@@ -184,13 +182,12 @@ _THINKING = {wire.anthropic.ThinkingEnabled: {"enable_thinking": True},
 
 def _template_kwargs(request: wire.anthropic.MessagesFields) -> dict[str, Any]:
     """`thinking`, and `output_config.effort` as the template's `reasoning_effort` (gpt-oss's
-    switch)."""
+    switch; decoded as the template takes it: wire/common.py EffortLevel)."""
     kwargs = dict(_THINKING.get(type(request.thinking), {}))
     config = request.output_config
-    effort = reasoning_effort(config.effort, "output_config.effort") if config else None
-    if effort:
-        kwargs["reasoning_effort"] = effort
-    return template_kwargs(kwargs)
+    if config is not None and config.effort:
+        kwargs["reasoning_effort"] = config.effort
+    return kwargs
 
 
 # Anthropic's context-management edits: `clear_thinking_*` changes what the model sees (earlier
@@ -380,7 +377,9 @@ class AnthropicFormat:
 
 async def messages(request: Request) -> Response:
     ctx = RequestContext.of(request)
-    parsed = parse_messages_request(await read_json(ctx, message_limits(ctx.gateway)))
+    limits = message_limits(ctx.gateway)
+    body = await read_json(ctx, limits)
+    parsed = parse_messages_request(body)
     message_id = "msg_" + secrets.token_hex(12)
     turn, submit = await start_chat(ctx, parsed.chat, rid=message_id, id_prefix="toolu_")
     fmt = AnthropicFormat(message_id, parsed.model or ctx.gateway.model_id,

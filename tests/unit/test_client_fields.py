@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from switchyard.gateway.api import shared_fields
+from switchyard.gateway.request.wire import decoding
 from switchyard.gateway.api.anthropic_api import parse_messages_request
 from switchyard.gateway.api.responses_api import ResponsesFormat, parse_responses_request
 from switchyard.gateway.api.openai_request import parse_chat_request
@@ -42,7 +42,7 @@ def refused(fn, *args, **kwargs) -> APIError:
 
 @pytest.fixture(autouse=True)
 def fresh_notes(monkeypatch):
-    monkeypatch.setattr(shared_fields, "_noted", set())
+    monkeypatch.setattr(decoding, "_noted", set())
 
 
 # --- Anthropic Messages ------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_metadata_and_unknown_fields():
 
 
 def test_noted_names_are_bounded(monkeypatch):
-    monkeypatch.setattr(shared_fields, "MAX_NOTED_NAMES", 3)
+    monkeypatch.setattr(decoding, "MAX_NOTED_NAMES", 3)
     with capture_logs() as logs:
         anthropic(**{f"junk{i}": 1 for i in range(10)})
     assert len(logs) == 3
