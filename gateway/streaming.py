@@ -72,6 +72,30 @@ async def _cancel(task: asyncio.Future[Any]) -> None:
         await task
 
 
+async def started(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`frames`, its first pulled now: a failure before the first frame is raised here, while
+    the handler can still answer with its own HTTP status."""
+    try:
+        first = await anext(frames)
+    except StopAsyncIteration:
+        return _frames(())
+    return _frames((first,), frames)
+
+
+async def _frames(head: tuple[bytes, ...], rest: AsyncIterator[bytes] | None = None
+                  ) -> AsyncIterator[bytes]:
+    for frame in head:
+        yield frame
+    if rest is not None:
+        try:
+            async for frame in rest:
+                yield frame
+        finally:
+            aclose = getattr(rest, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
 class EventStreamResponse:
     """An ASGI response streaming SSE frames; `on_close(disconnected)` runs at the end."""
 

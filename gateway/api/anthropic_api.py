@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.request import structured
 from switchyard.gateway.context import RequestContext
-from switchyard.gateway.driver import plan_chat, prepare_images, respond, start_chat
+from switchyard.gateway.driver import plan_chat, respond, start_chat
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
@@ -224,8 +224,14 @@ def output_constraint(request: wire.anthropic.MessagesFields) -> structured.Cons
 
 
 def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) -> MessagesRequest:
+    """A Messages body (a count_tokens body with `count_only`) decoded against its model
+    (wire/anthropic.py), then translated (`translate`)."""
     model = wire.anthropic.CountTokensRequest if count_only else wire.anthropic.MessagesRequest
-    request = decode_body(body, model, "messages")
+    return translate(decode_body(body, model, "messages"))
+
+
+def translate(request: wire.anthropic.MessagesFields) -> MessagesRequest:
+    """The gateway's chat shape of a decoded Messages request."""
     messages: list[dict[str, Any]] = []
     system = system_text(request.system)
     if system is not None:
@@ -391,6 +397,5 @@ async def count_tokens(request: Request) -> Response:
     ctx = RequestContext.of(request)
     parsed = parse_messages_request(await read_json(ctx, message_limits(ctx.gateway)),
                                     count_only=True)
-    chat, images = await prepare_images(ctx.gateway, parsed.chat)
-    plan = await plan_chat(ctx, chat, ctx.decide(chat.options), images=images)  # a turn's bounds
+    plan, _, _ = await plan_chat(ctx, parsed.chat)  # refused past a turn's bounds
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

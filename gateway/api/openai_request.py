@@ -68,8 +68,8 @@ def template_kwargs(kwargs: dict[str, Any], param: str = "chat_template_kwargs"
             raise invalid(f"'{param}.{key}' is not accepted: '{param}' sets the chat "
                           f"template's variables, not the template or its arguments",
                           param=f"{param}.{key}", code="invalid_value")
-    if kwargs and len(json.dumps(kwargs, ensure_ascii=False, default=str)) \
-            > MAX_TEMPLATE_KWARGS_BYTES:
+    size = len(json.dumps(kwargs, ensure_ascii=False, default=str)) if kwargs else 0
+    if size > MAX_TEMPLATE_KWARGS_BYTES:
         raise invalid(f"'{param}' is larger than {MAX_TEMPLATE_KWARGS_BYTES} bytes",
                       param=param, code="invalid_value")
     return dict(kwargs)
