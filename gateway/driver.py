@@ -1,10 +1,9 @@
 """Run one turn against the scheduler and answer in one API's format, as a JSON body or SSE.
 
 Shared by every endpoint that generates: the API module takes its `RequestContext` from the
-HTTP request (context.py), parses its body, plans the turn (turn.py) and hands `respond` the
-turn, the `SubmitRequest` and an `Output` (how that API shows events, results and errors). A streamed response keeps its status line back until the first
-scheduler event (or the first keepalive), so failures that come at once (queue full, restart)
-still get their own HTTP status.
+HTTP request (context.py), parses its body, plans the turn (`start_chat`) and hands `respond`
+the turn, the `SubmitRequest` and an `Output` (how that API shows events, results and errors):
+docs/design/requests.md "A request's way through the gateway".
 """
 
 from __future__ import annotations
@@ -116,6 +115,8 @@ async def start_chat(ctx: RequestContext, chat: ChatRequest, *, rid: str,
 
 async def respond(ctx: RequestContext, turn: Turn, submit: SubmitRequest, output: Output, *,
                   stream: bool) -> Response:
+    """Submit the turn and answer with its SSE stream or its one JSON body, both from one pass
+    over its updates (`_updates`)."""
     gw, record = ctx.gateway, ctx.record
     record.start(submit, stream=stream)
     events = gw.client.submit(submit)
@@ -173,7 +174,8 @@ async def _sse_frames(updates: AsyncIterator[TurnUpdate | None], stream: Request
         update = await anext(updates)
         if update is not None and update.error is not None:
             raise update.error
-        for frame in output.head() + output.frames(turn.start_events()):
+        # b"" when there is nothing to say yet: the stream starts all the same (streaming.started)
+        for frame in output.head() + output.frames(turn.start_events()) or [b""]:
             yield frame
         while True:
             if update is not None:

@@ -32,6 +32,7 @@ from switchyard.gateway.peer import PeerChange, PeerMonitor, RequestEvent, Reque
 from switchyard.proto import codec
 from switchyard.proto.base import PROTOCOL_VERSION, ROLE_GATEWAY, Heartbeat, Hello
 from switchyard.proto.gateway_scheduler import (
+    REPLY_ENDS,
     CancelRequest,
     GroupState,
     ReplyEnded,

@@ -395,7 +395,8 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     ctx = RequestContext.of(request)
-    parsed = parse_messages_request(await read_json(ctx, message_limits(ctx.gateway)),
-                                    count_only=True)
+    limits = message_limits(ctx.gateway)
+    body = await read_json(ctx, limits)
+    parsed = parse_messages_request(body, count_only=True)
     plan, _, _ = await plan_chat(ctx, parsed.chat)  # refused past a turn's bounds
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

@@ -45,8 +45,9 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     ctx = RequestContext.of(request)
     gw = ctx.gateway
-    completion = parse_completion_request(await read_json(
-        ctx, {"prompt": per_token(gw.settings.ctx)}))
+    limits = {"prompt": per_token(gw.settings.ctx)}
+    body = await read_json(ctx, limits)
+    completion = parse_completion_request(body)
     check_model(completion.options.model, gw.model_id, gw.model_aliases)
     choices = ctx.decide(completion.options)
     if isinstance(completion.prompt, str):

@@ -467,8 +467,9 @@ def seen_messages(messages: list[dict[str, Any]], unseen: frozenset[int]
 async def create_response(request: Request) -> Response:
     ctx = RequestContext.of(request)
     gw, store = ctx.gateway, ctx.responses()
-    parsed = parse_responses_request(
-        await read_json(ctx, chat_limits(gw.settings.ctx, "input")), store)
+    limits = chat_limits(gw.settings.ctx, "input")
+    body = await read_json(ctx, limits)
+    parsed = parse_responses_request(body, store)
     check_model(parsed.chat.options.model, gw.model_id, gw.model_aliases)
     response_id = _new_id("resp_")
     fmt = ResponsesFormat(response_id, gw.model_id, parsed)

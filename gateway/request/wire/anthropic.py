@@ -13,7 +13,7 @@ from msgspec import Meta
 from switchyard.gateway.request.wire.base import Checked, FieldError, Model, integer
 from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.request.wire.common import (IMAGE_URL, MAX_STOP, AnyValue, CacheSalt,
-                                                    effort, JsonObject, MaxTokens, ModelName,
+                                                    effort_level, JsonObject, MaxTokens, ModelName,
                                                     NonEmpty, Priority, Speculative, Temperature,
                                                     TopK, TopP, needs_tools)
 
@@ -166,7 +166,7 @@ class OutputFormat(Model):
 
 
 class OutputConfig(Checked):
-    effort: effort("output_config.effort") | None = None
+    effort: effort_level("output_config.effort") | None = None
     format: OutputFormat | None = None
 
 

@@ -88,7 +88,7 @@ class EffortLevel(FieldCheck):
         return effort
 
 
-def effort(param: str) -> Any:
+def effort_level(param: str) -> Any:
     """A reasoning-effort member at `param` (its model is `Checked`): the template's value or
     None."""
     return Annotated[str, Meta(description=(

@@ -15,7 +15,7 @@ from msgspec import Meta
 from switchyard.gateway.errors import invalid
 from switchyard.gateway.request.wire.base import Checked, FieldError, Model, Whole
 from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.request.wire.common import (IMAGE_URL, AnyValue, effort, JsonObject,
+from switchyard.gateway.request.wire.common import (IMAGE_URL, AnyValue, effort_level, JsonObject,
                                                     MaxTokens, NonEmpty, needs_tools)
 from switchyard.gateway.request.wire.openai import (FORCES_A_CALL, Detail, JsonObjectFormat,
                                                     NamedToolChoice, ResponseFormat,
@@ -227,7 +227,7 @@ class TextConfig(Model):
 
 
 class Reasoning(Checked):
-    effort: effort("reasoning.effort") | None = None
+    effort: effort_level("reasoning.effort") | None = None
     summary: str | None = None  # accepted
 
 
