@@ -309,11 +309,11 @@ class RequestContext:
                     ) -> tuple[TurnChoices, RenderOptions]:
         """Everything a chat turn needs before it is rendered, decided once: a chat that cannot
         fit the context is refused (`rendered_chars`: its text as the template renders it),
-        then come the turn's choices (`decide`) and how it is rendered: with the gateway's turn
-        memory (its turns under the request's cache salt only), its images' markers expanded,
-        bounded by the context (a rendering longer than ctx tokens can hold is refused before
-        tokenizing). `note_unseen`: find the messages whose reasoning the template did not
-        render."""
+        then come the turn's choices (as `decide` makes them) and how it is rendered: with the
+        gateway's turn memory (its turns under the request's cache salt only), its images'
+        markers expanded, bounded by the context (a rendering longer than ctx tokens can hold is
+        refused before tokenizing). `note_unseen`: find the messages whose reasoning the
+        template did not render."""
         gw = self.gateway
         max_chars = gw.settings.ctx * gw.max_token_chars()
         prefix_stable = self.prefix_stable()

@@ -223,3 +223,22 @@ def test_chat_fields_agents_send():
         parse_chat_request({"messages": [{"role": "user", "content": "hi"}],
                             "functions": [{"name": "f"}]})
     assert [e["field"] for e in logs] == ["chat.completions.functions"]
+
+
+# --- Reasoning effort, the same in every API ---------------------------------------------------
+
+
+@pytest.mark.parametrize("parse, field, path", [
+    (lambda e: anthropic(output_config={"effort": e}), "output_config", "output_config.effort"),
+    (lambda e: responses(reasoning={"effort": e}).chat, "reasoning", "reasoning.effort"),
+    (lambda e: parse_chat_request({"messages": [{"role": "user", "content": "hi"}],
+                                   "reasoning_effort": e}), None, "reasoning_effort"),
+])
+def test_each_api_decodes_reasoning_effort_as_the_template_takes_it(parse, field, path):
+    assert parse("minimal").template_kwargs == {"reasoning_effort": "low"}
+    assert parse("xhigh").template_kwargs == {"reasoning_effort": "high"}
+    with capture_logs() as logs:
+        assert parse("none").template_kwargs == {}
+        assert parse("ludicrous").template_kwargs == {}
+    assert [e["field"] for e in logs] == [f"{path}=ludicrous"]
+    assert refused(parse, 5).param == path
