@@ -316,8 +316,8 @@ class RequestContext:
         template did not render."""
         gw = self.gateway
         max_chars = gw.settings.ctx * gw.max_token_chars()
-        prefix_stable = self.prefix_stable()
         gw.check_chat_fits(len(chat.messages), rendered_chars, param)
+        prefix_stable = self.prefix_stable()
         choices = turn_choices(chat.options, self.headers, gw.settings.background_model,
                                gw.tenants, self.tenant)
         return choices, RenderOptions(
