@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+import structlog
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive
 
@@ -23,19 +24,23 @@ from switchyard.gateway.http_limits import MAX_LARGE_BODIES, BodyBytes
 from switchyard.gateway.prompting.history import DEFAULT_MAX_TURNS, RenderOptions, TurnMemory
 from switchyard.gateway.output.reasoning import DEFAULT_KEEP_REASONING, ThinkSyntax
 from switchyard.gateway.request.grammar_check import GrammarChecker
-from switchyard.gateway.request.model import Options, TurnChoices, request_priority
+from switchyard.gateway.request.model import ChatRequest, Options, TurnChoices, turn_choices
 from switchyard.gateway.request.response_store import ResponseStore, ResponseStores
 from switchyard.gateway.request.structured import Constraint
 from switchyard.gateway.scheduler_client import SchedulerClient
 from switchyard.gateway.vision.inputs import PromptImages
 from switchyard.gateway.streaming import ClientDisconnected, until_disconnect
+from switchyard.gateway.turn import TurnUpdate
 from switchyard.gateway.output.tools import HERMES, ToolSyntax
 from switchyard.proto.gateway_scheduler import SubmitRequest
 from switchyard.common.script import Script
 from switchyard.common.settings import Settings
 from switchyard.common.tenants import Tenant, Tenants
+from switchyard.common.logs import content_allowed
 
 T = TypeVar("T")
+
+log = structlog.get_logger()
 
 RECORD_SCOPE_KEY = "switchyard.record"
 TENANT_SCOPE_KEY = "switchyard.tenant"  # the Tenant whose key the request gave (None: no keys)
@@ -222,6 +227,29 @@ class RequestRecord:
     def fail(self, error: APIError) -> None:
         self.error_code = error.code
 
+    def note(self, update: TurnUpdate, turn: Any) -> None:
+        """What a turn's update says for the record, streamed or not: its first text, its result
+        (with the tool calls that `turn` found malformed or repaired), its error."""
+        if update.has_text:
+            self.first_text()
+        if update.result is not None:
+            self.finish(update.result.finish_reason, update.result.usage)
+            self.num_tool_calls = len(update.result.tool_calls) or None
+            if turn.num_malformed:
+                self.num_malformed_tool_calls = turn.num_malformed
+                content = {"texts": turn.malformed_texts} if content_allowed() else {}
+                log.warning("tool_call.malformed", rid=self.rid,
+                            num_malformed=turn.num_malformed, **content)
+            if turn.num_repaired:
+                self.num_repaired_tool_calls = turn.num_repaired
+                log.info("tool_call.repaired", rid=self.rid, num_repaired=turn.num_repaired)
+        if update.error is not None:
+            self.fail(update.error)
+
+    def closed(self, disconnected: bool) -> None:
+        """The end of a streamed response (streaming.EventStreamResponse's `on_close`)."""
+        self.disconnected = disconnected
+
     def fields(self) -> dict[str, Any]:
         out = {"endpoint": f"{self.method} {self.path}", "status": self.status,
                "duration_s": round(time.monotonic() - self.started, 4)}
@@ -272,35 +300,39 @@ class RequestContext:
                    request.headers, request.receive, request.stream)
 
     def decide(self, options: Options) -> TurnChoices:
-        """The turn's salt (its tenant's, and the body's `cache_salt`), its priority (the body's,
-        the header's or the model name's: request/model.py) and its tenant's share."""
-        tenants = self.gateway.tenants
-        tenant, weight = tenants.share_of(self.tenant)
-        return TurnChoices(
-            salt=tenants.salt(self.tenant, options.cache_salt),
-            priority=request_priority(options, self.headers,
-                                      self.gateway.settings.background_model),
-            tenant=tenant, tenant_weight=weight)
+        """The turn's salt, priority and tenant's share (request/model.py turn_choices)."""
+        return turn_choices(options, self.headers, self.gateway.settings.background_model,
+                            self.gateway.tenants, self.tenant)
+
+    def decide_chat(self, chat: ChatRequest, images: PromptImages | None, rendered_chars: int,
+                    *, param: str, note_unseen: bool, abandoned: threading.Event
+                    ) -> tuple[TurnChoices, RenderOptions]:
+        """Everything a chat turn needs before it is rendered, decided once: a chat that cannot
+        fit the context is refused (`rendered_chars`: its text as the template renders it),
+        then come the turn's choices (as `decide` makes them) and how it is rendered: with the
+        gateway's turn memory (its turns under the request's cache salt only), its images'
+        markers expanded, bounded by the context (a rendering longer than ctx tokens can hold is
+        refused before tokenizing). `note_unseen`: find the messages whose reasoning the
+        template did not render."""
+        gw = self.gateway
+        max_chars = gw.settings.ctx * gw.max_token_chars()
+        gw.check_chat_fits(len(chat.messages), rendered_chars, param)
+        prefix_stable = self.prefix_stable()
+        choices = turn_choices(chat.options, self.headers, gw.settings.background_model,
+                               gw.tenants, self.tenant)
+        return choices, RenderOptions(
+            salt=choices.salt, memory=gw.memory, keep_reasoning=gw.keep_reasoning,
+            prefix_stable=prefix_stable,
+            think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
+            tools_as_text=gw.tools_as_text, system_in_place=gw.system_in_place,
+            image_text=images.expand if images is not None else None,
+            max_chars=max_chars, ctx=gw.settings.ctx, note_unseen=note_unseen,
+            abandoned=abandoned)
 
     def prefix_stable(self) -> bool:
         """Whether the chat is rendered prefix-stable: the gateway's setting, unless the request's
         header says otherwise."""
         return header_flag(self.headers, PREFIX_STABLE_HEADER, self.gateway.prefix_stable)
-
-    def render_options(self, salt: bytes, images: PromptImages | None,
-                       note_unseen: bool, abandoned: threading.Event) -> RenderOptions:
-        """How the request's chat is rendered: with the gateway's turn memory (its turns under
-        the request's cache salt only), its images' markers expanded, bounded by the context
-        (a rendering longer than ctx tokens can hold is refused before tokenizing)."""
-        gw = self.gateway
-        return RenderOptions(
-            salt=salt, memory=gw.memory, keep_reasoning=gw.keep_reasoning,
-            prefix_stable=self.prefix_stable(),
-            think_start=gw.think.start if gw.think else None, turn_ends=gw.turn_ends,
-            tools_as_text=gw.tools_as_text, system_in_place=gw.system_in_place,
-            image_text=images.expand if images is not None else None,
-            max_chars=gw.settings.ctx * gw.max_token_chars(), ctx=gw.settings.ctx,
-            note_unseen=note_unseen, abandoned=abandoned)
 
     def responses(self) -> ResponseStore:
         """The Responses store of the request's tenant (its key's; "" with no keys)."""

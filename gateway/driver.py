@@ -1,10 +1,9 @@
 """Run one turn against the scheduler and answer in one API's format, as a JSON body or SSE.
 
 Shared by every endpoint that generates: the API module takes its `RequestContext` from the
-HTTP request (context.py), parses its body, plans the turn (turn.py) and hands `respond` the
-turn, the `SubmitRequest` and an `Output` (how that API shows events, results and errors). A streamed response keeps its status line back until the first
-scheduler event (or the first keepalive), so failures that come at once (queue full, restart)
-still get their own HTTP status.
+HTTP request (context.py), parses its body, plans the turn (`start_chat`) and hands `respond`
+the turn, the `SubmitRequest` and an `Output` (how that API shows events, results and errors):
+docs/design/requests.md "A request's way through the gateway".
 """
 
 from __future__ import annotations
@@ -22,12 +21,11 @@ from switchyard.gateway.output.parser import Event
 from switchyard.gateway.prompting.prompts import build_submit, chat_chars, check_chat_template
 from switchyard.gateway.scheduler_client import RequestStream
 from switchyard.gateway.streaming import (SSE_KEEPALIVE, ClientDisconnected, EventStreamResponse,
-                               until_disconnect)
+                                          started, until_disconnect)
 from switchyard.gateway.turn import ChatTurn, TurnPlan, TurnResult, TurnUpdate, plan_turn
 from switchyard.gateway.vision.inputs import PromptImages
 from switchyard.gateway.request.model import ChatRequest, TurnChoices
-from switchyard.common.logs import content_allowed
-from switchyard.proto.gateway_scheduler import REPLY_ENDS, SubmitRequest
+from switchyard.proto.gateway_scheduler import SubmitRequest
 
 log = structlog.get_logger()
 
@@ -70,22 +68,24 @@ async def prepare_images(gw: Gateway, chat: ChatRequest):
     return await gw.images.prepare(chat)
 
 
-async def plan_chat(ctx: RequestContext, chat: ChatRequest, choices: TurnChoices, *,
-                    param: str = "messages", note_unseen: bool = False,
-                    images: PromptImages | None = None) -> TurnPlan:
+async def plan_chat(ctx: RequestContext, chat: ChatRequest, *, param: str = "messages",
+                    note_unseen: bool = False
+                    ) -> tuple[TurnPlan, TurnChoices, PromptImages | None]:
     """Render and tokenize a chat (plan_turn) on a tokenizer lane chosen by its whole size,
-    after refusing one that cannot fit the context, abandoned if its client leaves. `chat` is
-    as prepare_images leaves it (images as markers, expanded with `images` when rendered).
-    `note_unseen`: find the messages whose reasoning the template did not render."""
+    after the context decided what the turn needs (RequestContext.decide_chat: a chat that
+    cannot fit the context is refused there), abandoned if its client leaves. The plan, the
+    turn's choices and its images (the chat's images as markers in the plan's prompt)."""
     gw = ctx.gateway
+    chat, images = await prepare_images(gw, chat)
     check_chat_template(gw.tokenizer)
     size, rendered_size = chat_chars(chat), chat_chars(chat, with_reasoning=False)
-    gw.check_chat_fits(len(chat.messages), rendered_size, param)
     abandoned = threading.Event()
-    options = ctx.render_options(choices.salt, images, note_unseen, abandoned)
-    return await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
+    choices, options = ctx.decide_chat(chat, images, rendered_size, param=param,
+                                       note_unseen=note_unseen, abandoned=abandoned)
+    plan = await gw.run_tokenizer(plan_turn, gw.tokenizer, chat, options, gw.tool_syntax,
                                   gw.think, gw.script, size=size, receive=ctx.receive,
                                   abandoned=abandoned)
+    return plan, choices, images
 
 
 async def start_chat(ctx: RequestContext, chat: ChatRequest, *, rid: str,
@@ -93,10 +93,7 @@ async def start_chat(ctx: RequestContext, chat: ChatRequest, *, rid: str,
                      note_unseen: bool = False) -> tuple[ChatTurn, SubmitRequest]:
     """Render and plan a chat turn for any API; the caller answers with `respond`."""
     gw, record = ctx.gateway, ctx.record
-    choices = ctx.decide(chat.options)
-    chat, images = await prepare_images(gw, chat)
-    plan = await plan_chat(ctx, chat, choices, param=param, note_unseen=note_unseen,
-                           images=images)
+    plan, choices, images = await plan_chat(ctx, chat, param=param, note_unseen=note_unseen)
     await gw.check_grammar(plan.constraint, ctx.receive)
     record.script_rule = plan.script_rule
     record.num_spliced_turns = plan.rendered.num_spliced or None
@@ -118,13 +115,17 @@ async def start_chat(ctx: RequestContext, chat: ChatRequest, *, rid: str,
 
 async def respond(ctx: RequestContext, turn: Turn, submit: SubmitRequest, output: Output, *,
                   stream: bool) -> Response:
+    """Submit the turn and answer with its SSE stream or its one JSON body, both from one pass
+    over its updates (`_updates`)."""
     gw, record = ctx.gateway, ctx.record
     record.start(submit, stream=stream)
     events = gw.client.submit(submit)
     if stream:
-        return await _start_stream(gw, record, events, turn, output)
+        frames = _sse_frames(_updates(events, turn, record, gw.keepalive_s), events, turn,
+                             output)
+        return EventStreamResponse(await started(frames), on_close=record.closed)
     try:
-        body = await until_disconnect(ctx.receive, _collect(record, events, turn, output))
+        body = await until_disconnect(ctx.receive, _body(_updates(events, turn, record), output))
     except ClientDisconnected:
         record.disconnected = True
         return Response(status_code=STATUS_CLIENT_CLOSED)
@@ -133,80 +134,51 @@ async def respond(ctx: RequestContext, turn: Turn, submit: SubmitRequest, output
     return JSONResponse(body)
 
 
-def _apply(update: TurnUpdate, turn: Turn, stream: RequestStream, record: RequestRecord) -> None:
-    """Bookkeeping every update needs, streamed or not."""
-    if update.cancel:
-        stream.cancel()
-    if update.has_text:
-        record.first_text()
-    if update.result is not None:
-        record.finish(update.result.finish_reason, update.result.usage)
-        record.reply_end = reply_end(turn, update.result)
-        stream.reply_ended(record.reply_end)
-        record.num_tool_calls = len(update.result.tool_calls) or None
-        if turn.num_malformed:
-            record.num_malformed_tool_calls = turn.num_malformed
-            content = {"texts": turn.malformed_texts} if content_allowed() else {}
-            log.warning("tool_call.malformed", rid=stream.rid, num_malformed=turn.num_malformed,
-                        **content)
-        if turn.num_repaired:
-            record.num_repaired_tool_calls = turn.num_repaired
-            log.info("tool_call.repaired", rid=stream.rid, num_repaired=turn.num_repaired)
-    if update.error is not None:
-        record.fail(update.error)
-
-
-def reply_end(turn: Turn, result: TurnResult) -> str:
-    """How the reply ended, for the scheduler's residency (ReplyEnded): a side call, or the
-    API's finish reason (a stop sequence, a content filter: the end of a turn)."""
-    if turn.side_call:
-        return "side_call"
-    return result.finish_reason if result.finish_reason in REPLY_ENDS else "stop"
-
-
-async def _collect(record: RequestRecord, stream: RequestStream, turn: Turn,
-                   output: Output) -> dict[str, Any]:
+async def _updates(stream: RequestStream, turn: Turn, record: RequestRecord,
+                   keepalive_s: float | None = None) -> AsyncIterator[TurnUpdate | None]:
+    """The turn's update of each scheduler event, until its result or error, each with the
+    bookkeeping it needs (the scheduler told of a cancel and of how the reply ended, the
+    record's counts); None when `keepalive_s` passed without an event."""
     while True:
-        event = await stream.get()
+        event = await stream.get(timeout=keepalive_s)
+        if event is None:
+            yield None
+            continue
         update = turn.on_event(event)
-        _apply(update, turn, stream, record)
-        if update.error is not None:
-            raise update.error
+        if update.cancel:
+            stream.cancel()
         if update.result is not None:
-            return output.body(update.result)
+            record.reply_end = stream.reply_ended(turn.side_call, update.result.finish_reason)
+        record.note(update, turn)
+        yield update
+        if update.error is not None or update.result is not None:
+            return
 
 
-async def _start_stream(gw: Gateway, record: RequestRecord, stream: RequestStream, turn: Turn,
-                        output: Output) -> Response:
-    try:
-        first = await stream.get(timeout=gw.keepalive_s)
-    except BaseException:
-        stream.close()
-        raise
-    updates = []
-    if first is not None:
-        update = turn.on_event(first)
-        if update.error is not None:
-            stream.close()
-            record.fail(update.error)
+async def _body(updates: AsyncIterator[TurnUpdate | None], output: Output) -> dict[str, Any]:
+    """The turn's one JSON body (`updates` without keepalives)."""
+    async for update in updates:
+        if update is not None and update.error is not None:
             raise update.error
-        updates.append(update)
-
-    def on_close(disconnected: bool) -> None:
-        record.disconnected = disconnected
-
-    frames = _sse_frames(gw, record, stream, turn, output, updates)
-    return EventStreamResponse(frames, on_close=on_close)
+        if update is not None and update.result is not None:
+            return output.body(update.result)
+    raise RuntimeError("the turn's updates ended without a result")
 
 
-async def _sse_frames(gw: Gateway, record: RequestRecord, stream: RequestStream, turn: Turn,
-                      output: Output, updates: list[TurnUpdate]) -> AsyncIterator[bytes]:
+async def _sse_frames(updates: AsyncIterator[TurnUpdate | None], stream: RequestStream,
+                      turn: Turn, output: Output) -> AsyncIterator[bytes]:
+    """The turn as SSE frames; its first update is awaited before the first frame, so a
+    failure that comes at once (queue full, restart) is raised instead, with its own HTTP
+    status (streaming.started). A keepalive fills each `keepalive_s` without an event."""
     try:
-        for frame in output.head() + output.frames(turn.start_events()):
+        update = await anext(updates)
+        if update is not None and update.error is not None:
+            raise update.error
+        # b"" when there is nothing to say yet: the stream starts all the same (streaming.started)
+        for frame in output.head() + output.frames(turn.start_events()) or [b""]:
             yield frame
         while True:
-            for update in updates:
-                _apply(update, turn, stream, record)
+            if update is not None:
                 for frame in output.frames(update.events):
                     yield frame
                 if update.error is not None:
@@ -217,11 +189,8 @@ async def _sse_frames(gw: Gateway, record: RequestRecord, stream: RequestStream,
                     for frame in output.tail(update.result):
                         yield frame
                     return
-            event = await stream.get(timeout=gw.keepalive_s)
-            if event is None:
-                updates = []
+            update = await anext(updates)
+            if update is None:
                 yield getattr(output, "keepalive", SSE_KEEPALIVE)
-            else:
-                updates = [turn.on_event(event)]
     finally:
         stream.close()

@@ -32,6 +32,7 @@ from switchyard.gateway.peer import PeerChange, PeerMonitor, RequestEvent, Reque
 from switchyard.proto import codec
 from switchyard.proto.base import PROTOCOL_VERSION, ROLE_GATEWAY, Heartbeat, Hello
 from switchyard.proto.gateway_scheduler import (
+    REPLY_ENDS,
     CancelRequest,
     GroupState,
     ReplyEnded,
@@ -95,9 +96,14 @@ class RequestStream:
             self._cancel_sent = True
             self._client.send(CancelRequest(self.rid))
 
-    def reply_ended(self, end: str) -> None:
-        """Tell the scheduler how the reply ended (ReplyEnded), once its final event came."""
+    def reply_ended(self, side_call: bool, finish_reason: str) -> str:
+        """Tell the scheduler how the reply ended (ReplyEnded), once its final event came, for
+        its residency: a side call (the client forced the reply's shape), or the API's finish
+        reason (a stop sequence, a content filter: the end of a turn). Returns what it said."""
+        end = "side_call" if side_call else (
+            finish_reason if finish_reason in REPLY_ENDS else "stop")
         self._client.send(ReplyEnded(self.rid, end))
+        return end
 
     def close(self) -> None:
         """Stop listening; cancels the request if it is still running. Never blocks."""

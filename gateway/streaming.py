@@ -72,6 +72,35 @@ async def _cancel(task: asyncio.Future[Any]) -> None:
         await task
 
 
+async def started(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`frames`, its first pulled now: a failure before the first frame is raised here, while
+    the handler can still answer with its own HTTP status. A stream that is under way with
+    nothing to send yet yields b"" first (EventStreamResponse sends no empty frame)."""
+    return _Started(await anext(frames, b""), frames)
+
+
+class _Started:
+    """`rest` after `first`; closing it closes `rest` (whose `finally` may cancel a request)."""
+
+    def __init__(self, first: bytes, rest: AsyncIterator[bytes]) -> None:
+        self._first: bytes | None = first
+        self._rest = rest
+
+    def __aiter__(self) -> _Started:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._first is None:
+            return await anext(self._rest)
+        first, self._first = self._first, None
+        return first
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._rest, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 class EventStreamResponse:
     """An ASGI response streaming SSE frames; `on_close(disconnected)` runs at the end."""
 
@@ -102,5 +131,6 @@ class EventStreamResponse:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": raw_headers})
         async for frame in self.frames:
-            await send({"type": "http.response.body", "body": frame, "more_body": True})
+            if frame:  # b"" says nothing (see `started`)
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from switchyard.gateway.request import structured
 from switchyard.gateway.context import RequestContext
-from switchyard.gateway.driver import plan_chat, prepare_images, respond, start_chat
+from switchyard.gateway.driver import plan_chat, respond, start_chat
 from switchyard.gateway.errors import APIError
 from switchyard.gateway.generation import Usage
 from switchyard.gateway.output.parser import Event, ReasoningDelta, TextDelta, ToolCallDone, ToolCallStart
@@ -35,9 +35,7 @@ from switchyard.gateway.request.tools import check_tool_choice, function_tool
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.api.json_body import message_limits, read_json
 from switchyard.gateway.request import wire
-from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.api.shared_fields import (decode_body, note_ignored,
-                                                  reasoning_effort, template_kwargs)
+from switchyard.gateway.request.wire.decoding import decode, decode_body, note_ignored
 from switchyard.gateway.vision.parts import ImageRef, decode_base64, from_url, image_part
 from switchyard.gateway.request.model import AUTO, NONE, ChatRequest, Options, ToolChoice
 
@@ -184,13 +182,12 @@ _THINKING = {wire.anthropic.ThinkingEnabled: {"enable_thinking": True},
 
 def _template_kwargs(request: wire.anthropic.MessagesFields) -> dict[str, Any]:
     """`thinking`, and `output_config.effort` as the template's `reasoning_effort` (gpt-oss's
-    switch)."""
+    switch; decoded as the template takes it: wire/common.py EffortLevel)."""
     kwargs = dict(_THINKING.get(type(request.thinking), {}))
     config = request.output_config
-    effort = reasoning_effort(config.effort, "output_config.effort") if config else None
-    if effort:
-        kwargs["reasoning_effort"] = effort
-    return template_kwargs(kwargs)
+    if config is not None and config.effort:
+        kwargs["reasoning_effort"] = config.effort
+    return kwargs
 
 
 # Anthropic's context-management edits: `clear_thinking_*` changes what the model sees (earlier
@@ -227,8 +224,14 @@ def output_constraint(request: wire.anthropic.MessagesFields) -> structured.Cons
 
 
 def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) -> MessagesRequest:
+    """A Messages body (a count_tokens body with `count_only`) decoded against its model
+    (wire/anthropic.py), then translated (`translate`)."""
     model = wire.anthropic.CountTokensRequest if count_only else wire.anthropic.MessagesRequest
-    request = decode_body(body, model, "messages")
+    return translate(decode_body(body, model, "messages"))
+
+
+def translate(request: wire.anthropic.MessagesFields) -> MessagesRequest:
+    """The gateway's chat shape of a decoded Messages request."""
     messages: list[dict[str, Any]] = []
     system = system_text(request.system)
     if system is not None:
@@ -380,7 +383,9 @@ class AnthropicFormat:
 
 async def messages(request: Request) -> Response:
     ctx = RequestContext.of(request)
-    parsed = parse_messages_request(await read_json(ctx, message_limits(ctx.gateway)))
+    limits = message_limits(ctx.gateway)
+    body = await read_json(ctx, limits)
+    parsed = parse_messages_request(body)
     message_id = "msg_" + secrets.token_hex(12)
     turn, submit = await start_chat(ctx, parsed.chat, rid=message_id, id_prefix="toolu_")
     fmt = AnthropicFormat(message_id, parsed.model or ctx.gateway.model_id,
@@ -390,8 +395,8 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     ctx = RequestContext.of(request)
-    parsed = parse_messages_request(await read_json(ctx, message_limits(ctx.gateway)),
-                                    count_only=True)
-    chat, images = await prepare_images(ctx.gateway, parsed.chat)
-    plan = await plan_chat(ctx, chat, ctx.decide(chat.options), images=images)  # a turn's bounds
+    limits = message_limits(ctx.gateway)
+    body = await read_json(ctx, limits)
+    parsed = parse_messages_request(body, count_only=True)
+    plan, _, _ = await plan_chat(ctx, parsed.chat)  # refused past a turn's bounds
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})

@@ -288,7 +288,9 @@ def message_limits(gw: Gateway) -> dict[str, ListLimit]:
 async def read_json(ctx: RequestContext, limits: dict[str, ListLimit]) -> dict[str, Any]:
     """The request's body (`read_body` bounds its size and time) as a JSON object, parsed as
     `parse_body` does."""
-    return await parse_body(await read_body(ctx), limits, value_budget(ctx.gateway.settings.ctx))
+    max_values = value_budget(ctx.gateway.settings.ctx)
+    raw = await read_body(ctx)
+    return await parse_body(raw, limits, max_values)
 
 
 async def read_body(ctx: RequestContext) -> bytes:

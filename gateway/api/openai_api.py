@@ -32,7 +32,9 @@ from switchyard.proto.ids import new_rid
 async def chat_completions(request: Request) -> Response:
     ctx = RequestContext.of(request)
     gw = ctx.gateway
-    chat = parse_chat_request(await read_json(ctx, message_limits(gw)))
+    limits = message_limits(gw)
+    body = await read_json(ctx, limits)
+    chat = parse_chat_request(body)
     check_model(chat.options.model, gw.model_id, gw.model_aliases)
     rid = new_rid("chatcmpl")
     turn, submit = await start_chat(ctx, chat, rid=rid)
@@ -43,8 +45,9 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     ctx = RequestContext.of(request)
     gw = ctx.gateway
-    completion = parse_completion_request(await read_json(
-        ctx, {"prompt": per_token(gw.settings.ctx)}))
+    limits = {"prompt": per_token(gw.settings.ctx)}
+    body = await read_json(ctx, limits)
+    completion = parse_completion_request(body)
     check_model(completion.options.model, gw.model_id, gw.model_aliases)
     choices = ctx.decide(completion.options)
     if isinstance(completion.prompt, str):

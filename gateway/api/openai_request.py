@@ -17,8 +17,9 @@ from switchyard.gateway.request.model import ChatRequest, CompletionRequest, Opt
 from switchyard.gateway.errors import invalid, invalid_type
 from switchyard.gateway.request.tools import chat_function_tools, openai_tool_choice
 from switchyard.gateway.vision.parts import from_url, image_part
-from switchyard.gateway.api.shared_fields import (decode_body, reasoning_effort,
-                                                  template_kwargs)
+from switchyard.gateway.request.wire.common import (MAX_TEMPLATE_KWARGS_BYTES,
+                                                    RESERVED_TEMPLATE_KEYS)
+from switchyard.gateway.request.wire.decoding import decode_body
 
 _SEED_MODULUS = 2**63
 
@@ -59,12 +60,27 @@ def response_format(value: wire.openai.ResponseFormat | None, body: dict[str, An
                              structured.guided(body), param="response_format")
 
 
+def template_kwargs(kwargs: dict[str, Any], param: str = "chat_template_kwargs"
+                    ) -> dict[str, Any]:
+    """The template variables a request sets; a reserved key or oversized values are a 400."""
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KEYS:
+            raise invalid(f"'{param}.{key}' is not accepted: '{param}' sets the chat "
+                          f"template's variables, not the template or its arguments",
+                          param=f"{param}.{key}", code="invalid_value")
+    size = len(json.dumps(kwargs, ensure_ascii=False, default=str)) if kwargs else 0
+    if size > MAX_TEMPLATE_KWARGS_BYTES:
+        raise invalid(f"'{param}' is larger than {MAX_TEMPLATE_KWARGS_BYTES} bytes",
+                      param=param, code="invalid_value")
+    return dict(kwargs)
+
+
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     request = decode_body(body, wire.openai.ChatCompletionRequest, "chat.completions")
     constraint = response_format(request.response_format, body)
     tools = chat_function_tools(request.tools)
     kwargs = request.chat_template_kwargs or {}
-    effort = reasoning_effort(request.reasoning_effort, "reasoning_effort")
+    effort = request.reasoning_effort  # the template's value (wire/common.py EffortLevel)
     if effort and "reasoning_effort" not in kwargs:
         kwargs = {**kwargs, "reasoning_effort": effort}
     return ChatRequest(

@@ -35,8 +35,7 @@ from switchyard.gateway.request.tools import function_tool, openai_tool_choice
 from switchyard.gateway.turn import ChatTurn, TurnResult, assistant_message
 from switchyard.gateway.api.json_body import chat_limits, read_json
 from switchyard.gateway.request import wire
-from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.api.shared_fields import decode_body, note_ignored, reasoning_effort
+from switchyard.gateway.request.wire.decoding import decode, decode_body, note_ignored
 from switchyard.gateway.vision.parts import from_url, image_part
 from switchyard.gateway.request.model import ChatRequest, Options, ToolChoice
 from switchyard.proto.ids import new_rid
@@ -223,8 +222,7 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Respo
     messages = ([{"role": "system", "content": instructions}] if instructions else []) \
         + history + chat_messages(request.input)
     offered = offered_tools(request.tools)
-    effort = reasoning_effort(request.reasoning.effort if request.reasoning else None,
-                              "reasoning.effort")
+    effort = request.reasoning.effort if request.reasoning else None  # as templates take it
     options = Options(
         model=request.model, max_tokens=request.max_output_tokens,
         temperature=_default(request.temperature, 1.0), top_p=_default(request.top_p, 1.0),
@@ -469,8 +467,9 @@ def seen_messages(messages: list[dict[str, Any]], unseen: frozenset[int]
 async def create_response(request: Request) -> Response:
     ctx = RequestContext.of(request)
     gw, store = ctx.gateway, ctx.responses()
-    parsed = parse_responses_request(
-        await read_json(ctx, chat_limits(gw.settings.ctx, "input")), store)
+    limits = chat_limits(gw.settings.ctx, "input")
+    body = await read_json(ctx, limits)
+    parsed = parse_responses_request(body, store)
     check_model(parsed.chat.options.model, gw.model_id, gw.model_aliases)
     response_id = _new_id("resp_")
     fmt = ResponsesFormat(response_id, gw.model_id, parsed)

@@ -9,6 +9,7 @@ from typing import Any
 from switchyard.gateway.errors import out_of_range
 from switchyard.gateway.request.structured import Constraint
 from switchyard.proto.base import PRIORITIES, PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE
+from switchyard.common.tenants import Tenant, Tenants
 
 PRIORITY_HEADER = "x-switchyard-priority"
 
@@ -105,10 +106,21 @@ def request_priority(options: Options, headers: Any, background_models: tuple[st
 @dataclass(frozen=True)
 class TurnChoices:
     """What a turn's options and its HTTP request decide together, once per turn
-    (`RequestContext.decide`): the salt of its cached text, its priority, and whose share it
-    counts against (its tenant's name and weight; "" and 1 with one tenant)."""
+    (`turn_choices`, by RequestContext.decide or decide_chat): the salt of its cached text, its
+    priority, and whose share it counts against (its tenant's name and weight; "" and 1 with
+    one tenant)."""
 
     salt: bytes
     priority: str
     tenant: str = ""
     tenant_weight: float = 1.0
+
+
+def turn_choices(options: Options, headers: Any, background_models: tuple[str, ...],
+                 tenants: Tenants, tenant: Tenant | None) -> TurnChoices:
+    """A turn's priority (`request_priority`), its salt (its tenant's, and the body's
+    `cache_salt`) and its tenant's share (`tenant`: whose API key the request gave)."""
+    priority = request_priority(options, headers, background_models)
+    name, weight = tenants.share_of(tenant)
+    return TurnChoices(salt=tenants.salt(tenant, options.cache_salt), priority=priority,
+                       tenant=name, tenant_weight=weight)

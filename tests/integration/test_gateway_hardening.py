@@ -222,7 +222,7 @@ def test_reasoning_and_tools_choose_the_large_lane(served, monkeypatch):
         receive = stream = None
 
     ctx = RequestContext.of(FakeRequest())
-    asyncio.run(driver.plan_chat(ctx, chat, ctx.decide(chat.options)))
+    asyncio.run(driver.plan_chat(ctx, chat))
     assert sizes == [chat_chars(chat)] and sizes[0] > LARGE_PROMPT_CHARS
 
 

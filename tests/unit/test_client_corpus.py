@@ -108,14 +108,14 @@ def test_every_field_a_client_sends_is_known_and_in_the_clients_doc_table(sessio
     docs/clients.md's "What agent clients send" table names each one."""
     from structlog.testing import capture_logs
 
-    from switchyard.gateway.api import shared_fields
+    from switchyard.gateway.request.wire import decoding
 
     readme = (REPO / "docs" / "clients.md").read_text()
     table = readme[readme.index("## What agent clients send"):]
     table = table[:table.index("\n\n", table.index("| API |"))]
     for name in FILES:
         record = load(session, name)
-        shared_fields._noted.clear()
+        decoding._noted.clear()
         with capture_logs() as logs:
             parse(record)
         assert [e for e in logs if e["event"] == "request.field_ignored"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from switchyard.gateway.api import shared_fields
+from switchyard.gateway.request.wire import decoding
 from switchyard.gateway.api.anthropic_api import parse_messages_request
 from switchyard.gateway.api.responses_api import ResponsesFormat, parse_responses_request
 from switchyard.gateway.api.openai_request import parse_chat_request
@@ -42,7 +42,7 @@ def refused(fn, *args, **kwargs) -> APIError:
 
 @pytest.fixture(autouse=True)
 def fresh_notes(monkeypatch):
-    monkeypatch.setattr(shared_fields, "_noted", set())
+    monkeypatch.setattr(decoding, "_noted", set())
 
 
 # --- Anthropic Messages ------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_metadata_and_unknown_fields():
 
 
 def test_noted_names_are_bounded(monkeypatch):
-    monkeypatch.setattr(shared_fields, "MAX_NOTED_NAMES", 3)
+    monkeypatch.setattr(decoding, "MAX_NOTED_NAMES", 3)
     with capture_logs() as logs:
         anthropic(**{f"junk{i}": 1 for i in range(10)})
     assert len(logs) == 3
@@ -223,3 +223,22 @@ def test_chat_fields_agents_send():
         parse_chat_request({"messages": [{"role": "user", "content": "hi"}],
                             "functions": [{"name": "f"}]})
     assert [e["field"] for e in logs] == ["chat.completions.functions"]
+
+
+# --- Reasoning effort, the same in every API ---------------------------------------------------
+
+
+@pytest.mark.parametrize("parse, field, path", [
+    (lambda e: anthropic(output_config={"effort": e}), "output_config", "output_config.effort"),
+    (lambda e: responses(reasoning={"effort": e}).chat, "reasoning", "reasoning.effort"),
+    (lambda e: parse_chat_request({"messages": [{"role": "user", "content": "hi"}],
+                                   "reasoning_effort": e}), None, "reasoning_effort"),
+])
+def test_each_api_decodes_reasoning_effort_as_the_template_takes_it(parse, field, path):
+    assert parse("minimal").template_kwargs == {"reasoning_effort": "low"}
+    assert parse("xhigh").template_kwargs == {"reasoning_effort": "high"}
+    with capture_logs() as logs:
+        assert parse("none").template_kwargs == {}
+        assert parse("ludicrous").template_kwargs == {}
+    assert [e["field"] for e in logs] == [f"{path}=ludicrous"]
+    assert refused(parse, 5).param == path

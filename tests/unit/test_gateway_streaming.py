@@ -12,7 +12,8 @@ from switchyard.gateway.api.responses import ChatFormat, CompletionFormat
 from switchyard.gateway.output.tools import ToolCall
 from switchyard.gateway.turn import TurnResult
 from switchyard.gateway.streaming import (SSE_DONE, SSE_KEEPALIVE, ClientDisconnected,
-                               EventStreamResponse, sse_data, until_disconnect)
+                                          EventStreamResponse, sse_data, started,
+                                          until_disconnect)
 from switchyard.proto.gateway_scheduler import RequestFailed
 
 
@@ -177,6 +178,35 @@ async def test_event_stream_sends_frames_then_ends():
     assert dict(client.sent[0]["headers"])[b"content-type"].startswith(b"text/event-stream")
     assert [m.get("body") for m in client.sent[1:]] == [b"data: 1\n\n", SSE_DONE, b""]
     assert closed == [False]
+
+
+@pytest.mark.anyio
+async def test_a_started_stream_fails_before_its_status_line_and_sends_no_empty_frame():
+    async def failing():
+        raise APIError(429, "full", code="queue_full")
+        yield b""
+
+    with pytest.raises(APIError):  # the handler still answers with its own status
+        await started(failing())
+
+    finalized = asyncio.Event()
+
+    async def quiet():
+        try:
+            yield b""  # under way, with nothing to say yet
+            yield b"data: 1\n\n"
+        finally:
+            finalized.set()
+
+    client = FakeClient()
+    await EventStreamResponse(await started(quiet()))({}, client.receive, client.send)
+    assert [m.get("body") for m in client.sent[1:]] == [b"data: 1\n\n", b""]
+    assert finalized.is_set()
+
+    finalized.clear()
+    stream = await started(quiet())
+    await stream.aclose()  # before a frame was sent: its frames are closed all the same
+    assert finalized.is_set()
 
 
 @pytest.mark.anyio

@@ -13,7 +13,7 @@ from msgspec import Meta
 from switchyard.gateway.request.wire.base import Checked, FieldError, Model, integer
 from switchyard.gateway.request.wire.decoding import decode
 from switchyard.gateway.request.wire.common import (IMAGE_URL, MAX_STOP, AnyValue, CacheSalt,
-                                                    Effort, JsonObject, MaxTokens, ModelName,
+                                                    effort_level, JsonObject, MaxTokens, ModelName,
                                                     NonEmpty, Priority, Speculative, Temperature,
                                                     TopK, TopP, needs_tools)
 
@@ -165,8 +165,8 @@ class OutputFormat(Model):
     schema: JsonObject  # a JSON schema (true or false compile to no grammar: a 400)
 
 
-class OutputConfig(Model):
-    effort: Effort | None = None
+class OutputConfig(Checked):
+    effort: effort_level("output_config.effort") | None = None
     format: OutputFormat | None = None
 
 

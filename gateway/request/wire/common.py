@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from msgspec import Meta
 
 from switchyard.gateway.request.wire.base import FieldCheck, FieldError, integer
+from switchyard.gateway.request.wire.decoding import note_ignored
 from switchyard.proto.base import PRIORITIES, PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE
 from switchyard.common.tenants import MAX_CACHE_SALT_CHARS
 
@@ -66,9 +67,35 @@ Speculative = Annotated[bool, Meta(description=(
 CacheSalt = Annotated[str, Meta(min_length=1, max_length=MAX_CACHE_SALT_CHARS, description=(
     "vLLM's cache_salt: cached text (prefix pages, speculative drafts) is shared only with "
     "requests of the same API key giving the same salt"))]
-Effort = Annotated[str, Meta(description=(
-    "the chat template's reasoning_effort: low, medium or high (minimal is low; xhigh and max "
-    "are high); another value is logged and not applied"))]
+
+
+class EffortLevel(FieldCheck):
+    """Reasoning effort as chat templates take it (`reasoning_effort`: gpt-oss's low/medium/
+    high), decided as the body is decoded: the other APIs' names for the ends of the scale map
+    to the nearest, "none" is no effort, and a value this server does not know is logged (as
+    `param`, the member's path in its API) and not applied."""
+
+    EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high",
+               "xhigh": "high", "max": "high"}
+
+    def __init__(self, param: str) -> None:
+        self.param = param
+
+    def check(self, value: str, field: str) -> str | None:
+        effort = self.EFFORTS.get(value)
+        if effort is None and value != "none":
+            note_ignored(f"{self.param}={value[:32]}")
+        return effort
+
+
+def effort_level(param: str) -> Any:
+    """A reasoning-effort member at `param` (its model is `Checked`): the template's value or
+    None."""
+    return Annotated[str, Meta(description=(
+        "the chat template's reasoning_effort: low, medium or high (minimal is low; xhigh and max "
+        "are high); another value is logged and not applied")), EffortLevel(param)]
+
+
 NonEmpty = Annotated[str, Meta(min_length=1)]
 IMAGE_URL = Annotated[str, Meta(extra_json_schema={
     "pattern": "^(data:[^,]*;base64,|[Hh][Tt][Tt][Pp][Ss]?://)"}, description=(

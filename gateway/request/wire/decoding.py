@@ -1,17 +1,24 @@
 """A parsed body as a request model, and a body that does not fit as a 400 in the API's terms:
 msgspec's message ("Expected `int`, got `str` - at `$.messages[0].content`") becomes the
-gateway's ("'messages[0].content' must be an integer", param `messages[0].content`)."""
+gateway's ("'messages[0].content' must be an integer", param `messages[0].content`).
+
+Clients change faster than servers: a top-level field this server does not know is accepted
+and logged once per name (`note_ignored`; the names seen are bounded, so junk keys cannot grow
+memory)."""
 
 from __future__ import annotations
 
 import re
+import threading
 import typing
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import msgspec
+import structlog
 
-from switchyard.gateway.request.wire.base import FieldError, Whole, hints, marker, members
+from switchyard.gateway.request.wire.base import (FieldError, Whole, hints, known_fields, marker,
+                                                  members)
 from switchyard.gateway.errors import APIError, invalid, invalid_type, out_of_range
 
 # msgspec ends its message with where the failure is: " - at `$.messages[0].role`", or " - at
@@ -28,6 +35,32 @@ _WRONG_TYPE = re.compile(r"Expected `([^`]+)`, got `([^`]+)`$")
 _BOUND = re.compile(r"Expected `([^`]+)` (.+)$")
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean",
                "array": "an array", "object": "an object"}
+
+log = structlog.get_logger()
+
+MAX_NOTED_NAMES = 256
+_noted: set[str] = set()
+_noted_lock = threading.Lock()
+
+
+def note_ignored(name: str) -> None:
+    """Log `request.field_ignored` the first time `name` is seen."""
+    name = "".join(c if c.isprintable() else "?" for c in name[:80])
+    with _noted_lock:
+        if name in _noted or len(_noted) >= MAX_NOTED_NAMES:
+            return
+        _noted.add(name)
+    log.info("request.field_ignored", field=name)
+
+
+def decode_body(body: dict[str, Any], model: type[msgspec.Struct], api: str) -> Any:
+    """`body` as the API's request `model` (or the 400 naming the field that does not fit),
+    its top-level fields that `model` does not know noted as ignored."""
+    known = known_fields(model)
+    for key in body:
+        if key not in known:
+            note_ignored(f"{api}.{key}")
+    return decode(body, model)
 
 
 def decode(value: Any, model: Any, param: str = "") -> Any:

@@ -14,7 +14,7 @@ from msgspec import Meta
 from switchyard.gateway.request.wire.base import (Checked, FieldError, Model, Whole, integer,
                                                   unsupported)
 from switchyard.gateway.request.wire.common import (IMAGE_URL, INT64_MIN, MAX_STOP, MAX_TOOLS, UINT64_MAX,
-                                                  AnyValue, CacheSalt, Effort, JsonObject,
+                                                  AnyValue, CacheSalt, effort_level, JsonObject,
                                                   MaxTokens, ModelName, NonEmpty, Priority,
                                                   Speculative, Temperature, TemplateKwargs,
                                                   TopK, TopP, needs_tools)
@@ -296,7 +296,7 @@ class ChatCompletionRequest(OptionsRequest, kw_only=True):
     chat_template_kwargs: TemplateKwargs | None = None
     chat_template: unsupported(text="is not accepted: the chat template is the model's, never "
                                     "a request's") = None
-    reasoning_effort: Effort | None = None
+    reasoning_effort: effort_level("reasoning_effort") | None = None
     prompt_cache_key: str | None = None
     logprobs: unsupported(False) = None
     top_logprobs: unsupported(0) = None

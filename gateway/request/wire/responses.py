@@ -13,9 +13,9 @@ import msgspec
 from msgspec import Meta
 
 from switchyard.gateway.errors import invalid
-from switchyard.gateway.request.wire.base import FieldError, Model, Whole
+from switchyard.gateway.request.wire.base import Checked, FieldError, Model, Whole
 from switchyard.gateway.request.wire.decoding import decode
-from switchyard.gateway.request.wire.common import (IMAGE_URL, AnyValue, Effort, JsonObject,
+from switchyard.gateway.request.wire.common import (IMAGE_URL, AnyValue, effort_level, JsonObject,
                                                     MaxTokens, NonEmpty, needs_tools)
 from switchyard.gateway.request.wire.openai import (FORCES_A_CALL, Detail, JsonObjectFormat,
                                                     NamedToolChoice, ResponseFormat,
@@ -226,8 +226,8 @@ class TextConfig(Model):
     format: TextFormats | None = None
 
 
-class Reasoning(Model):
-    effort: Effort | None = None
+class Reasoning(Checked):
+    effort: effort_level("reasoning.effort") | None = None
     summary: str | None = None  # accepted
 
 
