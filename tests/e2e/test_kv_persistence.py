@@ -8,6 +8,7 @@ whole history every turn, the last assistant turn sometimes a tool call and some
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import openai
@@ -15,9 +16,16 @@ import pytest
 
 from switchyard.kvstore.store import read_entries
 from switchyard.testing.group import ServerGroup
-from switchyard.testing.workload import text, wait_ready
+from switchyard.testing.workload import text, wait_ready, wait_written
 
 P = 256
+
+
+def wait_pages(group: ServerGroup, conv: "Conversation") -> None:
+    """Until the pages of `conv`'s last prompt are on disk, none on their way."""
+    wait_written(group, conv.prompt_tokens[-1] // P, time.time())
+
+
 class Conversation:
     """An agent conversation: system prompt, user task, then tool results turn after turn."""
 
@@ -47,7 +55,7 @@ class Conversation:
         self.replies.append(reply)
         return reply
 
-    def add_tool_result(self, turn: int, as_tool_call: bool, num_words: int = 700) -> None:
+    def add_tool_result(self, turn: int, as_tool_call: bool, num_words: int = 350) -> None:
         """The agent's next move: the reply was a tool call or plain text, then a tool result."""
         call_id = f"call_{self.seed}_{turn}"
         if as_tool_call:
@@ -117,8 +125,8 @@ def test_disk_use_is_linear_in_unique_tokens(tiny_qwen3):
         for turn in range(3):
             for conv in convs:
                 conv.turn()
-                conv.add_tool_result(turn, as_tool_call=True, num_words=500)
-        time.sleep(1.5)  # let the last write-through land
+                conv.add_tool_result(turn, as_tool_call=True, num_words=250)
+        wait_pages(group, convs[-1])  # the last write-through landed
         entries, bad = read_entries(group.kv_dir)
     kv_bytes_per_token = 4096
     # Every token sequence the server saw: each conversation's last prompt, and every reply
@@ -149,7 +157,7 @@ def test_restart_whole_group_then_next_turn_restores(tiny_qwen3, tmp_path):
         conv = Conversation(client, 61)
         conv.turn()
         conv.add_tool_result(0, as_tool_call=True)
-        time.sleep(1.5)
+        wait_pages(group, conv)
     with ServerGroup(tiny_qwen3, slots=1, ctx=16384, kv_dir=kv_dir) as group:
         wait_ready(group)
         conv.client = openai.OpenAI(base_url=group.base_url, api_key="none")
@@ -159,6 +167,28 @@ def test_restart_whole_group_then_next_turn_restores(tiny_qwen3, tmp_path):
         assert scan and scan[0]["num_pages"] >= conv.prompt_tokens[0] // P
 
 
+def test_pages_of_another_model_are_never_matched(one_slot, tiny_model_dir, tmp_path):
+    """Same page directory (a copy of the shared group's: one kvstore per directory), another
+    model: nothing restored, the old pages kept apart."""
+    prompt = [{"role": "user", "content": text(77, 200)}]
+    client = openai.OpenAI(base_url=one_slot.base_url, api_key="none")
+    model = client.models.list().data[0].id
+    resp = client.chat.completions.create(model=model, messages=prompt, max_tokens=4)
+    wait_written(one_slot, resp.usage.prompt_tokens // P, time.time())
+    kv_dir = tmp_path / "kv"
+    shutil.copytree(one_slot.kv_dir, kv_dir, ignore=shutil.ignore_patterns("*.tmp"))
+    other = tiny_model_dir("qwen3", seed=1)
+    with ServerGroup(other, slots=1, ctx=8192, kv_dir=kv_dir) as group:
+        client = openai.OpenAI(base_url=group.base_url, api_key="none")
+        model = client.models.list().data[0].id
+        resp = client.chat.completions.create(model=model, messages=prompt, max_tokens=4)
+        assert resp.usage.prompt_tokens_details.cached_tokens == 0
+        wait_written(group, resp.usage.prompt_tokens // P, time.time())
+        entries, _ = read_entries(kv_dir)
+    assert len({e.namespace for e in entries}) == 2
+
+
+# The tests below kill components of the shared group: they run last on it.
 @pytest.mark.parametrize("role", ["scheduler", "worker", "kvstore", "gateway"])
 def test_restart_one_component_then_next_turn_restores(one_slot, role):
     client = openai.OpenAI(base_url=one_slot.base_url, api_key="none")
@@ -167,7 +197,7 @@ def test_restart_one_component_then_next_turn_restores(one_slot, role):
     conv.turn()
     conv.add_tool_result(0, as_tool_call=False)
     other.turn()  # conv is now on disk only
-    time.sleep(1.5)
+    wait_pages(one_slot, other)
     old = one_slot.kill(role)
     new = one_slot.wait_restarted(role, old)
     wait_ready(one_slot, role, new)
@@ -186,23 +216,3 @@ def test_budget_is_printed_in_tokens_and_conversations(one_slot):
     assert budget["budget_tokens"] == budget["budget_bytes"] // budget["kv_bytes_per_token"]
     assert budget["budget_conversations"] > 0
     assert "conversations of 100,000 tokens" in one_slot.log_text()
-
-
-def test_pages_of_another_model_are_never_matched(tiny_qwen3, tiny_model_dir, tmp_path):
-    """Same page directory, another model: nothing restored, the old pages kept apart."""
-    kv_dir = tmp_path / "kv"
-    prompt = [{"role": "user", "content": text(77, 600)}]
-    with ServerGroup(tiny_qwen3, slots=1, ctx=8192, kv_dir=kv_dir) as group:
-        client = openai.OpenAI(base_url=group.base_url, api_key="none")
-        model = client.models.list().data[0].id
-        client.chat.completions.create(model=model, messages=prompt, max_tokens=4)
-        time.sleep(1.5)
-    other = tiny_model_dir("qwen3", seed=1)
-    with ServerGroup(other, slots=1, ctx=8192, kv_dir=kv_dir) as group:
-        client = openai.OpenAI(base_url=group.base_url, api_key="none")
-        model = client.models.list().data[0].id
-        resp = client.chat.completions.create(model=model, messages=prompt, max_tokens=4)
-        assert resp.usage.prompt_tokens_details.cached_tokens == 0
-        time.sleep(1.5)
-        entries, _ = read_entries(kv_dir)
-    assert len({e.namespace for e in entries}) == 2
