@@ -16,7 +16,7 @@ import openai
 from switchyard.kvstore.pages import decode_header
 from switchyard.kvstore.store import PageStore, read_entries
 from tests.e2e.test_kv_persistence import Conversation
-from switchyard.testing.workload import text, wait_ready
+from switchyard.testing.workload import text, wait_ready, wait_written
 from switchyard.testing.group import ServerGroup
 
 P = 256
@@ -37,7 +37,7 @@ def test_kill_kvstore_while_writing_never_leaves_a_bad_page(tiny_qwen3):
         model = client.models.list().data[0].id
         for round_ in range(3):
             # A long prompt: ~10 pages written through while we kill the daemon.
-            messages = [{"role": "user", "content": text(500 + round_, 2000)}]
+            messages = [{"role": "user", "content": text(500 + round_, 1000)}]
             started = time.monotonic()
             client.chat.completions.create(model=model, messages=messages, max_tokens=2,
                                            temperature=0)
@@ -45,7 +45,7 @@ def test_kill_kvstore_while_writing_never_leaves_a_bad_page(tiny_qwen3):
             new = group.wait_restarted("kvstore", old)
             wait_ready(group, "kvstore", new)
             print(f"round {round_}: {time.monotonic() - started:.1f}s")
-        time.sleep(1.5)
+        wait_written(group, 0, time.time())  # what the last kvstore was handed is on disk
         store = PageStore(group.kv_dir)
         pages = store.scan()
         assert store.num_corrupt_removed == 0
@@ -72,7 +72,7 @@ def test_planted_corrupt_page_is_a_miss_and_output_stays_correct(tiny_qwen3):
         a.add_tool_result(0, as_tool_call=True)
         reference = a.turn(max_tokens=16)  # served from memory
         b.turn()  # A now lives on disk only
-        time.sleep(1.5)
+        wait_written(group, a.prompt_tokens[-1] // P, time.time())
         prompt = _tokenizer(tiny_qwen3).apply_chat_template(
             a.messages, tools=[Conversation.TOOL], add_generation_prompt=True, tokenize=True)
         [target] = [path for path, tokens in page_tokens(group.kv_dir).items()
@@ -83,7 +83,7 @@ def test_planted_corrupt_page_is_a_miss_and_output_stays_correct(tiny_qwen3):
         again = a.turn(max_tokens=16)
         assert again == reference
         assert 2 * P <= a.cached_tokens[-1] < 3 * P, "pages before the bad one were restored"
-        time.sleep(1.5)
+        wait_written(group, a.prompt_tokens[-1] // P, time.time())
         # Removed, re-prefilled, and written through again: the file on disk is good now.
         assert target.read_bytes() != bytes(raw)
         assert read_entries(group.kv_dir)[1] == 0
@@ -110,7 +110,7 @@ def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen
         for messages in conversations:
             client.chat.completions.create(model=model, messages=messages, max_tokens=8,
                                            tools=[Conversation.TOOL], temperature=0)
-            time.sleep(1.0)  # let its pages land before the next conversation
+            wait_written(group, 0, time.time())  # its pages landed before the next one
         on_disk = page_tokens(group.kv_dir)
         assert sum(p.stat().st_size for p in on_disk) <= budget, "never over budget"
         assert group.log_events("kv.evicted"), "the third conversation needed room"
