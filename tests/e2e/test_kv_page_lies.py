@@ -32,6 +32,7 @@ from switchyard.common.settings import user_cache_dir
 from tests.e2e.test_kv_crash_safety import _tokenizer, page_tokens
 from tests.e2e.test_kv_persistence import Conversation
 from switchyard.testing.group import ServerGroup, short_tmp_dir
+from switchyard.testing.workload import wait_written
 from tests.helpers.checkout import REPO_ROOT
 
 P = 256
@@ -89,7 +90,7 @@ def test_a_page_that_lies_is_a_miss_and_the_conversation_is_answered(one_slot, t
     a.add_tool_result(0, as_tool_call=True)
     reference = a.turn(max_tokens=16)  # served from memory
     b.turn()  # A now lives on disk only
-    time.sleep(1.5)
+    wait_written(group, a.prompt_tokens[-1] // P, time.time())
     kvstore = group.pid_of("kvstore")
     num_events = len(group.log_events("kv.corrupt_page"))
     prompt = _tokenizer(tiny_qwen3).apply_chat_template(
@@ -103,7 +104,7 @@ def test_a_page_that_lies_is_a_miss_and_the_conversation_is_answered(one_slot, t
     assert group.pid_of("kvstore") == kvstore, "the kvstore never died"
     events = group.wait_events("kv.corrupt_page", at_least=num_events + 1)[num_events:]
     assert [reason in e["reason"] for e in events] == [True], events
-    time.sleep(1.5)
+    wait_written(group, a.prompt_tokens[-1] // P, time.time())
     # Removed, re-read and written through again: the page on disk is honest now.
     assert read_entries(group.kv_dir)[1] == 0
     store = PageStore(group.kv_dir)
@@ -155,7 +156,7 @@ def test_a_full_kv_dir_keeps_the_group_answering_and_loses_nothing(tiny_qwen3):
             a.turn()
             a.add_tool_result(0, as_tool_call=True)
             reference = a.turn(max_tokens=16)
-            time.sleep(1.5)
+            wait_written(group, a.prompt_tokens[-1] // P, time.time())
             before = {e.path: e.nbytes for e in read_entries(kv_dir)[0]}
             assert len(before) >= 3, "A's pages were written through"
             filler = _fill(kv_dir)
