@@ -13,6 +13,7 @@ import pytest
 from switchyard.kvstore.store import read_entries
 from tests.e2e.test_kv_persistence import Conversation, new_tokens, prefilled
 from switchyard.testing.group import ServerGroup
+from switchyard.testing.workload import wait_written
 
 P = 256
 KV8_BYTES_PER_TOKEN = 1152  # tiny qwen3: 4 layers x K,V x 2 heads x (64 B packed + 2 f32 / 64)
@@ -59,7 +60,7 @@ def test_pages_and_budget_count_quantized_bytes(kv8):
     budget = kv8.log_events("kv.budget")[0]
     assert (budget["kv_bits"], budget["kv_bytes_per_token"]) == (8, KV8_BYTES_PER_TOKEN)
     assert "bytes/token, 8-bit KV" in kv8.log_text()
-    time.sleep(1.5)  # let the last write-through land
+    wait_written(kv8, 1, time.time())  # the last write-through landed
     entries, bad = read_entries(kv8.kv_dir)
     full = [e for e in entries if e.num_tokens == P]
     assert bad == 0 and full
@@ -71,7 +72,7 @@ def test_pages_of_another_kv_setting_are_never_matched(kv8, tiny_qwen3, tmp_path
     """The 8-bit pages (a copy: one kvstore per directory), full-precision KV: nothing
     restored from them."""
     messages = Conversation(openai.OpenAI(base_url=kv8.base_url, api_key="none"), 111).messages
-    time.sleep(1.5)
+    wait_written(kv8, 1, time.time())
     kv_dir = tmp_path / "kv"
     shutil.copytree(kv8.kv_dir, kv_dir, ignore=shutil.ignore_patterns("*.tmp"))
     with ServerGroup(tiny_qwen3, slots=1, ctx=16384, kv_dir=kv_dir) as group:
@@ -80,5 +81,5 @@ def test_pages_of_another_kv_setting_are_never_matched(kv8, tiny_qwen3, tmp_path
         resp = client.chat.completions.create(model=model, messages=messages, max_tokens=4,
                                               tools=[Conversation.TOOL])
         assert resp.usage.prompt_tokens_details.cached_tokens == 0
-        time.sleep(1.5)
+        wait_written(group, resp.usage.prompt_tokens // P, time.time())
     assert len({e.namespace for e in read_entries(kv_dir)[0]}) == 2
