@@ -327,6 +327,16 @@ class ServerGroup:
         self.stop()
 
 
+def peer_pair(model: str | Path, *, slots: int = 2, ctx: int = 2048,
+              extra: tuple[str, ...] = ()) -> list[ServerGroup]:
+    """Two groups (not started) on free ports, each the other's `--peer`
+    (docs/design/kv-pages.md "Pages from a peer"), both with `extra`."""
+    ports = [free_port(), free_port()]
+    return [ServerGroup(model, slots=slots, ctx=ctx, port=port,
+                        extra=(*extra, "--peer", f"http://127.0.0.1:{other}"))
+            for port, other in zip(ports, reversed(ports))]
+
+
 def start_all(groups) -> None:
     """Start every group side by side (each start is mostly waiting); raise the first error
     once all tried."""

@@ -15,8 +15,9 @@ import time
 import httpx
 import openai
 
-from tests.e2e.test_router_smg import MODEL, PAGE_SIZE, SYSTEM, TIMEOUT_S, server_of, smg_exe  # noqa: F401
-from switchyard.testing.group import ServerGroup, free_port, short_tmp_dir, start_all, stop_all
+from tests.e2e.test_router_smg import (MODEL, PAGE_SIZE, SYSTEM, TIMEOUT_S, peer_servers,  # noqa: F401
+                                       server_of, smg_exe)
+from switchyard.testing.group import short_tmp_dir, start_all, stop_all
 from switchyard.testing.smg import SmgRouter
 
 HEALTH = ("--health-check-interval-secs", "1", "--health-failure-threshold", "2",
@@ -34,11 +35,7 @@ def worker_healthy(router: SmgRouter, url: str) -> bool | None:
 
 
 def test_a_killed_server_s_conversations_go_on_on_its_peer(tiny_qwen3, smg_exe):  # noqa: F811
-    ports = [free_port(), free_port()]
-    groups = [ServerGroup(tiny_qwen3, slots=2, ctx=2048, port=port,
-                          extra=("--served-model-name", MODEL, "--page-size", str(PAGE_SIZE),
-                                 "--peer", f"http://127.0.0.1:{other}"))
-              for port, other in zip(ports, reversed(ports))]
+    groups = peer_servers(tiny_qwen3)
     try:
         start_all(groups)
         with SmgRouter(smg_exe, [g.url for g in groups], short_tmp_dir("smg") / "smg.log",

@@ -17,7 +17,7 @@ import pytest
 
 from switchyard.proto.peer_pages import MAC_HEADER, PEER_PAGES_PATH
 from switchyard.proto.status import read_status
-from switchyard.testing.group import ServerGroup, free_port, start_all, stop_all
+from switchyard.testing.group import ServerGroup, free_port, peer_pair, start_all, stop_all
 from switchyard.testing.workload import text, wait_written
 
 P = 16
@@ -25,17 +25,14 @@ DEADLINE_S = 2.0
 TIMEOUT_S = 120.0
 
 
-def peer_pair(model, *, extra=()) -> list[ServerGroup]:
-    ports = [free_port(), free_port()]
-    return [ServerGroup(model, slots=2, ctx=4096, port=port,
-                        extra=("--page-size", str(P), "--peer", f"http://127.0.0.1:{other}",
-                               "--peer-fetch-timeout-s", str(DEADLINE_S), *extra))
-            for port, other in zip(ports, reversed(ports))]
+def peers(model, *, extra=()) -> list[ServerGroup]:
+    return peer_pair(model, ctx=4096, extra=("--page-size", str(P), "--peer-fetch-timeout-s",
+                                             str(DEADLINE_S), *extra))
 
 
 @pytest.fixture(scope="module")
 def pair(tiny_qwen3):
-    groups = peer_pair(tiny_qwen3)
+    groups = peers(tiny_qwen3)
     try:
         start_all(groups)
         yield groups

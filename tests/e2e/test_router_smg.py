@@ -23,7 +23,8 @@ import httpx
 import openai
 import pytest
 
-from switchyard.testing.group import ServerGroup, free_port, short_tmp_dir, start_all, stop_all
+from switchyard.testing.group import (ServerGroup, free_port, peer_pair, short_tmp_dir,
+                                      start_all, stop_all)
 from switchyard.testing.smg import SmgRouter, SmgUnavailable, install
 from switchyard.testing.workload import wait_written
 
@@ -45,13 +46,14 @@ def smg_exe():
         pytest.skip(f"SMG not installed: {exc}")
 
 
+def peer_servers(model) -> list[ServerGroup]:
+    """The two servers SMG fronts, each the other's `--peer` (not started)."""
+    return peer_pair(model, extra=("--served-model-name", MODEL, "--page-size", str(PAGE_SIZE)))
+
+
 @pytest.fixture(scope="module")
 def servers(tiny_qwen3, smg_exe):
-    ports = [free_port(), free_port()]
-    groups = [ServerGroup(tiny_qwen3, slots=2, ctx=2048, port=port,
-                          extra=("--served-model-name", MODEL, "--page-size", str(PAGE_SIZE),
-                                 "--peer", f"http://127.0.0.1:{other}"))
-              for port, other in zip(ports, reversed(ports))]
+    groups = peer_servers(tiny_qwen3)
     try:
         start_all(groups)
         yield groups
