@@ -285,7 +285,8 @@ def run(settings: Settings) -> None:
         sys.exit(2)
     # Rank R of a worker group is `kvstore.R` to the scheduler (docs/design/worker-groups.md "Pages per rank").
     try:
-        link = SchedulerLink(settings, rank_role(ROLE_KVSTORE, settings.rank), boot_id, log)
+        link = SchedulerLink(settings, rank_role(ROLE_KVSTORE, settings.rank), boot_id, log,
+                             stop=stop)
     except SettingsError as exc:  # the group key file is missing, readable by others or bad
         _refuse(log, exc, daemon)
     daemon.send = link.send

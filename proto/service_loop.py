@@ -19,15 +19,26 @@ from switchyard.proto.sockets import connect_dealer, send
 
 
 class StopFlag:
-    """Set by SIGTERM or SIGINT; a service loop checks it between messages."""
+    """Set by SIGTERM or SIGINT; a service loop checks it between messages. `fileno()` turns
+    readable at the same moment: a loop that polls it with its sockets stops at once instead
+    of at the end of its poll's timeout (up to a heartbeat)."""
 
     def __init__(self) -> None:
         self.requested = False
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
         signal.signal(signal.SIGTERM, self._set)
         signal.signal(signal.SIGINT, self._set)
 
     def _set(self, *_) -> None:
         self.requested = True
+        try:
+            os.write(self._wake_write, b"\0")
+        except OSError:  # the pipe is full: it is readable already
+            pass
+
+    def fileno(self) -> int:
+        return self._wake_read
 
 
 def scheduler_endpoint(settings: Settings, endpoints: Endpoints) -> str:
@@ -47,11 +58,11 @@ class SchedulerLink:
     `greeting()` gives the messages that follow `Hello` (a worker's `WorkerReady`). They are
     sent at start and to every scheduler incarnation met later, recognised by a boot id not
     seen before; the scheduler ignores a repeated greeting. `receive` hands the caller every
-    other message and keeps the heartbeat going.
+    other message and keeps the heartbeat going; with `stop`, its wait ends at a stop signal.
     """
 
     def __init__(self, settings: Settings, role: str, boot_id: str, log,
-                 greeting: Callable[[], list] = list):
+                 greeting: Callable[[], list] = list, stop: StopFlag | None = None):
         self.settings = settings
         self.role = role
         self.boot_id = boot_id
@@ -67,6 +78,10 @@ class SchedulerLink:
         self.refusals = None
         self.sock = connect_dealer(self.ctx, endpoint, role.encode(),
                                    lambda sock: self._secure(sock, key) if key else sock)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        if stop is not None:
+            self.poller.register(stop.fileno(), zmq.POLLIN)
         self.scheduler_boot: str | None = None
         self.next_heartbeat = 0.0
         self._greet()
@@ -104,7 +119,7 @@ class SchedulerLink:
             self.send(Heartbeat(self.boot_id))
             self.next_heartbeat = now + self.settings.heartbeat_s
         wait_s = min(timeout_s, max(0.0, self.next_heartbeat - now))
-        if not self.sock.poll(int(wait_s * 1000)):
+        if self.sock not in dict(self.poller.poll(int(wait_s * 1000))):
             return None
         message = codec.decode(self.sock.recv())
         if isinstance(message, (Hello, Heartbeat)):

@@ -413,6 +413,7 @@ class SchedulerService:
                       slots=self.settings.slots,
                       max_running=self.settings.max_running or "auto", ctx=self.settings.ctx)
         next_heartbeat = 0.0
+        self.poller.register(stop.fileno(), zmq.POLLIN)  # a stop signal ends the wait
         while not stop.requested:
             now = time.time()
             if now >= next_heartbeat:
@@ -423,7 +424,8 @@ class SchedulerService:
                 next_heartbeat = now + self.settings.heartbeat_s
             timeout_ms = max(0, int((next_heartbeat - now) * 1000))
             for sock, _ in self.poller.poll(timeout_ms):
-                self._receive_all(sock)
+                if isinstance(sock, zmq.Socket):
+                    self._receive_all(sock)
             if self.worker_ready:
                 t0 = time.perf_counter()
                 effects = self.core.handle(PlanStep(), time.time())

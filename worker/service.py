@@ -449,7 +449,8 @@ def _serve(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
            stop: StopFlag, lead: GroupLead | None) -> None:
     """The worker's loop, the one that talks to the scheduler: a single worker's, or rank 0's
     of a group, whose share of each step `lead` does (worker/group_loop.py)."""
-    link = SchedulerLink(settings, ROLE_WORKER, boot_id, log, greeting=lambda: [ready()])
+    link = SchedulerLink(settings, ROLE_WORKER, boot_id, log, greeting=lambda: [ready()],
+                         stop=stop)
     constraints = executor.constraints
     tick_s = lead.tick_s if lead is not None else settings.heartbeat_s
     next_tick = time.monotonic() + tick_s
