@@ -24,7 +24,7 @@ def main() -> None:
 
     model = generate_tiny_model(Path(tempfile.mkdtemp(prefix="sydrill")) / "m", "qwen3")
     with ServerGroup(model, slots=2, ctx=16384) as group:
-        result = run_drill(group, settle_s=3.0)
+        result = run_drill(group, turns=3)
     print(f"{'component':10} {'recover_s':>9} {'ok':>4} {'failed':>6}  {'re-read':>7}  failures")
     for row in result.report():
         print(f"{row['role']:10} {row['recovery_s']!s:>9} {row['requests_ok']:>4} "

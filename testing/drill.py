@@ -109,22 +109,39 @@ class _Conversation(threading.Thread):
         return outcome
 
 
-def run_drill(group: ServerGroup, settle_s: float = 3.0,
+def run_drill(group: ServerGroup, turns: int = 1,
               roles: tuple[str, ...] = ROLES_IN_DRILL) -> DrillResult:
+    """Each phase (before the first kill, then after each) lasts until every conversation
+    has had `turns` turns answered that started in it: each restart is seen by all three."""
     group.model_id = httpx.get(f"{group.base_url}/models").json()["data"][0]["id"]
     result, stop, lock = DrillResult(), threading.Event(), threading.Lock()
     threads = [_Conversation(i, group, result, stop, lock) for i in range(3)]
     for t in threads:
         t.start()
-    time.sleep(settle_s)
+    _wait_turns(result, lock, time.monotonic(), turns, len(threads))
     for role in roles:
         at = time.monotonic()
         old = group.kill(role)
         result.kills.append((role, at, old))
         new = group.wait_restarted(role, old)
         wait_ready(group, role, new)
-        time.sleep(settle_s)
+        _wait_turns(result, lock, at, turns, len(threads))
     stop.set()
     for t in threads:
         t.join(timeout=120)
     return result
+
+
+def _wait_turns(result: DrillResult, lock: threading.Lock, since: float, turns: int,
+                num_conversations: int, timeout_s: float = 120.0) -> None:
+    """Until each conversation has `turns` answered turns that started at `since` or later."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with lock:
+            answered = [sum(1 for o in result.outcomes if o.conversation == conv
+                            and o.status == 200 and o.started >= since)
+                        for conv in range(num_conversations)]
+        if min(answered) >= turns:
+            return
+        assert time.monotonic() < deadline, f"answered turns per conversation: {answered}"
+        time.sleep(0.05)
