@@ -31,6 +31,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from switchyard.testing.agent_clients import CLIENTS, ClientsUnavailable, install
@@ -112,14 +113,30 @@ def model_lines(group: ServerGroup) -> list[dict]:
             and str(e.get("endpoint", "")).split("?")[0].endswith(MODEL_PATHS)]
 
 
-def lines_after(group: ServerGroup, mark: int, settle_s: float = 1.5) -> list[dict]:
-    """The model requests logged since `mark`, once the log has them (a request is logged just
-    after its reply, through the supervisor)."""
+def model_requests_counted(group: ServerGroup) -> int:
+    """The model requests the gateway finished, by its /metrics counter (incremented just
+    after the request's log line is written: the counting middleware wraps the logging one)."""
+    total = 0
+    for line in httpx.get(f"{group.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("switchyard_http_requests_total{"):
+            labels, value = line.rsplit(" ", 1)
+            endpoint = labels.split('endpoint="', 1)[1].split('"', 1)[0]
+            total += int(float(value)) if endpoint.endswith(MODEL_PATHS) else 0
+    return total
+
+
+def lines_after(group: ServerGroup, mark: int) -> list[dict]:
+    """The model requests logged since `mark`, once there is one and the log holds every
+    request the gateway counts as finished (a request is logged just after its reply, and the
+    line reaches the file through the supervisor)."""
     deadline = time.monotonic() + 30
-    while len(model_lines(group)) <= mark and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(settle_s)
-    return model_lines(group)[mark:]
+    while True:
+        counted = model_requests_counted(group)
+        lines = model_lines(group)
+        if len(lines) > mark and len(lines) >= counted:
+            return lines[mark:]
+        assert time.monotonic() < deadline, (mark, counted, lines[mark:])
+        time.sleep(0.1)
 
 
 def client_succeeded(name: str, stdout: str) -> str | None:
