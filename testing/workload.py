@@ -8,7 +8,7 @@ import random
 import time
 import urllib.request
 
-from switchyard.proto.status import read_status
+from switchyard.proto.status import Status, read_status
 from switchyard.testing.group import ServerGroup
 
 WORDS = ("alpha beta gamma delta ledger invoice shipment crate harbor tide signal route "
@@ -48,16 +48,17 @@ def wait_ready(group: ServerGroup, role: str | None = None, pid: int | None = No
 
 
 def wait_written(group: ServerGroup, num_pages: int, replied_at: float,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0) -> Status:
     """Until `group` has at least `num_pages` pages on disk and none on their way (a peer
     serves only pages on its disk; a turn's pages are written through just after its reply),
     as a status written after the reply at `replied_at` (time.time()) says: one from before it
-    may show no write yet of the prompt's tail, which is staged after the first token."""
+    may show no write yet of the prompt's tail, which is staged after the first token.
+    Returns that status."""
     deadline = time.monotonic() + timeout_s
     while True:
         status = read_status(group.runtime_dir / "status.json")
         if status is not None and status.at > replied_at \
                 and status.disk.num_pages >= num_pages and not status.disk.num_writing:
-            return
+            return status
         assert time.monotonic() < deadline, status.disk if status else None
         time.sleep(0.1)

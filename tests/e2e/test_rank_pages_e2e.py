@@ -14,8 +14,8 @@ import pytest
 from switchyard.kvstore.store import read_entries
 from tests.e2e.test_worker_group import free_port_pair
 from switchyard.testing.group import ServerGroup
-from switchyard.proto.status import Status, read_status
-from switchyard.testing.workload import text, wait_ready
+from switchyard.proto.status import Status
+from switchyard.testing.workload import text, wait_ready, wait_written
 
 P = 256
 
@@ -25,17 +25,10 @@ def client_of(group: ServerGroup) -> openai.OpenAI:
     return openai.OpenAI(base_url=group.base_url, api_key="none", timeout=180, max_retries=0)
 
 
-def written_through(group: ServerGroup, timeout_s: float = 60.0) -> Status:
-    """Status once no page is on its way to disk (every rank's write answered), after the
-    idle step that stages the turn's tail has had time to run."""
-    time.sleep(1.0)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        time.sleep(0.3)
-        status = read_status(group.runtime_dir / "status.json")
-        if status is not None and status.disk.num_writing == 0:
-            return status
-        assert time.monotonic() < deadline, group.log_tail()
+def written_through(group: ServerGroup) -> Status:
+    """Status once no page is on its way to disk (every rank's write answered), written after
+    the turn just answered."""
+    return wait_written(group, 1, time.time())
 
 
 class Conversation:
