@@ -21,6 +21,7 @@ import pytest
 
 from switchyard.proto.status import read_status
 from switchyard.testing.group import ServerGroup
+from switchyard.testing.workload import wait_written
 
 API_KEY = "dash-key"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -92,7 +93,7 @@ def test_dashboard_in_headless_chromium(tiny_qwen3, tmp_path):
         for messages in convs:  # prefilled
             turn(client, model, messages)
         turn(client, model, convs[2])  # reused: still in its slot
-        time.sleep(1.0)  # its pages reach the disk
+        wait_written(group, 1, time.time())  # its pages reached the disk
         turn(client, model, convs[0])  # restored: it lost its slot
         status_file = group.runtime_dir / "status.json"
 

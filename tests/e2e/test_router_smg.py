@@ -64,8 +64,11 @@ def servers(tiny_qwen3, smg_exe):
 @pytest.fixture(scope="module")
 def router(servers, smg_exe):
     log = short_tmp_dir("smg") / "smg.log"
+    # Loads polled every second, not every 10 (SMG's default): test_smg_sees_the_servers_load
+    # waits for the first poll.
     with SmgRouter(smg_exe, [g.url for g in servers], log,
-                   extra=("--model-alias", f"{CLAUDE_MODEL}={MODEL}")) as running:
+                   extra=("--model-alias", f"{CLAUDE_MODEL}={MODEL}",
+                          "--load-monitor-interval", "1")) as running:
         yield running
 
 
