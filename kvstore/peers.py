@@ -164,7 +164,7 @@ class PeerFetcher:
             if future not in finished:
                 future.cancel()  # not started yet (the pool is busy with silent peers)
                 results.append(PeerFetchResult(url, 0, 0, round(time.monotonic() - started, 4),
-                                               f"no answer within {msg.deadline_s} s"))
+                                               no_answer(msg.deadline_s)))
                 continue
             try:
                 pages, result = future.result()
@@ -192,8 +192,10 @@ class PeerFetcher:
             return [], self._result(url, started, f"HTTP {exc.code}")
         except (OSError, ValueError, http.client.HTTPException) as exc:
             # refused, unreachable, timed out, reset, cut short, not HTTP
-            return [], self._result(url, started,
-                                    str(getattr(exc, "reason", exc)) or type(exc).__name__)
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):  # said as the deadline's wait says it
+                return [], self._result(url, started, no_answer(timeout_s))
+            return [], self._result(url, started, str(reason) or type(exc).__name__)
         if len(blob) > limit:
             return [], self._result(url, started, "answer larger than the pages asked for")
         pages, problem = decode_pages(blob, self.peer_key, namespace, msg.root, msg.page_ids,
@@ -207,3 +209,9 @@ class PeerFetcher:
 
     def close(self) -> None:
         self.asks.shutdown(wait=False, cancel_futures=True)
+
+
+def no_answer(deadline_s: float) -> str:
+    """A peer that did not answer within the deadline, whether the wait for all peers or the
+    peer's own socket timed out first."""
+    return f"no answer within {deadline_s} s"

@@ -66,9 +66,9 @@ def peer():
         store.close()
 
 
-def fetch(url: str, key: bytes, root: bytes, ids, start: int = 0):
+def fetch(url: str, key: bytes, root: bytes, ids, start: int = 0, deadline_s: float = 5.0):
     fetcher = PeerFetcher((url,), key, structlog.get_logger())
-    fetcher.start(FetchPeerPages("r", root, tuple(ids), start, 1 << 30, 5.0), NS, None)
+    fetcher.start(FetchPeerPages("r", root, tuple(ids), start, 1 << 30, deadline_s), NS, None)
     deadline = time.monotonic() + 30
     while not (done := fetcher.finished()):
         assert time.monotonic() < deadline
@@ -96,6 +96,23 @@ def test_an_ask_under_another_peer_key_is_refused(peer):
     url, ids = peer
     got = fetch(url, b"x" * 32, ALICE, ids)
     assert got.pages == [] and got.results[0].error == "HTTP 403"
+
+
+def test_a_silent_peer_is_no_answer_within_the_deadline_whichever_wait_ends_first(peer):
+    """A peer that accepts and never answers: the wait for all peers and the peer's own socket
+    time out at the same deadline, and either way the failure reads the same."""
+    _, ids = peer
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes connections; nobody ever reads them
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        got = fetch(url, KEY, ALICE, ids, deadline_s=0.3)
+        assert got.pages == [] and got.results[0].error == "no answer within 0.3 s"
+        fetcher = PeerFetcher((url,), KEY, structlog.get_logger())
+        msg = FetchPeerPages("r", ALICE, tuple(ids), 0, 1 << 30, 0.3)
+        _, alone = fetcher._ask(url, b"", "00", msg, NS, None, 0.3)  # the socket's own timeout
+        fetcher.close()
+        assert alone.error == "no answer within 0.3 s"
 
 
 @pytest.mark.parametrize("reply", [b"SSH-2.0-OpenSSH_9.6\r\n",
