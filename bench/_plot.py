@@ -13,6 +13,14 @@ from pathlib import Path
 WIDTH, HEIGHT, DPI = 1200, 700, 100  # pixels of every plot
 
 
+def check_plotting(ap) -> None:
+    """`--plot` without matplotlib: the argument parser's error, before anything runs."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        ap.error("--plot needs matplotlib: pip install -e '.[bench]'")
+
+
 def plot_ttft(series: dict[str, list[tuple[float, float]]], path: Path, title: str = "") -> Path:
     """A PNG of TTFT per request: `series` maps a server to its (seconds after its run's first
     request, TTFT seconds) points, one marker series each."""

@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 
 from bench._common import MODELS, fmt, model_dir, preload_note, table  # noqa: E402
+from bench._plot import check_plotting  # noqa: E402
 from bench._peers import (PEER_WEIGHTS, TreeMemory, hf_export, mlx_lm_server,  # noqa: E402
                           vllm_mlx_server)
 from bench.agent_traffic_figures import (admission_times, match_vllm, residency,  # noqa: E402
@@ -135,10 +136,7 @@ def main() -> int:
         ap.error("--system: only with --shape synthetic (Claude Code's system prompt is the "
                  "corpus's)")
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            ap.error("--plot needs matplotlib: pip install -e '.[bench]'")
+        check_plotting(ap)
     if note := preload_note():
         print(note, file=sys.stderr)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]

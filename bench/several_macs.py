@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import (MODELS, fmt, log_events, model_dir, preload_note,  # noqa: E402
                            table)
+from bench._plot import check_plotting  # noqa: E402
 from bench.multi_agent import Agent, build, percentile, reread, run_workload  # noqa: E402
 from switchyard.deploy.router_unit import FAILOVER_FLAGS  # noqa: E402
 from switchyard.testing.group import (ServerGroup, free_port, short_tmp_dir, start_all,  # noqa: E402
@@ -199,10 +200,7 @@ def main() -> int:
         print(f"several_macs: {NO_PEER}", file=sys.stderr)
         return 2
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            ap.error("--plot needs matplotlib: pip install -e '.[bench]'")
+        check_plotting(ap)
     if note := preload_note():
         print(note, file=sys.stderr)
     try:
