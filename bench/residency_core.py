@@ -206,7 +206,7 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
     future = contextlib.nullcontext()
     if oracle:
         chains = [g.core.pages.chain(p) for p in prompts]
-        future = told_the_future(g.core, Oracle(chains, lambda i: f"r{i}" in g.finished))
+        future = told_the_future(Oracle(chains, lambda i: f"r{i}" in g.finished))
     with future:
         for _ in range(max_steps):
             for r in list(pending):  # in order: a conversation's next turn waits for this one

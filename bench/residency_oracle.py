@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 
 from switchyard.scheduler import memory_manager, placement
+from switchyard.scheduler.page_tree import DiskPageTree
 from switchyard.scheduler.requests import Slot
 
 NEVER = float(1 << 60)
@@ -72,19 +73,16 @@ class Oracle:
 
 
 @contextlib.contextmanager
-def told_the_future(core, oracle: Oracle):
-    """The core's residency order, displacement and disk eviction ranked by `oracle`."""
-    saved_keep = memory_manager.MemoryManager._keep_key
-    saved_returns = placement.returns
-    pages = core.pages
+def told_the_future(oracle: Oracle):
+    """Every core's residency order, displacement and disk eviction ranked by `oracle`, while
+    it lasts."""
+    saved = (memory_manager.MemoryManager._keep_key, placement.returns,
+             DiskPageTree.subtree_recency)
     memory_manager.MemoryManager._keep_key = lambda self: oracle.leave_key
     placement.returns = oracle.returns
-    tree_class = type(pages.tree)
-    saved_recency = tree_class.subtree_recency
-    tree_class.subtree_recency = lambda tree: oracle.recency(tree)
+    DiskPageTree.subtree_recency = lambda tree: oracle.recency(tree)
     try:
         yield
     finally:
-        memory_manager.MemoryManager._keep_key = saved_keep
-        placement.returns = saved_returns
-        tree_class.subtree_recency = saved_recency
+        (memory_manager.MemoryManager._keep_key, placement.returns,
+         DiskPageTree.subtree_recency) = saved
