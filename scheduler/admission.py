@@ -95,10 +95,12 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
         if shared < min(n, slot.turn.num_tokens if slot.turn else len(slot.tokens)):
             parts = max(parts, shared)
     # A conversation that comes back while its own pages are still on their way to disk
-    # (its slot was taken meanwhile) waits for them instead of re-reading them; one that
-    # a slot still holds is served from memory.
-    if max(matches.values(), default=0) <= max(P, disk_tokens) and \
-            pages.writing_extends(chain, feed, n, on_disk, req.images, req.root):
+    # (its slot was taken meanwhile) waits for them instead of re-reading them, also where a
+    # sibling's slot shares a few tokens more than the disk's whole pages; one that a slot
+    # still holds is served from memory.
+    best_match = max(matches.values(), default=0)
+    pending_end = pages.writing_end(chain, feed, n, on_disk, req.images, req.root)
+    if pending_end and (best_match <= max(P, disk_tokens) or pending_end > best_match):
         return None  # decided again when the writes land (PagesWritten)
     if prefilling:
         have = max(max(matches.values(), default=0), disk_tokens)

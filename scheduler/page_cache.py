@@ -218,25 +218,25 @@ class PageCache:
                 pages.pop()
         return pages
 
-    def writing_extends(self, chain: list[bytes], tokens, n: int, on_disk: list[DiskPage],
-                        images=(), root: bytes = ROOT_ID) -> bool:
-        """Whether a page on its way to disk (staged or sent, not yet written) would extend
-        what `on_disk` restores of the context `tokens[:n]`: its next full page, or a tail
-        that continues it. A request that comes back while its own pages are being written
-        waits for them rather than re-reading them (docs/design/kv-pages.md "Restores")."""
-        if not self.enabled:
-            return False
-        P = self.page_size
-        pending = {**self.staged, **self.writing}
+    def writing_end(self, chain: list[bytes], tokens, n: int, on_disk: list[DiskPage],
+                    images=(), root: bytes = ROOT_ID) -> int:
+        """How far into the context `tokens[:n]` a restore reaches once the pages on their way
+        to disk (staged or sent, not yet written) land, where they extend what `on_disk`
+        restores: its next full pages, or a tail that continues it; 0 where none does. A
+        request that comes back while its own pages are being written waits for them rather
+        than re-reading them (docs/design/kv-pages.md "Restores")."""
+        pending = {**self.staged, **self.writing} if self.enabled else {}
         if not pending:
-            return False
+            return 0
+        P = self.page_size
         # A hybrid model's restore stops short of full pages stored without a snapshot: a
         # tail after any of them may be what it resumes from.
         restorable = sum(1 for p in on_disk if p.num_tokens == P)
-        stored = self.tree.longest_prefix(chain)
-        if stored < len(chain) and chain[stored] in pending:
-            return True
+        stored = k = self.tree.longest_prefix(chain)
+        while k < len(chain) and (chain[k] in pending or chain[k] in self.tree):
+            k += 1
         done = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
+        best = k * P if k > stored else 0
         parents = {chain[k - 1] if k else root: k * P
                    for k in range(restorable, stored + 1)}
         for pid, p in pending.items():
@@ -244,10 +244,11 @@ class PageCache:
             if start is None:
                 continue
             end = start + len(p.write.token_ids)
-            if done < end <= n and page_id(self.namespace, p.write.parent_id, tokens[start:end],
-                                           page_image_ids(images, start, end)) == pid:
-                return True
-        return False
+            if max(done, best) < end <= n and page_id(
+                    self.namespace, p.write.parent_id, tokens[start:end],
+                    page_image_ids(images, start, end)) == pid:
+                best = end
+        return best if best > done else 0
 
     def _tail_after(self, parent: bytes, tokens, end: int, start: int, images=()
                     ) -> DiskPage | None:

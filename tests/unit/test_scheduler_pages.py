@@ -629,6 +629,40 @@ def test_a_conversation_back_before_its_pages_land_waits_for_them():
     _back_before_its_writes_land(g, a, held_back, deliver)
 
 
+def test_back_before_its_pages_land_waits_though_a_sibling_shares_more_than_whole_pages():
+    """Sub-agents under a system prompt that ends inside a page: A's slot is taken while its
+    pages are still being written, and sibling X's slot shares the system prompt with A's next
+    turn, a few tokens past its last whole page: more than the disk holds yet. A waits for
+    its own pages (which reach much further) instead of copying the prefix from X and
+    re-reading the rest."""
+    g = Group(num_slots=2)
+    held_back = []
+    deliver = g._kvstore
+
+    def slow_kvstore(msg):
+        if isinstance(msg, WritePages):
+            held_back.append(msg)
+        else:
+            deliver(msg)
+    g._kvstore = slow_kvstore
+    system = conv(5, 2 * P + 40)
+    a = system + conv(7, 2 * P)
+    g.turn("a1", a)
+    g.turn("x1", system + conv(6, 4 * P))  # the sibling: it holds more, A's slot goes
+    g.turn("b", conv(2, 3 * P + 1))
+    follow = a + g.reply("a1") + conv(3, 5)
+    before = len(g.steps)
+    g.submit("a2", follow)
+    g.run()
+    assert g.prefilled_in(before) == 0  # waiting for its pages, not re-reading them
+    g._kvstore = deliver
+    for msg in held_back:
+        deliver(msg)
+    g.run()
+    held = len(a) + len(g.reply("a1")) - 1
+    assert g.finished("a2").num_cached_tokens == held
+
+
 def _back_before_its_writes_land(g, a, held_back, deliver):
     """B takes the only slot, then A's next turn comes while the writes in `held_back` are
     late: it waits, prefilling nothing, until they land, then restores all A1 left."""
