@@ -73,6 +73,7 @@ class ScriptedGroup:
         self.outbox: list = []
         self.finished: dict[str, object] = {}
         self.slots: list[list[int]] = [[] for _ in range(SLOTS)]
+        self.shelved: set[int] = set()  # slots held as shared pages (worker/shared_pages.py)
         self.buffers: dict[int, tuple[int, ...]] = {}
         self.disk: dict[bytes, PageInfo] = {}
         self.written_tokens = 0
@@ -83,7 +84,7 @@ class ScriptedGroup:
         self.do(InventoryDescribed("kv", ()))
         self.do(WorkerReady("w", NAMESPACE, "trace", SLOTS, CTX, page_size, TOKEN_BYTES, True,
                             (), "shm", 256, page_size * TOKEN_BYTES, 0,
-                            kv_budget_tokens=memory_tokens))
+                            kv_budget_tokens=memory_tokens, shared_pages=True))
 
     def do(self, event) -> None:
         effects = self.core.handle(event, self.now)
@@ -111,6 +112,9 @@ class ScriptedGroup:
 
     def _work(self, plan: RunStep) -> StepDone:
         p = self.page_size
+        self.shelved.update(plan.shelves)
+        self.shelved -= {c.dst_slot for c in plan.copies} | set(plan.releases) | {
+            x.slot for x in (*plan.loads, *plan.decodes, *plan.prefills)}
         for st in plan.stages:
             n = st.num_tokens or p
             self.buffers[st.buffer] = tuple(self.slots[st.slot][st.start:st.start + n])
@@ -141,9 +145,21 @@ class ScriptedGroup:
             del held[c.start:]
             held.extend(c.token_ids)
             prefilled += len(c.token_ids)
-        self.peak_memory_tokens = max(self.peak_memory_tokens, sum(map(len, self.slots)))
+        self.peak_memory_tokens = max(self.peak_memory_tokens, self._memory_tokens())
         self.now += prefilled / PREFILL_TOKENS_PER_S + DECODE_STEP_S * plan.num_decode_steps
         return StepDone(plan.step, tuple(sampled), 0, len(plan.decodes), 0.0)
+
+    def _memory_tokens(self) -> int:
+        """Tokens the slots hold: a full page several shelved slots hold, once."""
+        whole = sum(len(t) for i, t in enumerate(self.slots) if i not in self.shelved)
+        pages, tails = set(), 0
+        for i in self.shelved:
+            tokens, key = self.slots[i], 0
+            for end in range(self.page_size, len(tokens) + 1, self.page_size):
+                key = hash((key, tuple(tokens[end - self.page_size:end])))
+                pages.add(key)
+            tails += len(tokens) % self.page_size
+        return whole + len(pages) * self.page_size + tails
 
     def _store(self, msg) -> None:
         if isinstance(msg, WritePages):

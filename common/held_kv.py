@@ -9,7 +9,9 @@ What is counted, per slot, is the memory its caches may have, not its tokens: ml
 and worker/batch_kv.py grow in steps of `CACHE_STEP` tokens, and a restore makes room for the
 whole context and an eighth more at once (worker/executor.py), within --ctx. While several
 slots decode together their rows are also held as one batch, each row as long as the longest
-(batch_kv.py pads rows to the longest), next to the slots' own caches while it is merged.
+(batch_kv.py pads rows to the longest), next to the slots' own caches while it is merged. An
+idle slot shelved as shared pages holds its tokens exactly, and a page several of them hold
+counts once (docs/design/kv-pages.md "Shared pages in memory").
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ class SlotHold:
     # prefill is done (counted from the start, so a request placed never outgrows the room
     # it was placed in by joining the batch).
     running: bool = False
+    # An idle slot the worker holds as shared pages (worker/shared_pages.py): the ids of its
+    # full pages of `page_size` tokens, each counted once however many such slots hold it,
+    # and its tokens exactly (no room to grow).
+    pages: tuple[bytes, ...] = ()
+    page_size: int = 0  # 0: held as one cache of its own
 
 
 def _round_up(n: int, step: int) -> int:
@@ -49,7 +56,12 @@ def slot_capacity(num_tokens: int, ctx: int) -> int:
 def held_tokens(holds: Iterable[SlotHold], ctx: int) -> int:
     """The KV memory, in tokens, that slots of these holds may take during the next step."""
     holds = list(holds)
-    total = sum(slot_capacity(h.tokens + h.reserve, ctx) for h in holds)
+    shelved = [h for h in holds if h.page_size]
+    total = sum(slot_capacity(h.tokens + h.reserve, ctx) for h in holds if not h.page_size)
+    if shelved:
+        pages = {(pid, h.page_size) for h in shelved for pid in h.pages}
+        total += sum(h.tokens - len(h.pages) * h.page_size for h in shelved)
+        total += sum(size for _, size in pages)
     rows = [h.tokens + h.reserve for h in holds if h.running]
     if len(rows) > 1:  # a lone decoding slot runs on its own cache (worker/slots.py)
         total += len(rows) * _round_up(max(rows) + 1, CACHE_STEP)

@@ -33,7 +33,8 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 15: FetchPeerPages / PeerPagesFetched (pages from a peer server).
 # 16: ReplyEnded (how a reply ended, for the scheduler's residency).
 # 17: WorkerReady.state_marks (window and hybrid slots keep their state at the prompt's end).
-PROTOCOL_VERSION = 17
+# 18: RunStep.shelves, WorkerReady.shared_pages (idle slots' KV as pages shared between slots).
+PROTOCOL_VERSION = 18
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"

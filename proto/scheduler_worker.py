@@ -103,8 +103,8 @@ class LoadPages(Value):
 
 
 class RunStep(Message, tag="run_step"):
-    """One forward step. The worker runs, in order: stages, copies, releases, loads, decodes,
-    prefills."""
+    """One forward step. The worker runs, in order: shelves, stages, copies, releases, loads,
+    decodes, prefills."""
 
     step: int
     prefills: tuple[PrefillChunk, ...] = ()
@@ -118,6 +118,10 @@ class RunStep(Message, tag="run_step"):
     # Idle slots whose KV leaves memory (--max-running past --slots): the worker drops it and
     # they hold nothing from here.
     releases: tuple[int, ...] = ()
+    # Idle slots whose KV the worker holds as pages shared between slots until they are used
+    # again, first thing in the step (WorkerReady.shared_pages; docs/design/kv-pages.md
+    # "Shared pages in memory").
+    shelves: tuple[int, ...] = ()
 
 
 # --- worker -> scheduler ----------------------------------------------------------------------
@@ -204,6 +208,9 @@ class WorkerReady(Message, tag="worker_ready"):
     # mark): a slot is cut back, copied and staged there too (docs/design/kv-pages.md "Exact
     # repeats and state marks").
     state_marks: bool = False
+    # Such a worker can hold an idle slot's KV as pages shared with other slots
+    # (RunStep.shelves): a page several shelved slots hold takes memory once.
+    shared_pages: bool = False
 
 
 class SampledToken(Value):

@@ -15,6 +15,9 @@ class CoreConfig:
     # The worker keeps each slot's state where its last prefill or restore ended (a slot
     # mark: WorkerReady.state_marks; docs/design/kv-pages.md "Exact repeats and state marks").
     state_marks: bool = False
+    # The worker holds idle slots as pages shared between them on request (RunStep.shelves,
+    # WorkerReady.shared_pages; docs/design/kv-pages.md "Shared pages in memory").
+    shared_pages: bool = False
     retry_after_s: float = 1.0
     page_size: int = 256
     disk_budget_bytes: int = 32 << 30

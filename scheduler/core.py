@@ -165,7 +165,8 @@ class SchedulerCore(CoreState):
             self.prefill_share = (now, share)  # for status: the latest split with streams
         copies, self.copies = self.copies, []
         releases = self.memory.releases(now)
-        if not (stages or copies or releases or loads or decodes or prefills):
+        shelves = self.memory.shelves(releases)
+        if not (stages or copies or releases or loads or decodes or prefills or shelves):
             return None
         # Nothing else waiting: let the worker decode a burst without coming back to us.
         # (A request's first token comes alone, so its prompt's tail is staged exactly.)
@@ -175,7 +176,7 @@ class SchedulerCore(CoreState):
         decodes, burst = self.decode.widen(decodes, burst)
         self.inflight = RunStep(self._next_step, tuple(prefills), tuple(decodes),
                                 tuple(stages), tuple(copies), tuple(loads), burst,
-                                tuple(releases))
+                                tuple(releases), tuple(shelves))
         self.decode.planned_at = now
         self._next_step += 1
         self.outbox.send(self.inflight)
@@ -250,6 +251,7 @@ class SchedulerCore(CoreState):
         """A worker (re)started, or greets a restarted scheduler: its shape and slots."""
         self.config = dataclasses.replace(self.config, trimmable=msg.trimmable,
                                           state_marks=msg.state_marks and not msg.trimmable,
+                                          shared_pages=msg.shared_pages,
                                           num_slots=msg.num_slots, ctx=msg.ctx,
                                           page_size=msg.page_size,
                                           speculation=msg.speculation,

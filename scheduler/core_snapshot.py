@@ -81,7 +81,8 @@ def _kv_memory(st: CoreState) -> KvMemoryStatus | None:
     if not budget:
         return None
     return KvMemoryStatus(
-        held_tokens=held_tokens(holds(st.slots, st.requests), st.config.ctx),
+        held_tokens=held_tokens(holds(st.slots, st.requests, st.config.page_size),
+                                st.config.ctx),
         budget_tokens=budget, num_tokens=sum(len(s.tokens) for s in st.slots),
         num_running=st.num_running, num_resident=sum(1 for s in st.slots if s.tokens),
         num_preempted=st.num_memory_preemptions)

@@ -28,14 +28,25 @@ def request_hold(req: Request, held: int) -> SlotHold:
                                          req.max_tokens - len(req.generated)), running=True)
 
 
-def slot_hold(slot: Slot, requests: dict[str, Request]) -> SlotHold:
+def idle_hold(slot: Slot, page_size: int) -> SlotHold:
+    """An idle slot's hold: its cache, or, shelved (RunStep.shelves), its tokens exactly with
+    its full pages' ids, a page other shelved slots hold too counted once (docs/design/kv-pages.md
+    "Shared pages in memory"). `page_size` 0: every slot counted as its own cache."""
+    if slot.shelved and page_size:
+        full = min(len(slot.page_ids), len(slot.tokens) // page_size)
+        return SlotHold(len(slot.tokens), pages=tuple(slot.page_ids[:full]), page_size=page_size)
+    return SlotHold(len(slot.tokens))
+
+
+def slot_hold(slot: Slot, requests: dict[str, Request], page_size: int = 0) -> SlotHold:
     req = requests.get(slot.rid) if slot.rid is not None else None
-    return request_hold(req, len(slot.tokens)) if req is not None else SlotHold(len(slot.tokens))
+    return request_hold(req, len(slot.tokens)) if req is not None else idle_hold(slot, page_size)
 
 
-def holds(slots: Iterable[Slot], requests: dict[str, Request]) -> list[SlotHold]:
+def holds(slots: Iterable[Slot], requests: dict[str, Request],
+          page_size: int = 0) -> list[SlotHold]:
     """What every slot holds that stays: running ones, and idle ones not leaving."""
-    return [slot_hold(s, requests) for s in slots
+    return [slot_hold(s, requests, page_size) for s in slots
             if s.rid is not None or (s.tokens and not s.leaving)]
 
 
@@ -47,7 +58,7 @@ class Relief:
 
 def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: int,
             goes_first: Callable[[Request], tuple],
-            keep: Callable[[Slot], tuple] = keep_key) -> Relief:
+            keep: Callable[[Slot], tuple] = keep_key, page_size: int = 0) -> Relief:
     """What must leave memory for the holds to fit `budget` (tokens): idle slots, the least
     `keep` first (scheduler/residency.py: a side call, the end of a turn, ..., least recently
     used), then running requests, the greatest `goes_first` first (the newest or
@@ -56,8 +67,9 @@ def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: i
     leave, preempt = [], []
 
     def held() -> int:
-        return held_tokens((slot_hold(s, requests) for s in slots if s.index not in gone and (
-            s.rid is not None or (s.tokens and not s.leaving))), ctx)
+        return held_tokens((slot_hold(s, requests, page_size) for s in slots
+                            if s.index not in gone
+                            and (s.rid is not None or (s.tokens and not s.leaving))), ctx)
 
     idle = sorted((s for s in slots if s.rid is None and s.tokens and not s.leaving), key=keep)
     running = sorted((requests[s.rid] for s in slots if s.rid is not None), key=goes_first,
@@ -79,7 +91,7 @@ def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: i
 def room_for(hold: SlotHold, slot_index: int, slots: list[Slot],
              requests: dict[str, Request], budget: int, ctx: int,
              releasable: Callable[[Slot], bool],
-             keep: Callable[[Slot], tuple] = keep_key) -> list[int] | None:
+             keep: Callable[[Slot], tuple] = keep_key, page_size: int = 0) -> list[int] | None:
     """The idle slots that must leave for a request placed in slot `slot_index` with `hold`
     to fit `budget`, or None when it does not fit: idle slots that are `releasable` now (all
     their tokens on disk or on their way) may go, the least `keep` first; the others
@@ -94,14 +106,14 @@ def room_for(hold: SlotHold, slot_index: int, slots: list[Slot],
         elif s.tokens and releasable(s):
             spare.append(s)
         elif s.tokens:
-            fixed.append(SlotHold(len(s.tokens)))
+            fixed.append(idle_hold(s, page_size))
     alone = not any(s.rid is not None for s in slots if s.index != slot_index)
     if held_tokens(fixed, ctx) > budget and not alone:
         return None  # (alone, a request always runs: one at full context fits the plan)
     kept, leave = list(fixed), []
     for s in sorted(spare, key=keep, reverse=True):  # the most worth keeping stays
-        if not s.leaving and held_tokens(kept + [SlotHold(len(s.tokens))], ctx) <= budget:
-            kept.append(SlotHold(len(s.tokens)))
+        if not s.leaving and held_tokens(kept + [idle_hold(s, page_size)], ctx) <= budget:
+            kept.append(idle_hold(s, page_size))
         else:
             leave.append(s.index)
     return leave

@@ -12,6 +12,7 @@ pages are on disk or on their way, so nothing leaves to be prefilled again.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from switchyard.common.held_kv import held_tokens
@@ -32,7 +33,7 @@ class MemoryManager:
 
     def held_tokens(self) -> int:
         st = self.state
-        return held_tokens(holds(st.slots, st.requests), st.config.ctx)
+        return held_tokens(holds(st.slots, st.requests, st.config.page_size), st.config.ctx)
 
     def relieve(self, now: float) -> None:
         """When what the slots hold, with the running requests' reserves, outgrows the
@@ -48,7 +49,7 @@ class MemoryManager:
         relief = relieve(st.slots, st.requests, budget, st.config.ctx,
                          lambda r: (st.shares.usage(r.tenant, running),
                                     not st.interactive(r, now), r.arrived_at),
-                         self._keep_key())
+                         self._keep_key(), st.config.page_size)
         held = self.held_tokens() if relief.preempt else 0
         for rid in relief.preempt:
             st.num_memory_preemptions += 1
@@ -65,7 +66,7 @@ class MemoryManager:
         budget = st.config.kv_budget_tokens
         return bool(budget) and room_for(
             request_hold(req, 0), -1, st.slots, st.requests, budget, st.config.ctx,
-            lambda s: s.leaving or st.releasable(s)) is None
+            lambda s: s.leaving or st.releasable(s), page_size=st.config.page_size) is None
 
     def room_for(self, req: Request, decision: Decision) -> bool:
         """Whether the request's KV, placed as decided, fits the worker's budget, making room
@@ -77,7 +78,7 @@ class MemoryManager:
         p = decision.placement
         start = p.copied if p.copy_from is not None else p.reused
         leave = room_for(request_hold(req, start), p.slot, st.slots, st.requests, budget,
-                         st.config.ctx, st.releasable, self._keep_key())
+                         st.config.ctx, st.releasable, self._keep_key(), st.config.page_size)
         if leave is None:
             if not req.waits_for_memory:
                 req.waits_for_memory = True
@@ -141,6 +142,23 @@ class MemoryManager:
             slot.replace(())
             released.append(slot.index)
         return released
+
+    def shelves(self, released: list[int]) -> list[int]:
+        """Idle slots the worker holds as shared pages from this step (docs/design/kv-pages.md
+        "Shared pages in memory"): those whose first page another idle slot holds too
+        (sub-agents between turns, conversations of one client), where the worker can. Each
+        is made whole again, a copy of its tokens, when it is next used; alone, a slot stays
+        as it is."""
+        st = self.state
+        if not st.config.shared_pages:
+            return []
+        idle = [s for s in st.slots if s.free and s.page_ids and not s.leaving
+                and s.index not in released]
+        firsts = Counter(s.page_ids[0] for s in idle)
+        shelved = [s for s in idle if not s.shelved and firsts[s.page_ids[0]] > 1]
+        for slot in shelved:
+            slot.shelved = True
+        return [s.index for s in shelved]
 
     def _budget_releases(self) -> list[int]:
         """Idle slots the KV budget wants out (`Slot.leaving`), released as soon as their

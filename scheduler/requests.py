@@ -175,6 +175,9 @@ class Slot:
     # Idle, its KV leaves memory as soon as its tokens are on disk or on their way: the KV
     # budget wants the room (scheduler.kv_memory).
     leaving: bool = False
+    # Idle, the worker holds its KV as pages shared with other slots (RunStep.shelves) until
+    # it is used again: a page other shelved slots hold counts once (scheduler.kv_memory).
+    shelved: bool = False
     # The request that ran here last, and how its reply ended as the gateway told
     # (ReplyEnded.end; "" until it does): how soon its conversation is expected back
     # (scheduler/residency.py).
@@ -221,7 +224,7 @@ class Slot:
         self.images = tuple(images)
         self.turn = None
         self.root = root
-        self.leaving = False
+        self.leaving = self.shelved = False
 
     def shared_prefix(self, chain: list[bytes], tokens: list[int], n: int,
                       page_size: int, images: tuple[ImageSpan, ...] = (),

@@ -71,11 +71,13 @@ class StepExecutor:
     def run(self, step: RunStep) -> StepDone:
         started = time.perf_counter()
         store = self.store
+        for slot in step.shelves:
+            store.shelve(slot)
         for stage in step.stages:
             end = stage.start + (stage.num_tokens or self.layout.page_size)
             # The state at the page's end: the slot's own, or its mark's (worker/state_marks.py).
             cache = (store.state_at(stage.slot, end) if stage.with_state
-                     else store.parked(stage.slot))
+                     else store.stage_source(stage.slot))
             self.layout.stage(cache, stage.start, self._buffer(stage.buffer), stage.with_state,
                               stage.num_tokens)
         for copy in step.copies:

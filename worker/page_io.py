@@ -21,6 +21,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from switchyard.worker.cache_kinds import leaves, window_copy, window_restore, window_shapes, window_snapshot
 from switchyard.worker.kv_layout import copy_tokens, is_attention_kv, set_token_arrays, token_arrays
+from switchyard.worker.shared_pages import Shelved
 
 _NP_DTYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.uint32: np.uint32,
               mx.int32: np.int32}
@@ -97,10 +98,14 @@ class PageLayout:
         """Copy tokens [start, start + num_tokens) (a full page when 0), and the state when
         asked, into `out` (uint8)."""
         end = start + (num_tokens or self.page_size)
-        cache = leaves(cache)
         arrays = []
-        for i in self.kv_layers:
-            arrays += [a[0, :, start:end, :] for a in token_arrays(cache[i])]
+        if isinstance(cache, Shelved):  # read where its shared pages lie
+            for i in self.kv_layers:
+                arrays += [a[0] for a in cache.token_range(i, start, end)]
+        else:
+            cache = leaves(cache)
+            for i in self.kv_layers:
+                arrays += [a[0, :, start:end, :] for a in token_arrays(cache[i])]
         if with_state:
             arrays += [a for i in self.state_layers for a in _state_arrays(cache[i])]
         mx.eval(arrays)

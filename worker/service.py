@@ -369,6 +369,7 @@ def run(settings: Settings) -> None:
         log.error("worker.group_lost", reason=str(exc))
         sys.exit(1)
     store = make_store(loaded, settings, log)
+    shared_pages = store.share_pages(settings.page_size)
     if mtp is not None:  # the store hands it every pass's final hidden states
         store.attach_mtp(mtp)
     constraints = ConstraintEngine(lambda: llguidance_tokenizer(str(loaded.path)))
@@ -382,6 +383,7 @@ def run(settings: Settings) -> None:
              slots=settings.worker_slots, ctx=settings.ctx, load_s=round(time.perf_counter() - started, 3),
              kv_bytes_per_token=loaded.kv_bytes_per_token, trimmable=store.trimmable,
              kv_quant=kv_form(loaded), cache_kinds=cache_kinds(loaded), paging=paging,
+             shared_pages=shared_pages,
              speculation=speculation or "off", cpu_float_copies_bytes=copies,
              cpu_attention_streams=attention_streams, **draft_fields(draft, drafter))
     if group is None:
@@ -408,7 +410,8 @@ def run(settings: Settings) -> None:
             boot_id=boot_id, namespace=namespace,
             model_type=loaded.model_type, num_slots=settings.worker_slots, ctx=settings.ctx,
             page_size=settings.page_size, kv_bytes_per_token=loaded.kv_bytes_per_token,
-            trimmable=store.trimmable, state_marks=store.keeps_marks, speculation=speculation,
+            trimmable=store.trimmable, state_marks=store.keeps_marks, shared_pages=shared_pages,
+            speculation=speculation,
             drafter=drafter.kind if drafter is not None else "",
             draft_cost=draft_cost(loaded, draft, drafter),
             slots=tuple(SlotContents(i, t, store.slot_images(i))

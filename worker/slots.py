@@ -32,6 +32,7 @@ from switchyard.worker.kv_layout import (is_attention_kv, kv_bytes_per_token, se
                                          token_arrays)
 from switchyard.worker import state_marks
 from switchyard.worker.page_io import copy_prefix
+from switchyard.worker.shared_pages import PagePool, SlotCaches, Shelved
 
 
 # Junk columns a row of the decode batch may carry (rows that kept fewer verified tokens than
@@ -49,7 +50,8 @@ class SlotStore:
         self.model = model
         self._make_cache = make_cache
         self.ctx = ctx
-        self._parked: dict[int, list] = {i: make_cache() for i in range(num_slots)}
+        # A slot's own cache list, or its shared pages while shelved (`shelve`).
+        self._parked = SlotCaches({i: make_cache() for i in range(num_slots)}, None)
         self._batch_slots: tuple[int, ...] = ()
         self._batch: list | None = None
         self.tokens: list[list[int]] = [[] for _ in range(num_slots)]
@@ -80,6 +82,31 @@ class SlotStore:
         self._passes = 0
         self._pass_tokens = 0
 
+    # Whether idle slots may hold their KV as pages shared between slots (a vision store's
+    # images are not among its tokens, which key the pages: worker/shared_pages.py).
+    shelves_pages = True
+
+    def share_pages(self, page_size: int) -> bool:
+        """Let idle slots be shelved as shared pages of `page_size` tokens (`shelve`): only
+        where every layer is per-token attention KV, and there are slots to share between.
+        Returns whether it does (WorkerReady.shared_pages)."""
+        if self.shelves_pages and self.trimmable and self.num_slots > 1:
+            self._parked.pool = PagePool(page_size)
+        return self._parked.pool is not None
+
+    def shelve(self, slot: int) -> None:
+        """Hold the idle slot's KV as shared pages until it is used again
+        (docs/design/kv-pages.md "Shared pages in memory"); a read (`stage_source`, a copy
+        from it) leaves it shelved."""
+        if self._parked.pool is not None:
+            self._unbatch_slot(slot)
+            self._parked.shelve(slot, self.tokens[slot])
+
+    def stage_source(self, slot: int):
+        """What a stage reads the slot's pages from: its cache list, or its shelved pages."""
+        self._unbatch_slot(slot)
+        return self._parked.peek(slot)
+
     def attach_mtp(self, drafter) -> None:
         from switchyard.worker.mtp import body_and_head
 
@@ -102,6 +129,8 @@ class SlotStore:
         """Bytes one token takes in a slot's attention layers; None until a parked slot has
         its attention arrays (they are sized by the model only once a token went in)."""
         for cache in self._parked.values():
+            if isinstance(cache, Shelved):
+                continue
             layers = [c for c in leaves(cache) if is_attention_kv(c)]
             if layers and all(c.keys is not None for c in layers):
                 return kv_bytes_per_token(layers)
@@ -129,6 +158,10 @@ class SlotStore:
         self._unbatch_slot(slot)
         if self.mtp is not None:
             self.mtp.cut(slot, length)
+        if self._parked.is_shelved(slot):  # made whole holding only what stays
+            self._parked.whole(slot, length)
+            del self.tokens[slot][length:]
+            return
         mark = self._marks.get(slot)
         if length == 0:
             self._parked[slot] = _emptied(self._parked[slot], self._make_cache())
@@ -366,11 +399,14 @@ class SlotStore:
             raise SlotError("recurrent state exists only at the end of a slot and at its mark")
         # A sibling decoding in the batch stays there: its row is copied out alone.
         source = (self._row_copy(self._batch_slots.index(src)) if src in self._batch_slots
-                  else self._parked[src])
+                  else self._parked.peek(src))
         self._unbatch_slot(dst)
         if self.mtp is not None:  # the head's pairs of the source are not copied
             self.mtp.release(dst)
-        self._parked[dst] = copy_prefix(source, num_tokens, self._make_cache())
+        self._parked[dst] = (
+            source.pool.whole(source, num_tokens, self._make_cache())
+            if isinstance(source, Shelved)  # it stays shelved
+            else copy_prefix(source, num_tokens, self._make_cache()))
         if at_mark:
             state_marks.put(mark[1], self._parked[dst])
         if mark is not None and mark[0] <= num_tokens:

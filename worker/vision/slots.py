@@ -22,6 +22,8 @@ from switchyard.worker.vision.model import VisionLanguageModel
 
 
 class VisionSlotStore(SlotStore):
+    shelves_pages = False  # its images are not among the tokens that key shared pages
+
     def __init__(self, model: VisionLanguageModel, make_cache, num_slots: int, ctx: int,
                  encoder: ImageEncoder):
         super().__init__(model, make_cache, num_slots, ctx)

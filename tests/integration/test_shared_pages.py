@@ -1,0 +1,103 @@
+"""Idle slots shelved as shared pages (worker/shared_pages.py; docs/design/kv-pages.md "Shared
+pages in memory"): siblings hold their common prefix once, and whatever a shelved slot is used
+for next (a decode, a cut-back, a copy, a stage, a batch) gives the same tokens, logits and
+page bytes as the slot never shelved."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from tests.integration.test_page_io import P, _continue, _prefill, _setup
+
+
+def _siblings(store, prefix_pages=4, own=(9, 21, 40)):
+    """Slots 0.. holding one shared prefix of `prefix_pages` pages and tokens of their own."""
+    rng = np.random.default_rng(5)
+    prefix = [int(t) for t in rng.integers(5, 3000, prefix_pages * P)]
+    prompts = [prefix + [int(t) for t in rng.integers(5, 3000, n)] for n in own]
+    for slot, prompt in enumerate(prompts):
+        _prefill(store, slot, prompt, 3 * P)
+    return prompts
+
+
+@pytest.fixture(params=["qwen3", "llama"])
+def store_layout(request, tiny_model_dir):
+    store, layout = _setup(tiny_model_dir(request.param), num_slots=4)
+    assert store.share_pages(P)
+    return store, layout
+
+
+def test_siblings_hold_their_prefix_once_and_continue_as_if_never_shelved(store_layout):
+    store, layout = store_layout
+    prompts = _siblings(store)
+    want = [_continue(store, s, 17, n=6) for s in range(3)]
+    for s in range(3):  # back to the prompts, as the next turns would find them
+        store.truncate(s, len(prompts[s]))
+    per_token = store.kv_bytes_per_token()
+    mx.synchronize()
+    before = mx.get_active_memory()
+    for s in range(3):
+        store.shelve(s)
+    pool = store._parked.pool
+    # 4 shared pages, then each slot's own: 9 and 21 tokens are tails, 40 is a page and a tail.
+    assert pool.num_pieces == 4 + 1
+    mx.synchronize()
+    # Two copies of the prefix are gone, and each slot's room to grow.
+    assert before - mx.get_active_memory() >= 2 * 4 * P * per_token
+    for s in range(3):
+        got_tokens, got_logits = _continue(store, s, 17, n=6)
+        assert got_tokens == want[s][0]
+        assert np.array_equal(got_logits, want[s][1])
+    assert pool.num_pieces == 0  # each slot whole again: no piece is held
+
+
+def test_a_shelved_slot_stages_copies_and_cuts_back_where_it_lies(store_layout):
+    store, layout = store_layout
+    prompts = _siblings(store, own=(2 * P + 5, 3))
+    staged = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(2)]
+    layout.stage(store.stage_source(0), 2 * P, staged[0], with_state=False)
+    layout.stage(store.stage_source(0), 6 * P, staged[1], with_state=False, num_tokens=5)
+    store.shelve(0)
+    store.shelve(1)
+    for k, (start, count) in enumerate([(2 * P, 0), (6 * P, 5)]):
+        again = np.zeros_like(staged[k])
+        layout.stage(store.stage_source(0), start, again, with_state=False, num_tokens=count)
+        assert np.array_equal(again, staged[k])
+    assert store._parked.is_shelved(0)  # a read leaves it shelved
+
+    store.copy_prefix(0, 2, 5 * P + 3)  # a sibling from a shelved slot: it stays shelved
+    assert store._parked.is_shelved(0)
+    store.truncate(0, 5 * P + 3)  # the shelved slot cut back: made whole, that much only
+    assert not store._parked.is_shelved(0) and len(store.tokens[0]) == 5 * P + 3
+    assert store._parked.is_shelved(1)
+    a = _continue(store, 0, prompts[0][5 * P + 3], n=5)
+    b = _continue(store, 2, prompts[0][5 * P + 3], n=5)
+    assert a[0] == b[0] and np.array_equal(a[1], b[1])
+
+    store.release(1)  # its pieces go with it
+    assert store._parked.pool.num_pieces == 0
+
+
+def test_shelved_slots_join_a_decode_batch(store_layout):
+    store, _ = store_layout
+    prompts = _siblings(store)
+    alone = []
+    for s in range(3):
+        alone.append(_continue(store, s, 17, n=4)[0])
+        store.truncate(s, len(prompts[s]))
+    for s in range(3):
+        store.shelve(s)
+    rows, tok = [[] for _ in range(3)], [17, 17, 17]
+    for _ in range(4):
+        logits = store.decode([0, 1, 2], [len(store.tokens[s]) for s in range(3)], tok)
+        tok = [int(t) for t in mx.argmax(logits, axis=-1).tolist()]
+        for row, t in zip(rows, tok):
+            row.append(t)
+    assert rows == alone
+
+
+def test_a_vision_store_and_a_lone_slot_do_not_shelve(tiny_model_dir):
+    store, _ = _setup(tiny_model_dir("qwen3"), num_slots=1)
+    assert not store.share_pages(P)
+    store, _ = _setup(tiny_model_dir("qwen3_5"), num_slots=2)
+    assert not store.share_pages(P)  # a recurrent state exists at the slot's end only

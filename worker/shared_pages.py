@@ -1,0 +1,206 @@
+"""Idle slots' attention KV held as pages shared between slots (docs/design/kv-pages.md
+"Shared pages in memory").
+
+Sub-agents that branch off one system prompt each hold a copy of it in their slots: twenty
+idle sub-agents sharing 17K tokens would hold 340K tokens of it. A shelved slot holds its KV as
+page-sized pieces instead, keyed by the chain of tokens up to each page's end (a page's KV
+depends on every token before it), and a piece another shelved slot holds already is taken from
+that slot: the twenty hold the prompt once. Only per-token attention KV is shelved (a recurrent
+state or a window exists at the slot's end alone), and only where the tokens say all a page's
+KV depends on (not in a vision store, whose images are not among the tokens).
+
+mlx's attention reads one array per layer, so a slot used again (prefilled, decoded into,
+batched) is first made whole: one contiguous cache of its tokens. A stage and a copy read a
+shelved slot where it lies, leaving it shelved. Shelving and making whole go one layer at a time,
+each layer's new arrays evaluated before the old ones go, so the two forms coexist for one
+layer only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from switchyard.worker.cache_kinds import leaves
+from switchyard.worker.kv_layout import set_token_arrays, token_arrays
+
+_STEP = 256  # mlx-lm's KVCache.step: a whole slot gets room for its next token
+
+
+@dataclass
+class _Piece:
+    """One page's KV in every attention layer (each as kv_layout.token_arrays, [1, heads,
+    page_size, x]), and how many shelved slots hold it."""
+
+    layers: list[list[mx.array]]
+    refs: int = 0
+
+
+@dataclass
+class Shelved:
+    """A slot's KV while shelved: the chain keys of its full pages (pieces in the pool), its
+    partial last page per layer, its token count, and its cache list emptied (the form to
+    make it whole in)."""
+
+    keys: list[bytes]
+    tail: list[list[mx.array]]
+    num_tokens: int
+    shell: list = field(repr=False)
+    pool: PagePool = field(repr=False)
+
+    def token_range(self, layer: int, start: int, end: int) -> list[mx.array]:
+        """Layer `layer`'s arrays for tokens [start, end), read where they lie."""
+        parts = _parts(self, layer, start, end)
+        if len(parts) == 1:
+            return parts[0]
+        return [mx.concatenate([p[j] for p in parts], axis=2) for j in range(len(parts[0]))]
+
+
+def chain_keys(tokens: list[int], page_size: int) -> list[bytes]:
+    """The key of every full page of `tokens`: a digest of all tokens up to its end."""
+    keys, digest = [], b""
+    ids = np.asarray(tokens, dtype=np.int64)
+    for end in range(page_size, len(tokens) + 1, page_size):
+        digest = hashlib.blake2b(digest + ids[end - page_size:end].tobytes(),
+                                 digest_size=16).digest()
+        keys.append(digest)
+    return keys
+
+
+class PagePool:
+    """The pieces shelved slots hold, each once."""
+
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self._pieces: dict[bytes, _Piece] = {}
+
+    @property
+    def num_pieces(self) -> int:
+        return len(self._pieces)
+
+    def shelve(self, cache: list, tokens: list[int]) -> Shelved:
+        """`cache` (holding `tokens`) as pieces, taking those already pooled; `cache`'s
+        attention layers are emptied, layer by layer, as their pieces are made."""
+        P = self.page_size
+        keys = chain_keys(tokens, P)
+        new = [k for k in dict.fromkeys(keys) if k not in self._pieces]
+        made = {k: _Piece([]) for k in new}
+        tail: list[list[mx.array]] = []
+        full = len(keys) * P
+        for layer in leaves(cache):
+            arrays = token_arrays(layer)
+            for k in new:
+                at = keys.index(k) * P
+                made[k].layers.append([mx.contiguous(a[..., at:at + P, :]) for a in arrays])
+            tail.append([mx.contiguous(a[..., full:len(tokens), :]) for a in arrays]
+                        if full < len(tokens) else [])
+            mx.eval([a for k in new for a in made[k].layers[-1]] + tail[-1])
+            layer.keys = layer.values = None  # the slot's own buffer goes now
+            layer.offset = 0
+        self._pieces.update(made)
+        for k in keys:
+            self._pieces[k].refs += 1
+        return Shelved(keys, tail, len(tokens), cache, self)
+
+    def whole(self, shelved: Shelved, num_tokens: int, into: list | None = None) -> list:
+        """A cache list holding the first `num_tokens` of `shelved` contiguously, with room
+        for the next token. Into `into` (a fresh cache list), a copy of its prefix: the slot
+        stays shelved. Without, the slot itself is made whole: its hold on its pieces ends,
+        and a piece no one else holds goes, layer by layer."""
+        keep = into is not None
+        cache = into if keep else shelved.shell
+        alone = [] if keep else [self._pieces[k] for k in shelved.keys
+                                 if self._pieces[k].refs == 1]
+        capacity = -(-(num_tokens + 1) // _STEP) * _STEP
+        for i, layer in enumerate(leaves(cache)):
+            if num_tokens:
+                parts = _parts(shelved, i, 0, num_tokens)
+                arrays = [mx.concatenate([p[j] for p in parts]
+                                         + [_zeros(parts[0][j], capacity - num_tokens)], axis=2)
+                          for j in range(len(parts[0]))]
+                mx.eval(arrays)
+                set_token_arrays(layer, arrays, num_tokens)
+            for piece in alone:
+                piece.layers[i] = []
+            if not keep:
+                shelved.tail[i] = []
+        if not keep:
+            self.drop(shelved)
+        return cache
+
+    def drop(self, shelved: Shelved) -> None:
+        """The shelved slot's hold on its pieces ends (it was made whole, or released)."""
+        for k in shelved.keys:
+            piece = self._pieces[k]
+            piece.refs -= 1
+            if not piece.refs:
+                del self._pieces[k]
+        shelved.keys = []
+
+
+def _parts(shelved: Shelved, layer: int, start: int, end: int) -> list[list[mx.array]]:
+    """The pieces (and the tail) of layer `layer` that cover tokens [start, end), each cut to
+    that range."""
+    pool = shelved.pool
+    P = pool.page_size
+    parts = []
+    for page in range(start // P, -(-end // P)):
+        at = page * P
+        arrays = (pool._pieces[shelved.keys[page]].layers[layer] if page < len(shelved.keys)
+                  else shelved.tail[layer])
+        lo, hi = max(start, at) - at, min(end, at + P) - at
+        parts.append(arrays if (lo, hi) == (0, arrays[0].shape[2])
+                     else [a[..., lo:hi, :] for a in arrays])
+    return parts
+
+
+def _zeros(like: mx.array, num_tokens: int) -> mx.array:
+    shape = list(like.shape)
+    shape[2] = num_tokens
+    return mx.zeros(shape, like.dtype)
+
+
+class SlotCaches(dict):
+    """The slots' own caches by slot (worker/slots.py): a shelved slot's entry is its `Shelved`
+    form, made whole the moment anything but `peek` asks for it, so no path uses a shelved
+    slot as a cache by mistake. With no pool (the store does not shelve) it is a plain dict."""
+
+    def __init__(self, caches: dict[int, list], pool: PagePool | None):
+        super().__init__(caches)
+        self.pool = pool
+
+    def shelve(self, slot: int, tokens: list[int]) -> None:
+        value = super().__getitem__(slot)
+        if self.pool is not None and tokens and not isinstance(value, Shelved):
+            super().__setitem__(slot, self.pool.shelve(value, tokens))
+
+    def is_shelved(self, slot: int) -> bool:
+        return isinstance(super().__getitem__(slot), Shelved)
+
+    def peek(self, slot: int):
+        """The slot's cache, or its `Shelved` form, as it lies (for a read)."""
+        return super().__getitem__(slot)
+
+    def whole(self, slot: int, num_tokens: int) -> list:
+        """The shelved slot made whole holding its first `num_tokens` only."""
+        cache = self.pool.whole(super().__getitem__(slot), num_tokens)
+        super().__setitem__(slot, cache)
+        return cache
+
+    def __getitem__(self, slot: int) -> list:
+        value = super().__getitem__(slot)
+        return self.whole(slot, value.num_tokens) if isinstance(value, Shelved) else value
+
+    def pop(self, slot: int) -> list:
+        value = self[slot]
+        super().pop(slot)
+        return value
+
+    def __setitem__(self, slot: int, value: list) -> None:
+        old = super().get(slot)
+        if isinstance(old, Shelved):
+            self.pool.drop(old)
+        super().__setitem__(slot, value)
