@@ -163,6 +163,10 @@ class KvMemoryStatus(_Doc):
     num_running: int
     num_resident: int  # slots holding KV, running or idle
     num_preempted: int  # running requests staged to disk for memory since the start
+    # Idle slots held as pages shared between them (docs/design/kv-pages.md "Shared pages in
+    # memory"), and the tokens they hold, each shared page once.
+    num_shelved: int = 0
+    shelved_tokens: int = 0
 
 
 class RecentRequest(_Doc):

@@ -13,7 +13,7 @@ from switchyard.proto.status import (DiskStatus, KvMemoryStatus, PeerServerStatu
                                      SpeculationStatus)
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.fairness import oldest_waiting_s
-from switchyard.scheduler.kv_memory import holds
+from switchyard.scheduler.kv_memory import holds, idle_hold
 from switchyard.scheduler.requests import Request
 from switchyard.scheduler.status_rows import conversation_label
 
@@ -80,12 +80,15 @@ def _kv_memory(st: CoreState) -> KvMemoryStatus | None:
     budget = st.config.kv_budget_tokens
     if not budget:
         return None
+    shelved = [s for s in st.slots if s.shelved and s.free]
     return KvMemoryStatus(
         held_tokens=held_tokens(holds(st.slots, st.requests, st.config.page_size),
                                 st.config.ctx),
         budget_tokens=budget, num_tokens=sum(len(s.tokens) for s in st.slots),
         num_running=st.num_running, num_resident=sum(1 for s in st.slots if s.tokens),
-        num_preempted=st.num_memory_preemptions)
+        num_preempted=st.num_memory_preemptions,
+        num_shelved=len(shelved), shelved_tokens=held_tokens(
+            [idle_hold(s, st.config.page_size) for s in shelved], st.config.ctx))
 
 
 def _proposer_kinds(st: CoreState) -> str:

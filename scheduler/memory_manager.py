@@ -145,12 +145,17 @@ class MemoryManager:
 
     def shelves(self, released: list[int]) -> list[int]:
         """Idle slots the worker holds as shared pages from this step (docs/design/kv-pages.md
-        "Shared pages in memory"): those whose first page another idle slot holds too
+        "Shared pages in memory"): once the slots hold more than half the KV budget, or a
+        request waits for memory, those whose first page another idle slot holds too
         (sub-agents between turns, conversations of one client), where the worker can. Each
-        is made whole again, a copy of its tokens, when it is next used; alone, a slot stays
-        as it is."""
+        is made whole again, a copy of its tokens, when next used: with memory to spare, or
+        alone, a slot stays as it is."""
         st = self.state
-        if not st.config.shared_pages:
+        budget = st.config.kv_budget_tokens
+        if not st.config.shared_pages or not budget:
+            return []
+        short = any(st.requests[rid].waits_for_memory for rid in st.waiting)
+        if not short and 2 * self.held_tokens() <= budget:
             return []
         idle = [s for s in st.slots if s.free and s.page_ids and not s.leaving
                 and s.index not in released]

@@ -211,6 +211,12 @@ def test_the_kv_memory_line_shows_what_is_held_against_the_budget():
     assert status_cli.format_kv_memory(held) == [
         "kv memory: 9,000 of 12,000 tokens held (75.0%) (with growth reserves; 7,000 tokens "
         "in 4 slots, 3 running), 2 staged to disk for memory"]
+    shelved = msgspec.structs.replace(held, kv_memory=msgspec.structs.replace(
+        held.kv_memory, num_shelved=2, shelved_tokens=2500))
+    assert status_cli.format_kv_memory(shelved) == [
+        "kv memory: 9,000 of 12,000 tokens held (75.0%) (with growth reserves; 7,000 tokens "
+        "in 4 slots, 3 running, 2 shelved as 2,500 tokens of shared pages), 2 staged to disk "
+        "for memory"]
 
 
 def test_a_disk_that_refuses_pages_says_why_and_how_many():

@@ -19,10 +19,13 @@ CTX = 8192
 
 def worker_held(g, plan) -> int:
     """What the scripted worker's slots hold as the step ran, counted as the worker plans
-    memory: every slot's tokens, and the decode batch's rows."""
+    memory: every slot's tokens, and the decode batch's rows; a shelved slot's tokens exactly,
+    a page several shelved slots hold (the same tokens up to its end) once."""
     decoding = {d.slot for d in plan.decodes}
-    return held_tokens([SlotHold(len(t), 0, i in decoding) for i, t in enumerate(g.slots)
-                        if t], CTX)
+    return held_tokens([SlotHold(len(t), 0, i in decoding) if i not in g.shelved else
+                        SlotHold(len(t), pages=tuple(tuple(t[:e]) for e in range(P, len(t) + 1, P)),
+                                 page_size=P)
+                        for i, t in enumerate(g.slots) if t], CTX)
 
 
 def run_checked(g, budget, limit=5000):
@@ -230,3 +233,40 @@ def test_twenty_sub_agents_run_at_once_at_ctx_32768_on_a_24_gib_machine():
     assert max(len(s.decodes) for s in g.steps) == 20, "all twenty decode in one batch"
     assert not g.logs("request.preempted") and not g.logs("request.waits_for_memory")
     assert all(len(g.reply(f"sub{i}")) == 300 for i in range(20))
+
+
+def test_idle_siblings_are_shelved_and_hold_their_prefix_once():
+    """Three sub-agents of one prompt, idle between turns, are shelved as shared pages
+    (docs/design/kv-pages.md "Shared pages in memory"): their 40 shared pages count once, so a
+    fourth conversation fits beside them where copies would send one to disk. A slot alone is
+    not shelved; one used again is whole."""
+    prefix = conv(9, 40 * P)
+    siblings = {f"s{i}": prefix + conv(i, 2 * P + 5) for i in range(3)}
+
+    def run(shared_pages):
+        g = Group(num_slots=5, resident_slots=5, release_after_s=1000.0,
+                  kv_budget_tokens=3000, shared_pages=shared_pages)
+        g.submit("alone", conv(7, 3 * P), max_tokens=4)
+        for rid, prompt in siblings.items():
+            g.submit(rid, prompt, max_tokens=4)
+            run_checked(g, 3000)
+        g.submit("other", conv(8, 900), max_tokens=4)
+        run_checked(g, 3000)
+        return g
+
+    g = run(shared_pages=True)
+    shelved = {slot for s in g.steps for slot in s.shelves}
+    assert shelved == {g.core.slots.index(s) for s in g.core.slots if s.last_rid in siblings}
+    assert not any(s.releases for s in g.steps), "all of it stays in memory"
+    assert g.finished("other").finish_reason == "length"
+    kv = g.core.snapshot(g.now).kv_memory
+    held = kv.held_tokens
+    assert kv.num_shelved == 3
+    sibs = [s for s in g.core.slots if s.last_rid in siblings]
+    others = [SlotHold(len(s.tokens)) for s in g.core.slots if s.tokens and s not in sibs]
+    assert held == len(prefix) + sum(len(s.tokens) - len(prefix) for s in sibs) \
+        + held_tokens(others, CTX)
+
+    g = run(shared_pages=False)  # copies: one goes to disk to make room
+    assert not any(s.shelves for s in g.steps)
+    assert any(s.releases for s in g.steps)

@@ -46,7 +46,7 @@ class Group:
 
     def __init__(self, num_slots=1, budget_pages=10_000, trimmable=True, num_buffers=64,
                  prefill_chunk=64, missing=(), resident_slots=0, release_after_s=0.0,
-                 kv_budget_tokens=0, state_marks=None):
+                 kv_budget_tokens=0, state_marks=None, shared_pages=False):
         self.budget_bytes = budget_pages * (100 + 4096)
         self.core = SchedulerCore(CoreConfig(
             num_slots=num_slots, ctx=8192, prefill_chunk=prefill_chunk, max_queue=16,
@@ -63,8 +63,10 @@ class Group:
         self.state_marks = not trimmable if state_marks is None else state_marks
         self.trimmable = trimmable
         self.do(worker_ready(self.core, num_buffers, state_bytes=0 if trimmable else 10,
-                             kv_budget_tokens=kv_budget_tokens, state_marks=self.state_marks))
+                             kv_budget_tokens=kv_budget_tokens, state_marks=self.state_marks,
+                             shared_pages=shared_pages))
         self.slots = [[] for _ in range(num_slots)]  # what the worker holds
+        self.shelved = set()  # slots the worker holds as shared pages (RunStep.shelves)
         self.marks = [0] * num_slots
         self.buffers = {}  # buffer -> (slot tokens staged, with_state)
         self.disk = {}  # page_id -> PageInfo
@@ -102,6 +104,9 @@ class Group:
             self.marks[slot] = 0
 
     def _worker(self, plan: RunStep):
+        self.shelved |= set(plan.shelves)  # until used again (worker/shared_pages.py)
+        self.shelved -= {c.dst_slot for c in plan.copies} | set(plan.releases) | {
+            x.slot for x in (*plan.loads, *plan.decodes, *plan.prefills)}
         for st in plan.stages:
             n = st.num_tokens or P
             assert len(self.slots[st.slot]) >= st.start + n
@@ -223,12 +228,13 @@ class Group:
 
 
 def worker_ready(core, num_buffers=64, slots=(), state_bytes=0, kv_budget_tokens=0,
-                 state_marks=None):
+                 state_marks=None, shared_pages=False):
     c = core.config
     marks = not c.trimmable if state_marks is None else state_marks
     return WorkerReady("w", NS, "tiny", c.num_slots, c.ctx, c.page_size, 100, c.trimmable,
                        slots, "shm", num_buffers, 100, state_bytes,
-                       kv_budget_tokens=kv_budget_tokens, state_marks=marks)
+                       kv_budget_tokens=kv_budget_tokens, state_marks=marks,
+                       shared_pages=shared_pages)
 
 
 def conv(seed, n):
