@@ -203,3 +203,55 @@ def test_requests_that_outgrow_memory_are_staged_to_disk_and_none_fails_or_rerea
         time.sleep(0.1)
     assert kv is not None and kv.budget_tokens == KV_BUDGET_TOKENS
     assert kv.num_preempted == len(staged)
+
+
+@pytest.fixture(scope="module")
+def siblings_in_tight_memory(tiny_qwen3):
+    """Four resident slots in a KV budget of 6000 tokens: three idle sub-agents of ~1.3K tokens
+    each hold more than half of it as copies."""
+    with ServerGroup(tiny_qwen3, slots=4, ctx=2048,
+                     extra=["--kv-memory", str(KV_BUDGET_TOKENS * TINY_KV_BYTES_PER_TOKEN)]) as group:
+        yield group
+
+
+def test_idle_sub_agents_hold_their_shared_prompt_once(siblings_in_tight_memory):
+    """Three sub-agents under one long system prompt, idle between turns, are shelved as shared
+    pages (docs/design/kv-pages.md "Shared pages in memory"): the status shows them holding
+    the prompt once. Their next turns read only their new tokens and give the same replies as
+    when sent again."""
+    group = siblings_in_tight_memory
+    system = "You are a careful coding agent. Follow the rules and read the files. " * 50
+    prompts = [f"{system}\nTask {i}: list the files under src/{i} and say what each does."
+               for i in range(3)]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        first = list(pool.map(lambda p: completion(group, p, 16), prompts))
+    assert [r.status_code for r in first] == [200] * 3, [r.text[:200] for r in first]
+    group.wait_events("request.finished", 3, role="scheduler")
+    deadline = time.monotonic() + 30
+    while True:
+        status = read_status(group.runtime_dir / "status.json")
+        kv = status.kv_memory if status else None
+        if kv is not None and kv.num_shelved >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    # Two idle beside one running hold over half the budget: they are shelved. The last one
+    # is too if it went idle in the same step; if later, what stays is below half and it
+    # stays whole (making it whole again would cost a copy).
+    assert kv is not None and kv.num_shelved >= 2, kv
+    longest = max(r.json()["usage"]["prompt_tokens"] for r in first)
+    assert longest > 1200  # three copies: over half the budget
+    # The prompt once, and each one's own few dozen tokens.
+    assert kv.shelved_tokens < longest + 100 * kv.num_shelved, kv
+
+    follow = [p + r.json()["choices"][0]["text"] + "\nNext step." for p, r in zip(prompts, first)]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        second = list(pool.map(lambda p: completion(group, p, 16), follow))
+    again = [completion(group, p, 16) for p in follow]
+    done = group.wait_events("request.finished", 9, role="scheduler")[3:6]
+    for reply, before in zip(second, first):  # (the prompt's last token may merge with the text)
+        assert reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"] \
+            >= before.json()["usage"]["prompt_tokens"] - 1
+    # Each reads only its own new tokens (a few dozen), whichever slot it lands in.
+    assert all(e["num_prefilled_tokens"] <= 30 and e["num_reread_tokens"] == 0 for e in done), done
+    assert [r.json()["choices"][0]["text"] for r in second] == \
+        [r.json()["choices"][0]["text"] for r in again]
