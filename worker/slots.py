@@ -45,6 +45,10 @@ class SlotError(RuntimeError):
 
 
 class SlotStore:
+    # Whether idle slots may hold their KV as pages shared between slots (a vision store's
+    # images are not among its tokens, which key the pages: worker/shared_pages.py).
+    shelves_pages = True
+
     def __init__(self, model: nn.Module, make_cache: Callable[[], list], num_slots: int,
                  ctx: int):
         self.model = model
@@ -81,10 +85,6 @@ class SlotStore:
         # since the last `take_pass_stats`: the step log's passes and tokens per weight read.
         self._passes = 0
         self._pass_tokens = 0
-
-    # Whether idle slots may hold their KV as pages shared between slots (a vision store's
-    # images are not among its tokens, which key the pages: worker/shared_pages.py).
-    shelves_pages = True
 
     def share_pages(self, page_size: int) -> bool:
         """Let idle slots be shelved as shared pages of `page_size` tokens (`shelve`): only
