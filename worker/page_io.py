@@ -102,12 +102,13 @@ class PageLayout:
         if isinstance(cache, Shelved):  # read where its shared pages lie
             for i in self.kv_layers:
                 arrays += [a[0] for a in cache.token_range(i, start, end)]
+            layers = leaves(cache.shell)
         else:
-            cache = leaves(cache)
+            layers = leaves(cache)
             for i in self.kv_layers:
-                arrays += [a[0, :, start:end, :] for a in token_arrays(cache[i])]
+                arrays += [a[0, :, start:end, :] for a in token_arrays(layers[i])]
         if with_state:
-            arrays += [a for i in self.state_layers for a in _state_arrays(cache[i])]
+            arrays += [a for i in self.state_layers for a in _state_arrays(layers[i])]
         mx.eval(arrays)
         offset = 0
         for a in arrays:

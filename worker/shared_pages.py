@@ -5,9 +5,10 @@ Sub-agents that branch off one system prompt each hold a copy of it in their slo
 idle sub-agents sharing 17K tokens would hold 340K tokens of it. A shelved slot holds its KV as
 page-sized pieces instead, keyed by the chain of tokens up to each page's end (a page's KV
 depends on every token before it), and a piece another shelved slot holds already is taken from
-that slot: the twenty hold the prompt once. Only per-token attention KV is shelved (a recurrent
-state or a window exists at the slot's end alone), and only where the tokens say all a page's
-KV depends on (not in a vision store, whose images are not among the tokens).
+that slot: the twenty hold the prompt once. Only per-token attention KV is shelved: a hybrid
+slot's recurrent states and sliding-window rings (fixed in size, and existing at the slot's end
+alone) stay as they are, in its cache list. Only where the tokens say all a page's KV depends
+on (not in a vision store, whose images are not among the tokens).
 
 mlx's attention reads one array per layer, so a slot used again (prefilled, decoded into,
 batched) is first made whole: one contiguous cache of its tokens. A stage and a copy read a
@@ -25,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from switchyard.worker.cache_kinds import leaves
-from switchyard.worker.kv_layout import set_token_arrays, token_arrays
+from switchyard.worker.kv_layout import is_attention_kv, set_token_arrays, token_arrays
 
 _STEP = 256  # mlx-lm's KVCache.step: a whole slot gets room for its next token
 
@@ -42,18 +43,20 @@ class _Piece:
 @dataclass
 class Shelved:
     """A slot's KV while shelved: the chain keys of its full pages (pieces in the pool), its
-    partial last page per layer, its token count, and its cache list emptied (the form to
-    make it whole in)."""
+    partial last page per attention layer, its token count, and its cache list with the
+    attention layers emptied (the form to make it whole in; its state layers as they are)."""
 
     keys: list[bytes]
     tail: list[list[mx.array]]
     num_tokens: int
     shell: list = field(repr=False)
     pool: PagePool = field(repr=False)
+    attention: list[int] = field(repr=False)  # which of the shell's leaves are attention KV
 
     def token_range(self, layer: int, start: int, end: int) -> list[mx.array]:
-        """Layer `layer`'s arrays for tokens [start, end), read where they lie."""
-        parts = _parts(self, layer, start, end)
+        """Attention layer `layer`'s (an index into the shell's leaves) arrays for tokens
+        [start, end), read where they lie."""
+        parts = _parts(self, self.attention.index(layer), start, end)
         if len(parts) == 1:
             return parts[0]
         return [mx.concatenate([p[j] for p in parts], axis=2) for j in range(len(parts[0]))]
@@ -90,7 +93,8 @@ class PagePool:
         made = {k: _Piece([]) for k in new}
         tail: list[list[mx.array]] = []
         full = len(keys) * P
-        for layer in leaves(cache):
+        attention = [i for i, c in enumerate(leaves(cache)) if is_attention_kv(c)]
+        for layer in (leaves(cache)[i] for i in attention):
             arrays = token_arrays(layer)
             for k in new:
                 at = keys.index(k) * P
@@ -103,19 +107,21 @@ class PagePool:
         self._pieces.update(made)
         for k in keys:
             self._pieces[k].refs += 1
-        return Shelved(keys, tail, len(tokens), cache, self)
+        return Shelved(keys, tail, len(tokens), cache, self, attention)
 
     def whole(self, shelved: Shelved, num_tokens: int, into: list | None = None) -> list:
-        """A cache list holding the first `num_tokens` of `shelved` contiguously, with room
-        for the next token. Into `into` (a fresh cache list), a copy of its prefix: the slot
-        stays shelved. Without, the slot itself is made whole: its hold on its pieces ends,
-        and a piece no one else holds goes, layer by layer."""
+        """A cache list whose attention layers hold the first `num_tokens` of `shelved`
+        contiguously, with room for the next token (its state layers are the caller's: the
+        shell's, or as `into` has them). Into `into` (a fresh cache list), a copy of its
+        prefix: the slot stays shelved. Without, the slot itself is made whole: its hold on
+        its pieces ends, and a piece no one else holds goes, layer by layer."""
         keep = into is not None
         cache = into if keep else shelved.shell
         alone = [] if keep else [self._pieces[k] for k in shelved.keys
                                  if self._pieces[k].refs == 1]
         capacity = -(-(num_tokens + 1) // _STEP) * _STEP
-        for i, layer in enumerate(leaves(cache)):
+        layers = leaves(cache)
+        for i, layer in enumerate(layers[j] for j in shelved.attention):
             if num_tokens:
                 parts = _parts(shelved, i, 0, num_tokens)
                 arrays = [mx.concatenate([p[j] for p in parts]
@@ -142,8 +148,8 @@ class PagePool:
 
 
 def _parts(shelved: Shelved, layer: int, start: int, end: int) -> list[list[mx.array]]:
-    """The pieces (and the tail) of layer `layer` that cover tokens [start, end), each cut to
-    that range."""
+    """The pieces (and the tail) of the `layer`-th attention layer that cover tokens
+    [start, end), each cut to that range."""
     pool = shelved.pool
     P = pool.page_size
     parts = []

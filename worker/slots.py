@@ -11,6 +11,7 @@ on its parked cache directly: the same code path as mlx_lm.generate, hence the s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import mlx.core as mx
@@ -87,10 +88,13 @@ class SlotStore:
         self._pass_tokens = 0
 
     def share_pages(self, page_size: int) -> bool:
-        """Let idle slots be shelved as shared pages of `page_size` tokens (`shelve`): only
-        where every layer is per-token attention KV, and there are slots to share between.
+        """Let idle slots be shelved as shared pages of `page_size` tokens (`shelve`): their
+        attention KV, where every other layer is a recurrent state or a ring (which stay as
+        they are), and there are slots to share between.
         Returns whether it does (WorkerReady.shared_pages)."""
-        if self.shelves_pages and self.trimmable and self.num_slots > 1:
+        layers = leaves(self._parked[0])
+        if self.shelves_pages and self.num_slots > 1 and (self.trimmable or self.keeps_marks) \
+                and any(is_attention_kv(c) for c in layers):
             self._parked.pool = PagePool(page_size)
         return self._parked.pool is not None
 
@@ -156,26 +160,28 @@ class SlotStore:
         if length == held:
             return
         self._unbatch_slot(slot)
+        mark = self._marks.get(slot)
+        if length and not self.trimmable and (mark is None or mark[0] != length):
+            raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         if self.mtp is not None:
             self.mtp.cut(slot, length)
-        if self._parked.is_shelved(slot):  # made whole holding only what stays
-            self._parked.whole(slot, length)
-            del self.tokens[slot][length:]
-            return
-        mark = self._marks.get(slot)
+        shelved = self._parked.is_shelved(slot)
         if length == 0:
-            self._parked[slot] = _emptied(self._parked[slot], self._make_cache())
+            self._parked[slot] = (self._make_cache() if shelved else
+                                  _emptied(self._parked[slot], self._make_cache()))
             self._marks.pop(slot, None)
+        elif shelved:  # made whole holding only what stays
+            cache = self._parked.whole(slot, length)
+            if not self.trimmable:
+                state_marks.put(mark[1], cache)
         elif self.trimmable:
             for c in self._parked[slot]:
                 c.trim(held - length)
-        elif mark is not None and mark[0] == length:
+        else:  # back to the mark
             for c in leaves(self._parked[slot]):
                 if is_attention_kv(c):
                     c.trim(held - length)
             state_marks.put(mark[1], self._parked[slot])
-        else:
-            raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         del self.tokens[slot][length:]
 
     def mark(self, slot: int) -> None:
@@ -184,15 +190,18 @@ class SlotStore:
         if self.keeps_marks:
             self._marks[slot] = (len(self.tokens[slot]), state_marks.take(self.parked(slot)))
 
-    def state_at(self, slot: int, end: int) -> list:
+    def state_at(self, slot: int, end: int):
         """The slot's layers with the state they had after its first `end` tokens: its own
         at its end, the marked ones at its mark (a page staged after the slot moved on)."""
-        cache = self.parked(slot)
+        self._unbatch_slot(slot)
+        cache = self._parked.peek(slot)  # a shelved slot is read where it lies
         if end == len(self.tokens[slot]):
             return cache
         mark = self._marks.get(slot)
         if mark is None or mark[0] != end:
             raise SlotError(f"slot {slot} holds no state at token {end}")
+        if isinstance(cache, Shelved):
+            return dataclasses.replace(cache, shell=state_marks.with_state(cache.shell, mark[1]))
         return state_marks.with_state(cache, mark[1])
 
     def release(self, slot: int) -> None:
@@ -403,10 +412,9 @@ class SlotStore:
         self._unbatch_slot(dst)
         if self.mtp is not None:  # the head's pairs of the source are not copied
             self.mtp.release(dst)
-        self._parked[dst] = (
-            source.pool.whole(source, num_tokens, self._make_cache())
-            if isinstance(source, Shelved)  # it stays shelved
-            else copy_prefix(source, num_tokens, self._make_cache()))
+        self._parked[dst] = (_copy_shelved(source, num_tokens, self._make_cache())
+                             if isinstance(source, Shelved)  # it stays shelved
+                             else copy_prefix(source, num_tokens, self._make_cache()))
         if at_mark:
             state_marks.put(mark[1], self._parked[dst])
         if mark is not None and mark[0] <= num_tokens:
@@ -494,6 +502,17 @@ class SlotStore:
     def take_encode_stats(self) -> tuple[float, int]:
         """Seconds the vision encoder ran and tokens it encoded since the last call."""
         return 0.0, 0
+
+
+def _copy_shelved(source: Shelved, num_tokens: int, fresh: list) -> list:
+    """`fresh` holding the first `num_tokens` of a shelved slot: its attention KV from the
+    pieces, its state layers as the slot has them (at its end; `copy_prefix` puts the mark's
+    for a copy to the mark)."""
+    source.pool.whole(source, num_tokens, fresh)
+    for src, dst in zip(leaves(source.shell), leaves(fresh)):
+        if not is_attention_kv(src):
+            state_marks.copy_state(src, dst)
+    return fresh
 
 
 def _emptied(old: list, fresh: list) -> list:
