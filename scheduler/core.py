@@ -136,8 +136,6 @@ class SchedulerCore(CoreState):
             return None
         self.peers.expire(now)
         self.peers.ask(now)  # before admission: a request asked for is not placed yet
-        # Idle slots shelved as shared pages before room is made: what they free counts.
-        shelves = self.memory.shelves()
         # Stage before admitting: staging reads a slot as the last step left it, before a new
         # request's copy, load or prefill overwrites it (write-back of a displaced tail, and of
         # the tail of a request that gave its slot up just now).
@@ -167,6 +165,7 @@ class SchedulerCore(CoreState):
             self.prefill_share = (now, share)  # for status: the latest split with streams
         copies, self.copies = self.copies, []
         releases = self.memory.releases(now)
+        shelves = self.memory.shelves(releases)
         if not (stages or copies or releases or loads or decodes or prefills or shelves):
             return None
         # Nothing else waiting: let the worker decode a burst without coming back to us.

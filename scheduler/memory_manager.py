@@ -105,23 +105,16 @@ class MemoryManager:
         st = self.state
         if not st.waiting or not any(s.free and s.page_ids for s in st.slots):
             return keep_key  # no waiting request, or no idle slot to order: nothing to look up
-        firsts, pages = self._waiting_pages()
-        fed, back = feeding(st.slots, firsts), waited_for(st.slots, pages)
-        return lambda slot: keep_key(slot, fed, back)
-
-    def _waiting_pages(self) -> tuple[set, dict[tuple[bytes, bytes], float]]:
-        """The waiting requests' first pages, and all their pages, each with the arrival of
-        the first to ask for it (pages as (chain root, page id))."""
-        st = self.state
         ns, P = st.pages.chain_namespace, st.config.page_size
         firsts, pages = set(), {}
         for req in sorted((st.requests[rid] for rid in st.waiting), key=lambda r: r.arrived_at):
             chain = req.context_chain(ns, P)
             if chain:
                 firsts.add((req.root, chain[0]))
-            for pid in chain:  # the page's first asker in the queue
-                pages.setdefault((req.root, pid), req.arrived_at)
-        return firsts, pages
+                for pid in chain:  # the page's first asker in the queue
+                    pages.setdefault((req.root, pid), req.arrived_at)
+        fed, back = feeding(st.slots, firsts), waited_for(st.slots, pages)
+        return lambda slot: keep_key(slot, fed, back)
 
     def releases(self, now: float) -> list[int]:
         """The slots whose KV leaves memory with this step: those the KV budget wants out,
@@ -150,14 +143,12 @@ class MemoryManager:
             released.append(slot.index)
         return released
 
-    def shelves(self) -> list[int]:
+    def shelves(self, released: list[int]) -> list[int]:
         """Idle slots the worker holds as shared pages from this step (docs/design/kv-pages.md
-        "Shared pages in memory"), decided before the step's room is made, so what they free
-        counts for it: once the slots hold more than half the KV budget, or a request waits
-        for memory, each idle slot whose first page another slot holds too (sub-agents
-        started together, between turns; conversations of one client), where the worker
-        can. Not a slot whose conversation's next turn already waits: it is used at once, and
-        making a slot whole again costs a copy of its tokens; so, with memory to spare, or
+        "Shared pages in memory"): once the slots hold more than half the KV budget, or a
+        request waits for memory, those whose first page another idle slot holds too
+        (sub-agents between turns, conversations of one client), where the worker can. Each
+        is made whole again, a copy of its tokens, when next used: with memory to spare, or
         alone, a slot stays as it is."""
         st = self.state
         budget = st.config.kv_budget_tokens
@@ -166,11 +157,10 @@ class MemoryManager:
         short = any(st.requests[rid].waits_for_memory for rid in st.waiting)
         if not short and 2 * self.held_tokens() <= budget:
             return []
-        firsts = Counter((s.root, s.page_ids[0]) for s in st.slots if s.page_ids)
-        used_next = waited_for(st.slots, self._waiting_pages()[1])
-        shelved = [s for s in st.slots if s.free and s.page_ids and not s.shelved
-                   and not s.leaving and firsts[(s.root, s.page_ids[0])] > 1
-                   and s.index not in used_next]
+        idle = [s for s in st.slots if s.free and s.page_ids and not s.leaving
+                and s.index not in released]
+        firsts = Counter(s.page_ids[0] for s in idle)
+        shelved = [s for s in idle if not s.shelved and firsts[s.page_ids[0]] > 1]
         for slot in shelved:
             slot.shelved = True
         return [s.index for s in shelved]
