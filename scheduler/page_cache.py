@@ -413,7 +413,7 @@ class PageCache:
         P = self.page_size
         for slot in slots:
             self.sync_slot(slot)
-            if recount(slot, self._kept, self.removals) and not rewrite_now(slot):
+            if recount(slot, self.here, self.removals) and not rewrite_now(slot):
                 continue  # the disk let go of its copy: written again when it leaves memory
             self.touch(slot.page_ids[:slot.num_persisted] if slot.disk_gap else [], now)  # kept
             at_end = len(slot.tokens) // P - 1 if len(slot.tokens) % P == 0 else None
@@ -421,7 +421,7 @@ class PageCache:
                              and len(slot.tokens) in state_points(slot))
             for k in range(slot.num_persisted, len(slot.page_ids)):
                 pid = slot.page_ids[k]
-                if self._kept(pid):
+                if self.here(pid):
                     if k == slot.num_persisted:
                         slot.num_persisted += 1
                     continue
@@ -450,7 +450,7 @@ class PageCache:
         start, pid, parent, tokens, images = tail
         if slot.turn is not None:
             self.turns.ended_in(slot.turn, pid)
-        if self._kept(pid):
+        if self.here(pid):
             return True
         return self._stage_page(slot.index, start, pid, parent, tokens,
                                 with_state=not trimmable, out=out, image_ids=images)
@@ -468,18 +468,18 @@ class PageCache:
         images = page_image_ids(slot.images, start, end)
         return start, page_id(self.namespace, parent, tokens, images), parent, tokens, images
 
-    def _kept(self, pid: bytes) -> bool:
+    def here(self, pid: bytes) -> bool:
         """On disk, or on its way there (staged or being written)."""
         return pid in self.tree or pid in self.staged or pid in self.writing
 
     def all_on_disk(self, slot: Slot) -> bool:
         """Whether every token of the slot is on disk or on its way there (its full pages and
         its tail), as of the stages planned last: its KV can leave memory at no re-read."""
-        recount(slot, self._kept, self.removals)  # true to the disk (scheduler/disk_copy.py)
+        recount(slot, self.here, self.removals)  # true to the disk (scheduler/disk_copy.py)
         if slot.num_persisted < len(slot.page_ids):
             return False
         tail = self._tail(slot)
-        return tail is None or self._kept(tail[1])
+        return tail is None or self.here(tail[1])
 
     def _stage(self, slot: Slot, k: int, with_state: bool, out: list[StagePage]) -> bool:
         P = self.page_size
