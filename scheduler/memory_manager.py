@@ -17,8 +17,8 @@ from collections.abc import Callable
 from switchyard.common.held_kv import held_tokens
 from switchyard.proto.gateway_scheduler import ReplyEnded
 from switchyard.scheduler.admission import Decision
-from switchyard.scheduler.disk_copy import gaps_last
 from switchyard.scheduler.core_state import CoreState
+from switchyard.scheduler.disk_copy import gaps_last
 from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for
 from switchyard.scheduler.request_lifecycle import RequestLifecycle
 from switchyard.scheduler.requests import Request, Slot
@@ -103,6 +103,7 @@ class MemoryManager:
         return True
 
     def _rewritable(self, slot: Slot) -> bool:
+        """Releasable now, or once written again (its disk copy was taken)."""
         return self.state.releasable(slot) or slot.disk_gap
 
     def reply_ended(self, msg: ReplyEnded) -> None:
