@@ -76,6 +76,7 @@ def measure(trace: Trace, budget: dict, bytes_per_token: int) -> list[dict]:
                             oracle=policy == "optimal-slots")
             reread, restored, written = c.tokens_reread, c.tokens_restored, c.tokens_written
             extra["peak_memory_tokens"] = c.peak_memory_tokens
+            extra["peak_held_tokens"] = c.peak_held_tokens
             if policy == "switchyard":
                 in_core_order = reordered(trace, c.order)
         else:

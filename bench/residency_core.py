@@ -55,6 +55,9 @@ class CoreCosts:
     tokens_written: int = 0
     requests: int = 0
     peak_memory_tokens: int = 0  # the most the scripted worker's slots held at once
+    # The most the core counted its slots holding, with the running requests' reserves, as
+    # it planned a step: what it keeps within the memory budget (`MemoryManager.held_tokens`).
+    peak_held_tokens: int = 0
     order: tuple[int, ...] = ()  # the trace's requests in the order the core admitted them
 
 
@@ -78,6 +81,7 @@ class ScriptedGroup:
         self.disk: dict[bytes, PageInfo] = {}
         self.written_tokens = 0
         self.peak_memory_tokens = 0
+        self.peak_held_tokens = 0
         self.submitted: dict[str, float] = {}
         self.next_reply_id = REPLY_IDS
         self.replies: dict[str, list[int]] = {}  # rid -> the tokens its reply is made of
@@ -99,6 +103,7 @@ class ScriptedGroup:
     def step(self) -> bool:
         """Plan and run one step; False when the core had nothing to do."""
         self.do(PlanStep())
+        self.peak_held_tokens = max(self.peak_held_tokens, self.core.memory.held_tokens())
         ran = False
         while self.outbox:
             out, self.outbox = self.outbox, []
@@ -243,7 +248,8 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
         else:
             raise RuntimeError(f"{trace.name}: the core did not finish in {max_steps} steps")
     costs = CoreCosts(tokens_written=g.written_tokens, requests=len(g.finished),
-                      peak_memory_tokens=g.peak_memory_tokens)
+                      peak_memory_tokens=g.peak_memory_tokens,
+                      peak_held_tokens=g.peak_held_tokens)
     costs.order = tuple(sorted(range(len(trace.requests)),
                                key=lambda i: g.submitted[f"r{i}"] + g.finished[f"r{i}"].queue_s))
     for r in trace.requests:

@@ -83,9 +83,10 @@ class CoreState:
         return in_step or bool(req.reading)
 
     def releasable(self, slot: Slot) -> bool:
-        """Its KV can leave memory at no re-read: every token on disk or on its way (without
-        a kvstore, at once)."""
-        return not self.pages.enabled or self.pages.all_on_disk(slot)
+        """Its KV can leave memory: every token on disk or on its way (without a kvstore, at
+        once), or, where a tight disk let go of some, written again as far as the disk took
+        them (`Slot.disk_tried`: the rest is re-read; scheduler/disk_copy.py)."""
+        return not self.pages.enabled or slot.disk_tried or self.pages.all_on_disk(slot)
 
     def pinned(self, placing: Request | None = None) -> set[bytes]:
         """Pages eviction must leave: those requests are restoring, and those waiting

@@ -19,6 +19,7 @@ from switchyard.common.held_kv import held_tokens
 from switchyard.proto.gateway_scheduler import ReplyEnded
 from switchyard.scheduler.admission import Decision
 from switchyard.scheduler.core_state import CoreState
+from switchyard.scheduler.disk_copy import gaps_last
 from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for
 from switchyard.scheduler.request_lifecycle import RequestLifecycle
 from switchyard.scheduler.requests import Request, Slot
@@ -49,7 +50,7 @@ class MemoryManager:
         relief = relieve(st.slots, st.requests, budget, st.config.ctx,
                          lambda r: (st.shares.usage(r.tenant, running),
                                     not st.interactive(r, now), r.arrived_at),
-                         self._keep_key(), st.config.page_size)
+                         gaps_last(self._keep_key()), st.config.page_size)
         held = self.held_tokens() if relief.preempt else 0
         for rid in relief.preempt:
             st.num_memory_preemptions += 1
@@ -77,8 +78,19 @@ class MemoryManager:
             return True
         p = decision.placement
         start = p.copied if p.copy_from is not None else p.reused
-        leave = room_for(request_hold(req, start), p.slot, st.slots, st.requests, budget,
-                         st.config.ctx, st.releasable, self._keep_key(), st.config.page_size)
+        hold = request_hold(req, start)
+        leave = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
+                         st.releasable, self._keep_key(), st.config.page_size)
+        if leave is None or any(s.disk_gap and s.free for s in st.slots):
+            # Idle slots whose disk copy a tight disk took make room once written again
+            # (scheduler/disk_copy.py): they leave, and the request waits for them.
+            wanted = [i for i in room_for(hold, p.slot, st.slots, st.requests, budget,
+                                          st.config.ctx, self._rewritable,
+                                          gaps_last(self._keep_key()), st.config.page_size)
+                      or () if not st.releasable(st.slots[i])]
+            for index in wanted:
+                st.slots[index].leaving = st.slots[index].tail_wanted = True
+            leave = None if wanted else leave
         if leave is None:
             if not req.waits_for_memory:
                 req.waits_for_memory = True
@@ -90,6 +102,10 @@ class MemoryManager:
         for index in leave:
             st.slots[index].leaving = True
         return True
+
+    def _rewritable(self, slot: Slot) -> bool:
+        """Releasable now, or once written again (its disk copy was taken)."""
+        return self.state.releasable(slot) or slot.disk_gap
 
     def reply_ended(self, msg: ReplyEnded) -> None:
         """The gateway's word on how a reply ended: kept by the idle slot that holds it (not
@@ -136,8 +152,8 @@ class MemoryManager:
                 break
             if now - slot.last_used < grace_s(slot, cfg):
                 continue
-            if st.pages.enabled and not st.pages.all_on_disk(slot):
-                slot.tail_wanted = True  # staged when a buffer is free, then released
+            if not st.releasable(slot):
+                slot.tail_wanted = slot.disk_wanted = True  # staged, then released
                 continue
             slot.replace(())
             released.append(slot.index)

@@ -30,6 +30,7 @@ from switchyard.proto.page_flags import PageFlags
 from switchyard.common.page_ids import ROOT_ID, chain_page_ids, page_id, page_image_ids
 from switchyard.proto.shm import BufferAllocator
 from switchyard.proto.status import DiskStatus
+from switchyard.scheduler.disk_copy import recount, rewrite_now, settle
 from switchyard.scheduler.eviction import EvictionPlan, plan_eviction
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_tree import DiskPageTree
@@ -101,6 +102,7 @@ class PageCache:
         self.num_unwritten = 0  # pages the disk refused (not cached; nothing else lost)
         self.num_evicted = 0
         self.num_thrash = 0
+        self.removals = 0  # pages that left the disk so far: slots recount theirs (disk_copy)
 
     # --- peers -----------------------------------------------------------------------------
 
@@ -271,6 +273,7 @@ class PageCache:
     def _remove(self, pid: bytes) -> None:
         if pid in self.tree:
             self.tree.remove(pid)
+            self.removals += 1
         self.state_pages.discard(pid)
         parent = self.tail_parent.pop(pid, None)
         if parent is not None:
@@ -388,12 +391,9 @@ class PageCache:
     def acquire(self, n: int) -> list[int] | None:
         return self.allocator.acquire(n) if self.allocator else None
 
-    def _release(self, buffers) -> None:
+    def release(self, buffers) -> None:
         if self.allocator is not None:
             self.allocator.release(buffers)
-
-    def release(self, buffers) -> None:
-        self._release(buffers)
 
     # --- write-through ---------------------------------------------------------------------
 
@@ -413,12 +413,15 @@ class PageCache:
         P = self.page_size
         for slot in slots:
             self.sync_slot(slot)
+            if recount(slot, self.here, self.removals) and not rewrite_now(slot):
+                continue  # the disk let go of its copy: written again when it leaves memory
+            self.touch(slot.page_ids[:slot.num_persisted] if slot.disk_gap else [], now)  # kept
             at_end = len(slot.tokens) // P - 1 if len(slot.tokens) % P == 0 else None
             snapshot_here = (not trimmable and at_end is not None and at_end >= 0
                              and len(slot.tokens) in state_points(slot))
             for k in range(slot.num_persisted, len(slot.page_ids)):
                 pid = slot.page_ids[k]
-                if self._kept(pid):
+                if self.here(pid):
                     if k == slot.num_persisted:
                         slot.num_persisted += 1
                     continue
@@ -435,6 +438,7 @@ class PageCache:
             for end in slot.take_tails():
                 if not self._stage_tail(slot, trimmable, stages, end):
                     return stages
+            settle(slot)
         return stages
 
     def _stage_tail(self, slot: Slot, trimmable: bool, out: list[StagePage], end: int) -> bool:
@@ -446,7 +450,7 @@ class PageCache:
         start, pid, parent, tokens, images = tail
         if slot.turn is not None:
             self.turns.ended_in(slot.turn, pid)
-        if self._kept(pid):
+        if self.here(pid):
             return True
         return self._stage_page(slot.index, start, pid, parent, tokens,
                                 with_state=not trimmable, out=out, image_ids=images)
@@ -464,17 +468,18 @@ class PageCache:
         images = page_image_ids(slot.images, start, end)
         return start, page_id(self.namespace, parent, tokens, images), parent, tokens, images
 
-    def _kept(self, pid: bytes) -> bool:
+    def here(self, pid: bytes) -> bool:
         """On disk, or on its way there (staged or being written)."""
         return pid in self.tree or pid in self.staged or pid in self.writing
 
     def all_on_disk(self, slot: Slot) -> bool:
         """Whether every token of the slot is on disk or on its way there (its full pages and
         its tail), as of the stages planned last: its KV can leave memory at no re-read."""
+        recount(slot, self.here, self.removals)  # true to the disk (scheduler/disk_copy.py)
         if slot.num_persisted < len(slot.page_ids):
             return False
         tail = self._tail(slot)
-        return tail is None or self._kept(tail[1])
+        return tail is None or self.here(tail[1])
 
     def _stage(self, slot: Slot, k: int, with_state: bool, out: list[StagePage]) -> bool:
         P = self.page_size
@@ -507,7 +512,7 @@ class PageCache:
     def _write(self, pending: list[_Pending], now: float, pinned: Pinned) -> None:
         """Make room on disk for `pending`, then hand them to kvstore (or drop them)."""
         if not self._evict(sum(p.nbytes for p in pending), now, pinned):
-            self._release([p.write.buffer for p in pending])
+            self.release([p.write.buffer for p in pending])
             self.outbox.log("kv.budget_exhausted", **{"num_pages_skipped": len(pending),
                                                         "budget_bytes": self.budget_bytes})
             return
@@ -523,10 +528,6 @@ class PageCache:
     def add_fetched(self, pages: Iterable[PageInfo]) -> None:
         for info in pages:  # written by kvstore from what a peer sent
             self._add(info)
-
-    def here(self, pid: bytes) -> bool:
-        """On disk, or on its way there."""
-        return pid in self.tree or pid in self.writing or pid in self.staged
 
     def _evict(self, nbytes: int, now: float, pinned: Pinned) -> bool:
         """Make room for `nbytes` more on disk; whether it fits."""
@@ -562,7 +563,7 @@ class PageCache:
             self.orphans.pop(info.page_id, None)
             pending = self.writing.pop(info.page_id, None)
             if pending is not None:
-                self._release([pending.write.buffer])
+                self.release([pending.write.buffer])
                 if pending.doomed:
                     self.turns.forget_tail(info.page_id)
                     self.outbox.send(DeletePages((info.page_id,)))
@@ -573,7 +574,7 @@ class PageCache:
             self.orphans.pop(pid, None)
             pending = self.writing.pop(pid, None)
             if pending is not None:
-                self._release([pending.write.buffer])
+                self.release([pending.write.buffer])
         if msg.error:
             first = not self.write_backoff.failing
             delay = self.write_backoff.failed(now)

@@ -152,6 +152,14 @@ class Slot:
     # and how many leading ones are known to be on disk or on their way.
     page_ids: list[bytes] = field(default_factory=list)
     num_persisted: int = 0
+    # The disk let go of pages counted in `num_persisted` (scheduler/disk_copy.py): they are
+    # written again once the slot must leave memory (`leaving`: the KV budget or a newcomer
+    # wants the room; `disk_wanted`: past --slots). `removals_seen`: PageCache.removals at
+    # the last recount.
+    disk_gap: bool = False
+    disk_wanted: bool = False
+    disk_tried: bool = False  # written again as far as the disk took it: it may leave
+    removals_seen: int = 0
     # A prompt or a turn ended here: store the partial last page too (next step's stages).
     tail_wanted: bool = False
     # A prompt's context (all its tokens but the last) ended at this token: store the partial
@@ -225,6 +233,7 @@ class Slot:
         self.turn = None
         self.root = root
         self.leaving = self.shelved = False
+        self.disk_gap = self.disk_wanted = self.disk_tried = False
 
     def shared_prefix(self, chain: list[bytes], tokens: list[int], n: int,
                       page_size: int, images: tuple[ImageSpan, ...] = (),

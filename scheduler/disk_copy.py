@@ -1,0 +1,57 @@
+"""Whether a slot's KV is on disk, true to the disk (docs/design/kv-pages.md "A disk smaller
+than memory").
+
+Write-through puts every full page of every slot on disk, so with a disk smaller than memory
+disk eviction takes pages that resident slots still hold. Such a slot's count of pages on disk
+(`Slot.num_persisted`) is lowered to the first page the disk lost (`recount`): it is never
+released from memory as if its pages were on disk. Its KV is still in memory, so losing the
+disk copy cost nothing yet: the slot is written again only once it must leave memory
+(`rewrite_now`), not at once, where each rewrite would take another slot's pages and the disk
+would churn. Written again as far as the disk takes it, it may leave knowing (`settle`): the
+rest is re-read when its conversation is back. Pure: the page cache passes what is kept and
+how many pages left the disk so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from switchyard.scheduler.requests import Slot
+
+
+def recount(slot: Slot, kept: Callable[[bytes], bool], removals: int) -> bool:
+    """Lower the slot's persisted count to its first page no longer on disk nor on its way
+    there, when pages left the disk since it last looked (`removals`: how many so far).
+    Whether the disk lost pages the slot counted (`Slot.disk_gap`, until written again)."""
+    if slot.removals_seen != removals:
+        slot.removals_seen = removals
+        for k in range(slot.num_persisted):
+            if not kept(slot.page_ids[k]):
+                slot.num_persisted = k
+                slot.disk_gap = True
+                break
+    if slot.num_persisted >= len(slot.page_ids):
+        slot.disk_gap = False  # cut back before what the disk lost
+    return slot.disk_gap
+
+
+def rewrite_now(slot: Slot) -> bool:
+    """Whether a slot whose disk copy was taken is written again now: it must leave memory
+    (the KV budget or a newcomer wants the room, or it is past --slots)."""
+    return slot.leaving or slot.disk_wanted
+
+
+def settle(slot: Slot) -> None:
+    """The slot's stages are planned: one leaving memory whose disk copy was taken has been
+    written again as far as the disk takes it, and may now leave knowing
+    (`Slot.disk_tried`: the rest is re-read)."""
+    if slot.disk_gap and slot.leaving:
+        slot.disk_tried = True
+    slot.disk_gap = False
+
+
+def gaps_last(keep: Callable[[Slot], tuple]) -> Callable[[Slot], tuple]:
+    """The residency order (scheduler/residency.py) with slots whose disk copy was taken
+    last: one leaves memory only where slots that can go at once do not make room, for it
+    costs a rewrite, and a re-read of what the disk cannot take."""
+    return lambda slot: (slot.disk_gap, keep(slot))

@@ -1,0 +1,75 @@
+"""A disk smaller than memory (docs/design/kv-pages.md "A disk smaller than memory"), driven
+without sockets or MLX: the core with scripted worker and kvstore
+(tests/unit/test_scheduler_pages.py). Write-through puts every slot's pages on disk and the
+disk's eviction then takes pages that resident slots hold: a slot so hit is never released from
+memory as if its pages were on disk."""
+
+from switchyard.proto.scheduler_worker import RunStep
+from switchyard.scheduler.events import PlanStep
+
+from tests.unit.test_scheduler_pages import Group, P, conv
+
+# Two idle slots of whole pages (64 tokens each: 256 of KV memory apiece as the worker counts
+# it) fit; a newcomer of 64 tokens (256 more) fits once one of them leaves, one of 300 tokens
+# (512) once both do.
+BUDGET = 600
+
+
+def two_idle_slots_on_a_small_disk(kv_budget_tokens):
+    """A then B, each 4 whole pages, on a disk of 6 pages: B's pages took A's (the least
+    recently used) while A stays in its slot. Returns the group and A's context."""
+    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=kv_budget_tokens)
+    g.turn("a", conv(1, 4 * P - 3))
+    g.turn("b", conv(2, 4 * P - 3))
+    a, b = g.core.slots[0], g.core.slots[1]
+    assert len(a.tokens) == len(b.tokens) == 4 * P  # no tail: full pages only
+    assert all(pid in g.disk for pid in b.page_ids)
+    assert not all(pid in g.disk for pid in a.page_ids), "the disk let go of A's pages"
+    return g, list(a.tokens)
+
+
+def test_a_slot_whose_pages_the_disk_let_go_is_not_taken_for_on_disk():
+    g, _ = two_idle_slots_on_a_small_disk(0)
+    a, b = g.core.slots[0], g.core.slots[1]
+    assert g.core.releasable(b)
+    assert not g.core.releasable(a)
+    assert a.num_persisted == sum(1 for _ in a.page_ids[:a.num_persisted]) < len(a.page_ids)
+    assert all(pid in g.disk for pid in a.page_ids[:a.num_persisted])
+
+
+def test_room_is_made_by_the_slot_whose_pages_are_on_disk():
+    """A newcomer needs one idle slot's memory. A is the least recently used, but its pages
+    are not on disk (B's took them): B goes, A stays, and A's next turn re-reads nothing."""
+    g, a_context = two_idle_slots_on_a_small_disk(BUDGET)
+    g.turn("c", conv(3, 4 * P - 3))
+    assert g.core.slots[0].tokens == a_context, "A stayed in memory"
+    assert not g.core.slots[1].tokens, "B left it"
+    g.turn("a2", a_context + conv(4, 20))
+    assert g.records["a2"].num_reread_tokens == 0
+    assert g.finished("a2").num_cached_tokens == len(a_context)
+
+
+def test_a_slot_that_must_leave_is_written_again_before_it_goes():
+    """A newcomer needs both idle slots' memory: A's pages go back to disk before its KV
+    leaves memory, and the newcomer waits for that rather than run past the budget."""
+    g, _ = two_idle_slots_on_a_small_disk(BUDGET)
+    a_pages = list(g.core.slots[0].page_ids)
+    g.submit("c", conv(3, 300))
+    released = False
+    for _ in range(200):  # a plan each second, as the service's loop makes at least
+        g.now += 1.0
+        g.do(PlanStep())
+        step = next((m for m in g.outbox if isinstance(m, RunStep)), None)
+        if step is not None and step.prefills and not released:
+            assert 0 in step.releases, "the newcomer waited for A's room"
+        g.pump()
+        if step is not None and 0 in step.releases and not released:
+            # Staged by the step that released it (the worker stages before it releases),
+            # written when it ended.
+            assert all(pid in g.disk for pid in a_pages), "A left with its pages on disk"
+            released = True
+        if "c" in g.records:
+            break
+    assert released
+    assert g.logs("request.waits_for_memory")
+    assert g.finished("c").finish_reason == "length"
