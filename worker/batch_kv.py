@@ -173,8 +173,11 @@ class BatchKV(_BaseCache):
         longest = max(ends, default=0)
         if not longest:
             return batch
-        have = self._capacity() if self.keys is not None else 0
-        capacity = max(have, (longest + self.step) // self.step * self.step)
+        # As `merge` makes it: room for the longest row and its next tokens, no wider (a
+        # batch kept at the width of a long row that left would hold more than the memory
+        # plan counts, common/held_kv.py).
+        capacity = (longest + self.step) // self.step * self.step
+        have = min(capacity, self._capacity()) if self.keys is not None else 0
         batch.keys = self._joined(self._regrouped(picks, capacity, have, lambda c: c.keys,
                                                   self._parts(self.keys)))
         batch.values = self._joined(self._regrouped(picks, capacity, have, lambda c: c.values,
@@ -196,7 +199,7 @@ class BatchKV(_BaseCache):
             pieces = []
             for run in runs:
                 if isinstance(run, list):
-                    piece = sample[run[0]:run[1] + 1]
+                    piece = sample[run[0]:run[1] + 1, :, :have]
                     width = have
                 else:
                     if run.keys is None or not run.offset:  # an empty slot joining

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache
 
 from switchyard.proto.scheduler_worker import PrefillChunk
@@ -443,7 +444,8 @@ class SlotStore:
             else:
                 self._unbatch()
                 caches = [self._parked.pop(s) for s in slots]
-                self._batch = [_merged(list(layer)) for layer in zip(*caches)]
+                [self._batch] = _layer_by_layer(
+                    len(caches[0]), lambda i: [_merged([c[i] for c in caches])], caches)
                 self._batch_slots = slots
         return self._batch
 
@@ -457,15 +459,18 @@ class SlotStore:
     def _regroup(self, slots: tuple[int, ...]) -> None:
         """The batch of `slots`, in that order: rows leaving are taken out alone, rows joining
         come from their slots, and the rows that stay are not split and merged again."""
-        old = self._batch_slots
-        for row, slot in enumerate(old):
-            if slot not in slots:
-                self._parked[slot] = self._row_copy(row)
+        old, batch = self._batch_slots, self._batch
+        leaving = [row for row, slot in enumerate(old) if slot not in slots]
         joining = {s: self._parked.pop(s) for s in slots if s not in old}
-        self._batch = [layer.regroup([old.index(s) if s in old else joining[s][i]
-                                      for s in slots])
-                       for i, layer in enumerate(self._batch)]
-        self._batch_slots = slots
+
+        def layer(i: int) -> list:
+            picks = [old.index(s) if s in old else joining[s][i] for s in slots]
+            return [batch[i].regroup(picks)] + [batch[i].extract(row) for row in leaving]
+
+        new, *left = _layer_by_layer(len(batch), layer, [batch, *joining.values()])
+        for row, cache in zip(leaving, left):
+            self._parked[old[row]] = cache
+        self._batch, self._batch_slots = new, slots
 
     def _unbatch_slot(self, slot: int) -> None:
         """Take the slot out of the decode batch; the other rows stay batched."""
@@ -480,12 +485,15 @@ class SlotStore:
     def _unbatch(self) -> None:
         if self._batch is None:
             return
-        for row, slot in enumerate(self._batch_slots):
-            self._parked[slot] = self._row_copy(row)
+        batch, slots = self._batch, self._batch_slots
         self._batch, self._batch_slots = None, ()
+        caches = _layer_by_layer(len(batch), lambda i: [batch[i].extract(row)
+                                                        for row in range(len(slots))], [batch])
+        for slot, cache in zip(slots, caches):
+            self._parked[slot] = cache
 
     def _row_copy(self, row: int) -> list:
-        """A slot's own cache list holding a copy of the batch's row `row`."""
+        """A slot's own cache list holding a copy of the batch's row `row` (the batch stays)."""
         return [layer.extract(row) for layer in self._batch]
 
     def _check_room(self, slot: int, num_new: int) -> None:
@@ -546,6 +554,31 @@ def _write_back(own, merged, row: int, start: int) -> None:
     for a, n in zip(arrays, new):
         a[..., start:end, :] = n
     set_token_arrays(own, arrays, end)
+
+
+def _layer_by_layer(num_layers: int, build: Callable[[int], list], olds: list[list]) -> list[list]:
+    """Cache lists built layer by layer: `build(i)` gives layer i of each new list; it is
+    evaluated and layer i of the `olds` (the cache lists it was made of) is dropped before
+    the next, so that both forms of only one layer exist at a time. Built lazily all at once,
+    mlx would hold every layer's old and new arrays together while it evaluates them, and a
+    row taken out lazily kept the whole old batch alive until it was next used (the memory
+    plan still counts both forms: docs/design/kv-pages.md "Memory plan")."""
+    out: list[list] = []
+    for i in range(num_layers):
+        new = build(i)
+        mx.eval([a for layer in new for a in _arrays(layer)])
+        for old in olds:
+            old[i] = None  # its arrays are freed here unless something else holds them
+        out = out or [[] for _ in new]
+        for cache, layer in zip(out, new):
+            cache.append(layer)
+    return out
+
+
+def _arrays(layer) -> list[mx.array]:
+    """The arrays a cache layer holds (of every member of a CacheList)."""
+    return [a for c in leaves([layer]) for _, a in tree_flatten(vars(c))
+            if isinstance(a, mx.array)]
 
 
 def _merged(caches: list):
