@@ -27,6 +27,7 @@ import numpy as np
 
 from switchyard.worker.cache_kinds import leaves
 from switchyard.worker.kv_layout import is_attention_kv, set_token_arrays, token_arrays
+from switchyard.worker.state_marks import copy_state
 
 _STEP = 256  # mlx-lm's KVCache.step: a whole slot gets room for its next token
 
@@ -60,6 +61,16 @@ class Shelved:
         if len(parts) == 1:
             return parts[0]
         return [mx.concatenate([p[j] for p in parts], axis=2) for j in range(len(parts[0]))]
+
+    def copy(self, num_tokens: int, fresh: list) -> list:
+        """`fresh` holding the first `num_tokens` of the slot, which stays shelved: its
+        attention KV from the pieces, its state layers as the slot has them (at its end; a
+        copy to the mark puts the mark's after: worker/slots.py `copy_prefix`)."""
+        self.pool.whole(self, num_tokens, fresh)
+        for src, dst in zip(leaves(self.shell), leaves(fresh)):
+            if not is_attention_kv(src):
+                copy_state(src, dst)
+        return fresh
 
 
 def chain_keys(tokens: list[int], page_size: int) -> list[bytes]:

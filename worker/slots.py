@@ -413,7 +413,7 @@ class SlotStore:
         self._unbatch_slot(dst)
         if self.mtp is not None:  # the head's pairs of the source are not copied
             self.mtp.release(dst)
-        self._parked[dst] = (_copy_shelved(source, num_tokens, self._make_cache())
+        self._parked[dst] = (source.copy(num_tokens, self._make_cache())
                              if isinstance(source, Shelved)  # it stays shelved
                              else copy_prefix(source, num_tokens, self._make_cache()))
         if at_mark:
@@ -510,17 +510,6 @@ class SlotStore:
     def take_encode_stats(self) -> tuple[float, int]:
         """Seconds the vision encoder ran and tokens it encoded since the last call."""
         return 0.0, 0
-
-
-def _copy_shelved(source: Shelved, num_tokens: int, fresh: list) -> list:
-    """`fresh` holding the first `num_tokens` of a shelved slot: its attention KV from the
-    pieces, its state layers as the slot has them (at its end; `copy_prefix` puts the mark's
-    for a copy to the mark)."""
-    source.pool.whole(source, num_tokens, fresh)
-    for src, dst in zip(leaves(source.shell), leaves(fresh)):
-        if not is_attention_kv(src):
-            state_marks.copy_state(src, dst)
-    return fresh
 
 
 def _emptied(old: list, fresh: list) -> list:
