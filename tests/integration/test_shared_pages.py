@@ -22,11 +22,28 @@ def _siblings(store, prefix_pages=4, own=(9, 21, 40)):
 
 # Attention only; a hybrid (gated delta: recurrent states) and a sliding-window family (rings
 # of 128, wrapped by these prompts), whose attention layers alone are shelved.
-@pytest.fixture(params=["qwen3", "llama", "qwen3_5", "gpt_oss"])
-def store_layout(request, tiny_model_dir):
-    store, layout = _setup(tiny_model_dir(request.param), num_slots=4)
+ATTENTION_ONLY, WITH_STATE = ["qwen3", "llama"], ["qwen3_5", "gpt_oss"]
+
+
+def _store(tiny_model_dir, arch):
+    store, layout = _setup(tiny_model_dir(arch), num_slots=4)
     assert store.share_pages(P)
     return store, layout
+
+
+@pytest.fixture(params=ATTENTION_ONLY + WITH_STATE)
+def store_layout(request, tiny_model_dir):
+    return _store(tiny_model_dir, request.param)
+
+
+@pytest.fixture(params=ATTENTION_ONLY)
+def attention_store(request, tiny_model_dir):
+    return _store(tiny_model_dir, request.param)
+
+
+@pytest.fixture(params=WITH_STATE)
+def state_store(request, tiny_model_dir):
+    return _store(tiny_model_dir, request.param)
 
 
 def test_siblings_hold_their_prefix_once_and_continue_as_if_never_shelved(store_layout):
@@ -53,10 +70,8 @@ def test_siblings_hold_their_prefix_once_and_continue_as_if_never_shelved(store_
     assert pool.num_pieces == 0  # each slot whole again: no piece is held
 
 
-def test_a_shelved_slot_stages_copies_and_cuts_back_where_it_lies(store_layout):
-    store, layout = store_layout
-    if not store.trimmable:
-        pytest.skip("a state exists at a slot's end and its mark: the next test")
+def test_a_shelved_slot_stages_copies_and_cuts_back_where_it_lies(attention_store):
+    store, layout = attention_store
     prompts = _siblings(store, own=(2 * P + 5, 3))
     staged = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(2)]
     layout.stage(store.stage_source(0), 2 * P, staged[0], with_state=False)
@@ -100,12 +115,10 @@ def test_shelved_slots_join_a_decode_batch(store_layout):
     assert rows == alone
 
 
-def test_a_shelved_slot_with_state_stages_copies_and_goes_back_to_its_mark(store_layout):
+def test_a_shelved_slot_with_state_stages_copies_and_goes_back_to_its_mark(state_store):
     """A hybrid or window slot shelved: its pages staged with the state at its end and at its
     mark, a copy of it whole, and the slot cut back to its mark, all as if never shelved."""
-    store, layout = store_layout
-    if store.trimmable:
-        pytest.skip("no state layers")
+    store, layout = state_store
     prompts = _siblings(store, own=(2 * P + 5, 3))
     n = len(prompts[0])
     ref = _continue(store, 0, 17, n=5)
