@@ -615,13 +615,10 @@ def test_a_restore_starts_with_a_small_batch_then_reads_larger_ones():
     assert sum(sizes) == 61 and g.finished("a2").num_cached_tokens == len(a) + 3
 
 
-def test_a_conversation_back_before_its_pages_land_waits_for_them():
-    """A's slot is taken by B while A's pages are still being written (a slow disk: kvstore
-    acknowledges nothing yet). A's next turn arrives: it is not placed (and its pages not
-    re-read) until the writes land, then it restores everything it had."""
-    g = Group(num_slots=1)
-    held_back = []
-    deliver = g._kvstore
+def _writes_held_back(g):
+    """A slow disk: the scripted kvstore keeps every WritePages (acknowledging nothing) in
+    the returned list; `deliver` hands one over when the test says."""
+    held_back, deliver = [], g._kvstore
 
     def slow_kvstore(msg):
         if isinstance(msg, WritePages):
@@ -629,6 +626,15 @@ def test_a_conversation_back_before_its_pages_land_waits_for_them():
         else:
             deliver(msg)
     g._kvstore = slow_kvstore
+    return held_back, deliver
+
+
+def test_a_conversation_back_before_its_pages_land_waits_for_them():
+    """A's slot is taken by B while A's pages are still being written (a slow disk: kvstore
+    acknowledges nothing yet). A's next turn arrives: it is not placed (and its pages not
+    re-read) until the writes land, then it restores everything it had."""
+    g = Group(num_slots=1)
+    held_back, deliver = _writes_held_back(g)
     a = conv(1, 5 * P + 3)
     g.submit("a1", a)
     g.run()
@@ -642,15 +648,7 @@ def test_back_before_its_pages_land_waits_though_a_sibling_shares_more_than_whol
     its own pages (which reach much further) instead of copying the prefix from X and
     re-reading the rest."""
     g = Group(num_slots=2)
-    held_back = []
-    deliver = g._kvstore
-
-    def slow_kvstore(msg):
-        if isinstance(msg, WritePages):
-            held_back.append(msg)
-        else:
-            deliver(msg)
-    g._kvstore = slow_kvstore
+    held_back, deliver = _writes_held_back(g)
     system = conv(5, 2 * P + 40)
     a = system + conv(7, 2 * P)
     g.turn("a1", a)
