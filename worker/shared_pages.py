@@ -99,20 +99,20 @@ class PagePool:
         """`cache` (holding `tokens`) as pieces, taking those already pooled; `cache`'s
         attention layers are emptied, layer by layer, as their pieces are made."""
         P = self.page_size
-        keys = chain_keys(tokens, P)
-        new = [k for k in dict.fromkeys(keys) if k not in self._pieces]
-        made = {k: _Piece([]) for k in new}
+        keys = chain_keys(tokens, P)  # distinct: each digest covers all tokens before it
+        made = {k: _Piece([]) for k in keys if k not in self._pieces}
+        starts = [(page * P, made[k]) for page, k in enumerate(keys) if k in made]
         tail: list[list[mx.array]] = []
         full = len(keys) * P
-        attention = [i for i, c in enumerate(leaves(cache)) if is_attention_kv(c)]
-        for layer in (leaves(cache)[i] for i in attention):
+        layers = leaves(cache)
+        attention = [i for i, c in enumerate(layers) if is_attention_kv(c)]
+        for layer in (layers[i] for i in attention):
             arrays = token_arrays(layer)
-            for k in new:
-                at = keys.index(k) * P
-                made[k].layers.append([mx.contiguous(a[..., at:at + P, :]) for a in arrays])
+            for at, piece in starts:
+                piece.layers.append([mx.contiguous(a[..., at:at + P, :]) for a in arrays])
             tail.append([mx.contiguous(a[..., full:len(tokens), :]) for a in arrays]
                         if full < len(tokens) else [])
-            mx.eval([a for k in new for a in made[k].layers[-1]] + tail[-1])
+            mx.eval([a for _, piece in starts for a in piece.layers[-1]] + tail[-1])
             layer.keys = layer.values = None  # the slot's own buffer goes now
             layer.offset = 0
         self._pieces.update(made)
