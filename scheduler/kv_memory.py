@@ -112,8 +112,9 @@ def room_for(hold: SlotHold, slot_index: int, slots: list[Slot],
         return None  # (alone, a request always runs: one at full context fits the plan)
     kept, leave = list(fixed), []
     for s in sorted(spare, key=keep, reverse=True):  # the most worth keeping stays
-        if not s.leaving and held_tokens(kept + [idle_hold(s, page_size)], ctx) <= budget:
-            kept.append(idle_hold(s, page_size))
+        stays = idle_hold(s, page_size)
+        if not s.leaving and held_tokens(kept + [stays], ctx) <= budget:
+            kept.append(stays)
         else:
             leave.append(s.index)
     return leave
