@@ -140,7 +140,10 @@ def test_responses_text(client, model_id):
 def test_messages_tool_use_stream_and_count_tokens(claude):
     kwargs = dict(model="claude-local", max_tokens=MAX_TOKENS, system=SYSTEM,
                   messages=[{"role": "user", "content": QUESTION}], tools=ANTHROPIC_TOOLS,
-                  tool_choice={"type": "tool", "name": "get_weather"})
+                  tool_choice={"type": "tool", "name": "get_weather"},
+                  # Messages sample at 1.0 by default, and these two runs must agree; this
+                  # client has no temperature argument, so it goes in the body
+                  extra_body={"temperature": 0})
     message = claude.messages.create(**kwargs)
     assert message.stop_reason in ("tool_use", "max_tokens") and message.model == "claude-local"
     tool_use = message.content[-1]
