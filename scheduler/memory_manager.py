@@ -81,9 +81,13 @@ class MemoryManager:
         hold = request_hold(req, start)
         leave = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
                          st.releasable, self._keep_key(), st.config.page_size)
-        if leave is None or any(s.disk_gap and s.free for s in st.slots):
+        alone = not any(s.rid is not None for s in st.slots if s.index != p.slot)
+        if alone and any(s.disk_gap and s.free for s in st.slots):
             # Idle slots whose disk copy a tight disk took make room once written again
-            # (scheduler/disk_copy.py): they leave, and the request waits for them.
+            # (scheduler/disk_copy.py): they leave, and the request waits for them. Only
+            # with nothing else running: beside a running request it waits for that one
+            # instead, for the disk that lost such a slot's pages would lose them again and
+            # its conversation would re-read them.
             wanted = [i for i in room_for(hold, p.slot, st.slots, st.requests, budget,
                                           st.config.ctx, self._rewritable,
                                           gaps_last(self._keep_key()), st.config.page_size)

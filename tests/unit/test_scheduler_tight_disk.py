@@ -73,3 +73,27 @@ def test_a_slot_that_must_leave_is_written_again_before_it_goes():
     assert released
     assert g.logs("request.waits_for_memory")
     assert g.finished("c").finish_reason == "length"
+
+
+def test_a_newcomer_waits_for_a_running_request_rather_than_write_a_slot_the_disk_cannot_keep():
+    """A newcomer fits beside a running request only if A, whose pages the disk let go, is
+    written again and leaves; the disk would lose them again under the newcomer's own pages,
+    and A's next turn would re-read them. It waits for the running request instead; then the
+    slots whose pages are on disk make its room, and A stays in memory."""
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2000)
+    g.turn("a", conv(1, 4 * P - 3))
+    g.turn("b", conv(2, 4 * P - 3))
+    a_context = list(g.core.slots[0].tokens)
+    assert not g.core.releasable(g.core.slots[0]), "the disk let go of A's pages"
+    g.submit("r", conv(3, 20), max_tokens=30)
+    c_prompt = conv(4, 300)
+    g.submit("c", c_prompt)
+    g.run()
+    r_done = g.msgs.index(g.finished("r"))
+    c_first = next(i for i, m in enumerate(g.msgs) if isinstance(m, RunStep) and any(
+        p.token_ids[:8] == tuple(c_prompt[:8]) for p in m.prefills))
+    assert g.logs("request.waits_for_memory"), "the newcomer waited for memory"
+    assert c_first > r_done, "placed once the running request was done"
+    assert g.core.slots[0].tokens == a_context, "A stayed in memory"
+    g.turn("a2", a_context + conv(5, 20))
+    assert g.records["a2"].num_reread_tokens == 0
