@@ -79,15 +79,19 @@ class MemoryManager:
         p = decision.placement
         start = p.copied if p.copy_from is not None else p.reused
         hold = request_hold(req, start)
-        leave = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
-                         st.releasable, self._keep_key(), st.config.page_size)
         alone = not any(s.rid is not None for s in st.slots if s.index != p.slot)
+        # A disk that took pages of resident slots (scheduler/disk_copy.py) holds less than
+        # memory: beside a running request no idle slot leaves for a newcomer then, for the
+        # disk would lose its pages under the newcomer's and its conversation, often back
+        # within seconds after a tool call, would re-read them. The newcomer waits for the
+        # running requests instead.
+        tight = not alone and any(s.disk_gap for s in st.slots)
+        leave = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
+                         _stays if tight else st.releasable, self._keep_key(),
+                         st.config.page_size)
         if alone and any(s.disk_gap and s.free for s in st.slots):
-            # Idle slots whose disk copy a tight disk took make room once written again
-            # (scheduler/disk_copy.py): they leave, and the request waits for them. Only
-            # with nothing else running: beside a running request it waits for that one
-            # instead, for the disk that lost such a slot's pages would lose them again and
-            # its conversation would re-read them.
+            # Idle slots whose disk copy the disk took make room once written again: they
+            # leave, and the request waits for them.
             wanted = [i for i in room_for(hold, p.slot, st.slots, st.requests, budget,
                                           st.config.ctx, self._rewritable,
                                           gaps_last(self._keep_key()), st.config.page_size)
@@ -200,3 +204,8 @@ class MemoryManager:
             else:
                 slot.tail_wanted = True  # staged when a buffer is free, then released
         return released
+
+
+def _stays(slot: Slot) -> bool:
+    """No idle slot leaves (MemoryManager.room_for on a tight disk)."""
+    return False

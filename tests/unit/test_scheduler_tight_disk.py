@@ -4,6 +4,8 @@ without sockets or MLX: the core with scripted worker and kvstore
 disk's eviction then takes pages that resident slots hold: a slot so hit is never released from
 memory as if its pages were on disk."""
 
+import pytest
+
 from switchyard.proto.scheduler_worker import RunStep
 from switchyard.scheduler.events import PlanStep
 
@@ -75,15 +77,22 @@ def test_a_slot_that_must_leave_is_written_again_before_it_goes():
     assert g.finished("c").finish_reason == "length"
 
 
-def test_a_newcomer_waits_for_a_running_request_rather_than_write_a_slot_the_disk_cannot_keep():
-    """A newcomer fits beside a running request only if A, whose pages the disk let go, is
-    written again and leaves; the disk would lose them again under the newcomer's own pages,
-    and A's next turn would re-read them. It waits for the running request instead; then the
-    slots whose pages are on disk make its room, and A stays in memory."""
-    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2000)
+
+@pytest.mark.parametrize("kv_budget_tokens", [
+    2000,  # the newcomer fits beside the running request only if A is written again and goes
+    2100,  # ... only if B goes, its pages on disk (for now)
+])
+def test_beside_a_running_request_a_newcomer_waits_rather_than_send_a_slot_to_a_full_disk(
+        kv_budget_tokens):
+    """With a disk that took pages of resident slots (A's), a newcomer that needs an idle
+    slot's room beside a running request waits for that request: the slot it would send to
+    disk would lose its pages there under the newcomer's own (300 tokens on a disk of 96), and
+    its conversation would re-read them. Done, the running request makes the room, and A's and
+    B's next turns re-read nothing."""
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=kv_budget_tokens)
     g.turn("a", conv(1, 4 * P - 3))
     g.turn("b", conv(2, 4 * P - 3))
-    a_context = list(g.core.slots[0].tokens)
+    contexts = [list(g.core.slots[i].tokens) for i in (0, 1)]
     assert not g.core.releasable(g.core.slots[0]), "the disk let go of A's pages"
     g.submit("r", conv(3, 20), max_tokens=30)
     c_prompt = conv(4, 300)
@@ -94,6 +103,7 @@ def test_a_newcomer_waits_for_a_running_request_rather_than_write_a_slot_the_dis
         p.token_ids[:8] == tuple(c_prompt[:8]) for p in m.prefills))
     assert g.logs("request.waits_for_memory"), "the newcomer waited for memory"
     assert c_first > r_done, "placed once the running request was done"
-    assert g.core.slots[0].tokens == a_context, "A stayed in memory"
-    g.turn("a2", a_context + conv(5, 20))
-    assert g.records["a2"].num_reread_tokens == 0
+    assert [g.core.slots[i].tokens for i in (0, 1)] == contexts, "A and B stayed in memory"
+    for i, context in enumerate(contexts):
+        g.turn(f"next {i}", context + conv(5 + i, 20))
+        assert g.records[f"next {i}"].num_reread_tokens == 0
