@@ -57,7 +57,7 @@ class AdmissionManager:
                 continue  # the requests behind it may still take a slot
             if decision is None:
                 break
-            if not self.memory.room_for(req, decision):
+            if not self.memory.room_for(req, decision, now):
                 break  # admission keeps its order: placed when running requests give room
             first = req.admitted_at is None
             copy = apply(req, decision, st.slots, st.pages, st.pinned(placing=req), now,

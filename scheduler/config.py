@@ -55,6 +55,7 @@ class CoreConfig:
     # Tokens of KV the slots may hold (WorkerReady.kv_budget_tokens; 0: not counted), kept by
     # scheduler.kv_memory (docs/design/kv-pages.md "Memory plan").
     kv_budget_tokens: int = 0
+    kv_bytes_per_token: int = 0  # WorkerReady.kv_bytes_per_token (0: not known yet)
     # Place nothing until kvstore's page index is known (the service sets it; a bare core, as
     # in unit tests, has no kvstore). `SchedulerCore.index_overdue` lifts it.
     wait_for_index: bool = False
@@ -62,3 +63,10 @@ class CoreConfig:
     # (docs/design/kv-pages.md "Pages from a peer").
     peers: tuple[str, ...] = ()
     peer_deadline_s: float = 2.0
+
+    @property
+    def disk_holds_memory(self) -> bool:
+        """Whether the disk budget holds all the KV memory may (a disk smaller than memory
+        loses pages of resident slots: docs/design/kv-pages.md "A disk smaller than
+        memory")."""
+        return 0 < self.kv_budget_tokens * self.kv_bytes_per_token <= self.disk_budget_bytes

@@ -256,7 +256,8 @@ class SchedulerCore(CoreState):
                                           page_size=msg.page_size,
                                           speculation=msg.speculation,
                                           drafter=msg.drafter,
-                                          kv_budget_tokens=msg.kv_budget_tokens)
+                                          kv_budget_tokens=msg.kv_budget_tokens,
+                                          kv_bytes_per_token=msg.kv_bytes_per_token)
         if self.proposer is not None and msg.drafter:
             self.proposer.use_draft_model(msg.draft_cost)
         self.pages.page_size = msg.page_size

@@ -23,7 +23,7 @@ from switchyard.scheduler.disk_copy import gaps_last
 from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for
 from switchyard.scheduler.request_lifecycle import RequestLifecycle
 from switchyard.scheduler.requests import Request, Slot
-from switchyard.scheduler.residency import feeding, grace_s, keep_key, waited_for
+from switchyard.scheduler.residency import back_soon, feeding, grace_s, keep_key, waited_for
 from switchyard.scheduler.tenant_shares import running_by_tenant
 
 
@@ -69,7 +69,7 @@ class MemoryManager:
             request_hold(req, 0), -1, st.slots, st.requests, budget, st.config.ctx,
             lambda s: s.leaving or st.releasable(s), page_size=st.config.page_size) is None
 
-    def room_for(self, req: Request, decision: Decision) -> bool:
+    def room_for(self, req: Request, decision: Decision, now: float) -> bool:
         """Whether the request's KV, placed as decided, fits the worker's budget, making room
         by releasing idle slots whose pages are on disk; logged once per wait when not."""
         st = self.state
@@ -80,15 +80,9 @@ class MemoryManager:
         start = p.copied if p.copy_from is not None else p.reused
         hold = request_hold(req, start)
         alone = not any(s.rid is not None for s in st.slots if s.index != p.slot)
-        # A disk that took pages of resident slots (scheduler/disk_copy.py) holds less than
-        # memory: beside a running request no idle slot leaves for a newcomer then, for the
-        # disk would lose its pages under the newcomer's and its conversation, often back
-        # within seconds after a tool call, would re-read them. The newcomer waits for the
-        # running requests instead.
-        tight = not alone and any(s.disk_gap for s in st.slots)
         leave = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
-                         _stays if tight else st.releasable, self._keep_key(),
-                         st.config.page_size)
+                         st.releasable if alone else self._leaves_beside_running(now),
+                         self._keep_key(), st.config.page_size)
         if alone and any(s.disk_gap and s.free for s in st.slots):
             # Idle slots whose disk copy the disk took make room once written again: they
             # leave, and the request waits for them.
@@ -110,6 +104,24 @@ class MemoryManager:
         for index in leave:
             st.slots[index].leaving = True
         return True
+
+    def _leaves_beside_running(self, now: float) -> Callable[[Slot], bool]:
+        """Which idle slots may leave memory for a newcomer beside running requests, which
+        it can wait for instead (docs/design/kv-pages.md "A disk smaller than memory"):
+        - none on a disk that took pages of resident slots (scheduler/disk_copy.py): it would
+          lose the slot's pages again under the newcomer's own, and its conversation re-read
+          them;
+        - on a disk that holds what memory does, one whose pages are on disk, unless its
+          conversation is expected back within its grace (a tool call's result,
+          scheduler/residency.py `back_soon`): the newcomer waits seconds rather than
+          the conversation restoring its context;
+        - otherwise, one whose pages are on disk."""
+        st = self.state
+        if any(s.disk_gap for s in st.slots):
+            return _stays
+        if st.config.disk_holds_memory:
+            return lambda s: st.releasable(s) and not back_soon(s, now, st.config)
+        return st.releasable
 
     def _rewritable(self, slot: Slot) -> bool:
         """Releasable now, or once written again (its disk copy was taken)."""
@@ -207,5 +219,5 @@ class MemoryManager:
 
 
 def _stays(slot: Slot) -> bool:
-    """No idle slot leaves (MemoryManager.room_for on a tight disk)."""
+    """No idle slot leaves (`MemoryManager._leaves_beside_running` on a tight disk)."""
     return False

@@ -62,6 +62,12 @@ def grace_s(slot: Slot, config: CoreConfig) -> float:
     return config.release_after_s
 
 
+def back_soon(slot: Slot, now: float, config: CoreConfig) -> bool:
+    """Whether the idle slot's conversation is expected back within its grace: its reply
+    ended in a tool call, whose result comes back in seconds."""
+    return returns(slot) >= BACK_SOON and now - slot.last_used < grace_s(slot, config)
+
+
 def waited_for(slots: Iterable[Slot], waiting_pages: Mapping[tuple[bytes, bytes], float]
                ) -> dict[int, float]:
     """Idle slots whose conversation's next turn is in the queue, with when that turn arrived

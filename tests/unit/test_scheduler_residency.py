@@ -2,11 +2,15 @@
 by what the gateway said of their reply's end (`ReplyEnded`): a side call first, then the end of
 a turn, then no word, then a tool call; a slot feeding waiting siblings after the others of its
 rank. The core with scripted worker and kvstore (tests/unit/test_scheduler_pages.py), events and
-a clock, no sockets."""
+a clock, no sockets. Beside a running request, a newcomer waits rather than push out a
+conversation whose tool call's result is due."""
 
 import dataclasses
 
+import pytest
+
 from switchyard.proto.gateway_scheduler import ReplyEnded
+from switchyard.proto.scheduler_worker import RunStep
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.requests import Slot
 from switchyard.scheduler.residency import feeding, grace_s, keep_key, waited_for
@@ -165,3 +169,29 @@ def test_a_conversation_copied_whole_to_go_on_elsewhere_leaves_its_old_slot_firs
     assert slot_of(g, "a2") != old and g.records["a2"].num_copied_tokens >= len(prompt) - 1
     assert g.core.slots[old].reply_end == "superseded"
     assert keep_key(g.core.slots[old])[0] == 0, "it goes first, with the side calls"
+
+
+@pytest.mark.parametrize("end, waits", [("tool_calls", True), ("stop", False)])
+def test_beside_a_running_request_a_newcomer_waits_for_it_rather_than_push_out_a_tool_loop(
+        end, waits):
+    """A newcomer fits beside a running request only if idle A leaves memory (its pages are on
+    a disk that holds what memory does). A's reply ended in a tool call: its result is back in
+    seconds, so the newcomer waits for the running request instead, and A's next turn finds
+    its context in memory. A turn that ended waits for a person: A goes, the newcomer runs."""
+    g = Group(num_slots=3, kv_budget_tokens=2000)
+    a_prompt = conv(1, 4 * P - 3)
+    finish(g, "a", a_prompt, end)
+    a_context = list(g.core.slots[0].tokens)
+    assert g.core.releasable(g.core.slots[0]) and g.core.config.disk_holds_memory
+    g.submit("r", conv(2, 20), max_tokens=30)
+    c_prompt = conv(3, 300)
+    g.submit("c", c_prompt)
+    g.run()
+    r_done = g.msgs.index(g.finished("r"))
+    c_first = next(i for i, m in enumerate(g.msgs) if isinstance(m, RunStep) and any(
+        p.token_ids[:8] == tuple(c_prompt[:8]) for p in m.prefills))
+    assert (c_first > r_done) is waits
+    assert (g.core.slots[0].tokens == a_context) is waits, "A stayed in memory"
+    g.submit("a2", a_context + conv(4, 20), max_tokens=1)
+    g.run()
+    assert g.records["a2"].num_restored_tokens == (0 if waits else len(a_context))
