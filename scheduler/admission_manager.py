@@ -101,7 +101,7 @@ class AdmissionManager:
             if not req.grammar_ready or req.fetching \
                     or req.waits_for in {r.rid for r in st.prefilling()}:
                 continue  # not placed now: no slot is freed for it
-            if free and not self.memory.short_of(req):
+            if free and not self.memory.short_of(req, now):
                 free -= 1  # a free slot is there for it
                 promised[req.tenant] += 1
                 continue

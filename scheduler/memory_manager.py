@@ -59,15 +59,16 @@ class MemoryManager:
         for index in relief.leave:
             st.slots[index].leaving = True
 
-    def short_of(self, req: Request) -> bool:
+    def short_of(self, req: Request, now: float) -> bool:
         """Whether the request's KV would not fit the worker's budget beside what stays
-        (what it may find in a slot does not change its hold). Slots already leaving count
-        as gone: they go as soon as their pages are on their way."""
+        (what it may find in a slot does not change its hold), as `room_for` makes room.
+        Slots already leaving count as gone: they go as soon as their pages are on their way."""
         st = self.state
         budget = st.config.kv_budget_tokens
+        leaves = self._leaves(now, alone=not st.running())
         return bool(budget) and room_for(
             request_hold(req, 0), -1, st.slots, st.requests, budget, st.config.ctx,
-            lambda s: s.leaving or st.releasable(s), page_size=st.config.page_size) is None
+            lambda s: s.leaving or leaves(s), page_size=st.config.page_size) is None
 
     def room_for(self, req: Request, decision: Decision, now: float) -> bool:
         """Whether the request's KV, placed as decided, fits the worker's budget, making room
@@ -81,8 +82,7 @@ class MemoryManager:
         hold = request_hold(req, start)
         alone = not any(s.rid is not None for s in st.slots if s.index != p.slot)
         leave = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
-                         st.releasable if alone else self._leaves_beside_running(now),
-                         self._keep_key(), st.config.page_size)
+                         self._leaves(now, alone), self._keep_key(), st.config.page_size)
         if alone and any(s.disk_gap and s.free for s in st.slots):
             # Idle slots whose disk copy the disk took make room once written again: they
             # leave, and the request waits for them.
@@ -105,9 +105,11 @@ class MemoryManager:
             st.slots[index].leaving = True
         return True
 
-    def _leaves_beside_running(self, now: float) -> Callable[[Slot], bool]:
-        """Which idle slots may leave memory for a newcomer beside running requests, which
-        it can wait for instead (docs/design/kv-pages.md "A disk smaller than memory"):
+    def _leaves(self, now: float, alone: bool) -> Callable[[Slot], bool]:
+        """Which idle slots may leave memory for a newcomer: alone, any whose pages are on
+        disk. Beside running requests, which it can wait for instead
+        (docs/design/kv-pages.md "A disk smaller than memory", docs/design/scheduling.md
+        "Residency"):
         - none on a disk that took pages of resident slots (scheduler/disk_copy.py): it would
           lose the slot's pages again under the newcomer's own, and its conversation re-read
           them;
@@ -115,8 +117,12 @@ class MemoryManager:
           conversation is expected back within its grace (a tool call's result,
           scheduler/residency.py `back_soon`): the newcomer waits seconds rather than
           the conversation restoring its context;
-        - otherwise, one whose pages are on disk."""
+        - otherwise, one whose pages are on disk.
+        An interactive newcomer still takes the memory of a background request
+        (AdmissionManager.make_room asks `short_of`)."""
         st = self.state
+        if alone:
+            return st.releasable
         if any(s.disk_gap for s in st.slots):
             return _stays
         if st.config.disk_holds_memory:
@@ -219,5 +225,5 @@ class MemoryManager:
 
 
 def _stays(slot: Slot) -> bool:
-    """No idle slot leaves (`MemoryManager._leaves_beside_running` on a tight disk)."""
+    """No idle slot leaves (`MemoryManager._leaves` on a tight disk)."""
     return False

@@ -216,6 +216,18 @@ class Group:
                 return
         raise AssertionError("did not settle")
 
+    def run_steps(self, n):
+        """`n` plans a second apart, each delivered until quiet."""
+        for _ in range(n):
+            self.now += 1.0
+            self.do(PlanStep())
+            self.pump()
+
+    def first_prefill(self, prompt):
+        """Where among the messages the first step that prefills `prompt`'s start is."""
+        return next(i for i, m in enumerate(self.msgs) if isinstance(m, RunStep) and any(
+            c.token_ids[:8] == tuple(prompt[:8]) for c in m.prefills))
+
     def finished(self, rid):
         return next(m for m in self.msgs if isinstance(m, RequestFinished) and m.rid == rid)
 

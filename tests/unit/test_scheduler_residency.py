@@ -10,11 +10,11 @@ import dataclasses
 import pytest
 
 from switchyard.proto.gateway_scheduler import ReplyEnded
-from switchyard.proto.scheduler_worker import RunStep
 from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.requests import Slot
 from switchyard.scheduler.residency import feeding, grace_s, keep_key, waited_for
 
+from tests.unit.test_scheduler_memory import submit
 from tests.unit.test_scheduler_pages import Group, P, conv
 from tests.unit.test_scheduler_resident import holding, idle
 
@@ -188,10 +188,28 @@ def test_beside_a_running_request_a_newcomer_waits_for_it_rather_than_push_out_a
     g.submit("c", c_prompt)
     g.run()
     r_done = g.msgs.index(g.finished("r"))
-    c_first = next(i for i, m in enumerate(g.msgs) if isinstance(m, RunStep) and any(
-        p.token_ids[:8] == tuple(c_prompt[:8]) for p in m.prefills))
+    c_first = g.first_prefill(c_prompt)
     assert (c_first > r_done) is waits
     assert (g.core.slots[0].tokens == a_context) is waits, "A stayed in memory"
     g.submit("a2", a_context + conv(4, 20), max_tokens=1)
     g.run()
     assert g.records["a2"].num_restored_tokens == (0 if waits else len(a_context))
+
+
+def test_an_interactive_newcomer_takes_a_background_requests_memory_not_a_tool_loops():
+    """As above, but the running request is a background one: the interactive newcomer does
+    not wait for it; it takes its memory (the background request is staged and resumes
+    later), and the tool loop still keeps its slot."""
+    g = Group(num_slots=3, kv_budget_tokens=2000)
+    g.core.config = dataclasses.replace(g.core.config, background_wait_s=1e6)
+    finish(g, "a", conv(1, 4 * P - 3), "tool_calls")
+    a_context = list(g.core.slots[0].tokens)
+    submit(g, "bg", conv(2, 20), 30, priority="background")
+    g.run_steps(3)
+    submit(g, "fg", conv(3, 300), 4)
+    g.run_steps(1)
+    assert g.core.requests["fg"].slot is not None and "bg" in g.core.waiting
+    assert [(f["rid"], f["reason"], f["for_rid"]) for f in g.logs("request.preempted")] == [
+        ("bg", "memory", "fg")]
+    g.run()
+    assert len(g.reply("bg")) == 30 and g.core.slots[0].tokens == a_context

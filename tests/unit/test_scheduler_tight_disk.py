@@ -77,7 +77,6 @@ def test_a_slot_that_must_leave_is_written_again_before_it_goes():
     assert g.finished("c").finish_reason == "length"
 
 
-
 @pytest.mark.parametrize("kv_budget_tokens", [
     2000,  # the newcomer fits beside the running request only if A is written again and goes
     2100,  # ... only if B goes, its pages on disk (for now)
@@ -99,8 +98,7 @@ def test_beside_a_running_request_a_newcomer_waits_rather_than_send_a_slot_to_a_
     g.submit("c", c_prompt)
     g.run()
     r_done = g.msgs.index(g.finished("r"))
-    c_first = next(i for i, m in enumerate(g.msgs) if isinstance(m, RunStep) and any(
-        p.token_ids[:8] == tuple(c_prompt[:8]) for p in m.prefills))
+    c_first = g.first_prefill(c_prompt)
     assert g.logs("request.waits_for_memory"), "the newcomer waited for memory"
     assert c_first > r_done, "placed once the running request was done"
     assert [g.core.slots[i].tokens for i in (0, 1)] == contexts, "A and B stayed in memory"
