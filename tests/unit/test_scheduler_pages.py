@@ -223,10 +223,16 @@ class Group:
             self.do(PlanStep())
             self.pump()
 
-    def first_prefill(self, prompt):
-        """Where among the messages the first step that prefills `prompt`'s start is."""
-        return next(i for i, m in enumerate(self.msgs) if isinstance(m, RunStep) and any(
+    def newcomer_waits(self, seed):
+        """A request of 20 tokens generating 30, and behind it a newcomer of 300, run until
+        quiet: whether the newcomer was placed only once the first was done."""
+        self.submit("r", conv(seed, 20), max_tokens=30)
+        prompt = conv(seed + 1, 300)
+        self.submit("c", prompt)
+        self.run()
+        placed = next(i for i, m in enumerate(self.msgs) if isinstance(m, RunStep) and any(
             c.token_ids[:8] == tuple(prompt[:8]) for c in m.prefills))
+        return placed > self.msgs.index(self.finished("r"))
 
     def finished(self, rid):
         return next(m for m in self.msgs if isinstance(m, RequestFinished) and m.rid == rid)

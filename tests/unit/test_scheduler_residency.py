@@ -183,13 +183,7 @@ def test_beside_a_running_request_a_newcomer_waits_for_it_rather_than_push_out_a
     finish(g, "a", a_prompt, end)
     a_context = list(g.core.slots[0].tokens)
     assert g.core.releasable(g.core.slots[0]) and g.core.config.disk_holds_memory
-    g.submit("r", conv(2, 20), max_tokens=30)
-    c_prompt = conv(3, 300)
-    g.submit("c", c_prompt)
-    g.run()
-    r_done = g.msgs.index(g.finished("r"))
-    c_first = g.first_prefill(c_prompt)
-    assert (c_first > r_done) is waits
+    assert g.newcomer_waits(2) is waits
     assert (g.core.slots[0].tokens == a_context) is waits, "A stayed in memory"
     g.submit("a2", a_context + conv(4, 20), max_tokens=1)
     g.run()

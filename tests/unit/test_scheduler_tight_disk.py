@@ -93,14 +93,8 @@ def test_beside_a_running_request_a_newcomer_waits_rather_than_send_a_slot_to_a_
     g.turn("b", conv(2, 4 * P - 3))
     contexts = [list(g.core.slots[i].tokens) for i in (0, 1)]
     assert not g.core.releasable(g.core.slots[0]), "the disk let go of A's pages"
-    g.submit("r", conv(3, 20), max_tokens=30)
-    c_prompt = conv(4, 300)
-    g.submit("c", c_prompt)
-    g.run()
-    r_done = g.msgs.index(g.finished("r"))
-    c_first = g.first_prefill(c_prompt)
+    assert g.newcomer_waits(3), "placed once the running request was done"
     assert g.logs("request.waits_for_memory"), "the newcomer waited for memory"
-    assert c_first > r_done, "placed once the running request was done"
     assert [g.core.slots[i].tokens for i in (0, 1)] == contexts, "A and B stayed in memory"
     for i, context in enumerate(contexts):
         g.turn(f"next {i}", context + conv(5 + i, 20))
