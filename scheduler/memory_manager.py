@@ -65,7 +65,8 @@ class MemoryManager:
         Slots already leaving count as gone: they go as soon as their pages are on their way."""
         st = self.state
         budget = st.config.kv_budget_tokens
-        leaves = self._leaves(now, alone=not st.running())
+        patient = self._patient(req, now, beside_running=bool(st.running()))
+        leaves = self._leaves(now) if patient else st.releasable
         return bool(budget) and room_for(
             request_hold(req, 0), -1, st.slots, st.requests, budget, st.config.ctx,
             lambda s: s.leaving or leaves(s), page_size=st.config.page_size) is None
@@ -80,10 +81,12 @@ class MemoryManager:
         p = decision.placement
         start = p.copied if p.copy_from is not None else p.reused
         hold = request_hold(req, start)
-        alone = not any(s.rid is not None for s in st.slots if s.index != p.slot)
+        patient = self._patient(req, now, beside_running=any(
+            s.rid is not None and s.index != p.slot for s in st.slots))
         leave = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
-                         self._leaves(now, alone), self._keep_key(), st.config.page_size)
-        if alone and any(s.disk_gap and s.free for s in st.slots):
+                         self._leaves(now) if patient else st.releasable, self._keep_key(),
+                         st.config.page_size)
+        if not patient and any(s.disk_gap and s.free for s in st.slots):
             # Idle slots whose disk copy the disk took make room once written again: they
             # leave, and the request waits for them.
             wanted = [i for i in room_for(hold, p.slot, st.slots, st.requests, budget,
@@ -105,11 +108,16 @@ class MemoryManager:
             st.slots[index].leaving = True
         return True
 
-    def _leaves(self, now: float, alone: bool) -> Callable[[Slot], bool]:
-        """Which idle slots may leave memory for a newcomer: alone, any whose pages are on
-        disk. Beside running requests, which it can wait for instead
-        (docs/design/kv-pages.md "A disk smaller than memory", docs/design/scheduling.md
-        "Residency"):
+    def _patient(self, req: Request, now: float, beside_running: bool) -> bool:
+        """Whether the newcomer waits for the running requests beside it rather than make
+        its room as `_leaves` forbids: while any run, for at most `tool_return_s` (a long
+        reply beside it does not keep it waiting longer)."""
+        return beside_running and now - req.queued_at < self.state.config.tool_return_s
+
+    def _leaves(self, now: float) -> Callable[[Slot], bool]:
+        """Which idle slots may leave memory for a patient newcomer (`_patient`): beside
+        running requests, which it can wait for instead (docs/design/kv-pages.md "A disk
+        smaller than memory", docs/design/scheduling.md "Residency"):
         - none on a disk that took pages of resident slots (scheduler/disk_copy.py): it would
           lose the slot's pages again under the newcomer's own, and its conversation re-read
           them;
@@ -121,8 +129,6 @@ class MemoryManager:
         An interactive newcomer still takes the memory of a background request
         (AdmissionManager.make_room asks `short_of`)."""
         st = self.state
-        if alone:
-            return st.releasable
         if any(s.disk_gap for s in st.slots):
             return _stays
         if st.config.disk_holds_memory:

@@ -4,6 +4,8 @@ without sockets or MLX: the core with scripted worker and kvstore
 disk's eviction then takes pages that resident slots hold: a slot so hit is never released from
 memory as if its pages were on disk."""
 
+import dataclasses
+
 import pytest
 
 from switchyard.proto.scheduler_worker import RunStep
@@ -99,3 +101,22 @@ def test_beside_a_running_request_a_newcomer_waits_rather_than_send_a_slot_to_a_
     for i, context in enumerate(contexts):
         g.turn(f"next {i}", context + conv(5 + i, 20))
         assert g.records[f"next {i}"].num_reread_tokens == 0
+
+
+def test_a_newcomer_waits_beside_a_long_reply_for_tool_return_s_at_most():
+    """The same newcomer beside a reply of 100 steps: it waits `tool_return_s` (5 s here),
+    then makes its room as it would alone (B, whose pages are on disk, goes) and runs beside
+    the reply."""
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2100)
+    g.core.config = dataclasses.replace(g.core.config, tool_return_s=5.0)
+    g.turn("a", conv(1, 4 * P - 3))
+    g.turn("b", conv(2, 4 * P - 3))
+    g.submit("r", conv(3, 20), max_tokens=100)
+    g.submit("c", conv(4, 300))
+    submitted = g.now
+    while g.core.requests["c"].slot is None:
+        g.run_steps(1)
+    assert g.now - submitted >= 5.0, "it waited for the running reply..."
+    assert "r" in g.core.requests, "...not for all of it"
+    g.run()
+    assert len(g.reply("r")) == 100 and g.finished("c").finish_reason == "length"
