@@ -77,6 +77,9 @@ class ScriptedGroup:
         self.finished: dict[str, object] = {}
         self.slots: list[list[int]] = [[] for _ in range(SLOTS)]
         self.shelved: set[int] = set()  # slots held as shared pages (worker/shared_pages.py)
+        # A shelved slot's full pages' keys, hashed once: its tokens do not change while it
+        # is shelved (any use but a stage makes it whole first).
+        self.shelved_pages: dict[int, list[int]] = {}
         self.buffers: dict[int, tuple[int, ...]] = {}
         self.disk: dict[bytes, PageInfo] = {}
         self.written_tokens = 0
@@ -120,6 +123,7 @@ class ScriptedGroup:
         self.shelved.update(plan.shelves)
         self.shelved -= {c.dst_slot for c in plan.copies} | set(plan.releases) | {
             x.slot for x in (*plan.loads, *plan.decodes, *plan.prefills)}
+        self.shelved_pages = {i: k for i, k in self.shelved_pages.items() if i in self.shelved}
         for st in plan.stages:
             n = st.num_tokens or p
             self.buffers[st.buffer] = tuple(self.slots[st.slot][st.start:st.start + n])
@@ -159,12 +163,19 @@ class ScriptedGroup:
         whole = sum(len(t) for i, t in enumerate(self.slots) if i not in self.shelved)
         pages, tails = set(), 0
         for i in self.shelved:
-            tokens, key = self.slots[i], 0
-            for end in range(self.page_size, len(tokens) + 1, self.page_size):
-                key = hash((key, tuple(tokens[end - self.page_size:end])))
-                pages.add(key)
-            tails += len(tokens) % self.page_size
+            if i not in self.shelved_pages:
+                self.shelved_pages[i] = self._page_keys(self.slots[i])
+            pages.update(self.shelved_pages[i])
+            tails += len(self.slots[i]) % self.page_size
         return whole + len(pages) * self.page_size + tails
+
+    def _page_keys(self, tokens: list[int]) -> list[int]:
+        """Keys of the full pages of `tokens`, each naming its whole prefix."""
+        keys, key = [], 0
+        for end in range(self.page_size, len(tokens) + 1, self.page_size):
+            key = hash((key, tuple(tokens[end - self.page_size:end])))
+            keys.append(key)
+        return keys
 
     def _store(self, msg) -> None:
         if isinstance(msg, WritePages):
