@@ -83,15 +83,16 @@ class MemoryManager:
         hold = request_hold(req, start)
         patient = self._patient(req, now, beside_running=any(
             s.rid is not None and s.index != p.slot for s in st.slots))
+        keep = self._keep_key()  # looks up every waiting request's pages: once
         leave = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
-                         self._leaves(now) if patient else st.releasable, self._keep_key(),
+                         self._leaves(now) if patient else st.releasable, keep,
                          st.config.page_size)
         if not patient and any(s.disk_gap and s.free for s in st.slots):
             # Idle slots whose disk copy the disk took make room once written again: they
             # leave, and the request waits for them.
             wanted = [i for i in room_for(hold, p.slot, st.slots, st.requests, budget,
-                                          st.config.ctx, self._rewritable,
-                                          gaps_last(self._keep_key()), st.config.page_size)
+                                          st.config.ctx, self._rewritable, gaps_last(keep),
+                                          st.config.page_size)
                       or () if not st.releasable(st.slots[i])]
             for index in wanted:
                 st.slots[index].leaving = st.slots[index].tail_wanted = True
