@@ -131,6 +131,10 @@ class ScriptedGroup:
             self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
         for slot in plan.releases:
             self.slots[slot] = []
+        for cut in plan.cuts:
+            del self.slots[cut.slot][cut.num_tokens:]
+            self.shelved.add(cut.slot)
+            self.shelved_pages.pop(cut.slot, None)
         for ld in plan.loads:
             del self.slots[ld.slot][ld.start:]
             for b in ld.buffers:

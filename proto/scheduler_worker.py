@@ -99,12 +99,22 @@ class LoadPages(Value):
         pack_tokens(self, "token_ids")
 
 
+class CutSlot(Value):
+    """Idle `slot` keeps its first `num_tokens` (whole pages) as shared pages and drops the
+    rest (docs/design/kv-pages.md "Cut slots"): the disk holds it, and its next turn loads it
+    back after them. Only where slots can be trimmed and shelved (`WorkerReady.trimmable`,
+    `WorkerReady.shared_pages`)."""
+
+    slot: int
+    num_tokens: int
+
+
 # --- scheduler -> worker ----------------------------------------------------------------------
 
 
 class RunStep(Message, tag="run_step"):
-    """One forward step. The worker runs, in order: shelves, stages, copies, releases, loads,
-    decodes, prefills."""
+    """One forward step. The worker runs, in order: shelves, stages, copies, releases and
+    cuts, loads, decodes, prefills."""
 
     step: int
     prefills: tuple[PrefillChunk, ...] = ()
@@ -122,6 +132,8 @@ class RunStep(Message, tag="run_step"):
     # again, first thing in the step (WorkerReady.shared_pages; docs/design/kv-pages.md
     # "Shared pages in memory").
     shelves: tuple[int, ...] = ()
+    # Idle slots cut back to their first pages, with the releases.
+    cuts: tuple[CutSlot, ...] = ()
 
 
 # --- worker -> scheduler ----------------------------------------------------------------------

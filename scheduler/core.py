@@ -166,7 +166,8 @@ class SchedulerCore(CoreState):
         copies, self.copies = self.copies, []
         releases = self.memory.releases(now)
         shelves = self.memory.shelves(releases)
-        if not (stages or copies or releases or loads or decodes or prefills or shelves):
+        cuts = self.memory.cuts
+        if not (stages or copies or releases or cuts or loads or decodes or prefills or shelves):
             return None
         # Nothing else waiting: let the worker decode a burst without coming back to us.
         # (A request's first token comes alone, so its prompt's tail is staged exactly.)
@@ -176,7 +177,7 @@ class SchedulerCore(CoreState):
         decodes, burst = self.decode.widen(decodes, burst)
         self.inflight = RunStep(self._next_step, tuple(prefills), tuple(decodes),
                                 tuple(stages), tuple(copies), tuple(loads), burst,
-                                tuple(releases), tuple(shelves))
+                                tuple(releases), tuple(shelves), tuple(cuts))
         self.decode.planned_at = now
         self._next_step += 1
         self.outbox.send(self.inflight)

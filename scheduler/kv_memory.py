@@ -32,6 +32,8 @@ def idle_hold(slot: Slot, page_size: int) -> SlotHold:
     """An idle slot's hold: its cache, or, shelved (RunStep.shelves), its tokens exactly with
     its full pages' ids, a page other shelved slots hold too counted once (docs/design/kv-pages.md
     "Shared pages in memory"). `page_size` 0: every slot counted as its own cache."""
+    if slot.leaving and slot.cut_to and page_size:
+        return cut_hold(slot, slot.cut_to, page_size)
     if slot.shelved and page_size:
         full = min(len(slot.page_ids), len(slot.tokens) // page_size)
         return SlotHold(len(slot.tokens), pages=tuple(slot.page_ids[:full]), page_size=page_size)
@@ -46,8 +48,13 @@ def slot_hold(slot: Slot, requests: dict[str, Request], page_size: int = 0) -> S
 def holds(slots: Iterable[Slot], requests: dict[str, Request],
           page_size: int = 0) -> list[SlotHold]:
     """What every slot holds that stays: running ones, and idle ones not leaving."""
-    return [slot_hold(s, requests, page_size) for s in slots
-            if s.rid is not None or (s.tokens and not s.leaving)]
+    return [slot_hold(s, requests, page_size) for s in slots if _held(s)]
+
+
+def _held(slot: Slot) -> bool:
+    """Whether the slot holds KV that stays: running, or idle and not leaving (or leaving
+    cut, keeping its front)."""
+    return slot.rid is not None or bool(slot.tokens and (not slot.leaving or slot.cut_to))
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,7 @@ def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: i
 
     def held() -> int:
         return held_tokens((slot_hold(s, requests, page_size) for s in slots
-                            if s.index not in gone
-                            and (s.rid is not None or (s.tokens and not s.leaving))), ctx)
+                            if s.index not in gone and _held(s)), ctx)
 
     idle = sorted((s for s in slots if s.rid is None and s.tokens and not s.leaving), key=keep)
     running = sorted((requests[s.rid] for s in slots if s.rid is not None), key=goes_first,
@@ -88,33 +94,73 @@ def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: i
     return Relief(leave, preempt)
 
 
+@dataclass(frozen=True)
+class Room:
+    leave: list[int]  # idle slots whose KV leaves memory
+    # An idle slot that keeps its first tokens (whole pages) and lets only the rest go (the
+    # disk holds it): (slot, tokens kept), or None.
+    cut: tuple[int, int] | None = None
+
+
 def room_for(hold: SlotHold, slot_index: int, slots: list[Slot],
              requests: dict[str, Request], budget: int, ctx: int,
              releasable: Callable[[Slot], bool],
-             keep: Callable[[Slot], tuple] = keep_key, page_size: int = 0) -> list[int] | None:
+             keep: Callable[[Slot], tuple] = keep_key, page_size: int = 0,
+             cut: bool = False, its_pages: Iterable[bytes] = ()) -> Room | None:
     """The idle slots that must leave for a request placed in slot `slot_index` with `hold`
     to fit `budget`, or None when it does not fit: idle slots that are `releasable` now (all
     their tokens on disk or on their way) may go, the least `keep` first; the others
     stay (a slot already leaving goes only once releasable, and counts until then). A request
-    with none running beside it always runs (then every idle slot that can, leaves)."""
+    with none running beside it always runs (then every idle slot that can, leaves).
+    `cut`: the room left once the slots that fit whole stay goes to the most worth keeping of
+    those leaving: it keeps the leading full pages that fit, held as shared pages
+    (docs/design/kv-pages.md "Cut slots"), and only the rest leaves; not where every page it
+    would keep is held elsewhere too (another slot's, or the request's own, `its_pages`):
+    such a slot would be a second copy, kept at a sibling's cost."""
     fixed, spare = [hold], []
     for s in slots:
         if s.index == slot_index:
             continue
         if s.rid is not None:
             fixed.append(slot_hold(s, requests))
-        elif s.tokens and releasable(s):
+        elif s.tokens and releasable(s) and not s.cut_to:
             spare.append(s)
         elif s.tokens:
             fixed.append(idle_hold(s, page_size))
     alone = not any(s.rid is not None for s in slots if s.index != slot_index)
     if held_tokens(fixed, ctx) > budget and not alone:
         return None  # (alone, a request always runs: one at full context fits the plan)
-    kept, leave = list(fixed), []
+    kept, leaving = list(fixed), []
     for s in sorted(spare, key=keep, reverse=True):  # the most worth keeping stays
         stays = idle_hold(s, page_size)
         if not s.leaving and held_tokens(kept + [stays], ctx) <= budget:
             kept.append(stays)
         else:
-            leave.append(s.index)
-    return leave
+            leaving.append(s)
+    for s in leaving if cut and page_size else ():  # the room left, to the most worth keeping
+        pages = 0 if s.leaving else _pages_that_fit(s, kept, budget, ctx, page_size)
+        elsewhere = set(its_pages).union(*(x.page_ids for x in slots if x is not s))
+        if any(pid not in elsewhere for pid in s.page_ids[:pages]):
+            return Room([x.index for x in leaving], (s.index, pages * page_size))
+    return Room([x.index for x in leaving])
+
+
+def cut_hold(slot: Slot, num_tokens: int, page_size: int) -> SlotHold:
+    """A slot cut to its first `num_tokens` (whole pages), held as shared pages."""
+    return SlotHold(num_tokens, pages=tuple(slot.page_ids[:num_tokens // page_size]),
+                    page_size=page_size)
+
+
+def _pages_that_fit(slot: Slot, kept: list[SlotHold], budget: int, ctx: int,
+                    page_size: int) -> int:
+    """The most leading full pages of `slot` that fit beside `kept` (0: none)."""
+    lo, hi = 0, min(len(slot.page_ids), len(slot.tokens) // page_size)
+    if len(slot.tokens) == hi * page_size:
+        hi -= 1  # all of it is no cut
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if held_tokens(kept + [cut_hold(slot, mid * page_size, page_size)], ctx) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from switchyard.common.held_kv import held_tokens
 from switchyard.proto.gateway_scheduler import ReplyEnded
+from switchyard.proto.scheduler_worker import CutSlot
 from switchyard.scheduler.admission import Decision
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.disk_copy import gaps_last
@@ -31,6 +32,7 @@ class MemoryManager:
     def __init__(self, state: CoreState, lifecycle: RequestLifecycle):
         self.state = state
         self.lifecycle = lifecycle
+        self.cuts: list[CutSlot] = []  # the slots `releases` cut back, this step
 
     def held_tokens(self) -> int:
         st = self.state
@@ -84,20 +86,21 @@ class MemoryManager:
         patient = self._patient(req, now, beside_running=any(
             s.rid is not None and s.index != p.slot for s in st.slots))
         keep = self._keep_key()  # looks up every waiting request's pages: once
-        leave = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
-                         self._leaves(now) if patient else st.releasable, keep,
-                         st.config.page_size)
+        room = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
+                        self._leaves(now) if patient else st.releasable, keep,
+                        st.config.page_size, cut=self._cuts,
+                        its_pages=req.context_chain(st.pages.chain_namespace, st.config.page_size))
         if not patient and any(s.disk_gap and s.free for s in st.slots):
             # Idle slots whose disk copy the disk took make room once written again: they
             # leave, and the request waits for them.
-            wanted = [i for i in room_for(hold, p.slot, st.slots, st.requests, budget,
-                                          st.config.ctx, self._rewritable, gaps_last(keep),
-                                          st.config.page_size)
-                      or () if not st.releasable(st.slots[i])]
+            again = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
+                             self._rewritable, gaps_last(keep), st.config.page_size)
+            wanted = [i for i in (again.leave if again else ())
+                      if not st.releasable(st.slots[i])]
             for index in wanted:
                 st.slots[index].leaving = st.slots[index].tail_wanted = True
-            leave = None if wanted else leave
-        if leave is None:
+            room = None if wanted else room
+        if room is None:
             if not req.waits_for_memory:
                 req.waits_for_memory = True
                 st.outbox.log("request.waits_for_memory", rid=req.rid,
@@ -105,9 +108,21 @@ class MemoryManager:
                               held_tokens=self.held_tokens())
             return False
         req.waits_for_memory = False
-        for index in leave:
+        for index in room.leave:
             st.slots[index].leaving = True
+            st.slots[index].cut_to = 0
+        if room.cut is not None:
+            index, num_tokens = room.cut
+            st.slots[index].cut_to = num_tokens
         return True
+
+    @property
+    def _cuts(self) -> bool:
+        """Whether an idle slot may keep its front and let only its end leave (RunStep.cuts):
+        where the worker can trim and shelve it, and the disk holds what memory does (on a
+        smaller one the end, on disk alone, would be lost under the newcomer's own pages)."""
+        cfg = self.state.config
+        return cfg.trimmable and cfg.shared_pages and cfg.disk_holds_memory
 
     def _patient(self, req: Request, now: float, beside_running: bool) -> bool:
         """Whether the newcomer waits for the running requests beside it rather than make
@@ -175,6 +190,7 @@ class MemoryManager:
         their way (its next turn restores them). The worker makes the step's copies first,
         so a slot copied from in this step may go too."""
         st, cfg = self.state, self.state.config
+        self.cuts = []
         released = self._budget_releases()
         if not cfg.resident_slots or cfg.resident_slots >= len(st.slots):
             return released
@@ -216,13 +232,18 @@ class MemoryManager:
 
     def _budget_releases(self) -> list[int]:
         """Idle slots the KV budget wants out (`Slot.leaving`), released as soon as their
-        pages are on disk or on their way, grace or not; a slot placed meanwhile stays."""
+        pages are on disk or on their way, grace or not; a slot placed meanwhile stays. A
+        slot cut (`Slot.cut_to`) keeps its front, shelved: `cuts` says which."""
         released = []
         for slot in self.state.slots:
             if not slot.leaving:
                 continue
             if not slot.free or not slot.tokens:
-                slot.leaving = False
+                slot.leaving, slot.cut_to = False, 0
+            elif self.state.releasable(slot) and slot.cut_to:
+                self.cuts.append(CutSlot(slot.index, slot.cut_to))
+                slot.truncate(slot.cut_to, self.state.config.page_size)
+                slot.leaving, slot.shelved, slot.cut_to = False, True, 0
             elif self.state.releasable(slot):
                 slot.replace(())
                 released.append(slot.index)

@@ -183,6 +183,9 @@ class Slot:
     # Idle, its KV leaves memory as soon as its tokens are on disk or on their way: the KV
     # budget wants the room (scheduler.kv_memory).
     leaving: bool = False
+    # Leaving, it keeps its first `cut_to` tokens (whole pages; held as shared pages) and
+    # only the rest leaves (RunStep.cuts; docs/design/kv-pages.md "Cut slots"). 0: it all goes.
+    cut_to: int = 0
     # Idle, the worker holds its KV as pages shared with other slots (RunStep.shelves) until
     # it is used again: a page other shelved slots hold counts once (scheduler.kv_memory).
     shelved: bool = False
@@ -233,6 +236,7 @@ class Slot:
         self.turn = None
         self.root = root
         self.leaving = self.shelved = False
+        self.cut_to = 0
         self.disk_gap = self.disk_wanted = self.disk_tried = False
 
     def shared_prefix(self, chain: list[bytes], tokens: list[int], n: int,

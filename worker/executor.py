@@ -86,6 +86,8 @@ class StepExecutor:
             store.release(slot)
             if self.drafter is not None:
                 self.drafter.release(slot)
+        for cut in step.cuts:  # the drafter's KV is never paged: it keeps the slot's
+            store.release(cut.slot, keep=cut.num_tokens)
         load_started = time.perf_counter()
         if self.drafter is not None:  # a slot starting over: its drafter state goes with it
             for slot in {x.slot for x in (*step.loads, *step.prefills) if x.start == 0}:

@@ -148,6 +148,27 @@ class PagePool:
             self.drop(shelved)
         return cache
 
+    def cut(self, shelved: Shelved, num_tokens: int) -> None:
+        """The shelved slot keeps its first `num_tokens` only: its hold on the pieces past
+        them ends (a piece no one else holds goes), and its partial last page is cut from
+        the piece it starts."""
+        P = self.page_size
+        full, rest = divmod(num_tokens, P)
+        if full < len(shelved.keys):
+            source = [self._pieces[shelved.keys[full]].layers[i] if rest else []
+                      for i in range(len(shelved.attention))]
+            shelved.tail = [[mx.contiguous(a[..., :rest, :]) for a in arrays]
+                            for arrays in source]
+            mx.eval([a for arrays in shelved.tail for a in arrays])
+            dropped = Shelved(shelved.keys[full:], [], 0, [], self, [])
+            shelved.keys = shelved.keys[:full]
+            self.drop(dropped)
+        else:
+            shelved.tail = [[mx.contiguous(a[..., :rest, :]) for a in arrays] if rest else []
+                            for arrays in shelved.tail]
+            mx.eval([a for arrays in shelved.tail for a in arrays])
+        shelved.num_tokens = num_tokens
+
     def drop(self, shelved: Shelved) -> None:
         """The shelved slot's hold on its pieces ends (it was made whole, or released)."""
         for k in shelved.keys:
@@ -200,6 +221,15 @@ class SlotCaches(dict):
     def peek(self, slot: int):
         """The slot's cache, or its `Shelved` form, as it lies (for a read)."""
         return super().__getitem__(slot)
+
+    def cut(self, slot: int, tokens: list[int]) -> None:
+        """The slot shelved holding `tokens` (its first ones) only; the rest of its attention
+        KV goes (docs/design/kv-pages.md "Cut slots")."""
+        value = super().__getitem__(slot)
+        if isinstance(value, Shelved):
+            self.pool.cut(value, len(tokens))
+        else:
+            super().__setitem__(slot, self.pool.shelve(value, tokens))
 
     def whole(self, slot: int, num_tokens: int) -> list:
         """The shelved slot made whole holding its first `num_tokens` only."""

@@ -100,9 +100,8 @@ class SlotStore:
         return self._parked.pool is not None
 
     def shelve(self, slot: int) -> None:
-        """Hold the idle slot's KV as shared pages until it is used again
-        (docs/design/kv-pages.md "Shared pages in memory"); a read (`stage_source`, a copy
-        from it) leaves it shelved."""
+        """Hold the idle slot's KV as shared pages until it is used again; a read (a stage, a
+        copy from it) leaves it shelved (docs/design/kv-pages.md "Shared pages in memory")."""
         if self._parked.pool is not None:
             self._unbatch_slot(slot)
             self._parked.shelve(slot, self.tokens[slot])
@@ -205,12 +204,18 @@ class SlotStore:
             return dataclasses.replace(cache, shell=state_marks.with_state(cache.shell, mark[1]))
         return state_marks.with_state(cache, mark[1])
 
-    def release(self, slot: int) -> None:
-        """Drop the slot's KV and its memory: a conversation not kept resident (--slots with
-        --max-running); `truncate` to 0 keeps attention buffers for the slot's next one."""
+    def release(self, slot: int, keep: int = 0) -> None:
+        """Drop the slot's KV and its memory (`truncate` to 0 keeps attention buffers for its
+        next one) but its first `keep` tokens, shelved (RunStep.cuts)."""
         self._unbatch_slot(slot)
+        if keep and (not self.trimmable or self._parked.pool is None):
+            raise SlotError(f"slot {slot} cannot be cut to {keep} tokens here")
         if self.mtp is not None:
-            self.mtp.release(slot)
+            self.mtp.cut(slot, keep)  # to 0: all of it
+        if keep:
+            self._parked.cut(slot, self.tokens[slot][:keep])
+            del self.tokens[slot][keep:]
+            return
         self._parked[slot] = self._make_cache()
         self._marks.pop(slot, None)
         self.tokens[slot] = []

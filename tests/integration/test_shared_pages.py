@@ -97,6 +97,33 @@ def test_a_shelved_slot_stages_copies_and_cuts_back_where_it_lies(attention_stor
     assert store._parked.pool.num_pieces == 0
 
 
+@pytest.mark.parametrize("shelved_first", [False, True])
+def test_a_cut_slot_keeps_its_front_and_continues_once_its_end_is_loaded(attention_store,
+                                                                         shelved_first):
+    """RunStep.cuts (docs/design/kv-pages.md "Cut slots"): the slot keeps its first pages,
+    shelved; its end, staged before, loaded back after them, it continues as if never cut."""
+    store, layout = attention_store
+    prompts = _siblings(store, own=(2 * P + 5, 3))
+    end = len(prompts[0])
+    buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(3)]
+    for k, start in enumerate(range(5 * P, end, P)):
+        layout.stage(store.stage_source(0), start, buffers[k], with_state=False,
+                     num_tokens=min(P, end - start) % P)
+    want = _continue(store, 0, 17, n=6)
+    store.truncate(0, end)
+    if shelved_first:
+        store.shelve(0)
+        store.shelve(1)
+    store.release(0, keep=5 * P)
+    assert store._parked.is_shelved(0) and store.tokens[0] == prompts[0][:5 * P]
+    # The prefix's 4 pieces (held by slot 1 too when shelved) and slot 0's own fifth page.
+    assert store._parked.pool.num_pieces == 5
+    cache = store.loaded(0, 5 * P, prompts[0][5 * P:])
+    layout.load(cache, 5 * P, buffers[:2], with_state=False, num_tokens=end - 5 * P)
+    got = _continue(store, 0, 17, n=6)
+    assert got[0] == want[0] and np.array_equal(got[1], want[1])
+
+
 def test_shelved_slots_join_a_decode_batch(store_layout):
     store, _ = store_layout
     prompts = _siblings(store)

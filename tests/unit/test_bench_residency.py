@@ -139,7 +139,8 @@ def test_a_trace_is_read_from_the_servers_log():
 def test_the_core_told_how_replies_ended_keeps_the_tool_loop_in_memory():
     """A tool loop (A), then a turn that ends (B, more recent), then a newcomer (C) that
     needs one of their slots: told the words, the core lets B's go and A's next turn restores
-    nothing; told nothing, it lets the least recently used go (A's), which A restores."""
+    nothing; told nothing, it lets the least recently used go (A's, but for the pages that fit
+    beside C: a cut), which A restores."""
     page = 16
 
     def conv(seed, n):
@@ -156,7 +157,7 @@ def test_the_core_told_how_replies_ended_keeps_the_tool_loop_in_memory():
     told = replay_core(t, memory_tokens=2000, disk_tokens=10_000)
     not_told = replay_core(t, memory_tokens=2000, disk_tokens=10_000, tell_ends=False)
     assert (told.tokens_reread, told.tokens_restored) == (0, 0)
-    assert not_told.tokens_reread == 0 and not_told.tokens_restored >= len(a)
+    assert not_told.tokens_reread == 0 and not_told.tokens_restored > 0
 
 
 def test_the_core_told_the_future_keeps_what_comes_back_first():
@@ -181,5 +182,6 @@ def test_the_core_told_the_future_keeps_what_comes_back_first():
     recency = replay_core(t, memory_tokens=2000, disk_tokens=100_000)
     future = replay_core(t, memory_tokens=2000, disk_tokens=100_000, oracle=True)
     assert recency.tokens_reread == future.tokens_reread == 0
-    assert recency.tokens_restored > 3 * 600  # restored every turn after the first round
+    # Restored every turn after the first round (all but the front a cut keeps: 1,700 tokens).
+    assert recency.tokens_restored > 2 * 600
     assert future.tokens_restored <= 0.6 * recency.tokens_restored

@@ -201,9 +201,34 @@ def test_room_for_releases_only_idle_slots_on_disk():
     slots[1].tokens, slots[1].last_used = list(range(2000)), 1.0
     hold = SlotHold(0, 1100)
     with_idle = held_tokens([SlotHold(1000, 100), SlotHold(2000), hold], CTX)
-    assert room_for(hold, 2, slots, requests, with_idle, CTX, lambda s: False) == []
+    assert room_for(hold, 2, slots, requests, with_idle, CTX, lambda s: False).leave == []
     assert room_for(hold, 2, slots, requests, with_idle - 1, CTX, lambda s: False) is None
-    assert room_for(hold, 2, slots, requests, with_idle - 1, CTX, lambda s: True) == [1]
+    assert room_for(hold, 2, slots, requests, with_idle - 1, CTX, lambda s: True).leave == [1]
+
+
+def test_room_for_cuts_the_slot_most_worth_keeping_to_the_pages_that_fit():
+    """With `cut`, the room left once the slots that fit whole stay goes to the most worth
+    keeping of those that leave: its leading pages that fit stay (docs/design/kv-pages.md
+    "Cut slots"); not where they are all held elsewhere too (the request's own pages)."""
+    slots = [Slot(i) for i in range(4)]
+    requests = {}
+    running(slots, requests, 0, request("a", 1000), 1000)
+    for index, n, used in ((1, 40 * P + 3, 2.0), (2, 10 * P, 1.0)):
+        slots[index].tokens, slots[index].last_used = list(range(n)), used
+        slots[index].page_ids = [bytes([index, k]) for k in range(n // P)]
+    hold = SlotHold(0, 1100)
+    fixed = held_tokens([SlotHold(1000, 100), hold], CTX)
+    budget = fixed + 25 * P  # slot 2 (160 tokens, rounded up to 256) fits whole, not slot 1
+
+    room = room_for(hold, 3, slots, requests, budget, CTX, lambda s: True, page_size=P)
+    assert (room.leave, room.cut) == ([1], None)
+    room = room_for(hold, 3, slots, requests, budget, CTX, lambda s: True, page_size=P, cut=True)
+    kept = held_tokens([SlotHold(1000, 100), hold, SlotHold(10 * P)], CTX)
+    pages = (budget - kept) // P
+    assert room.leave == [1] and room.cut == (1, pages * P) and 0 < pages < 40
+    room = room_for(hold, 3, slots, requests, budget, CTX, lambda s: True, page_size=P, cut=True,
+                    its_pages=slots[1].page_ids[:pages])
+    assert (room.leave, room.cut) == ([1], None)
 
 
 def test_twenty_sub_agents_run_at_once_at_ctx_32768_on_a_24_gib_machine():
@@ -270,3 +295,31 @@ def test_idle_siblings_are_shelved_and_hold_their_prefix_once():
     g = run(shared_pages=False)  # copies: one goes to disk to make room
     assert not any(s.shelves for s in g.steps)
     assert any(s.releases for s in g.steps)
+
+
+def test_a_slot_cut_for_a_newcomer_keeps_its_front_and_its_next_turn_restores_its_end_only():
+    """A newcomer that needs part of an idle conversation's room cuts it (RunStep.cuts,
+    docs/design/kv-pages.md "Cut slots"): its leading pages stay in memory, shelved, the rest
+    is on disk; its next turn reuses the front, restores only the end, and re-reads nothing.
+    The worker never holds more than the budget."""
+    budget = 1600
+    g = Group(num_slots=3, resident_slots=3, release_after_s=1000.0, kv_budget_tokens=budget,
+              shared_pages=True)
+    first = conv(1, 60 * P)
+    g.submit("a1", first, max_tokens=4)
+    run_checked(g, budget)
+    home = next(s.index for s in g.core.slots if s.last_rid == "a1")
+    g.submit("b", conv(2, 40 * P), max_tokens=4)
+    run_checked(g, budget)
+    cuts = [c for s in g.steps for c in s.cuts]
+    assert [c.slot for c in cuts] == [home] and not any(s.releases for s in g.steps)
+    kept = cuts[0].num_tokens
+    assert 0 < kept < len(first) and g.slots[home] == first[:kept] and home in g.shelved
+
+    since = len(g.steps)
+    g.submit("a2", first + g.reply("a1") + conv(3, 20), max_tokens=4)
+    run_checked(g, budget)
+    loads = [ld for s in g.steps[since:] for ld in s.loads]
+    assert loads and all(ld.slot == home for ld in loads) and loads[0].start == kept
+    assert g.prefilled_in(since) == 20, "only its new tokens are read"
+    assert g.finished("a2").num_cached_tokens == len(first) + 3  # the reply but its last

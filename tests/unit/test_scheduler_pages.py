@@ -123,6 +123,10 @@ class Group:
         for slot in plan.releases:
             self.slots[slot] = []
             self.marks[slot] = 0
+        for cut in plan.cuts:  # the front stays, shelved (docs/design/kv-pages.md "Cut slots")
+            assert self.trimmable and cut.num_tokens % P == 0
+            self._cut(cut.slot, cut.num_tokens)
+            self.shelved.add(cut.slot)
         for ld in plan.loads:
             self._cut(ld.slot, ld.start)
             for b in ld.buffers:
