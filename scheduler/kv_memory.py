@@ -61,15 +61,18 @@ def _held(slot: Slot) -> bool:
 class Relief:
     leave: list[int] = field(default_factory=list)  # idle slots whose KV leaves memory
     preempt: list[str] = field(default_factory=list)  # running requests staged to disk
+    cut: tuple[int, int] | None = None  # as `Room.cut`
 
 
 def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: int,
             goes_first: Callable[[Request], tuple],
-            keep: Callable[[Slot], tuple] = keep_key, page_size: int = 0) -> Relief:
+            keep: Callable[[Slot], tuple] = keep_key, page_size: int = 0,
+            cut: bool = False) -> Relief:
     """What must leave memory for the holds to fit `budget` (tokens): idle slots, the least
     `keep` first (scheduler/residency.py: a side call, the end of a turn, ..., least recently
     used), then running requests, the greatest `goes_first` first (the newest or
-    lowest-priority), never the last one running."""
+    lowest-priority), never the last one running. `cut`: the last idle slot to leave keeps
+    the leading pages that fit (as `room_for` cuts)."""
     gone: set[int] = set()
     leave, preempt = [], []
 
@@ -91,6 +94,14 @@ def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: i
             break  # one request alone fits at full context (the worker's plan)
         gone.add(slot.index)
         leave.append(slot.index)
+    last = slots[leave[-1]] if leave and not preempt else None
+    if cut and page_size and last is not None:
+        gone.discard(last.index)
+        kept = [slot_hold(s, requests, page_size) for s in slots
+                if s.index not in gone and s is not last and _held(s)]
+        pages = _worth_cutting(last, slots, kept, budget, ctx, page_size)
+        if pages:
+            return Relief(leave, preempt, (last.index, pages * page_size))
     return Relief(leave, preempt)
 
 
@@ -138,9 +149,9 @@ def room_for(hold: SlotHold, slot_index: int, slots: list[Slot],
         else:
             leaving.append(s)
     for s in leaving if cut and page_size else ():  # the room left, to the most worth keeping
-        pages = 0 if s.leaving else _pages_that_fit(s, kept, budget, ctx, page_size)
-        elsewhere = set(its_pages).union(*(x.page_ids for x in slots if x is not s))
-        if any(pid not in elsewhere for pid in s.page_ids[:pages]):
+        pages = 0 if s.leaving else _worth_cutting(s, slots, kept, budget, ctx, page_size,
+                                                   its_pages)
+        if pages:
             return Room([x.index for x in leaving], (s.index, pages * page_size))
     return Room([x.index for x in leaving])
 
@@ -149,6 +160,16 @@ def cut_hold(slot: Slot, num_tokens: int, page_size: int) -> SlotHold:
     """A slot cut to its first `num_tokens` (whole pages), held as shared pages."""
     return SlotHold(num_tokens, pages=tuple(slot.page_ids[:num_tokens // page_size]),
                     page_size=page_size)
+
+
+def _worth_cutting(slot: Slot, slots: list[Slot], kept: list[SlotHold], budget: int, ctx: int,
+                   page_size: int, its_pages: Iterable[bytes] = ()) -> int:
+    """The leading full pages of `slot` to keep beside `kept`: the most that fit, or 0 where
+    they fit none or all of them are held elsewhere too (by another slot, or in `its_pages`
+    by the request making room): a second copy kept at a sibling's cost."""
+    pages = _pages_that_fit(slot, kept, budget, ctx, page_size)
+    elsewhere = set(its_pages).union(*(x.page_ids for x in slots if x is not slot))
+    return pages if any(pid not in elsewhere for pid in slot.page_ids[:pages]) else 0
 
 
 def _pages_that_fit(slot: Slot, kept: list[SlotHold], budget: int, ctx: int,

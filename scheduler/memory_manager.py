@@ -52,14 +52,13 @@ class MemoryManager:
         relief = relieve(st.slots, st.requests, budget, st.config.ctx,
                          lambda r: (st.shares.usage(r.tenant, running),
                                     not st.interactive(r, now), r.arrived_at),
-                         gaps_last(self._keep_key()), st.config.page_size)
+                         gaps_last(self._keep_key()), st.config.page_size, cut=self._cuts)
         held = self.held_tokens() if relief.preempt else 0
         for rid in relief.preempt:
             st.num_memory_preemptions += 1
             self.lifecycle.preempt(st.requests[rid], now, "memory", held_tokens=held,
                                    budget_tokens=budget)
-        for index in relief.leave:
-            st.slots[index].leaving = True
+        self._leave(relief.leave, relief.cut)
 
     def short_of(self, req: Request, now: float) -> bool:
         """Whether the request's KV would not fit the worker's budget beside what stays
@@ -88,8 +87,8 @@ class MemoryManager:
         keep = self._keep_key()  # looks up every waiting request's pages: once
         room = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
                         self._leaves(now) if patient else st.releasable, keep,
-                        st.config.page_size, cut=self._cuts,
-                        its_pages=req.context_chain(st.pages.chain_namespace, st.config.page_size))
+                        st.config.page_size, cut=self._cuts, its_pages=req.context_chain(
+                            st.pages.chain_namespace, st.config.page_size) if self._cuts else ())
         if not patient and any(s.disk_gap and s.free for s in st.slots):
             # Idle slots whose disk copy the disk took make room once written again: they
             # leave, and the request waits for them.
@@ -97,8 +96,9 @@ class MemoryManager:
                              self._rewritable, gaps_last(keep), st.config.page_size)
             wanted = [i for i in (again.leave if again else ())
                       if not st.releasable(st.slots[i])]
+            self._leave(wanted, None)
             for index in wanted:
-                st.slots[index].leaving = st.slots[index].tail_wanted = True
+                st.slots[index].tail_wanted = True
             room = None if wanted else room
         if room is None:
             if not req.waits_for_memory:
@@ -108,13 +108,17 @@ class MemoryManager:
                               held_tokens=self.held_tokens())
             return False
         req.waits_for_memory = False
-        for index in room.leave:
-            st.slots[index].leaving = True
-            st.slots[index].cut_to = 0
-        if room.cut is not None:
-            index, num_tokens = room.cut
-            st.slots[index].cut_to = num_tokens
+        self._leave(room.leave, room.cut)
         return True
+
+    def _leave(self, leave: list[int], cut: tuple[int, int] | None) -> None:
+        """The idle slots marked to leave memory; `cut`: (one of them, the tokens it keeps)."""
+        for index in leave:
+            self.state.slots[index].leaving = True
+            self.state.slots[index].cut_to = 0
+        if cut is not None:
+            index, num_tokens = cut
+            self.state.slots[index].cut_to = num_tokens
 
     @property
     def _cuts(self) -> bool:

@@ -9,7 +9,7 @@ from switchyard.common.held_kv import SlotHold, held_tokens
 from switchyard.proto.values import SamplingParams
 from switchyard.proto.gateway_scheduler import SubmitRequest
 from switchyard.scheduler.events import PlanStep
-from switchyard.scheduler.kv_memory import relieve, room_for
+from switchyard.scheduler.kv_memory import Relief, relieve, room_for
 from switchyard.scheduler.requests import Request, Slot
 
 from tests.unit.test_scheduler_pages import EOS, Group, P, conv
@@ -192,6 +192,23 @@ def test_relieve_takes_idle_slots_least_recent_first_then_the_newest_request():
     assert tight.leave == [3, 2, 1] and tight.preempt == ["new"]
     nothing = relieve(slots, requests, 1, CTX, newest_first)
     assert nothing.preempt == ["new"], "never the last one running"
+
+
+def test_relieve_cuts_the_last_idle_slot_to_leave_to_the_pages_that_fit():
+    slots = [Slot(i) for i in range(3)]
+    requests = {}
+    running(slots, requests, 0, request("a", 1000), 1000)
+    slots[1].tokens, slots[1].last_used = list(range(40 * P + 3)), 1.0
+    slots[1].page_ids = [bytes([1, k]) for k in range(40)]
+    everything = held_tokens([SlotHold(1000, 100), SlotHold(40 * P + 3)], CTX)
+    budget = everything - 20 * P
+    newest_first = lambda r: r.arrived_at  # noqa: E731
+    assert relieve(slots, requests, budget, CTX, newest_first, page_size=P) == Relief([1])
+    relief = relieve(slots, requests, budget, CTX, newest_first, page_size=P, cut=True)
+    pages = (budget - held_tokens([SlotHold(1000, 100)], CTX)) // P
+    assert relief == Relief([1], [], (1, pages * P)) and 0 < pages < 40
+    slots[2].tokens, slots[2].page_ids = list(range(40 * P)), slots[1].page_ids  # a sibling's
+    assert relieve(slots, requests, budget, CTX, newest_first, page_size=P, cut=True).cut is None
 
 
 def test_room_for_releases_only_idle_slots_on_disk():
