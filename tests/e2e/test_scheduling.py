@@ -255,3 +255,38 @@ def test_idle_sub_agents_hold_their_shared_prompt_once(siblings_in_tight_memory)
     assert all(e["num_prefilled_tokens"] <= 30 and e["num_reread_tokens"] == 0 for e in done), done
     assert [r.json()["choices"][0]["text"] for r in second] == \
         [r.json()["choices"][0]["text"] for r in again]
+
+
+@pytest.fixture(scope="module")
+def two_slots_in_tight_memory(tiny_qwen3):
+    """Two slots in a KV budget of 3000 tokens: an idle conversation of ~1.7K tokens and a
+    newcomer of ~0.9K do not both fit whole."""
+    with ServerGroup(tiny_qwen3, slots=2, ctx=2048,
+                     extra=["--kv-memory", str(3000 * TINY_KV_BYTES_PER_TOKEN)]) as group:
+        yield group
+
+
+def test_a_conversation_cut_for_a_newcomer_restores_only_its_end(two_slots_in_tight_memory):
+    """A newcomer that needs part of an idle conversation's room cuts it (docs/design/kv-pages.md
+    "Cut slots"): the conversation keeps its leading pages in memory, and its next turn
+    restores only the rest from disk, re-reads nothing, and replies as when sent again."""
+    group = two_slots_in_tight_memory
+    first = " ".join(f"file{i}.py holds class Model{i} and its tests" for i in range(88))
+    a = completion(group, first, 4)
+    assert a.status_code == 200, a.text[:200]
+    held = a.json()["usage"]["prompt_tokens"]
+    assert 1600 < held < 1900, held  # six whole pages of 256 and a tail
+    newcomer = " ".join(f"note {i}: the build passed on runner {i * 7}" for i in range(45))
+    b = completion(group, newcomer, 4)
+    assert b.status_code == 200, b.text[:200]
+    assert 700 < b.json()["usage"]["prompt_tokens"] < 1100
+
+    follow = first + a.json()["choices"][0]["text"] + " Next step."
+    second = completion(group, follow, 8)
+    again = completion(group, follow, 8)
+    done = group.wait_events("request.finished", 4, role="scheduler")
+    turn = done[2]
+    # Kept: six pages; restored: the rest of the conversation (a whole release restores all).
+    assert turn["num_reread_tokens"] == 0 and 0 < turn["num_restored_tokens"] < held - 1000, turn
+    assert turn["num_prefilled_tokens"] <= 20, turn
+    assert second.json()["choices"][0]["text"] == again.json()["choices"][0]["text"]
