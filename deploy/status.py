@@ -168,9 +168,12 @@ def format_kv_memory(snapshot: Status) -> list[str]:
     share = f" ({100 * kv.held_tokens / kv.budget_tokens:.1f}%)" if kv.budget_tokens else ""
     shelved = (f", {kv.num_shelved} shelved as {kv.shelved_tokens:,} tokens of shared pages"
                if kv.num_shelved else "")
+    cut = (f", {kv.num_cut:,} cut for memory keeping {kv.cut_kept_tokens:,} tokens"
+           if kv.num_cut else "")
     return [f"kv memory: {kv.held_tokens:,} of {kv.budget_tokens:,} tokens held{share} "
             f"(with growth reserves; {kv.num_tokens:,} tokens in {kv.num_resident} slots, "
-            f"{kv.num_running} running{shelved}), {kv.num_preempted:,} staged to disk for memory"]
+            f"{kv.num_running} running{shelved}), {kv.num_preempted:,} staged to disk for "
+            f"memory{cut}"]
 
 
 def format_disk(snapshot: Status) -> list[str]:

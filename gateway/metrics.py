@@ -131,6 +131,11 @@ def _kv_memory_families(kv: KvMemoryStatus | None) -> list[Metric]:
         CounterMetricFamily("switchyard_kv_memory_preemptions", "running requests staged to "
                             "disk because their KV outgrew the budget",
                             value=kv.num_preempted),
+        CounterMetricFamily("switchyard_kv_slot_cuts", "idle slots cut for memory: their "
+                            "leading pages kept, the rest left to disk", value=kv.num_cut),
+        CounterMetricFamily("switchyard_kv_cut_kept_tokens", "tokens cut slots kept in memory "
+                            "that a whole release would have sent to disk",
+                            value=kv.cut_kept_tokens),
     ]
 
 

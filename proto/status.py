@@ -167,6 +167,10 @@ class KvMemoryStatus(_Doc):
     # memory"), and the tokens they hold, each shared page once.
     num_shelved: int = 0
     shelved_tokens: int = 0
+    # Idle slots cut for memory since the start (docs/design/kv-pages.md "Cut slots"), and
+    # the tokens they kept in memory that a whole release would have sent to disk.
+    num_cut: int = 0
+    cut_kept_tokens: int = 0
 
 
 class RecentRequest(_Doc):

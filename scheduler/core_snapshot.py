@@ -88,7 +88,8 @@ def _kv_memory(st: CoreState) -> KvMemoryStatus | None:
         num_running=st.num_running, num_resident=sum(1 for s in st.slots if s.tokens),
         num_preempted=st.num_memory_preemptions,
         num_shelved=len(shelved), shelved_tokens=held_tokens(
-            [idle_hold(s, st.config.page_size) for s in shelved], st.config.ctx))
+            [idle_hold(s, st.config.page_size) for s in shelved], st.config.ctx),
+        num_cut=st.num_cut, cut_kept_tokens=st.cut_kept_tokens)
 
 
 def _proposer_kinds(st: CoreState) -> str:

@@ -246,6 +246,8 @@ class MemoryManager:
                 slot.leaving, slot.cut_to = False, 0
             elif self.state.releasable(slot) and slot.cut_to:
                 self.cuts.append(CutSlot(slot.index, slot.cut_to))
+                self.state.num_cut += 1
+                self.state.cut_kept_tokens += slot.cut_to
                 slot.truncate(slot.cut_to, self.state.config.page_size)
                 slot.leaving, slot.shelved, slot.cut_to = False, True, 0
             elif self.state.releasable(slot):

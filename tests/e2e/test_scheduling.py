@@ -280,6 +280,14 @@ def test_a_conversation_cut_for_a_newcomer_restores_only_its_end(two_slots_in_ti
     b = completion(group, newcomer, 4)
     assert b.status_code == 200, b.text[:200]
     assert 700 < b.json()["usage"]["prompt_tokens"] < 1100
+    deadline = time.monotonic() + 10
+    while True:  # the status shows the cut, and what it kept
+        status = read_status(group.runtime_dir / "status.json")
+        kv = status.kv_memory if status else None
+        if kv is not None and kv.num_cut or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert kv is not None and kv.num_cut == 1 and 1000 < kv.cut_kept_tokens < held, kv
 
     follow = first + a.json()["choices"][0]["text"] + " Next step."
     second = completion(group, follow, 8)

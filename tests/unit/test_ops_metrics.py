@@ -131,9 +131,11 @@ def test_the_kv_memory_against_its_budget():
     now = time.time()
     with_kv = msgspec.structs.replace(snapshot(now), kv_memory=KvMemoryStatus(
         held_tokens=9000, budget_tokens=12000, num_tokens=7000, num_running=3,
-        num_resident=4, num_preempted=2))
+        num_resident=4, num_preempted=2, num_cut=3, cut_kept_tokens=4608))
     got = samples(exposition(with_kv, now))
     assert got[("switchyard_kv_held_tokens", ())] == 9000
+    assert got[("switchyard_kv_slot_cuts_total", ())] == 3
+    assert got[("switchyard_kv_cut_kept_tokens_total", ())] == 4608
     assert got[("switchyard_kv_budget_tokens", ())] == 12000
     assert got[("switchyard_kv_memory_preemptions_total", ())] == 2
 

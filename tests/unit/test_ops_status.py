@@ -217,6 +217,10 @@ def test_the_kv_memory_line_shows_what_is_held_against_the_budget():
         "kv memory: 9,000 of 12,000 tokens held (75.0%) (with growth reserves; 7,000 tokens "
         "in 4 slots, 3 running, 2 shelved as 2,500 tokens of shared pages), 2 staged to disk "
         "for memory"]
+    cut = msgspec.structs.replace(held, kv_memory=msgspec.structs.replace(
+        held.kv_memory, num_cut=3, cut_kept_tokens=4608))
+    assert status_cli.format_kv_memory(cut)[0].endswith(
+        "2 staged to disk for memory, 3 cut for memory keeping 4,608 tokens")
 
 
 def test_a_disk_that_refuses_pages_says_why_and_how_many():

@@ -332,6 +332,8 @@ def test_a_slot_cut_for_a_newcomer_keeps_its_front_and_its_next_turn_restores_it
     assert [c.slot for c in cuts] == [home] and not any(s.releases for s in g.steps)
     kept = cuts[0].num_tokens
     assert 0 < kept < len(first) and g.slots[home] == first[:kept] and home in g.shelved
+    kv = g.core.snapshot(g.now).kv_memory
+    assert (kv.num_cut, kv.cut_kept_tokens, kv.num_shelved) == (1, kept, 1)
 
     since = len(g.steps)
     g.submit("a2", first + g.reply("a1") + conv(3, 20), max_tokens=4)

@@ -53,7 +53,8 @@ def document(now: float = 1000.0) -> Status:
         stats=stats.snapshot(),
         kv_memory=KvMemoryStatus(held_tokens=1280, budget_tokens=100_000, num_tokens=40,
                                  num_running=1, num_resident=1, num_preempted=2,
-                                 num_shelved=3, shelved_tokens=900),
+                                 num_shelved=3, shelved_tokens=900, num_cut=1,
+                                 cut_kept_tokens=512),
     )
 
 
@@ -73,7 +74,8 @@ def test_json_field_names_are_the_documented_ones():
                          "kv_memory", "peer_servers"]
     assert raw["kv_memory"] == {"held_tokens": 1280, "budget_tokens": 100_000,
                                 "num_tokens": 40, "num_running": 1, "num_resident": 1,
-                                "num_preempted": 2, "num_shelved": 3, "shelved_tokens": 900}
+                                "num_preempted": 2, "num_shelved": 3, "shelved_tokens": 900,
+                                "num_cut": 1, "cut_kept_tokens": 512}
     assert set(raw["slots"][0]) == {"slot", "num_tokens", "conversation", "last_used", "rid",
                                     "priority", "state", "waiting_s", "tenant"}
     assert set(raw["disk"]) == {"bytes", "budget_bytes", "num_pages", "writable",
