@@ -105,7 +105,7 @@ def test_a_cut_slot_keeps_its_front_and_continues_once_its_end_is_loaded(attenti
     store, layout = attention_store
     prompts = _siblings(store, own=(2 * P + 5, 3))
     end = len(prompts[0])
-    buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(3)]
+    buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(2)]  # a page, a tail
     for k, start in enumerate(range(5 * P, end, P)):
         layout.stage(store.stage_source(0), start, buffers[k], with_state=False,
                      num_tokens=min(P, end - start) % P)
@@ -119,7 +119,7 @@ def test_a_cut_slot_keeps_its_front_and_continues_once_its_end_is_loaded(attenti
     # The prefix's 4 pieces (held by slot 1 too when shelved) and slot 0's own fifth page.
     assert store._parked.pool.num_pieces == 5
     cache = store.loaded(0, 5 * P, prompts[0][5 * P:])
-    layout.load(cache, 5 * P, buffers[:2], with_state=False, num_tokens=end - 5 * P)
+    layout.load(cache, 5 * P, buffers, with_state=False, num_tokens=end - 5 * P)
     got = _continue(store, 0, 17, n=6)
     assert got[0] == want[0] and np.array_equal(got[1], want[1])
 
