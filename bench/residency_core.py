@@ -2,7 +2,8 @@
 entry point (`SchedulerCore.handle`), with a scripted worker and kvstore, no sockets, no MLX.
 
 Like the core's unit tests (tests/unit/test_scheduler_pages.py), the scripted worker applies
-each step plan to mirrored slot contents and the scripted kvstore keeps pages in a dict; time
+each step plan to mirrored slot contents (refusing, as the worker does, a command that starts
+past what a slot holds) and the scripted kvstore keeps pages in a dict; time
 is virtual: a step takes its prefill tokens at `PREFILL_TOKENS_PER_S` plus `DECODE_STEP_S`, and
 a request is submitted at its trace arrival, or when its conversation's previous reply ended
 if that is later (a client sends its next turn only after the reply). The memory budget is the
@@ -136,11 +137,15 @@ class ScriptedGroup:
             self.shelved.add(cut.slot)
             self.shelved_pages.pop(cut.slot, None)
         for ld in plan.loads:
+            self._starts(ld.slot, ld.start, "a load")
             del self.slots[ld.slot][ld.start:]
             for b in ld.buffers:
                 self.slots[ld.slot] += list(self.buffers[b])
+            if self.slots[ld.slot][ld.start:] != list(ld.token_ids):
+                raise RuntimeError(f"slot {ld.slot}: the pages loaded are not the tokens named")
         sampled = []
         for d in plan.decodes:
+            self._starts(d.slot, d.position, "a decode")
             held = self.slots[d.slot]
             del held[d.position:]  # in place: slots hold tens of thousands of tokens
             held.append(d.token_id)
@@ -154,6 +159,7 @@ class ScriptedGroup:
                     self.slots[d.slot].append(token)
         prefilled = 0
         for c in plan.prefills:
+            self._starts(c.slot, c.start, "a prefill")
             held = self.slots[c.slot]
             del held[c.start:]
             held.extend(c.token_ids)
@@ -161,6 +167,13 @@ class ScriptedGroup:
         self.peak_memory_tokens = max(self.peak_memory_tokens, self._memory_tokens())
         self.now += prefilled / PREFILL_TOKENS_PER_S + DECODE_STEP_S * plan.num_decode_steps
         return StepDone(plan.step, tuple(sampled), 0, len(plan.decodes), 0.0)
+
+    def _starts(self, slot: int, at: int, what: str) -> None:
+        """As the worker refuses (worker/slots.py `truncate`): a command starting past what
+        the slot holds means the core's view of its slots is wrong."""
+        if at > len(self.slots[slot]):
+            raise RuntimeError(f"slot {slot} holds {len(self.slots[slot])} tokens; the core "
+                               f"planned {what} at {at}")
 
     def _memory_tokens(self) -> int:
         """Tokens the slots hold: a full page several shelved slots hold, once."""

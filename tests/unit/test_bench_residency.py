@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from bench.residency_core import replay_core
+from switchyard.proto.scheduler_worker import PrefillChunk, RunStep
+
+from bench.residency_core import ScriptedGroup, replay_core
 from bench.residency_policies import replay, reread_bound
 from bench.residency_trace import (Trace, TraceRequest, dumps, loads, reordered,
                                    shared_prefixes, synthesize)
@@ -185,3 +187,13 @@ def test_the_core_told_the_future_keeps_what_comes_back_first():
     # Restored every turn after the first round (all but the front a cut keeps: 1,700 tokens).
     assert recency.tokens_restored > 2 * 600
     assert future.tokens_restored <= 0.6 * recency.tokens_restored
+
+
+def test_the_scripted_worker_refuses_a_plan_that_starts_past_what_a_slot_holds():
+    """As the worker does (worker/slots.py `truncate`): a core whose view of its slots went
+    wrong fails the replay instead of counting figures from it."""
+    g = ScriptedGroup(16, memory_tokens=1000, disk_tokens=1000, release_after_s=10.0)
+    g._work(RunStep(0, prefills=(PrefillChunk(0, 0, tuple(range(1, 33))),)))
+    with pytest.raises(RuntimeError, match="slot 0 holds 32 tokens; the core planned a "
+                                           "prefill at 40"):
+        g._work(RunStep(1, prefills=(PrefillChunk(0, 40, (7,)),)))
