@@ -164,9 +164,8 @@ class SchedulerCore(CoreState):
         if share is not None and share.num_protected:
             self.prefill_share = (now, share)  # for status: the latest split with streams
         copies, self.copies = self.copies, []
-        releases = self.memory.releases(now)
+        releases, cuts = self.memory.releases(now)
         shelves = self.memory.shelves(releases)
-        cuts = self.memory.cuts
         if not (stages or copies or releases or cuts or loads or decodes or prefills or shelves):
             return None
         # Nothing else waiting: let the worker decode a burst without coming back to us.

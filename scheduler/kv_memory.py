@@ -33,11 +33,17 @@ def idle_hold(slot: Slot, page_size: int) -> SlotHold:
     its full pages' ids, a page other shelved slots hold too counted once (docs/design/kv-pages.md
     "Shared pages in memory"). `page_size` 0: every slot counted as its own cache."""
     if slot.leaving and slot.cut_to and page_size:
-        return cut_hold(slot, slot.cut_to, page_size)
+        return shelved_hold(slot, slot.cut_to, page_size)
     if slot.shelved and page_size:
-        full = min(len(slot.page_ids), len(slot.tokens) // page_size)
-        return SlotHold(len(slot.tokens), pages=tuple(slot.page_ids[:full]), page_size=page_size)
+        return shelved_hold(slot, len(slot.tokens), page_size)
     return SlotHold(len(slot.tokens))
+
+
+def shelved_hold(slot: Slot, num_tokens: int, page_size: int) -> SlotHold:
+    """The slot's first `num_tokens` held as shared pages: those tokens exactly, with the
+    ids of their full pages."""
+    return SlotHold(num_tokens, pages=tuple(slot.page_ids[:num_tokens // page_size]),
+                    page_size=page_size)
 
 
 def slot_hold(slot: Slot, requests: dict[str, Request], page_size: int = 0) -> SlotHold:
@@ -96,7 +102,6 @@ def relieve(slots: list[Slot], requests: dict[str, Request], budget: int, ctx: i
         leave.append(slot.index)
     last = slots[leave[-1]] if leave and not preempt else None
     if cut and page_size and last is not None:
-        gone.discard(last.index)
         kept = [slot_hold(s, requests, page_size) for s in slots
                 if s.index not in gone and s is not last and _held(s)]
         pages = _worth_cutting(last, slots, kept, budget, ctx, page_size)
@@ -156,18 +161,14 @@ def room_for(hold: SlotHold, slot_index: int, slots: list[Slot],
     return Room([x.index for x in leaving])
 
 
-def cut_hold(slot: Slot, num_tokens: int, page_size: int) -> SlotHold:
-    """A slot cut to its first `num_tokens` (whole pages), held as shared pages."""
-    return SlotHold(num_tokens, pages=tuple(slot.page_ids[:num_tokens // page_size]),
-                    page_size=page_size)
-
-
 def _worth_cutting(slot: Slot, slots: list[Slot], kept: list[SlotHold], budget: int, ctx: int,
                    page_size: int, its_pages: Iterable[bytes] = ()) -> int:
     """The leading full pages of `slot` to keep beside `kept`: the most that fit, or 0 where
     they fit none or all of them are held elsewhere too (by another slot, or in `its_pages`
     by the request making room): a second copy kept at a sibling's cost."""
     pages = _pages_that_fit(slot, kept, budget, ctx, page_size)
+    if not pages:
+        return 0
     elsewhere = set(its_pages).union(*(x.page_ids for x in slots if x is not slot))
     return pages if any(pid not in elsewhere for pid in slot.page_ids[:pages]) else 0
 
@@ -180,7 +181,7 @@ def _pages_that_fit(slot: Slot, kept: list[SlotHold], budget: int, ctx: int,
         hi -= 1  # all of it is no cut
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if held_tokens(kept + [cut_hold(slot, mid * page_size, page_size)], ctx) <= budget:
+        if held_tokens(kept + [shelved_hold(slot, mid * page_size, page_size)], ctx) <= budget:
             lo = mid
         else:
             hi = mid - 1

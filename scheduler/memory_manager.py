@@ -32,7 +32,6 @@ class MemoryManager:
     def __init__(self, state: CoreState, lifecycle: RequestLifecycle):
         self.state = state
         self.lifecycle = lifecycle
-        self.cuts: list[CutSlot] = []  # the slots `releases` cut back, this step
 
     def held_tokens(self) -> int:
         st = self.state
@@ -184,7 +183,7 @@ class MemoryManager:
         fed, back = feeding(st.slots, firsts), waited_for(st.slots, pages)
         return lambda slot: keep_key(slot, fed, back)
 
-    def releases(self, now: float) -> list[int]:
+    def releases(self, now: float) -> tuple[list[int], list[CutSlot]]:
         """The slots whose KV leaves memory with this step: those the KV budget wants out,
         then, with --max-running past --slots, idle slots past --slots (running ones
         counted), those least worth keeping first (scheduler/residency.py: a side call, the
@@ -192,12 +191,12 @@ class MemoryManager:
         once idle for its grace (none after the end of a turn, `release_after_s` with no
         word, `tool_return_s` after a tool call) and once all its tokens are on disk or on
         their way (its next turn restores them). The worker makes the step's copies first,
-        so a slot copied from in this step may go too."""
+        so a slot copied from in this step may go too. And the slots the KV budget cuts
+        (`RunStep.cuts`)."""
         st, cfg = self.state, self.state.config
-        self.cuts = []
-        released = self._budget_releases()
+        released, cuts = self._budget_releases()
         if not cfg.resident_slots or cfg.resident_slots >= len(st.slots):
-            return released
+            return released, cuts
         idle = sorted((s for s in st.slots if s.free and s.tokens), key=self._keep_key())
         excess = len(idle) - max(cfg.resident_slots - st.num_running, 0)
         for slot in idle:
@@ -210,7 +209,7 @@ class MemoryManager:
                 continue
             slot.replace(())
             released.append(slot.index)
-        return released
+        return released, cuts
 
     def shelves(self, released: list[int]) -> list[int]:
         """Idle slots the worker holds as shared pages from this step (docs/design/kv-pages.md
@@ -234,18 +233,18 @@ class MemoryManager:
             slot.shelved = True
         return [s.index for s in shelved]
 
-    def _budget_releases(self) -> list[int]:
+    def _budget_releases(self) -> tuple[list[int], list[CutSlot]]:
         """Idle slots the KV budget wants out (`Slot.leaving`), released as soon as their
         pages are on disk or on their way, grace or not; a slot placed meanwhile stays. A
-        slot cut (`Slot.cut_to`) keeps its front, shelved: `cuts` says which."""
-        released = []
+        slot cut (`Slot.cut_to`) keeps its front, shelved: the second list."""
+        released, cuts = [], []
         for slot in self.state.slots:
             if not slot.leaving:
                 continue
             if not slot.free or not slot.tokens:
                 slot.leaving, slot.cut_to = False, 0
             elif self.state.releasable(slot) and slot.cut_to:
-                self.cuts.append(CutSlot(slot.index, slot.cut_to))
+                cuts.append(CutSlot(slot.index, slot.cut_to))
                 self.state.num_cut += 1
                 self.state.cut_kept_tokens += slot.cut_to
                 slot.truncate(slot.cut_to, self.state.config.page_size)
@@ -255,7 +254,7 @@ class MemoryManager:
                 released.append(slot.index)
             else:
                 slot.tail_wanted = True  # staged when a buffer is free, then released
-        return released
+        return released, cuts
 
 
 def _stays(slot: Slot) -> bool:

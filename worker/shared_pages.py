@@ -152,31 +152,29 @@ class PagePool:
         """The shelved slot keeps its first `num_tokens` only: its hold on the pieces past
         them ends (a piece no one else holds goes), and its partial last page is cut from
         the piece it starts."""
-        P = self.page_size
-        full, rest = divmod(num_tokens, P)
-        if full < len(shelved.keys):
-            source = [self._pieces[shelved.keys[full]].layers[i] if rest else []
-                      for i in range(len(shelved.attention))]
-            shelved.tail = [[mx.contiguous(a[..., :rest, :]) for a in arrays]
-                            for arrays in source]
-            mx.eval([a for arrays in shelved.tail for a in arrays])
-            dropped = Shelved(shelved.keys[full:], [], 0, [], self, [])
-            shelved.keys = shelved.keys[:full]
-            self.drop(dropped)
-        else:
-            shelved.tail = [[mx.contiguous(a[..., :rest, :]) for a in arrays] if rest else []
-                            for arrays in shelved.tail]
-            mx.eval([a for arrays in shelved.tail for a in arrays])
+        full, rest = divmod(num_tokens, self.page_size)
+        source = ([self._pieces[shelved.keys[full]].layers[i]
+                   for i in range(len(shelved.attention))]
+                  if full < len(shelved.keys) else shelved.tail)
+        shelved.tail = [[mx.contiguous(a[..., :rest, :]) for a in arrays] if rest else []
+                        for arrays in source]
+        mx.eval([a for arrays in shelved.tail for a in arrays])
+        self._unref(shelved.keys[full:])
+        shelved.keys = shelved.keys[:full]
         shelved.num_tokens = num_tokens
 
     def drop(self, shelved: Shelved) -> None:
         """The shelved slot's hold on its pieces ends (it was made whole, or released)."""
-        for k in shelved.keys:
+        self._unref(shelved.keys)
+        shelved.keys = []
+
+    def _unref(self, keys: list[bytes]) -> None:
+        """One hold less on each of these pieces; a piece no one holds goes."""
+        for k in keys:
             piece = self._pieces[k]
             piece.refs -= 1
             if not piece.refs:
                 del self._pieces[k]
-        shelved.keys = []
 
 
 def _parts(shelved: Shelved, layer: int, start: int, end: int) -> list[list[mx.array]]:
