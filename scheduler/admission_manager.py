@@ -58,6 +58,8 @@ class AdmissionManager:
             if decision is None:
                 break
             if not self.memory.room_for(req, decision, now):
+                if req.waits_aside:
+                    continue  # the conversations it waits for may come back meanwhile
                 break  # admission keeps its order: placed when running requests give room
             first = req.admitted_at is None
             copy = apply(req, decision, st.slots, st.pages, st.pinned(placing=req), now,

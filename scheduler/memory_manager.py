@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from switchyard.common.held_kv import held_tokens
+from switchyard.common.held_kv import SlotHold, held_tokens
 from switchyard.proto.gateway_scheduler import ReplyEnded
 from switchyard.proto.scheduler_worker import CutSlot
 from switchyard.scheduler.admission import Decision
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.disk_copy import gaps_last
-from switchyard.scheduler.kv_memory import holds, relieve, request_hold, room_for
+from switchyard.scheduler.kv_memory import holds, idle_hold, relieve, request_hold, room_for
 from switchyard.scheduler.request_lifecycle import RequestLifecycle
 from switchyard.scheduler.requests import Request, Slot
 from switchyard.scheduler.residency import back_soon, feeding, grace_s, keep_key, waited_for
@@ -81,8 +81,11 @@ class MemoryManager:
         p = decision.placement
         start = p.copied if p.copy_from is not None else p.reused
         hold = request_hold(req, start)
-        patient = self._patient(req, now, beside_running=any(
-            s.rid is not None and s.index != p.slot for s in st.slots))
+        beside_running = any(s.rid is not None and s.index != p.slot for s in st.slots)
+        patient = self._patient(req, now, beside_running)
+        req.waits_aside = not beside_running and self._waits_for_return(req, decision, hold, now)
+        if req.waits_aside:
+            return self._waits(req, budget)
         keep = self._keep_key()  # looks up every waiting request's pages: once
         room = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
                         self._leaves(now) if patient else st.releasable, keep,
@@ -100,15 +103,38 @@ class MemoryManager:
                 st.slots[index].tail_wanted = True
             room = None if wanted else room
         if room is None:
-            if not req.waits_for_memory:
-                req.waits_for_memory = True
-                st.outbox.log("request.waits_for_memory", rid=req.rid,
-                              num_context=req.num_context, budget_tokens=budget,
-                              held_tokens=self.held_tokens())
-            return False
+            return self._waits(req, budget)
         req.waits_for_memory = False
         self._leave(room.leave, room.cut)
         return True
+
+    def _waits(self, req: Request, budget: int) -> bool:
+        """The request waits for memory (logged once per wait); False."""
+        if not req.waits_for_memory:
+            req.waits_for_memory = True
+            self.state.outbox.log("request.waits_for_memory", rid=req.rid,
+                                  num_context=req.num_context, budget_tokens=budget,
+                                  held_tokens=self.held_tokens(), aside=req.waits_aside)
+        return False
+
+    def _waits_for_return(self, req: Request, decision: Decision, hold: SlotHold,
+                          now: float) -> bool:
+        """Whether a newcomer with nothing running beside it waits, for `tool_return_s` at
+        most, for idle conversations expected back within their grace (a tool call's result,
+        scheduler/residency.py `back_soon`) whose pages the disk does not hold, where they do
+        not fit beside it: making its room would send them out to be re-read
+        (docs/design/kv-pages.md "A disk smaller than memory"). Alone, the machine idles
+        while it waits, so only for a re-read: a conversation whose pages are on disk leaves
+        and is restored. The requests behind it are placed meanwhile, the conversation's next
+        turn among them (`Request.waits_aside`)."""
+        st, cfg = self.state, self.state.config
+        if now - req.queued_at >= cfg.tool_return_s:
+            return False
+        p = decision.placement
+        due = [idle_hold(s, cfg.page_size) for s in st.slots
+               if s.free and s.tokens and s.index not in (p.slot, p.copy_from)
+               and back_soon(s, now, cfg) and not st.pages.all_on_disk(s)]
+        return bool(due) and held_tokens([hold, *due], cfg.ctx) > cfg.kv_budget_tokens
 
     def _leave(self, leave: list[int], cut: tuple[int, int] | None) -> None:
         """The idle slots marked to leave memory; `cut`: (one of them, the tokens it keeps)."""

@@ -81,6 +81,10 @@ class Request:
     # tokens its slot held when it last gave the slot up, and the tokens of those it had to
     # prefill again when placed after that (0 unless its pages were lost).
     waits_for_memory: bool = False
+    # It waits for idle conversations due back that the disk does not hold (alone, nothing
+    # running: scheduler/memory_manager.py `_waits_for_return`): those behind it are placed
+    # meanwhile, their next turns among them.
+    waits_aside: bool = False
     held_when_preempted: int = 0
     num_reread: int = 0
     # Every token the model must see: the prompt, then what it generated so far. All but the

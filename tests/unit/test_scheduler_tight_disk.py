@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from switchyard.proto.gateway_scheduler import ReplyEnded
 from switchyard.proto.scheduler_worker import RunStep
 from switchyard.scheduler.events import PlanStep
 
@@ -120,3 +121,42 @@ def test_a_newcomer_waits_beside_a_long_reply_for_tool_return_s_at_most():
     assert "r" in g.core.requests, "...not for all of it"
     g.run()
     assert len(g.reply("r")) == 100 and g.finished("c").finish_reason == "length"
+
+
+def test_alone_a_newcomer_waits_for_a_tool_loop_whose_pages_the_disk_let_go():
+    """Nothing runs, A's reply ended in a tool call and the disk let go of A's pages: a
+    newcomer that needs A's room waits for A's next turn rather than send A out to be re-read
+    (before, alone, it always made its room). A's turn, behind it in the queue, goes first and
+    finds its whole context; the newcomer runs once A's turn is done."""
+    g, a_context = two_idle_slots_on_a_small_disk(BUDGET)
+    g.do(ReplyEnded("a", "tool_calls"))
+    g.submit("c", conv(3, 300))
+    g.run_steps(3)
+    assert g.core.requests["c"].slot is None, "the newcomer waits"
+    assert g.logs("request.waits_for_memory")[-1]["aside"]
+    assert g.core.slots[0].tokens == a_context, "A stayed in memory"
+    g.turn("a2", a_context + conv(4, 20))  # the tool's result
+    assert g.records["a2"].num_reread_tokens == 0
+    assert g.finished("a2").num_cached_tokens == len(a_context)
+    assert "c" not in g.records, "A's turn went first"
+    for _ in range(20):  # A's reply said nothing of its return: the newcomer makes its room
+        g.run_steps(1)
+    assert g.finished("c").finish_reason == "length"
+
+
+def test_alone_a_newcomer_waits_for_a_tool_loop_for_tool_return_s_at_most():
+    """The same, and A's tool result never comes: the newcomer waits until A's grace
+    (`tool_return_s` after its reply) is over, then makes its room as before (A written again
+    as far as the disk takes it, then gone)."""
+    g, _ = two_idle_slots_on_a_small_disk(BUDGET)
+    g.core.config = dataclasses.replace(g.core.config, tool_return_s=30.0)
+    g.do(ReplyEnded("a", "tool_calls"))
+    g.submit("c", conv(3, 300))
+    a_due_until = g.core.slots[0].last_used + 30.0
+    assert a_due_until > g.now + 10
+    while g.core.requests["c"].slot is None:
+        g.run_steps(1)
+    assert a_due_until <= g.now <= a_due_until + 5
+    g.run()
+    assert g.finished("c").finish_reason == "length"
+    assert not g.core.slots[0].tokens or g.core.slots[0].last_rid == "c", "A left for it"
