@@ -132,7 +132,7 @@ class MemoryManager:
             return False
         p = decision.placement
         due = [idle_hold(s, cfg.page_size) for s in st.slots
-               if s.free and s.tokens and s.index not in (p.slot, p.copy_from)
+               if s.free and s.tokens and s.index != p.slot
                and back_soon(s, now, cfg) and not st.pages.all_on_disk(s)]
         return bool(due) and held_tokens([hold, *due], cfg.ctx) > cfg.kv_budget_tokens
 
