@@ -163,7 +163,7 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
     slot.rid, slot.last_used, slot.turn = req.rid, now, turn
     slot.shelved = False  # the worker makes it whole to use it
-    slot.last_rid, slot.reply_end = req.rid, ""
+    slot.last_rid, slot.reply_end, slot.background = req.rid, "", not req.interactive
     slot.disk_wanted = slot.disk_tried = False  # it stays in memory
     if slot.root != req.root:  # it kept nothing (shared_prefix): the slot is this salt's now
         slot.truncate(0, page_size)

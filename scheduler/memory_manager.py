@@ -126,13 +126,14 @@ class MemoryManager:
         (docs/design/kv-pages.md "A disk smaller than memory"). Alone, the machine idles
         while it waits, so only for a re-read: a conversation whose pages are on disk leaves
         and is restored. The requests behind it are placed meanwhile, the conversation's next
-        turn among them (`Request.waits_aside`)."""
+        turn among them (`Request.waits_aside`). An interactive newcomer does not wait for a
+        background conversation: it takes its memory, as it would a running one's."""
         st, cfg = self.state, self.state.config
         if now - req.queued_at >= cfg.tool_return_s:
             return False
-        p = decision.placement
+        p, interactive = decision.placement, st.interactive(req, now)
         due = [idle_hold(s, cfg.page_size) for s in st.slots
-               if s.free and s.tokens and s.index != p.slot
+               if s.free and s.tokens and s.index != p.slot and not (interactive and s.background)
                and back_soon(s, now, cfg) and not st.pages.all_on_disk(s)]
         return bool(due) and held_tokens([hold, *due], cfg.ctx) > cfg.kv_budget_tokens
 

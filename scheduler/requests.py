@@ -198,6 +198,9 @@ class Slot:
     # (scheduler/residency.py).
     last_rid: str | None = None
     reply_end: str = ""
+    # That request was background: an interactive newcomer does not wait for its
+    # conversation to come back (MemoryManager._waits_for_return).
+    background: bool = False
 
     @property
     def free(self) -> bool:

@@ -85,9 +85,9 @@ class Group:
     def logs(self, event):
         return [fields for name, fields in self.log_lines if name == event]
 
-    def submit(self, rid, prompt, max_tokens=4):
+    def submit(self, rid, prompt, max_tokens=4, priority="interactive"):
         self.do(SubmitRequest(rid, tuple(prompt), max_tokens, SamplingParams(), (EOS,),
-                              "interactive"))
+                              priority))
 
     def _states(self, slot):
         """Where the worker has the slot's state: its end, and its mark (hybrid models)."""
@@ -197,9 +197,9 @@ class Group:
                 elif isinstance(msg, (WritePages, ReadPages, DeletePages, TouchPages)):
                     self._kvstore(msg)
 
-    def turn(self, rid, prompt, max_tokens=4):
+    def turn(self, rid, prompt, max_tokens=4, priority="interactive"):
         """Submit a request and run until the group settles: its RequestFinished."""
-        self.submit(rid, prompt, max_tokens)
+        self.submit(rid, prompt, max_tokens, priority)
         self.run()
         return self.finished(rid)
 

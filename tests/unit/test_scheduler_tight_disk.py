@@ -20,11 +20,11 @@ from tests.unit.test_scheduler_pages import Group, P, conv
 BUDGET = 600
 
 
-def two_idle_slots_on_a_small_disk(kv_budget_tokens):
+def two_idle_slots_on_a_small_disk(kv_budget_tokens, a_priority="interactive"):
     """A then B, each 4 whole pages, on a disk of 6 pages: B's pages took A's (the least
     recently used) while A stays in its slot. Returns the group and A's context."""
     g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=kv_budget_tokens)
-    g.turn("a", conv(1, 4 * P - 3))
+    g.turn("a", conv(1, 4 * P - 3), priority=a_priority)
     g.turn("b", conv(2, 4 * P - 3))
     a, b = g.core.slots[0], g.core.slots[1]
     assert len(a.tokens) == len(b.tokens) == 4 * P  # no tail: full pages only
@@ -160,3 +160,17 @@ def test_alone_a_newcomer_waits_for_a_tool_loop_for_tool_return_s_at_most():
     g.run()
     assert g.finished("c").finish_reason == "length"
     assert not g.core.slots[0].tokens or g.core.slots[0].last_rid == "c", "A left for it"
+
+
+def test_alone_an_interactive_newcomer_does_not_wait_for_a_background_tool_loop():
+    """A is a background job's tool loop: an interactive newcomer takes its room at once, as
+    it would a running background request's; a background newcomer waits for it."""
+    g, _ = two_idle_slots_on_a_small_disk(BUDGET, a_priority="background")
+    g.do(ReplyEnded("a", "tool_calls"))
+    g.submit("job", conv(3, 300), priority="background")
+    g.run_steps(3)
+    assert g.core.requests["job"].slot is None, "a background newcomer waits for A"
+    g.submit("c", conv(4, 300))
+    for _ in range(20):
+        g.run_steps(1)
+    assert g.finished("c").finish_reason == "length", "the interactive one did not wait"
