@@ -8,12 +8,14 @@ through Switchyard's own policy (the scheduler core), LRU and the offline optimu
 
 One JSON line per trace x budget x policy:
     {"trace", "budget": {"memory_tokens", "disk_tokens"},
-     "policy": "switchyard"|"switchyard-no-word"|"optimal-slots"|"lru"|"optimal",
+     "policy": "switchyard"|"switchyard-hybrid"|"switchyard-no-word"|"optimal-slots"|"lru"|
+               "optimal",
      "tokens_reread", "bytes_restored", "bytes_written", ...}
 Bytes are tokens x `--bytes-per-token` (default 46,080: SmolLM2-135M's KV at float32, as the
 memory plan counts it). Traces: bench/traces/*.jsonl (bench/residency_trace.py says the
 format). Policies: bench/residency_policies.py (LRU, Belady and the bound it gives),
-bench/residency_core.py (the core through `SchedulerCore.handle`, scripted peers),
+bench/residency_core.py (the core through `SchedulerCore.handle`, scripted peers; with
+`switchyard-hybrid`, a hybrid model's worker: recurrent state only at a slot's end and mark),
 bench/residency_oracle.py (`optimal-slots`: the core told the future, so the best its own
 memory layout allows; the rest of the gap to `optimal` is the layout's, not the policy's).
 """
@@ -43,11 +45,16 @@ PREFILL_TOKENS_PER_S = 4000.0
 DECODE_TOKEN_S = 0.02
 
 
-# The core told how each reply ended (its residency order), the core told nothing (least
-# recently used among idle slots, as before the gateway's word), the core told the future
-# (whole slots per conversation, as the worker keeps them), LRU pages, the optimum over pages
-# (a shared prefix held once).
-POLICIES = ("switchyard", "switchyard-no-word", "optimal-slots", "lru", "optimal")
+# The core told how each reply ended (its residency order), the same on a hybrid model (a
+# recurrent state at a slot's end and mark only: no cut, a copy or restore only to a state),
+# the core told nothing (least recently used among idle slots, as before the gateway's word),
+# the core told the future (whole slots per conversation, as the worker keeps them), LRU
+# pages, the optimum over pages (a shared prefix held once).
+POLICIES = ("switchyard", "switchyard-hybrid", "switchyard-no-word", "optimal-slots", "lru",
+            "optimal")
+# The plot compares policies on one layout, attention-only: the hybrid row is a family's cost,
+# several times the others', in performance.md's table.
+PLOTTED = tuple(p for p in POLICIES if p != "switchyard-hybrid")
 
 
 def budgets(trace: Trace) -> list[dict]:
@@ -73,7 +80,8 @@ def measure(trace: Trace, budget: dict, bytes_per_token: int) -> list[dict]:
         extra = {}
         if policy.startswith("switchyard") or policy == "optimal-slots":
             c = replay_core(trace, m, d, tell_ends=policy != "switchyard-no-word",
-                            oracle=policy == "optimal-slots")
+                            oracle=policy == "optimal-slots",
+                            hybrid=policy == "switchyard-hybrid")
             reread, restored, written = c.tokens_reread, c.tokens_restored, c.tokens_written
             extra["peak_memory_tokens"] = c.peak_memory_tokens
             extra["peak_held_tokens"] = c.peak_held_tokens
@@ -114,11 +122,11 @@ def plot(rows: list[dict], path: Path) -> Path:
             label = f"mem {b['memory_tokens'] // 1000}K\ndisk {b['disk_tokens'] // 1000}K"
             if label not in labels:
                 labels.append(label)
-        width = 0.8 / len(POLICIES)
-        for k, policy in enumerate(POLICIES):
+        width = 0.8 / len(PLOTTED)
+        for k, policy in enumerate(PLOTTED):
             ys = [r["tokens_reread"] + r["tokens_restored"] for r in mine
                   if r["policy"] == policy]
-            ax.bar([x + width * (k - (len(POLICIES) - 1) / 2) for x in range(len(ys))], ys,
+            ax.bar([x + width * (k - (len(PLOTTED) - 1) / 2) for x in range(len(ys))], ys,
                    width=width, label=policy)
         ax.set_xticks(range(len(labels)), labels, fontsize=7)
         ax.set_ylabel("tokens re-read + restored")

@@ -3,7 +3,9 @@ entry point (`SchedulerCore.handle`), with a scripted worker and kvstore, no soc
 
 Like the core's unit tests (tests/unit/test_scheduler_pages.py), the scripted worker applies
 each step plan to mirrored slot contents (refusing, as the worker does, a command that starts
-past what a slot holds) and the scripted kvstore keeps pages in a dict; time
+past what a slot holds, and, for a hybrid model, one that needs a recurrent state where the slot
+has none: only at its end and its mark, docs/design/kv-pages.md "Exact repeats and state
+marks") and the scripted kvstore keeps pages in a dict; time
 is virtual: a step takes its prefill tokens at `PREFILL_TOKENS_PER_S` plus `DECODE_STEP_S`, and
 a request is submitted at its trace arrival, or when its conversation's previous reply ended
 if that is later (a client sends its next turn only after the reply). The memory budget is the
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from switchyard.proto.page_flags import PageFlags
 from switchyard.proto.scheduler_kvstore import (
     DeletePages,
     InventoryDescribed,
@@ -46,6 +49,9 @@ DECODE_STEP_S = 0.02
 SLOTS = 32
 TOKEN_BYTES = 1024  # on the scripted disk; the figures are counted in tokens
 HEADER_BYTES = 4096  # what the core allows for a page file's header
+# A hybrid model's recurrent-state snapshot, stored with a page that carries one: about a
+# page's attention KV (Qwen3.5-class: three linear-attention layers in four).
+STATE_BYTES = 256 * TOKEN_BYTES
 CTX = 131072
 
 
@@ -66,8 +72,9 @@ class ScriptedGroup:
     """The core plus a worker and a kvstore that do what its messages say."""
 
     def __init__(self, page_size: int, memory_tokens: int, disk_tokens: int,
-                 release_after_s: float) -> None:
+                 release_after_s: float, hybrid: bool = False) -> None:
         self.page_size = page_size
+        self.hybrid = hybrid  # recurrent state at a slot's end and mark only (not trimmable)
         self.core = SchedulerCore(CoreConfig(
             num_slots=SLOTS, ctx=CTX, prefill_chunk=2048, max_queue=1024,
             page_size=page_size, decode_burst=8,
@@ -77,11 +84,12 @@ class ScriptedGroup:
         self.outbox: list = []
         self.finished: dict[str, object] = {}
         self.slots: list[list[int]] = [[] for _ in range(SLOTS)]
+        self.marks = [0] * SLOTS  # a hybrid slot's second state: where its last prefill or load ended
         self.shelved: set[int] = set()  # slots held as shared pages (worker/shared_pages.py)
         # A shelved slot's full pages' keys, hashed once: its tokens do not change while it
         # is shelved (any use but a stage makes it whole first).
         self.shelved_pages: dict[int, list[int]] = {}
-        self.buffers: dict[int, tuple[int, ...]] = {}
+        self.buffers: dict[int, tuple[tuple[int, ...], bool]] = {}  # tokens, with a state
         self.disk: dict[bytes, PageInfo] = {}
         self.written_tokens = 0
         self.peak_memory_tokens = 0
@@ -90,9 +98,11 @@ class ScriptedGroup:
         self.next_reply_id = REPLY_IDS
         self.replies: dict[str, list[int]] = {}  # rid -> the tokens its reply is made of
         self.do(InventoryDescribed("kv", ()))
-        self.do(WorkerReady("w", NAMESPACE, "trace", SLOTS, CTX, page_size, TOKEN_BYTES, True,
-                            (), "shm", 256, page_size * TOKEN_BYTES, 0,
-                            kv_budget_tokens=memory_tokens, shared_pages=True))
+        state_bytes = STATE_BYTES if hybrid else 0
+        self.do(WorkerReady("w", NAMESPACE, "trace", SLOTS, CTX, page_size, TOKEN_BYTES,
+                            not hybrid, (), "shm", 256, page_size * TOKEN_BYTES + state_bytes,
+                            state_bytes, kv_budget_tokens=memory_tokens, shared_pages=True,
+                            state_marks=hybrid))
 
     def do(self, event) -> None:
         effects = self.core.handle(event, self.now)
@@ -127,27 +137,38 @@ class ScriptedGroup:
         self.shelved_pages = {i: k for i, k in self.shelved_pages.items() if i in self.shelved}
         for st in plan.stages:
             n = st.num_tokens or p
-            self.buffers[st.buffer] = tuple(self.slots[st.slot][st.start:st.start + n])
+            if st.with_state:
+                self._has_state(st.slot, st.start + n, "a stage with its state")
+            self.buffers[st.buffer] = (tuple(self.slots[st.slot][st.start:st.start + n]),
+                                       st.with_state)
         for cp in plan.copies:
+            self._has_state(cp.src_slot, cp.num_tokens, "a copy")
             self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
+            mark = self.marks[cp.src_slot]
+            self.marks[cp.dst_slot] = mark if mark <= cp.num_tokens else 0
         for slot in plan.releases:
             self.slots[slot] = []
+            self.marks[slot] = 0
         for cut in plan.cuts:
+            if self.hybrid:
+                raise RuntimeError(f"slot {cut.slot}: a hybrid slot cannot be cut")
             del self.slots[cut.slot][cut.num_tokens:]
             self.shelved.add(cut.slot)
             self.shelved_pages.pop(cut.slot, None)
         for ld in plan.loads:
-            self._starts(ld.slot, ld.start, "a load")
-            del self.slots[ld.slot][ld.start:]
+            self._truncate(ld.slot, ld.start, "a load")
             for b in ld.buffers:
-                self.slots[ld.slot] += list(self.buffers[b])
+                self.slots[ld.slot] += list(self.buffers[b][0])
             if self.slots[ld.slot][ld.start:] != list(ld.token_ids):
                 raise RuntimeError(f"slot {ld.slot}: the pages loaded are not the tokens named")
+            if ld.with_state:
+                if not self.buffers[ld.buffers[-1]][1]:
+                    raise RuntimeError(f"slot {ld.slot}: a state load from a page without one")
+                self.marks[ld.slot] = len(self.slots[ld.slot])
         sampled = []
         for d in plan.decodes:
-            self._starts(d.slot, d.position, "a decode")
+            self._truncate(d.slot, d.position, "a decode")
             held = self.slots[d.slot]
-            del held[d.position:]  # in place: slots hold tens of thousands of tokens
             held.append(d.token_id)
             steps = min(plan.num_decode_steps, d.burst_limit)
             said = self.replies.get(self.core.slots[d.slot].rid, [])
@@ -159,21 +180,36 @@ class ScriptedGroup:
                     self.slots[d.slot].append(token)
         prefilled = 0
         for c in plan.prefills:
-            self._starts(c.slot, c.start, "a prefill")
-            held = self.slots[c.slot]
-            del held[c.start:]
-            held.extend(c.token_ids)
+            self._truncate(c.slot, c.start, "a prefill")
+            self.slots[c.slot].extend(c.token_ids)
+            self.marks[c.slot] = len(self.slots[c.slot])
             prefilled += len(c.token_ids)
         self.peak_memory_tokens = max(self.peak_memory_tokens, self._memory_tokens())
         self.now += prefilled / PREFILL_TOKENS_PER_S + DECODE_STEP_S * plan.num_decode_steps
         return StepDone(plan.step, tuple(sampled), 0, len(plan.decodes), 0.0)
 
-    def _starts(self, slot: int, at: int, what: str) -> None:
-        """As the worker refuses (worker/slots.py `truncate`): a command starting past what
-        the slot holds means the core's view of its slots is wrong."""
-        if at > len(self.slots[slot]):
-            raise RuntimeError(f"slot {slot} holds {len(self.slots[slot])} tokens; the core "
+    def _truncate(self, slot: int, at: int, what: str) -> None:
+        """The slot cut back to `at` for a command starting there, as the worker does
+        (worker/slots.py `truncate`), refusing as it does: a command starting past what the
+        slot holds, or, on a hybrid model, where the slot has no state, means the core's view
+        of its slots is wrong."""
+        held = self.slots[slot]
+        if at > len(held):
+            raise RuntimeError(f"slot {slot} holds {len(held)} tokens; the core "
                                f"planned {what} at {at}")
+        if at < len(held):
+            self._has_state(slot, at, what)
+        del held[at:]  # in place: slots hold tens of thousands of tokens
+        if at < self.marks[slot]:
+            self.marks[slot] = 0
+
+    def _has_state(self, slot: int, at: int, what: str) -> None:
+        """A hybrid slot has its recurrent state at its end and at its mark (and none at 0
+        is needed): anywhere else a command cannot start."""
+        if self.hybrid and at not in (0, len(self.slots[slot]), self.marks[slot]):
+            raise RuntimeError(f"slot {slot} has no state at {at} (it holds "
+                               f"{len(self.slots[slot])}, mark {self.marks[slot]}); the core "
+                               f"planned {what} there")
 
     def _memory_tokens(self) -> int:
         """Tokens the slots hold: a full page several shelved slots hold, once."""
@@ -198,7 +234,8 @@ class ScriptedGroup:
         if isinstance(msg, WritePages):
             infos = []
             for w in msg.writes:
-                nbytes = len(w.token_ids) * TOKEN_BYTES + HEADER_BYTES
+                nbytes = len(w.token_ids) * TOKEN_BYTES + HEADER_BYTES + (
+                    STATE_BYTES if w.flags & PageFlags.RECURRENT_STATE else 0)
                 infos.append(PageInfo(w.page_id, w.parent_id, NAMESPACE, len(w.token_ids),
                                       nbytes, self.now, w.flags))
                 self.disk[w.page_id] = infos[-1]
@@ -209,7 +246,8 @@ class ScriptedGroup:
             for r in msg.reads:
                 if r.page_id in self.disk:
                     ok.append(r.page_id)
-                    self.buffers[r.buffer] = tuple(r.token_ids)
+                    self.buffers[r.buffer] = (tuple(r.token_ids), bool(
+                        self.disk[r.page_id].flags & PageFlags.RECURRENT_STATE))
                 else:
                     missing.append(r.page_id)
             self.do(PagesRead(tuple(ok), tuple(missing)))
@@ -220,14 +258,16 @@ class ScriptedGroup:
 
 def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
                 release_after_s: float = 10.0, max_steps: int = 200_000,
-                tell_ends: bool = True, oracle: bool = False) -> CoreCosts:
+                tell_ends: bool = True, oracle: bool = False, hybrid: bool = False) -> CoreCosts:
     """Run the trace through the core; re-reads are the prompt tokens earlier prompts held that
     were prefilled again (the shared prefix past what was cached, plus any request's re-read
     after it gave its slot up). `tell_ends` False: the core is never told how a reply ended
     (an older gateway), so its residency order is least recently used alone. `oracle`: its
-    residency, displacement and disk eviction know the future (bench/residency_oracle.py)."""
+    residency, displacement and disk eviction know the future (bench/residency_oracle.py).
+    `hybrid`: the worker is a hybrid model's (a recurrent state at a slot's end and its mark,
+    snapshots stored with pages; not trimmable, so no cut)."""
     prompts = synthesize(trace)
-    g = ScriptedGroup(trace.page_size, memory_tokens, disk_tokens, release_after_s)
+    g = ScriptedGroup(trace.page_size, memory_tokens, disk_tokens, release_after_s, hybrid)
     pending = list(trace.requests)
     last_of: dict[str, str] = {}  # conversation -> rid of its latest request
     ends = {f"r{r.i}": r.end for r in trace.requests}

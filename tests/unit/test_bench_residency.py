@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from switchyard.proto.scheduler_worker import PrefillChunk, RunStep
+from switchyard.proto.scheduler_worker import CopyPrefix, PrefillChunk, RunStep
 
 from bench.residency_core import ScriptedGroup, replay_core
 from bench.residency_policies import replay, reread_bound
@@ -197,3 +197,48 @@ def test_the_scripted_worker_refuses_a_plan_that_starts_past_what_a_slot_holds()
     with pytest.raises(RuntimeError, match="slot 0 holds 32 tokens; the core planned a "
                                            "prefill at 40"):
         g._work(RunStep(1, prefills=(PrefillChunk(0, 40, (7,)),)))
+
+
+def test_the_scripted_hybrid_worker_refuses_a_command_where_a_slot_has_no_state():
+    """A hybrid slot has its recurrent state at its end and at its mark (where its last
+    prefill ended), nowhere else: a prefill, copy or stage with its state starting between
+    them fails the replay, as the worker would refuse it."""
+    g = ScriptedGroup(16, memory_tokens=1000, disk_tokens=1000, release_after_s=10.0,
+                      hybrid=True)
+    g._work(RunStep(0, prefills=(PrefillChunk(0, 0, tuple(range(1, 33))),)))
+    g._work(RunStep(1, prefills=(PrefillChunk(0, 32, tuple(range(40, 48))),)))
+    with pytest.raises(RuntimeError, match="slot 0 has no state at 32"):
+        g._work(RunStep(2, prefills=(PrefillChunk(0, 32, (7,)),)))  # the mark moved on
+    with pytest.raises(RuntimeError, match="the core planned a copy there"):
+        g._work(RunStep(3, copies=(CopyPrefix(0, 1, 16),)))
+    g._work(RunStep(4, copies=(CopyPrefix(0, 1, 40),)))  # its end: the state is there
+    assert g.slots[1] == list(range(1, 33)) + list(range(40, 48))
+
+
+def test_the_core_on_a_hybrid_model_plans_within_its_rules_and_restores_more_for_no_cuts():
+    """The core on a hybrid model's worker (`switchyard-hybrid`): every step it plans passes
+    the scripted worker's state rules; it never cuts a slot, so where the attention-only
+    core keeps a conversation's front it restores more, and with room for all it re-reads
+    no more than the shared system prompt where a conversation's first turn branches off
+    it inside a page (no state there yet)."""
+    t = synthetic(steps=30)
+    roomy = replay_core(t, memory_tokens=4096, disk_tokens=4096, hybrid=True)
+    assert roomy.requests == 30 and roomy.tokens_reread <= 5 * 10
+    page = 16
+
+    def conv(seed, n):
+        return [seed * 100_000 + i for i in range(1, n + 1)]
+
+    held = {k: conv(k, 600) for k in (1, 2, 3)}
+    reqs = []
+    for turn in range(3):
+        for k in (1, 2, 3):
+            held[k] = held[k] + conv(10 * turn + k + 10, 20)
+            reqs.append((f"c{k}", 2.0 * len(reqs), list(held[k])))
+    shared = shared_prefixes([p for _, _, p in reqs], page)
+    cycle = Trace("cycle", page, tuple(TraceRequest(i, at, len(p), shared[i], 8, "length", name)
+                                       for i, (name, at, p) in enumerate(reqs)))
+    attention = replay_core(cycle, memory_tokens=2000, disk_tokens=100_000)
+    hybrid = replay_core(cycle, memory_tokens=2000, disk_tokens=100_000, hybrid=True)
+    assert attention.tokens_reread == hybrid.tokens_reread == 0
+    assert hybrid.tokens_restored > attention.tokens_restored
