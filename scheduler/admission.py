@@ -16,7 +16,7 @@ from switchyard.scheduler.config import CoreConfig
 from switchyard.scheduler.conversation_threads import ConversationThreads
 from switchyard.scheduler.page_cache import DiskPage, PageCache
 from switchyard.scheduler.placement import Placement, Sources, choose_slot, usable_match
-from switchyard.scheduler.requests import Request, Slot
+from switchyard.scheduler.requests import Request, Slot, common_prefix_len
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,10 @@ class WaitForSibling:
     prefix they share; it copies that prefix once the sibling's slot holds it."""
 
     sibling: str  # its rid
-    shared: int  # tokens of the prefix they share (whole pages)
+    shared: int  # tokens of the prefix they share (whole pages; any token on a hybrid model)
+    # A hybrid model: the sibling's prefill is to stop there and keep its state (its branch
+    # point: docs/design/kv-pages.md "Branch points"), for this request to copy or restore.
+    branch_at: int = 0
 
 
 def sibling_prefilling(req: Request, chain: list[bytes], have: int,
@@ -47,10 +50,10 @@ def sibling_prefilling(req: Request, chain: list[bytes], have: int,
     no later than `req` would prefill it alone: its slot holds at least `have` tokens of it
     (six sub-agents arriving together under one system prompt prefill it once;
     the other five copy it). Prefilling beside it instead, each would get half of every
-    step's chunk. Whole pages only; never for a model whose slots cannot give a prefix they
-    went past (recurrent state)."""
-    if not cfg.trimmable:
-        return None
+    step's chunk. Whole pages, on attention KV. A hybrid model's slot gives a prefix only
+    where it has its recurrent state: the sibling's prefill stops where they part, to any
+    token, and keeps its state there (its branch point, `branch_at`), unless it is to stop
+    at another branch point first."""
     best: WaitForSibling | None = None
     for sibling in prefilling:
         if sibling.slot is None or (req.interactive and not sibling.interactive):
@@ -62,10 +65,17 @@ def sibling_prefilling(req: Request, chain: list[bytes], have: int,
             num_shared += 1
         shared = num_shared * cfg.page_size
         held = len(slots[sibling.slot].tokens)
+        if not cfg.trimmable:
+            if not (req.images or sibling.images):  # (an image's tokens do not name it)
+                shared += common_prefix_len(
+                    req.feed[shared:min(req.num_context, shared + cfg.page_size)],
+                    sibling.feed[shared:min(sibling.num_context, shared + cfg.page_size)])
+            if held < sibling.branch_point != shared:
+                continue  # its state is kept at another point ahead: not where they part
         if shared <= have or held >= shared:
             continue  # nothing more to gain, or a copy is there to take now
         if held >= have and (best is None or shared > best.shared):
-            best = WaitForSibling(sibling.rid, shared)
+            best = WaitForSibling(sibling.rid, shared, 0 if cfg.trimmable else shared)
     return best
 
 

@@ -151,6 +151,10 @@ class AdmissionManager:
         req.held_when_preempted = 0
 
     def _note_sibling_wait(self, req: Request, wait: WaitForSibling) -> None:
+        if wait.branch_at:  # a hybrid sibling keeps its state where they part
+            sibling = self.state.requests[wait.sibling]
+            sibling.branch_point = wait.branch_at
+            self.state.slots[sibling.slot].branch_tail_at = wait.branch_at
         if req.waits_for != wait.sibling:
             req.waits_for = wait.sibling
             self.state.outbox.log("request.waits_for_sibling", rid=req.rid,

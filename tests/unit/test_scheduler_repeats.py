@@ -98,3 +98,19 @@ def test_a_rewritten_reply_is_no_branch_point():
     g.turn("a2", a + g.reply("a1")[:2] + [9, 9, 9])
     new = [i.num_tokens for i in g.disk.values() if i.num_tokens < P and i.page_id not in tails]
     assert len(a) + 2 not in [3 * P + n for n in new]
+
+
+def test_hybrid_sub_agents_arriving_together_take_the_shared_prompt_from_the_first():
+    """Two sub-agents sent together under a system prompt no slot or page holds yet: the
+    second waits while the first prefills it, the first's prefill stops where they part,
+    inside a page, and keeps its state there; the second takes the prompt from it (a copy at
+    its mark, or the tail it stores) and prefills only its own part (before, a hybrid
+    sibling never waited, and each prefilled the whole prompt)."""
+    g = Group(num_slots=2, trimmable=False)
+    system = conv(5, 3 * P + 5)
+    g.submit("sub1", system + conv(7, P + 1))
+    g.submit("sub2", system + conv(8, P + 2))
+    g.run()
+    assert g.logs("request.waits_for_sibling")[0]["num_shared_tokens"] == len(system)
+    assert g.finished("sub2").num_cached_tokens == len(system)
+    assert g.records["sub2"].num_reread_tokens == 0
