@@ -162,25 +162,29 @@ def test_the_core_told_how_replies_ended_keeps_the_tool_loop_in_memory():
     assert not_told.tokens_reread == 0 and not_told.tokens_restored > 0
 
 
-def test_the_core_told_the_future_keeps_what_comes_back_first():
-    """Three conversations in turn, memory for two: the core with plain recency lets go of the
-    one that comes back next, every turn; told the future (`optimal-slots`), it lets go of
-    the one needed last, and restores about half as much. Both re-read nothing (disk holds
-    all)."""
-    page = 16
+def in_turn(rounds: int, page: int = 16) -> Trace:
+    """Three conversations of 600 tokens taking turns, each turn 20 tokens more."""
 
     def conv(seed, n):
         return [seed * 100_000 + i for i in range(1, n + 1)]
 
     held = {k: conv(k, 600) for k in (1, 2, 3)}
     reqs = []
-    for turn in range(4):
+    for turn in range(rounds):
         for k in (1, 2, 3):
             held[k] = held[k] + conv(10 * turn + k + 10, 20)
             reqs.append((f"c{k}", 2.0 * len(reqs), list(held[k])))
     shared = shared_prefixes([p for _, _, p in reqs], page)
-    t = Trace("cycle", page, tuple(TraceRequest(i, at, len(p), shared[i], 8, "length", name)
-                                   for i, (name, at, p) in enumerate(reqs)))
+    return Trace("cycle", page, tuple(TraceRequest(i, at, len(p), shared[i], 8, "length", name)
+                                      for i, (name, at, p) in enumerate(reqs)))
+
+
+def test_the_core_told_the_future_keeps_what_comes_back_first():
+    """Three conversations in turn, memory for two: the core with plain recency lets go of the
+    one that comes back next, every turn; told the future (`optimal-slots`), it lets go of
+    the one needed last, and restores about half as much. Both re-read nothing (disk holds
+    all)."""
+    t = in_turn(rounds=4)
     recency = replay_core(t, memory_tokens=2000, disk_tokens=100_000)
     future = replay_core(t, memory_tokens=2000, disk_tokens=100_000, oracle=True)
     assert recency.tokens_reread == future.tokens_reread == 0
@@ -224,20 +228,7 @@ def test_the_core_on_a_hybrid_model_plans_within_its_rules_and_restores_more_for
     t = synthetic(steps=30)
     roomy = replay_core(t, memory_tokens=4096, disk_tokens=4096, hybrid=True)
     assert roomy.requests == 30 and roomy.tokens_reread <= 5 * 10
-    page = 16
-
-    def conv(seed, n):
-        return [seed * 100_000 + i for i in range(1, n + 1)]
-
-    held = {k: conv(k, 600) for k in (1, 2, 3)}
-    reqs = []
-    for turn in range(3):
-        for k in (1, 2, 3):
-            held[k] = held[k] + conv(10 * turn + k + 10, 20)
-            reqs.append((f"c{k}", 2.0 * len(reqs), list(held[k])))
-    shared = shared_prefixes([p for _, _, p in reqs], page)
-    cycle = Trace("cycle", page, tuple(TraceRequest(i, at, len(p), shared[i], 8, "length", name)
-                                       for i, (name, at, p) in enumerate(reqs)))
+    cycle = in_turn(rounds=3)
     attention = replay_core(cycle, memory_tokens=2000, disk_tokens=100_000)
     hybrid = replay_core(cycle, memory_tokens=2000, disk_tokens=100_000, hybrid=True)
     assert attention.tokens_reread == hybrid.tokens_reread == 0
