@@ -85,6 +85,7 @@ class ScriptedGroup:
         self.finished: dict[str, object] = {}
         self.slots: list[list[int]] = [[] for _ in range(SLOTS)]
         self.marks = [0] * SLOTS  # a hybrid slot's second state: where its last prefill or load ended
+        self.stateless: set[int] = set()  # hybrid slots whose end a load without state reached
         self.shelved: set[int] = set()  # slots held as shared pages (worker/shared_pages.py)
         # A shelved slot's full pages' keys, hashed once: its tokens do not change while it
         # is shelved (any use but a stage makes it whole first).
@@ -144,11 +145,13 @@ class ScriptedGroup:
         for cp in plan.copies:
             self._has_state(cp.src_slot, cp.num_tokens, "a copy")
             self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
+            self.stateless.discard(cp.dst_slot)
             mark = self.marks[cp.src_slot]
             self.marks[cp.dst_slot] = mark if mark <= cp.num_tokens else 0
         for slot in plan.releases:
             self.slots[slot] = []
             self.marks[slot] = 0
+            self.stateless.discard(slot)
         for cut in plan.cuts:
             if self.hybrid:
                 raise RuntimeError(f"slot {cut.slot}: a hybrid slot cannot be cut")
@@ -165,6 +168,9 @@ class ScriptedGroup:
                 if not self.buffers[ld.buffers[-1]][1]:
                     raise RuntimeError(f"slot {ld.slot}: a state load from a page without one")
                 self.marks[ld.slot] = len(self.slots[ld.slot])
+                self.stateless.discard(ld.slot)
+            elif self.hybrid:
+                self.stateless.add(ld.slot)  # attention KV only: the last page brings the state
         sampled = []
         for d in plan.decodes:
             self._truncate(d.slot, d.position, "a decode")
@@ -197,8 +203,10 @@ class ScriptedGroup:
         if at > len(held):
             raise RuntimeError(f"slot {slot} holds {len(held)} tokens; the core "
                                f"planned {what} at {at}")
-        if at < len(held):
+        if at < len(held) or what != "a load":  # a load goes on where the last one ended
             self._has_state(slot, at, what)
+        if at < len(held):
+            self.stateless.discard(slot)
         del held[at:]  # in place: slots hold tens of thousands of tokens
         if at < self.marks[slot]:
             self.marks[slot] = 0
@@ -206,7 +214,8 @@ class ScriptedGroup:
     def _has_state(self, slot: int, at: int, what: str) -> None:
         """A hybrid slot has its recurrent state at its end and at its mark (and none at 0
         is needed): anywhere else a command cannot start."""
-        if self.hybrid and at not in (0, len(self.slots[slot]), self.marks[slot]):
+        end = () if slot in self.stateless else (len(self.slots[slot]),)
+        if self.hybrid and at not in (0, *end, self.marks[slot]):
             raise RuntimeError(f"slot {slot} has no state at {at} (it holds "
                                f"{len(self.slots[slot])}, mark {self.marks[slot]}); the core "
                                f"planned {what} there")

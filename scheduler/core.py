@@ -196,6 +196,7 @@ class SchedulerCore(CoreState):
         for load in plan.loads:
             slot = self.slots[load.slot]
             slot.tokens.extend(load.token_ids)
+            slot.stateless_end = not self.config.trimmable and not load.with_state
             if marks and load.with_state:
                 slot.state_mark = len(slot.tokens)
             self.pages.release(load.buffers)

@@ -108,6 +108,8 @@ class CoreState:
         slot keeps its tokens: its tail is staged with the next step, its pages count as
         used now."""
         slot = self.slots[req.slot]
+        if slot.stateless_end:  # its restore left before the last page brought the state
+            slot.truncate(slot.state_mark, self.config.page_size)
         slot.rid = None
         slot.tail_wanted = True
         self.pages.sync_slot(slot)

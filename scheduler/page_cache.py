@@ -418,7 +418,7 @@ class PageCache:
             self.touch(slot.page_ids[:slot.num_persisted] if slot.disk_gap else [], now)  # kept
             at_end = len(slot.tokens) // P - 1 if len(slot.tokens) % P == 0 else None
             snapshot_here = (not trimmable and at_end is not None and at_end >= 0
-                             and len(slot.tokens) in state_points(slot))
+                             and not slot.stateless_end and len(slot.tokens) in state_points(slot))
             for k in range(slot.num_persisted, len(slot.page_ids)):
                 pid = slot.page_ids[k]
                 if self.here(pid):
@@ -445,7 +445,7 @@ class PageCache:
         """The partial page that ends at token `end` (`Slot.take_tails`). A hybrid model's
         page carries the state at its end, which the worker has at the slot's end and mark."""
         tail = self._tail(slot, end)
-        if tail is None or not (trimmable or end in (len(slot.tokens), slot.state_mark)):
+        if tail is None or not (trimmable or slot.has_state_at(end)):
             return True
         start, pid, parent, tokens, images = tail
         if slot.turn is not None:

@@ -57,9 +57,10 @@ class Sources:
 def usable_match(slot: Slot, shared: int, trimmable: bool) -> int:
     """Of the `shared` leading tokens a slot has in common with a context, those it can give
     (keep, or copy to another slot)."""
-    if not trimmable and shared < len(slot.tokens):
+    if not trimmable and (shared < len(slot.tokens) or slot.stateless_end):
         # Recurrent state cannot be rewound: only a pure extension reuses a slot, or one
-        # that goes back to the slot's mark (a repeated prompt: worker/state_marks.py).
+        # that goes back to the slot's mark (a repeated prompt: worker/state_marks.py); nor
+        # is there any at an end a restore's batch reached without it.
         return slot.state_mark if 0 < slot.state_mark <= shared else 0
     return shared
 

@@ -176,6 +176,10 @@ class Slot:
     # model's mark: the end of its last prefill or restore; docs/design/kv-pages.md "Exact
     # repeats and state marks"): the slot can be cut back or copied there. 0: none.
     state_mark: int = 0
+    # A hybrid slot whose end has no state: a restore's batch was loaded without it (only the
+    # restore's last page brings it). Nothing may stage, copy or continue from that end;
+    # left so (a restore cancelled or preempted), the slot goes back to its mark.
+    stateless_end: bool = False
     # The turn whose tokens these are (scheduler.turns): the tails stored from here are its.
     turn: Anchor | None = None
     # The images among (and past) `tokens`: the request's that filled the slot last (its
@@ -206,6 +210,11 @@ class Slot:
     def free(self) -> bool:
         return self.rid is None
 
+    def has_state_at(self, end: int) -> bool:
+        """Whether a hybrid slot's worker has its state after its first `end` tokens: at its
+        mark, and at its end unless a restore's batch reached it without the state."""
+        return end == self.state_mark or (end == len(self.tokens) and not self.stateless_end)
+
     def take_tails(self) -> list[int]:
         """The ends of the partial pages to store now (next step's stages), each once: a
         branch point the prefill reached (the slot's turn owns it), where the prompt's
@@ -225,6 +234,8 @@ class Slot:
     def truncate(self, length: int, page_size: int) -> None:
         if length < self.state_mark:
             self.state_mark = 0
+        if length < len(self.tokens):
+            self.stateless_end = False  # (a hybrid slot is cut only to where it has state)
         if length < self.prompt_tail_at:
             self.prompt_tail_at = 0
         del self.tokens[length:]
@@ -239,6 +250,7 @@ class Slot:
         self.page_ids = list(page_ids)
         self.num_persisted = 0
         self.state_mark = self.prompt_tail_at = self.branch_tail_at = 0
+        self.stateless_end = False
         self.images = tuple(images)
         self.turn = None
         self.root = root

@@ -68,6 +68,9 @@ class Group:
         self.slots = [[] for _ in range(num_slots)]  # what the worker holds
         self.shelved = set()  # slots the worker holds as shared pages (RunStep.shelves)
         self.marks = [0] * num_slots
+        # Hybrid slots whose end has no state: a load without one (a restore's earlier
+        # batches) appends attention KV only; the restore's last page brings the state.
+        self.stateless = set()
         self.buffers = {}  # buffer -> (slot tokens staged, with_state)
         self.disk = {}  # page_id -> PageInfo
         self.missing = set(missing)
@@ -90,8 +93,10 @@ class Group:
                               priority))
 
     def _states(self, slot):
-        """Where the worker has the slot's state: its end, and its mark (hybrid models)."""
-        return {len(self.slots[slot]), *([self.marks[slot]] if self.state_marks else [])}
+        """Where the worker has the slot's state: its end (unless a load without its state
+        ended there), and its mark (hybrid models)."""
+        end = set() if slot in self.stateless else {len(self.slots[slot])}
+        return end | ({self.marks[slot]} if self.state_marks else set())
 
     def _cut(self, slot, n):
         """The worker trims the slot to `n` tokens: any `n` for attention KV; a hybrid
@@ -99,6 +104,8 @@ class Group:
         assert len(self.slots[slot]) >= n
         if not self.trimmable and n != len(self.slots[slot]):
             assert n == 0 or n in self._states(slot), "recurrent state cannot be rewound"
+        if n != len(self.slots[slot]):
+            self.stateless.discard(slot)  # back to where it has its state
         self.slots[slot] = self.slots[slot][:n]
         if n < self.marks[slot]:
             self.marks[slot] = 0
@@ -120,9 +127,11 @@ class Group:
             self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
             mark = self.marks[cp.src_slot]
             self.marks[cp.dst_slot] = mark if mark <= cp.num_tokens else 0
+            self.stateless.discard(cp.dst_slot)
         for slot in plan.releases:
             self.slots[slot] = []
             self.marks[slot] = 0
+            self.stateless.discard(slot)
         for cut in plan.cuts:  # the front stays, shelved (docs/design/kv-pages.md "Cut slots")
             assert self.trimmable and cut.num_tokens % P == 0
             self._cut(cut.slot, cut.num_tokens)
@@ -135,9 +144,13 @@ class Group:
             if ld.with_state:
                 assert self.buffers[ld.buffers[-1]][1], "a state load from a page without one"
                 self.marks[ld.slot] = len(self.slots[ld.slot])
+                self.stateless.discard(ld.slot)
+            elif not self.trimmable:
+                self.stateless.add(ld.slot)
         sampled = []
         for d in plan.decodes:
             self._cut(d.slot, d.position)
+            assert d.slot not in self.stateless, "a decode on a slot without its state"
             self.slots[d.slot] = self.slots[d.slot] + [d.token_id]
             for i in range(min(plan.num_decode_steps, d.burst_limit)):
                 token = 3000 + d.position + i
@@ -146,6 +159,7 @@ class Group:
                     self.slots[d.slot].append(token)  # fed back within the burst
         for c in plan.prefills:
             self._cut(c.slot, c.start)
+            assert c.slot not in self.stateless, "a prefill on a slot without its state"
             self.slots[c.slot] = self.slots[c.slot] + list(c.token_ids)
             self.marks[c.slot] = len(self.slots[c.slot])
         return StepDone(plan.step, tuple(sampled), 0, len(plan.decodes), 0.0)

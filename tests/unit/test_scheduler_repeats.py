@@ -6,6 +6,10 @@ cut, copy and stage against where it has the state."""
 
 import pytest
 
+from switchyard.proto.gateway_scheduler import CancelRequest
+from switchyard.proto.scheduler_worker import RunStep
+from switchyard.scheduler.events import PlanStep
+
 from tests.unit.test_scheduler_pages import P, Group, conv
 
 
@@ -114,3 +118,40 @@ def test_hybrid_sub_agents_arriving_together_take_the_shared_prompt_from_the_fir
     assert g.logs("request.waits_for_sibling")[0]["num_shared_tokens"] == len(system)
     assert g.finished("sub2").num_cached_tokens == len(system)
     assert g.records["sub2"].num_reread_tokens == 0
+
+
+def _restore_cut_short(g, prompt):
+    """Send `prompt` (its conversation on disk, its slot taken) and cancel it once its
+    restore's first batch, loaded without the state, is in the slot."""
+    g.submit("cut short", prompt)
+    for _ in range(50):
+        g.now += 1.0
+        g.do(PlanStep())
+        loaded = any(isinstance(m, RunStep) and m.loads for m in g.outbox)
+        g.pump()
+        if loaded:
+            break
+    slot = g.core.slots[0]
+    assert slot.stateless_end and len(slot.tokens) > 0, "a batch without the state is in"
+    g.do(CancelRequest("cut short"))
+    g.run()
+
+
+def test_a_hybrid_restore_cancelled_midway_leaves_no_end_without_its_state():
+    """A hybrid restore loads its batches' attention KV, and only its last page brings the
+    recurrent state. Cancelled in between (its client left), the slot's end has no state: it
+    goes back to its mark, so no snapshot is staged there and no request continues from
+    there. Before, the core staged the slot's tail with a state it did not have, and a
+    request sharing those tokens reused them on a state that was not theirs (the scripted
+    worker of test_scheduler_pages refuses both)."""
+    g = Group(num_slots=1, trimmable=False, num_buffers=4)
+    a = conv(1, 12 * P + 5)
+    g.turn("a1", a)
+    g.turn("b", conv(2, 3 * P + 1))  # takes the only slot
+    follow = a + g.reply("a1")[:-1] + [7, 8, 9]
+    _restore_cut_short(g, follow)
+    assert g.core.slots[0].tokens == [] and not g.core.slots[0].stateless_end
+    g.core.pages.forget(list(g.disk))  # and the disk has lost A's pages meanwhile
+    g.disk.clear()
+    again = g.turn("again", follow)
+    assert again.num_cached_tokens == 0  # prefilled from its start: nothing stateless reused
