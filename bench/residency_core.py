@@ -143,9 +143,13 @@ class ScriptedGroup:
             self.buffers[st.buffer] = (tuple(self.slots[st.slot][st.start:st.start + n]),
                                        st.with_state)
         for cp in plan.copies:
-            self._has_state(cp.src_slot, cp.num_tokens, "a copy")
+            stateless = self.hybrid and not self._state_at(cp.src_slot, cp.num_tokens)
+            if not cp.state_follows:  # else its attention KV only: a restore brings the state
+                self._has_state(cp.src_slot, cp.num_tokens, "a copy")
             self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
             self.stateless.discard(cp.dst_slot)
+            if stateless:
+                self.stateless.add(cp.dst_slot)
             mark = self.marks[cp.src_slot]
             self.marks[cp.dst_slot] = mark if mark <= cp.num_tokens else 0
         for slot in plan.releases:
@@ -198,24 +202,34 @@ class ScriptedGroup:
         """The slot cut back to `at` for a command starting there, as the worker does
         (worker/slots.py `truncate`), refusing as it does: a command starting past what the
         slot holds, or, on a hybrid model, where the slot has no state, means the core's view
-        of its slots is wrong."""
+        of its slots is wrong. A load may start anywhere: its restore's last page brings the
+        state (LoadPages)."""
         held = self.slots[slot]
         if at > len(held):
             raise RuntimeError(f"slot {slot} holds {len(held)} tokens; the core "
                                f"planned {what} at {at}")
-        if at < len(held) or what != "a load":  # a load goes on where the last one ended
+        if what == "a load":
+            stateless = self.hybrid and not self._state_at(slot, at)
+        else:
             self._has_state(slot, at, what)
-        if at < len(held):
+            stateless = False
+        if at < len(held) or stateless:
             self.stateless.discard(slot)
+            if stateless:
+                self.stateless.add(slot)
         del held[at:]  # in place: slots hold tens of thousands of tokens
         if at < self.marks[slot]:
             self.marks[slot] = 0
 
-    def _has_state(self, slot: int, at: int, what: str) -> None:
-        """A hybrid slot has its recurrent state at its end and at its mark (and none at 0
-        is needed): anywhere else a command cannot start."""
+    def _state_at(self, slot: int, at: int) -> bool:
+        """Whether a hybrid slot has its recurrent state after its first `at` tokens: at its
+        end (unless a load without the state reached it) and its mark (none is needed at 0)."""
         end = () if slot in self.stateless else (len(self.slots[slot]),)
-        if self.hybrid and at not in (0, *end, self.marks[slot]):
+        return at in (0, *end, self.marks[slot])
+
+    def _has_state(self, slot: int, at: int, what: str) -> None:
+        """Anywhere but where a hybrid slot has its state, a command cannot start."""
+        if self.hybrid and not self._state_at(slot, at):
             raise RuntimeError(f"slot {slot} has no state at {at} (it holds "
                                f"{len(self.slots[slot])}, mark {self.marks[slot]}); the core "
                                f"planned {what} there")

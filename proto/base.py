@@ -34,7 +34,9 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 16: ReplyEnded (how a reply ended, for the scheduler's residency).
 # 17: WorkerReady.state_marks (window and hybrid slots keep their state at the prompt's end).
 # 18: RunStep.shelves, WorkerReady.shared_pages (idle slots' KV as pages shared between slots).
-PROTOCOL_VERSION = 18
+# 19: RunStep.cuts; CopyPrefix.state_follows, and a hybrid load that starts where the slot has
+# no state (its restore's last page brings it).
+PROTOCOL_VERSION = 19
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"

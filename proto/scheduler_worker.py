@@ -72,11 +72,15 @@ class StagePage(Value):
 
 
 class CopyPrefix(Value):
-    """Replace `dst_slot`'s contents with the first `num_tokens` of `src_slot`."""
+    """Replace `dst_slot`'s contents with the first `num_tokens` of `src_slot`. A hybrid or
+    window model's copy needs the source's state there (its end or mark) unless
+    `state_follows`: a restore into `dst_slot` whose last page brings the state comes next,
+    so only the attention KV is wanted (docs/design/kv-pages.md "Hybrid models")."""
 
     src_slot: int
     dst_slot: int
     num_tokens: int
+    state_follows: bool = False
 
 
 class LoadPages(Value):
@@ -84,7 +88,8 @@ class LoadPages(Value):
 
     Every page is full except perhaps the last (a stored tail): `token_ids` says how many
     tokens they hold together. With `with_state`, the last buffer also carries the recurrent
-    state at its end.
+    state at its end. A hybrid or window model's restore ends with such a load, so its first
+    load may start where the slot has no state: the attention KV before it stays.
     """
 
     slot: int

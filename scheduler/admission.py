@@ -28,6 +28,9 @@ class Decision:
     restore_pages: tuple[DiskPage, ...] = ()
     branch_point: int | None = None
     chain: tuple[bytes, ...] = ()  # the context's full pages
+    # A hybrid or window model's restore: its last page brings the state, so what the slot
+    # keeps or copies is wanted for its attention KV only (CopyPrefix.state_follows).
+    state_follows: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,12 +97,14 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
     chain = req.context_chain(pages.chain_namespace, P)
     on_disk = pages.disk_prefix(chain, feed, n, cfg.trimmable, req.images, req.root)
     disk_tokens = on_disk[-1].start + on_disk[-1].num_tokens if on_disk else 0
-    matches, parts = {}, 0
+    matches, shared_with, parts = {}, {}, 0
     for slot in slots:
         shared = slot.shared_prefix(chain, feed, n, P, req.images, req.root)
         m = usable_match(slot, shared, cfg.trimmable)
         if m:
             matches[slot.index] = m
+        if shared and not cfg.trimmable:
+            shared_with[slot.index] = shared
         # Where the context parts from another conversation's prompt (a sibling sub-agent
         # under a shared prefix); a slot's own reply, which a client may rewrite, is no branch.
         if shared < min(n, slot.turn.num_tokens if slot.turn else len(slot.tokens)):
@@ -118,7 +123,7 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
                                      cfg)
         if waiting is not None:
             return waiting
-    sources = Sources(n, disk_tokens, matches, P, cfg.trimmable)
+    sources = Sources(n, disk_tokens, matches, P, cfg.trimmable, shared_with)
     persisted = {s.index: pages.persisted_tokens(s, matches.get(s.index, 0))
                  for s in slots if s.free}
     placement = choose_slot(slots, sources, persisted)
@@ -133,7 +138,8 @@ def place(req: Request, slots: list[Slot], pages: PageCache, cfg: CoreConfig,
         branch_point = max(pages.tree.longest_prefix(chain) * cfg.page_size, parts)
     restore = tuple(p for p in on_disk if p.start >= placement.restore_from) \
         if placement.restored else ()
-    return Decision(placement, restore, branch_point, tuple(chain))
+    return Decision(placement, restore, branch_point, tuple(chain),
+                    state_follows=not cfg.trimmable and bool(placement.restored))
 
 
 def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
@@ -162,15 +168,18 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     copy = None
     if p.copy_from is not None:
         src = slots[p.copy_from]
+        stateless = decision.state_follows and not src.has_state_at(p.copied)
         slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // page_size],
                      root=src.root)
         if src.rid is None and p.copied + page_size > len(src.tokens):
             src.reply_end = "superseded"  # its conversation goes on here: nobody comes back
         if src.state_mark <= p.copied:  # the worker copies the mark with the prefix
             slot.state_mark = src.state_mark
-        copy = CopyPrefix(p.copy_from, p.slot, p.copied)
+        copy = CopyPrefix(p.copy_from, p.slot, p.copied, decision.state_follows)
     else:
+        stateless = decision.state_follows and not slot.has_state_at(p.reused)
         slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
+    slot.stateless_end = stateless  # until the restore's last page brings the state
     slot.rid, slot.last_used, slot.turn = req.rid, now, turn
     slot.shelved = False  # the worker makes it whole to use it
     slot.last_rid, slot.reply_end, slot.background = req.rid, "", not req.interactive

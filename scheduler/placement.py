@@ -14,7 +14,7 @@ call, then the end of a turn, ...), then the cheapest, then the least recently u
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from switchyard.scheduler.requests import Slot
 from switchyard.scheduler.residency import returns
@@ -52,6 +52,10 @@ class Sources:
     slot_matches: dict[int, int]
     page_size: int
     trimmable: bool
+    # A hybrid or window model: tokens each slot has in common with the context, whether or
+    # not it has the state there. A restore brings the state with its last page, so the
+    # attention KV before it may come from any of them (`_under_a_restore`).
+    slot_shared: dict[int, int] = field(default_factory=dict)
 
 
 def usable_match(slot: Slot, shared: int, trimmable: bool) -> int:
@@ -92,6 +96,31 @@ def options_for(slot: Slot, src: Sources, persisted_beyond: int) -> list[Placeme
         options.append(Placement(reused=start, restore_from=start,
                                  restored=src.disk_tokens - start,
                                  to_prefill=n - src.disk_tokens, **base))
+    if not src.trimmable and src.disk_tokens:
+        options += _under_a_restore(slot, src, persisted_beyond, base)
+    return options
+
+
+def _under_a_restore(slot: Slot, src: Sources, persisted_beyond: int,
+                     base: dict) -> list[Placement]:
+    """A hybrid or window model's restore brings the state with its last page: the attention
+    KV before it may come from memory where no state is, the slot's own (cut back to a page
+    end) or another slot's (copied there: `CopyPrefix.state_follows`). The restore loads at
+    least its last page (docs/design/kv-pages.md "Hybrid models")."""
+    P, n, disk = src.page_size, src.num_tokens, src.disk_tokens
+    last = (disk - 1) // P * P  # where the page carrying the state starts
+    own = min(src.slot_shared.get(slot.index, 0) // P * P, last)
+    displaced = len(slot.tokens) - own
+    kept = dict(base, displaced=displaced, displaced_cost=max(0, displaced - persisted_beyond)
+                + RESTORE_COST * min(displaced, persisted_beyond))
+    options = [Placement(reused=own, restore_from=own, restored=disk - own, to_prefill=n - disk,
+                         **kept)] if own else []
+    copies = [(min(m // P * P, last), i) for i, m in src.slot_shared.items()
+              if i != slot.index]
+    c, i = max(copies, default=(0, None))
+    if c > own:
+        options.append(Placement(reused=0, copy_from=i, copied=c, restore_from=c,
+                                 restored=disk - c, to_prefill=n - disk, **base))
     return options
 
 

@@ -81,7 +81,7 @@ class StepExecutor:
             self.layout.stage(cache, stage.start, self._buffer(stage.buffer), stage.with_state,
                               stage.num_tokens)
         for copy in step.copies:
-            store.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens)
+            store.copy_prefix(copy.src_slot, copy.dst_slot, copy.num_tokens, copy.state_follows)
         for slot in step.releases:
             store.release(slot)
             if self.drafter is not None:

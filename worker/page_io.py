@@ -180,6 +180,29 @@ def copy_prefix(cache: list, num_tokens: int, fresh: list) -> list:
     return fresh
 
 
+def write_back_row(own, merged, row: int, start: int) -> None:
+    """Row `row` of a packed pass's batch layer `merged` back into the slot's own layer `own`,
+    which holds the row's first `start` tokens: attention KV gets only the tokens from `start`
+    on, written into its buffer (grown in mlx-lm's steps of 256 when full), so the context is
+    not copied back; a recurrent state takes the row's new state."""
+    if not is_attention_kv(own):
+        own.cache = merged.extract(row).cache
+        return
+    new = merged.row_tokens(row, start)
+    end = start + new[0].shape[2]
+    arrays = token_arrays(own) if own.keys is not None else None
+    if arrays is None or arrays[0].shape[2] < end:
+        capacity = (end + merged.step - 1) // merged.step * merged.step
+        grown = [mx.zeros((1, a.shape[1], capacity, a.shape[3]), a.dtype) for a in new]
+        if arrays is not None and start:
+            for g, a in zip(grown, arrays):
+                g[..., :start, :] = a[..., :start, :]
+        arrays = grown
+    for a, n in zip(arrays, new):
+        a[..., start:end, :] = n
+    set_token_arrays(own, arrays, end)
+
+
 def _state_arrays(c) -> list[mx.array]:
     """A snapshot layer's arrays without the batch axis."""
     if type(c) is RotatingKVCache:

@@ -46,6 +46,6 @@ def pack_groups(lengths: list[int], contexts: list[int] | None = None,
 def context_per_weight_read(weight_bytes: int, kv_bytes_per_token: int) -> int:
     """Context tokens whose KV, copied into a packed pass's batch (worker/batch_kv.py merge:
     read once, written once), moves the bytes of one read of the weights. Only the chunk's
-    own tokens go back to the slot (worker/slots.py `_write_back`), as a pass per chunk
+    own tokens go back to the slot (worker/page_io.py `write_back_row`), as a pass per chunk
     writes them too."""
     return weight_bytes // max(1, 2 * kv_bytes_per_token)

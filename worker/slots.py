@@ -30,10 +30,9 @@ from switchyard.worker.cache_kinds import (
     undo_verify,
     verifiable,
 )
-from switchyard.worker.kv_layout import (is_attention_kv, kv_bytes_per_token, set_token_arrays,
-                                         token_arrays)
+from switchyard.worker.kv_layout import is_attention_kv, kv_bytes_per_token
 from switchyard.worker import state_marks
-from switchyard.worker.page_io import copy_prefix
+from switchyard.worker.page_io import copy_prefix, write_back_row
 from switchyard.worker.shared_pages import PagePool, SlotCaches, Shelved
 
 
@@ -152,8 +151,10 @@ class SlotStore:
 
     # --- contents --------------------------------------------------------------------------
 
-    def truncate(self, slot: int, length: int) -> None:
-        """Make the slot hold exactly its first `length` tokens."""
+    def truncate(self, slot: int, length: int, state_follows: bool = False) -> None:
+        """Make the slot hold exactly its first `length` tokens. `state_follows`: a load
+        that brings the state comes next, so a hybrid slot may be cut anywhere (its
+        attention KV only)."""
         held = len(self.tokens[slot])
         if length > held:
             raise SlotError(f"slot {slot} holds {held} tokens; cannot start at {length}")
@@ -161,27 +162,30 @@ class SlotStore:
             return
         self._unbatch_slot(slot)
         mark = self._marks.get(slot)
-        if length and not self.trimmable and (mark is None or mark[0] != length):
+        at_mark = mark is not None and mark[0] == length
+        if length and not self.trimmable and not (at_mark or state_follows):
             raise SlotError(f"slot {slot}: recurrent state or window cannot be rewound to {length}")
         if self.mtp is not None:
             self.mtp.cut(slot, length)
         shelved = self._parked.is_shelved(slot)
+        if mark is not None and length < mark[0]:
+            self._marks.pop(slot)
         if length == 0:
             self._parked[slot] = (self._make_cache() if shelved else
                                   _emptied(self._parked[slot], self._make_cache()))
-            self._marks.pop(slot, None)
         elif shelved:  # made whole holding only what stays
             cache = self._parked.whole(slot, length)
-            if not self.trimmable:
+            if at_mark and not self.trimmable:
                 state_marks.put(mark[1], cache)
         elif self.trimmable:
             for c in self._parked[slot]:
                 c.trim(held - length)
-        else:  # back to the mark
+        else:  # back to the mark, or to where the load that follows brings the state
             for c in leaves(self._parked[slot]):
                 if is_attention_kv(c):
                     c.trim(held - length)
-            state_marks.put(mark[1], self._parked[slot])
+            if at_mark:
+                state_marks.put(mark[1], self._parked[slot])
         del self.tokens[slot][length:]
 
     def mark(self, slot: int) -> None:
@@ -262,7 +266,7 @@ class SlotStore:
         longest; each row writes its tokens at its own end of a batch cache (worker/batch_kv.py:
         rows left-aligned, each with its own length), the padding is cut off every row, and
         only each row's new tokens (and a recurrent row's new state) go back into its slot's
-        own cache (`_write_back`), so no padded position enters a slot's cache and the
+        own cache (page_io.py `write_back_row`), so no padded position enters a slot's cache and the
         contexts are copied once, into the batch. A row's KV is its chunk's KV prefilled
         alone, to float rounding. The decode batch is left as it is unless it holds one of
         these slots."""
@@ -280,7 +284,7 @@ class SlotStore:
         self._cut(batch, [width - n for n in lengths])
         for i, (chunk, row) in enumerate(zip(chunks, rows)):
             for own, merged in zip(leaves(self._parked[chunk.slot]), leaves(batch)):
-                _write_back(own, merged, i, chunk.start)
+                write_back_row(own, merged, i, chunk.start)
             if self.mtp is not None:
                 self.mtp.observe(chunk.slot, chunk.start, row, self.last_hidden[i:i + 1, :len(row)])
             self.tokens[chunk.slot].extend(row)
@@ -405,12 +409,15 @@ class SlotStore:
         self._unbatch_slot(slot)
         return self._parked[slot]
 
-    def copy_prefix(self, src: int, dst: int, num_tokens: int) -> None:
+    def copy_prefix(self, src: int, dst: int, num_tokens: int,
+                    state_follows: bool = False) -> None:
+        """`dst` holds the first `num_tokens` of `src`; `state_follows`: CopyPrefix's."""
         if num_tokens > len(self.tokens[src]):
             raise SlotError(f"slot {src} holds {len(self.tokens[src])} tokens, not {num_tokens}")
         mark = self._marks.get(src)
         at_mark = mark is not None and mark[0] == num_tokens != len(self.tokens[src])
-        if not self.trimmable and num_tokens != len(self.tokens[src]) and not at_mark:
+        if not (self.trimmable or state_follows or at_mark) \
+                and num_tokens != len(self.tokens[src]):
             raise SlotError("recurrent state exists only at the end of a slot and at its mark")
         # A sibling decoding in the batch stays there: its row is copied out alone.
         source = (self._row_copy(self._batch_slots.index(src)) if src in self._batch_slots
@@ -430,9 +437,10 @@ class SlotStore:
         self.tokens[dst] = self.tokens[src][:num_tokens]
 
     def loaded(self, slot: int, start: int, token_ids: list[int], images=()) -> list:
-        """Truncate to `start` and return the cache to load pages into; records the tokens
-        (and, in a vision store, the `images` among them)."""
-        self.truncate(slot, start)
+        """Truncate to `start` (anywhere: a restore's last page brings the state, LoadPages)
+        and return the cache to load pages into; records the tokens (and, in a vision store,
+        the `images` among them)."""
+        self.truncate(slot, start, state_follows=True)
         self._check_room(slot, len(token_ids))
         self.tokens[slot].extend(token_ids)
         return self.parked(slot)
@@ -525,29 +533,6 @@ def _emptied(old: list, fresh: list) -> list:
         if is_attention_kv(c):
             c.offset = 0
     return [o if is_attention_kv(o) else f for o, f in zip(old, fresh)]
-
-
-def _write_back(own, merged, row: int, start: int) -> None:
-    """Row `row` of a packed pass's batch layer `merged` back into the slot's own layer `own`,
-    which holds the row's first `start` tokens: attention KV gets only the tokens from `start`
-    on, written into its buffer (grown in mlx-lm's steps of 256 when full), so the context is
-    not copied back; a recurrent state takes the row's new state."""
-    if not is_attention_kv(own):
-        own.cache = merged.extract(row).cache
-        return
-    new = merged.row_tokens(row, start)
-    end = start + new[0].shape[2]
-    arrays = token_arrays(own) if own.keys is not None else None
-    if arrays is None or arrays[0].shape[2] < end:
-        capacity = (end + merged.step - 1) // merged.step * merged.step
-        grown = [mx.zeros((1, a.shape[1], capacity, a.shape[3]), a.dtype) for a in new]
-        if arrays is not None and start:
-            for g, a in zip(grown, arrays):
-                g[..., :start, :] = a[..., :start, :]
-        arrays = grown
-    for a, n in zip(arrays, new):
-        a[..., start:end, :] = n
-    set_token_arrays(own, arrays, end)
 
 
 def _layer_by_layer(num_layers: int, build: Callable[[int], list], olds: list[list]) -> list[list]:

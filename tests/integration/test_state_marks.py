@@ -65,3 +65,33 @@ def test_a_prefill_past_the_mark_moves_it(tiny_model_dir):
 def test_attention_only_slots_keep_no_mark(tiny_model_dir):
     store, _ = _setup(tiny_model_dir("qwen3"))
     assert not store.keeps_marks and store.trimmable
+
+
+@pytest.mark.parametrize("arch", MARKED)
+def test_a_restore_takes_attention_kv_from_memory_and_the_state_from_its_last_page(
+        tiny_model_dir, arch):
+    """A hybrid or window restore needs its state only at its end (its last page carries it):
+    the attention KV before it may come from memory, a sibling's slot copied where it has no
+    state (`state_follows`) or the slot itself cut back there. Both continue bit-identically
+    to the slot that prefilled it all."""
+    store, layout = _setup(tiny_model_dir(arch), num_slots=3)
+    prompt = [int(t) for t in np.random.default_rng(5).integers(5, 3000, 5 * P + 9)]
+    context = len(prompt) - 1
+    _prefill(store, 0, prompt[:-1], 2 * P)
+    # Its last page and its tail, staged from where its state is: the end.
+    pages = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(2)]
+    layout.stage(store.parked(0), 4 * P, pages[0], with_state=False)
+    layout.stage(store.state_at(0, context), 5 * P, pages[1], with_state=True,
+                 num_tokens=context - 5 * P)
+    ref_tokens, ref_logits = _continue(store, 0, prompt[-1], n=6)
+    with pytest.raises(SlotError):
+        store.copy_prefix(0, 1, 4 * P)  # no state there
+    store.copy_prefix(0, 1, 4 * P, state_follows=True)
+    _prefill(store, 2, prompt[:5 * P], 2 * P)  # a slot with state at 5P...
+    for slot in (1, 2):  # ...cut back to 4P, the load bringing the state
+        cache = store.loaded(slot, 4 * P, prompt[4 * P:context])
+        layout.load(cache, 4 * P, pages, with_state=True, num_tokens=context - 4 * P)
+        store.mark(slot)
+        got_tokens, got_logits = _continue(store, slot, prompt[-1], n=6)
+        assert got_tokens == ref_tokens, slot
+        assert np.array_equal(got_logits, ref_logits), slot

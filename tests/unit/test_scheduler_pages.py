@@ -98,14 +98,18 @@ class Group:
         end = set() if slot in self.stateless else {len(self.slots[slot])}
         return end | ({self.marks[slot]} if self.state_marks else set())
 
-    def _cut(self, slot, n):
+    def _cut(self, slot, n, state_follows=False):
         """The worker trims the slot to `n` tokens: any `n` for attention KV; a hybrid
-        slot only back to a point where it has the state (or to nothing)."""
+        slot only back to a point where it has the state (or to nothing), unless a load
+        bringing the state follows (then its end has none until it does)."""
         assert len(self.slots[slot]) >= n
-        if not self.trimmable and n != len(self.slots[slot]):
-            assert n == 0 or n in self._states(slot), "recurrent state cannot be rewound"
-        if n != len(self.slots[slot]):
+        stateless = not self.trimmable and n != 0 and n not in self._states(slot)
+        if stateless and not state_follows:
+            assert n == len(self.slots[slot]), "recurrent state cannot be rewound"
+        if n != len(self.slots[slot]) or stateless:
             self.stateless.discard(slot)  # back to where it has its state
+            if stateless:
+                self.stateless.add(slot)
         self.slots[slot] = self.slots[slot][:n]
         if n < self.marks[slot]:
             self.marks[slot] = 0
@@ -122,12 +126,14 @@ class Group:
             self.buffers[st.buffer] = (tuple(self.slots[st.slot][st.start:st.start + n]),
                                        st.with_state)
         for cp in plan.copies:
-            if not self.trimmable:
-                assert cp.num_tokens in self._states(cp.src_slot), "no state to copy there"
+            stateless = not self.trimmable and cp.num_tokens not in self._states(cp.src_slot)
+            assert not stateless or cp.state_follows, "no state to copy there"
             self.slots[cp.dst_slot] = self.slots[cp.src_slot][:cp.num_tokens]
             mark = self.marks[cp.src_slot]
             self.marks[cp.dst_slot] = mark if mark <= cp.num_tokens else 0
             self.stateless.discard(cp.dst_slot)
+            if stateless:
+                self.stateless.add(cp.dst_slot)
         for slot in plan.releases:
             self.slots[slot] = []
             self.marks[slot] = 0
@@ -137,7 +143,7 @@ class Group:
             self._cut(cut.slot, cut.num_tokens)
             self.shelved.add(cut.slot)
         for ld in plan.loads:
-            self._cut(ld.slot, ld.start)
+            self._cut(ld.slot, ld.start, state_follows=True)
             for b in ld.buffers:
                 self.slots[ld.slot] += list(self.buffers[b][0])
             assert self.slots[ld.slot][ld.start:] == list(ld.token_ids)
@@ -468,7 +474,8 @@ def test_scheduler_restart_rebuilds_from_inventory():
 
 def test_hybrid_shared_prefix_gets_a_snapshot_for_the_next_conversation():
     """A writes the shared prefix without state; B stops where it parts from A (inside a
-    page) and stores the state there as a tail; C restores to that token."""
+    page) and stores the state there as a tail; C restores to that token: only the tail,
+    with the state, as its slot (B's) holds the attention KV of the pages before it."""
     g = Group(num_slots=1, trimmable=False)
     shared = conv(9, 2 * P + 5)
     g.submit("a", shared + conv(1, 3 * P + 7), max_tokens=1)
@@ -483,7 +490,7 @@ def test_hybrid_shared_prefix_gets_a_snapshot_for_the_next_conversation():
     before = len(g.steps)
     g.run()
     load = next(s for s in g.steps[before:] if s.loads).loads[0]
-    assert load.with_state and len(load.buffers) == 3
+    assert load.with_state and load.start == 2 * P and len(load.buffers) == 1
     assert g.finished("c").num_cached_tokens == len(shared)
 
 
