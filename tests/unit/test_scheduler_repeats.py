@@ -155,3 +155,24 @@ def test_a_hybrid_restore_cancelled_midway_leaves_no_end_without_its_state():
     g.disk.clear()
     again = g.turn("again", follow)
     assert again.num_cached_tokens == 0  # prefilled from its start: nothing stateless reused
+
+
+def test_a_hybrid_restore_takes_the_attention_kv_a_sibling_holds_and_only_its_own_pages():
+    """Two sub-agents under a system prompt, one slot each, then a third conversation takes
+    B's slot. B comes back: its restore needs the state only at its end, so it copies the
+    system prompt's attention KV from A's slot (where A has no state) and restores only its
+    own pages, the last with the state. Before, it restored every page of its context."""
+    g = Group(num_slots=2, trimmable=False)
+    system = conv(5, 4 * P)
+    a, b = system + conv(6, 2 * P + 3), system + conv(7, 2 * P + 5)
+    g.turn("a", a)
+    g.turn("b", b)
+    g.turn("a2", a + g.reply("a")[:-1] + [9])
+    g.turn("other", conv(8, 3 * P + 1))  # takes B's slot, the least recently used
+    follow = b + g.reply("b")[:-1] + [4, 5]
+    back = g.turn("b2", follow)
+    record = g.records["b2"]
+    assert back.num_cached_tokens == len(follow) - 2 and record.num_reread_tokens == 0
+    assert 0 < record.num_restored_tokens <= len(follow) - len(system)
+    copies = [c for s in g.steps for c in s.copies if c.state_follows]
+    assert copies and copies[-1].num_tokens >= len(system) - P
