@@ -156,14 +156,12 @@ class ScriptedGroup:
             self.slots[slot] = []
             self.marks[slot] = 0
             self.stateless.discard(slot)
-        for cut in plan.cuts:
-            if self.hybrid:
-                raise RuntimeError(f"slot {cut.slot}: a hybrid slot cannot be cut")
-            del self.slots[cut.slot][cut.num_tokens:]
+        for cut in plan.cuts:  # a hybrid's state is void at the cut (the restore brings it)
+            self._truncate(cut.slot, cut.num_tokens, "a cut", state_follows=True)
             self.shelved.add(cut.slot)
             self.shelved_pages.pop(cut.slot, None)
         for ld in plan.loads:
-            self._truncate(ld.slot, ld.start, "a load")
+            self._truncate(ld.slot, ld.start, "a load", state_follows=True)
             for b in ld.buffers:
                 self.slots[ld.slot] += list(self.buffers[b][0])
             if self.slots[ld.slot][ld.start:] != list(ld.token_ids):
@@ -198,17 +196,17 @@ class ScriptedGroup:
         self.now += prefilled / PREFILL_TOKENS_PER_S + DECODE_STEP_S * plan.num_decode_steps
         return StepDone(plan.step, tuple(sampled), 0, len(plan.decodes), 0.0)
 
-    def _truncate(self, slot: int, at: int, what: str) -> None:
+    def _truncate(self, slot: int, at: int, what: str, state_follows: bool = False) -> None:
         """The slot cut back to `at` for a command starting there, as the worker does
         (worker/slots.py `truncate`), refusing as it does: a command starting past what the
         slot holds, or, on a hybrid model, where the slot has no state, means the core's view
-        of its slots is wrong. A load may start anywhere: its restore's last page brings the
-        state (LoadPages)."""
+        of its slots is wrong. `state_follows` (a load, a cut) may cut anywhere: a restore's
+        last page brings the state (LoadPages)."""
         held = self.slots[slot]
         if at > len(held):
             raise RuntimeError(f"slot {slot} holds {len(held)} tokens; the core "
                                f"planned {what} at {at}")
-        if what == "a load":
+        if state_follows:
             stateless = self.hybrid and not self._state_at(slot, at)
         else:
             self._has_state(slot, at, what)

@@ -149,10 +149,11 @@ class MemoryManager:
     @property
     def _cuts(self) -> bool:
         """Whether an idle slot may keep its front and let only its end leave (RunStep.cuts):
-        where the worker can trim and shelve it, and the disk holds what memory does (on a
+        where the worker can shelve it (a hybrid's state is void there until its restore's
+        last page brings it: `Slot.stateless_end`), and the disk holds what memory does (on a
         smaller one the end, on disk alone, would be lost under the newcomer's own pages)."""
         cfg = self.state.config
-        return cfg.trimmable and cfg.shared_pages and cfg.disk_holds_memory
+        return cfg.shared_pages and cfg.disk_holds_memory
 
     def _patient(self, req: Request, now: float, beside_running: bool) -> bool:
         """Whether the newcomer waits for the running requests beside it rather than make
@@ -274,7 +275,9 @@ class MemoryManager:
                 cuts.append(CutSlot(slot.index, slot.cut_to))
                 self.state.num_cut += 1
                 self.state.cut_kept_tokens += slot.cut_to
+                stateless = not self.state.config.trimmable and not slot.has_state_at(slot.cut_to)
                 slot.truncate(slot.cut_to, self.state.config.page_size)
+                slot.stateless_end = stateless
                 slot.leaving, slot.shelved, slot.cut_to = False, True, 0
             elif self.state.releasable(slot):
                 slot.replace(())

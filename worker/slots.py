@@ -210,15 +210,18 @@ class SlotStore:
 
     def release(self, slot: int, keep: int = 0) -> None:
         """Drop the slot's KV and its memory (`truncate` to 0 keeps attention buffers for its
-        next one) but its first `keep` tokens, shelved (RunStep.cuts)."""
+        next one) but its first `keep` tokens, shelved (RunStep.cuts; a state store's state
+        is void there until a restore's last page brings it)."""
         self._unbatch_slot(slot)
-        if keep and (not self.trimmable or self._parked.pool is None):
+        if keep and self._parked.pool is None:
             raise SlotError(f"slot {slot} cannot be cut to {keep} tokens here")
         if self.mtp is not None:
             self.mtp.cut(slot, keep)  # to 0: all of it
         if keep:
             self._parked.cut(slot, self.tokens[slot][:keep])
             del self.tokens[slot][keep:]
+            if keep < self._marks.get(slot, (0,))[0]:
+                self._marks.pop(slot)
             return
         self._parked[slot] = self._make_cache()
         self._marks.pop(slot, None)

@@ -98,17 +98,20 @@ def test_a_shelved_slot_stages_copies_and_cuts_back_where_it_lies(attention_stor
 
 
 @pytest.mark.parametrize("shelved_first", [False, True])
-def test_a_cut_slot_keeps_its_front_and_continues_once_its_end_is_loaded(attention_store,
+def test_a_cut_slot_keeps_its_front_and_continues_once_its_end_is_loaded(store_layout,
                                                                          shelved_first):
     """RunStep.cuts (docs/design/kv-pages.md "Cut slots"): the slot keeps its first pages,
-    shelved; its end, staged before, loaded back after them, it continues as if never cut."""
-    store, layout = attention_store
+    shelved; its end, staged before, loaded back after them, it continues as if never cut.
+    With a recurrent state or a ring, the state at the cut is void: the tail brings it."""
+    store, layout = store_layout
     prompts = _siblings(store, own=(2 * P + 5, 3))
     end = len(prompts[0])
+    state = not store.trimmable
     buffers = [np.zeros(layout.buffer_bytes, np.uint8) for _ in range(2)]  # a page, a tail
     for k, start in enumerate(range(5 * P, end, P)):
-        layout.stage(store.stage_source(0), start, buffers[k], with_state=False,
-                     num_tokens=min(P, end - start) % P)
+        last = start + P >= end
+        layout.stage(store.state_at(0, end) if state and last else store.stage_source(0), start,
+                     buffers[k], with_state=state and last, num_tokens=min(P, end - start) % P)
     want = _continue(store, 0, 17, n=6)
     store.truncate(0, end)
     if shelved_first:
@@ -119,7 +122,7 @@ def test_a_cut_slot_keeps_its_front_and_continues_once_its_end_is_loaded(attenti
     # The prefix's 4 pieces (held by slot 1 too when shelved) and slot 0's own fifth page.
     assert store._parked.pool.num_pieces == 5
     cache = store.loaded(0, 5 * P, prompts[0][5 * P:])
-    layout.load(cache, 5 * P, buffers, with_state=False, num_tokens=end - 5 * P)
+    layout.load(cache, 5 * P, buffers, with_state=state, num_tokens=end - 5 * P)
     got = _continue(store, 0, 17, n=6)
     assert got[0] == want[0] and np.array_equal(got[1], want[1])
 

@@ -139,8 +139,8 @@ class Group:
             self.marks[slot] = 0
             self.stateless.discard(slot)
         for cut in plan.cuts:  # the front stays, shelved (docs/design/kv-pages.md "Cut slots")
-            assert self.trimmable and cut.num_tokens % P == 0
-            self._cut(cut.slot, cut.num_tokens)
+            assert cut.num_tokens % P == 0  # a hybrid's state is void there: a restore brings it
+            self._cut(cut.slot, cut.num_tokens, state_follows=True)
             self.shelved.add(cut.slot)
         for ld in plan.loads:
             self._cut(ld.slot, ld.start, state_follows=True)
