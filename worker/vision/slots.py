@@ -38,8 +38,8 @@ class VisionSlotStore(SlotStore):
 
     # --- contents --------------------------------------------------------------------------
 
-    def truncate(self, slot: int, length: int) -> None:
-        super().truncate(slot, length)
+    def truncate(self, slot: int, length: int, state_follows: bool = False) -> None:
+        super().truncate(slot, length, state_follows)
         self.spans[slot] = tuple(s for s in self.spans[slot] if s.start < length)
 
     def release(self, slot: int) -> None:
@@ -83,8 +83,9 @@ class VisionSlotStore(SlotStore):
         self.spans[slot] = tuple(images)
         return cache
 
-    def copy_prefix(self, src: int, dst: int, num_tokens: int) -> None:
-        super().copy_prefix(src, dst, num_tokens)
+    def copy_prefix(self, src: int, dst: int, num_tokens: int,
+                    state_follows: bool = False) -> None:
+        super().copy_prefix(src, dst, num_tokens, state_follows)
         self.spans[dst] = tuple(s for s in self.spans[src] if s.start < num_tokens)
 
     def slot_images(self, slot: int) -> tuple[ImageSpan, ...]:
