@@ -84,7 +84,7 @@ class ScriptedGroup:
         self.outbox: list = []
         self.finished: dict[str, object] = {}
         self.slots: list[list[int]] = [[] for _ in range(SLOTS)]
-        self.marks = [0] * SLOTS  # a hybrid slot's second state: where its last prefill or load ended
+        self.marks = [0] * SLOTS  # a hybrid slot's second state (worker/state_marks.py)
         self.stateless: set[int] = set()  # hybrid slots whose end a load without state reached
         self.shelved: set[int] = set()  # slots held as shared pages (worker/shared_pages.py)
         # A shelved slot's full pages' keys, hashed once: its tokens do not change while it
