@@ -168,7 +168,6 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     copy = None
     if p.copy_from is not None:
         src = slots[p.copy_from]
-        stateless = decision.state_follows and not src.has_state_at(p.copied)
         slot.replace(src.tokens[:p.copied], src.page_ids[:p.copied // page_size],
                      root=src.root)
         if src.rid is None and p.copied + page_size > len(src.tokens):
@@ -176,10 +175,9 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         if src.state_mark <= p.copied:  # the worker copies the mark with the prefix
             slot.state_mark = src.state_mark
         copy = CopyPrefix(p.copy_from, p.slot, p.copied, decision.state_follows)
-    else:
-        stateless = decision.state_follows and not slot.has_state_at(p.reused)
-        slot.truncate(p.reused, page_size)  # the worker trims to the first command's start
-    slot.stateless_end = stateless  # until the restore's last page brings the state
+        slot.stateless_end = decision.state_follows and not src.has_state_at(p.copied)
+    else:  # the worker trims to the first command's start
+        slot.truncate(p.reused, page_size, decision.state_follows)
     slot.rid, slot.last_used, slot.turn = req.rid, now, turn
     slot.shelved = False  # the worker makes it whole to use it
     slot.last_rid, slot.reply_end, slot.background = req.rid, "", not req.interactive

@@ -275,9 +275,8 @@ class MemoryManager:
                 cuts.append(CutSlot(slot.index, slot.cut_to))
                 self.state.num_cut += 1
                 self.state.cut_kept_tokens += slot.cut_to
-                stateless = not self.state.config.trimmable and not slot.has_state_at(slot.cut_to)
-                slot.truncate(slot.cut_to, self.state.config.page_size)
-                slot.stateless_end = stateless
+                slot.truncate(slot.cut_to, self.state.config.page_size,
+                              state_follows=not self.state.config.trimmable)
                 slot.leaving, slot.shelved, slot.cut_to = False, True, 0
             elif self.state.releasable(slot):
                 slot.replace(())

@@ -72,9 +72,7 @@ def usable_match(slot: Slot, shared: int, trimmable: bool) -> int:
 def options_for(slot: Slot, src: Sources, persisted_beyond: int) -> list[Placement]:
     n = src.num_tokens
     r = src.slot_matches.get(slot.index, 0)
-    displaced = len(slot.tokens) - r
-    lost = (displaced - persisted_beyond) + RESTORE_COST * persisted_beyond
-    base = dict(slot=slot.index, displaced=displaced, displaced_cost=lost)
+    base = _displacing(slot, r, persisted_beyond)
     options = [Placement(reused=r, to_prefill=n - r, **base)]
     copies = [(m, i) for i, m in src.slot_matches.items() if i != slot.index and m > r]
     P = src.page_size
@@ -110,11 +108,8 @@ def _under_a_restore(slot: Slot, src: Sources, persisted_beyond: int,
     P, n, disk = src.page_size, src.num_tokens, src.disk_tokens
     last = (disk - 1) // P * P  # where the page carrying the state starts
     own = min(src.slot_shared.get(slot.index, 0) // P * P, last)
-    displaced = len(slot.tokens) - own
-    kept = dict(base, displaced=displaced, displaced_cost=max(0, displaced - persisted_beyond)
-                + RESTORE_COST * min(displaced, persisted_beyond))
     options = [Placement(reused=own, restore_from=own, restored=disk - own, to_prefill=n - disk,
-                         **kept)] if own else []
+                         **_displacing(slot, own, persisted_beyond))] if own else []
     copies = [(min(m // P * P, last), i) for i, m in src.slot_shared.items()
               if i != slot.index]
     c, i = max(copies, default=(0, None))
@@ -122,6 +117,16 @@ def _under_a_restore(slot: Slot, src: Sources, persisted_beyond: int,
         options.append(Placement(reused=0, copy_from=i, copied=c, restore_from=c,
                                  restored=disk - c, to_prefill=n - disk, **base))
     return options
+
+
+def _displacing(slot: Slot, kept: int, persisted: int) -> dict:
+    """A placement's slot and what it loses keeping `kept` of its tokens: the resident
+    tokens past them, cheap where their pages are on disk (`persisted` of them: restorable
+    later), full price where not."""
+    displaced = len(slot.tokens) - kept
+    persisted = min(persisted, displaced)
+    return dict(slot=slot.index, displaced=displaced,
+                displaced_cost=displaced - persisted + RESTORE_COST * persisted)
 
 
 def choose_slot(slots: list[Slot], src: Sources,

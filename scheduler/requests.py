@@ -231,11 +231,15 @@ class Slot:
             ends.append(len(self.tokens))
         return ends
 
-    def truncate(self, length: int, page_size: int) -> None:
+    def truncate(self, length: int, page_size: int, state_follows: bool = False) -> None:
+        """Keep the first `length` tokens. A hybrid slot is cut back only to where it has its
+        state, unless `state_follows` (as the worker's `SlotStore.truncate`): a restore whose
+        last page brings the state comes next, and until then the end has none."""
+        stateless = state_follows and not self.has_state_at(length)
         if length < self.state_mark:
             self.state_mark = 0
-        if length < len(self.tokens):
-            self.stateless_end = False  # (a hybrid slot is cut only to where it has state)
+        if length < len(self.tokens) or stateless:
+            self.stateless_end = stateless
         if length < self.prompt_tail_at:
             self.prompt_tail_at = 0
         del self.tokens[length:]

@@ -168,8 +168,7 @@ class SlotStore:
         if self.mtp is not None:
             self.mtp.cut(slot, length)
         shelved = self._parked.is_shelved(slot)
-        if mark is not None and length < mark[0]:
-            self._marks.pop(slot)
+        self._forget_mark_past(slot, length)
         if length == 0:
             self._parked[slot] = (self._make_cache() if shelved else
                                   _emptied(self._parked[slot], self._make_cache()))
@@ -187,6 +186,11 @@ class SlotStore:
             if at_mark:
                 state_marks.put(mark[1], self._parked[slot])
         del self.tokens[slot][length:]
+
+    def _forget_mark_past(self, slot: int, length: int) -> None:
+        """The slot's mark goes once its tokens are cut back below it."""
+        if length < self._marks.get(slot, (0,))[0]:
+            self._marks.pop(slot)
 
     def mark(self, slot: int) -> None:
         """Keep the slot's state at its end as its mark (after a prefill or a restore that
@@ -220,8 +224,7 @@ class SlotStore:
         if keep:
             self._parked.cut(slot, self.tokens[slot][:keep])
             del self.tokens[slot][keep:]
-            if keep < self._marks.get(slot, (0,))[0]:
-                self._marks.pop(slot)
+            self._forget_mark_past(slot, keep)
             return
         self._parked[slot] = self._make_cache()
         self._marks.pop(slot, None)
