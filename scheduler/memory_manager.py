@@ -66,9 +66,10 @@ class MemoryManager:
         st = self.state
         budget = st.config.kv_budget_tokens
         patient = self._patient(req, now, beside_running=bool(st.running()))
-        leaves = self._leaves(now) if patient else st.releasable
+        hold = request_hold(req, 0)
+        leaves = self._leaves(now, hold, -1) if patient else st.releasable
         return bool(budget) and room_for(
-            request_hold(req, 0), -1, st.slots, st.requests, budget, st.config.ctx,
+            hold, -1, st.slots, st.requests, budget, st.config.ctx,
             lambda s: s.leaving or leaves(s), page_size=st.config.page_size) is None
 
     def room_for(self, req: Request, decision: Decision, now: float) -> bool:
@@ -88,7 +89,7 @@ class MemoryManager:
             return self._waits(req, budget)
         keep = self._keep_key()  # looks up every waiting request's pages: once
         room = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
-                        self._leaves(now) if patient else st.releasable, keep,
+                        self._leaves(now, hold, p.slot) if patient else st.releasable, keep,
                         st.config.page_size, cut=self._cuts, its_pages=req.context_chain(
                             st.pages.chain_namespace, st.config.page_size) if self._cuts else ())
         if not patient and any(s.disk_gap and s.free for s in st.slots):
@@ -127,14 +128,16 @@ class MemoryManager:
         while it waits, so only for a re-read: a conversation whose pages are on disk leaves
         and is restored. The requests behind it are placed meanwhile, the conversation's next
         turn among them (`Request.waits_aside`). An interactive newcomer does not wait for a
-        background conversation: it takes its memory, as it would a running one's."""
+        background conversation: it takes its memory, as it would a running one's. Nor does
+        one that carries the conversation on itself (`carries_on`: a compaction of it)."""
         st, cfg = self.state, self.state.config
         if now - req.queued_at >= cfg.tool_return_s:
             return False
         p, interactive = decision.placement, st.interactive(req, now)
         due = [idle_hold(s, cfg.page_size) for s in st.slots
                if s.free and s.tokens and s.index != p.slot and not (interactive and s.background)
-               and back_soon(s, now, cfg) and not st.pages.all_on_disk(s)]
+               and back_soon(s, now, cfg) and not st.pages.all_on_disk(s)
+               and not carries_on(decision.chain, s, cfg.page_size)]
         return bool(due) and held_tokens([hold, *due], cfg.ctx) > cfg.kv_budget_tokens
 
     def _leave(self, leave: list[int], cut: tuple[int, int] | None) -> None:
@@ -161,13 +164,17 @@ class MemoryManager:
         reply beside it does not keep it waiting longer)."""
         return beside_running and now - req.queued_at < self.state.config.tool_return_s
 
-    def _leaves(self, now: float) -> Callable[[Slot], bool]:
-        """Which idle slots may leave memory for a patient newcomer (`_patient`): beside
-        running requests, which it can wait for instead (docs/design/kv-pages.md "A disk
-        smaller than memory", docs/design/scheduling.md "Residency"):
+    def _leaves(self, now: float, hold: SlotHold, slot_index: int) -> Callable[[Slot], bool]:
+        """Which idle slots may leave memory for a patient newcomer (`_patient`) that has
+        `hold` in slot `slot_index`: beside running requests, which it can wait for instead
+        (docs/design/kv-pages.md "A disk smaller than memory", docs/design/scheduling.md
+        "Residency"):
         - none on a disk that took pages of resident slots (scheduler/disk_copy.py): it would
           lose the slot's pages again under the newcomer's own, and its conversation re-read
           them;
+        - none on a disk smaller than memory where the newcomer fits once the requests running
+          now have ended (`_fits_once_running_end`): the wait makes its room, where a slot sent
+          out would hold the only copy of its pages on a disk that may let them go;
         - on a disk that holds what memory does, one whose pages are on disk, unless its
           conversation is expected back within its grace (a tool call's result,
           scheduler/residency.py `back_soon`): the newcomer waits seconds rather than
@@ -180,7 +187,25 @@ class MemoryManager:
             return _stays
         if st.config.disk_holds_memory:
             return lambda s: st.releasable(s) and not back_soon(s, now, st.config)
+        if self._fits_once_running_end(hold, slot_index):
+            return _stays
         return st.releasable
+
+    def _fits_once_running_end(self, hold: SlotHold, slot_index: int) -> bool:
+        """Whether a newcomer with `hold` in slot `slot_index` fits beside every idle slot
+        that stays once the requests running now have ended: each is then an idle slot of its
+        context and its reply's next growth, and the newcomer runs alone (no decode batch)."""
+        st = self.state
+        after = [hold]
+        for s in st.slots:
+            if s.index == slot_index:
+                continue
+            if s.rid is not None:
+                running = request_hold(st.requests[s.rid], len(s.tokens))
+                after.append(SlotHold(running.tokens + running.reserve))
+            elif s.tokens and (not s.leaving or s.cut_to):
+                after.append(idle_hold(s, st.config.page_size))
+        return held_tokens(after, st.config.ctx) <= st.config.kv_budget_tokens
 
     def _rewritable(self, slot: Slot) -> bool:
         """Releasable now, or once written again (its disk copy was taken)."""
@@ -284,6 +309,14 @@ class MemoryManager:
             else:
                 slot.tail_wanted = True  # staged when a buffer is free, then released
         return released, cuts
+
+
+def carries_on(chain: tuple[bytes, ...], slot: Slot, page_size: int) -> bool:
+    """Whether a request whose context has the full pages `chain` holds every full page of
+    the slot's last prompt: it carries that conversation on (a compaction of it, its last turn
+    rewritten, a retry), so the conversation's own return is not to be waited for."""
+    n = slot.turn.num_tokens // page_size if slot.turn is not None else 0
+    return 0 < n <= len(chain) and tuple(chain[:n]) == tuple(slot.page_ids[:n])
 
 
 def _stays(slot: Slot) -> bool:

@@ -174,3 +174,37 @@ def test_alone_an_interactive_newcomer_does_not_wait_for_a_background_tool_loop(
     for _ in range(20):
         g.run_steps(1)
     assert g.finished("c").finish_reason == "length", "the interactive one did not wait"
+
+
+def test_alone_a_newcomer_does_not_wait_for_the_tool_loop_it_carries_on():
+    """A's reply ended in a tool call, and the next request holds A's whole last prompt with
+    another end (a compaction of A, as Claude Code sends at the context limit): it is A's
+    conversation going on, not a newcomer to wait aside for A's return, which would never
+    come (it waited `tool_return_s`)."""
+    g, a_context = two_idle_slots_on_a_small_disk(BUDGET)
+    g.do(ReplyEnded("a", "tool_calls"))
+    g.submit("compact", a_context[:3 * P] + conv(9, 300))  # it needs A's room and B's
+    g.run_steps(3)
+    assert not any(log["aside"] for log in g.logs("request.waits_for_memory"))
+    assert g.core.requests["compact"].slot is not None, "placed at once"
+    g.run()
+    assert g.finished("compact").finish_reason == "length"
+    assert g.finished("compact").num_cached_tokens >= 3 * P, "it took A's pages"
+
+
+def test_beside_a_running_request_a_newcomer_that_fits_once_it_ends_waits():
+    """A's pages are all on disk, but the disk is smaller than memory. A newcomer that needs
+    A's room beside a running request, and fits beside A once that request has ended, waits
+    for it rather than send A out (its pages would then be the only copy, on a disk that the
+    newcomer's own pages would take them from). A's next turn finds its whole context in its
+    slot."""
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2000)
+    g.turn("a", conv(1, 4 * P - 3))
+    a_context = list(g.core.slots[0].tokens)
+    assert g.core.releasable(g.core.slots[0]), "A's pages are on disk"
+    assert not g.core.config.disk_holds_memory
+    assert g.newcomer_waits(3), "placed once the running request was done"
+    assert g.core.slots[0].tokens == a_context, "A stayed in memory"
+    g.turn("a2", a_context + conv(5, 20))
+    assert g.records["a2"].num_reread_tokens == 0
+    assert g.finished("a2").num_cached_tokens == len(a_context)
