@@ -78,7 +78,7 @@ def told_the_future(oracle: Oracle):
     it lasts."""
     saved = (memory_manager.MemoryManager._keep_key, placement.returns,
              DiskPageTree.subtree_recency)
-    memory_manager.MemoryManager._keep_key = lambda self: oracle.leave_key
+    memory_manager.MemoryManager._keep_key = lambda self, now: oracle.leave_key
     placement.returns = oracle.returns
     DiskPageTree.subtree_recency = lambda tree: oracle.recency(tree)
     try:

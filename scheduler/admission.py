@@ -17,6 +17,7 @@ from switchyard.scheduler.conversation_threads import ConversationThreads
 from switchyard.scheduler.page_cache import DiskPage, PageCache
 from switchyard.scheduler.placement import Placement, Sources, choose_slot, usable_match
 from switchyard.scheduler.requests import Request, Slot, common_prefix_len
+from switchyard.scheduler.residency import return_gap
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,8 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         slot.stateless_end = decision.state_follows and not src.has_state_at(p.copied)
     else:  # the worker trims to the first command's start
         slot.truncate(p.reused, page_size, decision.state_follows)
+    slot.return_gap = return_gap(req.arrived_at, _previous_reply_at(
+        decision, slot, pages) if continued else None)
     slot.rid, slot.last_used, slot.turn = req.rid, now, turn
     slot.shelved = False  # the worker makes it whole to use it
     slot.last_rid, slot.reply_end, slot.background = req.rid, "", not req.interactive
@@ -201,3 +204,14 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     req.cache_counted = False
     req.restore_started_at = now if p.restored else None
     return copy
+
+
+def _previous_reply_at(decision: Decision, slot: Slot, pages: PageCache) -> float | None:
+    """When the reply before a request that continues its conversation ended: the last use of
+    the slot it extends in place, or of the last page it restores (touched as that reply
+    ended); None where it takes neither."""
+    p = decision.placement
+    if p.copy_from is None and p.reused and slot.last_used:
+        return slot.last_used
+    last = decision.restore_pages[-1].page_id if decision.restore_pages else None
+    return pages.tree.last_used(last) if last is not None and last in pages.tree else None

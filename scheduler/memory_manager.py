@@ -51,7 +51,7 @@ class MemoryManager:
         relief = relieve(st.slots, st.requests, budget, st.config.ctx,
                          lambda r: (st.shares.usage(r.tenant, running),
                                     not st.interactive(r, now), r.arrived_at),
-                         gaps_last(self._keep_key()), st.config.page_size, cut=self._cuts)
+                         gaps_last(self._keep_key(now)), st.config.page_size, cut=self._cuts)
         held = self.held_tokens() if relief.preempt else 0
         for rid in relief.preempt:
             st.num_memory_preemptions += 1
@@ -87,7 +87,7 @@ class MemoryManager:
         req.waits_aside = not beside_running and self._waits_for_return(req, decision, hold, now)
         if req.waits_aside:
             return self._waits(req, budget)
-        keep = self._keep_key()  # looks up every waiting request's pages: once
+        keep = self._keep_key(now)  # looks up every waiting request's pages: once
         room = room_for(hold, p.slot, st.slots, st.requests, budget, st.config.ctx,
                         self._leaves(now, hold, p.slot) if patient else st.releasable, keep,
                         st.config.page_size, cut=self._cuts, its_pages=req.context_chain(
@@ -218,13 +218,14 @@ class MemoryManager:
             if slot.last_rid == msg.rid and slot.rid is None:
                 slot.reply_end = msg.end
 
-    def _keep_key(self) -> Callable[[Slot], tuple]:
-        """Idle slots sorted by this leave memory first-to-last (scheduler/residency.py), with
-        the slots whose conversation waits in the queue and those feeding waiting siblings
-        known."""
+    def _keep_key(self, now: float) -> Callable[[Slot], tuple]:
+        """Idle slots sorted by this leave memory first-to-last at `now`
+        (scheduler/residency.py), with the slots whose conversation waits in the queue and
+        those feeding waiting siblings known."""
         st = self.state
         if not st.waiting or not any(s.free and s.page_ids for s in st.slots):
-            return keep_key  # no waiting request, or no idle slot to order: nothing to look up
+            # No waiting request, or no idle slot to order: nothing to look up.
+            return lambda slot: keep_key(slot, now=now)
         ns, P = st.pages.chain_namespace, st.config.page_size
         firsts, pages = set(), {}
         for req in sorted((st.requests[rid] for rid in st.waiting), key=lambda r: r.arrived_at):
@@ -234,7 +235,7 @@ class MemoryManager:
                 for pid in chain:  # the page's first asker in the queue
                     pages.setdefault((req.root, pid), req.arrived_at)
         fed, back = feeding(st.slots, firsts), waited_for(st.slots, pages)
-        return lambda slot: keep_key(slot, fed, back)
+        return lambda slot: keep_key(slot, fed, back, now)
 
     def releases(self, now: float) -> tuple[list[int], list[CutSlot]]:
         """The slots whose KV leaves memory with this step: those the KV budget wants out,
@@ -250,7 +251,7 @@ class MemoryManager:
         released, cuts = self._budget_releases()
         if not cfg.resident_slots or cfg.resident_slots >= len(st.slots):
             return released, cuts
-        idle = sorted((s for s in st.slots if s.free and s.tokens), key=self._keep_key())
+        idle = sorted((s for s in st.slots if s.free and s.tokens), key=self._keep_key(now))
         excess = len(idle) - max(cfg.resident_slots - st.num_running, 0)
         for slot in idle:
             if len(released) >= excess:

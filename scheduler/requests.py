@@ -205,6 +205,10 @@ class Slot:
     # That request was background: an interactive newcomer does not wait for its
     # conversation to come back (MemoryManager._waits_for_return).
     background: bool = False
+    # How long after its conversation's previous reply the turn that ran here last came
+    # (None: its first turn, or not known): when the conversation is expected back
+    # (scheduler/residency.py `expected_back`).
+    return_gap: float | None = None
 
     @property
     def free(self) -> bool:

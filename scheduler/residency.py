@@ -7,8 +7,12 @@ limit says nothing (no word), and a side call (a title, a summary, a classifier:
 whose shape the client forced) is never extended, nor is a slot whose conversation was copied
 whole into another slot to go on there (`superseded`). Idle slots leave memory side calls and
 superseded slots first, then ends of turns, then slots no word came for (an old gateway, a
-plain completion, a reply cut at its limit: with the grace they always had), then tool calls;
-the least recently used first within each.
+plain completion, a reply cut at its limit: with the grace they always had), then tool calls.
+Within each, a conversation is expected back as long after its reply as its last turn came
+after the reply before it (`expected_back`: twenty sub-agents taking turns come back one
+cycle later, a tool loop after its tool's time): those past that time go first, the least
+recently used first, then those expected back latest. A conversation seen once is taken as
+past due: recency alone orders it.
 A slot whose conversation's next turn already waits in the queue stays before all of them
 (it is used next). Within the same word, a slot holding the start of a waiting request's
 prompt that no running slot holds (sub-agents started together, under one system prompt)
@@ -38,15 +42,31 @@ def returns(slot: Slot) -> int:
 
 
 def keep_key(slot: Slot, feeding: Set[int] = frozenset(),
-             back: Mapping[int, float] = MappingProxyType({})) -> tuple:
+             back: Mapping[int, float] = MappingProxyType({}), now: float | None = None) -> tuple:
     """Idle slots sorted by this leave memory first-to-last: a side call, then the end of a
     turn, then no word, then a tool call, then a conversation whose next turn is waiting
     (`back`: when that turn arrived); a slot feeding waiting siblings after the others of its
-    rank; then the least recently used, or, of slots whose turn waits, the one whose turn
-    arrived last (the queue serves it last)."""
+    rank; then, at `now`, those past the time they are expected back (`expected_back`) before
+    those not yet due; the least recently used first of the former, the latest due first of
+    the latter; or, of slots whose turn waits, the one whose turn arrived last (the queue
+    serves it last). Without `now`, recency alone."""
     if slot.index in back:
-        return BACK_NOW, slot.index in feeding, -back[slot.index]
-    return returns(slot), slot.index in feeding, slot.last_used
+        return BACK_NOW, slot.index in feeding, False, -back[slot.index]
+    due = expected_back(slot)
+    if now is not None and due is not None and due > now:
+        return returns(slot), slot.index in feeding, True, -due
+    return returns(slot), slot.index in feeding, False, slot.last_used
+
+
+def expected_back(slot: Slot) -> float | None:
+    """When the idle slot's conversation is expected back: as long after its reply as its
+    last turn came after the reply before it (`Slot.return_gap`); None on its first turn."""
+    return None if slot.return_gap is None else slot.last_used + slot.return_gap
+
+
+def return_gap(arrived_at: float, previous_reply_at: float | None) -> float | None:
+    """How long after its conversation's previous reply a turn came (None: not known)."""
+    return None if previous_reply_at is None else max(0.0, arrived_at - previous_reply_at)
 
 
 def grace_s(slot: Slot, config: CoreConfig) -> float:

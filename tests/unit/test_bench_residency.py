@@ -8,6 +8,7 @@ import random
 import pytest
 
 from switchyard.proto.scheduler_worker import CopyPrefix, PrefillChunk, RunStep
+from switchyard.scheduler import residency
 
 from bench.residency_core import ScriptedGroup, replay_core
 from bench.residency_policies import replay, reread_bound
@@ -179,18 +180,24 @@ def in_turn(rounds: int, page: int = 16) -> Trace:
                                       for i, (name, at, p) in enumerate(reqs)))
 
 
-def test_the_core_told_the_future_keeps_what_comes_back_first():
-    """Three conversations in turn, memory for two: the core with plain recency lets go of the
-    one that comes back next, every turn; told the future (`optimal-slots`), it lets go of
-    the one needed last, and restores about half as much. Both re-read nothing (disk holds
-    all)."""
+def test_the_core_expects_conversations_back_as_they_came(monkeypatch):
+    """Three conversations in turn, memory for two. By recency alone the core lets go of the
+    one that comes back next, every turn: each turn after the first round restores all but
+    the front a cut keeps. Expecting each conversation back as long after its reply as its
+    last turn came after the one before (`residency.expected_back`), it lets go of the one
+    due latest from the second round on, and restores a fifth less; told the future
+    (`optimal-slots`), it lets go of the one needed last, and restores about half. None
+    re-reads anything (the disk holds all)."""
     t = in_turn(rounds=4)
-    recency = replay_core(t, memory_tokens=2000, disk_tokens=100_000)
+    core = replay_core(t, memory_tokens=2000, disk_tokens=100_000)
     future = replay_core(t, memory_tokens=2000, disk_tokens=100_000, oracle=True)
-    assert recency.tokens_reread == future.tokens_reread == 0
-    # Restored every turn after the first round (all but the front a cut keeps: 1,700 tokens).
+    monkeypatch.setattr(residency, "expected_back", lambda slot: None)
+    recency = replay_core(t, memory_tokens=2000, disk_tokens=100_000)
+    assert recency.tokens_reread == core.tokens_reread == future.tokens_reread == 0
     assert recency.tokens_restored > 2 * 600
+    assert core.tokens_restored <= 0.8 * recency.tokens_restored
     assert future.tokens_restored <= 0.6 * recency.tokens_restored
+    assert future.tokens_restored <= core.tokens_restored
 
 
 def test_the_scripted_worker_refuses_a_plan_that_starts_past_what_a_slot_holds():

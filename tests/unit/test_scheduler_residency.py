@@ -207,3 +207,35 @@ def test_an_interactive_newcomer_takes_a_background_requests_memory_not_a_tool_l
         ("bg", "memory", "fg")]
     g.run()
     assert len(g.reply("bg")) == 30 and g.core.slots[0].tokens == a_context
+
+
+def test_within_a_word_the_conversation_due_back_latest_leaves_first():
+    """Pure: no word came for any of four conversations. Each is expected back as long after
+    its reply as its last turn came after the one before (`expected_back`). At 10.0, those
+    past that time leave first, the least recently used first (d, on its first turn, is taken
+    as past due), then those not yet due, the latest due first: a (used at 9.0, its turns 8 s
+    apart: due at 17) before b (used at 5.0, 6 s apart: due at 11), though recency alone would
+    keep a."""
+    a, b, c, d = (Slot(i, [i + 1] * P, page_ids=[bytes([i])]) for i in range(4))
+    for slot, used, gap in ((a, 9.0, 8.0), (b, 5.0, 6.0), (c, 2.0, 3.0), (d, 1.0, None)):
+        slot.last_used, slot.return_gap = used, gap
+    order = [s.index for s in sorted([a, b, c, d], key=lambda s: keep_key(s, now=10.0))]
+    assert order == [d.index, c.index, a.index, b.index]
+    assert [s.index for s in sorted([a, b, c, d], key=keep_key)] == [3, 2, 1, 0], "no clock"
+
+
+def test_a_turn_notes_how_long_after_the_reply_before_it_came():
+    """A conversation's next turn, sent 7 s after its reply, extends its slot: the slot keeps
+    that gap (`Slot.return_gap`) until its next turn. A first turn, and a sub-agent that only
+    shares the system prompt, keep none."""
+    g = Group(num_slots=2)
+    system = conv(1, 2 * P)
+    finish(g, "a", system + conv(2, 20))
+    slot = g.core.slots[slot_of(g, "a")]
+    assert slot.return_gap is None, "a first turn"
+    replied = slot.last_used
+    g.now = replied + 7.0
+    finish(g, "a2", list(slot.tokens) + conv(3, 20))
+    assert g.core.slots[slot_of(g, "a2")].return_gap == pytest.approx(7.0)
+    finish(g, "sub", system + conv(4, 20))
+    assert g.core.slots[slot_of(g, "sub")].return_gap is None, "a sibling's first turn"
