@@ -58,10 +58,12 @@ class Oracle:
             return NEVER, NEVER
         return self.next_use(slot.page_ids[-1]), self.next_use(slot.page_ids[0])
 
-    def leave_key(self, slot: Slot) -> tuple[float, float]:
-        """Idle slots sorted by this leave memory first-to-last: the furthest need first."""
+    def leave_key(self, slot: Slot) -> tuple[int, float, float]:
+        """Idle slots sorted by this leave memory first-to-last: the furthest need first, all
+        of one rank (the first key, as the core's `keep_key` has a word's: so that
+        `disk_copy.gaps_last` still sends slots whose disk copy was taken last)."""
         deep, first = self.slot_next_use(slot)
-        return -deep, -first
+        return 0, -deep, -first
 
     def returns(self, slot: Slot) -> float:
         """`placement.returns`: higher is needed sooner (displaced last)."""

@@ -51,7 +51,10 @@ def settle(slot: Slot) -> None:
 
 
 def gaps_last(keep: Callable[[Slot], tuple]) -> Callable[[Slot], tuple]:
-    """The residency order (scheduler/residency.py) with slots whose disk copy was taken
-    last: one leaves memory only where slots that can go at once do not make room, for it
-    costs a rewrite, and a re-read of what the disk cannot take."""
-    return lambda slot: (slot.disk_gap, keep(slot))
+    """The residency order (scheduler/residency.py `keep_key`) with, within each of its ranks
+    (its first key: a side call, the end of a turn, no word, a tool call, a turn waiting),
+    slots whose disk copy was taken last: one leaves memory only where slots of its rank that
+    can go at once do not make room, for it costs a rewrite, and a re-read of what the disk
+    cannot take. A rank still comes first: an end of turn written again goes before a tool
+    loop whose pages are on disk, whose result is due within seconds and would restore them."""
+    return lambda slot: (keep(slot)[0], slot.disk_gap, keep(slot))

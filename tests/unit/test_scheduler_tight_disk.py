@@ -208,3 +208,26 @@ def test_beside_a_running_request_a_newcomer_that_fits_once_it_ends_waits():
     g.turn("a2", a_context + conv(5, 20))
     assert g.records["a2"].num_reread_tokens == 0
     assert g.finished("a2").num_cached_tokens == len(a_context)
+
+
+def test_an_end_of_turn_written_again_leaves_before_a_tool_loop_on_disk():
+    """A's turn ended and the disk let go of its pages; B's reply ended in a tool call and its
+    pages are on disk. A newcomer with nothing beside it needs one slot's room: A is written
+    again and goes, not B, whose result is due within seconds and would restore it all (the
+    rank first: slots whose copy was taken go last within it). B's next turn finds its whole
+    context in its slot."""
+    g, _ = two_idle_slots_on_a_small_disk(BUDGET)
+    g.do(ReplyEnded("a", "stop"))
+    g.do(ReplyEnded("b", "tool_calls"))
+    b_context = list(g.core.slots[1].tokens)
+    g.submit("c", conv(3, 4 * P - 3))
+    for _ in range(20):  # plans a second apart: A is written again, then leaves
+        g.run_steps(1)
+        if "c" in g.records:
+            break
+    assert g.finished("c").finish_reason == "length"
+    assert g.core.slots[1].tokens == b_context, "B stayed in memory"
+    assert g.core.slots[0].last_rid != "a" or not g.core.slots[0].tokens, "A left it"
+    g.turn("b2", b_context + conv(4, 20))
+    assert g.records["b2"].num_restored_tokens == 0
+    assert g.finished("b2").num_cached_tokens == len(b_context)
