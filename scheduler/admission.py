@@ -17,7 +17,6 @@ from switchyard.scheduler.conversation_threads import ConversationThreads
 from switchyard.scheduler.page_cache import DiskPage, PageCache
 from switchyard.scheduler.placement import Placement, Sources, choose_slot, usable_match
 from switchyard.scheduler.requests import Request, Slot, common_prefix_len
-from switchyard.scheduler.residency import return_gap
 
 
 @dataclass(frozen=True)
@@ -179,8 +178,7 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         slot.stateless_end = decision.state_follows and not src.has_state_at(p.copied)
     else:  # the worker trims to the first command's start
         slot.truncate(p.reused, page_size, decision.state_follows)
-    slot.return_gap = return_gap(req.arrived_at, _previous_reply_at(
-        decision, slot, pages) if continued else None)
+    slot.return_gap = _return_gap(req, decision, slot, pages) if continued else None
     slot.rid, slot.last_used, slot.turn = req.rid, now, turn
     slot.shelved = False  # the worker makes it whole to use it
     slot.last_rid, slot.reply_end, slot.background = req.rid, "", not req.interactive
@@ -206,12 +204,15 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     return copy
 
 
-def _previous_reply_at(decision: Decision, slot: Slot, pages: PageCache) -> float | None:
-    """When the reply before a request that continues its conversation ended: the last use of
-    the slot it extends in place, or of the last page it restores (touched as that reply
-    ended); None where it takes neither."""
+def _return_gap(req: Request, decision: Decision, slot: Slot, pages: PageCache) -> float | None:
+    """How long after its conversation's previous reply a request that continues it came
+    (`Slot.return_gap`): from the last use of the slot it extends in place, or of the last
+    page it restores (touched as that reply ended); None where it takes neither."""
     p = decision.placement
     if p.copy_from is None and p.reused and slot.last_used:
-        return slot.last_used
-    last = decision.restore_pages[-1].page_id if decision.restore_pages else None
-    return pages.tree.last_used(last) if last is not None and last in pages.tree else None
+        replied = slot.last_used
+    elif decision.restore_pages and decision.restore_pages[-1].page_id in pages.tree:
+        replied = pages.tree.last_used(decision.restore_pages[-1].page_id)
+    else:
+        return None
+    return max(0.0, req.arrived_at - replied)

@@ -57,4 +57,8 @@ def gaps_last(keep: Callable[[Slot], tuple]) -> Callable[[Slot], tuple]:
     can go at once do not make room, for it costs a rewrite, and a re-read of what the disk
     cannot take. A rank still comes first: an end of turn written again goes before a tool
     loop whose pages are on disk, whose result is due within seconds and would restore them."""
-    return lambda slot: (keep(slot)[0], slot.disk_gap, keep(slot))
+    def key(slot: Slot) -> tuple:
+        order = keep(slot)  # computed once per slot
+        return order[0], slot.disk_gap, order
+
+    return key

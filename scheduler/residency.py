@@ -64,10 +64,6 @@ def expected_back(slot: Slot) -> float | None:
     return None if slot.return_gap is None else slot.last_used + slot.return_gap
 
 
-def return_gap(arrived_at: float, previous_reply_at: float | None) -> float | None:
-    """How long after its conversation's previous reply a turn came (None: not known)."""
-    return None if previous_reply_at is None else max(0.0, arrived_at - previous_reply_at)
-
 
 def grace_s(slot: Slot, config: CoreConfig) -> float:
     """How long an idle slot past --slots stays before its KV leaves memory: none for a side
