@@ -10,9 +10,9 @@ superseded slots first, then ends of turns, then slots no word came for (an old 
 plain completion, a reply cut at its limit: with the grace they always had), then tool calls.
 Within each, a conversation is expected back as long after its reply as its last turn came
 after the reply before it (`expected_back`: twenty sub-agents taking turns come back one
-cycle later, a tool loop after its tool's time): those past that time go first, the least
-recently used first, then those expected back latest. A conversation seen once is taken as
-past due: recency alone orders it.
+cycle later, a tool loop after its tool's time), and once past that, as long after now as it
+is overdue (`next_use`); the one next expected latest goes first. A conversation seen once is
+due at its reply: recency alone orders those.
 A slot whose conversation's next turn already waits in the queue stays before all of them
 (it is used next). Within the same word, a slot holding the start of a waiting request's
 prompt that no running slot holds (sub-agents started together, under one system prompt)
@@ -46,22 +46,30 @@ def keep_key(slot: Slot, feeding: Set[int] = frozenset(),
     """Idle slots sorted by this leave memory first-to-last: a side call, then the end of a
     turn, then no word, then a tool call, then a conversation whose next turn is waiting
     (`back`: when that turn arrived); a slot feeding waiting siblings after the others of its
-    rank; then, at `now`, those past the time they are expected back (`expected_back`) before
-    those not yet due; the least recently used first of the former, the latest due first of
-    the latter; or, of slots whose turn waits, the one whose turn arrived last (the queue
-    serves it last). Without `now`, recency alone."""
+    rank; then, at `now`, the one next expected latest (`next_use`); or, of slots whose turn
+    waits, the one whose turn arrived last (the queue serves it last). Without `now`, the
+    least recently used."""
     if slot.index in back:
-        return BACK_NOW, slot.index in feeding, False, -back[slot.index]
-    due = expected_back(slot)
-    if now is not None and due is not None and due > now:
-        return returns(slot), slot.index in feeding, True, -due
-    return returns(slot), slot.index in feeding, False, slot.last_used
+        return BACK_NOW, slot.index in feeding, -back[slot.index]
+    return (returns(slot), slot.index in feeding,
+            slot.last_used if now is None else -next_use(slot, now))
 
 
 def expected_back(slot: Slot) -> float | None:
     """When the idle slot's conversation is expected back: as long after its reply as its
     last turn came after the reply before it (`Slot.return_gap`); None on its first turn."""
     return None if slot.return_gap is None else slot.last_used + slot.return_gap
+
+
+def next_use(slot: Slot, now: float) -> float:
+    """When the idle slot's conversation is next expected, at `now`: when it is due back
+    (`expected_back`; on its first turn, at its reply), or, once past that, as long after
+    `now` as it is overdue: the longer a conversation is silent past its time, the less it is
+    expected soon. Recency alone orders conversations seen once; one due back in an hour goes
+    before one a few seconds late."""
+    due = expected_back(slot)
+    due = slot.last_used if due is None else due
+    return due if due > now else 2 * now - due
 
 
 

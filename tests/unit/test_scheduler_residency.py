@@ -209,19 +209,29 @@ def test_an_interactive_newcomer_takes_a_background_requests_memory_not_a_tool_l
     assert len(g.reply("bg")) == 30 and g.core.slots[0].tokens == a_context
 
 
-def test_within_a_word_the_conversation_due_back_latest_leaves_first():
+def test_within_a_word_the_conversation_next_expected_latest_leaves_first():
     """Pure: no word came for any of four conversations. Each is expected back as long after
-    its reply as its last turn came after the one before (`expected_back`). At 10.0, those
-    past that time leave first, the least recently used first (d, on its first turn, is taken
-    as past due), then those not yet due, the latest due first: a (used at 9.0, its turns 8 s
-    apart: due at 17) before b (used at 5.0, 6 s apart: due at 11), though recency alone would
-    keep a."""
+    its reply as its last turn came after the one before (`expected_back`), and once past
+    that, as long after now as it is overdue (`next_use`). At 10.0: d, on its first turn,
+    replied at 1.0 (9 s silent: next at 19), a used at 9.0 with turns 8 s apart (due at 17),
+    c 5 s overdue (next at 15), b due at 11. They leave in that order, though recency alone
+    would keep a, used last."""
     a, b, c, d = (Slot(i, [i + 1] * P, page_ids=[bytes([i])]) for i in range(4))
     for slot, used, gap in ((a, 9.0, 8.0), (b, 5.0, 6.0), (c, 2.0, 3.0), (d, 1.0, None)):
         slot.last_used, slot.return_gap = used, gap
     order = [s.index for s in sorted([a, b, c, d], key=lambda s: keep_key(s, now=10.0))]
-    assert order == [d.index, c.index, a.index, b.index]
+    assert order == [d.index, a.index, c.index, b.index]
     assert [s.index for s in sorted([a, b, c, d], key=keep_key)] == [3, 2, 1, 0], "no clock"
+
+
+def test_a_conversation_due_back_in_an_hour_goes_before_one_seconds_late():
+    """Pure: a job whose turns come an hour apart is not kept over a conversation a few
+    seconds past its time: a long gap says its slot is not needed soon, whoever sends it."""
+    job, chat = Slot(0, [1] * P, page_ids=[b"j"]), Slot(1, [2] * P, page_ids=[b"c"])
+    job.last_used, job.return_gap = 100.0, 3600.0
+    chat.last_used, chat.return_gap = 90.0, 5.0  # due at 95, 5 s late at 100
+    order = sorted([job, chat], key=lambda s: keep_key(s, now=100.0))
+    assert [s.index for s in order] == [job.index, chat.index]
 
 
 def test_a_turn_notes_how_long_after_the_reply_before_it_came():
