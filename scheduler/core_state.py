@@ -91,17 +91,20 @@ class CoreState:
 
     def pinned(self, placing: Request | None = None) -> set[bytes]:
         """Pages eviction must leave: those requests are restoring, and those waiting
-        requests will restore (docs/design/kv-pages.md "Disk eviction policy"). The request
-        being placed (`placing`) pins only what it restores: the tails it passed go."""
+        requests will restore (docs/design/kv-pages.md "Disk eviction policy"), first those
+        of contexts no slot holds: a context a slot holds is restored only if that slot
+        leaves memory first. The request being placed (`placing`) pins only what it
+        restores: the tails it passed go."""
         pinned = set()
         for req in self.requests.values():
             pinned.update(p.page_id for p in req.restore_pages)
             pinned.update(p.page_id for p, _ in req.reading + req.loading)
         ns, P = self.pages.chain_namespace, self.config.page_size
-        waiting = [self.requests[rid] for rid in self.waiting]
-        return pinned | self.pages.awaited(
-            ((r.context_chain(ns, P), r.feed, r.num_context, r.images, r.root) for r in waiting
-             if r is not placing), self.config.trimmable)
+        held = {(s.root, s.page_ids[-1]) for s in self.slots if s.page_ids}
+        contexts = [(r.context_chain(ns, P), r.feed, r.num_context, r.images, r.root)
+                    for r in (self.requests[rid] for rid in self.waiting) if r is not placing]
+        contexts.sort(key=lambda c: bool(c[0]) and (c[4], c[0][-1]) in held)  # stable: FIFO
+        return pinned | self.pages.awaited(contexts, self.config.trimmable)
 
     def vacate(self, req: Request, now: float) -> None:
         """Take a request that stops running (finished or preempted) out of its slot. The

@@ -349,21 +349,21 @@ class PageCache:
     def awaited(self, contexts: Iterable[tuple[list[bytes], object, int, tuple]],
                 trimmable: bool) -> set[bytes]:
         """The pages waiting requests will restore (`contexts`: chain, tokens, length, images
-        and, optionally, chain root of each context, the longest waiting first), up to half
-        the budget. Each is
-        about to be read, so evicting it costs a re-read for certain; the rest of the disk is
-        only likely to be wanted again (docs/design/kv-pages.md "Disk eviction policy")."""
+        and, optionally, chain root of each context, the first to keep first), up to half the
+        budget, the context that would pass it by its leading pages. Each is about to be read,
+        so evicting it costs a re-read for certain; the rest of the disk is only likely to be
+        wanted again (docs/design/kv-pages.md "Disk eviction policy")."""
         awaited: set[bytes] = set()
         total = 0
         for chain, tokens, n, images, *root in contexts:
             ids = [p.page_id for p in self.disk_prefix(chain, tokens, n, trimmable, images,
                                                        *root)
                    if p.page_id not in awaited]
-            nbytes = sum(self.tree.nbytes(pid) for pid in ids)
-            if total + nbytes > self.budget_bytes // 2:
-                break
-            awaited.update(ids)
-            total += nbytes
+            for pid in ids:
+                if total + self.tree.nbytes(pid) > self.budget_bytes // 2:
+                    return awaited
+                awaited.add(pid)
+                total += self.tree.nbytes(pid)
         return awaited
 
     def persisted_tokens(self, slot: Slot, from_token: int) -> int:

@@ -408,6 +408,41 @@ def test_a_waiting_requests_pages_are_not_evicted():
     assert g.finished("a2").num_cached_tokens == len(a) + len(g.reply("a1")) - 1
 
 
+def test_a_waiting_context_past_half_the_disk_keeps_its_leading_pages():
+    """As above, but A's context is larger than the half of the disk waiting requests may
+    hold: its leading pages, up to that half, are kept (its tail goes first anyway), and A
+    comes back with all of them, re-reading only the rest."""
+    g = Group(num_slots=1, budget_pages=14)  # half: 7 pages
+    a = conv(1, 9 * P + 1)
+    g.submit("a1", a)
+    g.run()
+    g.submit("b", conv(2, 13 * P + 1))
+    g.submit("a2", a + g.reply("a1") + conv(3, 5))  # waits: B has the slot
+    g.run()
+    assert g.core.pages.num_evicted > 0
+    assert g.finished("a2").num_cached_tokens == 7 * P
+
+
+def test_a_waiting_context_no_slot_holds_is_kept_before_one_a_slot_holds():
+    """X's next turn and then Y's wait; each context is 6 pages on disk, and half the disk
+    (7 pages) holds one of them. X's slot holds X's context, so X restores nothing unless
+    that slot leaves first, while Y's is on disk alone: Y's pages are the ones kept, though
+    X's turn came first."""
+    g = Group(num_slots=1, budget_pages=14)
+    y, x = conv(1, 5 * P + 1), conv(2, 5 * P + 1)
+    g.turn("y1", y)
+    g.turn("x1", x)  # takes the only slot: Y's context is on disk alone
+    y_pages = [pid for pid in g.core.pages.chain(y + g.reply("y1")) if pid in g.disk]
+    x_pages = [pid for pid in g.core.pages.chain(x + g.reply("x1")) if pid in g.disk]
+    assert len(y_pages) == len(x_pages) == 5
+    assert g.core.slots[0].page_ids[-1] == x_pages[-1]
+    g.submit("x2", x + g.reply("x1") + conv(3, 5))
+    g.submit("y2", y + g.reply("y1") + conv(4, 5))
+    pinned = g.core.pinned()
+    assert set(y_pages) <= pinned
+    assert not set(x_pages) <= pinned
+
+
 def test_placing_a_request_is_a_use_of_its_pages():
     """A2 resumes in the slot A1 left (it restores nothing, so nothing pins A's pages), and
     A's pages on disk were last used when A1 ended, before B's. Placing A2 is a use: while
