@@ -46,6 +46,7 @@ STOP = 0
 REPLY_IDS = 3_000_000_000  # generated ids: never in a prompt (ids are < 2**32)
 PREFILL_TOKENS_PER_S = 4000.0
 DECODE_STEP_S = 0.02
+HEARTBEAT_S = 1.0  # the service plans a step at least this often (--heartbeat-s)
 SLOTS = 32
 TOKEN_BYTES = 1024  # on the scripted disk; the figures are counted in tokens
 HEADER_BYTES = 4096  # what the core allows for a page file's header
@@ -332,8 +333,13 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
             if len(g.finished) == len(trace.requests):
                 break
             if not ran:
-                # Nothing to do until the next arrival (a step may still be waiting on pages).
-                g.now = max(g.now + DECODE_STEP_S, min((r.t for r in pending), default=g.now))
+                # Nothing to do until the next arrival (a step may still be waiting on pages),
+                # or, with requests waiting, the service's next plan (it plans at least once a
+                # heartbeat: room made by this plan, slots marked to leave, is used by that one).
+                nxt = min((r.t for r in pending), default=g.now)
+                if g.core.waiting:
+                    nxt = min(nxt, g.now + HEARTBEAT_S)
+                g.now = max(g.now + DECODE_STEP_S, nxt)
         else:
             raise RuntimeError(f"{trace.name}: the core did not finish in {max_steps} steps")
     costs = CoreCosts(tokens_written=g.written_tokens, requests=len(g.finished),

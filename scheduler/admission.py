@@ -156,7 +156,8 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     # nobody's go (docs/design/kv-pages.md "KV pages"); its own turn is remembered from here.
     chain = list(decision.chain)
     turn = pages.anchor(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
-    continued = pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images, req.root)
+    continued, replied = pages.supersede(chain, req.feed, len(req.prompt) - 1, req.images,
+                                         req.root)
     if threads is not None and not req.conversation:
         first = chain[0] if chain else turn.tail_id if turn is not None else req.rid.encode()
         req.conversation = threads.place(turn, continued, first, req.tenant)
@@ -178,7 +179,8 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
         slot.stateless_end = decision.state_follows and not src.has_state_at(p.copied)
     else:  # the worker trims to the first command's start
         slot.truncate(p.reused, page_size, decision.state_follows)
-    slot.return_gap = _return_gap(req, decision, slot, pages) if continued else None
+    # How long after its conversation's previous reply this turn came (Slot.return_gap).
+    slot.return_gap = None if replied is None else max(0.0, req.arrived_at - replied)
     slot.rid, slot.last_used, slot.turn = req.rid, now, turn
     slot.shelved = False  # the worker makes it whole to use it
     slot.last_rid, slot.reply_end, slot.background = req.rid, "", not req.interactive
@@ -202,17 +204,3 @@ def apply(req: Request, decision: Decision, slots: list[Slot], pages: PageCache,
     req.cache_counted = False
     req.restore_started_at = now if p.restored else None
     return copy
-
-
-def _return_gap(req: Request, decision: Decision, slot: Slot, pages: PageCache) -> float | None:
-    """How long after its conversation's previous reply a request that continues it came
-    (`Slot.return_gap`): from the last use of the slot it extends in place, or of the last
-    page it restores (touched as that reply ended); None where it takes neither."""
-    p = decision.placement
-    if p.copy_from is None and p.reused and slot.last_used:
-        replied = slot.last_used
-    elif decision.restore_pages and decision.restore_pages[-1].page_id in pages.tree:
-        replied = pages.tree.last_used(decision.restore_pages[-1].page_id)
-    else:
-        return None
-    return max(0.0, req.arrived_at - replied)

@@ -109,7 +109,8 @@ class CoreState:
     def vacate(self, req: Request, now: float) -> None:
         """Take a request that stops running (finished or preempted) out of its slot. The
         slot keeps its tokens: its tail is staged with the next step, its pages count as
-        used now."""
+        used now, and its turn as replied now (when its conversation's next turn comes is
+        measured from here: scheduler/residency.py `expected_back`)."""
         slot = self.slots[req.slot]
         if slot.stateless_end:  # its restore left before the last page brought the state
             slot.truncate(slot.state_mark, self.config.page_size)
@@ -117,6 +118,8 @@ class CoreState:
         slot.tail_wanted = True
         self.pages.sync_slot(slot)
         self.pages.touch(slot.page_ids, now)
+        if slot.turn is not None:
+            self.pages.turns.replied(slot.turn, now)
         self.unplace(req)
 
     def unplace(self, req: Request, release: bool = True) -> None:

@@ -300,22 +300,22 @@ class PageCache:
                                          page_image_ids(images, start, n)))
 
     def supersede(self, chain: list[bytes], tokens, n: int, images=(),
-                  root: bytes = ROOT_ID) -> list[Anchor]:
+                  root: bytes = ROOT_ID) -> tuple[list[Anchor], float | None]:
         """The context `tokens[:n]` (full pages `chain`) is a request being placed: every
         remembered turn whose prompt context it starts with is its own conversation's, now
         superseded, and forgotten (its tails are nobody's unless another turn ended there).
-        Returns those turns (the conversation it continues)."""
+        Returns those turns (the conversation it continues) and when their last reply ended."""
         mine: dict[int, Anchor | None] = {}  # the context's anchor at each length asked
-        continued = []
+        continued, replied = [], []
         for a in self.turns.under([root, *chain]):
             if a.num_tokens > n:
                 continue
             if a.num_tokens not in mine:
                 mine[a.num_tokens] = self.anchor(chain, tokens, a.num_tokens, images, root)
             if mine[a.num_tokens] == a:
-                self.turns.retire(a)
+                replied.append(self.turns.retire(a))
                 continued.append(a)
-        return continued
+        return continued, max((t for t in replied if t is not None), default=None)
 
     def drop_passed_tails(self, chain: list[bytes], pinned: set[bytes],
                           root: bytes = ROOT_ID) -> None:

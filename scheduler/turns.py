@@ -43,6 +43,7 @@ class RecentTurns:
         self._tails: OrderedDict[Anchor, set[bytes]] = OrderedDict()  # oldest first
         self._owners: dict[bytes, set[Anchor]] = {}  # tail id -> turns that ended in it
         self._by_parent: dict[bytes, set[Anchor]] = {}
+        self._replied: dict[Anchor, float] = {}  # when each turn's reply ended
 
     def __len__(self) -> int:
         return len(self._tails)
@@ -64,11 +65,18 @@ class RecentTurns:
         self._tails[anchor].add(tail_id)
         self._owners.setdefault(tail_id, set()).add(anchor)
 
-    def retire(self, anchor: Anchor) -> None:
-        """Forget a turn: superseded by its conversation's next one, or the oldest."""
+    def replied(self, anchor: Anchor, now: float) -> None:
+        """The turn's request left its slot at `now`: its reply ended (or it was preempted)."""
+        if anchor in self._tails:
+            self._replied[anchor] = now
+
+    def retire(self, anchor: Anchor) -> float | None:
+        """Forget a turn: superseded by its conversation's next one, or the oldest. Returns
+        when its reply ended (None: it had not)."""
+        replied = self._replied.pop(anchor, None)
         tails = self._tails.pop(anchor, None)
         if tails is None:
-            return
+            return replied
         for tid in tails:
             owners = self._owners[tid]
             owners.discard(anchor)
@@ -78,6 +86,7 @@ class RecentTurns:
         siblings.discard(anchor)
         if not siblings:
             del self._by_parent[anchor.parent_id]
+        return replied
 
     def forget_tail(self, tail_id: bytes) -> None:
         """The tail left the disk (deleted, evicted, unreadable)."""

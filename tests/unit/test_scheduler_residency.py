@@ -249,3 +249,21 @@ def test_a_turn_notes_how_long_after_the_reply_before_it_came():
     assert g.core.slots[slot_of(g, "a2")].return_gap == pytest.approx(7.0)
     finish(g, "sub", system + conv(4, 20))
     assert g.core.slots[slot_of(g, "sub")].return_gap is None, "a sibling's first turn"
+
+
+def test_a_turn_that_reads_its_context_again_still_notes_its_gap():
+    """The gap is the turn's own, known from the turn it continues, not from a slot or a page
+    it finds: A's slot went to B, whose pages took A's from a small disk, so A's next turn,
+    sent 30 s after its reply, reads its whole context again, and its slot still notes the
+    30 s (without it, a conversation that re-reads is ordered by recency alone, and twenty
+    sub-agents taking turns on a small disk lose every turn the one next back)."""
+    g = Group(num_slots=1, budget_pages=3)
+    a = conv(1, 2 * P + 5)
+    finish(g, "a", a)
+    replied = g.core.slots[0].last_used
+    finish(g, "b", conv(2, 2 * P + 5))
+    g.now = replied + 30.0
+    g.submit("a2", a + g.reply("a") + conv(3, 5), max_tokens=3)
+    g.run()
+    assert g.finished("a2").num_cached_tokens == 0, "it read its context again"
+    assert g.core.slots[slot_of(g, "a2")].return_gap == pytest.approx(30.0)
