@@ -392,19 +392,26 @@ def test_budget_is_never_exceeded_and_lru_tail_goes_first():
     assert all(pid in g.disk for pid in chain_b), "the more recent conversation is kept"
 
 
-def test_a_waiting_requests_pages_are_not_evicted():
-    """A's next turn waits for the only slot while B's pages fill the disk. A's pages are the
-    least recently used, but they are about to be read: eviction takes others (B's, in its
-    slot anyway), and A comes back with everything it had (seen in the soak: background
-    agents, waiting behind interactive ones, re-read their whole history every turn)."""
-    g = Group(num_slots=1, budget_pages=14)  # A's 6 pages fit in half of it
-    a = conv(1, 5 * P + 1)
+def a_waits_behind_b(a_tokens, b_tokens):
+    """A's turn, then B's on the only slot while A's next turn waits for it, B's pages filling
+    a disk of 14 pages (half of it: 7). Returns the group and A's first prompt."""
+    g = Group(num_slots=1, budget_pages=14)
+    a = conv(1, a_tokens)
     g.submit("a1", a)
     g.run()
-    g.submit("b", conv(2, 11 * P + 1))
+    g.submit("b", conv(2, b_tokens))
     g.submit("a2", a + g.reply("a1") + conv(3, 5))  # waits: B has the slot
     g.run()
     assert g.core.pages.num_evicted > 0
+    return g, a
+
+
+def test_a_waiting_requests_pages_are_not_evicted():
+    """A's pages are the least recently used, but they are about to be read: eviction takes
+    others (B's, in its slot anyway), and A comes back with everything it had (seen in the
+    soak: background agents, waiting behind interactive ones, re-read their whole history
+    every turn). A's 6 pages fit in half the disk."""
+    g, a = a_waits_behind_b(5 * P + 1, 11 * P + 1)
     assert g.finished("a2").num_cached_tokens == len(a) + len(g.reply("a1")) - 1
 
 
@@ -412,14 +419,7 @@ def test_a_waiting_context_past_half_the_disk_keeps_its_leading_pages():
     """As above, but A's context is larger than the half of the disk waiting requests may
     hold: its leading pages, up to that half, are kept (its tail goes first anyway), and A
     comes back with all of them, re-reading only the rest."""
-    g = Group(num_slots=1, budget_pages=14)  # half: 7 pages
-    a = conv(1, 9 * P + 1)
-    g.submit("a1", a)
-    g.run()
-    g.submit("b", conv(2, 13 * P + 1))
-    g.submit("a2", a + g.reply("a1") + conv(3, 5))  # waits: B has the slot
-    g.run()
-    assert g.core.pages.num_evicted > 0
+    g, _ = a_waits_behind_b(9 * P + 1, 13 * P + 1)
     assert g.finished("a2").num_cached_tokens == 7 * P
 
 
