@@ -101,9 +101,14 @@ class CoreState:
             pinned.update(p.page_id for p, _ in req.reading + req.loading)
         ns, P = self.pages.chain_namespace, self.config.page_size
         held = {(s.root, s.page_ids[-1]) for s in self.slots if s.page_ids}
+
+        def held_by_a_slot(context: tuple) -> bool:
+            chain, *_, root = context
+            return bool(chain) and (root, chain[-1]) in held
+
         contexts = [(r.context_chain(ns, P), r.feed, r.num_context, r.images, r.root)
                     for r in (self.requests[rid] for rid in self.waiting) if r is not placing]
-        contexts.sort(key=lambda c: bool(c[0]) and (c[4], c[0][-1]) in held)  # stable: FIFO
+        contexts.sort(key=held_by_a_slot)  # stable: oldest first within each
         return pinned | self.pages.awaited(contexts, self.config.trimmable)
 
     def vacate(self, req: Request, now: float) -> None:

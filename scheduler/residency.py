@@ -72,7 +72,6 @@ def next_use(slot: Slot, now: float) -> float:
     return due if due > now else 2 * now - due
 
 
-
 def grace_s(slot: Slot, config: CoreConfig) -> float:
     """How long an idle slot past --slots stays before its KV leaves memory: none for a side
     call or the end of a turn (nobody is coming back soon), --release-after-s with no word,
