@@ -16,7 +16,7 @@ old batches are consumed and dropped.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import msgspec
@@ -29,6 +29,7 @@ from switchyard.proto.scheduler_kvstore import (
     DescribeInventory,
     InventoryDescribed,
     PageInfo,
+    PagesDeleted,
     PagesRead,
     PagesWritten,
     PageWrite,
@@ -85,6 +86,9 @@ class PageStores:
         self.inventories: dict[int, InventoryDescribed] = {}
         self.num_orphans_deleted = 0
         self.held: dict[int, set[bytes]] = {}  # per rank: the pages its kvstore holds
+        # Per rank: pages a DeletePages named that its kvstore has not confirmed. An inventory
+        # it was asked for before that delete still lists them.
+        self.deleting: dict[int, Counter[bytes]] = {}
 
     # --- who is there ----------------------------------------------------------------------
 
@@ -137,6 +141,7 @@ class PageStores:
         self.inventory_owed.pop(rank, None)
         self.inventories.pop(rank, None)
         self.held.pop(rank, None)
+        self.deleting.pop(rank, None)
 
     def rank_status(self, now: float, last_seen: dict[str, float], timeout_s: float
                     ) -> list[RankStatus]:
@@ -172,8 +177,8 @@ class PageStores:
         if isinstance(msg, WritePages):
             return [(kvstore_identity(r.rank), self._write_for(r, msg)) for r in self.ranks]
         if isinstance(msg, DeletePages):
-            for held in self.held.values():
-                held.difference_update(msg.page_ids)
+            for rank in range(self.num_ranks):
+                self._deleting(rank, msg.page_ids)
         if isinstance(msg, DescribeInventory) and not self.ranks:
             # Before the worker group is ready: ask every kvstore that greeted us.
             return [(kvstore_identity(r), msg) for r in sorted(self.connected)]
@@ -223,6 +228,11 @@ class PageStores:
             return []
         if isinstance(msg, InventoryDescribed):
             return self._inventory(rank, msg)
+        if isinstance(msg, PagesDeleted):
+            deleting = self.deleting.get(rank, Counter())
+            deleting.subtract(msg.page_ids)
+            self.deleting[rank] = +deleting  # drops the confirmed
+            return [msg]
         if isinstance(msg, (PagesWritten, PagesRead)):
             kind = WritePages if isinstance(msg, PagesWritten) else ReadPages
             queue = self.owed.get((rank, kind))
@@ -240,6 +250,8 @@ class PageStores:
             held = self.held.setdefault(rank, set())
             if isinstance(msg, PagesWritten):
                 held.update(info.page_id for info in msg.written)
+                for info in msg.written:  # written again after a delete
+                    self.deleting.get(rank, {}).pop(info.page_id, None)
             else:
                 held.difference_update(msg.missing)  # absent, or corrupt and removed
             return self._complete(kind)
@@ -300,7 +312,8 @@ class PageStores:
         if owed:
             self.inventory_owed[rank] = owed - 1
         self.inventories[rank] = msg
-        self.held[rank] = {info.page_id for info in msg.pages}
+        deleting = self.deleting.get(rank, {})
+        self.held[rank] = {info.page_id for info in msg.pages if info.page_id not in deleting}
         return self._inventory_if_complete()
 
     def _inventory_if_complete(self) -> list:
@@ -335,11 +348,15 @@ class PageStores:
     def _delete_orphans(self, per_rank: dict[int, list[bytes]]) -> None:
         for rank, ids in sorted(per_rank.items()):
             if ids:
-                self.held.get(rank, set()).difference_update(ids)
+                self._deleting(rank, ids)
                 self.num_orphans_deleted += len(ids)
                 self.outbox.send_to(kvstore_identity(rank), DeletePages(tuple(ids)))
                 self.outbox.log("kv.orphan_shares_deleted", kvstore=kvstore_identity(rank),
                                 num_pages=len(ids))
+
+    def _deleting(self, rank: int, ids) -> None:
+        self.held.get(rank, set()).difference_update(ids)
+        self.deleting.setdefault(rank, Counter()).update(ids)
 
 
 def _merged_info(infos: list[PageInfo]) -> PageInfo:

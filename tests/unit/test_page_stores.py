@@ -10,6 +10,7 @@ from switchyard.proto.scheduler_kvstore import (
     InventoryDescribed,
     PageInfo,
     PageRead,
+    PagesDeleted,
     PagesRead,
     PagesWritten,
     PageWrite,
@@ -344,3 +345,27 @@ def test_a_kvstore_heard_from_again_is_ready_again():
     assert kvstore_readiness(False, True, False) == (True, False, "kvstore.back")
     # Starting (no inventory yet): never made ready by a heartbeat alone.
     assert kvstore_readiness(False, False, False) == (False, False, None)
+
+
+def test_an_inventory_asked_for_before_a_delete_does_not_count_the_deleted_page():
+    """As the group starts: rank 1's kvstore greets (a describe to both ranks), then rank 0's
+    (its count starts over; a describe to both again). Rank 0's first answer and rank 1's two
+    make the merge, which deletes rank 0's orphan; rank 0's second answer, asked for before
+    that delete, still lists it. Status must count 2 pages on rank 0, as its disk will hold."""
+    stores = group()
+    send(stores, DescribeInventory())
+    stores.restarted("kvstore")
+    send(stores, DescribeInventory())
+    three, two = (info(1), info(2), info(3)), (info(1), info(2))
+    assert stores.incoming("kvstore", InventoryDescribed("b0", three)) == []
+    assert stores.incoming("kvstore.1", InventoryDescribed("b1", two)) == []
+    [merged] = stores.incoming("kvstore.1", InventoryDescribed("b1", two))
+    assert deletes(stores) == [("kvstore", DeletePages((pid(3),)))]
+    assert stores.incoming("kvstore", InventoryDescribed("b0", three)) == []
+    assert stores.held == {0: {pid(1), pid(2)}, 1: {pid(1), pid(2)}}
+    stores.incoming("kvstore", PagesDeleted((pid(3),), 100))
+    send(stores, write(3))  # written again: counted again, and kept by a later inventory
+    stores.incoming("kvstore", written(info(3)))
+    send(stores, DescribeInventory())
+    stores.incoming("kvstore", InventoryDescribed("b0", three))
+    assert stores.held[0] == {pid(1), pid(2), pid(3)}
