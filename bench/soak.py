@@ -21,7 +21,8 @@ first a streamed request dropped after two chunks, 14-15 a malformed body before
 The assistant turns in the history are fixed text, so every request is known in advance.
 
 Checks (exit 1 if one fails): no response other than 2xx, 4xx for the malformed bodies, and
-503/429 with Retry-After (retried, as a client would); 0 replies different from the reference;
+503/429 with Retry-After (retried, as a client would); 0 replies different from the reference
+(unless both are greedy up to a float tie of the logits: bench/greedy_ties.py);
 each conversation's first turn after a kill restores (cached >= prompt - new - one page); page
 bytes on disk (sampled every 2 s, kvstore paused for the walk) never above --kv-disk-budget;
 gateway and scheduler VmRSS growth over the second half < 5% (same pid); no /dev/shm segment
@@ -45,7 +46,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import parse_with_model  # noqa: E402
-from bench.soak_agents import run_agents  # noqa: E402
+from bench.greedy_ties import GreedyJudge  # noqa: E402
+from bench.soak_agents import Record, run_agents, script_of  # noqa: E402
 from bench.soak_faults import KILL_ROLES, Injector  # noqa: E402
 from bench.soak_report import report  # noqa: E402
 from bench.soak_samplers import Sampler  # noqa: E402
@@ -96,7 +98,8 @@ def main() -> int:
     ap.add_argument("--faults", default="kill,corrupt,readonly,disk_full",
                     help="fault kinds to draw from (kill is drawn 3x as often as the others)")
     ap.add_argument("--kill-roles", default=",".join(KILL_ROLES))
-    ap.add_argument("--log-out", type=Path, help="keep the faulted run's group log here")
+    ap.add_argument("--log-out", type=Path,
+                    help="keep the faulted run's group log here (the reference's beside it)")
     args, model = parse_with_model(ap)
     seconds = args.minutes * 60
     budget = parse_size(args.kv_disk_budget)
@@ -110,9 +113,11 @@ def main() -> int:
             for a in agents:
                 a.join()
             ref_turns = {a.index: a.turns_done for a in agents}
+            if args.log_out:
+                shutil.copyfile(group.log_path, args.log_out.with_suffix(".reference.log"))
     finally:
         shutil.rmtree(ref_kv, ignore_errors=True)
-    reference = {(r.agent, r.key): r.text for r in ref_records
+    reference = {(r.agent, r.key): r for r in ref_records
                  if r.kind == "turn" and r.text is not None}
     print(f"reference: {len(reference)} replies, {sum(ref_turns.values())} turns in "
           f"{time.monotonic() - started:.0f}s", flush=True)
@@ -155,7 +160,23 @@ def main() -> int:
             subprocess.run(["umount", str(kv_dir)], capture_output=True)
         shutil.rmtree(kv_dir, ignore_errors=True)
     return report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_events,
-                  stop_problem, leaked_shm, tmpfs, time.monotonic() - started)
+                  stop_problem, leaked_shm, tmpfs, time.monotonic() - started,
+                  tie_judge(model, args))
+
+
+def tie_judge(model: Path, args):
+    """Two different replies to one turn are a tie when both are greedy up to float ties on
+    the model loaded here (its tokens for the turn as many as the server counted)."""
+    judge = None
+
+    def is_tie(rec: Record, ref: Record) -> bool:
+        nonlocal judge
+        judge = judge or GreedyJudge(model)
+        prompt = judge.prompt_ids(script_of(rec.agent, args).messages(*rec.key))
+        return len(prompt) == rec.prompt and all(
+            judge.follows_greedy(prompt, reply, args.max_tokens) for reply in (rec.text, ref.text))
+
+    return is_tie
 
 
 

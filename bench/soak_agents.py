@@ -40,6 +40,7 @@ class Record:
     ended: float = 0.0
     status: int | None = None  # final status; None: no reply at all
     text: str | None = None
+    rid: str = ""  # the reply's id: its request in the group's log
     prompt: int = 0
     cached: int = 0
     retries: int = 0  # 503/429 with Retry-After, connection failures, mid-stream errors
@@ -77,7 +78,7 @@ def malformed_bodies(model: str) -> list[tuple[bytes, str]]:
 
 def _reply(data: dict) -> dict:
     details = data["usage"].get("prompt_tokens_details") or {}
-    return {"text": data["choices"][0]["message"]["content"],
+    return {"text": data["choices"][0]["message"]["content"], "rid": data["id"],
             "prompt": data["usage"]["prompt_tokens"], "cached": details.get("cached_tokens", 0)}
 
 
@@ -143,7 +144,7 @@ class Agent(threading.Thread):
                 rec.retries += 1
                 time.sleep(0.5)
                 continue
-            rec.text = reply["text"]
+            rec.text, rec.rid = reply["text"], reply["rid"]
             rec.prompt, rec.cached = reply["prompt"], reply["cached"]
             return rec
         rec.problems.append("gave up retrying")
@@ -155,13 +156,14 @@ class Agent(threading.Thread):
             if resp.status_code != 200:
                 resp.read()
                 return resp.status_code, resp.headers.get("retry-after"), None
-            parts, usage, failed = [], None, False
+            parts, usage, failed, rid = [], None, False, ""
             for line in resp.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 obj = json.loads(line[6:])
                 if "error" in obj:
                     failed = True
+                rid = obj.get("id", rid)
                 for choice in obj.get("choices") or []:
                     parts.append((choice.get("delta") or {}).get("content") or "")
                 if obj.get("usage"):
@@ -170,7 +172,7 @@ class Agent(threading.Thread):
                 return 200, None, None
             details = usage.get("prompt_tokens_details") or {}
             return 200, None, {"text": "".join(parts), "prompt": usage["prompt_tokens"],
-                               "cached": details.get("cached_tokens", 0)}
+                               "cached": details.get("cached_tokens", 0), "rid": rid}
 
     def _dropped(self, http: httpx.Client, body: dict) -> None:
         """A streamed request the client abandons after two chunks."""
@@ -218,13 +220,16 @@ class Agent(threading.Thread):
         self._add(rec)
 
 
+def script_of(index: int, args) -> Script:
+    return Script(index, args.seed, args.turns, text(args.seed, 150))
+
+
 def run_agents(group: ServerGroup, args, seconds: float, max_turns: dict[int, int] | None):
     model = httpx.get(f"{group.base_url}/models").json()["data"][0]["id"]
-    system = text(args.seed, 150)
     records: list[Record] = []
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
-    agents = [Agent(i, Script(i, args.seed, args.turns, system), group.url, model, deadline,
+    agents = [Agent(i, script_of(i, args), group.url, model, deadline,
                     (max_turns or {}).get(i, args.max_turns), args.max_tokens, records, lock)
               for i in range(NUM_AGENTS)]
     for a in agents:

@@ -56,11 +56,15 @@ def restore_check(records: list[Record], faults: list[Fault]):
 
 
 def report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_events,
-           stop_problem, leaked_shm, tmpfs, wall) -> int:
+           stop_problem, leaked_shm, tmpfs, wall, is_tie) -> int:
+    """`is_tie(record, reference_record)`: whether two different replies are both the model's
+    greedy reply up to float ties (bench/greedy_ties.py), which is not counted wrong."""
     turns = [r for r in records if r.kind == "turn"]
     bad_status = [p for r in records for p in r.problems]
     compared = [r for r in turns if (r.agent, r.key) in reference and r.text is not None]
-    wrong = [r for r in compared if r.text != reference[(r.agent, r.key)]]
+    differ = [r for r in compared if r.text != reference[(r.agent, r.key)].text]
+    tied = [r for r in differ if is_tie(r, reference[(r.agent, r.key)])]
+    wrong = [r for r in differ if r not in tied]
     judged, excused, failed = restore_check(records, injector.faults)
     max_disk = max((b for _, b in sampler.disk), default=0)
     rss_rows = []
@@ -94,6 +98,7 @@ def report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_
         ["responses outside 2xx / 4xx-malformed / 503,429+Retry-After", len(bad_status)],
         ["replies compared with the reference", f"{len(compared)} of {len(turns)} turns"],
         ["wrong outputs", len(wrong)],
+        ["different at a float tie (both greedy within a logit tie)", len(tied)],
         ["first turns after a fault: judged / short / short but excused (pages lost)",
          f"{judged} / {len(failed)} / {excused}"],
         ["bad pages met (kv.corrupt_page)", len(corrupt_events)],
@@ -115,8 +120,11 @@ def report(args, reference, records, injector, sampler, t0, t1, budget, corrupt_
                      "; no status.json then"))
     for p in sorted(set(bad_status))[:10]:
         print("  status problem:", p)
-    for r in wrong[:10]:
-        print(f"  wrong: agent {r.agent} {r.key}: {r.text!r} != {reference[(r.agent, r.key)]!r}")
+    for word, rows in (("wrong", wrong), ("tie", tied)):
+        for r in rows[:10]:
+            ref = reference[(r.agent, r.key)]
+            print(f"  {word}: agent {r.agent} {r.key}: {r.text!r} ({r.rid}, cached {r.cached}) "
+                  f"!= {ref.text!r} ({ref.rid}, cached {ref.cached})")
     for f in failed[:10]:
         print("  not restored after %s: agent %d %s prompt %d new %d cached %d, sent %.1fs "
               "after the fault" % f)
