@@ -70,3 +70,13 @@ class CoreConfig:
         loses pages of resident slots: docs/design/kv-pages.md "A disk smaller than
         memory")."""
         return 0 < self.kv_budget_tokens * self.kv_bytes_per_token <= self.disk_budget_bytes
+
+    @property
+    def writes_back(self) -> bool:
+        """Whether a slot's pages go to disk when it leaves memory rather than as they are
+        computed: on a disk smaller than memory, for a model whose KV can be staged at any
+        point (attention-only), so the disk holds what memory does not instead of copies of
+        what it does (docs/design/kv-pages.md "A disk smaller than memory"). A hybrid model's
+        state snapshots exist only as its slot passes them: it writes through."""
+        return self.trimmable and self.kv_budget_tokens * self.kv_bytes_per_token > max(
+            self.disk_budget_bytes, 0) > 0

@@ -142,7 +142,7 @@ class SchedulerCore(CoreState):
         self.admission.make_room(now)
         self.memory.relieve(now)
         stages = self.pages.plan_stages(self.slots, self.config.trimmable, self._state_points,
-                                        now)
+                                        now, self.config.writes_back)
         self.admission.admit(now)
         self.disk.issue_reads()
         running = self.running()

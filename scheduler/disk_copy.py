@@ -41,11 +41,33 @@ def rewrite_now(slot: Slot) -> bool:
     return slot.leaving or slot.disk_wanted
 
 
+def stages_now(slot: Slot, kept: Callable[[bytes], bool], removals: int,
+               writes_back: bool) -> bool:
+    """Whether the slot's pages not on disk are staged in this step: not where the disk let
+    go of its copy and it stays in memory (written again when it leaves, `recount`), nor,
+    with `writes_back`, where they wait for it to leave (`written_later`)."""
+    if recount(slot, kept, removals) and not rewrite_now(slot):
+        return False
+    return not (writes_back and written_later(slot))
+
+
+def written_later(slot: Slot) -> bool:
+    """On a disk smaller than memory (`CoreConfig.writes_back`), whether the slot's pages wait
+    to be written until it leaves memory: it stays, and some are not on disk. Such a slot
+    counts as one whose copy was taken (`Slot.disk_gap`), and everything that follows for
+    those follows for it: it leaves last within its rank, is written when it must go, and a
+    newcomer beside running requests waits for them rather than send it out."""
+    if rewrite_now(slot) or slot.num_persisted >= len(slot.page_ids):
+        return False
+    slot.disk_gap = True
+    return True
+
+
 def settle(slot: Slot) -> None:
-    """The slot's stages are planned: one leaving memory whose disk copy was taken has been
-    written again as far as the disk takes it, and may now leave knowing
-    (`Slot.disk_tried`: the rest is re-read)."""
-    if slot.disk_gap and slot.leaving:
+    """The slot's stages are planned: one that must leave memory (or be overwritten) whose
+    disk copy was taken has been written again as far as the disk takes it, and may now go
+    knowing (`Slot.disk_tried`: the rest is re-read)."""
+    if slot.disk_gap and rewrite_now(slot):
         slot.disk_tried = True
     slot.disk_gap = False
 

@@ -80,6 +80,8 @@ class MemoryManager:
         if not budget:
             return True
         p = decision.placement
+        if self._displaces_unwritten(p.slot, p.displaced):
+            return self._waits(req, budget)
         start = p.copied if p.copy_from is not None else p.reused
         hold = request_hold(req, start)
         beside_running = any(s.rid is not None and s.index != p.slot for s in st.slots)
@@ -107,6 +109,18 @@ class MemoryManager:
             return self._waits(req, budget)
         req.waits_for_memory = False
         self._leave(room.leave, room.cut)
+        return True
+
+    def _displaces_unwritten(self, index: int, displaced: int) -> bool:
+        """Whether a placement would overwrite tokens of idle slot `index` that a disk
+        written back to (`CoreConfig.writes_back`) does not hold yet: the slot is written
+        first (`Slot.disk_wanted`, as far as the disk takes it), and the request waits for
+        that, as a slot leaving memory is written before it goes."""
+        st = self.state
+        slot = st.slots[index]
+        if not st.config.writes_back or not displaced or st.releasable(slot):
+            return False
+        slot.disk_wanted = slot.tail_wanted = True
         return True
 
     def _waits(self, req: Request, budget: int) -> bool:

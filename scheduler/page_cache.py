@@ -3,10 +3,11 @@
 Pure bookkeeping, no I/O: the core asks it what to stage and where pages are, and it queues
 the kvstore commands (`WritePages`, `DeletePages`, `TouchPages`) in the core's outbox.
 
-Write-through (docs/design/kv-pages.md "KV pages"): every full page of every slot is staged into a shared
-buffer at the start of the step after it filled, then written by kvstore, so a conversation
-that leaves its slot needs no write at that moment. Eviction happens when pages are written:
-the budget is never exceeded, and what goes is chosen by `scheduler.eviction`.
+Write-through (docs/design/kv-pages.md "KV pages"): every full page of every slot is staged
+into a shared buffer at the start of the step after it filled, then written by kvstore, so a
+conversation that leaves its slot needs no write then (on a disk smaller than memory, pages
+are written as their slot leaves: `disk_copy.written_later`). Eviction happens when pages are
+written: the budget is never exceeded, and what goes is chosen by `scheduler.eviction`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from switchyard.proto.page_flags import PageFlags
 from switchyard.common.page_ids import ROOT_ID, chain_page_ids, page_id, page_image_ids
 from switchyard.proto.shm import BufferAllocator
 from switchyard.proto.status import DiskStatus
-from switchyard.scheduler.disk_copy import recount, rewrite_now, settle
+from switchyard.scheduler.disk_copy import recount, settle, stages_now
 from switchyard.scheduler.eviction import EvictionPlan, plan_eviction
 from switchyard.scheduler.outbox import Outbox
 from switchyard.scheduler.page_tree import DiskPageTree
@@ -397,24 +398,22 @@ class PageCache:
 
     # --- write-through ---------------------------------------------------------------------
 
-    def plan_stages(self, slots: list[Slot], trimmable: bool, state_points, now: float
-                    ) -> list[StagePage]:
-        """Stage every full page not yet on disk or on its way there, while buffers last.
-
-        `state_points(slot)` gives the page ends where a hybrid model should snapshot its
-        recurrent state. The state exists only at the slot's current end, so a hybrid slot's
-        last page waits until it is a snapshot point or the slot has moved past it; a page
-        already on disk without a snapshot gets one when a later request stops there (the end
-        of a shared prefix).
-        """
+    def plan_stages(self, slots: list[Slot], trimmable: bool, state_points, now: float,
+                    writes_back: bool = False) -> list[StagePage]:
+        """Stage every full page not yet on disk or on its way there, while buffers last
+        (`writes_back`: of slots that leave memory). `state_points(slot)` gives the page ends
+        where a hybrid model should snapshot its recurrent state. The state exists only at the
+        slot's current end, so a hybrid slot's last page waits until it is a snapshot point
+        or the slot has moved past it; a page already on disk without a snapshot gets one
+        when a later request stops there (the end of a shared prefix)."""
         if not self.enabled or not self.write_backoff.ready(now):
             return []
         stages = []
         P = self.page_size
         for slot in slots:
             self.sync_slot(slot)
-            if recount(slot, self.here, self.removals) and not rewrite_now(slot):
-                continue  # the disk let go of its copy: written again when it leaves memory
+            if not stages_now(slot, self.here, self.removals, writes_back):
+                continue
             self.touch(slot.page_ids[:slot.num_persisted] if slot.disk_gap else [], now)  # kept
             at_end = len(slot.tokens) // P - 1 if len(slot.tokens) % P == 0 else None
             snapshot_here = (not trimmable and at_end is not None and at_end >= 0

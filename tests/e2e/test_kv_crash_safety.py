@@ -92,11 +92,14 @@ def test_planted_corrupt_page_is_a_miss_and_output_stays_correct(tiny_qwen3):
 
 
 def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen3):
-    """The budget holds two conversations (and one page more); a third arrives."""
+    """The budget holds two conversations (and one page more), less than memory: a slot's
+    pages are written as it leaves memory (write-back), so each of four conversations in turn
+    writes the one before it, and the third written needs room."""
     tok = _tokenizer(tiny_qwen3)
     system = text(900, 350)
     conversations = [[{"role": "system", "content": system},
-                      {"role": "user", "content": text(seed, 500)}] for seed in (901, 902, 903)]
+                      {"role": "user", "content": text(seed, 500)}]
+                     for seed in (901, 902, 903, 904)]
     prompts = [tok.apply_chat_template(m, tools=[Conversation.TOOL], add_generation_prompt=True,
                                        tokenize=True) for m in conversations]
     pages = [{tuple(p[i:i + P]) for i in range(0, len(p) // P * P, P)} for p in prompts]
@@ -110,7 +113,7 @@ def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen
         for messages in conversations:
             client.chat.completions.create(model=model, messages=messages, max_tokens=8,
                                            tools=[Conversation.TOOL], temperature=0)
-            wait_written(group, 0, time.time())  # its pages landed before the next one
+            wait_written(group, 0, time.time())  # the one it took over from landed
         on_disk = page_tokens(group.kv_dir)
         assert sum(p.stat().st_size for p in on_disk) <= budget, "never over budget"
         assert group.log_events("kv.evicted"), "the third conversation needed room"
@@ -123,7 +126,8 @@ def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen
     kept_a = [page in stored for page in chain_a]
     assert not all(kept_a), "the least recently used conversation lost pages"
     assert kept_a == sorted(kept_a, reverse=True), "...from its tail: what is kept is a prefix"
-    assert pages[1] <= stored and pages[2] <= stored, "the two recent conversations are kept"
+    assert pages[1] <= stored and pages[2] <= stored, "the two written since are kept"
+    assert not (pages[3] - shared) & stored, "the fourth, still in memory, is not written yet"
 
 
 def _tokenizer(model_dir):

@@ -1,8 +1,13 @@
 """A disk smaller than memory (docs/design/kv-pages.md "A disk smaller than memory"), driven
 without sockets or MLX: the core with scripted worker and kvstore
-(tests/unit/test_scheduler_pages.py). Write-through puts every slot's pages on disk and the
-disk's eviction then takes pages that resident slots hold: a slot so hit is never released from
-memory as if its pages were on disk."""
+(tests/unit/test_scheduler_pages.py).
+
+An attention-only model writes a slot's pages when the slot leaves memory (write-back), so
+the disk holds what memory does not. A hybrid model writes through (its state snapshots exist
+only as its slot passes them): every slot's pages go to disk, and the disk's eviction then
+takes pages that resident slots hold; a slot so hit is never released from memory as if its
+pages were on disk. Both leave such a slot in memory as long as they can, and write it when
+it must go. The write-through tests run on a hybrid worker (`trimmable=False`)."""
 
 import dataclasses
 
@@ -23,7 +28,7 @@ BUDGET = 600
 def two_idle_slots_on_a_small_disk(kv_budget_tokens, a_priority="interactive"):
     """A then B, each 4 whole pages, on a disk of 6 pages: B's pages took A's (the least
     recently used) while A stays in its slot. Returns the group and A's context."""
-    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=kv_budget_tokens)
+    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=kv_budget_tokens, trimmable=False)
     g.turn("a", conv(1, 4 * P - 3), priority=a_priority)
     g.turn("b", conv(2, 4 * P - 3))
     a, b = g.core.slots[0], g.core.slots[1]
@@ -31,6 +36,75 @@ def two_idle_slots_on_a_small_disk(kv_budget_tokens, a_priority="interactive"):
     assert all(pid in g.disk for pid in b.page_ids)
     assert not all(pid in g.disk for pid in a.page_ids), "the disk let go of A's pages"
     return g, list(a.tokens)
+
+
+def run_until_done(g, rid):
+    """Plans a second apart, as the service's loop makes at least, until `rid` finishes."""
+    for _ in range(30):
+        g.run_steps(1)
+        if rid in g.records:
+            return g.finished(rid)
+    raise AssertionError(f"{rid} did not finish")
+
+
+def two_idle_slots_written_back(kv_budget_tokens):
+    """A then B, each 4 whole pages, on a disk of 6 pages, attention-only: neither is written
+    while it stays in memory. Returns the group and A's context."""
+    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=kv_budget_tokens)
+    assert g.core.config.writes_back
+    g.turn("a", conv(1, 4 * P - 3))
+    g.turn("b", conv(2, 4 * P - 3))
+    assert not g.disk, "nothing written while the slots stay"
+    assert not any(g.core.releasable(s) for s in g.core.slots[:2])
+    return g, list(g.core.slots[0].tokens)
+
+
+def test_written_back_a_slot_goes_to_disk_as_it_leaves_memory_and_comes_back_whole():
+    """A newcomer needs one idle slot's room: A, the least recently used, is written, then
+    leaves (the newcomer waits for the write), and B stays unwritten. A's next turn restores
+    its whole context from the disk."""
+    g, a_context = two_idle_slots_written_back(BUDGET)
+    g.submit("c", conv(3, 4 * P - 3))
+    run_until_done(g, "c")  # A is written, then leaves
+    assert g.logs("request.waits_for_memory"), "the newcomer waited for A's write"
+    a_pages = g.core.pages.chain(a_context)
+    assert all(pid in g.disk for pid in a_pages), "A was written as it left"
+    assert not any(pid in g.disk for pid in g.core.pages.chain(list(g.core.slots[1].tokens)))
+    assert g.core.slots[1].last_rid == "b", "B stayed"
+    g.submit("a2", a_context + conv(4, 20))
+    run_until_done(g, "a2")  # C's slot is written and leaves for it
+    assert g.records["a2"].num_reread_tokens == 0
+    assert g.finished("a2").num_cached_tokens == len(a_context)
+
+
+def test_written_back_a_slot_taken_over_is_written_first():
+    """One slot: B, under the same system prompt as A, takes A's slot over, keeping the
+    prompt and overwriting A's own tokens. Those are written first (B waits for that), so
+    A's next turn restores its whole context, and B's reads only its own tokens."""
+    g = Group(num_slots=1, budget_pages=12, kv_budget_tokens=BUDGET)
+    assert g.core.config.writes_back
+    system = conv(9, 2 * P)
+    a = system + conv(1, 2 * P - 3)
+    g.turn("a", a)
+    assert not g.disk
+    g.submit("b", system + conv(2, 2 * P - 3))
+    assert run_until_done(g, "b").num_cached_tokens == 2 * P, "B kept the system prompt"
+    assert all(pid in g.disk for pid in g.core.pages.chain(a)), "A was written first"
+    g.submit("a2", a + g.reply("a") + conv(3, 5))
+    run_until_done(g, "a2")
+    assert g.records["a2"].num_reread_tokens == 0
+    assert g.finished("a2").num_cached_tokens == len(a) + len(g.reply("a")) - 1
+
+
+def test_a_disk_that_holds_memory_writes_through():
+    """With a disk as large as memory, pages are written as they fill, slot in memory or not:
+    a conversation that leaves needs no write then."""
+    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=40)
+    assert g.core.config.disk_holds_memory and not g.core.config.writes_back
+    g.turn("a", conv(1, 4 * P - 3))
+    assert all(pid in g.disk for pid in g.core.slots[0].page_ids)
+    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=BUDGET, trimmable=False)
+    assert not g.core.config.writes_back, "a hybrid model writes through"
 
 
 def test_a_slot_whose_pages_the_disk_let_go_is_not_taken_for_on_disk():
@@ -91,7 +165,7 @@ def test_beside_a_running_request_a_newcomer_waits_rather_than_send_a_slot_to_a_
     disk would lose its pages there under the newcomer's own (300 tokens on a disk of 96), and
     its conversation would re-read them. Done, the running request makes the room, and A's and
     B's next turns re-read nothing."""
-    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=kv_budget_tokens)
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=kv_budget_tokens, trimmable=False)
     g.turn("a", conv(1, 4 * P - 3))
     g.turn("b", conv(2, 4 * P - 3))
     contexts = [list(g.core.slots[i].tokens) for i in (0, 1)]
@@ -108,7 +182,7 @@ def test_a_newcomer_waits_beside_a_long_reply_for_tool_return_s_at_most():
     """The same newcomer beside a reply of 100 steps: it waits `tool_return_s` (5 s here),
     then makes its room as it would alone (B, whose pages are on disk, goes) and runs beside
     the reply."""
-    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2100)
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2100, trimmable=False)
     g.core.config = dataclasses.replace(g.core.config, tool_return_s=5.0)
     g.turn("a", conv(1, 4 * P - 3))
     g.turn("b", conv(2, 4 * P - 3))
@@ -177,11 +251,12 @@ def test_alone_an_interactive_newcomer_does_not_wait_for_a_background_tool_loop(
 
 
 def test_alone_a_newcomer_does_not_wait_for_the_tool_loop_it_carries_on():
-    """A's reply ended in a tool call, and the next request holds A's whole last prompt with
+    """A's reply ended in a tool call (its pages not on disk: written back), and the next
+    request holds A's whole last prompt with
     another end (a compaction of A, as Claude Code sends at the context limit): it is A's
     conversation going on, not a newcomer to wait aside for A's return, which would never
     come (it waited `tool_return_s`)."""
-    g, a_context = two_idle_slots_on_a_small_disk(BUDGET)
+    g, a_context = two_idle_slots_written_back(BUDGET)
     g.do(ReplyEnded("a", "tool_calls"))
     g.submit("compact", a_context[:3 * P] + conv(9, 300))  # it needs A's room and B's
     g.run_steps(3)
@@ -198,7 +273,7 @@ def test_beside_a_running_request_a_newcomer_that_fits_once_it_ends_waits():
     for it rather than send A out (its pages would then be the only copy, on a disk that the
     newcomer's own pages would take them from). A's next turn finds its whole context in its
     slot."""
-    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2000)
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2000, trimmable=False)
     g.turn("a", conv(1, 4 * P - 3))
     a_context = list(g.core.slots[0].tokens)
     assert g.core.releasable(g.core.slots[0]), "A's pages are on disk"
