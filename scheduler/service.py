@@ -341,12 +341,16 @@ class SchedulerService:
                   "the disk budget is unused", flush=True)
             return
         report = budget_report(msg.kv_bytes_per_token, self.settings.kv_disk_budget_bytes)
-        self.log.info("kv.budget", kv_bits=self.settings.kv_bits, **report)
+        writes_back = self.core.config.writes_back
+        self.log.info("kv.budget", kv_bits=self.settings.kv_bits, writes_back=writes_back,
+                      **report)
         bits = f", {self.settings.kv_bits}-bit KV" if self.settings.kv_bits else ""
+        back = ("; smaller than memory: pages are written as their conversation leaves it"
+                if writes_back else "")
         print(f"switchyard: KV disk budget {format_size(report['budget_bytes'])} = "
               f"{report['budget_tokens']:,} tokens = {report['budget_conversations']} "
               f"conversations of {report['conversation_tokens']:,} tokens "
-              f"({msg.kv_bytes_per_token:,} bytes/token{bits}); size it with "
+              f"({msg.kv_bytes_per_token:,} bytes/token{bits}){back}; size it with "
               f"`switchyard cache plan`", flush=True)
 
     # --- time ------------------------------------------------------------------------------

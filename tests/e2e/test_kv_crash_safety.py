@@ -116,6 +116,7 @@ def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen
             wait_written(group, 0, time.time())  # the one it took over from landed
         on_disk = page_tokens(group.kv_dir)
         assert sum(p.stat().st_size for p in on_disk) <= budget, "never over budget"
+        assert group.log_events("kv.budget")[0]["writes_back"], "said at start"
         assert group.log_events("kv.evicted"), "the third conversation needed room"
         # Every page here was used within the protection window: that is thrash, with advice.
         [thrash, *_] = group.log_events("kv.thrash")
