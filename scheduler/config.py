@@ -78,5 +78,5 @@ class CoreConfig:
         point (attention-only), so the disk holds what memory does not instead of copies of
         what it does (docs/design/kv-pages.md "A disk smaller than memory"). A hybrid model's
         state snapshots exist only as its slot passes them: it writes through."""
-        return self.trimmable and self.kv_budget_tokens * self.kv_bytes_per_token > max(
-            self.disk_budget_bytes, 0) > 0
+        memory = self.kv_budget_tokens * self.kv_bytes_per_token
+        return self.trimmable and 0 < self.disk_budget_bytes < memory

@@ -8,8 +8,10 @@ released from memory as if its pages were on disk. Its KV is still in memory, so
 disk copy cost nothing yet: the slot is written again only once it must leave memory
 (`rewrite_now`), not at once, where each rewrite would take another slot's pages and the disk
 would churn. Written again as far as the disk takes it, it may leave knowing (`settle`): the
-rest is re-read when its conversation is back. Pure: the page cache passes what is kept and
-how many pages left the disk so far.
+rest is re-read when its conversation is back. An attention-only model writes back to such a
+disk instead (`written_later`): a slot is written only once it must leave memory, and until
+then counts as a slot whose copy was taken. Pure: the page cache passes what is kept and how
+many pages left the disk so far.
 """
 
 from __future__ import annotations
