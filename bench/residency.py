@@ -8,8 +8,8 @@ through Switchyard's own policy (the scheduler core), LRU and the offline optimu
 
 One JSON line per trace x budget x policy:
     {"trace", "budget": {"memory_tokens", "disk_tokens"},
-     "policy": "switchyard"|"switchyard-hybrid"|"switchyard-no-word"|"optimal-slots"|"lru"|
-               "optimal",
+     "policy": "switchyard"|"switchyard-write-back"|"switchyard-hybrid"|"switchyard-no-word"|
+               "optimal-slots"|"lru"|"optimal",
      "tokens_reread", "bytes_restored", "bytes_written", ...}
 Bytes are tokens x `--bytes-per-token` (default 46,080: SmolLM2-135M's KV at float32, as the
 memory plan counts it). Traces: bench/traces/*.jsonl (bench/residency_trace.py says the
@@ -45,13 +45,14 @@ PREFILL_TOKENS_PER_S = 4000.0
 DECODE_TOKEN_S = 0.02
 
 
-# The core told how each reply ended (its residency order), the same on a hybrid model (a
+# The core told how each reply ended (its residency order), the same with --kv-write-back (a
+# disk smaller than memory written as slots leave), the same on a hybrid model (a
 # recurrent state at a slot's end and mark only: no cut, a copy or restore only to a state),
 # the core told nothing (least recently used among idle slots, as before the gateway's word),
 # the core told the future (whole slots per conversation, as the worker keeps them), LRU
 # pages, the optimum over pages (a shared prefix held once).
-POLICIES = ("switchyard", "switchyard-hybrid", "switchyard-no-word", "optimal-slots", "lru",
-            "optimal")
+POLICIES = ("switchyard", "switchyard-write-back", "switchyard-hybrid", "switchyard-no-word",
+            "optimal-slots", "lru", "optimal")
 # The plot compares policies on one layout, attention-only: the hybrid row is a family's cost,
 # several times the others', in performance.md's table.
 PLOTTED = tuple(p for p in POLICIES if p != "switchyard-hybrid")
@@ -81,7 +82,8 @@ def measure(trace: Trace, budget: dict, bytes_per_token: int) -> list[dict]:
         if policy.startswith("switchyard") or policy == "optimal-slots":
             c = replay_core(trace, m, d, tell_ends=policy != "switchyard-no-word",
                             oracle=policy == "optimal-slots",
-                            hybrid=policy == "switchyard-hybrid")
+                            hybrid=policy == "switchyard-hybrid",
+                            write_back=policy == "switchyard-write-back")
             reread, restored, written = c.tokens_reread, c.tokens_restored, c.tokens_written
             extra["peak_memory_tokens"] = c.peak_memory_tokens
             extra["peak_held_tokens"] = c.peak_held_tokens

@@ -73,14 +73,15 @@ class ScriptedGroup:
     """The core plus a worker and a kvstore that do what its messages say."""
 
     def __init__(self, page_size: int, memory_tokens: int, disk_tokens: int,
-                 release_after_s: float, hybrid: bool = False) -> None:
+                 release_after_s: float, hybrid: bool = False,
+                 write_back: bool = False) -> None:
         self.page_size = page_size
         self.hybrid = hybrid  # recurrent state at a slot's end and mark only (not trimmable)
         self.core = SchedulerCore(CoreConfig(
             num_slots=SLOTS, ctx=CTX, prefill_chunk=2048, max_queue=1024,
             page_size=page_size, decode_burst=8,
             disk_budget_bytes=disk_tokens * TOKEN_BYTES + -(-disk_tokens // page_size) * HEADER_BYTES,
-            release_after_s=release_after_s))
+            release_after_s=release_after_s, write_back=write_back))
         self.now = 0.0
         self.outbox: list = []
         self.finished: dict[str, object] = {}
@@ -280,7 +281,8 @@ class ScriptedGroup:
 
 def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
                 release_after_s: float = 10.0, max_steps: int = 200_000,
-                tell_ends: bool = True, oracle: bool = False, hybrid: bool = False) -> CoreCosts:
+                tell_ends: bool = True, oracle: bool = False, hybrid: bool = False,
+                write_back: bool = False) -> CoreCosts:
     """Run the trace through the core; re-reads are the prompt tokens earlier prompts held that
     were prefilled again (the shared prefix past what was cached, plus any request's re-read
     after it gave its slot up). `tell_ends` False: the core is never told how a reply ended
@@ -289,7 +291,8 @@ def replay_core(trace: Trace, memory_tokens: int, disk_tokens: int,
     `hybrid`: the worker is a hybrid model's (a recurrent state at a slot's end and its mark,
     snapshots stored with pages; not trimmable, so no cut)."""
     prompts = synthesize(trace)
-    g = ScriptedGroup(trace.page_size, memory_tokens, disk_tokens, release_after_s, hybrid)
+    g = ScriptedGroup(trace.page_size, memory_tokens, disk_tokens, release_after_s, hybrid,
+                      write_back)
     pending = list(trace.requests)
     last_of: dict[str, str] = {}  # conversation -> rid of its latest request
     ends = {f"r{r.i}": r.end for r in trace.requests}

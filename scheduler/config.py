@@ -21,6 +21,8 @@ class CoreConfig:
     retry_after_s: float = 1.0
     page_size: int = 256
     disk_budget_bytes: int = 32 << 30
+    # --kv-write-back: a disk smaller than memory is written as slots leave (`writes_back`).
+    write_back: bool = False
     protect_window_s: float = 86400.0
     # Hybrid models snapshot their recurrent state every this many tokens of a prefill.
     state_interval: int = 4096
@@ -74,9 +76,10 @@ class CoreConfig:
     @property
     def writes_back(self) -> bool:
         """Whether a slot's pages go to disk when it leaves memory rather than as they are
-        computed: on a disk smaller than memory, for a model whose KV can be staged at any
-        point (attention-only), so the disk holds what memory does not instead of copies of
-        what it does (docs/design/kv-pages.md "A disk smaller than memory"). A hybrid model's
-        state snapshots exist only as its slot passes them: it writes through."""
+        computed (`write_back`, --kv-write-back): on a disk smaller than memory, for a model
+        whose KV can be staged at any point (attention-only), so the disk holds what memory
+        does not instead of copies of what it does (docs/design/kv-pages.md "A disk smaller
+        than memory"). A hybrid model's state snapshots exist only as its slot passes them:
+        it writes through."""
         memory = self.kv_budget_tokens * self.kv_bytes_per_token
-        return self.trimmable and 0 < self.disk_budget_bytes < memory
+        return self.write_back and self.trimmable and 0 < self.disk_budget_bytes < memory

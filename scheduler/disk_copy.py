@@ -8,9 +8,9 @@ released from memory as if its pages were on disk. Its KV is still in memory, so
 disk copy cost nothing yet: the slot is written again only once it must leave memory
 (`rewrite_now`), not at once, where each rewrite would take another slot's pages and the disk
 would churn. Written again as far as the disk takes it, it may leave knowing (`settle`): the
-rest is re-read when its conversation is back. An attention-only model writes back to such a
-disk instead (`written_later`): a slot is written only once it must leave memory, and until
-then counts as a slot whose copy was taken. Pure: the page cache passes what is kept and how
+rest is re-read when its conversation is back. With --kv-write-back an attention-only model
+writes back to such a disk instead (`written_later`): a slot is written only once it must
+leave memory, and until then counts as a slot whose copy was taken. Pure: the page cache passes what is kept and how
 many pages left the disk so far.
 """
 
@@ -54,7 +54,7 @@ def stages_now(slot: Slot, kept: Callable[[bytes], bool], removals: int,
 
 
 def written_later(slot: Slot) -> bool:
-    """On a disk smaller than memory (`CoreConfig.writes_back`), whether the slot's pages wait
+    """Written back (`CoreConfig.writes_back`), whether the slot's pages wait
     to be written until it leaves memory: it stays, and some are not on disk. Such a slot
     counts as one whose copy was taken (`Slot.disk_gap`), and everything that follows for
     those follows for it: it leaves last within its rank, is written when it must go, and a

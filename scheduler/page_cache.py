@@ -5,8 +5,8 @@ the kvstore commands (`WritePages`, `DeletePages`, `TouchPages`) in the core's o
 
 Write-through (docs/design/kv-pages.md "KV pages"): every full page of every slot is staged
 into a shared buffer at the start of the step after it filled, then written by kvstore, so a
-conversation that leaves its slot needs no write then (on a disk smaller than memory, pages
-are written as their slot leaves: `disk_copy.written_later`). Eviction happens when pages are
+conversation that leaves its slot needs no write then (--kv-write-back, on a disk smaller than
+memory: as their slot leaves, `disk_copy.written_later`). Eviction happens when pages are
 written: the budget is never exceeded, and what goes is chosen by `scheduler.eviction`.
 """
 

@@ -132,7 +132,7 @@ class SchedulerService:
             release_after_s=settings.release_after_s,
             ctx=settings.ctx, prefill_chunk=settings.prefill_chunk,
             max_queue=settings.max_queue, page_size=settings.page_size,
-            disk_budget_bytes=settings.kv_disk_budget_bytes,
+            disk_budget_bytes=settings.kv_disk_budget_bytes, write_back=settings.kv_write_back,
             protect_window_s=settings.kv_protect_hours * 3600,
             state_interval=settings.state_interval, decode_share=settings.decode_share,
             decode_burst=settings.decode_burst, overtake_limit=settings.overtake_limit,

@@ -91,42 +91,59 @@ def test_planted_corrupt_page_is_a_miss_and_output_stays_correct(tiny_qwen3):
         assert events and "checksum" in events[0]["reason"]
 
 
-def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen3):
-    """The budget holds two conversations (and one page more), less than memory: a slot's
-    pages are written as it leaves memory (write-back), so each of four conversations in turn
-    writes the one before it, and the third written needs room."""
-    tok = _tokenizer(tiny_qwen3)
+def _in_turn_on_a_small_budget(model_dir, seeds, extra=()):
+    """Conversations under one system prompt, each sent once on one slot, with a disk budget
+    of two of them (and one page more). Returns their prompts' pages (as token tuples), the
+    shared ones, the pages on disk after the last, and the group's log events."""
+    tok = _tokenizer(model_dir)
     system = text(900, 350)
     conversations = [[{"role": "system", "content": system},
-                      {"role": "user", "content": text(seed, 500)}]
-                     for seed in (901, 902, 903, 904)]
+                      {"role": "user", "content": text(seed, 500)}] for seed in seeds]
     prompts = [tok.apply_chat_template(m, tools=[Conversation.TOOL], add_generation_prompt=True,
                                        tokenize=True) for m in conversations]
-    pages = [{tuple(p[i:i + P]) for i in range(0, len(p) // P * P, P)} for p in prompts]
-    shared = pages[0] & pages[1] & pages[2]
+    chains = [[tuple(p[i:i + P]) for i in range(0, len(p) // P * P, P)] for p in prompts]
+    pages = [set(c) for c in chains]
+    shared = set.intersection(*pages)
     assert shared, "the conversations share their system-prompt pages"
     budget = (len(pages[0] | pages[1]) + 1) * (P * 4096 + 2048)
-    with ServerGroup(tiny_qwen3, slots=1, ctx=16384,
-                     extra=["--kv-disk-budget", str(budget)]) as group:
+    with ServerGroup(model_dir, slots=1, ctx=16384,
+                     extra=["--kv-disk-budget", str(budget), *extra]) as group:
         client = openai.OpenAI(base_url=group.base_url, api_key="none")
         model = client.models.list().data[0].id
         for messages in conversations:
             client.chat.completions.create(model=model, messages=messages, max_tokens=8,
                                            tools=[Conversation.TOOL], temperature=0)
-            wait_written(group, 0, time.time())  # the one it took over from landed
+            wait_written(group, 0, time.time())  # what it wrote landed before the next one
         on_disk = page_tokens(group.kv_dir)
         assert sum(p.stat().st_size for p in on_disk) <= budget, "never over budget"
-        assert group.log_events("kv.budget")[0]["writes_back"], "said at start"
-        assert group.log_events("kv.evicted"), "the third conversation needed room"
+        assert group.log_events("kv.evicted"), "the third conversation written needed room"
         # Every page here was used within the protection window: that is thrash, with advice.
         [thrash, *_] = group.log_events("kv.thrash")
         assert thrash["suggested_budget_bytes"] > budget
+        [kv_budget] = group.log_events("kv.budget")
     stored = set(on_disk.values())
     assert shared <= stored, "the shared system prompt survives"
-    chain_a = [tuple(prompts[0][i:i + P]) for i in range(0, len(prompts[0]) // P * P, P)]
-    kept_a = [page in stored for page in chain_a]
+    kept_a = [page in stored for page in chains[0]]
     assert not all(kept_a), "the least recently used conversation lost pages"
     assert kept_a == sorted(kept_a, reverse=True), "...from its tail: what is kept is a prefix"
+    return pages, shared, stored, kv_budget
+
+
+def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen3):
+    """The budget holds two conversations (and one page more); a third arrives. Each is
+    written through as it fills."""
+    pages, _, stored, kv_budget = _in_turn_on_a_small_budget(tiny_qwen3, (901, 902, 903))
+    assert not kv_budget["writes_back"]
+    assert pages[1] <= stored and pages[2] <= stored, "the two recent conversations are kept"
+
+
+def test_small_budget_written_back_holds_the_conversations_that_left_memory(tiny_qwen3):
+    """The same budget with --kv-write-back: a slot's pages are written as it leaves memory
+    (here, before the next conversation takes the only slot over), so each of four
+    conversations writes the one before it; the fourth, still in memory, is not on disk."""
+    pages, shared, stored, kv_budget = _in_turn_on_a_small_budget(
+        tiny_qwen3, (901, 902, 903, 904), extra=["--kv-write-back"])
+    assert kv_budget["writes_back"], "said at start"
     assert pages[1] <= stored and pages[2] <= stored, "the two written since are kept"
     assert not (pages[3] - shared) & stored, "the fourth, still in memory, is not written yet"
 

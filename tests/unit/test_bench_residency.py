@@ -9,7 +9,6 @@ import pytest
 
 from switchyard.proto.scheduler_worker import CopyPrefix, PrefillChunk, RunStep
 from switchyard.scheduler import residency
-from switchyard.scheduler.config import CoreConfig
 
 from bench.residency_core import ScriptedGroup, replay_core
 from bench.residency_policies import replay, reread_bound
@@ -244,14 +243,14 @@ def test_the_core_on_a_hybrid_model_plans_within_its_rules_and_restores_what_att
     assert hybrid.tokens_restored == attention.tokens_restored > 0
 
 
-def test_a_disk_smaller_than_memory_written_back_holds_what_memory_does_not(monkeypatch):
+def test_a_disk_smaller_than_memory_written_back_holds_what_memory_does_not():
     """The same three conversations, memory for two and a disk for about two: written
     through, the disk holds copies of what memory holds, and a conversation that leaves
-    finds its pages gone from it; written back (each slot written as it leaves memory), the
-    disk holds the one memory does not, and almost nothing is read again."""
+    finds its pages gone from it; written back (--kv-write-back: each slot written as it
+    leaves memory), the disk holds the one memory does not, and almost nothing is read
+    again."""
     t = in_turn(rounds=4)
-    back = replay_core(t, memory_tokens=2000, disk_tokens=1500)
-    monkeypatch.setattr(CoreConfig, "writes_back", property(lambda self: False))
+    back = replay_core(t, memory_tokens=2000, disk_tokens=1500, write_back=True)
     through = replay_core(t, memory_tokens=2000, disk_tokens=1500)
     assert through.tokens_reread > 600, "written through, a conversation is read again"
     assert back.tokens_reread <= 0.05 * through.tokens_reread

@@ -46,11 +46,12 @@ class Group:
 
     def __init__(self, num_slots=1, budget_pages=10_000, trimmable=True, num_buffers=64,
                  prefill_chunk=64, missing=(), resident_slots=0, release_after_s=0.0,
-                 kv_budget_tokens=0, state_marks=None, shared_pages=False):
+                 kv_budget_tokens=0, state_marks=None, shared_pages=False, write_back=False):
         self.budget_bytes = budget_pages * (100 + 4096)
         self.core = SchedulerCore(CoreConfig(
             num_slots=num_slots, ctx=8192, prefill_chunk=prefill_chunk, max_queue=16,
             trimmable=trimmable, page_size=P, disk_budget_bytes=self.budget_bytes,
+            write_back=write_back,
             state_interval=4 * P, resident_slots=resident_slots,
             release_after_s=release_after_s))
         self.outbox = []  # messages from the core not yet delivered

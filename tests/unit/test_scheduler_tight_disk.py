@@ -1,13 +1,9 @@
 """A disk smaller than memory (docs/design/kv-pages.md "A disk smaller than memory"), driven
 without sockets or MLX: the core with scripted worker and kvstore
-(tests/unit/test_scheduler_pages.py).
-
-An attention-only model writes a slot's pages when the slot leaves memory (write-back), so
-the disk holds what memory does not. A hybrid model writes through (its state snapshots exist
-only as its slot passes them): every slot's pages go to disk, and the disk's eviction then
-takes pages that resident slots hold; a slot so hit is never released from memory as if its
-pages were on disk. Both leave such a slot in memory as long as they can, and write it when
-it must go. The write-through tests run on a hybrid worker (`trimmable=False`)."""
+(tests/unit/test_scheduler_pages.py). Write-through puts every slot's pages on disk and the
+disk's eviction then takes pages that resident slots hold: a slot so hit is never released from
+memory as if its pages were on disk. With --kv-write-back (attention-only models) a slot's
+pages are written as it leaves memory instead, and until then it counts as such a slot."""
 
 import dataclasses
 
@@ -28,7 +24,7 @@ BUDGET = 600
 def two_idle_slots_on_a_small_disk(kv_budget_tokens, a_priority="interactive"):
     """A then B, each 4 whole pages, on a disk of 6 pages: B's pages took A's (the least
     recently used) while A stays in its slot. Returns the group and A's context."""
-    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=kv_budget_tokens, trimmable=False)
+    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=kv_budget_tokens)
     g.turn("a", conv(1, 4 * P - 3), priority=a_priority)
     g.turn("b", conv(2, 4 * P - 3))
     a, b = g.core.slots[0], g.core.slots[1]
@@ -50,7 +46,7 @@ def run_until_done(g, rid):
 def two_idle_slots_written_back(kv_budget_tokens):
     """A then B, each 4 whole pages, on a disk of 6 pages, attention-only: neither is written
     while it stays in memory. Returns the group and A's context."""
-    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=kv_budget_tokens)
+    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=kv_budget_tokens, write_back=True)
     assert g.core.config.writes_back
     g.turn("a", conv(1, 4 * P - 3))
     g.turn("b", conv(2, 4 * P - 3))
@@ -81,7 +77,7 @@ def test_written_back_a_slot_taken_over_is_written_first():
     """One slot: B, under the same system prompt as A, takes A's slot over, keeping the
     prompt and overwriting A's own tokens. Those are written first (B waits for that), so
     A's next turn restores its whole context, and B's reads only its own tokens."""
-    g = Group(num_slots=1, budget_pages=12, kv_budget_tokens=BUDGET)
+    g = Group(num_slots=1, budget_pages=12, kv_budget_tokens=BUDGET, write_back=True)
     assert g.core.config.writes_back
     system = conv(9, 2 * P)
     a = system + conv(1, 2 * P - 3)
@@ -96,14 +92,16 @@ def test_written_back_a_slot_taken_over_is_written_first():
     assert g.finished("a2").num_cached_tokens == len(a) + len(g.reply("a")) - 1
 
 
-def test_a_disk_that_holds_memory_writes_through():
-    """With a disk as large as memory, pages are written as they fill, slot in memory or not:
-    a conversation that leaves needs no write then."""
-    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=40)
+def test_write_back_is_asked_for_and_only_where_the_disk_is_smaller_than_memory():
+    """Pages are written as they fill unless --kv-write-back asks otherwise, and even then on
+    a disk as large as memory, and for a hybrid model (its state snapshots exist only as its
+    slot passes them)."""
+    assert not Group(budget_pages=6, kv_budget_tokens=BUDGET).core.config.writes_back
+    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=40, write_back=True)
     assert g.core.config.disk_holds_memory and not g.core.config.writes_back
     g.turn("a", conv(1, 4 * P - 3))
     assert all(pid in g.disk for pid in g.core.slots[0].page_ids)
-    g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=BUDGET, trimmable=False)
+    g = Group(budget_pages=6, kv_budget_tokens=BUDGET, trimmable=False, write_back=True)
     assert not g.core.config.writes_back, "a hybrid model writes through"
 
 
@@ -165,7 +163,7 @@ def test_beside_a_running_request_a_newcomer_waits_rather_than_send_a_slot_to_a_
     disk would lose its pages there under the newcomer's own (300 tokens on a disk of 96), and
     its conversation would re-read them. Done, the running request makes the room, and A's and
     B's next turns re-read nothing."""
-    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=kv_budget_tokens, trimmable=False)
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=kv_budget_tokens)
     g.turn("a", conv(1, 4 * P - 3))
     g.turn("b", conv(2, 4 * P - 3))
     contexts = [list(g.core.slots[i].tokens) for i in (0, 1)]
@@ -182,7 +180,7 @@ def test_a_newcomer_waits_beside_a_long_reply_for_tool_return_s_at_most():
     """The same newcomer beside a reply of 100 steps: it waits `tool_return_s` (5 s here),
     then makes its room as it would alone (B, whose pages are on disk, goes) and runs beside
     the reply."""
-    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2100, trimmable=False)
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2100)
     g.core.config = dataclasses.replace(g.core.config, tool_return_s=5.0)
     g.turn("a", conv(1, 4 * P - 3))
     g.turn("b", conv(2, 4 * P - 3))
@@ -251,12 +249,11 @@ def test_alone_an_interactive_newcomer_does_not_wait_for_a_background_tool_loop(
 
 
 def test_alone_a_newcomer_does_not_wait_for_the_tool_loop_it_carries_on():
-    """A's reply ended in a tool call (its pages not on disk: written back), and the next
-    request holds A's whole last prompt with
+    """A's reply ended in a tool call, and the next request holds A's whole last prompt with
     another end (a compaction of A, as Claude Code sends at the context limit): it is A's
     conversation going on, not a newcomer to wait aside for A's return, which would never
     come (it waited `tool_return_s`)."""
-    g, a_context = two_idle_slots_written_back(BUDGET)
+    g, a_context = two_idle_slots_on_a_small_disk(BUDGET)
     g.do(ReplyEnded("a", "tool_calls"))
     g.submit("compact", a_context[:3 * P] + conv(9, 300))  # it needs A's room and B's
     g.run_steps(3)
@@ -273,7 +270,7 @@ def test_beside_a_running_request_a_newcomer_that_fits_once_it_ends_waits():
     for it rather than send A out (its pages would then be the only copy, on a disk that the
     newcomer's own pages would take them from). A's next turn finds its whole context in its
     slot."""
-    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2000, trimmable=False)
+    g = Group(num_slots=4, budget_pages=6, kv_budget_tokens=2000)
     g.turn("a", conv(1, 4 * P - 3))
     a_context = list(g.core.slots[0].tokens)
     assert g.core.releasable(g.core.slots[0]), "A's pages are on disk"
