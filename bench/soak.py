@@ -58,7 +58,8 @@ from switchyard.testing.group import ServerGroup, short_tmp_dir  # noqa: E402
 
 def group_for(model: Path, args, kv_dir: Path) -> ServerGroup:
     return ServerGroup(model, slots=args.slots, ctx=args.ctx, kv_dir=kv_dir, entry=DRILL_SERVE,
-                       extra=["--kv-disk-budget", args.kv_disk_budget])
+                       extra=["--kv-disk-budget", args.kv_disk_budget,
+                              *(["--kv-write-back"] if args.kv_write_back else [])])
 
 
 def mount_tmpfs(path: Path, size: str) -> bool:
@@ -92,6 +93,8 @@ def main() -> int:
     ap.add_argument("--max-turns", type=int, default=200, help="turns per agent, at most")
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--kv-disk-budget", default="160MiB")
+    ap.add_argument("--kv-write-back", action="store_true",
+                    help="both runs write pages back as they leave memory (--kv-write-back)")
     ap.add_argument("--kv-disk-size", default="224m", help="size of the tmpfs kv dir")
     ap.add_argument("--fault-min", type=float, default=30.0)
     ap.add_argument("--fault-max", type=float, default=90.0)

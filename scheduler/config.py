@@ -83,3 +83,14 @@ class CoreConfig:
         it writes through."""
         memory = self.kv_budget_tokens * self.kv_bytes_per_token
         return self.write_back and self.trimmable and 0 < self.disk_budget_bytes < memory
+
+    @property
+    def write_back_unused(self) -> str:
+        """Why --kv-write-back, asked for, does not apply, for the start-up line ("" where
+        it applies or was not asked for)."""
+        if not self.write_back or self.writes_back:
+            return ""
+        if not self.trimmable:
+            return ("; --kv-write-back does not apply: a hybrid model's state snapshots are "
+                    "written as its slots pass them")
+        return "; --kv-write-back does not apply: the disk budget holds what memory does"

@@ -346,7 +346,7 @@ class SchedulerService:
                       **report)
         bits = f", {self.settings.kv_bits}-bit KV" if self.settings.kv_bits else ""
         back = ("; smaller than memory: pages are written as their conversation leaves it"
-                if writes_back else "")
+                if writes_back else self.core.config.write_back_unused)
         print(f"switchyard: KV disk budget {format_size(report['budget_bytes'])} = "
               f"{report['budget_tokens']:,} tokens = {report['budget_conversations']} "
               f"conversations of {report['conversation_tokens']:,} tokens "
@@ -544,3 +544,4 @@ def run(settings: Settings) -> None:
         service.serve(stop)
     finally:
         service.close()
+

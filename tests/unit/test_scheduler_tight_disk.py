@@ -96,13 +96,18 @@ def test_write_back_is_asked_for_and_only_where_the_disk_is_smaller_than_memory(
     """Pages are written as they fill unless --kv-write-back asks otherwise, and even then on
     a disk as large as memory, and for a hybrid model (its state snapshots exist only as its
     slot passes them)."""
-    assert not Group(budget_pages=6, kv_budget_tokens=BUDGET).core.config.writes_back
+    config = Group(budget_pages=6, kv_budget_tokens=BUDGET).core.config
+    assert not config.writes_back and config.write_back_unused == ""
+    config = Group(budget_pages=6, kv_budget_tokens=BUDGET, write_back=True).core.config
+    assert config.writes_back and config.write_back_unused == ""
     g = Group(num_slots=3, budget_pages=6, kv_budget_tokens=40, write_back=True)
     assert g.core.config.disk_holds_memory and not g.core.config.writes_back
+    assert "the disk budget holds what memory does" in g.core.config.write_back_unused
     g.turn("a", conv(1, 4 * P - 3))
     assert all(pid in g.disk for pid in g.core.slots[0].page_ids)
     g = Group(budget_pages=6, kv_budget_tokens=BUDGET, trimmable=False, write_back=True)
     assert not g.core.config.writes_back, "a hybrid model writes through"
+    assert "a hybrid model's state snapshots" in g.core.config.write_back_unused
 
 
 def test_a_slot_whose_pages_the_disk_let_go_is_not_taken_for_on_disk():
