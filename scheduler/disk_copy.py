@@ -10,8 +10,8 @@ disk copy cost nothing yet: the slot is written again only once it must leave me
 would churn. Written again as far as the disk takes it, it may leave knowing (`settle`): the
 rest is re-read when its conversation is back. With --kv-write-back an attention-only model
 writes back to such a disk instead (`written_later`): a slot is written only once it must
-leave memory, and until then counts as a slot whose copy was taken. Pure: the page cache passes what is kept and how
-many pages left the disk so far.
+leave memory, and until then counts as a slot whose copy was taken. Pure: the page cache
+passes what is kept and how many pages left the disk so far.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def stages_now(slot: Slot, kept: Callable[[bytes], bool], removals: int,
 
 
 def written_later(slot: Slot) -> bool:
-    """Written back (`CoreConfig.writes_back`), whether the slot's pages wait
-    to be written until it leaves memory: it stays, and some are not on disk. Such a slot
+    """Written back (`CoreConfig.writes_back`), whether the slot's pages wait to be written
+    until it leaves memory: it stays, and some are not on disk. Such a slot
     counts as one whose copy was taken (`Slot.disk_gap`), and everything that follows for
     those follows for it: it leaves last within its rank, is written when it must go, and a
     newcomer beside running requests waits for them rather than send it out."""
