@@ -145,9 +145,9 @@ class Settings:
     kv_disk_budget: str = _opt("disk budget for KV pages, with units", default="32GiB")
     kv_write_back: bool = _opt("with a disk budget smaller than the KV memory, write a "
                                "conversation's pages as it leaves memory rather than as they "
-                               "fill: the disk holds what memory does not, but a restart or "
-                               "crash of the worker loses what only memory held (attention-only "
-                               "models)", default=False)
+                               "fill: the disk holds what memory does not, but a crash of the "
+                               "worker loses what only memory held (one asked to stop writes it "
+                               "first; attention-only models)", default=False)
     kv_buffer_memory: str = _opt("shared memory for page buffers between worker and kvstore",
                                  default="256MiB")
     kv_bits: int = _opt("quantize attention KV in slots and pages to 8 or 4 bits (0: the "

@@ -35,8 +35,9 @@ from switchyard.proto.tokens import TokenIds, as_token_ids
 # 17: WorkerReady.state_marks (window and hybrid slots keep their state at the prompt's end).
 # 18: RunStep.shelves, WorkerReady.shared_pages (idle slots' KV as pages shared between slots).
 # 19: RunStep.cuts; CopyPrefix.state_follows, and a hybrid load that starts where the slot has
-# no state (its restore's last page brings it).
-PROTOCOL_VERSION = 19
+# no state (its restore's last page brings it). 20: WorkerStopping / WorkerMayStop (a worker
+# that writes back is written before it stops).
+PROTOCOL_VERSION = 20
 
 ROLE_GATEWAY = "gateway"
 ROLE_SCHEDULER = "scheduler"

@@ -167,6 +167,16 @@ class GrammarPrepared(Message, tag="grammar_prepared"):
     compile_s: float = 0.0
 
 
+class WorkerStopping(Message, tag="worker_stopping"):
+    """The worker was asked to stop (SIGTERM) while pages are written back (--kv-write-back):
+    it runs steps on until `WorkerMayStop`, so what only its memory holds is written first
+    (docs/design/kv-pages.md "A disk smaller than memory")."""
+
+
+class WorkerMayStop(Message, tag="worker_may_stop"):
+    """Every slot's pages are on disk (or as far as the disk takes them): the worker stops."""
+
+
 class RankInfo(Value):
     """One rank of a worker group: its share's page namespace and buffer pool
     (docs/design/worker-groups.md "Worker groups")."""
@@ -285,5 +295,6 @@ class StepDone(Message, tag="step_done"):
 
 
 MESSAGES: tuple[type[Message], ...] = (
-    RunStep, PrepareGrammar, ReleaseGrammar, GrammarPrepared, WorkerReady, StepDone)
+    RunStep, PrepareGrammar, ReleaseGrammar, GrammarPrepared, WorkerReady, StepDone,
+    WorkerStopping, WorkerMayStop)
 name_kinds(MESSAGES)

@@ -80,6 +80,7 @@ class SchedulerLink:
                                    lambda sock: self._secure(sock, key) if key else sock)
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
+        self.stop = stop
         if stop is not None:
             self.poller.register(stop.fileno(), zmq.POLLIN)
         self.scheduler_boot: str | None = None
@@ -110,6 +111,12 @@ class SchedulerLink:
             send(self.sock, message)
         except zmq.Again:  # not connected (now): the next greeting restates what matters
             self._check_refused()
+
+    def ignore_stop(self) -> None:
+        """Waits no longer end at the stop signal (given already): the caller has work left."""
+        if self.stop is not None:
+            self.poller.unregister(self.stop.fileno())
+            self.stop = None
 
     def receive(self, timeout_s: float):
         """The next message for the caller, or None after `timeout_s` (at most a heartbeat)."""

@@ -40,6 +40,7 @@ from switchyard.proto.scheduler_worker import (
     SlotContents,
     StepDone,
     WorkerReady,
+    WorkerStopping,
 )
 from switchyard.proto.scheduler_kvstore import (
     InventoryDescribed,
@@ -106,6 +107,8 @@ class SchedulerCore(CoreState):
                 self._worker_ready(event)
             case GrammarPrepared():
                 self._grammar_prepared(event, now)
+            case WorkerStopping():
+                self.disk.worker_stopping()
             case InventoryDescribed():
                 self.disk.inventory(event, now)
             case PeerPagesFetched():
@@ -115,6 +118,7 @@ class SchedulerCore(CoreState):
                 self.disk.kvstore_restarted()
             case WorkerLost():
                 self.inflight = None
+                self.worker_stopping = False
             case GatewayRestarted():
                 self.lifecycle.abort_all(now)
             case FailAll():
@@ -143,9 +147,10 @@ class SchedulerCore(CoreState):
         self.memory.relieve(now)
         stages = self.pages.plan_stages(self.slots, self.config.trimmable, self._state_points,
                                         now, self.config.writes_back)
-        self.admission.admit(now)
+        if not self.worker_stopping:
+            self.admission.admit(now)
         self.disk.issue_reads()
-        running = self.running()
+        running = [] if self.worker_stopping else self.running()  # stages alone, till it stops
         loading = [r for r in running if r.loading]
         loads = [load_of(r, self.config.trimmable) for r in loading]
         decodes, prefilling = [], []
@@ -250,6 +255,7 @@ class SchedulerCore(CoreState):
 
     def _worker_ready(self, msg: WorkerReady) -> None:
         """A worker (re)started, or greets a restarted scheduler: its shape and slots."""
+        self.worker_stopping = False
         self.config = dataclasses.replace(self.config, trimmable=msg.trimmable,
                                           state_marks=msg.state_marks and not msg.trimmable,
                                           shared_pages=msg.shared_pages,

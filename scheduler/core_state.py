@@ -48,6 +48,7 @@ class CoreState:
                                                  draft_only=config.draft_only))
                          if config.num_draft_tokens > 0 else None)
         self.index_overdue = False  # kvstore's index is long overdue: place without it
+        self.worker_stopping = False  # written back before it stops: nothing new is placed
         self.num_memory_preemptions = 0  # running requests staged to disk for memory
         self.num_cut = self.cut_kept_tokens = 0  # idle slots cut for memory, tokens they kept
         self.shares = TenantShares()  # tenants' shares of queue, slots and prefill

@@ -15,6 +15,7 @@ from switchyard.proto.scheduler_kvstore import (
     PagesRead,
     PagesWritten,
 )
+from switchyard.proto.scheduler_worker import WorkerMayStop
 from switchyard.scheduler.core_state import CoreState
 from switchyard.scheduler.request_lifecycle import RequestLifecycle
 from switchyard.scheduler.requests import Request
@@ -82,6 +83,31 @@ class DiskManager:
         self.state.pages.pages_written(msg, now)
         if msg.failed:
             self._recheck_persisted()
+        self.worker_may_stop()
+
+    def worker_stopping(self) -> None:
+        """The worker was asked to stop: every slot's pages not on disk are written first, as
+        if each left memory, and nothing new is placed meanwhile (docs/design/kv-pages.md
+        "A disk smaller than memory")."""
+        st = self.state
+        st.worker_stopping = True
+        unwritten = [slot for slot in st.slots if slot.page_ids and not st.releasable(slot)]
+        st.outbox.log("worker.stopping", num_slots_unwritten=len(unwritten),
+                      num_tokens_unwritten=sum(len(s.tokens) for s in unwritten))
+        for slot in st.slots:
+            slot.disk_wanted = slot.tail_wanted = True
+        self.worker_may_stop()
+
+    def worker_may_stop(self) -> None:
+        """Tell a stopping worker it may go once every slot could leave memory and kvstore
+        answered every write."""
+        st = self.state
+        if not st.worker_stopping or st.pages.writing or not all(
+                st.releasable(slot) for slot in st.slots if slot.page_ids):
+            return
+        st.worker_stopping = False
+        st.outbox.log("worker.may_stop")
+        st.outbox.send(WorkerMayStop())
 
     def kvstore_restarted(self) -> None:
         """Reads sent to the old kvstore are lost: ask the new one again once it is attached.

@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from switchyard.proto.gateway_scheduler import CancelRequest, ReplyEnded, SubmitRequest
-from switchyard.proto.scheduler_worker import GrammarPrepared, RunStep, StepDone, WorkerReady
+from switchyard.proto.scheduler_worker import (
+    GrammarPrepared,
+    RunStep,
+    StepDone,
+    WorkerReady,
+    WorkerStopping,
+)
 from switchyard.proto.scheduler_kvstore import InventoryDescribed, PagesRead, PagesWritten
 
 
@@ -55,7 +61,7 @@ class IndexOverdue:
 
 
 Event = (SubmitRequest | CancelRequest | ReplyEnded | StepDone | WorkerReady | GrammarPrepared
-         | InventoryDescribed | PagesRead | PagesWritten | PlanStep | GatewayRestarted
+         | WorkerStopping | InventoryDescribed | PagesRead | PagesWritten | PlanStep | GatewayRestarted
          | WorkerLost | KvstoreRestarted | FailAll | IndexOverdue)
 
 

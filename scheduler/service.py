@@ -64,7 +64,9 @@ from switchyard.proto.scheduler_worker import (
     ReleaseGrammar,
     RunStep,
     StepDone,
+    WorkerMayStop,
     WorkerReady,
+    WorkerStopping,
 )
 from switchyard.proto.service_loop import StopFlag
 from switchyard.common.settings import Settings, SettingsError, format_size
@@ -89,7 +91,7 @@ from switchyard.scheduler.status import build_status
 
 # What each role may send besides Hello and Heartbeat; a peer of no known role is not heard.
 _SENT_BY = {ROLE_GATEWAY: (SubmitRequest, CancelRequest, ReplyEnded),
-            ROLE_WORKER: (StepDone, WorkerReady, GrammarPrepared)}
+            ROLE_WORKER: (StepDone, WorkerReady, GrammarPrepared, WorkerStopping)}
 # The core's lines logged at debug: a request's hashed page ids (bench/residency_record.py).
 _DEBUG_EVENTS = ("request.pages",)
 _SENT_BY_KVSTORES = (PagesWritten, PagesRead, InventoryDescribed, PagesDeleted,
@@ -111,6 +113,7 @@ def may_send(role: str, kind: type) -> bool:
 _DESTINATION = {
     TokensGenerated: ROLE_GATEWAY, RequestFinished: ROLE_GATEWAY, RequestFailed: ROLE_GATEWAY,
     RunStep: ROLE_WORKER, PrepareGrammar: ROLE_WORKER, ReleaseGrammar: ROLE_WORKER,
+    WorkerMayStop: ROLE_WORKER,
     AttachBuffers: ROLE_KVSTORE, DescribeInventory: ROLE_KVSTORE, ReadPages: ROLE_KVSTORE,
     WritePages: ROLE_KVSTORE, DeletePages: ROLE_KVSTORE, TouchPages: ROLE_KVSTORE,
 }
@@ -283,7 +286,7 @@ class SchedulerService:
                            plan_ms=round(self._plan_s * 1e3, 3), done_ms=round(done_s * 1e3, 3))
         elif isinstance(msg, WorkerReady):
             self._on_worker_ready(msg)
-        elif isinstance(msg, GrammarPrepared):
+        elif isinstance(msg, (GrammarPrepared, WorkerStopping)):
             self.apply(self.core.handle(msg, now))
         elif isinstance(msg, PagesDeleted):
             self.log.debug("kv.deleted", num_pages=len(msg.page_ids),

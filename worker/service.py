@@ -30,7 +30,9 @@ from switchyard.proto.scheduler_worker import (
     ReleaseGrammar,
     RunStep,
     SlotContents,
+    WorkerMayStop,
     WorkerReady,
+    WorkerStopping,
 )
 from switchyard.common.page_ids import kv_namespace as page_namespace
 from switchyard.proto.service_loop import SchedulerLink, StopFlag
@@ -446,6 +448,9 @@ def run(settings: Settings) -> None:
 
 
 GRAMMAR_POLL_S = 0.005  # how often the loop looks for a finished grammar while one compiles
+# Written back (--kv-write-back), how long a stopping worker runs steps for its slots' pages
+# to be written: within the supervisor's 10 s before SIGKILL (deploy/supervisor.py).
+STOP_WRITE_S = 8.0
 
 
 def _serve(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
@@ -457,11 +462,25 @@ def _serve(settings: Settings, boot_id: str, log, ready, executor: StepExecutor,
     constraints = executor.constraints
     tick_s = lead.tick_s if lead is not None else settings.heartbeat_s
     next_tick = time.monotonic() + tick_s
+    stop_by = None  # asked to stop, written back: when to go even if not all is written
     try:
-        while not stop.requested:
+        while True:
+            if stop.requested and stop_by is None:
+                if not settings.kv_write_back or link.scheduler_boot is None:
+                    break
+                # What only this memory holds is written first (the scheduler plans stages
+                # alone, then says WorkerMayStop).
+                link.send(WorkerStopping())
+                link.ignore_stop()
+                stop_by = time.monotonic() + STOP_WRITE_S
+            if stop_by is not None and time.monotonic() >= stop_by:
+                log.warning("worker.stopped_unwritten", waited_s=STOP_WRITE_S)
+                break
             # While a grammar compiles (on its own thread), look for it often.
             busy = constraints is not None and constraints.busy
             message = link.receive(GRAMMAR_POLL_S if busy else tick_s)
+            if isinstance(message, WorkerMayStop):
+                break
             if constraints is not None:
                 for rid, error, seconds in constraints.prepared():
                     link.send(GrammarPrepared(rid, error, seconds))

@@ -7,6 +7,7 @@ A planted corrupt page is a miss: removed, logged, and the output stays correct.
 
 from __future__ import annotations
 
+import signal
 import time
 
 import httpx
@@ -146,6 +147,35 @@ def test_small_budget_written_back_holds_the_conversations_that_left_memory(tiny
     assert kv_budget["writes_back"], "said at start"
     assert pages[1] <= stored and pages[2] <= stored, "the two written since are kept"
     assert not (pages[3] - shared) & stored, "the fourth, still in memory, is not written yet"
+
+
+def test_a_worker_asked_to_stop_writes_back_what_only_it_holds(tiny_qwen3):
+    """Written back (a disk budget far below memory), one conversation's pages stay in
+    memory, unwritten. The worker is asked to stop (SIGTERM, as `launchd restart worker`
+    does): it runs on until they are written, so the next turn, on the restarted worker,
+    restores the whole context instead of reading it again."""
+    messages = [{"role": "user", "content": text(905, 900)}]
+    with ServerGroup(tiny_qwen3, slots=2, ctx=16384,
+                     extra=["--kv-disk-budget", "64MiB", "--kv-write-back"]) as group:
+        client = openai.OpenAI(base_url=group.base_url, api_key="none")
+        model = client.models.list().data[0].id
+        first = client.chat.completions.create(model=model, messages=messages, max_tokens=4,
+                                               temperature=0)
+        [kv_budget] = group.log_events("kv.budget")
+        assert kv_budget["writes_back"]
+        assert not page_tokens(group.kv_dir), "nothing written while the slot stays"
+        old = group.kill("worker", signal.SIGTERM)
+        wait_ready(group, "worker", group.wait_restarted("worker", old))
+        [stopping] = group.log_events("worker.stopping")
+        assert stopping["num_slots_unwritten"] == 1
+        assert group.log_events("worker.may_stop") and not group.log_events(
+            "worker.stopped_unwritten")
+        messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "and then?"}]
+        second = client.chat.completions.create(model=model, messages=messages, max_tokens=4,
+                                                temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens, (cached, first.usage.prompt_tokens)
 
 
 def _tokenizer(model_dir):

@@ -10,10 +10,15 @@ import dataclasses
 import pytest
 
 from switchyard.proto.gateway_scheduler import ReplyEnded
-from switchyard.proto.scheduler_worker import RunStep
+from switchyard.proto.scheduler_worker import (
+    RunStep,
+    SlotContents,
+    WorkerMayStop,
+    WorkerStopping,
+)
 from switchyard.scheduler.events import PlanStep
 
-from tests.unit.test_scheduler_pages import Group, P, conv
+from tests.unit.test_scheduler_pages import Group, P, conv, worker_ready
 
 # Two idle slots of whole pages (64 tokens each: 256 of KV memory apiece as the worker counts
 # it) fit; a newcomer of 64 tokens (256 more) fits once one of them leaves, one of 300 tokens
@@ -308,3 +313,51 @@ def test_an_end_of_turn_written_again_leaves_before_a_tool_loop_on_disk():
     g.turn("b2", b_context + conv(4, 20))
     assert g.records["b2"].num_restored_tokens == 0
     assert g.finished("b2").num_cached_tokens == len(b_context)
+
+
+def test_a_worker_stopping_is_written_first_and_places_nothing_meanwhile():
+    """Written back, A and B idle and unwritten, R running: the worker is asked to stop. Its
+    steps then only write: every slot's pages to their last token, R decoding no further, a
+    newcomer not placed. Once kvstore has answered every write the worker may stop; after a
+    new worker greets, A's next turn restores its whole context."""
+    g = Group(num_slots=3, budget_pages=16, kv_budget_tokens=4 * BUDGET, write_back=True)
+    assert g.core.config.writes_back
+    g.turn("a", conv(1, 4 * P - 3))
+    g.turn("b", conv(2, 3 * P + 5))  # a partial last page (a tail)
+    a_context, b_context = list(g.core.slots[0].tokens), list(g.core.slots[1].tokens)
+    g.submit("r", conv(3, 20), max_tokens=50)
+    g.run_steps(3)
+    assert not g.disk and "r" not in g.records, "nothing written yet; R runs"
+    num_steps = len(g.steps)
+    g.do(WorkerStopping())
+    [stopping] = g.logs("worker.stopping")
+    assert stopping["num_slots_unwritten"] == 3
+    r_tokens = len(g.core.slots[2].tokens)
+    g.submit("c", conv(4, 20))
+    for _ in range(20):  # plans a second apart until the worker is told (it then stops)
+        if any(isinstance(m, WorkerMayStop) for m in g.msgs):
+            break
+        g.run_steps(1)
+    assert sum(isinstance(m, WorkerMayStop) for m in g.msgs) == 1
+    for context in (a_context, b_context, list(g.core.slots[2].tokens)):
+        assert all(pid in g.disk for pid in g.core.pages.chain(context))
+    tail = len(b_context) % P
+    assert tail and any(i.parent_id == g.core.pages.chain(b_context)[-1]
+                        and i.num_tokens == tail for i in g.disk.values()), "B's tail too"
+    assert not any(m.prefills or m.decodes for m in g.steps[num_steps:]), "stages alone"
+    assert len(g.core.slots[2].tokens) == r_tokens and "c" not in g.records
+    # a new worker, its slots empty: C runs, and A comes back from disk whole
+    g.do(worker_ready(g.core, slots=tuple(SlotContents(i, ()) for i in range(3)),
+                      kv_budget_tokens=4 * BUDGET))
+    g.slots, g.marks = [[] for _ in range(3)], [0] * 3
+    run_until_done(g, "c")
+    g.submit("a2", a_context + conv(5, 10))
+    assert run_until_done(g, "a2").num_cached_tokens == len(a_context)
+    assert g.records["a2"].num_reread_tokens == 0
+
+
+def test_a_worker_stopping_with_everything_on_disk_may_stop_at_once():
+    g = Group(num_slots=1, budget_pages=12, kv_budget_tokens=BUDGET)  # written through
+    g.turn("a", conv(1, 4 * P))  # whole pages, each written as it filled
+    g.do(WorkerStopping())
+    assert any(isinstance(m, WorkerMayStop) for m in g.outbox)
