@@ -61,8 +61,8 @@ class IndexOverdue:
 
 
 Event = (SubmitRequest | CancelRequest | ReplyEnded | StepDone | WorkerReady | GrammarPrepared
-         | WorkerStopping | InventoryDescribed | PagesRead | PagesWritten | PlanStep | GatewayRestarted
-         | WorkerLost | KvstoreRestarted | FailAll | IndexOverdue)
+         | WorkerStopping | InventoryDescribed | PagesRead | PagesWritten | PlanStep
+         | GatewayRestarted | WorkerLost | KvstoreRestarted | FailAll | IndexOverdue)
 
 
 @dataclass

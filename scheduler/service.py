@@ -547,4 +547,3 @@ def run(settings: Settings) -> None:
         service.serve(stop)
     finally:
         service.close()
-
