@@ -59,6 +59,14 @@ class GreedyJudge:
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
 
+    def tie(self, messages: list[dict], num_prompt_tokens: int, replies, max_tokens: int
+            ) -> bool:
+        """Whether different `replies` to `messages` are each greedy up to a tie; judged
+        only where the chat template here gives the prompt the server counted."""
+        prompt = self.prompt_ids(messages)
+        return len(prompt) == num_prompt_tokens and all(
+            self.follows_greedy(prompt, reply, max_tokens) for reply in replies)
+
     def follows_greedy(self, prompt: Sequence[int], reply: str, max_tokens: int) -> bool:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache

@@ -175,9 +175,8 @@ def tie_judge(model: Path, args):
     def is_tie(rec: Record, ref: Record) -> bool:
         nonlocal judge
         judge = judge or GreedyJudge(model)
-        prompt = judge.prompt_ids(script_of(rec.agent, args).messages(*rec.key))
-        return len(prompt) == rec.prompt and all(
-            judge.follows_greedy(prompt, reply, args.max_tokens) for reply in (rec.text, ref.text))
+        return judge.tie(script_of(rec.agent, args).messages(*rec.key), rec.prompt,
+                         (rec.text, ref.text), args.max_tokens)
 
     return is_tie
 
