@@ -92,10 +92,11 @@ def test_planted_corrupt_page_is_a_miss_and_output_stays_correct(tiny_qwen3):
         assert events and "checksum" in events[0]["reason"]
 
 
-def _in_turn_on_a_small_budget(model_dir, seeds, extra=()):
+def _in_turn_on_a_small_budget(model_dir, seeds, extra=(), then=None):
     """Conversations under one system prompt, each sent once on one slot, with a disk budget
     of two of them (and one page more). Returns their prompts' pages (as token tuples), the
-    shared ones, the pages on disk after the last, and the group's log events."""
+    shared ones, the pages on disk after the last, and the group's `kv.budget` line; `then`
+    (the group, the client and the conversations) runs after, in the same group."""
     tok = _tokenizer(model_dir)
     system = text(900, 350)
     conversations = [[{"role": "system", "content": system},
@@ -122,6 +123,8 @@ def _in_turn_on_a_small_budget(model_dir, seeds, extra=()):
         [thrash, *_] = group.log_events("kv.thrash")
         assert thrash["suggested_budget_bytes"] > budget
         [kv_budget] = group.log_events("kv.budget")
+        if then is not None:
+            then(group, client, conversations)
     stored = set(on_disk.values())
     assert shared <= stored, "the shared system prompt survives"
     kept_a = [page in stored for page in chains[0]]
@@ -138,44 +141,34 @@ def test_small_budget_evicts_least_recent_tail_and_keeps_system_prompt(tiny_qwen
     assert pages[1] <= stored and pages[2] <= stored, "the two recent conversations are kept"
 
 
-def test_small_budget_written_back_holds_the_conversations_that_left_memory(tiny_qwen3):
+def test_small_budget_written_back_holds_what_left_memory_and_what_a_stop_leaves(tiny_qwen3):
     """The same budget with --kv-write-back: a slot's pages are written as it leaves memory
     (here, before the next conversation takes the only slot over), so each of four
-    conversations writes the one before it; the fourth, still in memory, is not on disk."""
-    pages, shared, stored, kv_budget = _in_turn_on_a_small_budget(
-        tiny_qwen3, (901, 902, 903, 904), extra=["--kv-write-back"])
-    assert kv_budget["writes_back"], "said at start"
-    assert pages[1] <= stored and pages[2] <= stored, "the two written since are kept"
-    assert not (pages[3] - shared) & stored, "the fourth, still in memory, is not written yet"
-
-
-def test_a_worker_asked_to_stop_writes_back_what_only_it_holds(tiny_qwen3):
-    """Written back (a disk budget far below memory), one conversation's pages stay in
-    memory, unwritten. The worker is asked to stop (SIGTERM, as `launchd restart worker`
-    does): it runs on until they are written, so the next turn, on the restarted worker,
-    restores the whole context instead of reading it again."""
-    messages = [{"role": "user", "content": text(905, 900)}]
-    with ServerGroup(tiny_qwen3, slots=2, ctx=16384,
-                     extra=["--kv-disk-budget", "64MiB", "--kv-write-back"]) as group:
-        client = openai.OpenAI(base_url=group.base_url, api_key="none")
-        model = client.models.list().data[0].id
-        first = client.chat.completions.create(model=model, messages=messages, max_tokens=4,
-                                               temperature=0)
-        [kv_budget] = group.log_events("kv.budget")
-        assert kv_budget["writes_back"]
-        assert not page_tokens(group.kv_dir), "nothing written while the slot stays"
+    conversations writes the one before it; the fourth, still in memory, is not on disk. The
+    worker is then asked to stop (SIGTERM, as `launchd restart worker` does): it runs on until
+    the fourth is written, so its next turn, on the restarted worker, restores it whole."""
+    def restart_worker(group, client, conversations):
         old = group.kill("worker", signal.SIGTERM)
         wait_ready(group, "worker", group.wait_restarted("worker", old))
         [stopping] = group.log_events("worker.stopping")
         assert stopping["num_slots_unwritten"] == 1
         assert group.log_events("worker.may_stop") and not group.log_events(
             "worker.stopped_unwritten")
-        messages += [{"role": "assistant", "content": first.choices[0].message.content},
-                     {"role": "user", "content": "and then?"}]
-        second = client.chat.completions.create(model=model, messages=messages, max_tokens=4,
-                                                temperature=0)
-    cached = second.usage.prompt_tokens_details.cached_tokens
-    assert cached >= first.usage.prompt_tokens, (cached, first.usage.prompt_tokens)
+        model = client.models.list().data[0].id
+        again = client.chat.completions.create(model=model, messages=conversations[-1],
+                                               max_tokens=1, tools=[Conversation.TOOL],
+                                               temperature=0)
+        usage.append(again.usage)
+
+    usage = []
+    pages, shared, stored, kv_budget = _in_turn_on_a_small_budget(
+        tiny_qwen3, (901, 902, 903, 904), extra=["--kv-write-back"], then=restart_worker)
+    assert kv_budget["writes_back"], "said at start"
+    assert pages[1] <= stored and pages[2] <= stored, "the two written since are kept"
+    assert not (pages[3] - shared) & stored, "the fourth, still in memory, is not written yet"
+    [again] = usage
+    assert again.prompt_tokens_details.cached_tokens == again.prompt_tokens - 1, \
+        "written as the worker stopped (the prompt again: all but its last token)"
 
 
 def _tokenizer(model_dir):
