@@ -189,15 +189,13 @@ def main() -> int:
     finally:
         shutil.rmtree(kv_dir, ignore_errors=True)
 
-    judge = None
+    judge = GreedyJudge(model)
 
     def differs(messages, got: dict, ref: dict) -> bool:
         """A reply other than the reference's, unless both are greedy up to a float tie
         (bench/greedy_ties.py: a restore and a prefill sum in different orders)."""
-        nonlocal judge
         if got.get("text") == ref["text"]:
             return False
-        judge = judge or GreedyJudge(model)
         return not judge.tie(messages, ref["prompt"], (got.get("text") or "", ref["text"]),
                              args.max_tokens)
 

@@ -49,40 +49,46 @@ def _may_start(reply: str, text: str) -> bool:
 
 
 class GreedyJudge:
-    """The model in this process (mlx-lm), judging replies to chat prompts."""
+    """The model (mlx-lm) judging replies to chat prompts, loaded in this process the first
+    time a pair is judged (a run without different replies never loads it)."""
 
     def __init__(self, model_dir):
-        from mlx_lm import load
-
-        self.model, self.tokenizer = load(str(model_dir))
-
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        self.model_dir = model_dir
+        self._loaded = None
 
     def tie(self, messages: list[dict], num_prompt_tokens: int, replies, max_tokens: int
             ) -> bool:
         """Whether different `replies` to `messages` are each greedy up to a tie; judged
         only where the chat template here gives the prompt the server counted."""
-        prompt = self.prompt_ids(messages)
-        return len(prompt) == num_prompt_tokens and all(
-            self.follows_greedy(prompt, reply, max_tokens) for reply in replies)
+        if self._loaded is None:
+            from mlx_lm import load
 
-    def follows_greedy(self, prompt: Sequence[int], reply: str, max_tokens: int) -> bool:
-        import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-
-        cache = make_prompt_cache(self.model)
-        first = self.model(mx.array([list(prompt[:-1])]), cache=cache)
-        mx.eval(first)
-
-        def next_logits(path: list[int]) -> np.ndarray:
-            # the prompt's last token and the path, on the prompt's cache, then cut back
-            logits = self.model(mx.array([[prompt[-1], *path]]), cache=cache)[0, -1]
-            out = np.array(logits.astype(mx.float32))
-            trim_prompt_cache(cache, len(path) + 1)
-            return out
+            self._loaded = load(str(self.model_dir))
+        model, tokenizer = self._loaded
+        prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        if len(prompt) != num_prompt_tokens:
+            return False
+        next_logits = _next_logits(model, prompt)
 
         def decode(ids: list[int]) -> str:
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
+            return tokenizer.decode(ids, skip_special_tokens=True)
 
-        return follows_greedy(reply, next_logits, decode, max_tokens)
+        return all(follows_greedy(reply, next_logits, decode, max_tokens) for reply in replies)
+
+
+def _next_logits(model, prompt: Sequence[int]) -> Callable[[list[int]], np.ndarray]:
+    """The logits after `prompt` and a path of tokens, the prompt prefilled once: each call
+    runs its last token and the path on the prompt's cache, then cuts the cache back."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([list(prompt[:-1])]), cache=cache))
+
+    def next_logits(path: list[int]) -> np.ndarray:
+        logits = model(mx.array([[prompt[-1], *path]]), cache=cache)[0, -1]
+        out = np.array(logits.astype(mx.float32))
+        trim_prompt_cache(cache, len(path) + 1)
+        return out
+
+    return next_logits

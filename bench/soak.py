@@ -170,18 +170,13 @@ def main() -> int:
 def tie_judge(model: Path, args):
     """Two different replies to one turn are a tie when both are greedy up to float ties on
     the model loaded here (its tokens for the turn as many as the server counted)."""
-    judge = None
+    judge = GreedyJudge(model)
 
     def is_tie(rec: Record, ref: Record) -> bool:
-        nonlocal judge
-        judge = judge or GreedyJudge(model)
         return judge.tie(script_of(rec.agent, args).messages(*rec.key), rec.prompt,
                          (rec.text, ref.text), args.max_tokens)
 
     return is_tie
-
-
-
 
 
 if __name__ == "__main__":

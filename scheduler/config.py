@@ -67,11 +67,16 @@ class CoreConfig:
     peer_deadline_s: float = 2.0
 
     @property
+    def kv_memory_bytes(self) -> int:
+        """The KV memory budget in bytes (0 until the worker says)."""
+        return self.kv_budget_tokens * self.kv_bytes_per_token
+
+    @property
     def disk_holds_memory(self) -> bool:
         """Whether the disk budget holds all the KV memory may (a disk smaller than memory
         loses pages of resident slots: docs/design/kv-pages.md "A disk smaller than
         memory")."""
-        return 0 < self.kv_budget_tokens * self.kv_bytes_per_token <= self.disk_budget_bytes
+        return 0 < self.kv_memory_bytes <= self.disk_budget_bytes
 
     @property
     def writes_back(self) -> bool:
@@ -81,8 +86,8 @@ class CoreConfig:
         does not instead of copies of what it does (docs/design/kv-pages.md "A disk smaller
         than memory"). A hybrid model's state snapshots exist only as its slot passes them:
         it writes through."""
-        memory = self.kv_budget_tokens * self.kv_bytes_per_token
-        return self.write_back and self.trimmable and 0 < self.disk_budget_bytes < memory
+        return (self.write_back and self.trimmable
+                and 0 < self.disk_budget_bytes < self.kv_memory_bytes)
 
     @property
     def write_back_unused(self) -> str:

@@ -55,10 +55,10 @@ def stages_now(slot: Slot, kept: Callable[[bytes], bool], removals: int,
 
 def written_later(slot: Slot) -> bool:
     """Written back (`CoreConfig.writes_back`), whether the slot's pages wait to be written
-    until it leaves memory: it stays, and some are not on disk. Such a slot
-    counts as one whose copy was taken (`Slot.disk_gap`), and everything that follows for
-    those follows for it: it leaves last within its rank, is written when it must go, and a
-    newcomer beside running requests waits for them rather than send it out."""
+    until it leaves memory: it stays, and some are not on disk. Such a slot counts as one
+    whose copy was taken (`Slot.disk_gap`), and everything that follows for those follows for
+    it: it leaves last within its rank, is written when it must go, and a newcomer beside
+    running requests waits for them rather than send it out."""
     if rewrite_now(slot) or slot.num_persisted >= len(slot.page_ids):
         return False
     slot.disk_gap = True

@@ -93,7 +93,7 @@ class DiskManager:
         st.worker_stopping = True
         unwritten = [slot for slot in st.slots if slot.page_ids and not st.releasable(slot)]
         st.outbox.log("worker.stopping", num_slots_unwritten=len(unwritten),
-                      num_tokens_unwritten=sum(len(s.tokens) for s in unwritten))
+                      num_tokens_held=sum(len(s.tokens) for s in unwritten))  # by those slots
         for slot in st.slots:
             slot.disk_wanted = slot.tail_wanted = True
         self.worker_may_stop()
